@@ -1,0 +1,42 @@
+# robo-pipe: `make demo` runs the demo, `make test` runs lint, type check and tests.
+# Both set everything up first: Debian packages for headless rendering, a .venv with the
+# pinned stack (torch CPU build first, then the rest under constraints.txt).
+
+PYTHON ?= python3.11
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: setup system-deps demo test lint typecheck bench clean
+
+setup: system-deps $(STAMP)
+
+system-deps:
+	@bash scripts/install_system_deps.sh
+
+$(STAMP): pyproject.toml constraints.txt
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	# The CPU build of torch first: resolved later, torch would pull the CUDA build (GBs).
+	$(BIN)/python -m pip install --quiet torch==2.13.0
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
+	@touch $(STAMP)
+
+demo: setup
+	$(BIN)/robo-pipe demo configs/demo.yaml
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: setup
+	$(BIN)/mypy
+
+test: lint typecheck
+	$(BIN)/pytest
+
+bench: setup
+	$(BIN)/python benchmarks/sim_throughput.py --quick
+
+clean:
+	rm -rf $(VENV) .robo-pipe .pytest_cache .mypy_cache .ruff_cache

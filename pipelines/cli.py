@@ -1,0 +1,192 @@
+"""The ``robo-pipe`` command line: one verb per job, each a thin layer over a stage or flow.
+
+Every verb that produces something accepts ``--json`` and then prints its result record as one
+JSON line, last. Errors in configs, robots or scenes print one line per problem and exit 2.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from pipelines.config import ConfigError, load_config
+from robots.spec import RobotDefinitionError, available_robots, get_robot
+from sim_scenes.touch import VARIANTS, SceneError
+
+app = typer.Typer(
+    name="robo-pipe",
+    help=(
+        "Train, simulate and deploy robot policies.\n\n"
+        "State (runs, datasets, checkpoints, registry) lives under $ROBO_PIPE_HOME "
+        "(default ./.robo-pipe). Configs are YAML files in configs/; override any field with "
+        "--set FIELD=VALUE."
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+console = Console(stderr=True)
+
+ConfigArg = Annotated[Path, typer.Argument(help="Pipeline config YAML, e.g. configs/demo.yaml.")]
+SetOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--set",
+        help="Override a config field, FIELD=VALUE with VALUE parsed as YAML "
+        "(e.g. --set sim.num_envs=32). Repeatable.",
+    ),
+]
+JsonOpt = Annotated[
+    bool, typer.Option("--json", help="Print the result record as JSON on the last line.")
+]
+
+
+def _fail(err: Exception) -> typer.Exit:
+    for line in str(err).splitlines():
+        console.print(f"[red]error:[/red] {line}", highlight=False, markup=True)
+    return typer.Exit(code=2)
+
+
+@app.command()
+def demo(
+    config: ConfigArg = Path("configs/demo.yaml"),
+    set_: SetOpt = None,
+    episodes: Annotated[
+        int | None, typer.Option(min=1, help="Episodes to play (overrides demo.episodes).")
+    ] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Watch the scripted expert solve the task: success rate, filmstrip PNG, GIF, report.
+
+    Writes into a new $ROBO_PIPE_HOME/runs/<id>-<name>/ folder: config.yaml (the resolved
+    config), report.md, expert_filmstrip.png, expert_episodes.gif and result.json.
+    """
+    from pipelines.demo import run_demo
+    from pipelines.home import new_run_dir
+
+    overrides = list(set_ or [])
+    if episodes is not None:
+        overrides.append(f"demo.episodes={episodes}")
+    try:
+        cfg = load_config(config, overrides)
+    except ConfigError as err:
+        raise _fail(err) from None
+    run_dir = new_run_dir(cfg.name)
+    successes = 0
+    with Progress(
+        TextColumn("[bold]expert episodes"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("success {task.fields[rate]}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=json_out,
+    ) as progress:
+        task = progress.add_task("episodes", total=cfg.demo.episodes, rate="-")
+
+        def tick(rec: object) -> None:
+            nonlocal successes
+            successes += bool(getattr(rec, "success", False))
+            done = int(progress.tasks[0].completed) + 1
+            progress.update(task, advance=1, rate=f"{successes / done:.1%}")
+
+        try:
+            report = run_demo(cfg, run_dir, on_episode=tick)
+        except (SceneError, RobotDefinitionError) as err:
+            raise _fail(err) from None
+    low, high = report.success_ci95
+    table = Table(title=f"scripted expert on {report.variant}", show_header=False)
+    table.add_row("success rate", f"{report.success_rate:.1%}  (95% CI {low:.1%} - {high:.1%})")
+    table.add_row("episodes", str(report.episodes))
+    table.add_row("mean episode length", f"{report.mean_episode_length:.1f} steps")
+    table.add_row("throughput", f"{report.env_steps_per_s:,.0f} env-steps/s")
+    table.add_row("report", report.report)
+    table.add_row("filmstrip", report.filmstrip)
+    console.print(table)
+    if json_out:
+        print(json.dumps(asdict(report)))
+
+
+@app.command("config")
+def show_config(config: ConfigArg, set_: SetOpt = None) -> None:
+    """Validate a config and print it fully resolved (extends and --set applied) as YAML."""
+    import yaml
+
+    try:
+        cfg = load_config(config, list(set_ or []))
+    except ConfigError as err:
+        raise _fail(err) from None
+    print(f"# config hash {cfg.config_hash()}")
+    print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), end="")
+
+
+@app.command("robots")
+def list_robots(json_out: JsonOpt = False) -> None:
+    """List robots with their joints and limits, cameras, control rate and action space."""
+    records = []
+    for name in available_robots():
+        spec = get_robot(name)
+        table = Table(title=f"{name}: {spec.definition.description}")
+        table.add_column("action component")
+        table.add_column("range")
+        table.add_column("unit")
+        for comp, low, high, unit in zip(
+            spec.action.names, spec.action.low, spec.action.high, spec.action.units, strict=True
+        ):
+            table.add_row(comp, f"[{low:g}, {high:g}]", unit)
+        console.print(table)
+        joints = ", ".join(f"{j.name} [{j.low:g}, {j.high:g}]" for j in spec.arm + spec.gripper)
+        console.print(f"  joints: {joints}", highlight=False)
+        console.print(
+            f"  control: {spec.control_hz:g} Hz ({spec.substeps} physics steps); cameras: "
+            f"{', '.join(c.name for c in spec.cameras)}; state: {', '.join(spec.state_names)}",
+            highlight=False,
+        )
+        records.append(
+            {
+                "name": name,
+                "control_hz": spec.control_hz,
+                "cameras": [c.name for c in spec.cameras],
+                "action": asdict(spec.action),
+                "state": list(spec.state_names),
+            }
+        )
+    if json_out:
+        print(json.dumps(records))
+
+
+@app.command("scenes")
+def list_scenes(json_out: JsonOpt = False) -> None:
+    """List the task's scene variants; held-out ones are reserved for evaluation."""
+    table = Table(title="touch task scene variants")
+    for col in ("variant", "split", "objects", "colours", "shapes", "description"):
+        table.add_column(col)
+    for v in VARIANTS.values():
+        split = v.split if v.holdout_for is None else f"{v.split} (for {v.holdout_for})"
+        table.add_row(
+            v.name,
+            split,
+            f"{v.num_objects[0]}-{v.num_objects[1]}",
+            ", ".join(v.colours),
+            ", ".join(v.shapes),
+            v.description,
+        )
+    console.print(table)
+    if json_out:
+        print(json.dumps([{"name": v.name, "split": v.split} for v in VARIANTS.values()]))
+
+
+def main() -> None:
+    """Console entry point."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

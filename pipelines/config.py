@@ -1,0 +1,195 @@
+"""Pipeline configs: YAML files in ``configs/`` loaded into one typed, validated model.
+
+A config file may start from another with ``extends: other.yaml`` (a path relative to the file)
+and change only what differs; ``--set a.b=c`` overrides any field after that. Values given to
+``--set`` are parsed as YAML, so ``--set sim.num_envs=8`` is an int and ``--set
+scene.cameras=[scene,wrist]`` a list.
+
+Every error names where the bad value came from (the file, or the ``--set`` argument), the field
+and the value. The fully resolved config, saved with every run (:func:`save_resolved`), loads
+back to an identical config: it is enough to reproduce the run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from robots.spec import available_robots, get_robot
+from sim_scenes.config import SceneConfig, SimConfig
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+
+class ConfigError(ValueError):
+    """A config could not be loaded; ``problems`` holds one line per bad field."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+class DemoConfig(BaseModel):
+    """The expert demonstration shown by ``robo-pipe demo``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    episodes: int = Field(default=200, ge=1, le=100_000)
+    """Episodes the scripted expert plays to measure its success rate."""
+    filmstrip_episodes: int = Field(default=4, ge=1, le=64)
+    """Episodes drawn frame by frame into the demo's filmstrip image."""
+
+
+class PipelineConfig(BaseModel):
+    """A whole robo-pipe run: robot, task, simulator and the settings of each stage."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    name: str = Field(min_length=1)
+    """Run name, used in run directories and, later, registry model names."""
+    seed: int = Field(default=0, ge=0, lt=2**31)
+    """Root seed; every random choice of the run derives from it."""
+    robot: str = "rp5"
+    """Robot name (``robo-pipe robots`` lists them)."""
+    scene: SceneConfig = SceneConfig()
+    sim: SimConfig = SimConfig()
+    demo: DemoConfig = DemoConfig()
+
+    @field_validator("robot")
+    @classmethod
+    def _known_robot(cls, name: str) -> str:
+        if name not in available_robots():
+            raise ValueError(f"unknown robot; valid choices: {', '.join(available_robots())}")
+        return name
+
+    def config_hash(self) -> str:
+        """sha256 of the canonical JSON of the resolved config (first 16 hex digits)."""
+        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True)
+        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def available_configs() -> list[str]:
+    """Config files shipped in ``configs/``."""
+    return sorted(p.name for p in CONFIG_DIR.glob("*.yaml"))
+
+
+def _read_yaml(path: Path, chain: tuple[Path, ...] = ()) -> dict[str, Any]:
+    if not path.is_file():
+        hint = f"; configs in {CONFIG_DIR}: {', '.join(available_configs())}"
+        raise ConfigError([f"{path}: config file not found{hint}"])
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError([f"{path}: not valid YAML: {err}"]) from err
+    if not isinstance(data, dict):
+        raise ConfigError(
+            [f"{path}: top level must be a mapping of fields, got {type(data).__name__}"]
+        )
+    parent = data.pop("extends", None)
+    if parent is None:
+        return data
+    parent_path = (path.parent / str(parent)).resolve()
+    if parent_path in chain:
+        raise ConfigError([f"{path}: field 'extends' = {parent!r}: circular extends"])
+    return _deep_merge(_read_yaml(parent_path, (*chain, path.resolve())), data)
+
+
+def _deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _apply_override(data: dict[str, Any], override: str) -> str:
+    """Apply one ``a.b=c`` override in place; return the dotted field it set."""
+    field, sep, raw = override.partition("=")
+    field = field.strip()
+    if not sep or not field or any(not part for part in field.split(".")):
+        raise ConfigError([f"--set {override!r}: expected FIELD=VALUE, e.g. sim.num_envs=8"])
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else raw
+    except yaml.YAMLError:
+        value = raw
+    node = data
+    parts = field.split(".")
+    for part in parts[:-1]:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = {}
+            node[part] = child
+        node = child
+    node[parts[-1]] = value
+    return field
+
+
+def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> PipelineConfig:
+    """Load ``path``, apply ``--set`` style ``overrides``, validate, and return the config.
+
+    Raises:
+        ConfigError: missing file, invalid YAML, unknown field, wrong type or out-of-range
+            value; each problem names its source (file or ``--set``), field and value.
+    """
+    path = Path(path)
+    data = _read_yaml(path)
+    set_by: dict[str, str] = {}
+    for override in overrides:
+        set_by[_apply_override(data, override)] = override
+
+    def source(loc: str) -> str:
+        for field, override in set_by.items():
+            if loc == field or loc.startswith(field + ".") or field.startswith(loc + "."):
+                return f"--set {override!r}"
+        return str(path)
+
+    try:
+        config = PipelineConfig.model_validate(data)
+    except ValidationError as err:
+        problems = []
+        for e in err.errors():
+            loc = ".".join(str(p) for p in e["loc"])
+            msg = e["msg"].removeprefix("Value error, ")
+            if e["type"] == "extra_forbidden":
+                msg = "unknown field" + _suggest_fields(e["loc"])
+            value = e.get("input")
+            problems.append(f"{source(loc)}: field '{loc}' = {value!r}: {msg}")
+        raise ConfigError(problems) from err
+    # Checks that need more than one field.
+    known = [c.name for c in get_robot(config.robot).cameras]
+    unknown = [c for c in config.scene.cameras if c not in known]
+    if unknown:
+        raise ConfigError(
+            [
+                f"{source('scene.cameras')}: field 'scene.cameras' = {config.scene.cameras!r}: "
+                f"unknown camera {unknown[0]!r} for robot {config.robot!r}; valid choices: "
+                f"{', '.join(known)}"
+            ]
+        )
+    return config
+
+
+def _suggest_fields(loc: tuple[int | str, ...]) -> str:
+    model: type[BaseModel] = PipelineConfig
+    for part in loc[:-1]:
+        field = model.model_fields.get(str(part))
+        annotation = field.annotation if field else None
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return ""
+        model = annotation
+    return f"; valid fields here: {', '.join(model.model_fields)}"
+
+
+def save_resolved(config: PipelineConfig, path: Path) -> Path:
+    """Write the fully resolved config as YAML (loadable by :func:`load_config`)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    body = yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+    path.write_text(f"# resolved robo-pipe config, hash {config.config_hash()}\n{body}")
+    return path

@@ -1,0 +1,43 @@
+"""``$ROBO_PIPE_HOME``: the one directory everything the embedded default writes lives under.
+
+Layout (created on demand)::
+
+    $ROBO_PIPE_HOME/            default ./.robo-pipe
+      runs/<run-id>/            one folder per CLI/pipeline run: resolved config, reports, plots
+      datasets/                 collected LeRobot v3 datasets
+      checkpoints/              base models and fine-tuned adapters
+      mlflow/                   MLflow SQLite database and artifacts
+      prefect/                  PREFECT_HOME of the embedded Prefect server
+      edge/                     state of the loopback edge agent
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from pathlib import Path
+
+SUBDIRS = ("runs", "datasets", "checkpoints", "mlflow", "prefect", "edge")
+
+
+def robo_pipe_home() -> Path:
+    """The state directory: ``$ROBO_PIPE_HOME`` or ``./.robo-pipe``, as an absolute path."""
+    return Path(os.environ.get("ROBO_PIPE_HOME", ".robo-pipe")).expanduser().resolve()
+
+
+def home_dir(kind: str) -> Path:
+    """One of :data:`SUBDIRS` under the home, created if missing."""
+    if kind not in SUBDIRS:
+        raise ValueError(f"unknown home directory {kind!r}; valid choices: {', '.join(SUBDIRS)}")
+    path = robo_pipe_home() / kind
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def new_run_dir(name: str) -> Path:
+    """A fresh ``runs/<UTC time>-<name>-<random>`` directory."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    path = home_dir("runs") / f"{stamp}-{name}-{secrets.token_hex(3)}"
+    path.mkdir(parents=True)
+    return path

@@ -1,0 +1,66 @@
+"""The robot interface: what a real arm's driver implements so robo-pipe can run a policy on it.
+
+The simulator backends in ``sim_scenes`` stand in for a robot through the same action and
+observation conventions (see :class:`robots.spec.RobotSpec`), so a driver written against this
+interface receives exactly the actions a policy was trained and gated on.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+
+import numpy as np
+
+from robots.spec import RobotSpec
+
+
+@dataclass(frozen=True)
+class RobotObservation:
+    """One observation of a single robot.
+
+    Attributes:
+        images: camera name -> uint8 image, shape ``(height, width, 3)``, RGB.
+        state: proprioception, float32, shape ``(spec.state_dim,)``: joint positions in rad
+            followed by the gripper opening in m (see ``RobotSpec.state_names``).
+        timestamp: seconds since ``connect()``, on the robot's clock.
+    """
+
+    images: dict[str, np.ndarray]
+    state: np.ndarray
+    timestamp: float
+
+
+class Robot(abc.ABC):
+    """A physical (or emulated) arm driven at its control rate.
+
+    Lifecycle: ``connect()`` once, then alternate ``observe()`` and ``act()`` once per control
+    period (``1 / spec.control_hz`` seconds), then ``stop()``. ``stop()`` must leave the arm
+    holding its current position and be safe to call more than once.
+    """
+
+    spec: RobotSpec
+
+    @abc.abstractmethod
+    def connect(self) -> None:
+        """Open the connection to the hardware and check that it matches ``spec``."""
+
+    @abc.abstractmethod
+    def observe(self) -> RobotObservation:
+        """Return the latest camera images and proprioceptive state."""
+
+    @abc.abstractmethod
+    def act(self, action: np.ndarray) -> None:
+        """Send one action, shape ``(spec.action.dim,)``, in the units of ``spec.action``.
+
+        Drivers clip to ``spec.action.low/high`` before sending; they never extrapolate.
+        """
+
+    @abc.abstractmethod
+    def stop(self) -> None:
+        """Hold the current position and release the hardware."""
+
+    @property
+    @abc.abstractmethod
+    def is_connected(self) -> bool:
+        """Whether ``connect()`` succeeded and ``stop()`` has not been called since."""

@@ -1,0 +1,248 @@
+"""Robot specifications: what a policy may command and what it observes, in physical units.
+
+A robot is authored as a :class:`RobotDefinition` (names and constants in Python, geometry and
+limits in MJCF). :func:`load_robot` compiles the MJCF, checks the two agree and returns a frozen
+:class:`RobotSpec`. Joint and actuator limits are read from the MJCF, which stays their one
+source of truth.
+
+Action space (every robot in this package), shape ``(action.dim,)`` = arm joints + 1:
+    ``[0 : n_arm]``  joint position deltas in rad, relative to the *measured* joint positions,
+                     clipped to ``±max_joint_delta`` per control step;
+    ``[n_arm]``      gripper opening target in m (distance between the fingers), absolute.
+Observation state, shape ``(state_dim,)`` = arm joints + 1:
+    joint positions in rad, then the measured gripper opening in m.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import mujoco
+import numpy as np
+
+
+class RobotDefinitionError(ValueError):
+    """A robot name, MJCF file or limit is invalid; the message names the file and the value."""
+
+
+@dataclass(frozen=True)
+class RobotDefinition:
+    """A robot as authored: names of things in its MJCF plus the constants MJCF cannot hold."""
+
+    name: str
+    """Registry name, e.g. ``rp5``."""
+    description: str
+    """One line for ``robo-pipe`` listings."""
+    mjcf: Path
+    """MJCF file of the arm (and its work-cell cameras), no scene objects."""
+    arm_joints: tuple[str, ...]
+    """Actuated arm joints, base to tool; each needs a position actuator of the same name."""
+    gripper_joints: tuple[str, ...]
+    """Finger slide joints; all are driven to half the commanded opening."""
+    tcp_site: str
+    """Site at the tool centre point (between the fingertips)."""
+    cameras: tuple[str, ...]
+    """Cameras the robot carries or its cell provides (MJCF camera names)."""
+    control_hz: float
+    """Control rate in Hz: one action per ``1/control_hz`` seconds."""
+    physics_timestep: float
+    """Simulation timestep in s; ``1/control_hz`` must be a whole multiple of it."""
+    home_arm: tuple[float, ...]
+    """Home joint positions in rad, one per arm joint."""
+    home_gripper: float
+    """Home gripper opening in m."""
+    max_joint_delta: float
+    """Largest joint position change one action may command, rad per control step."""
+
+
+@dataclass(frozen=True)
+class JointSpec:
+    """One actuated joint. ``low``/``high`` in rad (hinge) or m (slide), from the MJCF."""
+
+    name: str
+    low: float
+    high: float
+
+
+@dataclass(frozen=True)
+class CameraSpec:
+    """A camera by MJCF name; ``fovy_deg`` is its vertical field of view in degrees."""
+
+    name: str
+    fovy_deg: float
+
+
+@dataclass(frozen=True)
+class ActionSpec:
+    """Action vector layout and bounds (see the module docstring for units)."""
+
+    names: tuple[str, ...]
+    low: tuple[float, ...]
+    high: tuple[float, ...]
+    units: tuple[str, ...]
+
+    @property
+    def dim(self) -> int:
+        """Number of action components."""
+        return len(self.names)
+
+
+@dataclass(frozen=True)
+class RobotSpec:
+    """A validated robot: joints with limits, cameras, control rate, action and state layout."""
+
+    definition: RobotDefinition
+    arm: tuple[JointSpec, ...]
+    gripper: tuple[JointSpec, ...]
+    cameras: tuple[CameraSpec, ...]
+    action: ActionSpec
+    state_names: tuple[str, ...] = field(default=())
+
+    @property
+    def name(self) -> str:
+        """Registry name."""
+        return self.definition.name
+
+    @property
+    def control_hz(self) -> float:
+        """Control rate in Hz."""
+        return self.definition.control_hz
+
+    @property
+    def substeps(self) -> int:
+        """Physics steps per control step."""
+        return round(1.0 / (self.definition.control_hz * self.definition.physics_timestep))
+
+    @property
+    def state_dim(self) -> int:
+        """Length of the proprioceptive state vector."""
+        return len(self.state_names)
+
+    @property
+    def max_gripper_opening(self) -> float:
+        """Fully open gripper, m (sum of the finger travels)."""
+        return sum(j.high for j in self.gripper)
+
+    def load_model(self) -> mujoco.MjModel:
+        """Compile the robot's MJCF on its own (no scene)."""
+        return _compile(self.definition.mjcf)
+
+
+_REGISTRY: dict[str, str] = {"rp5": "robots.rp5:RP5"}
+
+
+def available_robots() -> list[str]:
+    """Names accepted by :func:`get_robot`."""
+    return sorted(_REGISTRY)
+
+
+def get_robot(name: str) -> RobotSpec:
+    """Load a registered robot by name; unknown names list the valid ones."""
+    if name not in _REGISTRY:
+        raise RobotDefinitionError(
+            f"unknown robot {name!r}; valid choices: {', '.join(available_robots())}"
+        )
+    module_name, attr = _REGISTRY[name].split(":")
+    definition = getattr(importlib.import_module(module_name), attr)
+    return load_robot(definition)
+
+
+def _compile(path: Path) -> mujoco.MjModel:
+    if not path.is_file():
+        raise RobotDefinitionError(f"{path}: MJCF file not found")
+    try:
+        return mujoco.MjModel.from_xml_path(str(path))
+    except ValueError as err:  # MuJoCo reports parse and compile errors as ValueError
+        raise RobotDefinitionError(f"{path}: malformed MJCF: {err}") from err
+
+
+def load_robot(definition: RobotDefinition) -> RobotSpec:
+    """Compile ``definition.mjcf``, check it against the definition, and return the spec.
+
+    Raises:
+        RobotDefinitionError: malformed MJCF, a named joint/actuator/site/camera missing, a joint
+            range that is empty, unlimited or not finite, an actuator range outside its joint's
+            range, a home pose outside the limits, or a control rate the timestep cannot divide.
+    """
+    path = definition.mjcf
+    model = _compile(path)
+
+    def fail(what: str) -> RobotDefinitionError:
+        return RobotDefinitionError(f"{path}: robot {definition.name!r}: {what}")
+
+    def joint(name: str) -> JointSpec:
+        jid = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_JOINT, name)
+        if jid < 0:
+            raise fail(f"joint {name!r} not found in the MJCF")
+        low, high = (float(v) for v in model.jnt_range[jid])
+        if not model.jnt_limited[jid] or not (math.isfinite(low) and math.isfinite(high)):
+            raise fail(f"joint {name!r} has no finite limits (range={low} {high})")
+        if low >= high:
+            raise fail(f"joint {name!r} has an invalid range: low {low} >= high {high}")
+        aid = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_ACTUATOR, name)
+        if aid < 0:
+            raise fail(f"joint {name!r} has no actuator of the same name")
+        c_low, c_high = (float(v) for v in model.actuator_ctrlrange[aid])
+        if c_low < low - 1e-9 or c_high > high + 1e-9 or c_low >= c_high:
+            raise fail(
+                f"actuator {name!r} ctrlrange [{c_low}, {c_high}] must lie inside "
+                f"joint range [{low}, {high}]"
+            )
+        return JointSpec(name, low, high)
+
+    arm = tuple(joint(n) for n in definition.arm_joints)
+    gripper = tuple(joint(n) for n in definition.gripper_joints)
+    if len(arm) < 1:
+        raise fail("needs at least one arm joint")
+    if mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_SITE, definition.tcp_site) < 0:
+        raise fail(f"tcp site {definition.tcp_site!r} not found")
+    cameras = []
+    for cam in definition.cameras:
+        cid = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_CAMERA, cam)
+        if cid < 0:
+            raise fail(f"camera {cam!r} not found")
+        cameras.append(CameraSpec(cam, float(model.cam_fovy[cid])))
+    if definition.control_hz <= 0 or definition.physics_timestep <= 0:
+        raise fail(
+            f"control_hz ({definition.control_hz}) and physics_timestep "
+            f"({definition.physics_timestep}) must be > 0"
+        )
+    ratio = 1.0 / (definition.control_hz * definition.physics_timestep)
+    if abs(ratio - round(ratio)) > 1e-6:
+        raise fail(
+            f"control period 1/{definition.control_hz} s is not a whole number of "
+            f"physics_timestep {definition.physics_timestep} s"
+        )
+    if len(definition.home_arm) != len(arm):
+        raise fail(f"home_arm has {len(definition.home_arm)} values for {len(arm)} arm joints")
+    for j, q in zip(arm, definition.home_arm, strict=True):
+        if not j.low <= q <= j.high:
+            raise fail(f"home position {q} of joint {j.name!r} is outside [{j.low}, {j.high}]")
+    if definition.max_joint_delta <= 0:
+        raise fail(f"max_joint_delta must be > 0 rad, got {definition.max_joint_delta}")
+
+    opening = sum(j.high for j in gripper)
+    d = definition.max_joint_delta
+    action = ActionSpec(
+        names=(*(f"{j.name}.delta" for j in arm), "gripper.opening"),
+        low=(*(-d for _ in arm), 0.0),
+        high=(*(d for _ in arm), opening),
+        units=(*("rad" for _ in arm), "m"),
+    )
+    state_names = (*(f"{j.name}.pos" for j in arm), "gripper.opening")
+    return RobotSpec(
+        definition=definition,
+        arm=arm,
+        gripper=gripper,
+        cameras=tuple(cameras),
+        action=action,
+        state_names=state_names,
+    )
+
+
+def clip_action(spec: RobotSpec, action: np.ndarray) -> np.ndarray:
+    """Clip a batch of actions, shape ``(..., action.dim)``, to the robot's bounds."""
+    return np.clip(action, np.asarray(spec.action.low), np.asarray(spec.action.high))

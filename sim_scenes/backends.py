@@ -1,0 +1,38 @@
+"""Build a batched environment from config, whichever simulator backend it names."""
+
+from __future__ import annotations
+
+from robots.spec import RobotSpec
+from sim_scenes.batched_env import BatchedEnv
+from sim_scenes.config import BACKENDS, SceneConfig, SimConfig
+from sim_scenes.touch import SceneError, get_variant
+
+
+def make_env(
+    robot: RobotSpec,
+    scene: SceneConfig,
+    sim: SimConfig,
+    *,
+    num_envs: int | None = None,
+    cameras: tuple[str, ...] | None = None,
+    autoreset: bool = True,
+) -> BatchedEnv:
+    """Create ``num_envs`` (default ``sim.num_envs``) environments of ``scene.variant``.
+
+    ``cameras`` overrides ``scene.cameras``; pass ``()`` for physics only.
+    """
+    if sim.backend == "mujoco":
+        from sim_scenes.mujoco_env import MujocoBatchedEnv
+
+        return MujocoBatchedEnv(
+            robot,
+            get_variant(scene.variant),
+            num_envs=sim.num_envs if num_envs is None else num_envs,
+            cameras=tuple(scene.cameras) if cameras is None else cameras,
+            image_size=scene.image_size,
+            num_threads=sim.num_threads,
+            autoreset=autoreset,
+        )
+    raise SceneError(
+        f"unknown simulator backend {sim.backend!r}; valid choices: {', '.join(BACKENDS)}"
+    )

@@ -1,0 +1,115 @@
+"""The batched-environment interface every simulator backend implements.
+
+N environments step in lock-step. Arrays are batched along the first axis (``N = num_envs``).
+Units follow :mod:`robots.spec`: actions are joint deltas in rad plus a gripper opening in m;
+state is joint positions in rad plus the gripper opening in m; images are uint8 RGB.
+
+Finished environments reset themselves inside ``step`` ("same-step autoreset"): for an env whose
+``terminated | truncated`` is true, the returned observation is already the first observation of
+its next episode, and the finished episode's summary is in ``info["final"]``.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Self
+
+import numpy as np
+
+from robots.spec import RobotSpec
+
+
+@dataclass
+class BatchedObservation:
+    """Observations of N environments.
+
+    Attributes:
+        images: camera name -> uint8 array ``(N, H, W, 3)``; empty when no camera is rendered.
+        state: float32 ``(N, state_dim)``: joint positions (rad), gripper opening (m).
+        instruction: N natural-language instructions, one per environment.
+    """
+
+    images: dict[str, np.ndarray]
+    state: np.ndarray
+    instruction: list[str]
+
+
+@dataclass
+class EpisodeSummary:
+    """Summary of episodes that ended in a step, for the envs in ``env_ids``."""
+
+    env_ids: np.ndarray
+    """int64 (k,): which environments finished."""
+    seeds: np.ndarray
+    """int64 (k,): the seeds of the finished episodes."""
+    success: np.ndarray
+    """bool (k,)."""
+    length: np.ndarray
+    """int64 (k,): control steps taken."""
+    episode_return: np.ndarray
+    """float32 (k,): undiscounted sum of rewards."""
+
+
+@dataclass
+class StepResult:
+    """What ``step`` returns.
+
+    Attributes:
+        obs: observations after the step (next episode's first one for finished envs).
+        reward: float32 ``(N,)``.
+        terminated: bool ``(N,)``: the episode ended by success.
+        truncated: bool ``(N,)``: the episode hit its step limit.
+        success: bool ``(N,)``: solved on this step (equals ``terminated`` for the touch task).
+        final: summaries of the episodes that ended on this step.
+    """
+
+    obs: BatchedObservation
+    reward: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    success: np.ndarray
+    final: EpisodeSummary
+    info: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+class BatchedEnv(abc.ABC):
+    """N environments of one scene variant, stepped together at the robot's control rate."""
+
+    robot: RobotSpec
+    num_envs: int
+    cameras: tuple[str, ...]
+    image_size: int
+
+    @abc.abstractmethod
+    def reset(self, seeds: Sequence[int]) -> BatchedObservation:
+        """Start a new episode in every environment; ``seeds`` has one seed per environment.
+
+        The same seeds always give the same scenes and the same observations.
+        """
+
+    @abc.abstractmethod
+    def reset_envs(self, env_ids: Sequence[int], seeds: Sequence[int]) -> BatchedObservation:
+        """Start new episodes in the given environments only; return all observations."""
+
+    @abc.abstractmethod
+    def step(self, actions: np.ndarray) -> StepResult:
+        """Apply ``actions`` (float ``(N, action_dim)``, robot units) for one control period."""
+
+    @abc.abstractmethod
+    def privileged(self) -> dict[str, np.ndarray]:
+        """Simulator-only ground truth for scripted experts and rewards (never for policies).
+
+        Keys: ``tcp_pos`` (N, 3) m; ``target_pos`` (N, 3) m; ``arm_qpos`` (N, n_arm) rad.
+        """
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release renderers and worker threads; the env is unusable afterwards."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,103 @@
+"""Play a fixed list of seeded episodes on a batched env with any acting function.
+
+Each environment takes the next pending seed as soon as its episode ends, so N environments
+work through the list in parallel and the outcome of every seed is independent of N: the same
+seeds give the same per-episode results whatever the batch size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from sim_scenes.batched_env import BatchedEnv, BatchedObservation
+
+ActFn = Callable[[BatchedEnv, BatchedObservation], np.ndarray]
+"""Maps (env, observation) to actions of shape ``(N, action_dim)``."""
+
+
+@dataclass
+class EpisodeRecord:
+    """Outcome of one seeded episode."""
+
+    seed: int
+    success: bool
+    length: int
+    """Control steps."""
+    episode_return: float
+    instruction: str
+    frames: list[np.ndarray] = field(default_factory=list)
+    """Camera frames (uint8 HWC) per step, for recorded episodes only."""
+
+
+def play_episodes(
+    env: BatchedEnv,
+    act: ActFn,
+    seeds: Sequence[int],
+    *,
+    record: int = 0,
+    record_camera: str | None = None,
+    on_episode: Callable[[EpisodeRecord], None] | None = None,
+) -> list[EpisodeRecord]:
+    """Play one episode per seed; return records in the order of ``seeds``.
+
+    Args:
+        env: an environment created with ``autoreset=False``.
+        act: the acting function (scripted expert, policy, ...).
+        seeds: episode seeds; may be more or fewer than ``env.num_envs``.
+        record: keep the frames of the first ``record`` seeds (first camera unless
+            ``record_camera`` is given).
+        on_episode: called as each episode finishes (for progress bars).
+    """
+    if not seeds:
+        return []
+    camera = record_camera or (env.cameras[0] if env.cameras else None)
+    n = env.num_envs
+    pending = list(range(len(seeds)))
+    # slot[e]: index into seeds of the episode env e is playing; -1 = idle. Idle envs still
+    # step with the batch, replaying seeds[0], and their results are discarded.
+    slot = [pending.pop(0) if pending else -1 for _ in range(n)]
+    obs = env.reset([int(seeds[i]) if i >= 0 else int(seeds[0]) for i in slot])
+    records: dict[int, EpisodeRecord] = {}
+    instructions = {i: obs.instruction[e] for e, i in enumerate(slot) if i >= 0}
+    frames: dict[int, list[np.ndarray]] = {i: [] for i in range(min(record, len(seeds)))}
+
+    def keep_frames(o: BatchedObservation, envs: Sequence[int]) -> None:
+        if camera is None:
+            return
+        for e in envs:
+            if slot[e] in frames:
+                frames[slot[e]].append(o.images[camera][e].copy())
+
+    keep_frames(obs, range(n))
+    while len(records) < len(seeds):
+        result = env.step(act(env, obs))
+        obs = result.obs
+        keep_frames(obs, range(n))  # for envs that just finished: their episode's last frame
+        restart_envs, restart_seeds = [], []
+        for k, e in enumerate(result.final.env_ids):
+            i = slot[e]
+            if i >= 0:
+                rec = EpisodeRecord(
+                    seed=int(seeds[i]),
+                    success=bool(result.final.success[k]),
+                    length=int(result.final.length[k]),
+                    episode_return=float(result.final.episode_return[k]),
+                    instruction=instructions[i],
+                    frames=frames.pop(i, []),
+                )
+                records[i] = rec
+                if on_episode is not None:
+                    on_episode(rec)
+            slot[e] = pending.pop(0) if pending else -1
+            restart_envs.append(int(e))
+            restart_seeds.append(int(seeds[slot[e]]) if slot[e] >= 0 else int(seeds[0]))
+        if restart_envs:
+            obs = env.reset_envs(restart_envs, restart_seeds)
+            for e in restart_envs:
+                if slot[e] >= 0:
+                    instructions[slot[e]] = obs.instruction[e]
+            keep_frames(obs, restart_envs)
+    return [records[i] for i in range(len(seeds))]

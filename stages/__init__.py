@@ -1,0 +1,1 @@
+"""Pipeline stages as plain functions over typed configs and artifact records (no Prefect)."""

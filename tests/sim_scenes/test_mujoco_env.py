@@ -1,0 +1,116 @@
+"""The batched MuJoCo backend: determinism, batching, autoreset, rendering, bad input."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from robots.spec import RobotSpec
+from sim_scenes.mujoco_env import MujocoBatchedEnv
+from sim_scenes.touch import SceneError, get_variant
+from tests.conftest import NUM_ENVS
+
+VARIANT = get_variant("touch-mixed")
+
+
+def random_actions(rp5: RobotSpec, rng: np.random.Generator, n: int) -> np.ndarray:
+    low, high = np.array(rp5.action.low), np.array(rp5.action.high)
+    return rng.uniform(low, high, size=(n, rp5.action.dim))
+
+
+def test_same_seeds_and_actions_give_identical_observations(rp5: RobotSpec) -> None:
+    runs = []
+    for _ in range(2):
+        rng = np.random.default_rng(0)
+        with MujocoBatchedEnv(rp5, VARIANT, NUM_ENVS, cameras=("scene",)) as env:
+            obs = env.reset([1, 2, 3, 4])
+            states, images = [obs.state], [obs.images["scene"]]
+            for _ in range(8):
+                result = env.step(random_actions(rp5, rng, NUM_ENVS))
+                states.append(result.obs.state)
+                images.append(result.obs.images["scene"])
+            runs.append((np.stack(states), np.stack(images), env.physics_state))
+    np.testing.assert_array_equal(runs[0][0], runs[1][0])
+    np.testing.assert_array_equal(runs[0][1], runs[1][1])
+    np.testing.assert_array_equal(runs[0][2], runs[1][2])
+
+
+def test_batched_and_single_environment_stepping_agree(rp5: RobotSpec) -> None:
+    seeds = [11, 12, 13]
+    actions = random_actions(rp5, np.random.default_rng(1), 10 * len(seeds)).reshape(10, 3, -1)
+    with MujocoBatchedEnv(rp5, VARIANT, 3, cameras=(), num_threads=2, autoreset=False) as env:
+        env.reset(seeds)
+        for a in actions:
+            env.step(a)
+        batched = env.physics_state
+    for i, seed in enumerate(seeds):
+        with MujocoBatchedEnv(rp5, VARIANT, 1, cameras=(), num_threads=1, autoreset=False) as one:
+            one.reset([seed])
+            for a in actions:
+                one.step(a[i : i + 1])
+            np.testing.assert_array_equal(one.physics_state[0], batched[i])
+
+
+def test_finished_environments_reset_independently(rp5: RobotSpec) -> None:
+    with MujocoBatchedEnv(rp5, VARIANT, 2, cameras=()) as env:
+        env.reset([5, 6])
+        hold = np.zeros((2, rp5.action.dim))
+        for _ in range(VARIANT.episode_steps - 1):
+            result = env.step(hold)
+            assert not result.truncated.any()
+        # Env 1 restarts now; env 0 is made to restart later by a fresh reset of it alone.
+        env.reset_envs([0], [9])
+        result = env.step(hold)
+        assert result.truncated.tolist() == [False, True]
+        assert result.final.env_ids.tolist() == [1]
+        assert result.final.seeds.tolist() == [6]
+        assert result.final.length.tolist() == [VARIANT.episode_steps]
+        assert not result.final.success.any()
+        # The new episode of env 1 is a different, deterministic scene.
+        assert env.layouts[1].seed != 6
+        assert env.layouts[0].seed == 9
+
+
+def test_render_shapes_and_images_change_when_things_move(rp5: RobotSpec) -> None:
+    with MujocoBatchedEnv(rp5, VARIANT, 2, cameras=("scene", "wrist"), image_size=48) as env:
+        obs = env.reset([21, 22])
+        for cam in ("scene", "wrist"):
+            assert obs.images[cam].shape == (2, 48, 48, 3)
+            assert obs.images[cam].dtype == np.uint8
+            assert obs.images[cam].std() > 5, "a rendered scene is not a flat colour"
+        # Different seeds place the objects differently.
+        assert np.abs(obs.images["scene"][0].astype(int) - obs.images["scene"][1]).mean() > 1
+        before = obs.images["scene"].copy()
+        action = np.zeros((2, rp5.action.dim))
+        action[:, 0] = rp5.definition.max_joint_delta  # swing the base
+        for _ in range(3):
+            obs = env.step(action).obs
+        assert np.abs(obs.images["scene"].astype(int) - before).mean() > 0.5
+    assert obs.state.shape == (2, rp5.state_dim)
+
+
+def test_actions_are_clipped_to_the_robot_limits(rp5: RobotSpec) -> None:
+    with MujocoBatchedEnv(rp5, VARIANT, 1, cameras=()) as env:
+        start = env.reset([3]).state[0]
+        huge = np.full((1, rp5.action.dim), 10.0)
+        state = env.step(huge).obs.state[0]
+    moved = np.abs(state[:-1] - start[:-1])
+    assert (moved <= rp5.definition.max_joint_delta + 1e-3).all()
+    assert state[-1] <= rp5.max_gripper_opening + 1e-3
+
+
+@pytest.mark.parametrize("num_envs", [0, -3])
+def test_non_positive_env_counts_are_rejected(rp5: RobotSpec, num_envs: int) -> None:
+    with pytest.raises(SceneError, match=f"num_envs must be >= 1, got {num_envs}"):
+        MujocoBatchedEnv(rp5, VARIANT, num_envs)
+
+
+def test_unknown_camera_and_bad_shapes_are_rejected(rp5: RobotSpec) -> None:
+    with pytest.raises(SceneError, match=r"unknown camera 'top'.*valid choices: scene, wrist"):
+        MujocoBatchedEnv(rp5, VARIANT, 1, cameras=("top",))
+    with MujocoBatchedEnv(rp5, VARIANT, 2, cameras=()) as env:
+        with pytest.raises(SceneError, match="reset needs 2 seeds"):
+            env.reset([1])
+        env.reset([1, 2])
+        with pytest.raises(SceneError, match=r"actions must have shape \(2, 6\)"):
+            env.step(np.zeros((2, 5)))

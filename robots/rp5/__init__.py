@@ -17,5 +17,5 @@ RP5 = RobotDefinition(
     # Tool pointing down over the workspace centre, elbow up.
     home_arm=(0.0, 0.35, 1.75, 1.05, 0.0),
     home_gripper=0.015,
-    max_joint_delta=0.15,
+    max_joint_delta=0.08,
 )

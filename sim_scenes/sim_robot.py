@@ -1,0 +1,97 @@
+"""The simulator standing in for a physical arm, through the real-robot interface.
+
+Code written against :class:`robots.Robot` (the control-loop runtime, the latency gate) runs
+unchanged on this and on a real driver: same action and state units, same camera names.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from robots.interface import Robot, RobotObservation
+from robots.spec import RobotSpec
+from sim_scenes.batched_env import BatchedObservation
+from sim_scenes.mujoco_env import MujocoBatchedEnv
+from sim_scenes.touch import SceneError, SceneVariant
+
+
+class SimulatedRobot(Robot):
+    """One MuJoCo environment of ``variant`` behind the :class:`Robot` interface.
+
+    Time is simulated: ``timestamp`` advances by one control period per ``act``. After the
+    episode ends (success or step limit) the scene freezes: further actions are ignored, as a
+    real cell's safety controller would hold the arm, until ``connect`` starts a new one.
+    """
+
+    def __init__(
+        self,
+        spec: RobotSpec,
+        variant: SceneVariant,
+        seed: int = 0,
+        cameras: tuple[str, ...] = ("scene", "wrist"),
+        image_size: int = 64,
+    ) -> None:
+        self.spec = spec
+        self._variant, self._seed = variant, seed
+        self._cameras, self._image_size = cameras, image_size
+        self._env: MujocoBatchedEnv | None = None
+        self._obs: BatchedObservation | None = None
+        self._steps = 0
+        self.done = False
+        """Whether the episode has ended (see class docstring)."""
+        self.success = False
+        """Whether the episode ended in success."""
+
+    @property
+    def is_connected(self) -> bool:
+        return self._env is not None
+
+    @property
+    def instruction(self) -> str:
+        """The task instruction of the current episode."""
+        if self._obs is None:
+            raise SceneError("SimulatedRobot: call connect() first")
+        return self._obs.instruction[0]
+
+    def connect(self) -> None:
+        if self._env is None:
+            self._env = MujocoBatchedEnv(
+                self.spec,
+                self._variant,
+                1,
+                cameras=self._cameras,
+                image_size=self._image_size,
+                num_threads=1,
+                autoreset=False,
+            )
+        self._obs = self._env.reset([self._seed])
+        self._steps, self.done, self.success = 0, False, False
+
+    def observe(self) -> RobotObservation:
+        if self._obs is None:
+            raise SceneError("SimulatedRobot: call connect() first")
+        return RobotObservation(
+            images={cam: img[0] for cam, img in self._obs.images.items()},
+            state=self._obs.state[0].copy(),
+            timestamp=self._steps / self.spec.control_hz,
+        )
+
+    def act(self, action: np.ndarray) -> None:
+        if self._env is None:
+            raise SceneError("SimulatedRobot: call connect() first")
+        action = np.asarray(action, dtype=np.float64)
+        if action.shape != (self.spec.action.dim,):
+            raise SceneError(
+                f"action must have shape ({self.spec.action.dim},), got {action.shape}"
+            )
+        if self.done:
+            return
+        result = self._env.step(action[None, :])
+        self._obs, self._steps = result.obs, self._steps + 1
+        self.done = bool(result.terminated[0] or result.truncated[0])
+        self.success = bool(result.success[0])
+
+    def stop(self) -> None:
+        if self._env is not None:
+            self._env.close()
+        self._env, self._obs = None, None

@@ -1,0 +1,34 @@
+"""The simulator behind the real-robot interface behaves like a robot at that seam."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from robots.interface import Robot
+from robots.spec import RobotSpec
+from sim_scenes.sim_robot import SimulatedRobot
+from sim_scenes.touch import SceneError, get_variant
+
+
+def test_simulated_robot_observes_acts_and_stops(rp5: RobotSpec) -> None:
+    robot: Robot = SimulatedRobot(rp5, get_variant("touch-mixed"), seed=4, image_size=32)
+    assert not robot.is_connected
+    with pytest.raises(SceneError, match="connect"):
+        robot.observe()
+    robot.connect()
+    first = robot.observe()
+    assert first.state.shape == (rp5.state_dim,)
+    assert set(first.images) == {"scene", "wrist"}
+    assert first.images["wrist"].shape == (32, 32, 3)
+    step = np.zeros(rp5.action.dim)
+    step[0] = 0.05  # base yaw +0.05 rad
+    robot.act(step)
+    after = robot.observe()
+    assert after.timestamp == pytest.approx(1 / rp5.control_hz)
+    assert after.state[0] - first.state[0] == pytest.approx(0.05, abs=0.005)
+    with pytest.raises(SceneError, match=r"action must have shape \(6,\)"):
+        robot.act(np.zeros(3))
+    robot.stop()
+    robot.stop()  # idempotent
+    assert not robot.is_connected

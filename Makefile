@@ -7,7 +7,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup system-deps demo test lint typecheck bench clean
+.PHONY: setup system-deps demo test lint typecheck bench clean lerobot-compat
 
 setup: system-deps $(STAMP)
 
@@ -40,3 +40,16 @@ bench: setup
 
 clean:
 	rm -rf $(VENV) .robo-pipe .pytest_cache .mypy_cache .ruff_cache
+
+# LeRobot (for the dataset compatibility test) needs Python 3.12 and torchvision, so it lives in
+# its own environment (~3 min, several GB: its torch is the CUDA build). Not part of `make test`.
+LEROBOT_VENV ?= .venv-lerobot
+LEROBOT_PY ?= $(shell command -v python3.12 || echo "$$(pyenv root 2>/dev/null)/versions/3.12.1/bin/python")
+
+$(LEROBOT_VENV)/.installed:
+	$(LEROBOT_PY) -m venv $(LEROBOT_VENV)
+	$(LEROBOT_VENV)/bin/pip install --quiet 'lerobot[dataset]==0.6.1'
+	@touch $@
+
+lerobot-compat: setup $(LEROBOT_VENV)/.installed
+	ROBO_PIPE_LEROBOT_PYTHON=$(LEROBOT_VENV)/bin/python $(BIN)/pytest tests/stages/test_collect.py -k lerobot -v

@@ -7,6 +7,7 @@ JSON line, last. Errors in configs, robots or scenes print one line per problem 
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated
@@ -112,6 +113,97 @@ def demo(
     console.print(table)
     if json_out:
         print(json.dumps(asdict(report)))
+
+
+@app.command("collect")
+def collect_cmd(
+    config: ConfigArg,
+    set_: SetOpt = None,
+    episodes: Annotated[
+        int | None, typer.Option(help="Episodes to attempt (overrides collect.episodes).")
+    ] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(help="Dataset directory (default $ROBO_PIPE_HOME/datasets/<name>-<variant>)."),
+    ] = None,
+    ray_address: Annotated[
+        str | None,
+        typer.Option(help="Join this Ray cluster (e.g. auto or ray://head:10001); default local."),
+    ] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Collect demonstrations into a LeRobot v3 dataset (resumable, appendable).
+
+    Re-running the same command after an interruption continues from the committed episodes
+    and ends with the same dataset; a larger --episodes appends to it.
+    """
+    from pipelines.config import save_resolved
+    from pipelines.home import home_dir, new_run_dir
+    from stages.collect import ShardResult, collect
+    from stages.dataset import DatasetError
+
+    overrides = list(set_ or [])
+    if episodes is not None:
+        overrides.append(f"collect.episodes={episodes}")
+    try:
+        cfg = load_config(config, overrides)
+    except ConfigError as err:
+        raise _fail(err) from None
+    target = out or home_dir("datasets") / f"{cfg.name}-{cfg.scene.variant}"
+    run_dir = new_run_dir(f"{cfg.name}-collect")
+    save_resolved(cfg, run_dir / "config.yaml")
+    done = solved = frames = 0
+    start = time.perf_counter()
+    with Progress(
+        TextColumn("[bold]collecting"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("episodes  {task.fields[rate]} frames/s  source success {task.fields[success]}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=json_out,
+    ) as progress:
+        task = progress.add_task("collect", total=cfg.collect.episodes, rate="-", success="-")
+
+        def shard_done(result: ShardResult) -> None:
+            nonlocal done, solved, frames
+            done += result.attempted
+            solved += result.solved
+            frames += result.kept_frames
+            progress.update(
+                task,
+                completed=done,
+                rate=f"{frames / (time.perf_counter() - start):,.0f}",
+                success=f"{solved / done:.1%}",
+            )
+
+        try:
+            ref = collect(
+                cfg.robot,
+                cfg.scene,
+                cfg.sim,
+                cfg.collect,
+                cfg.seed,
+                target,
+                ray_address=ray_address,
+                on_shard=shard_done,
+                extra_provenance={
+                    "config": cfg.model_dump(mode="json"),
+                    "config_hash": cfg.config_hash(),
+                },
+            )
+        except (DatasetError, SceneError, RobotDefinitionError) as err:
+            raise _fail(err) from None
+        progress.update(task, completed=cfg.collect.episodes)
+    (run_dir / "dataset_ref.json").write_text(json.dumps(ref.to_json(), indent=2))
+    table = Table(title=f"dataset {ref.path}", show_header=False)
+    table.add_row("episodes / frames", f"{ref.episodes} / {ref.frames}")
+    table.add_row("source success", f"{ref.source_success_rate:.1%} ({ref.source})")
+    table.add_row("content hash", ref.content_hash[:16])
+    table.add_row("wall time", f"{time.perf_counter() - start:.1f} s")
+    console.print(table)
+    if json_out:
+        print(json.dumps(ref.to_json()))
 
 
 @app.command("config")

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from robots.spec import available_robots, get_robot
 from sim_scenes.config import SceneConfig, SimConfig
+from stages.collect.config import CollectConfig
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
@@ -59,6 +60,7 @@ class PipelineConfig(BaseModel):
     scene: SceneConfig = SceneConfig()
     sim: SimConfig = SimConfig()
     demo: DemoConfig = DemoConfig()
+    collect: CollectConfig = CollectConfig()
 
     @field_validator("robot")
     @classmethod

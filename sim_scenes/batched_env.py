@@ -81,6 +81,8 @@ class BatchedEnv(abc.ABC):
     num_envs: int
     cameras: tuple[str, ...]
     image_size: int
+    timings: dict[str, float]
+    """Cumulative seconds per phase (``simulate``, ``render``), for throughput breakdowns."""
 
     @abc.abstractmethod
     def reset(self, seeds: Sequence[int]) -> BatchedObservation:

@@ -12,16 +12,21 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from sim_scenes.batched_env import BatchedEnv, BatchedObservation
+from sim_scenes.batched_env import BatchedEnv, BatchedObservation, StepResult
 
 ActFn = Callable[[BatchedEnv, BatchedObservation], np.ndarray]
 """Maps (env, observation) to actions of shape ``(N, action_dim)``."""
+StepFn = Callable[[list[int], BatchedObservation, np.ndarray, StepResult], None]
+"""Called after every step with (seed index per env or -1 if idle, the observation the actions
+were chosen from, the actions, the step result): everything needed to record transitions."""
 
 
 @dataclass
 class EpisodeRecord:
     """Outcome of one seeded episode."""
 
+    index: int
+    """Position of the episode's seed in the ``seeds`` list."""
     seed: int
     success: bool
     length: int
@@ -40,6 +45,7 @@ def play_episodes(
     record: int = 0,
     record_camera: str | None = None,
     on_episode: Callable[[EpisodeRecord], None] | None = None,
+    on_step: StepFn | None = None,
 ) -> list[EpisodeRecord]:
     """Play one episode per seed; return records in the order of ``seeds``.
 
@@ -50,6 +56,7 @@ def play_episodes(
         record: keep the frames of the first ``record`` seeds (first camera unless
             ``record_camera`` is given).
         on_episode: called as each episode finishes (for progress bars).
+        on_step: called after every step (for recording transitions, see :data:`StepFn`).
     """
     if not seeds:
         return []
@@ -73,7 +80,10 @@ def play_episodes(
 
     keep_frames(obs, range(n))
     while len(records) < len(seeds):
-        result = env.step(act(env, obs))
+        actions = act(env, obs)
+        result = env.step(actions)
+        if on_step is not None:
+            on_step(list(slot), obs, actions, result)
         obs = result.obs
         keep_frames(obs, range(n))  # for envs that just finished: their episode's last frame
         restart_envs, restart_seeds = [], []
@@ -81,6 +91,7 @@ def play_episodes(
             i = slot[e]
             if i >= 0:
                 rec = EpisodeRecord(
+                    index=i,
                     seed=int(seeds[i]),
                     success=bool(result.final.success[k]),
                     length=int(result.final.length[k]),

@@ -12,6 +12,7 @@ differ between environments while the batched rollout still sees models of one s
 from __future__ import annotations
 
 import copy
+import time
 from collections.abc import Sequence
 
 import mujoco
@@ -119,6 +120,8 @@ class MujocoBatchedEnv(BatchedEnv):
         self._finger_high = np.array([j.high for j in robot.gripper])
         self._max_delta = robot.definition.max_joint_delta
 
+        self.timings = {"simulate": 0.0, "render": 0.0}
+        """Seconds spent in physics (rollout and bookkeeping) and in rendering, cumulative."""
         self._layouts: list[EpisodeLayout | None] = [None] * num_envs
         self._seeds = np.zeros(num_envs, np.int64)
         self._reset_seeds = np.zeros(num_envs, np.int64)
@@ -176,6 +179,7 @@ class MujocoBatchedEnv(BatchedEnv):
         return np.take_along_axis(self._state, self._target_columns, axis=1)
 
     def step(self, actions: np.ndarray) -> StepResult:
+        start = time.perf_counter()
         actions = np.asarray(actions, dtype=np.float64)
         n_arm = len(self.robot.arm)
         if actions.shape != (self.num_envs, n_arm + 1):
@@ -234,6 +238,7 @@ class MujocoBatchedEnv(BatchedEnv):
                 self._episode_count[env] += 1
                 seed = next_episode_seed(int(self._reset_seeds[env]), int(self._episode_count[env]))
                 self._start_episode(int(env), seed)
+        self.timings["simulate"] += time.perf_counter() - start
         return StepResult(
             obs=self._observe(),
             reward=reward,
@@ -252,9 +257,11 @@ class MujocoBatchedEnv(BatchedEnv):
         state[:, :n_arm] = self._state[:, self._arm_columns]
         state[:, n_arm] = self._state[:, self._finger_columns].sum(axis=1)
         if self._renderer is not None:
+            start = time.perf_counter()
             self._renderer.render(
                 self._models, self._state, [self._images[c] for c in self.cameras]
             )
+            self.timings["render"] += time.perf_counter() - start
         return BatchedObservation(
             images={c: img.copy() for c, img in self._images.items()},
             state=state,

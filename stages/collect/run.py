@@ -1,0 +1,343 @@
+"""The collect stage: demonstrations across Ray workers into a LeRobot v3 dataset.
+
+    plan shards ──► workers (Ray actors, each a batched simulator + source) ──► committed shards
+                                                                                      │
+    DatasetRef ◄── content hash ◄── finalize (v3 layout, stats, provenance) ◄─────────┘
+
+Seeds come from the run's ``collect`` seed stream, split into shards of consecutive seeds. A
+re-run of the same command finds the shards already committed, collects only the missing ones
+and finalizes to the same bytes. A larger ``episodes`` appends shards to an existing dataset.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from robots.spec import get_robot
+from sim_scenes.backends import make_env
+from sim_scenes.batched_env import BatchedObservation, StepResult
+from sim_scenes.config import SceneConfig, SimConfig
+from sim_scenes.episodes import play_episodes
+from sim_scenes.touch import episode_seeds, get_variant
+from stages.collect.config import CollectConfig
+from stages.collect.sources import make_source
+from stages.dataset.layout import STAGING_DIR, DatasetRef, content_hash
+from stages.dataset.reader import open_dataset
+from stages.dataset.writer import (
+    DatasetError,
+    DatasetSchema,
+    EpisodeBuffer,
+    committed_shards,
+    discard_uncommitted,
+    finalize,
+    write_shard,
+)
+from stages.provenance import code_version
+
+IDENTITY_FILE = "collection.json"
+"""In ``.staging``: what this dataset is a collection of; appending must match it."""
+
+
+@dataclass
+class ShardResult:
+    """What a worker reports for one committed shard (progress bars, benchmarks)."""
+
+    start: int
+    end: int
+    attempted: int
+    solved: int
+    kept_frames: int
+    timings: dict[str, float]
+
+
+class CollectWorker:
+    """One batched simulator plus a demonstration source; collects and commits shards.
+
+    Runs in-process (``workers: 0``) or as a Ray actor (``ray.remote(CollectWorker)``).
+    """
+
+    def __init__(
+        self,
+        robot: str,
+        scene: dict[str, Any],
+        sim: dict[str, Any],
+        collect: dict[str, Any],
+        num_threads: int,
+    ) -> None:
+        self.robot = get_robot(robot)
+        self.scene = SceneConfig.model_validate(scene)
+        self.collect = CollectConfig.model_validate(collect)
+        sim_config = SimConfig.model_validate({**sim, "num_threads": num_threads})
+        self.env = make_env(
+            self.robot,
+            self.scene,
+            sim_config,
+            num_envs=self.collect.envs_per_worker,
+            autoreset=False,
+        )
+        self.source = make_source(self.collect.source, self.robot)
+
+    def collect_shard(self, start: int, end: int, seeds: list[int], staging: str) -> ShardResult:
+        """Play ``seeds`` (the shard's), record every transition, commit the shard."""
+        cameras = self.env.cameras
+        fields = ("state", "action", "reward", "done", "success", *cameras)
+        buffers: dict[int, dict[str, list[Any]]] = {
+            i: {f: [] for f in fields} for i in range(len(seeds))
+        }
+        source_time = 0.0
+
+        def act(env: Any, obs: BatchedObservation) -> np.ndarray:
+            nonlocal source_time
+            t0 = time.perf_counter()
+            actions = self.source(env, obs)
+            source_time += time.perf_counter() - t0
+            return actions
+
+        def record(
+            slot: list[int], obs: BatchedObservation, actions: np.ndarray, r: StepResult
+        ) -> None:
+            for e, i in enumerate(slot):
+                if i < 0:
+                    continue
+                buf = buffers[i]
+                for cam in cameras:
+                    buf[cam].append(obs.images[cam][e])
+                buf["state"].append(obs.state[e])
+                buf["action"].append(actions[e])
+                buf["reward"].append(r.reward[e])
+                buf["done"].append(bool(r.terminated[e] or r.truncated[e]))
+                buf["success"].append(bool(r.success[e]))
+
+        before = dict(self.env.timings)
+        records = play_episodes(self.env, act, seeds, on_step=record)
+        episodes = [
+            EpisodeBuffer(
+                seed=rec.seed,
+                instruction=rec.instruction,
+                images={cam: np.stack(buffers[rec.index][cam]) for cam in cameras},
+                state=np.asarray(buffers[rec.index]["state"], np.float32),
+                action=np.asarray(buffers[rec.index]["action"], np.float32),
+                reward=np.asarray(buffers[rec.index]["reward"], np.float32),
+                done=np.asarray(buffers[rec.index]["done"], bool),
+                success=np.asarray(buffers[rec.index]["success"], bool),
+            )
+            for rec in records
+        ]
+        timings = {k: self.env.timings[k] - before[k] for k in before}
+        timings["source"] = source_time
+        manifest = write_shard(
+            Path(staging),
+            start,
+            end,
+            episodes,
+            self.collect.keep_failed,
+            self.robot.control_hz,
+            self.collect.video_crf,
+            timings,
+        )
+        return ShardResult(
+            start=start,
+            end=end,
+            attempted=len(episodes),
+            solved=sum(ep.solved for ep in episodes),
+            kept_frames=sum(e["length"] for e in manifest.kept),
+            timings=manifest.timings,
+        )
+
+    def close(self) -> None:
+        """Release the simulator."""
+        self.env.close()
+
+
+def plan_shards(
+    total: int, size: int, committed: set[tuple[int, int]]
+) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """Cover seed indices [0, total) with committed shards where they fit, new ones elsewhere.
+
+    Returns (all shards in seed order, the new ones to collect). Committed shards reaching past
+    ``total`` are kept: a dataset never shrinks.
+    """
+    starts = {s: e for s, e in committed}
+    shards, new = [], []
+    pos = 0
+    while pos < total or pos in starts:
+        if pos in starts:
+            shards.append((pos, starts[pos]))
+            pos = starts[pos]
+            continue
+        nxt = min([s for s in starts if s > pos], default=total)
+        end = min(pos + size, total, nxt)
+        shards.append((pos, end))
+        new.append((pos, end))
+        pos = end
+    return shards, new
+
+
+def _identity(
+    robot: str, scene: SceneConfig, collect: CollectConfig, seed: int, fps: float
+) -> dict[str, Any]:
+    return {
+        "robot": robot,
+        "variant": scene.variant,
+        "cameras": list(scene.cameras),
+        "image_size": scene.image_size,
+        "fps": fps,
+        "root_seed": seed,
+        "source": collect.source,
+        "keep_failed": collect.keep_failed,
+        "video_crf": collect.video_crf,
+    }
+
+
+def _check_output_dir(out: Path, identity: dict[str, Any]) -> None:
+    """Refuse a directory that holds anything but this collection; nothing is touched."""
+    ident_path = out / STAGING_DIR / IDENTITY_FILE
+    if ident_path.is_file():
+        existing = json.loads(ident_path.read_text())
+        for field in ("robot", "variant"):
+            if existing.get(field) != identity[field]:
+                raise DatasetError(
+                    f"{out}: cannot append: the dataset was collected with {field} "
+                    f"{existing.get(field)!r}, this run uses {identity[field]!r}; "
+                    "choose another --out"
+                )
+        diffs = [k for k in identity if existing.get(k) != identity[k]]
+        if diffs:
+            detail = ", ".join(f"{k}: {existing.get(k)!r} vs {identity[k]!r}" for k in diffs)
+            raise DatasetError(f"{out}: holds a different dataset ({detail}); choose another --out")
+        return
+    if out.exists() and any(out.iterdir()):
+        raise DatasetError(
+            f"{out}: exists and holds other files (not a robo-pipe collection); "
+            "choose an empty or new --out"
+        )
+
+
+def collect(
+    robot: str,
+    scene: SceneConfig,
+    sim: SimConfig,
+    config: CollectConfig,
+    seed: int,
+    out: Path,
+    ray_address: str | None = None,
+    on_shard: Callable[[ShardResult], None] | None = None,
+    extra_provenance: dict[str, Any] | None = None,
+) -> DatasetRef:
+    """Collect ``config.episodes`` demonstrations into the v3 dataset at ``out``.
+
+    Raises:
+        DatasetError: ``out`` holds other files or a different collection, or a committed shard
+            is corrupt.
+        SceneError: ``scene.variant`` is held out for evaluation.
+    """
+    from sim_scenes.touch import SceneError
+
+    variant = get_variant(scene.variant)
+    if variant.split != "train":
+        raise SceneError(
+            f"scene variant {scene.variant!r} is held out for evaluation; collect from a training "
+            f"variant ({variant.holdout_for or 'see robo-pipe scenes'})"
+        )
+    spec = get_robot(robot)
+    identity = _identity(robot, scene, config, seed, spec.control_hz)
+    out = Path(out).resolve()
+    _check_output_dir(out, identity)
+    staging = out / STAGING_DIR
+    staging.mkdir(parents=True, exist_ok=True)
+    (staging / IDENTITY_FILE).write_text(json.dumps(identity, indent=1))
+    discard_uncommitted(out)
+
+    seeds = episode_seeds(seed, config.episodes, "collect")
+    shards, todo = plan_shards(
+        config.episodes, config.episodes_per_shard, set(committed_shards(out))
+    )
+    if shards[-1][1] > len(seeds):  # committed shards beyond this run's count
+        seeds = episode_seeds(seed, shards[-1][1], "collect")
+    args = (robot, scene.model_dump(), sim.model_dump(), config.model_dump())
+    if todo:
+        _run_shards(todo, seeds, staging, args, config, sim, ray_address, on_shard)
+
+    paths = committed_shards(out)
+    schema = DatasetSchema(
+        robot=robot,
+        fps=spec.control_hz,
+        state_names=spec.state_names,
+        action_names=spec.action.names,
+        cameras=tuple(scene.cameras),
+        image_size=scene.image_size,
+        crf=config.video_crf,
+    )
+    provenance = {
+        "collection": identity,
+        "collect": config.model_dump(),
+        "seed_stream": "collect",
+        "code_version": code_version(),
+        **(extra_provenance or {}),
+    }
+    finalize(out, [paths[s] for s in shards], schema, provenance)
+    dataset = open_dataset(out)
+    return DatasetRef(
+        path=str(out),
+        content_hash=content_hash(out),
+        episodes=dataset.num_episodes,
+        frames=dataset.num_frames,
+        fps=dataset.fps,
+        robot=robot,
+        variant=scene.variant,
+        features={
+            k: {"dtype": f["dtype"], "shape": f["shape"]}
+            for k, f in dataset.info["features"].items()
+        },
+        source=config.source,
+        source_success_rate=float(dataset.provenance.get("source_success_rate", 0.0)),
+    )
+
+
+def _run_shards(
+    todo: list[tuple[int, int]],
+    seeds: list[int],
+    staging: Path,
+    args: tuple[str, dict[str, Any], dict[str, Any], dict[str, Any]],
+    config: CollectConfig,
+    sim: SimConfig,
+    ray_address: str | None,
+    on_shard: Callable[[ShardResult], None] | None,
+) -> None:
+    jobs = [(s, e, seeds[s:e], str(staging)) for s, e in todo]
+    if config.workers == 0:
+        worker = CollectWorker(*args, num_threads=sim.num_threads)
+        try:
+            for job in jobs:
+                result = worker.collect_shard(*job)
+                if on_shard:
+                    on_shard(result)
+        finally:
+            worker.close()
+        return
+
+    import ray
+    from ray.util import ActorPool
+
+    from stages.ray_runtime import init_ray
+
+    init_ray(ray_address, num_cpus=None)
+    remote_worker: Any = ray.remote(num_cpus=1)(CollectWorker)
+    actors = [
+        remote_worker.remote(*args, num_threads=1) for _ in range(min(config.workers, len(jobs)))
+    ]
+    try:
+        pool = ActorPool(actors)
+        for result in pool.map_unordered(lambda a, job: a.collect_shard.remote(*job), jobs):
+            if on_shard:
+                on_shard(result)
+    finally:
+        for actor in actors:
+            ray.kill(actor)

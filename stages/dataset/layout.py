@@ -1,0 +1,101 @@
+"""The LeRobotDataset v3.0 layout robo-pipe writes and reads, and the ``DatasetRef`` record.
+
+    <root>/meta/info.json                              schema, fps, totals, path templates
+    <root>/meta/stats.json                             per-feature mean/std/min/max/count/quantiles
+    <root>/meta/tasks.parquet                          instruction text -> task_index
+    <root>/meta/episodes/chunk-XXX/file-XXX.parquet    per episode: length, task, row/video spans
+    <root>/data/chunk-XXX/file-XXX.parquet             per frame: state, action, indices, timestamp
+    <root>/videos/<camera key>/chunk-XXX/file-XXX.mp4  camera frames, episodes back to back
+    <root>/meta/robo_pipe.json                         provenance (config, seeds, code version)
+    <root>/.staging/                                   robo-pipe's committed shards (not part of v3)
+
+This matches what LeRobot 0.6's ``LeRobotDataset.create(...).finalize()`` writes (checked file
+by file), so ``LeRobotDataset(repo_id, root=<root>)`` loads it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+CODEBASE_VERSION = "v3.0"
+CHUNKS_SIZE = 1000
+"""Files per chunk directory (LeRobot's default)."""
+INFO_PATH = "meta/info.json"
+STATS_PATH = "meta/stats.json"
+TASKS_PATH = "meta/tasks.parquet"
+PROVENANCE_PATH = "meta/robo_pipe.json"
+STAGING_DIR = ".staging"
+DATA_PATH = "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
+VIDEO_PATH = "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4"
+EPISODES_PATH = "meta/episodes/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
+
+STATE_KEY = "observation.state"
+ACTION_KEY = "action"
+IMAGE_PREFIX = "observation.images."
+QUANTILES = (0.01, 0.10, 0.50, 0.90, 0.99)
+
+
+def camera_key(camera: str) -> str:
+    """Feature key of a camera stream, e.g. ``observation.images.scene``."""
+    return IMAGE_PREFIX + camera
+
+
+def chunk_file(file_number: int) -> dict[str, int]:
+    """Chunk and file index of the ``file_number``-th file of a kind."""
+    return {"chunk_index": file_number // CHUNKS_SIZE, "file_index": file_number % CHUNKS_SIZE}
+
+
+@dataclass(frozen=True)
+class DatasetRef:
+    """A committed dataset: what the collect stage hands to training (JSON-serialisable)."""
+
+    path: str
+    content_hash: str
+    """sha256 over every v3 file (paths and bytes); provenance and staging excluded."""
+    episodes: int
+    frames: int
+    fps: float
+    robot: str
+    variant: str
+    features: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Feature key -> {dtype, shape} (as in meta/info.json)."""
+    source: str = ""
+    """Demonstration source that produced the episodes."""
+    source_success_rate: float = 0.0
+    """Share of attempted episodes the source solved (failed ones may have been dropped)."""
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain-dict form for JSON output."""
+        return asdict(self)
+
+
+def v3_files(root: Path) -> list[Path]:
+    """The files that make up the v3 dataset proper, sorted (no provenance, no staging)."""
+    files = []
+    for top in ("meta", "data", "videos"):
+        for path in sorted((root / top).rglob("*")):
+            if path.is_file() and path.relative_to(root).as_posix() != PROVENANCE_PATH:
+                files.append(path)
+    return files
+
+
+def content_hash(root: Path) -> str:
+    """sha256 over the relative paths and bytes of :func:`v3_files`."""
+    digest = hashlib.sha256()
+    for path in v3_files(root):
+        digest.update(path.relative_to(root).as_posix().encode())
+        digest.update(b"\0")
+        digest.update(file_sha256(path).encode())
+    return digest.hexdigest()
+
+
+def file_sha256(path: Path) -> str:
+    """Hex sha256 of a file's bytes."""
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

@@ -1,0 +1,511 @@
+"""Writing LeRobot v3 datasets: atomic shards in staging, then a deterministic finalize.
+
+A *shard* is a block of consecutive episode seeds collected by one worker. It is written into a
+temporary directory under ``<root>/.staging`` and committed by renaming that directory (atomic
+on POSIX), with ``shard.json`` -- its manifest, holding the sha256 of every file -- written
+last. A shard is therefore either wholly there or not at all: killing collection at any moment
+loses at most the shards in flight, and a re-run redoes exactly those.
+
+:func:`finalize` builds the v3 layout from the committed shards, in seed order, each shard
+becoming one data file, one video file per camera and one episodes file. It is a pure function
+of the shards, so an interrupted-and-resumed collection ends byte-identical to an uninterrupted
+one. ``meta/info.json`` is removed first and written last: a dataset whose finalize was
+interrupted has no ``info.json`` and is refused by the reader until a re-run completes it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from stages.dataset.layout import (
+    ACTION_KEY,
+    CHUNKS_SIZE,
+    CODEBASE_VERSION,
+    DATA_PATH,
+    EPISODES_PATH,
+    INFO_PATH,
+    PROVENANCE_PATH,
+    QUANTILES,
+    STAGING_DIR,
+    STATE_KEY,
+    STATS_PATH,
+    TASKS_PATH,
+    VIDEO_PATH,
+    camera_key,
+    chunk_file,
+    file_sha256,
+)
+from stages.dataset.video import CODEC, GOP, PIX_FMT, encode_video
+
+SHARD_MANIFEST = "shard.json"
+FRAMES_FILE = "frames.parquet"
+
+
+class DatasetError(ValueError):
+    """A dataset or shard is missing, corrupt or inconsistent; the message names the file."""
+
+
+@dataclass
+class EpisodeBuffer:
+    """One recorded episode, before it is written.
+
+    ``images``: camera -> uint8 (T, H, W, 3); ``state``/``action``: float32 (T, d);
+    ``reward``/``done``/``success``: (T,) -- the outcome of taking ``action[t]`` at frame t.
+    """
+
+    seed: int
+    instruction: str
+    images: dict[str, np.ndarray]
+    state: np.ndarray
+    action: np.ndarray
+    reward: np.ndarray
+    done: np.ndarray
+    success: np.ndarray
+
+    @property
+    def length(self) -> int:
+        """Frames (= control steps) in the episode."""
+        return len(self.action)
+
+    @property
+    def solved(self) -> bool:
+        """Whether the episode ended in success."""
+        return bool(self.success[-1]) if len(self.success) else False
+
+
+@dataclass
+class ShardManifest:
+    """What a committed shard holds (``shard.json``)."""
+
+    start: int
+    """Index of its first seed in the collection's seed list."""
+    end: int
+    """One past its last seed index."""
+    episodes: list[dict[str, Any]]
+    """Per attempted episode: seed, instruction, length, success, kept."""
+    image_histograms: dict[str, list[list[int]]]
+    """camera -> per channel 256-bin histogram of pixel values over the kept frames."""
+    files: dict[str, str]
+    """File name -> sha256."""
+    timings: dict[str, float] = field(default_factory=dict)
+    """Seconds spent per phase (simulate, render, source, encode, write)."""
+
+    @property
+    def kept(self) -> list[dict[str, Any]]:
+        """The episodes written to the shard."""
+        return [e for e in self.episodes if e["kept"]]
+
+
+def shard_name(start: int, end: int) -> str:
+    """Directory name of the shard covering seed indices [start, end)."""
+    return f"shard-{start:08d}-{end:08d}"
+
+
+def write_shard(
+    staging: Path,
+    start: int,
+    end: int,
+    episodes: Sequence[EpisodeBuffer],
+    keep_failed: bool,
+    fps: float,
+    crf: int,
+    timings: dict[str, float] | None = None,
+) -> ShardManifest:
+    """Write and atomically commit one shard; return its manifest."""
+    import time
+
+    final = staging / shard_name(start, end)
+    tmp = staging / f"{final.name}.tmp-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir(parents=True)
+    kept = [ep for ep in episodes if keep_failed or ep.solved]
+    timings = dict(timings or {})
+    cameras = sorted(episodes[0].images) if episodes else []
+    histograms: dict[str, list[list[int]]] = {}
+
+    t0 = time.perf_counter()
+    for cam in cameras if kept else []:
+        frames = np.concatenate([ep.images[cam] for ep in kept])
+        encode_video(frames, tmp / f"{cam}.mp4", fps, crf)
+        histograms[cam] = [
+            np.bincount(frames[..., c].ravel(), minlength=256).tolist() for c in range(3)
+        ]
+    timings["encode"] = timings.get("encode", 0.0) + time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    if kept:
+        table = pa.table(
+            {
+                "episode": pa.array(np.repeat(np.arange(len(kept)), [ep.length for ep in kept])),
+                "frame_index": pa.array(np.concatenate([np.arange(ep.length) for ep in kept])),
+                STATE_KEY: _fixed_list(np.concatenate([ep.state for ep in kept])),
+                ACTION_KEY: _fixed_list(np.concatenate([ep.action for ep in kept])),
+                "next.reward": pa.array(
+                    np.concatenate([ep.reward for ep in kept]).astype(np.float32)
+                ),
+                "next.done": pa.array(np.concatenate([ep.done for ep in kept]).astype(bool)),
+                "next.success": pa.array(np.concatenate([ep.success for ep in kept]).astype(bool)),
+            }
+        )
+        pq.write_table(table, tmp / FRAMES_FILE)
+    manifest = ShardManifest(
+        start=start,
+        end=end,
+        episodes=[
+            {
+                "seed": ep.seed,
+                "instruction": ep.instruction,
+                "length": ep.length,
+                "success": ep.solved,
+                "kept": keep_failed or ep.solved,
+            }
+            for ep in episodes
+        ],
+        image_histograms=histograms,
+        files={p.name: file_sha256(p) for p in sorted(tmp.iterdir())},
+        timings=timings,
+    )
+    timings["write"] = timings.get("write", 0.0) + time.perf_counter() - t0
+    manifest.timings = timings
+    _atomic_write_text(tmp / SHARD_MANIFEST, json.dumps(asdict(manifest), indent=1))
+    try:
+        os.rename(tmp, final)  # the commit
+    except OSError:  # another worker committed the same shard first: keep theirs
+        shutil.rmtree(tmp, ignore_errors=True)
+    return manifest
+
+
+def _fixed_list(values: np.ndarray) -> pa.FixedSizeListArray:
+    values = np.ascontiguousarray(values, dtype=np.float32)
+    return pa.FixedSizeListArray.from_arrays(pa.array(values.ravel()), values.shape[1])
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _atomic_write_parquet(path: Path, table: pa.Table) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
+    pq.write_table(table, tmp)
+    os.replace(tmp, path)
+
+
+def read_shard(path: Path) -> ShardManifest:
+    """Load a committed shard's manifest and check its files against their hashes."""
+    manifest_path = path / SHARD_MANIFEST
+    try:
+        raw = json.loads(manifest_path.read_text())
+        manifest = ShardManifest(**raw)
+    except (OSError, ValueError, TypeError) as err:
+        raise DatasetError(f"{manifest_path}: unreadable shard manifest: {err}") from err
+    for name, digest in manifest.files.items():
+        file = path / name
+        if not file.is_file():
+            raise DatasetError(f"{file}: missing from committed shard")
+        if file_sha256(file) != digest:
+            raise DatasetError(f"{file}: corrupt (sha256 differs from the shard manifest)")
+    return manifest
+
+
+def committed_shards(root: Path) -> dict[tuple[int, int], Path]:
+    """Committed shard directories under ``root/.staging`` keyed by (start, end)."""
+    staging = root / STAGING_DIR
+    shards = {}
+    if staging.is_dir():
+        for path in staging.iterdir():
+            parts = path.name.split("-")
+            if len(parts) == 3 and parts[0] == "shard" and (path / SHARD_MANIFEST).is_file():
+                shards[(int(parts[1]), int(parts[2]))] = path
+    return shards
+
+
+def discard_uncommitted(root: Path) -> int:
+    """Delete half-written shard directories left by a killed run; return how many."""
+    staging = root / STAGING_DIR
+    removed = 0
+    if staging.is_dir():
+        for path in staging.iterdir():
+            if ".tmp-" in path.name:
+                shutil.rmtree(path, ignore_errors=True)
+                removed += 1
+    return removed
+
+
+@dataclass(frozen=True)
+class DatasetSchema:
+    """What every frame holds: robot, rate, state/action names, cameras and image size."""
+
+    robot: str
+    fps: float
+    state_names: tuple[str, ...]
+    action_names: tuple[str, ...]
+    cameras: tuple[str, ...]
+    image_size: int
+    crf: int
+
+    def features(self) -> dict[str, dict[str, Any]]:
+        """The ``features`` block of ``meta/info.json``."""
+        features: dict[str, dict[str, Any]] = {}
+        for cam in self.cameras:
+            features[camera_key(cam)] = {
+                "dtype": "video",
+                "shape": [self.image_size, self.image_size, 3],
+                "names": ["height", "width", "channels"],
+                "info": {
+                    "video.height": self.image_size,
+                    "video.width": self.image_size,
+                    "video.codec": CODEC,
+                    "video.pix_fmt": PIX_FMT,
+                    "video.fps": self.fps,
+                    "video.channels": 3,
+                    "has_audio": False,
+                    "video.g": GOP,
+                    "video.crf": self.crf,
+                    "is_depth_map": False,
+                },
+            }
+        features[STATE_KEY] = {
+            "dtype": "float32",
+            "shape": [len(self.state_names)],
+            "names": list(self.state_names),
+        }
+        features[ACTION_KEY] = {
+            "dtype": "float32",
+            "shape": [len(self.action_names)],
+            "names": list(self.action_names),
+        }
+        features["next.reward"] = {"dtype": "float32", "shape": [1], "names": None}
+        features["next.done"] = {"dtype": "bool", "shape": [1], "names": None}
+        features["next.success"] = {"dtype": "bool", "shape": [1], "names": None}
+        for key, dtype in (
+            ("timestamp", "float32"),
+            ("frame_index", "int64"),
+            ("episode_index", "int64"),
+            ("index", "int64"),
+            ("task_index", "int64"),
+        ):
+            features[key] = {"dtype": dtype, "shape": [1], "names": None}
+        return features
+
+
+def finalize(
+    root: Path,
+    shards: Sequence[Path],
+    schema: DatasetSchema,
+    provenance: dict[str, Any],
+) -> dict[str, Any]:
+    """Build the v3 layout in ``root`` from ``shards`` (in seed order); return ``info``.
+
+    Every shard is verified against its manifest before anything in ``root`` changes, so a
+    corrupt shard leaves an existing dataset untouched.
+    """
+    manifests = [read_shard(shard) for shard in shards]
+    (root / INFO_PATH).unlink(missing_ok=True)  # the dataset is incomplete until info.json is back
+    tasks: dict[str, int] = {}
+    episode_rows: list[dict[str, Any]] = []
+    numeric: dict[str, list[np.ndarray]] = {}
+    histograms: dict[str, np.ndarray] = {
+        cam: np.zeros((3, 256), np.int64) for cam in schema.cameras
+    }
+    attempted = solved = 0
+    seeds: list[int] = []
+    n_episodes = n_frames = file_number = 0
+    written: set[str] = set()
+
+    for shard, manifest in zip(shards, manifests, strict=True):
+        attempted += len(manifest.episodes)
+        solved += sum(e["success"] for e in manifest.episodes)
+        kept = manifest.kept
+        if not kept:
+            continue
+        frames = pq.read_table(shard / FRAMES_FILE)
+        lengths = [e["length"] for e in kept]
+        if frames.num_rows != sum(lengths):
+            raise DatasetError(
+                f"{shard / FRAMES_FILE}: {frames.num_rows} rows, manifest says {sum(lengths)}"
+            )
+        for e in kept:
+            tasks.setdefault(e["instruction"], len(tasks))
+            seeds.append(int(e["seed"]))
+        local_episode = frames.column("episode").to_numpy()
+        frame_index = frames.column("frame_index").to_numpy()
+        task_of_episode = np.array([tasks[e["instruction"]] for e in kept])
+        columns = {
+            STATE_KEY: frames.column(STATE_KEY),
+            ACTION_KEY: frames.column(ACTION_KEY),
+            "next.reward": frames.column("next.reward"),
+            "next.done": frames.column("next.done"),
+            "next.success": frames.column("next.success"),
+            "timestamp": pa.array((frame_index / schema.fps).astype(np.float32)),
+            "frame_index": pa.array(frame_index.astype(np.int64)),
+            "episode_index": pa.array((local_episode + n_episodes).astype(np.int64)),
+            "index": pa.array(np.arange(n_frames, n_frames + frames.num_rows, dtype=np.int64)),
+            "task_index": pa.array(task_of_episode[local_episode].astype(np.int64)),
+        }
+        data = pa.table(columns)
+        where = chunk_file(file_number)
+        data_path = root / DATA_PATH.format(**where)
+        _atomic_write_parquet(data_path, data)
+        written.add(data_path.relative_to(root).as_posix())
+        for key, column in columns.items():
+            values = column.to_numpy(zero_copy_only=False)
+            if values.dtype == object:  # fixed-size lists
+                values = np.stack(values)
+            numeric.setdefault(key, []).append(
+                np.asarray(values, dtype=np.float64).reshape(len(values), -1)
+            )
+
+        for cam in schema.cameras:
+            video_path = root / VIDEO_PATH.format(video_key=camera_key(cam), **where)
+            _link_into_place(shard / f"{cam}.mp4", video_path)
+            written.add(video_path.relative_to(root).as_posix())
+            histograms[cam] += np.asarray(manifest.image_histograms[cam], dtype=np.int64)
+
+        start_frame = 0
+        for k, e in enumerate(kept):
+            row: dict[str, Any] = {
+                "episode_index": n_episodes + k,
+                "tasks": [e["instruction"]],
+                "length": e["length"],
+                "data/chunk_index": where["chunk_index"],
+                "data/file_index": where["file_index"],
+                "dataset_from_index": n_frames + start_frame,
+                "dataset_to_index": n_frames + start_frame + e["length"],
+            }
+            for cam in schema.cameras:
+                key = camera_key(cam)
+                row[f"videos/{key}/chunk_index"] = where["chunk_index"]
+                row[f"videos/{key}/file_index"] = where["file_index"]
+                row[f"videos/{key}/from_timestamp"] = start_frame / schema.fps
+                row[f"videos/{key}/to_timestamp"] = (start_frame + e["length"]) / schema.fps
+            row["meta/episodes/chunk_index"] = where["chunk_index"]
+            row["meta/episodes/file_index"] = where["file_index"]
+            episode_rows.append(row)
+            start_frame += e["length"]
+        episodes_path = root / EPISODES_PATH.format(**where)
+        _atomic_write_parquet(
+            episodes_path, pa.Table.from_pylist(episode_rows[n_episodes : n_episodes + len(kept)])
+        )
+        written.add(episodes_path.relative_to(root).as_posix())
+        n_episodes += len(kept)
+        n_frames += frames.num_rows
+        file_number += 1
+
+    if n_episodes == 0:
+        raise DatasetError(
+            f"{root}: no episodes to write ({attempted} attempted, {solved} solved); "
+            "keep failed episodes with collect.keep_failed=true"
+        )
+    _remove_stale_files(root, written)
+
+    task_frame = pd.DataFrame(
+        {"task_index": list(tasks.values())}, index=pd.Index(list(tasks), name="task")
+    )
+    tmp_tasks = root / f"meta/.tasks.tmp-{uuid.uuid4().hex[:8]}"
+    task_frame.to_parquet(tmp_tasks)
+    os.replace(tmp_tasks, root / TASKS_PATH)
+
+    stats = {key: numeric_stats(np.concatenate(parts)) for key, parts in numeric.items()}
+    for cam, hist in histograms.items():
+        stats[camera_key(cam)] = image_stats(hist, schema.image_size**2)
+    _atomic_write_text(root / STATS_PATH, json.dumps(stats, indent=1))
+
+    full_provenance = {
+        **provenance,
+        "attempted_episodes": attempted,
+        "source_successes": solved,
+        "source_success_rate": solved / attempted if attempted else 0.0,
+        "episode_seeds": seeds,
+    }
+    _atomic_write_text(root / PROVENANCE_PATH, json.dumps(full_provenance, indent=1))
+    info = {
+        "codebase_version": CODEBASE_VERSION,
+        "fps": schema.fps,
+        "features": schema.features(),
+        "total_episodes": n_episodes,
+        "total_frames": n_frames,
+        "total_tasks": len(tasks),
+        "chunks_size": CHUNKS_SIZE,
+        "data_files_size_in_mb": 100,
+        "video_files_size_in_mb": 200,
+        "data_path": DATA_PATH,
+        "video_path": VIDEO_PATH if schema.cameras else None,
+        "robot_type": schema.robot,
+        "splits": {"train": f"0:{n_episodes}"},
+    }
+    _atomic_write_text(root / INFO_PATH, json.dumps(info, indent=4))
+    return info
+
+
+def _link_into_place(source: Path, target: Path) -> None:
+    """Hard-link (or copy, across filesystems) ``source`` to ``target`` atomically."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.tmp-{uuid.uuid4().hex[:8]}")
+    try:
+        os.link(source, tmp)
+    except OSError:
+        shutil.copyfile(source, tmp)
+    os.replace(tmp, target)
+
+
+def _remove_stale_files(root: Path, written: set[str]) -> None:
+    for top in ("data", "videos", "meta/episodes"):
+        for path in (root / top).rglob("*"):
+            if path.is_file() and path.relative_to(root).as_posix() not in written:
+                path.unlink()
+
+
+def numeric_stats(values: np.ndarray) -> dict[str, list[float] | list[int]]:
+    """LeRobot-style stats of ``values`` (frames, dims): min/max/mean/std/count/quantiles."""
+    stats: dict[str, list[float] | list[int]] = {
+        "min": values.min(axis=0).tolist(),
+        "max": values.max(axis=0).tolist(),
+        "mean": values.mean(axis=0).tolist(),
+        "std": values.std(axis=0).tolist(),
+        "count": [len(values)],
+    }
+    for q in QUANTILES:
+        stats[f"q{round(q * 100):02d}"] = np.quantile(values, q, axis=0).tolist()
+    return stats
+
+
+def image_stats(histogram: np.ndarray, pixels_per_frame: int) -> dict[str, Any]:
+    """Per-channel stats of pixels scaled to [0, 1], shaped (3, 1, 1) as LeRobot stores them.
+
+    Computed exactly from 256-bin histograms, which shards can add up.
+    """
+    levels = np.arange(256) / 255.0
+    total = histogram.sum(axis=1)
+    mean = (histogram * levels).sum(axis=1) / total
+    var = (histogram * (levels[None, :] - mean[:, None]) ** 2).sum(axis=1) / total
+    cdf = np.cumsum(histogram, axis=1) / total[:, None]
+
+    def per_channel(v: np.ndarray) -> list[list[list[float]]]:
+        return [[[float(x)]] for x in v]
+
+    stats: dict[str, Any] = {
+        "min": per_channel(np.array([levels[np.flatnonzero(h)[0]] for h in histogram])),
+        "max": per_channel(np.array([levels[np.flatnonzero(h)[-1]] for h in histogram])),
+        "mean": per_channel(mean),
+        "std": per_channel(np.sqrt(var)),
+        "count": [int(total[0]) // pixels_per_frame],  # frames, as LeRobot counts
+    }
+    for q in QUANTILES:
+        stats[f"q{round(q * 100):02d}"] = per_channel(
+            np.array([levels[np.searchsorted(c, q)] for c in cdf])
+        )
+    return stats

@@ -22,8 +22,11 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
 	@touch $(STAMP)
 
+# Until the full pipeline lands, the demo is what exists: the expert solving the task (report,
+# filmstrip, GIF), then collecting the demo's LeRobot v3 dataset on two Ray workers.
 demo: setup
 	$(BIN)/robo-pipe demo configs/demo.yaml
+	$(BIN)/robo-pipe collect configs/demo.yaml
 
 lint: setup
 	$(BIN)/ruff check .

@@ -167,7 +167,7 @@ class MujocoBatchedEnv(BatchedEnv):
             self._episode_count[env] = 0
             self._reset_seeds[env] = seed
             self._start_episode(int(env), int(seed))
-        return self._observe()
+        return self._observe(env_ids)  # the other envs' images are still current
 
     # -- stepping ----------------------------------------------------------------------------
 
@@ -251,7 +251,7 @@ class MujocoBatchedEnv(BatchedEnv):
 
     # -- observation -------------------------------------------------------------------------
 
-    def _observe(self) -> BatchedObservation:
+    def _observe(self, render_ids: Sequence[int] | None = None) -> BatchedObservation:
         n_arm = len(self._arm_columns)
         state = np.empty((self.num_envs, n_arm + 1), np.float32)
         state[:, :n_arm] = self._state[:, self._arm_columns]
@@ -259,7 +259,7 @@ class MujocoBatchedEnv(BatchedEnv):
         if self._renderer is not None:
             start = time.perf_counter()
             self._renderer.render(
-                self._models, self._state, [self._images[c] for c in self.cameras]
+                self._models, self._state, [self._images[c] for c in self.cameras], render_ids
             )
             self.timings["render"] += time.perf_counter() - start
         return BatchedObservation(

@@ -159,15 +159,20 @@ class BatchedRenderer:
             raise
 
     def render(
-        self, models: Sequence[mujoco.MjModel], states: np.ndarray, out: Sequence[np.ndarray]
+        self,
+        models: Sequence[mujoco.MjModel],
+        states: np.ndarray,
+        out: Sequence[np.ndarray],
+        env_ids: Sequence[int] | None = None,
     ) -> None:
         """Render environment ``e``'s camera ``k`` into ``out[k][e]`` (uint8, (N, H, W, 3)).
 
         ``states``: full physics states, shape (N, nstate) (``mjSTATE_FULLPHYSICS``).
+        ``env_ids``: render only these environments (default: all).
         """
-        n = len(models)
+        ids = list(range(len(models))) if env_ids is None else list(env_ids)
 
-        def work(envs: range) -> Callable[[OffscreenRenderer, mujoco.MjData], None]:
+        def work(envs: Sequence[int]) -> Callable[[OffscreenRenderer, mujoco.MjData], None]:
             def draw(renderer: OffscreenRenderer, data: mujoco.MjData) -> None:
                 for e in envs:
                     mujoco.mj_setState(models[e], data, states[e], _STATE_SPEC)
@@ -179,7 +184,7 @@ class BatchedRenderer:
             return draw
 
         k = len(self._workers)
-        futures = [w.submit(work(range(i, n, k))) for i, w in enumerate(self._workers)]
+        futures = [w.submit(work(ids[i::k])) for i, w in enumerate(self._workers) if ids[i::k]]
         for future in futures:
             future.result()
 

@@ -17,12 +17,13 @@ import pytest
 from pipelines.config import CONFIG_DIR, ConfigError, load_config
 from robots.spec import get_robot
 from sim_scenes.backends import make_env
+from sim_scenes.batched_env import BatchedObservation, StepResult
 from sim_scenes.episodes import play_episodes
 from sim_scenes.expert import ScriptedExpert
 from sim_scenes.touch import SceneError
 from stages.collect import collect
 from stages.collect.run import plan_shards
-from stages.dataset.layout import content_hash
+from stages.dataset.layout import DatasetRef, content_hash
 from stages.dataset.reader import open_dataset
 from stages.dataset.writer import DatasetError
 
@@ -35,7 +36,7 @@ TINY = [
 ]
 
 
-def run_collect(out: Path, *overrides: str) -> object:
+def run_collect(out: Path, *overrides: str) -> DatasetRef:
     cfg = load_config(CONFIG_DIR / "demo.yaml", [*TINY, *overrides])
     return collect(cfg.robot, cfg.scene, cfg.sim, cfg.collect, cfg.seed, out)
 
@@ -43,7 +44,7 @@ def run_collect(out: Path, *overrides: str) -> object:
 def test_collected_dataset_matches_a_replay_in_the_simulator(tmp_path: Path) -> None:
     ref = run_collect(tmp_path / "ds")
     ds = open_dataset(tmp_path / "ds")
-    assert ref.episodes == ds.num_episodes == 10  # type: ignore[attr-defined]
+    assert ref.episodes == ds.num_episodes == 10
     assert ds.provenance["source_success_rate"] == 1.0
     assert ds.provenance["code_version"]
     seeds = ds.provenance["episode_seeds"]
@@ -55,7 +56,9 @@ def test_collected_dataset_matches_a_replay_in_the_simulator(tmp_path: Path) -> 
     with make_env(robot, cfg.scene, cfg.sim, num_envs=1, autoreset=False) as env:
         for seed in seeds[:2]:
 
-            def keep(slot, obs, actions, result) -> None:  # type: ignore[no-untyped-def]
+            def keep(
+                slot: list[int], obs: BatchedObservation, actions: np.ndarray, result: StepResult
+            ) -> None:
                 states.append(obs.state[0])
                 images.append(obs.images["scene"][0])
 
@@ -73,14 +76,14 @@ def test_same_seeds_same_hash_other_seed_other_hash(tmp_path: Path) -> None:
     a = run_collect(tmp_path / "a")
     b = run_collect(tmp_path / "b")
     c = run_collect(tmp_path / "c", "seed=1")
-    assert a.content_hash == b.content_hash  # type: ignore[attr-defined]
-    assert a.content_hash != c.content_hash  # type: ignore[attr-defined]
+    assert a.content_hash == b.content_hash
+    assert a.content_hash != c.content_hash
 
 
 def test_ray_workers_produce_the_same_dataset(tmp_path: Path) -> None:
     local = run_collect(tmp_path / "local")
     distributed = run_collect(tmp_path / "ray", "collect.workers=2")
-    assert distributed.content_hash == local.content_hash  # type: ignore[attr-defined]
+    assert distributed.content_hash == local.content_hash
 
 
 def test_appending_keeps_existing_episodes(tmp_path: Path) -> None:

@@ -141,6 +141,7 @@ def collect_cmd(
     from pipelines.home import home_dir, new_run_dir
     from stages.collect import ShardResult, collect
     from stages.dataset import DatasetError
+    from stages.ray_runtime import RayClusterError
 
     overrides = list(set_ or [])
     if episodes is not None:
@@ -192,7 +193,7 @@ def collect_cmd(
                     "config_hash": cfg.config_hash(),
                 },
             )
-        except (DatasetError, SceneError, RobotDefinitionError) as err:
+        except (DatasetError, SceneError, RobotDefinitionError, RayClusterError) as err:
             raise _fail(err) from None
         progress.update(task, completed=cfg.collect.episodes)
     (run_dir / "dataset_ref.json").write_text(json.dumps(ref.to_json(), indent=2))

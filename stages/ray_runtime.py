@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 
-import ray
+
+class RayClusterError(RuntimeError):
+    """The Ray cluster named by ``--ray-address`` cannot be reached."""
 
 
 def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
@@ -15,10 +17,23 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
             (or ``host:port``) joins an existing cluster, whose resources then apply.
         num_cpus: CPUs a local instance may use (default: all of this machine's).
     """
+    if not address:
+        # A local instance talks to itself on loopback only: without this Ray advertises the
+        # machine's network interface even when nothing outside will ever join. Ray reads the
+        # variable when it is first imported, so this module imports Ray only here.
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    import ray
+
     if ray.is_initialized():
         return
     if address:
-        ray.init(address=address, log_to_driver=False)
+        try:
+            ray.init(address=address, log_to_driver=False)
+        except (ConnectionError, RuntimeError, ValueError) as err:
+            raise RayClusterError(
+                f"cannot join the Ray cluster at {address!r}: {err}. Is `ray start --head` "
+                "running there, and reachable from this machine?"
+            ) from err
     else:
         ray.init(
             num_cpus=num_cpus or os.cpu_count(),

@@ -323,12 +323,12 @@ def _run_shards(
             worker.close()
         return
 
+    from stages.ray_runtime import init_ray
+
+    init_ray(ray_address, num_cpus=None)  # before `import ray`: it picks the network address
     import ray
     from ray.util import ActorPool
 
-    from stages.ray_runtime import init_ray
-
-    init_ray(ray_address, num_cpus=None)
     remote_worker: Any = ray.remote(num_cpus=1)(CollectWorker)
     actors = [
         remote_worker.remote(*args, num_threads=1) for _ in range(min(config.workers, len(jobs)))

@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from pipelines.config import ConfigError, load_config
+from pipelines.config import ConfigError, PipelineConfig, load_config
 from robots.spec import RobotDefinitionError, available_robots, get_robot
 from sim_scenes.touch import VARIANTS, SceneError
 
@@ -55,6 +55,17 @@ def _fail(err: Exception) -> typer.Exit:
     return typer.Exit(code=2)
 
 
+def _load(config: Path, set_: list[str] | None, **options: object) -> PipelineConfig:
+    """Load ``config`` with ``--set`` overrides, then verb options (``{"a.b": value}``; None
+    means not given); a bad config exits 2 with one line per problem."""
+    overrides = list(set_ or [])
+    overrides += [f"{field}={value}" for field, value in options.items() if value is not None]
+    try:
+        return load_config(config, overrides)
+    except ConfigError as err:
+        raise _fail(err) from None
+
+
 @app.command()
 def demo(
     config: ConfigArg = Path("configs/demo.yaml"),
@@ -72,13 +83,7 @@ def demo(
     from pipelines.demo import run_demo
     from pipelines.home import new_run_dir
 
-    overrides = list(set_ or [])
-    if episodes is not None:
-        overrides.append(f"demo.episodes={episodes}")
-    try:
-        cfg = load_config(config, overrides)
-    except ConfigError as err:
-        raise _fail(err) from None
+    cfg = _load(config, set_, **{"demo.episodes": episodes})
     run_dir = new_run_dir(cfg.name)
     successes = 0
     with Progress(
@@ -143,13 +148,7 @@ def collect_cmd(
     from stages.dataset import DatasetError
     from stages.ray_runtime import RayClusterError
 
-    overrides = list(set_ or [])
-    if episodes is not None:
-        overrides.append(f"collect.episodes={episodes}")
-    try:
-        cfg = load_config(config, overrides)
-    except ConfigError as err:
-        raise _fail(err) from None
+    cfg = _load(config, set_, **{"collect.episodes": episodes})
     target = out or home_dir("datasets") / f"{cfg.name}-{cfg.scene.variant}"
     run_dir = new_run_dir(f"{cfg.name}-collect")
     save_resolved(cfg, run_dir / "config.yaml")
@@ -212,10 +211,7 @@ def show_config(config: ConfigArg, set_: SetOpt = None) -> None:
     """Validate a config and print it fully resolved (extends and --set applied) as YAML."""
     import yaml
 
-    try:
-        cfg = load_config(config, list(set_ or []))
-    except ConfigError as err:
-        raise _fail(err) from None
+    cfg = _load(config, set_)
     print(f"# config hash {cfg.config_hash()}")
     print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), end="")
 

@@ -122,26 +122,21 @@ def test_killed_collection_resumes_to_the_same_dataset(tmp_path: Path) -> None:
     with pytest.raises(DatasetError, match="interrupted collection"):
         open_dataset(interrupted)
 
-    resumed = subprocess.run(
-        [*args, *sets, "--out", str(interrupted)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert resumed.returncode == 0, resumed.stderr
-    clean = subprocess.run(
-        [*args, *sets, "--out", str(tmp_path / "clean")],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert clean.returncode == 0, clean.stderr
-    resumed_ref = json.loads(resumed.stdout.strip().splitlines()[-1])
-    clean_ref = json.loads(clean.stdout.strip().splitlines()[-1])
+    def run_to_completion(out: Path) -> dict[str, object]:
+        done = subprocess.run(
+            [*args, *sets, "--out", str(out)],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stderr
+        record: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
+        return record
+
+    resumed_ref = run_to_completion(interrupted)
+    clean_ref = run_to_completion(tmp_path / "clean")
     assert resumed_ref["episodes"] == clean_ref["episodes"] == 24
     assert resumed_ref["content_hash"] == clean_ref["content_hash"]
 

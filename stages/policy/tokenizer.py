@@ -1,0 +1,71 @@
+"""The instruction tokenizer: a word-level ``tokenizers`` model trained on the task family's text.
+
+Trained once on every phrasing the task family can produce (templates x colours x shape words),
+saved as ``tokenizer.json`` beside the model and shipped with the exported policy, so the edge
+runtime tokenizes exactly as training did. Unknown words map to ``[UNK]`` instead of failing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+
+from sim_scenes.touch import COLOURS, SHAPE_WORDS, TEMPLATES
+
+PAD, UNK = "[PAD]", "[UNK]"
+
+
+def task_family_corpus() -> list[str]:
+    """Every instruction the touch task family can generate."""
+    words = sorted({w for synonyms in SHAPE_WORDS.values() for w in synonyms})
+    return [t.format(colour=c, shape=s) for t in TEMPLATES for c in COLOURS for s in words]
+
+
+class InstructionTokenizer:
+    """Text -> fixed-length token ids (int64) plus an attention mask."""
+
+    def __init__(self, tokenizer: Tokenizer, max_tokens: int) -> None:
+        self.tokenizer = tokenizer
+        self.max_tokens = max_tokens
+        self.tokenizer.enable_padding(pad_id=self.pad_id, pad_token=PAD, length=max_tokens)
+        self.tokenizer.enable_truncation(max_length=max_tokens)
+
+    @classmethod
+    def train(cls, corpus: Iterable[str], max_tokens: int = 12) -> InstructionTokenizer:
+        """Train a lower-cased, whitespace-split word-level vocabulary on ``corpus``."""
+        tok = Tokenizer(models.WordLevel(unk_token=UNK))
+        tok.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Lowercase()])
+        tok.pre_tokenizer = pre_tokenizers.Whitespace()
+        tok.train_from_iterator(list(corpus), trainers.WordLevelTrainer(special_tokens=[PAD, UNK]))
+        return cls(tok, max_tokens)
+
+    @classmethod
+    def load(cls, path: Path, max_tokens: int) -> InstructionTokenizer:
+        """Load a saved ``tokenizer.json``."""
+        return cls(Tokenizer.from_file(str(path)), max_tokens)
+
+    def save(self, path: Path) -> None:
+        """Write ``tokenizer.json``."""
+        self.tokenizer.save(str(path))
+
+    @property
+    def pad_id(self) -> int:
+        """Id of the padding token."""
+        pad = self.tokenizer.token_to_id(PAD)
+        assert pad is not None
+        return int(pad)
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of token ids."""
+        return int(self.tokenizer.get_vocab_size())
+
+    def __call__(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Token ids and attention mask (1 = real token), int64 ``(len(texts), max_tokens)``."""
+        encodings = self.tokenizer.encode_batch(texts)
+        ids = np.array([e.ids for e in encodings], dtype=np.int64)
+        mask = np.array([e.attention_mask for e in encodings], dtype=np.int64)
+        return ids, mask

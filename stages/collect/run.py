@@ -41,6 +41,8 @@ from stages.dataset.writer import (
 )
 from stages.provenance import code_version
 
+TARGET_STATE_NAMES = ("target.x", "target.y", "target.z")
+"""``observation.environment_state``: the named object's centre (m, robot base frame)."""
 IDENTITY_FILE = "collection.json"
 """In ``.staging``: what this dataset is a collection of; appending must match it."""
 
@@ -87,14 +89,16 @@ class CollectWorker:
     def collect_shard(self, start: int, end: int, seeds: list[int], staging: str) -> ShardResult:
         """Play ``seeds`` (the shard's), record every transition, commit the shard."""
         cameras = self.env.cameras
-        fields = ("state", "action", "reward", "done", "success", *cameras)
+        fields = ("state", "action", "reward", "done", "success", "env_state", *cameras)
         buffers: dict[int, dict[str, list[Any]]] = {
             i: {f: [] for f in fields} for i in range(len(seeds))
         }
         source_time = 0.0
+        target = np.zeros((self.env.num_envs, 3))
 
         def act(env: Any, obs: BatchedObservation) -> np.ndarray:
             nonlocal source_time
+            target[:] = env.privileged()["target_pos"]  # ground truth at the frame acted on
             t0 = time.perf_counter()
             actions = self.source(env, obs)
             source_time += time.perf_counter() - t0
@@ -110,6 +114,7 @@ class CollectWorker:
                 for cam in cameras:
                     buf[cam].append(obs.images[cam][e])
                 buf["state"].append(obs.state[e])
+                buf["env_state"].append(target[e].copy())
                 buf["action"].append(actions[e])
                 buf["reward"].append(r.reward[e])
                 buf["done"].append(bool(r.terminated[e] or r.truncated[e]))
@@ -127,6 +132,7 @@ class CollectWorker:
                 reward=np.asarray(buffers[rec.index]["reward"], np.float32),
                 done=np.asarray(buffers[rec.index]["done"], bool),
                 success=np.asarray(buffers[rec.index]["success"], bool),
+                env_state=np.asarray(buffers[rec.index]["env_state"], np.float32),
             )
             for rec in records
         ]
@@ -274,6 +280,7 @@ def collect(
         cameras=tuple(scene.cameras),
         image_size=scene.image_size,
         crf=config.video_crf,
+        env_state_names=TARGET_STATE_NAMES,
     )
     provenance = {
         "collection": identity,

@@ -34,6 +34,8 @@ EPISODES_PATH = "meta/episodes/chunk-{chunk_index:03d}/file-{file_index:03d}.par
 
 STATE_KEY = "observation.state"
 ACTION_KEY = "action"
+ENV_STATE_KEY = "observation.environment_state"
+"""Simulator ground truth per frame (LeRobot's name for it), e.g. the named object's position."""
 IMAGE_PREFIX = "observation.images."
 QUANTILES = (0.01, 0.10, 0.50, 0.90, 0.99)
 

@@ -34,6 +34,7 @@ from stages.dataset.layout import (
     CHUNKS_SIZE,
     CODEBASE_VERSION,
     DATA_PATH,
+    ENV_STATE_KEY,
     EPISODES_PATH,
     INFO_PATH,
     PROVENANCE_PATH,
@@ -62,7 +63,10 @@ class EpisodeBuffer:
     """One recorded episode, before it is written.
 
     ``images``: camera -> uint8 (T, H, W, 3); ``state``/``action``: float32 (T, d);
-    ``reward``/``done``/``success``: (T,) -- the outcome of taking ``action[t]`` at frame t.
+    ``reward``/``done``/``success``: (T,) -- the outcome of taking ``action[t]`` at frame t;
+    ``env_state``: float32 (T, k) simulator ground truth at frame t (LeRobot's
+    ``observation.environment_state``; for training signals such as auxiliary losses, never a
+    policy input), or None for sources that have none (a real robot).
     """
 
     seed: int
@@ -73,6 +77,7 @@ class EpisodeBuffer:
     reward: np.ndarray
     done: np.ndarray
     success: np.ndarray
+    env_state: np.ndarray | None = None
 
     @property
     def length(self) -> int:
@@ -158,6 +163,9 @@ def write_shard(
                 "next.success": pa.array(np.concatenate([ep.success for ep in kept]).astype(bool)),
             }
         )
+        if kept[0].env_state is not None:
+            env_state = np.concatenate([ep.env_state for ep in kept if ep.env_state is not None])
+            table = table.append_column(ENV_STATE_KEY, _fixed_list(env_state))
         pq.write_table(table, tmp / FRAMES_FILE)
     manifest = ShardManifest(
         start=start,
@@ -256,6 +264,8 @@ class DatasetSchema:
     cameras: tuple[str, ...]
     image_size: int
     crf: int
+    env_state_names: tuple[str, ...] = ()
+    """Names of the ``observation.environment_state`` values; empty when not recorded."""
 
     def features(self) -> dict[str, dict[str, Any]]:
         """The ``features`` block of ``meta/info.json``."""
@@ -288,6 +298,12 @@ class DatasetSchema:
             "shape": [len(self.action_names)],
             "names": list(self.action_names),
         }
+        if self.env_state_names:
+            features[ENV_STATE_KEY] = {
+                "dtype": "float32",
+                "shape": [len(self.env_state_names)],
+                "names": list(self.env_state_names),
+            }
         features["next.reward"] = {"dtype": "float32", "shape": [1], "names": None}
         features["next.done"] = {"dtype": "bool", "shape": [1], "names": None}
         features["next.success"] = {"dtype": "bool", "shape": [1], "names": None}
@@ -347,6 +363,11 @@ def finalize(
         columns = {
             STATE_KEY: frames.column(STATE_KEY),
             ACTION_KEY: frames.column(ACTION_KEY),
+            **(
+                {ENV_STATE_KEY: frames.column(ENV_STATE_KEY)}
+                if ENV_STATE_KEY in frames.column_names
+                else {}
+            ),
             "next.reward": frames.column("next.reward"),
             "next.done": frames.column("next.done"),
             "next.success": frames.column("next.success"),

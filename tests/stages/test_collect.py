@@ -20,7 +20,7 @@ from sim_scenes.backends import make_env
 from sim_scenes.batched_env import BatchedObservation, StepResult
 from sim_scenes.episodes import play_episodes
 from sim_scenes.expert import ScriptedExpert
-from sim_scenes.touch import SceneError
+from sim_scenes.touch import OBJECT_HALF_HEIGHT, SceneError, get_variant, sample_layout
 from stages.collect import collect
 from stages.collect.run import plan_shards
 from stages.dataset.layout import DatasetRef, content_hash
@@ -70,6 +70,15 @@ def test_collected_dataset_matches_a_replay_in_the_simulator(tmp_path: Path) -> 
     assert np.abs(decoded.astype(int) - np.stack(images)).max() <= 3
     assert frames["episode_index"][:n].max() == 1
     assert ds.compare_stats() == []
+    # Ground truth for training signals: the named object's centre at each frame.
+    variant = get_variant(cfg.scene.variant)
+    first = np.flatnonzero(frames["frame_index"] == 0)
+    for episode, row in enumerate(first):
+        layout = sample_layout(variant, robot, seeds[episode])
+        x, y = layout.objects[layout.target].xy
+        np.testing.assert_allclose(
+            frames["observation.environment_state"][row], [x, y, OBJECT_HALF_HEIGHT], atol=1e-4
+        )
 
 
 def test_same_seeds_same_hash_other_seed_other_hash(tmp_path: Path) -> None:

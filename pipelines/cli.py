@@ -55,6 +55,22 @@ def _fail(err: Exception) -> typer.Exit:
     return typer.Exit(code=2)
 
 
+def _progress(label: str, fields: str, json_out: bool) -> Progress:
+    """A progress bar on stderr: label, bar, done/total, verb-specific ``fields``, elapsed.
+
+    With ``--json`` it disappears when done, leaving stdout's last line to the JSON record.
+    """
+    return Progress(
+        TextColumn(f"[bold]{label}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn(fields),
+        TimeElapsedColumn(),
+        console=console,
+        transient=json_out,
+    )
+
+
 def _load(config: Path, set_: list[str] | None, **options: object) -> PipelineConfig:
     """Load ``config`` with ``--set`` overrides, then verb options (``{"a.b": value}``; None
     means not given); a bad config exits 2 with one line per problem."""
@@ -86,15 +102,7 @@ def demo(
     cfg = _load(config, set_, **{"demo.episodes": episodes})
     run_dir = new_run_dir(cfg.name)
     successes = 0
-    with Progress(
-        TextColumn("[bold]expert episodes"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("success {task.fields[rate]}"),
-        TimeElapsedColumn(),
-        console=console,
-        transient=json_out,
-    ) as progress:
+    with _progress("expert episodes", "success {task.fields[rate]}", json_out) as progress:
         task = progress.add_task("episodes", total=cfg.demo.episodes, rate="-")
 
         def tick(rec: object) -> None:
@@ -154,15 +162,8 @@ def collect_cmd(
     save_resolved(cfg, run_dir / "config.yaml")
     done = solved = frames = 0
     start = time.perf_counter()
-    with Progress(
-        TextColumn("[bold]collecting"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("episodes  {task.fields[rate]} frames/s  source success {task.fields[success]}"),
-        TimeElapsedColumn(),
-        console=console,
-        transient=json_out,
-    ) as progress:
+    fields = "episodes  {task.fields[rate]} frames/s  source success {task.fields[success]}"
+    with _progress("collecting", fields, json_out) as progress:
         task = progress.add_task("collect", total=cfg.collect.episodes, rate="-", success="-")
 
         def shard_done(result: ShardResult) -> None:

@@ -7,6 +7,7 @@ seeds give the same per-episode results whatever the batch size.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -62,10 +63,10 @@ def play_episodes(
         return []
     camera = record_camera or (env.cameras[0] if env.cameras else None)
     n = env.num_envs
-    pending = list(range(len(seeds)))
+    pending = deque(range(len(seeds)))
     # slot[e]: index into seeds of the episode env e is playing; -1 = idle. Idle envs still
     # step with the batch, replaying seeds[0], and their results are discarded.
-    slot = [pending.pop(0) if pending else -1 for _ in range(n)]
+    slot = [pending.popleft() if pending else -1 for _ in range(n)]
     obs = env.reset([int(seeds[i]) if i >= 0 else int(seeds[0]) for i in slot])
     records: dict[int, EpisodeRecord] = {}
     instructions = {i: obs.instruction[e] for e, i in enumerate(slot) if i >= 0}
@@ -102,7 +103,7 @@ def play_episodes(
                 records[i] = rec
                 if on_episode is not None:
                     on_episode(rec)
-            slot[e] = pending.pop(0) if pending else -1
+            slot[e] = pending.popleft() if pending else -1
             restart_envs.append(int(e))
             restart_seeds.append(int(seeds[slot[e]]) if slot[e] >= 0 else int(seeds[0]))
         if restart_envs:

@@ -25,7 +25,7 @@ from sim_scenes.backends import make_env
 from sim_scenes.batched_env import BatchedObservation, StepResult
 from sim_scenes.config import SceneConfig, SimConfig
 from sim_scenes.episodes import play_episodes
-from sim_scenes.touch import episode_seeds, get_variant
+from sim_scenes.touch import SceneError, episode_seeds, get_variant
 from stages.collect.config import CollectConfig
 from stages.collect.sources import make_source
 from stages.dataset.layout import STAGING_DIR, DatasetRef, content_hash
@@ -244,8 +244,6 @@ def collect(
             is corrupt.
         SceneError: ``scene.variant`` is held out for evaluation.
     """
-    from sim_scenes.touch import SceneError
-
     variant = get_variant(scene.variant)
     if variant.split != "train":
         raise SceneError(

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -129,8 +130,6 @@ def write_shard(
     timings: dict[str, float] | None = None,
 ) -> ShardManifest:
     """Write and atomically commit one shard; return its manifest."""
-    import time
-
     final = staging / shard_name(start, end)
     tmp = staging / f"{final.name}.tmp-{uuid.uuid4().hex[:8]}"
     tmp.mkdir(parents=True)

@@ -47,7 +47,8 @@ clean:
 # LeRobot (for the dataset compatibility test) needs Python 3.12 and torchvision, so it lives in
 # its own environment (~3 min, several GB: its torch is the CUDA build). Not part of `make test`.
 LEROBOT_VENV ?= .venv-lerobot
-LEROBOT_PY ?= $(shell command -v python3.12 || echo "$$(pyenv root 2>/dev/null)/versions/3.12.1/bin/python")
+# pyenv's python3.12 shim refuses to run unless 3.12 is selected, so prefer the interpreter itself.
+LEROBOT_PY ?= $(or $(firstword $(wildcard $(shell pyenv root 2>/dev/null)/versions/3.12*/bin/python3.12)),python3.12)
 
 $(LEROBOT_VENV)/.installed:
 	$(LEROBOT_PY) -m venv $(LEROBOT_VENV)

@@ -31,7 +31,7 @@ from stages.dataset.layout import (
     content_hash,
 )
 from stages.dataset.video import VideoError, count_frames, decode_video
-from stages.dataset.writer import DatasetError, image_stats, numeric_stats
+from stages.dataset.writer import DatasetError, image_stats, numeric_stats, table_to_numpy
 
 _REQUIRED_INFO = (
     "codebase_version",
@@ -101,16 +101,7 @@ class LeRobotDataset:
 
         ``observation.state`` and ``action`` are float32 (frames, dim); scalar features (frames,).
         """
-        table = pa.concat_tables([_read_parquet(p) for p in self._data_files()])
-        out: dict[str, np.ndarray] = {}
-        for name in table.column_names:
-            column = table.column(name).combine_chunks()
-            if pa.types.is_fixed_size_list(column.type):
-                width = column.type.list_size
-                out[name] = column.flatten().to_numpy().reshape(-1, width)
-            else:
-                out[name] = column.to_numpy(zero_copy_only=False)
-        return out
+        return table_to_numpy(pa.concat_tables([_read_parquet(p) for p in self._data_files()]))
 
     def camera_frames(self, camera: str) -> np.ndarray:
         """Decoded frames of one camera over the whole dataset: uint8 (frames, H, W, 3)."""

@@ -183,8 +183,7 @@ def write_shard(
         files={p.name: file_sha256(p) for p in sorted(tmp.iterdir())},
         timings=timings,
     )
-    timings["write"] = timings.get("write", 0.0) + time.perf_counter() - t0
-    manifest.timings = timings
+    timings["write"] = timings.get("write", 0.0) + time.perf_counter() - t0  # manifest's dict
     _atomic_write_text(tmp / SHARD_MANIFEST, json.dumps(asdict(manifest), indent=1))
     try:
         os.rename(tmp, final)  # the commit
@@ -196,6 +195,18 @@ def write_shard(
 def _fixed_list(values: np.ndarray) -> pa.FixedSizeListArray:
     values = np.ascontiguousarray(values, dtype=np.float32)
     return pa.FixedSizeListArray.from_arrays(pa.array(values.ravel()), values.shape[1])
+
+
+def table_to_numpy(table: pa.Table) -> dict[str, np.ndarray]:
+    """Every column as an array: fixed-size lists become ``(rows, width)``, scalars ``(rows,)``."""
+    out: dict[str, np.ndarray] = {}
+    for name in table.column_names:
+        column = table.column(name).combine_chunks()
+        if pa.types.is_fixed_size_list(column.type):
+            out[name] = column.flatten().to_numpy().reshape(-1, column.type.list_size)
+        else:
+            out[name] = column.to_numpy(zero_copy_only=False)
+    return out
 
 
 def _atomic_write_text(path: Path, text: str) -> None:
@@ -381,10 +392,7 @@ def finalize(
         data_path = root / DATA_PATH.format(**where)
         _atomic_write_parquet(data_path, data)
         written.add(data_path.relative_to(root).as_posix())
-        for key, column in columns.items():
-            values = column.to_numpy(zero_copy_only=False)
-            if values.dtype == object:  # fixed-size lists
-                values = np.stack(values)
+        for key, values in table_to_numpy(data).items():
             numeric.setdefault(key, []).append(
                 np.asarray(values, dtype=np.float64).reshape(len(values), -1)
             )

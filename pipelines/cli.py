@@ -10,7 +10,7 @@ import json
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -20,6 +20,13 @@ from rich.table import Table
 from pipelines.config import ConfigError, PipelineConfig, load_config
 from robots.spec import RobotDefinitionError, available_robots, get_robot
 from sim_scenes.touch import VARIANTS, SceneError
+from stages.dataset.writer import DatasetError
+from stages.ray_runtime import RayClusterError
+
+if TYPE_CHECKING:  # the policy stack imports torch: keep `robo-pipe --help` fast
+    from stages.dataset.layout import DatasetRef
+    from stages.finetune.run import MetricsFn
+    from stages.policy.checkpoint import CheckpointRef
 
 app = typer.Typer(
     name="robo-pipe",
@@ -128,38 +135,18 @@ def demo(
         print(json.dumps(asdict(report)))
 
 
-@app.command("collect")
-def collect_cmd(
-    config: ConfigArg,
-    set_: SetOpt = None,
-    episodes: Annotated[
-        int | None, typer.Option(help="Episodes to attempt (overrides collect.episodes).")
-    ] = None,
-    out: Annotated[
-        Path | None,
-        typer.Option(help="Dataset directory (default $ROBO_PIPE_HOME/datasets/<name>-<variant>)."),
-    ] = None,
-    ray_address: Annotated[
-        str | None,
-        typer.Option(help="Join this Ray cluster (e.g. auto or ray://head:10001); default local."),
-    ] = None,
-    json_out: JsonOpt = False,
-) -> None:
-    """Collect demonstrations into a LeRobot v3 dataset (resumable, appendable).
+RayAddressOpt = Annotated[
+    str | None,
+    typer.Option(help="Join this Ray cluster (e.g. auto or ray://head:10001); default local."),
+]
 
-    Re-running the same command after an interruption continues from the committed episodes
-    and ends with the same dataset; a larger --episodes appends to it.
-    """
-    from pipelines.config import save_resolved
-    from pipelines.home import home_dir, new_run_dir
+
+def _collect(
+    cfg: PipelineConfig, target: Path, ray_address: str | None, json_out: bool
+) -> DatasetRef:
+    """Collect (or finish, or reuse) ``cfg``'s dataset at ``target`` with a progress bar."""
     from stages.collect import ShardResult, collect
-    from stages.dataset import DatasetError
-    from stages.ray_runtime import RayClusterError
 
-    cfg = _load(config, set_, **{"collect.episodes": episodes})
-    target = out or home_dir("datasets") / f"{cfg.name}-{cfg.scene.variant}"
-    run_dir = new_run_dir(f"{cfg.name}-collect")
-    save_resolved(cfg, run_dir / "config.yaml")
     done = solved = frames = 0
     start = time.perf_counter()
     fields = "episodes  {task.fields[rate]} frames/s  source success {task.fields[success]}"
@@ -196,6 +183,42 @@ def collect_cmd(
         except (DatasetError, SceneError, RobotDefinitionError, RayClusterError) as err:
             raise _fail(err) from None
         progress.update(task, completed=cfg.collect.episodes)
+    return ref
+
+
+def _default_dataset(cfg: PipelineConfig) -> Path:
+    from pipelines.home import home_dir
+
+    return home_dir("datasets") / f"{cfg.name}-{cfg.scene.variant}"
+
+
+@app.command("collect")
+def collect_cmd(
+    config: ConfigArg,
+    set_: SetOpt = None,
+    episodes: Annotated[
+        int | None, typer.Option(help="Episodes to attempt (overrides collect.episodes).")
+    ] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(help="Dataset directory (default $ROBO_PIPE_HOME/datasets/<name>-<variant>)."),
+    ] = None,
+    ray_address: RayAddressOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Collect demonstrations into a LeRobot v3 dataset (resumable, appendable).
+
+    Re-running the same command after an interruption continues from the committed episodes
+    and ends with the same dataset; a larger --episodes appends to it.
+    """
+    from pipelines.config import save_resolved
+    from pipelines.home import new_run_dir
+
+    cfg = _load(config, set_, **{"collect.episodes": episodes})
+    run_dir = new_run_dir(f"{cfg.name}-collect")
+    save_resolved(cfg, run_dir / "config.yaml")
+    start = time.perf_counter()
+    ref = _collect(cfg, out or _default_dataset(cfg), ray_address, json_out)
     (run_dir / "dataset_ref.json").write_text(json.dumps(ref.to_json(), indent=2))
     table = Table(title=f"dataset {ref.path}", show_header=False)
     table.add_row("episodes / frames", f"{ref.episodes} / {ref.frames}")
@@ -205,6 +228,141 @@ def collect_cmd(
     console.print(table)
     if json_out:
         print(json.dumps(ref.to_json()))
+
+
+def _train_progress(label: str, steps: int, json_out: bool) -> tuple[Progress, MetricsFn]:
+    """A progress bar over training steps showing loss and samples/s, and its metrics callback."""
+    progress = _progress(label, "loss {task.fields[loss]}  {task.fields[sps]} samples/s", json_out)
+    task = progress.add_task(label, total=steps, loss="-", sps="-")
+
+    def on_metrics(record: dict[str, float]) -> None:
+        progress.update(
+            task,
+            completed=record["step"],
+            loss=f"{record['action_loss']:.4f}",
+            sps=f"{record['samples_per_s']:,.0f}",
+        )
+
+    return progress, on_metrics
+
+
+def _pretrain(cfg: PipelineConfig, ray_address: str | None, json_out: bool) -> CheckpointRef:
+    """The base for ``cfg`` (cached after the first run), with progress."""
+    from pipelines.home import home_dir
+    from stages.finetune.run import pretrain
+    from stages.policy.checkpoint import CheckpointError
+
+    progress, on_metrics = _train_progress("pretraining", cfg.pretrain.bc.steps, json_out)
+    with progress:
+        try:
+            return pretrain(
+                cfg.robot,
+                cfg.scene,
+                cfg.sim,
+                cfg.collect,
+                cfg.policy,
+                cfg.pretrain,
+                cfg.seed,
+                home_dir("checkpoints"),
+                home_dir("datasets"),
+                ray_address,
+                on_metrics=on_metrics,
+                on_status=lambda line: progress.console.print(f"[dim]{line}"),
+            )
+        except (DatasetError, SceneError, CheckpointError, RayClusterError, ValueError) as err:
+            raise _fail(err) from None
+
+
+def _print_checkpoint(title: str, ref: CheckpointRef, seconds: float, json_out: bool) -> None:
+    table = Table(title=title, show_header=False)
+    table.add_row("checkpoint", ref.path)
+    table.add_row("policy", f"{ref.policy_type}, trains {ref.trainable}, step {ref.step}")
+    share = ref.trainable_params / max(1, ref.total_params)
+    table.add_row(
+        "parameters", f"{ref.trainable_params:,} trainable of {ref.total_params:,} ({share:.1%})"
+    )
+    if ref.metrics:
+        table.add_row("final action loss", f"{ref.metrics.get('action_loss', float('nan')):.4f}")
+        table.add_row("samples/s", f"{ref.metrics.get('samples_per_s', 0.0):,.0f}")
+    if ref.base:
+        table.add_row("base", f"{ref.base['kind']} {ref.base['path']}")
+    table.add_row("wall time", f"{seconds:.1f} s")
+    console.print(table)
+    if json_out:
+        print(json.dumps(ref.to_json()))
+
+
+@app.command("pretrain")
+def pretrain_cmd(
+    config: ConfigArg,
+    set_: SetOpt = None,
+    ray_address: RayAddressOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Pretrain the base VLA on the task family (cached: runs once per setting).
+
+    The task family is every training scene variant except the target (scene.variant), or
+    pretrain.variants. Collects pretrain.episodes_per_variant demonstrations per variant, then
+    trains the full default VLA with behaviour cloning on Ray Train. The base is cached under
+    $ROBO_PIPE_HOME/checkpoints/base-<key>: running again with the same settings returns it at
+    once, and an interrupted run resumes from its latest checkpoint.
+    """
+    cfg = _load(config, set_)
+    start = time.perf_counter()
+    ref = _pretrain(cfg, ray_address, json_out)
+    _print_checkpoint("pretrained base", ref, time.perf_counter() - start, json_out)
+
+
+@app.command("finetune")
+def finetune_cmd(
+    config: ConfigArg,
+    set_: SetOpt = None,
+    dataset: Annotated[
+        Path | None,
+        typer.Option(
+            help="LeRobot v3 dataset to train on (default: the config's, collected if missing)."
+        ),
+    ] = None,
+    ray_address: RayAddressOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Fine-tune the policy on the target task's demonstrations (behaviour cloning).
+
+    policy.type default: freezes the pretrained base (pretrained first if missing) and trains
+    LoRA adapters + heads (finetune.trainable: lora) or everything (all). policy.type hub-vlm:
+    LoRA on the pretrained backbone at policy.backbone. Training runs on finetune.bc.workers Ray
+    Train workers; an interrupted run resumes from its latest checkpoint when re-run.
+    """
+    from pipelines.config import save_resolved
+    from pipelines.home import home_dir, new_run_dir
+    from stages.finetune.run import finetune
+    from stages.policy.checkpoint import CheckpointError
+
+    cfg = _load(config, set_)
+    run_dir = new_run_dir(f"{cfg.name}-finetune")
+    save_resolved(cfg, run_dir / "config.yaml")
+    start = time.perf_counter()
+    base = _pretrain(cfg, ray_address, json_out) if cfg.policy.type == "default" else None
+    data: DatasetRef | Path = dataset or _collect(cfg, _default_dataset(cfg), ray_address, json_out)
+    progress, on_metrics = _train_progress("fine-tuning", cfg.finetune.bc.steps, json_out)
+    with progress:
+        try:
+            ref = finetune(
+                data,
+                cfg.policy,
+                cfg.finetune,
+                base,
+                cfg.seed,
+                home_dir("checkpoints"),
+                name=cfg.name,
+                ray_address=ray_address,
+                on_metrics=on_metrics,
+                lineage={"config_hash": cfg.config_hash()},
+            )
+        except (DatasetError, CheckpointError, RayClusterError, ValueError) as err:
+            raise _fail(err) from None
+    (run_dir / "checkpoint_ref.json").write_text(json.dumps(ref.to_json(), indent=2))
+    _print_checkpoint("fine-tuned policy", ref, time.perf_counter() - start, json_out)
 
 
 @app.command("config")

@@ -23,6 +23,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from robots.spec import available_robots, get_robot
 from sim_scenes.config import SceneConfig, SimConfig
 from stages.collect.config import CollectConfig
+from stages.finetune.config import FinetuneConfig, PretrainConfig
+from stages.policy.config import PolicyConfig
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
@@ -61,6 +63,9 @@ class PipelineConfig(BaseModel):
     sim: SimConfig = SimConfig()
     demo: DemoConfig = DemoConfig()
     collect: CollectConfig = CollectConfig()
+    policy: PolicyConfig = PolicyConfig()
+    pretrain: PretrainConfig = PretrainConfig()
+    finetune: FinetuneConfig = FinetuneConfig()
 
     @field_validator("robot")
     @classmethod
@@ -173,6 +178,14 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
                 f"{source('scene.cameras')}: field 'scene.cameras' = {config.scene.cameras!r}: "
                 f"unknown camera {unknown[0]!r} for robot {config.robot!r}; valid choices: "
                 f"{', '.join(known)}"
+            ]
+        )
+    if config.scene.variant in (config.pretrain.variants or []):
+        raise ConfigError(
+            [
+                f"{source('pretrain.variants')}: field 'pretrain.variants' = "
+                f"{config.pretrain.variants!r}: includes the target variant "
+                f"{config.scene.variant!r} (scene.variant); the base must not see the target task"
             ]
         )
     return config

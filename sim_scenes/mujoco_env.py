@@ -53,6 +53,7 @@ class MujocoBatchedEnv(BatchedEnv):
         image_size: square image side in pixels.
         num_threads: rollout threads (>= 1).
         autoreset: reset finished environments inside ``step`` (see module docstring).
+        retarget: name another object of the same scene (see :func:`sample_layout`).
     """
 
     def __init__(
@@ -64,6 +65,7 @@ class MujocoBatchedEnv(BatchedEnv):
         image_size: int = 64,
         num_threads: int = 2,
         autoreset: bool = True,
+        retarget: int = 0,
     ) -> None:
         if num_envs < 1:
             raise SceneError(f"num_envs must be >= 1, got {num_envs}")
@@ -84,6 +86,7 @@ class MujocoBatchedEnv(BatchedEnv):
         self.cameras = tuple(cameras)
         self.image_size = image_size
         self.autoreset = autoreset
+        self.retarget = retarget
 
         self._nominal = build_scene(robot, image_size)
         self._index = index_scene(self._nominal, robot)
@@ -134,7 +137,7 @@ class MujocoBatchedEnv(BatchedEnv):
     # -- episode start ---------------------------------------------------------------------
 
     def _start_episode(self, env: int, seed: int) -> None:
-        layout = sample_layout(self.variant, self.robot, seed)
+        layout = sample_layout(self.variant, self.robot, seed, self.retarget)
         model, data = self._models[env], self._scratch
         mujoco.mj_resetData(model, data)
         apply_layout(model, self._nominal, self._index, layout, data.qpos, self.robot)

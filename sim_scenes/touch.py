@@ -109,6 +109,9 @@ class SceneVariant:
     """Scene camera position jitter, ± m per axis."""
     arm_jitter: float = 0.05
     """Initial arm joint jitter around home, ± rad."""
+    colour_twin: bool = False
+    """Every scene holds a distractor of the target's colour in another shape, so the
+    instruction's shape word matters (single-shape variants never need it)."""
     episode_steps: int = 50
     """Control steps before truncation (5 s at 10 Hz)."""
     success: SuccessCriterion = field(default_factory=SuccessCriterion)
@@ -128,10 +131,12 @@ VARIANTS: dict[str, SceneVariant] = {
         ),
         SceneVariant(
             "touch-mixed",
-            "3 cubes and balls of 4 colours; colour and shape both matter",
+            "3 cubes and balls of 4 colours, always one of the target's colour in the other "
+            "shape: colour and shape both matter",
             _BASE,
             ("cube", "ball"),
             (3, 3),
+            colour_twin=True,
         ),
         SceneVariant(
             "touch-mixed-clutter",
@@ -141,6 +146,7 @@ VARIANTS: dict[str, SceneVariant] = {
             (4, 4),
             split="heldout",
             holdout_for="touch-mixed",
+            colour_twin=True,
         ),
         SceneVariant(
             "touch-mixed-shifted",
@@ -153,6 +159,7 @@ VARIANTS: dict[str, SceneVariant] = {
             light_jitter=0.6,
             light_intensity=(0.4, 1.0),
             camera_jitter=0.02,
+            colour_twin=True,
         ),
     )
 }
@@ -230,8 +237,14 @@ def episode_seeds(root_seed: int, count: int, purpose: str) -> list[int]:
     return seeds
 
 
-def sample_layout(variant: SceneVariant, robot: RobotSpec, seed: int) -> EpisodeLayout:
-    """Draw a scene from ``variant`` deterministically from ``seed``."""
+def sample_layout(
+    variant: SceneVariant, robot: RobotSpec, seed: int, retarget: int = 0
+) -> EpisodeLayout:
+    """Draw a scene from ``variant`` deterministically from ``seed``.
+
+    ``retarget`` > 0 keeps the scene but names the object ``retarget`` places after the drawn
+    target: the same scene with another instruction (to show that the instruction matters).
+    """
     rng = np.random.default_rng(seed)
     n = int(rng.integers(variant.num_objects[0], variant.num_objects[1] + 1))
     pairs = [(c, s) for c in variant.colours for s in variant.shapes]
@@ -246,6 +259,9 @@ def sample_layout(variant: SceneVariant, robot: RobotSpec, seed: int) -> Episode
         for i, k in enumerate(chosen)
     )
     target = int(rng.integers(n))
+    if variant.colour_twin:
+        objects = _with_colour_twin(objects, target, variant.shapes)
+    target = (target + retarget) % n
     template = TEMPLATES[int(rng.integers(len(TEMPLATES)))]
     words = SHAPE_WORDS[objects[target].shape]
     instruction = template.format(
@@ -268,6 +284,23 @@ def sample_layout(variant: SceneVariant, robot: RobotSpec, seed: int) -> Episode
         camera_offset=tuple(  # type: ignore[arg-type]
             float(v) for v in rng.uniform(-variant.camera_jitter, variant.camera_jitter, 3)
         ),
+    )
+
+
+def _with_colour_twin(
+    objects: tuple[PlacedObject, ...], target: int, shapes: tuple[str, ...]
+) -> tuple[PlacedObject, ...]:
+    """Make the next object after the target its colour twin (same colour, another shape)
+    unless one is already on the table."""
+    colour = objects[target].colour
+    if any(o.colour == colour for i, o in enumerate(objects) if i != target):
+        return objects
+    other_shape = next(s for s in shapes if s != objects[target].shape)
+    twin = (target + 1) % len(objects)
+    placed = objects[twin]
+    return tuple(
+        PlacedObject(colour, other_shape, placed.xy, placed.yaw) if i == twin else o
+        for i, o in enumerate(objects)
     )
 
 

@@ -1,6 +1,9 @@
-"""Policy models shared by training, evaluation and export (work in progress: issue 4).
+"""Policy models shared by training, evaluation and export.
 
-So far: the instruction tokenizer and the default VLA network. Still to come: the policy
-interface (distribution over action chunks, trainable parameters, checkpoints, ``as_onnx``),
-LoRA adapters, the pretrained-VLM type, and training on Ray Train.
+- :mod:`~stages.policy.base`: the policy interface (``VLAPolicy``), normalisation, the ONNX
+  export wrapper.
+- :mod:`~stages.policy.vla`: the default VLA (``policy.type: default``).
+- :mod:`~stages.policy.hub_vla`: a pretrained VLM backbone with LoRA (``policy.type: hub-vlm``).
+- :mod:`~stages.policy.tokenizer`: the default VLA's instruction tokenizer.
+- :mod:`~stages.policy.checkpoint`: building policies, checkpoints (safetensors, no pickle).
 """

@@ -16,6 +16,7 @@ from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 from sim_scenes.touch import COLOURS, SHAPE_WORDS, TEMPLATES
 
 PAD, UNK = "[PAD]", "[UNK]"
+TOKENIZER_FILE = "tokenizer.json"
 
 
 def task_family_corpus() -> list[str]:
@@ -43,13 +44,14 @@ class InstructionTokenizer:
         return cls(tok, max_tokens)
 
     @classmethod
-    def load(cls, path: Path, max_tokens: int) -> InstructionTokenizer:
-        """Load a saved ``tokenizer.json``."""
-        return cls(Tokenizer.from_file(str(path)), max_tokens)
+    def load(cls, directory: str | Path, max_tokens: int) -> InstructionTokenizer:
+        """Load ``directory/tokenizer.json``."""
+        return cls(Tokenizer.from_file(str(Path(directory) / TOKENIZER_FILE)), max_tokens)
 
-    def save(self, path: Path) -> None:
-        """Write ``tokenizer.json``."""
-        self.tokenizer.save(str(path))
+    def save(self, directory: str | Path) -> None:
+        """Write ``directory/tokenizer.json``."""
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        self.tokenizer.save(str(Path(directory) / TOKENIZER_FILE))
 
     @property
     def pad_id(self) -> int:

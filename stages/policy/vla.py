@@ -13,55 +13,23 @@ grounding far too slowly; letting the instruction modulate the convolutional fea
 and handing the transformer a few spatial tokens learns "which object" in minutes. The
 transformer's attention and MLP projections are where LoRA adapters go when fine-tuning.
 
-Normalisation of state and de-normalisation of actions are buffers inside the module (from the
-dataset's ``stats.json``), so an exported graph needs no training code.
+LoRA (:meth:`VLAPolicy.add_lora`) adapts the transformer's query/key/value/output and MLP
+projections and, by default, the FiLM projections that let the instruction steer the vision.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import ClassVar
 
 import torch
 from torch import nn
 from transformers import BertConfig, BertModel
 
+from stages.policy.base import Normalizer, PolicyTokenizer, VLAPolicy
+from stages.policy.config import LoraSettings, VLAConfig
+
 VISION_TOKENS = 4
 """Tokens each camera contributes to the transformer."""
-
-
-@dataclass(frozen=True)
-class VLAConfig:
-    """Architecture of the default VLA (saved with every checkpoint)."""
-
-    cameras: tuple[str, ...] = ("scene",)
-    """Camera streams the model sees, in order."""
-    image_size: int = 64
-    """Square image side, pixels (a multiple of 16)."""
-    state_dim: int = 6
-    action_dim: int = 6
-    chunk_len: int = 4
-    """Actions predicted per inference."""
-    vocab_size: int = 32
-    max_tokens: int = 12
-    d_model: int = 128
-    n_layers: int = 2
-    n_heads: int = 4
-    conv_channels: tuple[int, int, int] = (32, 64, 64)
-    init_log_std: float = -1.0
-    """Initial log standard deviation of the action distribution (normalised units)."""
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-serialisable form."""
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> VLAConfig:
-        """Inverse of :meth:`to_dict` (lists become tuples)."""
-        fields: dict[str, Any] = {
-            k: tuple(v) if isinstance(v, list) else v for k, v in data.items()
-        }
-        return cls(**fields)
 
 
 class FiLMConvEncoder(nn.Module):
@@ -107,52 +75,19 @@ class FiLMConvEncoder(nn.Module):
         return self.proj(features).view(-1, VISION_TOKENS, self.d_model)
 
 
-@dataclass
-class Normalizer:
-    """Per-dimension mean/std of state and action (robot units), from dataset stats."""
+class DefaultVLA(VLAPolicy):
+    """The default VLA (see module docstring); heads and the rest of the interface come from
+    :class:`VLAPolicy`."""
 
-    state_mean: list[float] = field(default_factory=list)
-    state_std: list[float] = field(default_factory=list)
-    action_mean: list[float] = field(default_factory=list)
-    action_std: list[float] = field(default_factory=list)
+    lora_target_modules: ClassVar[str] = r"transformer\..*\.(query|key|value|dense)"
 
-    @classmethod
-    def from_stats(cls, stats: dict[str, Any], min_std: float = 1e-3) -> Normalizer:
-        """From a LeRobot ``stats.json`` dict (``observation.state`` and ``action``).
-
-        ``min_std`` (robot units) floors each std: a dimension the demonstrations hold constant
-        (the expert's gripper opening) would otherwise turn float rounding noise into
-        unit-variance targets -- measured: a sixth of the BC loss was that noise.
-        """
-
-        def floored(values: list[float]) -> list[float]:
-            return [max(float(v), min_std) for v in values]
-
-        return cls(
-            state_mean=list(stats["observation.state"]["mean"]),
-            state_std=floored(stats["observation.state"]["std"]),
-            action_mean=list(stats["action"]["mean"]),
-            action_std=floored(stats["action"]["std"]),
-        )
-
-
-class DefaultVLA(nn.Module):
-    """The default VLA (see module docstring). All tensors are batch-first.
-
-    ``forward`` inputs: ``images`` camera -> uint8 ``(B, H, W, 3)``; ``state`` float ``(B,
-    state_dim)`` in robot units; ``tokens``/``token_mask`` int64 ``(B, max_tokens)``.
-    Output: action mean in **normalised** units ``(B, chunk_len, action_dim)`` and the
-    log-std ``(action_dim,)``; :meth:`denormalize` maps the mean to robot units.
-    """
-
-    state_mean: torch.Tensor  # buffers (normalisation statistics)
-    state_std: torch.Tensor
-    action_mean: torch.Tensor
-    action_std: torch.Tensor
-
-    def __init__(self, cfg: VLAConfig, normalizer: Normalizer | None = None) -> None:
-        super().__init__()
-        self.cfg = cfg
+    def __init__(
+        self,
+        cfg: VLAConfig,
+        tokenizer: PolicyTokenizer,
+        normalizer: Normalizer | None = None,
+    ) -> None:
+        super().__init__(cfg, tokenizer, normalizer, cfg.d_model, VISION_TOKENS * len(cfg.cameras))
         d = cfg.d_model
         self.token_embedding = nn.Embedding(cfg.vocab_size, d)
         self.token_pos = nn.Parameter(torch.zeros(1, cfg.max_tokens, d))
@@ -177,24 +112,13 @@ class DefaultVLA(nn.Module):
             ),
             add_pooling_layer=False,
         )
-        self.action_head = nn.Linear(d, cfg.action_dim)
-        self.log_std = nn.Parameter(torch.full((cfg.action_dim,), cfg.init_log_std))
-        norm = normalizer or Normalizer(
-            [0.0] * cfg.state_dim,
-            [1.0] * cfg.state_dim,
-            [0.0] * cfg.action_dim,
-            [1.0] * cfg.action_dim,
-        )
-        self.register_buffer("state_mean", torch.tensor(norm.state_mean, dtype=torch.float32))
-        self.register_buffer(
-            "state_std", torch.tensor(norm.state_std, dtype=torch.float32).clamp_min(1e-6)
-        )
-        self.register_buffer("action_mean", torch.tensor(norm.action_mean, dtype=torch.float32))
-        self.register_buffer(
-            "action_std", torch.tensor(norm.action_std, dtype=torch.float32).clamp_min(1e-6)
-        )
 
-    def forward(
+    def lora_targets(self, settings: LoraSettings) -> str:
+        if settings.film:
+            return rf"{self.lora_target_modules}|encoders\.\w+\.film\d"
+        return self.lora_target_modules
+
+    def encode(
         self,
         images: dict[str, torch.Tensor],
         state: torch.Tensor,
@@ -204,27 +128,21 @@ class DefaultVLA(nn.Module):
         mask = token_mask.to(torch.float32)
         words = self.token_embedding(tokens) + self.token_pos
         text = (words * mask[..., None]).sum(1) / mask.sum(1, keepdim=True).clamp_min(1.0)
-        vision = [
-            self.encoders[cam](images[cam].permute(0, 3, 1, 2).to(torch.float32) / 255.0, text)
-            for cam in self.cfg.cameras
-        ]
-        state_token = self.state_proj((state - self.state_mean) / self.state_std)[:, None]
+        vision = torch.cat(
+            [
+                self.encoders[cam](images[cam].permute(0, 3, 1, 2).to(torch.float32) / 255.0, text)
+                for cam in self.cfg.cameras
+            ],
+            dim=1,
+        )
+        state_token = self.state_proj(state)[:, None]
         batch = state.shape[0]
         queries = self.action_queries.expand(batch, -1, -1)
-        sequence = torch.cat([*vision, words, state_token, queries], dim=1)
+        sequence = torch.cat([vision, words, state_token, queries], dim=1)
+        n_vision = vision.shape[1]
         ones = torch.ones(batch, sequence.shape[1] - words.shape[1], dtype=mask.dtype)
-        n_vision = VISION_TOKENS * len(self.cfg.cameras)
         attention = torch.cat([ones[:, :n_vision], mask, ones[:, n_vision:]], dim=1)
         hidden = self.transformer(
             inputs_embeds=sequence, attention_mask=attention
         ).last_hidden_state
-        mean = self.action_head(hidden[:, -self.cfg.chunk_len :])
-        return mean, self.log_std
-
-    def denormalize(self, mean: torch.Tensor) -> torch.Tensor:
-        """Normalised action mean -> robot units, same shape."""
-        return mean * self.action_std + self.action_mean
-
-    def normalize_actions(self, actions: torch.Tensor) -> torch.Tensor:
-        """Robot-unit actions -> normalised units, same shape."""
-        return (actions - self.action_mean) / self.action_std
+        return hidden[:, -self.cfg.chunk_len :], vision

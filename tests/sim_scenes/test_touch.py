@@ -56,6 +56,27 @@ def test_instruction_names_the_target_by_colour_and_shape(rp5: RobotSpec) -> Non
     assert len(phrasings) >= 4, "instruction phrasing should vary"
 
 
+@pytest.mark.parametrize("name", ["touch-mixed", "touch-mixed-clutter", "touch-mixed-shifted"])
+def test_mixed_scenes_always_hold_a_colour_twin(rp5: RobotSpec, name: str) -> None:
+    variant = get_variant(name)
+    for seed in range(100):
+        layout = sample_layout(variant, rp5, seed)
+        target = layout.objects[layout.target]
+        twins = [o for o in layout.objects if o.colour == target.colour and o is not target]
+        assert twins and all(o.shape != target.shape for o in twins), seed
+
+
+def test_retarget_keeps_the_scene_and_names_another_object(rp5: RobotSpec) -> None:
+    variant = get_variant("touch-mixed")
+    for seed in range(20):
+        layout = sample_layout(variant, rp5, seed)
+        other = sample_layout(variant, rp5, seed, retarget=1)
+        assert other.objects == layout.objects and other.arm_qpos == layout.arm_qpos
+        assert other.target == (layout.target + 1) % len(layout.objects)
+        named = other.objects[other.target]
+        assert named.colour in other.instruction.split()
+
+
 def test_heldout_variants_are_reserved_for_evaluation() -> None:
     heldout = available_variants("heldout")
     assert heldout, "the task needs held-out variants"

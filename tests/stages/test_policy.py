@@ -1,14 +1,46 @@
-"""The default VLA and its tokenizer: shapes, dtypes, saving, normalisation."""
+"""The policy interface: default VLA and hub-VLM types, LoRA, checkpoints, the export wrapper."""
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
+from sim_scenes.batched_env import BatchedObservation
+from stages.policy.base import Normalizer, VLAPolicy
+from stages.policy.checkpoint import (
+    BaseRef,
+    CheckpointError,
+    checkpoint_hash,
+    load_policy,
+    new_policy,
+    save_policy,
+)
+from stages.policy.config import LoraSettings, PolicyConfig
 from stages.policy.tokenizer import InstructionTokenizer, task_family_corpus
-from stages.policy.vla import DefaultVLA, FiLMConvEncoder, Normalizer, VLAConfig
+from tests.stages.tiny_models import TINY_POLICY, save_tiny_idefics3
+
+SIZE = 32
+
+
+def observations(batch: int = 3, cameras: tuple[str, ...] = ("scene",)) -> BatchedObservation:
+    rng = np.random.default_rng(0)
+    return BatchedObservation(
+        images={c: rng.integers(0, 256, (batch, SIZE, SIZE, 3), dtype=np.uint8) for c in cameras},
+        state=rng.normal(size=(batch, 6)).astype(np.float32),
+        instruction=["touch the red cube", "tap the blue ball", "reach the green block"][:batch],
+    )
+
+
+def tiny(cameras: tuple[str, ...] = ("scene",), norm: Normalizer | None = None) -> VLAPolicy:
+    torch.manual_seed(0)
+    policy, _ = new_policy(TINY_POLICY, cameras, SIZE, 6, 6, norm)
+    return policy
 
 
 def test_tokenizer_is_trained_saved_and_reloaded(tmp_path: Path) -> None:
@@ -19,57 +51,202 @@ def test_tokenizer_is_trained_saved_and_reloaded(tmp_path: Path) -> None:
     unk = tok.tokenizer.token_to_id("[UNK]")
     assert ids[1, 3] == unk and ids[1, 2] == tok.tokenizer.token_to_id("purple")
     assert len(set(ids[:, 2].tolist())) == 2, "colours get their own ids"
-    tok.save(tmp_path / "tokenizer.json")
-    again = InstructionTokenizer.load(tmp_path / "tokenizer.json", max_tokens=10)
+    tok.save(tmp_path)
+    again = InstructionTokenizer.load(tmp_path, max_tokens=10)
     np.testing.assert_array_equal(again(["touch the red cube"])[0], ids[:1])
 
 
-def test_vla_shapes_and_gradients() -> None:
-    cfg = VLAConfig(
-        cameras=("scene", "wrist"),
-        image_size=32,
-        vocab_size=30,
-        chunk_len=3,
-        d_model=32,
-        n_heads=2,
-        conv_channels=(8, 16, 16),
-    )
-    model = DefaultVLA(cfg)
-    batch = 5
-    images = {c: torch.randint(0, 256, (batch, 32, 32, 3), dtype=torch.uint8) for c in cfg.cameras}
-    tokens = torch.randint(0, 30, (batch, cfg.max_tokens))
-    mask = torch.ones(batch, cfg.max_tokens, dtype=torch.int64)
-    mask[:, 6:] = 0
-    mean, log_std = model(images, torch.randn(batch, 6), tokens, mask)
-    assert mean.shape == (batch, 3, 6) and mean.dtype == torch.float32
-    assert log_std.shape == (6,)
-    mean.pow(2).mean().backward()
-    wrist = model.encoders["wrist"]
-    assert isinstance(wrist, FiLMConvEncoder) and wrist.conv1.weight.grad is not None
-    assert model.token_embedding.weight.grad is not None
+def test_distribution_over_the_chunk_in_robot_units() -> None:
+    norm = Normalizer([0.0] * 6, [1.0] * 6, [0.5] * 6, [2.0] * 6)
+    policy = tiny(("scene", "wrist"), norm)
+    dist = policy.distribution(observations(cameras=("scene", "wrist")))
+    assert dist.mean.shape == (3, 3, 6) and dist.mean.dtype == torch.float32
+    # std = exp(log_std) in normalised units times the action std (robot units)
+    torch.testing.assert_close(dist.stddev[0, 0], torch.full((6,), 2.0 * np.exp(-1.0)))
+    assert dist.log_prob(dist.mean).sum((-2, -1)).shape == (3,)
+    chunk = policy.predict_chunk(observations(cameras=("scene", "wrist")))
+    assert chunk.shape == (3, 3, 6) and chunk.dtype == np.float32
+    np.testing.assert_allclose(chunk, dist.mean.detach().numpy(), atol=1e-6)
 
 
 def test_instruction_changes_the_prediction() -> None:
-    torch.manual_seed(0)
-    model = DefaultVLA(VLAConfig(vocab_size=30, d_model=32, n_heads=2, conv_channels=(8, 16, 16)))
-    images = {"scene": torch.randint(0, 256, (1, 64, 64, 3), dtype=torch.uint8).repeat(2, 1, 1, 1)}
-    tokens = torch.tensor([[3, 2, 20, 8] + [0] * 8, [3, 2, 21, 8] + [0] * 8])
-    mask = (tokens > 0).to(torch.int64)
-    mean, _ = model(images, torch.zeros(2, 6), tokens, mask)
-    assert not torch.allclose(mean[0], mean[1])
+    policy = tiny()
+    obs = observations(2)
+    same_scene = BatchedObservation(
+        images={"scene": np.repeat(obs.images["scene"][:1], 2, axis=0)},
+        state=np.repeat(obs.state[:1], 2, axis=0),
+        instruction=["touch the red cube", "touch the blue cube"],
+    )
+    chunk = policy.predict_chunk(same_scene)
+    assert not np.allclose(chunk[0], chunk[1])
 
 
-def test_normalisation_round_trip() -> None:
-    norm = Normalizer([0.0] * 6, [1.0] * 6, [0.1] * 6, [0.5] * 6)
-    model = DefaultVLA(VLAConfig(vocab_size=30, d_model=32, n_heads=2), norm)
-    actions = torch.randn(4, 4, 6)
-    torch.testing.assert_close(model.denormalize(model.normalize_actions(actions)), actions)
+def test_lora_trains_only_adapters_and_heads() -> None:
+    default, _ = new_policy(PolicyConfig(), ["scene"], 64, 6, 6)
+    default.add_lora(LoraSettings())
+    trainable, total = default.parameter_counts()
+    assert 0 < trainable <= 0.10 * total, "the default VLA trains <= 10% under LoRA"
+    policy = tiny()
+    policy.add_lora(LoraSettings(rank=4))
+    out = policy(**policy.model_inputs(observations()))
+    (out.mean.pow(2).mean() + out.target_xy.pow(2).mean() + out.log_std.sum()).backward()
+    for name, param in policy.named_parameters():
+        is_adapter_or_head = "lora_" in name or name.split(".")[0] in policy.head_names
+        assert param.requires_grad == is_adapter_or_head, name
+        if is_adapter_or_head and "lora_A" not in name:  # lora_A gets zero grad while B == 0
+            assert param.grad is not None, name
+        if not is_adapter_or_head:
+            assert param.grad is None, name
+    names = [n for n, _ in policy.named_parameters() if "lora_A" in n]
+    assert any("attention.self.query" in n for n in names)
+    assert any("intermediate.dense" in n for n in names), "MLP projections are adapted too"
 
 
-def test_constant_dimensions_do_not_blow_up_normalisation() -> None:
+def test_normalisation_round_trip_and_floor() -> None:
+    policy = tiny(norm=Normalizer([0.0] * 6, [1.0] * 6, [0.1] * 6, [0.5] * 6))
+    actions = torch.randn(4, 3, 6)
+    torch.testing.assert_close(
+        policy.denormalize_actions(policy.normalize_actions(actions)), actions
+    )
     stats = {
         "observation.state": {"mean": [0.0] * 6, "std": [0.5] * 6},
         "action": {"mean": [0.0] * 5 + [0.02], "std": [0.05] * 5 + [1.9e-6]},
+        "observation.environment_state": {"mean": [0.4, 0.0, 0.02], "std": [0.06, 0.1, 0.0]},
     }
     norm = Normalizer.from_stats(stats)
     assert norm.action_std[-1] == 1e-3 and norm.action_std[0] == 0.05
+    assert norm.target_mean == [0.4, 0.0] and norm.target_std == [0.06, 0.1]
+
+
+def test_full_and_lora_checkpoints_round_trip(tmp_path: Path) -> None:
+    obs = observations()
+    base = tiny()
+    base_hash = save_policy(base, tmp_path / "base", None)
+    again = load_policy(tmp_path / "base")
+    torch.testing.assert_close(again.predict_chunk(obs), base.predict_chunk(obs), rtol=0, atol=0)
+
+    base.add_lora(LoraSettings(rank=4))
+    with torch.no_grad():  # make the adapters non-trivial
+        for name, param in base.named_parameters():
+            if "lora_B" in name:
+                param.normal_(std=0.1)
+    save_policy(base, tmp_path / "lora", BaseRef("checkpoint", str(tmp_path / "base"), base_hash))
+    stored = load_file(str(tmp_path / "lora" / "model.safetensors"))
+    assert set(stored) == set(base.trainable_state()), "only what trains is stored"
+    loaded = load_policy(tmp_path / "lora")
+    np.testing.assert_array_equal(loaded.predict_chunk(obs), base.predict_chunk(obs))
+    assert not list((tmp_path / "lora").rglob("*.pt")) and not list(
+        (tmp_path / "lora").rglob("*.pkl")
+    )
+
+
+@pytest.fixture()
+def lora_checkpoint(tmp_path: Path) -> Path:
+    base = tiny()
+    base_hash = save_policy(base, tmp_path / "base", None)
+    base.add_lora(LoraSettings(rank=4))
+    save_policy(base, tmp_path / "lora", BaseRef("checkpoint", str(tmp_path / "base"), base_hash))
+    return tmp_path / "lora"
+
+
+def _rewrite_weights(path: Path, edit: str) -> None:
+    weights = path / "model.safetensors"
+    tensors = load_file(str(weights))
+    name = next(n for n in tensors if "lora_A" in n)
+    if edit == "missing":
+        del tensors[name]
+    elif edit == "unexpected":
+        tensors["extra.weight"] = torch.zeros(2)
+    elif edit == "misshaped":
+        tensors[name] = torch.zeros(1, 1)
+    save_file(tensors, str(weights))
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        ("missing", "missing tensors: encoders.scene.film2.lora_A"),
+        ("unexpected", "unexpected tensors: extra.weight"),
+        ("misshaped", "mis-shaped tensors: encoders.scene.film2.lora_A.default.weight [1, 1]"),
+    ],
+)
+def test_mismatched_tensors_are_named(lora_checkpoint: Path, edit: str, message: str) -> None:
+    _rewrite_weights(lora_checkpoint, edit)
+    with pytest.raises(CheckpointError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        load_policy(lora_checkpoint)
+
+
+def test_corrupt_files_and_a_changed_base_are_refused(lora_checkpoint: Path) -> None:
+    weights = lora_checkpoint / "model.safetensors"
+    good = weights.read_bytes()
+    weights.write_bytes(good[: len(good) // 2])
+    with pytest.raises(CheckpointError, match="unreadable safetensors"):
+        load_policy(lora_checkpoint)
+    weights.write_bytes(good)
+
+    base_weights = lora_checkpoint.parent / "base" / "model.safetensors"
+    tensors = load_file(str(base_weights))
+    tensors["action_head.bias"] += 1.0
+    save_file(tensors, str(base_weights))
+    with pytest.raises(CheckpointError, match="refusing a different base"):
+        load_policy(lora_checkpoint)
+
+    (lora_checkpoint / "policy.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match="not valid JSON"):
+        load_policy(lora_checkpoint)
+    with pytest.raises(CheckpointError, match="not a checkpoint"):
+        load_policy(lora_checkpoint.parent)
+
+
+def test_saving_over_a_checkpoint_is_atomic(lora_checkpoint: Path) -> None:
+    before = checkpoint_hash(lora_checkpoint)
+    policy = load_policy(lora_checkpoint)
+    meta = json.loads((lora_checkpoint / "policy.json").read_text())
+    base = BaseRef(**meta["base"])
+    assert save_policy(policy, lora_checkpoint, base) == before
+    assert sorted(p.name for p in lora_checkpoint.parent.iterdir()) == ["base", "lora"]
+
+
+def test_onnx_wrapper_merges_lora_and_matches_the_policy() -> None:
+    policy = tiny()
+    policy.add_lora(LoraSettings(rank=4))
+    with torch.no_grad():
+        for name, param in policy.named_parameters():
+            if "lora_B" in name:
+                param.normal_(std=0.1)
+    wrapper = policy.as_onnx()
+    assert wrapper.input_names == ["image_scene", "state", "tokens", "token_mask"]
+    assert wrapper.output_names == ["actions", "action_std"]
+    inputs = wrapper.dummy_inputs(batch=2)
+    actions, std = wrapper(*inputs)
+    assert actions.shape == std.shape == (2, 3, 6)
+    obs = BatchedObservation(
+        images={"scene": inputs[0].numpy()},
+        state=inputs[1].numpy(),
+        instruction=["touch the red cube"] * 2,
+    )
+    np.testing.assert_allclose(actions.detach().numpy(), policy.predict_chunk(obs), atol=1e-5)
+
+
+def test_hub_vlm_loads_a_local_backbone_with_lora(tmp_path: Path) -> None:
+    backbone = save_tiny_idefics3(tmp_path / "tiny-smolvlm")
+    config = PolicyConfig(type="hub-vlm", backbone=str(backbone), chunk_len=3)
+    torch.manual_seed(0)
+    policy, base = new_policy(config, ["scene"], SIZE, 6, 6)
+    assert base is not None and base.kind == "hub"
+    obs = observations()
+    assert policy.distribution(obs).mean.shape == (3, 3, 6)
+    policy.add_lora(LoraSettings(rank=4))
+    trainable = {n for n, p in policy.named_parameters() if p.requires_grad}
+    assert any("text_model" in n and "q_proj.lora_A" in n for n in trainable)
+    assert not any(n.startswith("backbone.") and "lora_" not in n for n in trainable)
+    save_policy(policy, tmp_path / "ckpt", base)
+    loaded = load_policy(tmp_path / "ckpt")
+    np.testing.assert_allclose(loaded.predict_chunk(obs), policy.predict_chunk(obs), atol=1e-6)
+
+    shutil.copy(backbone / "config.json", tmp_path / "config.json")
+    config_json = json.loads((backbone / "config.json").read_text())
+    config_json["scale_factor"] = 2  # same value, different bytes: still a different file
+    (backbone / "config.json").write_text(json.dumps(config_json, indent=4))
+    with pytest.raises(CheckpointError, match="refusing a different base"):
+        load_policy(tmp_path / "ckpt")

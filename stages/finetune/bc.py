@@ -1,0 +1,308 @@
+"""Behaviour cloning: the loop every Ray Train worker runs (or the calling process, workers=0).
+
+    data   = load_bc_data(datasets)            every frame in memory, chunk targets, target xy
+    policy = new model | base + LoRA | base     with the data's normalisation stats
+    resume from the latest checkpoint in out/   weights, AdamW state, torch RNG, step
+    for step in start..steps:
+        batch  = frames drawn with rng(seed, rank, step), images shifted ± image_shift px
+        loss   = masked MSE(action chunk) + aux_weight * MSE(target xy) + NLL(log_std | mean)
+        clip gradients, cosine learning rate, AdamW step   (DDP averages gradients when N > 1)
+        every log_every: metrics.jsonl;  every checkpoint_every and at the end: checkpoint
+
+Batches are a pure function of (seed, rank, step), so a resumed run draws exactly the batches
+the interrupted one would have: with the restored optimizer state it continues bit for bit.
+The Gaussian's log-std is fitted by its likelihood with the mean detached, so the action MSE
+alone shapes the mean while RL later gets a calibrated spread.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import resource
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from stages.finetune.config import BCConfig
+from stages.finetune.data import BCData, load_bc_data
+from stages.policy.base import Normalizer, VLAPolicy
+from stages.policy.checkpoint import (
+    BaseRef,
+    CheckpointError,
+    checkpoint_hash,
+    load_policy,
+    load_trainable,
+    new_policy,
+    save_policy,
+)
+from stages.policy.config import LoraSettings, PolicyConfig
+
+TRAINING_DIR = "training"
+"""Inside a step checkpoint: optimizer and RNG state for resuming (not part of the policy)."""
+METRICS_FILE = "metrics.jsonl"
+KEEP_CHECKPOINTS = 2
+
+
+@dataclass
+class BCJob:
+    """Everything a training worker needs (JSON-serialisable, sent to Ray workers)."""
+
+    out: str
+    """Run directory: ``step-XXXXXXX`` checkpoints and ``metrics.jsonl``."""
+    datasets: list[str]
+    bc: dict[str, Any]
+    """:class:`BCConfig` as a dict."""
+    seed: int
+    trainable: str
+    """``all`` or ``lora``."""
+    policy: dict[str, Any] | None = None
+    """:class:`PolicyConfig` for a new model (pretraining, or a hub-vlm backbone)."""
+    cameras: list[str] = field(default_factory=list)
+    image_size: int = 64
+    state_dim: int = 6
+    action_dim: int = 6
+    base_checkpoint: str | None = None
+    """Fine-tuning: the base checkpoint to start from (frozen under LoRA)."""
+    lora: dict[str, Any] | None = None
+    """:class:`LoraSettings` as a dict (``trainable == "lora"``)."""
+    lineage: dict[str, Any] = field(default_factory=dict)
+    threads: int = 0
+    """torch threads per worker; 0 = torch's default."""
+
+
+def step_dir(out: Path, step: int) -> Path:
+    """Checkpoint directory of ``step``."""
+    return out / f"step-{step:07d}"
+
+
+def latest_checkpoint(out: Path) -> Path | None:
+    """The newest complete step checkpoint under ``out`` (half-written ones never qualify:
+    :func:`save_policy` renames a finished directory into place)."""
+    steps = sorted(p for p in out.glob("step-*") if (p / TRAINING_DIR / "state.json").is_file())
+    return steps[-1] if steps else None
+
+
+def learning_rate(cfg: BCConfig, step: int) -> float:
+    """Linear warm-up to ``cfg.lr``, then cosine decay to zero at ``cfg.steps``."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+    return cfg.lr * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
+def build_policy(job: BCJob, data: BCData) -> tuple[VLAPolicy, BaseRef | None]:
+    """The model to train, with the data's normalisation and only the right parameters
+    trainable."""
+    norm = Normalizer.from_stats(data.stats)
+    if job.base_checkpoint is None:
+        policy, base = new_policy(
+            PolicyConfig(**job.policy or {}),
+            job.cameras,
+            job.image_size,
+            job.state_dim,
+            job.action_dim,
+            norm,
+        )
+    else:
+        policy = load_policy(job.base_checkpoint)
+        policy.set_normalizer(norm)
+        base = BaseRef("checkpoint", job.base_checkpoint, checkpoint_hash(job.base_checkpoint))
+    if job.trainable == "lora":
+        policy.add_lora(LoraSettings(**job.lora or {}))
+    else:
+        policy.requires_grad_(True)
+    return policy, base
+
+
+def save_training_state(
+    directory: Path, optimizer: torch.optim.Optimizer, names: dict[int, str], step: int
+) -> None:
+    """AdamW moments and step counts plus the torch RNG as safetensors, the rest as JSON."""
+    tensors: dict[str, torch.Tensor] = {"rng/torch": torch.get_rng_state()}
+    for param, state in optimizer.state.items():
+        for key, value in state.items():
+            tensors[f"{names[id(param)]}/{key}"] = value.detach().clone().reshape(value.shape)
+    (directory / TRAINING_DIR).mkdir(exist_ok=True)
+    save_file(tensors, str(directory / TRAINING_DIR / "optimizer.safetensors"))
+    (directory / TRAINING_DIR / "state.json").write_text(json.dumps({"step": step}))
+
+
+def load_training_state(
+    directory: Path, optimizer: torch.optim.Optimizer, params: dict[str, nn.Parameter]
+) -> int:
+    """Restore what :func:`save_training_state` wrote; returns the step to continue from."""
+    try:
+        tensors = load_file(str(directory / TRAINING_DIR / "optimizer.safetensors"))
+        step = int(json.loads((directory / TRAINING_DIR / "state.json").read_text())["step"])
+    except Exception as err:  # any unreadable state is the same failure: say which and why
+        raise CheckpointError(
+            f"{directory / TRAINING_DIR}: unreadable training state ({err})"
+        ) from err
+    torch.set_rng_state(tensors.pop("rng/torch"))
+    for key, value in tensors.items():
+        name, _, slot = key.rpartition("/")
+        if name not in params:
+            raise CheckpointError(f"{directory}: optimizer state for unknown parameter {name}")
+        optimizer.state[params[name]][slot] = value
+    return step
+
+
+def bc_loss(
+    model: nn.Module,
+    policy: VLAPolicy,
+    batch: dict[str, Any],
+    tokens: torch.Tensor,
+    token_mask: torch.Tensor,
+    aux_weight: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(total, action-chunk MSE, auxiliary target MSE) on ``batch`` (from :meth:`BCData.batch`).
+
+    ``model`` is ``policy`` or its DDP wrapper; ``tokens``/``token_mask`` are the tokenized
+    instructions, indexed by ``batch["task"]``. All terms are in normalised units.
+    """
+    task = torch.as_tensor(batch["task"])
+    out = model(
+        {c: torch.as_tensor(v) for c, v in batch["images"].items()},
+        torch.as_tensor(batch["state"]),
+        tokens[task],
+        token_mask[task],
+    )
+    target = policy.normalize_actions(torch.as_tensor(batch["actions"]))
+    valid = torch.as_tensor(batch["action_valid"], dtype=torch.float32)[..., None]
+    denom = valid.sum() * target.shape[-1]
+    action_loss = ((out.mean - target) ** 2 * valid).sum() / denom
+    std = out.log_std.exp()
+    nll = (((out.mean.detach() - target) / std) ** 2 / 2 + out.log_std) * valid
+    loss = action_loss + nll.sum() / denom
+    aux_loss = torch.zeros(())
+    if aux_weight > 0:
+        xy = policy.normalize_target(torch.as_tensor(batch["target_xy"]))
+        aux_loss = ((out.target_xy - xy) ** 2).mean()
+        loss = loss + aux_weight * aux_loss
+    return loss, action_loss, aux_loss
+
+
+def train_bc(job: BCJob, rank: int = 0, world_size: int = 1) -> None:
+    """Run (or resume) behaviour cloning to ``job.bc.steps``; rank 0 writes checkpoints."""
+    cfg = BCConfig(**job.bc)
+    out = Path(job.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if job.threads:
+        torch.set_num_threads(job.threads)
+    torch.manual_seed(job.seed)  # identical initial weights on every rank
+    data = load_bc_data(job.datasets, tuple(job.cameras), _chunk_len(job))
+    policy, base = build_policy(job, data)
+    tokens, token_mask = (torch.as_tensor(a) for a in policy.tokenizer(data.instructions))
+    params = {n: p for n, p in policy.named_parameters() if p.requires_grad}
+    optimizer = torch.optim.AdamW(params.values(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    start = 0
+    latest = latest_checkpoint(out)
+    if latest is not None:
+        load_trainable(policy, latest / "model.safetensors")
+        start = load_training_state(latest, optimizer, params)
+    model: nn.Module = policy
+    if world_size > 1:
+        model = nn.parallel.DistributedDataParallel(policy)
+    per_worker = max(1, cfg.batch_size // world_size)
+    aux_weight = cfg.aux_weight if data.target_xy is not None else 0.0
+    names = {id(p): n for n, p in params.items()}
+    tick, samples = time.perf_counter(), 0
+    for step in range(start, cfg.steps):
+        rng = np.random.default_rng([job.seed, rank, step])
+        b = data.batch(rng.integers(len(data), size=per_worker), rng, cfg.image_shift)
+        loss, action_loss, aux_loss = bc_loss(model, policy, b, tokens, token_mask, aux_weight)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = nn.utils.clip_grad_norm_(list(params.values()), cfg.grad_clip)
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(cfg, step)
+        optimizer.step()
+        samples += per_worker * world_size
+        done = step + 1
+        if rank == 0 and (done % cfg.log_every == 0 or done == cfg.steps):
+            now = time.perf_counter()
+            _log(
+                out,
+                {
+                    "step": done,
+                    "loss": loss.item(),
+                    "action_loss": action_loss.item(),
+                    "aux_loss": aux_loss.item(),
+                    "grad_norm": grad_norm.item(),
+                    "lr": learning_rate(cfg, step),
+                    "samples_per_s": samples / (now - tick),
+                    # ru_maxrss is KiB on Linux: this worker's peak resident memory
+                    "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                    "time": time.time(),
+                },
+            )
+            tick, samples = now, 0
+        if done % cfg.checkpoint_every == 0 or done == cfg.steps:
+            if rank == 0:
+                _checkpoint(out, policy, base, optimizer, names, done, job, data)
+            if world_size > 1:
+                torch.distributed.barrier()
+
+
+def _chunk_len(job: BCJob) -> int:
+    if job.base_checkpoint is not None:
+        meta = json.loads((Path(job.base_checkpoint) / "policy.json").read_text())
+        return int(meta["config"]["chunk_len"])
+    return int((job.policy or {}).get("chunk_len", PolicyConfig().chunk_len))
+
+
+def _log(out: Path, record: dict[str, float]) -> None:
+    with (out / METRICS_FILE).open("a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def _checkpoint(
+    out: Path,
+    policy: VLAPolicy,
+    base: BaseRef | None,
+    optimizer: torch.optim.Optimizer,
+    names: dict[int, str],
+    step: int,
+    job: BCJob,
+    data: BCData,
+) -> None:
+    lineage = {**job.lineage, "step": step, "dataset_hashes": data.hashes, "seed": job.seed}
+    # Write weights and training state into a staging directory, then rename it into place:
+    # latest_checkpoint() only ever sees complete checkpoints.
+    staging = out / f".step-{step:07d}.partial"
+    shutil.rmtree(staging, ignore_errors=True)
+    save_policy(policy, staging, base, lineage)
+    save_training_state(staging, optimizer, names, step)
+    final = step_dir(out, step)
+    shutil.rmtree(final, ignore_errors=True)
+    staging.rename(final)
+    for old in sorted(out.glob("step-*"))[:-KEEP_CHECKPOINTS]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def read_metrics(out: Path) -> list[dict[str, float]]:
+    """Logged metrics, one record per logged step (the latest record wins after a resume)."""
+    path = out / METRICS_FILE
+    if not path.is_file():
+        return []
+    by_step: dict[float, dict[str, float]] = {}
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:  # a line cut short by a kill
+            continue
+        by_step[record["step"]] = record
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def job_dict(job: BCJob) -> dict[str, Any]:
+    """``job`` as a plain dict (what Ray Train's ``train_loop_config`` carries)."""
+    return asdict(job)

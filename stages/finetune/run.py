@@ -1,0 +1,262 @@
+"""The pretrain and finetune stages: datasets in, a ``CheckpointRef`` out, training on Ray Train.
+
+``pretrain``: collect demonstrations on the task family (every training variant except the
+target), then train the full default VLA on them. Cached under
+``$ROBO_PIPE_HOME/checkpoints/base-<key>`` where the key hashes everything that determines the
+result (robot, cameras, policy, pretraining config, seed): later runs reuse it.
+
+``finetune``: freeze that base and train LoRA adapters + heads (or everything, with
+``trainable: all``) on the target task's dataset; a ``hub-vlm`` policy starts from its
+pretrained backbone instead. Output under ``$ROBO_PIPE_HOME/checkpoints/<name>-finetune-<key>``.
+
+Both run :func:`stages.finetune.bc.train_bc` on ``bc.workers`` Ray Train workers (DDP over gloo
+when more than one; ``workers: 0`` runs in this process). Re-running an interrupted stage with
+the same inputs resumes from its latest checkpoint; a finished one returns its record at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from robots.spec import get_robot
+from sim_scenes.config import SceneConfig, SimConfig
+from sim_scenes.touch import available_variants
+from stages.collect.config import CollectConfig
+from stages.collect.run import collect
+from stages.dataset.layout import DatasetRef
+from stages.finetune.bc import BCJob, job_dict, latest_checkpoint, read_metrics, train_bc
+from stages.finetune.config import BCConfig, FinetuneConfig, PretrainConfig
+from stages.policy.checkpoint import CheckpointError, CheckpointRef, checkpoint_hash, load_policy
+from stages.policy.config import PolicyConfig
+from stages.provenance import code_version
+
+REF_FILE = "checkpoint_ref.json"
+"""Written when a training run finishes: its :class:`CheckpointRef`."""
+
+MetricsFn = Callable[[dict[str, float]], None]
+
+
+def _key(*parts: Any) -> str:
+    canonical = json.dumps(parts, sort_keys=True, default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:12]
+
+
+def pretrain_variants(target: str, config: PretrainConfig) -> list[str]:
+    """The task family a base is pretrained on: configured, or every training variant except
+    ``target``."""
+    variants = config.variants or [v for v in available_variants("train") if v != target]
+    if target in variants:
+        raise ValueError(f"pretrain.variants includes the target variant {target!r}")
+    return variants
+
+
+def pretrain(
+    robot: str,
+    scene: SceneConfig,
+    sim: SimConfig,
+    collect_config: CollectConfig,
+    policy: PolicyConfig,
+    config: PretrainConfig,
+    seed: int,
+    checkpoints_dir: Path,
+    datasets_dir: Path,
+    ray_address: str | None = None,
+    on_metrics: MetricsFn | None = None,
+    on_status: Callable[[str], None] | None = None,
+) -> CheckpointRef:
+    """Pretrain (or reuse) the base model for target variant ``scene.variant``; its
+    demonstrations go under ``datasets_dir``, the base under ``checkpoints_dir``."""
+    if policy.type != "default":
+        raise ValueError(f"pretrain builds the default VLA; policy.type is {policy.type!r}")
+    variants = pretrain_variants(scene.variant, config)
+    spec = get_robot(robot)
+    key = _key(robot, scene.cameras, scene.image_size, policy, config, variants, seed)
+    out = checkpoints_dir / f"base-{key}"
+    cached = _finished(out)
+    if cached is not None:
+        return cached
+    datasets = []
+    for variant in variants:
+        if on_status:
+            on_status(f"collecting {config.episodes_per_variant} demonstrations on {variant}")
+        ref = collect(
+            robot,
+            scene.model_copy(update={"variant": variant}),
+            sim,
+            collect_config.model_copy(update={"episodes": config.episodes_per_variant}),
+            seed,
+            datasets_dir / f"pretrain-{variant}-{key}",
+            ray_address,
+        )
+        datasets.append(ref.path)
+    job = BCJob(
+        out=str(out),
+        datasets=datasets,
+        bc=config.bc.model_dump(),
+        seed=seed,
+        trainable="all",
+        policy=policy.model_dump(),
+        cameras=list(scene.cameras),
+        image_size=scene.image_size,
+        state_dim=len(spec.state_names),
+        action_dim=spec.action.dim,
+        lineage={"stage": "pretrain", "variants": variants, "code_version": code_version()},
+    )
+    if on_status:
+        on_status(f"pretraining the base on {', '.join(variants)}")
+    return _train(job, config.bc, ray_address, on_metrics)
+
+
+def finetune(
+    dataset: DatasetRef | str | Path,
+    policy: PolicyConfig,
+    config: FinetuneConfig,
+    base: CheckpointRef | None,
+    seed: int,
+    checkpoints_dir: Path,
+    name: str = "policy",
+    ray_address: str | None = None,
+    on_metrics: MetricsFn | None = None,
+    lineage: dict[str, Any] | None = None,
+) -> CheckpointRef:
+    """Fine-tune on ``dataset``: from ``base`` (the default VLA's pretrained checkpoint) or,
+    for ``policy.type: hub-vlm``, from the pretrained backbone (``base`` must be None)."""
+    path = Path(dataset.path if isinstance(dataset, DatasetRef) else dataset).resolve()
+    from stages.dataset.reader import open_dataset
+
+    data = open_dataset(path, check_videos=False)
+    if policy.type == "default" and base is None:
+        raise ValueError("fine-tuning the default VLA needs a pretrained base (run pretrain)")
+    if base is not None and checkpoint_hash(base.path) != base.content_hash:
+        raise CheckpointError(f"{base.path}: base checkpoint changed since it was recorded")
+    image_size = int(data.info["features"][f"observation.images.{data.cameras[0]}"]["shape"][0])
+    key = _key(policy, config, data.content_hash(), base.content_hash if base else None, seed)
+    out = checkpoints_dir / f"{name}-finetune-{key}"
+    cached = _finished(out)
+    if cached is not None:
+        return cached
+    spec = get_robot(str(data.info.get("robot_type", "rp5")))
+    cameras = list(load_policy(base.path).cfg.cameras) if base is not None else list(data.cameras)
+    job = BCJob(
+        out=str(out),
+        datasets=[str(path)],
+        bc=config.bc.model_dump(),
+        seed=seed,
+        trainable=config.trainable,
+        policy=policy.model_dump() if base is None else None,
+        cameras=cameras,
+        image_size=image_size,
+        state_dim=len(spec.state_names),
+        action_dim=spec.action.dim,
+        base_checkpoint=base.path if base else None,
+        lora=policy.lora.model_dump(),
+        lineage={"stage": "finetune", "code_version": code_version(), **(lineage or {})},
+    )
+    return _train(job, config.bc, ray_address, on_metrics)
+
+
+def _finished(out: Path) -> CheckpointRef | None:
+    """The record of a finished run at ``out`` if its checkpoint is intact, else None."""
+    ref_path = out / REF_FILE
+    if not ref_path.is_file():
+        return None
+    ref = CheckpointRef(**json.loads(ref_path.read_text()))
+    if Path(ref.path).is_dir() and checkpoint_hash(ref.path) == ref.content_hash:
+        return ref
+    ref_path.unlink()  # damaged: train again (resuming from what is intact)
+    return None
+
+
+def _train(
+    job: BCJob, bc: BCConfig, ray_address: str | None, on_metrics: MetricsFn | None
+) -> CheckpointRef:
+    out = Path(job.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stop = threading.Event()
+    watcher = threading.Thread(target=_watch_metrics, args=(out, on_metrics, stop), daemon=True)
+    watcher.start()
+    try:
+        if bc.workers == 0:
+            train_bc(job)
+        else:
+            _fit_on_ray_train(job, bc.workers, ray_address)
+    finally:
+        stop.set()
+        watcher.join()
+    latest = latest_checkpoint(out)
+    if latest is None:
+        raise RuntimeError(f"{out}: training finished without a checkpoint")
+    meta = json.loads((latest / "policy.json").read_text())
+    policy = load_policy(latest)
+    trainable, total = policy.parameter_counts()
+    metrics = read_metrics(out)
+    ref = CheckpointRef(
+        path=str(latest),
+        content_hash=checkpoint_hash(latest),
+        policy_type=meta["type"],
+        trainable=meta["trainable"],
+        step=int(meta["lineage"]["step"]),
+        trainable_params=trainable,
+        total_params=total,
+        base=meta["base"],
+        dataset_hashes=list(meta["lineage"].get("dataset_hashes", [])),
+        config_hash=str(job.lineage.get("config_hash", "")),
+        code_version=str(job.lineage.get("code_version", "")),
+        metrics={k: float(v) for k, v in (metrics[-1] if metrics else {}).items() if k != "time"},
+    )
+    (out / REF_FILE).write_text(json.dumps(ref.to_json(), indent=1))
+    return ref
+
+
+def _watch_metrics(out: Path, on_metrics: MetricsFn | None, stop: threading.Event) -> None:
+    """Forward new lines of metrics.jsonl to ``on_metrics`` (training runs in other processes)."""
+    seen = 0.0
+    while True:
+        finished = stop.wait(0.5)
+        for record in read_metrics(out):
+            if record["step"] > seen:
+                seen = record["step"]
+                if on_metrics:
+                    on_metrics(record)
+        if finished:
+            return
+
+
+def _ray_train_loop(config: dict[str, Any]) -> None:
+    """Ray Train's ``train_loop_per_worker``: the BC loop with this worker's rank."""
+    import ray.train
+
+    ctx = ray.train.get_context()
+    train_bc(BCJob(**config), ctx.get_world_rank(), ctx.get_world_size())
+
+
+def _fit_on_ray_train(job: BCJob, workers: int, ray_address: str | None) -> None:
+    from stages.ray_runtime import init_ray
+
+    init_ray(ray_address)  # before importing ray (see stages/ray_runtime.py)
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    trainer = TorchTrainer(
+        _ray_train_loop,
+        train_loop_config=job_dict(replace(job, threads=threads)),
+        scaling_config=ScalingConfig(
+            num_workers=workers, use_gpu=False, resources_per_worker={"CPU": 1}
+        ),
+        torch_config=TorchConfig(backend="gloo"),
+        # A failed worker group is restarted; train_bc resumes from the latest checkpoint.
+        run_config=RunConfig(
+            name=Path(job.out).name,
+            storage_path=str(Path(job.out) / "ray"),
+            failure_config=FailureConfig(max_failures=2),
+        ),
+    )
+    trainer.fit()

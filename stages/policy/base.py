@@ -1,0 +1,306 @@
+"""The policy interface every model type implements, and its ONNX export wrapper.
+
+A policy maps a batch of observations -- camera images (uint8 ``(B, H, W, 3)`` per camera),
+proprioceptive state (float ``(B, state_dim)``, robot units) and instructions (``B`` strings)
+-- to a Gaussian over an action chunk (``(B, chunk_len, action_dim)``, robot units). The
+observation batch is :class:`sim_scenes.batched_env.BatchedObservation`, the same record the
+simulators and the robot driver produce.
+
+Model types differ only in :meth:`VLAPolicy.encode` (vision + language + state -> one feature
+vector per action query); the heads, normalisation, LoRA, distribution and export live here once:
+
+    encode(...)            -> features (B, chunk_len, d), vision tokens (B, n_vision, d)
+    action_head(features)  -> mean (B, chunk_len, action_dim), normalised units
+    log_std                -> (action_dim,), normalised units, state-independent
+    target_head(vision)    -> (B, 2): the named object's (x, y), normalised -- an auxiliary
+                              training signal that teaches the vision encoder where the named
+                              object is (BC alone left it at ~5% success; see issue 4's note);
+                              not part of the exported graph.
+"""
+
+from __future__ import annotations
+
+import copy
+from abc import ABC, abstractmethod
+from dataclasses import asdict, dataclass, field
+from typing import Any, ClassVar, Protocol
+
+import numpy as np
+import torch
+from peft import LoraConfig, inject_adapter_in_model
+from peft.tuners.lora import LoraLayer
+from torch import nn
+from torch.distributions import Normal
+
+from sim_scenes.batched_env import BatchedObservation
+from stages.dataset.layout import ACTION_KEY, ENV_STATE_KEY, STATE_KEY
+from stages.policy.config import LoraSettings, VLAConfig
+
+
+class PolicyTokenizer(Protocol):
+    """Instruction text -> fixed-length token ids, saved beside the model."""
+
+    max_tokens: int
+
+    def __call__(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Token ids and attention mask (1 = real token), int64 ``(len(texts), max_tokens)``."""
+        ...
+
+    def save(self, directory: str) -> None:
+        """Write the tokenizer files into ``directory``."""
+        ...
+
+
+@dataclass
+class Normalizer:
+    """Per-dimension mean/std (robot units) of state, action and the auxiliary target (x, y)."""
+
+    state_mean: list[float] = field(default_factory=list)
+    state_std: list[float] = field(default_factory=list)
+    action_mean: list[float] = field(default_factory=list)
+    action_std: list[float] = field(default_factory=list)
+    target_mean: list[float] = field(default_factory=lambda: [0.0, 0.0])
+    target_std: list[float] = field(default_factory=lambda: [1.0, 1.0])
+
+    @classmethod
+    def identity(cls, state_dim: int, action_dim: int) -> Normalizer:
+        """No normalisation (a freshly built model before it sees data)."""
+        return cls([0.0] * state_dim, [1.0] * state_dim, [0.0] * action_dim, [1.0] * action_dim)
+
+    @classmethod
+    def from_stats(cls, stats: dict[str, Any], min_std: float = 1e-3) -> Normalizer:
+        """From a LeRobot ``stats.json`` dict (``observation.state``, ``action`` and, when
+        present, ``observation.environment_state`` whose first two values are the target x, y).
+
+        ``min_std`` (robot units) floors each std: a dimension the demonstrations hold constant
+        (the expert's gripper opening) would otherwise turn float rounding noise into
+        unit-variance targets -- measured: a sixth of the BC loss was that noise.
+        """
+
+        def floored(values: list[float]) -> list[float]:
+            return [max(float(v), min_std) for v in values]
+
+        norm = cls(
+            state_mean=[float(v) for v in stats[STATE_KEY]["mean"]],
+            state_std=floored(stats[STATE_KEY]["std"]),
+            action_mean=[float(v) for v in stats[ACTION_KEY]["mean"]],
+            action_std=floored(stats[ACTION_KEY]["std"]),
+        )
+        if ENV_STATE_KEY in stats:
+            norm.target_mean = [float(v) for v in stats[ENV_STATE_KEY]["mean"][:2]]
+            norm.target_std = floored(stats[ENV_STATE_KEY]["std"][:2])
+        return norm
+
+    def to_dict(self) -> dict[str, list[float]]:
+        """JSON-serialisable form."""
+        return asdict(self)
+
+
+@dataclass
+class PolicyOutput:
+    """What :meth:`VLAPolicy.forward` returns (normalised units)."""
+
+    mean: torch.Tensor
+    """Action chunk mean ``(B, chunk_len, action_dim)``."""
+    log_std: torch.Tensor
+    """Log standard deviation ``(action_dim,)``."""
+    features: torch.Tensor
+    """Action-query features ``(B, chunk_len, d)`` (RL value and Q heads read these)."""
+    target_xy: torch.Tensor
+    """Auxiliary prediction of the named object's (x, y) ``(B, 2)``."""
+
+
+class VLAPolicy(nn.Module, ABC):
+    """Base of every policy type (see module docstring). Subclasses implement :meth:`encode`.
+
+    Class attributes:
+        head_names: top-level modules/parameters that always train (also under LoRA).
+        lora_target_modules: regex of the module names LoRA adapts.
+    """
+
+    head_names: ClassVar[tuple[str, ...]] = ("action_head", "log_std", "target_head")
+    lora_target_modules: ClassVar[str]
+
+    state_mean: torch.Tensor  # normalisation buffers (not persistent: saved in policy.json)
+    state_std: torch.Tensor
+    action_mean: torch.Tensor
+    action_std: torch.Tensor
+    target_mean: torch.Tensor
+    target_std: torch.Tensor
+
+    def __init__(
+        self,
+        cfg: VLAConfig,
+        tokenizer: PolicyTokenizer,
+        normalizer: Normalizer | None,
+        width: int,
+        vision_tokens: int,
+    ) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.tokenizer = tokenizer
+        self.lora: LoraSettings | None = None
+        self.action_head = nn.Linear(width, cfg.action_dim)
+        self.log_std = nn.Parameter(torch.full((cfg.action_dim,), cfg.init_log_std))
+        self.target_head = nn.Linear(vision_tokens * width, 2)
+        self.set_normalizer(normalizer or Normalizer.identity(cfg.state_dim, cfg.action_dim))
+
+    # -- what a model type provides ------------------------------------------------------------
+
+    @abstractmethod
+    def encode(
+        self,
+        images: dict[str, torch.Tensor],
+        state: torch.Tensor,
+        tokens: torch.Tensor,
+        token_mask: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Observations -> (action-query features ``(B, chunk_len, d)``, vision tokens
+        ``(B, n_vision, d)``). ``state`` is already normalised; images are uint8 BHWC."""
+
+    # -- normalisation -------------------------------------------------------------------------
+
+    def set_normalizer(self, norm: Normalizer) -> None:
+        """Install normalisation statistics (from the training dataset's stats)."""
+        self.normalizer = norm
+        for name, values in asdict(norm).items():
+            tensor = torch.tensor(values, dtype=torch.float32)
+            if name.endswith("_std"):
+                tensor = tensor.clamp_min(1e-6)
+            self.register_buffer(name, tensor, persistent=False)
+
+    def normalize_actions(self, actions: torch.Tensor) -> torch.Tensor:
+        """Robot-unit actions -> normalised units, same shape."""
+        return (actions - self.action_mean) / self.action_std
+
+    def denormalize_actions(self, actions: torch.Tensor) -> torch.Tensor:
+        """Normalised actions -> robot units, same shape."""
+        return actions * self.action_std + self.action_mean
+
+    def normalize_target(self, xy: torch.Tensor) -> torch.Tensor:
+        """Target (x, y) in m -> normalised units."""
+        return (xy - self.target_mean) / self.target_std
+
+    # -- inference -----------------------------------------------------------------------------
+
+    def forward(
+        self,
+        images: dict[str, torch.Tensor],
+        state: torch.Tensor,
+        tokens: torch.Tensor,
+        token_mask: torch.Tensor,
+    ) -> PolicyOutput:
+        """Images uint8 ``(B, H, W, 3)`` per camera, state ``(B, state_dim)`` robot units,
+        tokens/mask int64 ``(B, max_tokens)`` -> :class:`PolicyOutput`."""
+        features, vision = self.encode(
+            images, (state - self.state_mean) / self.state_std, tokens, token_mask
+        )
+        return PolicyOutput(
+            mean=self.action_head(features),
+            log_std=self.log_std,
+            features=features,
+            target_xy=self.target_head(vision.flatten(1)),
+        )
+
+    def model_inputs(self, obs: BatchedObservation) -> dict[str, Any]:
+        """A batched observation -> the keyword arguments of :meth:`forward`."""
+        tokens, mask = self.tokenizer(list(obs.instruction))
+        return {
+            "images": {c: torch.as_tensor(obs.images[c]) for c in self.cfg.cameras},
+            "state": torch.as_tensor(obs.state, dtype=torch.float32),
+            "tokens": torch.as_tensor(tokens),
+            "token_mask": torch.as_tensor(mask),
+        }
+
+    def distribution(self, obs: BatchedObservation) -> Normal:
+        """Gaussian over the action chunk in robot units, batch shape ``(B, chunk_len,
+        action_dim)`` (sum ``log_prob`` over the last two axes for a chunk's log-probability)."""
+        out = self(**self.model_inputs(obs))
+        std = out.log_std.exp() * self.action_std
+        return Normal(self.denormalize_actions(out.mean), std.expand_as(out.mean))
+
+    @torch.no_grad()
+    def predict_chunk(self, obs: BatchedObservation) -> np.ndarray:
+        """Mean action chunk in robot units, float32 ``(B, chunk_len, action_dim)``."""
+        out = self(**self.model_inputs(obs))
+        return self.denormalize_actions(out.mean).numpy().astype(np.float32)
+
+    # -- what trains ---------------------------------------------------------------------------
+
+    def add_lora(self, settings: LoraSettings) -> None:
+        """Inject ``peft`` LoRA adapters and freeze everything except adapters and heads."""
+        if self.lora is not None:
+            raise RuntimeError("LoRA adapters are already injected")
+        config = LoraConfig(
+            r=settings.rank,
+            lora_alpha=settings.alpha,
+            lora_dropout=settings.dropout,
+            target_modules=self.lora_targets(settings),
+        )
+        inject_adapter_in_model(config, self)
+        self.lora = settings
+        for name, param in self.named_parameters():
+            param.requires_grad = "lora_" in name or self._is_head(name)
+
+    def lora_targets(self, settings: LoraSettings) -> str:
+        """Regex over module names that LoRA adapts (``settings`` may widen it)."""
+        return self.lora_target_modules
+
+    def _is_head(self, name: str) -> bool:
+        return name.split(".")[0] in self.head_names
+
+    def trainable_state(self) -> dict[str, torch.Tensor]:
+        """Name -> tensor of every parameter that trains: what a checkpoint stores."""
+        return {n: p.detach() for n, p in self.named_parameters() if p.requires_grad}
+
+    def parameter_counts(self) -> tuple[int, int]:
+        """(trainable, total) parameter counts; under LoRA the total excludes the adapters."""
+        trainable = sum(p.numel() for p in self.parameters() if p.requires_grad)
+        total = sum(p.numel() for n, p in self.named_parameters() if "lora_" not in n)
+        return trainable, total
+
+    # -- export --------------------------------------------------------------------------------
+
+    def as_onnx(self) -> OnnxPolicy:
+        """A copy with LoRA merged into the base weights, wrapped for ``torch.onnx.export``."""
+        model = copy.deepcopy(self).eval()
+        for module in model.modules():
+            if isinstance(module, LoraLayer):
+                module.merge()
+        return OnnxPolicy(model)
+
+
+class OnnxPolicy(nn.Module):
+    """Export wrapper: fixed input/output names, robot units in and out, no tokenizer.
+
+    Inputs (in order): ``image_<camera>`` uint8 ``(B, H, W, 3)`` per camera, ``state`` float32
+    ``(B, state_dim)`` robot units, ``tokens`` and ``token_mask`` int64 ``(B, max_tokens)``
+    (from the tokenizer shipped beside the model). Outputs: ``actions`` float32 ``(B,
+    chunk_len, action_dim)`` robot units (the Gaussian's mean) and ``action_std`` float32
+    ``(B, chunk_len, action_dim)``. State normalisation and action de-normalisation are inside.
+    """
+
+    output_names: ClassVar[list[str]] = ["actions", "action_std"]
+
+    def __init__(self, policy: VLAPolicy) -> None:
+        super().__init__()
+        self.policy = policy
+        self.cameras = policy.cfg.cameras
+        self.input_names = [f"image_{c}" for c in self.cameras] + ["state", "tokens", "token_mask"]
+
+    def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        n = len(self.cameras)
+        images = dict(zip(self.cameras, inputs[:n], strict=True))
+        state, tokens, token_mask = inputs[n:]
+        out = self.policy(images, state, tokens, token_mask)
+        std = (out.log_std.exp() * self.policy.action_std).expand_as(out.mean)
+        return self.policy.denormalize_actions(out.mean), std
+
+    def dummy_inputs(self, batch: int = 1) -> tuple[torch.Tensor, ...]:
+        """Example inputs of the right shapes and dtypes (tracing, parity checks)."""
+        cfg = self.policy.cfg
+        size = cfg.image_size
+        images = [torch.zeros(batch, size, size, 3, dtype=torch.uint8) for _ in self.cameras]
+        tokens, mask = self.policy.tokenizer(["touch the red cube"] * batch)
+        state = self.policy.state_mean.expand(batch, -1).clone()
+        return (*images, state, torch.as_tensor(tokens), torch.as_tensor(mask))

@@ -1,0 +1,137 @@
+"""Typed configuration of the policy model (the ``policy:`` section of a pipeline config).
+
+``policy.type`` picks the model, LeRobot style:
+
+- ``default``: the small VLA of :mod:`stages.policy.vla`, built from this config with random
+  weights, pretrained by ``robo-pipe pretrain`` and fine-tuned with LoRA.
+- ``hub-vlm``: a pretrained vision-language backbone (Idefics3 / SmolVLM family) loaded with
+  ``transformers`` from ``backbone`` (a local directory or a hub id), with LoRA on its language
+  model and our state token, action queries and action head (:mod:`stages.policy.hub_vla`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+POLICY_TYPES = ("default", "hub-vlm")
+
+
+class LoraSettings(BaseModel):
+    """LoRA adapters (``peft``) on the transformer's attention and MLP projections."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    rank: int = Field(default=8, ge=1, le=512)
+    """Rank r of each adapter's low-rank update."""
+    alpha: int = Field(default=16, ge=1)
+    """Scale: the update is multiplied by alpha / r."""
+    dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
+    """Dropout on the adapter input."""
+    film: bool = True
+    """Default VLA only: also adapt the instruction->vision FiLM projections (the encoder
+    otherwise stays frozen, and a new task's words could not change what the vision sees)."""
+
+
+class PolicyConfig(BaseModel):
+    """Which policy model to build, and its size."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    type: Literal["default", "hub-vlm"] = "default"
+    """Model type: ``default`` (small VLA from config) or ``hub-vlm`` (pretrained backbone)."""
+    backbone: str | None = None
+    """``hub-vlm`` only: local directory or hub id of an Idefics3/SmolVLM-style model."""
+    chunk_len: int = Field(default=4, ge=1, le=64)
+    """Actions predicted per inference (executed one per control step)."""
+    max_tokens: int = Field(default=12, ge=4, le=256)
+    """Instruction tokens (padded/truncated)."""
+    d_model: int = Field(default=128, ge=16, le=4096)
+    """Default VLA: transformer width."""
+    n_layers: int = Field(default=2, ge=1, le=48)
+    """Default VLA: transformer layers."""
+    n_heads: int = Field(default=4, ge=1, le=64)
+    """Default VLA: attention heads (must divide ``d_model``)."""
+    conv_channels: list[int] = Field(default=[32, 64, 64], min_length=3, max_length=3)
+    """Default VLA: channels of the three conv layers of the vision encoder."""
+    init_log_std: float = Field(default=-1.0, ge=-10.0, le=2.0)
+    """Initial log standard deviation of the action Gaussian (normalised units)."""
+    lora: LoraSettings = LoraSettings()
+
+    @model_validator(mode="after")
+    def _consistent(self) -> PolicyConfig:
+        if self.d_model % self.n_heads:
+            raise ValueError(f"n_heads {self.n_heads} must divide d_model {self.d_model}")
+        if self.type == "hub-vlm" and not self.backbone:
+            raise ValueError("policy.type 'hub-vlm' needs policy.backbone (a path or hub id)")
+        return self
+
+
+@dataclass(frozen=True)
+class VLAConfig:
+    """Architecture of a policy, saved in every checkpoint's ``policy.json``.
+
+    Derived from the ``policy:`` section plus what the robot and scene fix (cameras, image size,
+    state and action sizes): :meth:`from_pipeline`.
+    """
+
+    type: str = "default"
+    cameras: tuple[str, ...] = ("scene",)
+    """Camera streams the model sees, in order."""
+    image_size: int = 64
+    """Square image side, pixels (a multiple of 4)."""
+    state_dim: int = 6
+    action_dim: int = 6
+    chunk_len: int = 4
+    vocab_size: int = 32
+    max_tokens: int = 12
+    d_model: int = 128
+    n_layers: int = 2
+    n_heads: int = 4
+    conv_channels: tuple[int, int, int] = (32, 64, 64)
+    init_log_std: float = -1.0
+    backbone: str = ""
+    """``hub-vlm``: where the backbone was loaded from (path or hub id)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serialisable form."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> VLAConfig:
+        """Inverse of :meth:`to_dict` (lists become tuples)."""
+        fields: dict[str, Any] = {
+            k: tuple(v) if isinstance(v, list) else v for k, v in data.items()
+        }
+        return cls(**fields)
+
+    @classmethod
+    def from_pipeline(
+        cls,
+        policy: PolicyConfig,
+        cameras: list[str] | tuple[str, ...],
+        image_size: int,
+        state_dim: int,
+        action_dim: int,
+        vocab_size: int,
+    ) -> VLAConfig:
+        """The architecture a pipeline config asks for."""
+        c1, c2, c3 = policy.conv_channels
+        return cls(
+            type=policy.type,
+            cameras=tuple(cameras),
+            image_size=image_size,
+            state_dim=state_dim,
+            action_dim=action_dim,
+            chunk_len=policy.chunk_len,
+            vocab_size=vocab_size,
+            max_tokens=policy.max_tokens,
+            d_model=policy.d_model,
+            n_layers=policy.n_layers,
+            n_heads=policy.n_heads,
+            conv_channels=(c1, c2, c3),
+            init_log_std=policy.init_log_std,
+            backbone=policy.backbone or "",
+        )

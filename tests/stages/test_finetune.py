@@ -1,0 +1,220 @@
+"""Behaviour cloning: chunk targets, stats merging, a tiny run that learns, resume after a kill,
+Ray Train with DDP, pretrain + LoRA finetune records."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from pipelines.config import CONFIG_DIR, load_config
+from stages.collect import collect
+from stages.dataset.layout import DatasetRef
+from stages.finetune.bc import (
+    BCJob,
+    bc_loss,
+    build_policy,
+    job_dict,
+    latest_checkpoint,
+    read_metrics,
+    train_bc,
+)
+from stages.finetune.config import BCConfig, FinetuneConfig, PretrainConfig
+from stages.finetune.data import chunk_targets, load_bc_data, merge_stats
+from stages.finetune.run import finetune, pretrain
+from stages.policy.checkpoint import checkpoint_hash, load_policy
+from tests.stages.tiny_models import TINY_POLICY
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = [
+    "scene.image_size=32",
+    "collect.workers=0",
+    "collect.envs_per_worker=4",
+    "collect.episodes_per_shard=6",
+    "collect.episodes=12",
+]
+
+
+@pytest.fixture(scope="session")
+def tiny_dataset(tmp_path_factory: pytest.TempPathFactory) -> DatasetRef:
+    cfg = load_config(CONFIG_DIR / "demo.yaml", TINY)
+    out = tmp_path_factory.mktemp("bc") / "ds"
+    return collect(cfg.robot, cfg.scene, cfg.sim, cfg.collect, cfg.seed, out)
+
+
+def tiny_job(out: Path, dataset: DatasetRef, steps: int = 40, **bc: object) -> BCJob:
+    return BCJob(
+        out=str(out),
+        datasets=[dataset.path],
+        bc=BCConfig.model_validate(
+            {
+                "steps": steps,
+                "batch_size": 16,
+                "warmup_steps": 5,
+                "checkpoint_every": 10,
+                "log_every": 5,
+                **bc,
+            }
+        ).model_dump(),
+        seed=3,
+        trainable="all",
+        policy=TINY_POLICY.model_dump(),
+        cameras=["scene"],
+        image_size=32,
+        threads=1,
+    )
+
+
+def test_chunk_targets_stop_at_episode_ends() -> None:
+    actions = np.arange(5, dtype=np.float32)[:, None]
+    episode = np.array([0, 0, 0, 1, 1])
+    chunks, valid = chunk_targets(actions, episode, 3)
+    assert chunks[:, :, 0].tolist() == [[0, 1, 2], [1, 2, 2], [2, 2, 2], [3, 4, 4], [4, 4, 4]]
+    assert valid.tolist() == [
+        [True, True, True],
+        [True, True, False],
+        [True, False, False],
+        [True, True, False],
+        [True, False, False],
+    ]
+
+
+def test_merged_stats_equal_the_stats_of_the_concatenation() -> None:
+    rng = np.random.default_rng(0)
+    a, b = rng.normal(1, 2, (100, 3)), rng.normal(-1, 0.5, (300, 3))
+
+    def stats(x: np.ndarray) -> dict[str, object]:
+        return {"action": {"mean": x.mean(0).tolist(), "std": x.std(0).tolist(), "count": [len(x)]}}
+
+    merged = merge_stats([stats(a), stats(b)], ("action",))["action"]
+    both = np.concatenate([a, b])
+    np.testing.assert_allclose(merged["mean"], both.mean(0), atol=1e-12)
+    np.testing.assert_allclose(merged["std"], both.std(0), atol=1e-12)
+
+
+def test_bc_data_has_chunks_targets_and_instructions(tiny_dataset: DatasetRef) -> None:
+    data = load_bc_data([tiny_dataset.path, tiny_dataset.path], ("scene",), 3)
+    assert len(data) == 2 * tiny_dataset.frames
+    assert data.images["scene"].shape[1:] == (32, 32, 3)
+    assert data.actions.shape == (len(data), 3, 6) and data.target_xy is not None
+    assert len(data.instructions) <= tiny_dataset.episodes, "shared tasks are merged"
+    assert data.hashes == [tiny_dataset.content_hash] * 2
+    batch = data.batch(np.arange(8), np.random.default_rng(0), shift=2)
+    assert batch["images"]["scene"].shape == (8, 32, 32, 3)
+
+
+def test_a_tiny_bc_run_reduces_its_loss(tiny_dataset: DatasetRef, tmp_path: Path) -> None:
+    job = tiny_job(tmp_path, tiny_dataset, steps=60)
+    train_bc(job)
+    metrics = read_metrics(tmp_path)
+    assert [m["step"] for m in metrics] == list(range(5, 61, 5))
+    # Loss over the whole dataset: the initial model (same seed) against the trained one.
+    data = load_bc_data(job.datasets, ("scene",), TINY_POLICY.chunk_len)
+    everything = data.batch(np.arange(len(data)), np.random.default_rng(0), shift=0)
+    torch.manual_seed(job.seed)
+    initial, _ = build_policy(job, data)
+    trained = load_policy(tmp_path / "step-0000060")
+    losses = []
+    for policy in (initial, trained):
+        tokens, mask = (torch.as_tensor(a) for a in policy.tokenizer(data.instructions))
+        with torch.no_grad():
+            losses.append(bc_loss(policy, policy, everything, tokens, mask, 1.0))
+    assert losses[1][1] < 0.85 * losses[0][1], "action loss falls"
+    assert losses[1][2] < 0.85 * losses[0][2], "auxiliary target loss falls"
+    assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-0000050", "step-0000060"]
+
+
+def test_killed_training_resumes_at_the_same_step_and_state(
+    tiny_dataset: DatasetRef, tmp_path: Path
+) -> None:
+    reference = tmp_path / "reference"
+    train_bc(tiny_job(reference, tiny_dataset, steps=60, batch_size=64))
+
+    resumed = tmp_path / "resumed"
+    job = json.dumps(job_dict(tiny_job(resumed, tiny_dataset, steps=60, batch_size=64)))
+    code = (
+        "import json, sys; from stages.finetune.bc import BCJob, train_bc; "
+        "train_bc(BCJob(**json.loads(sys.argv[1])))"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code, job], cwd=ROOT)
+    deadline = time.monotonic() + 120
+    while latest_checkpoint(resumed) is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    killed_at = latest_checkpoint(resumed)
+    assert killed_at is not None and killed_at.name != "step-0000060", "kill came too late"
+
+    train_bc(tiny_job(resumed, tiny_dataset, steps=60, batch_size=64))
+    a = load_file(str(reference / "step-0000060" / "model.safetensors"))
+    b = load_file(str(resumed / "step-0000060" / "model.safetensors"))
+    assert a.keys() == b.keys()
+    for name in a:
+        np.testing.assert_array_equal(a[name].numpy(), b[name].numpy(), err_msg=name)
+    opt_a = load_file(str(reference / "step-0000060" / "training" / "optimizer.safetensors"))
+    opt_b = load_file(str(resumed / "step-0000060" / "training" / "optimizer.safetensors"))
+    for name in opt_a:
+        np.testing.assert_array_equal(opt_a[name].numpy(), opt_b[name].numpy(), err_msg=name)
+
+
+def test_pretrain_then_lora_finetune_on_ray_train_with_two_workers(
+    tiny_dataset: DatasetRef, tmp_path: Path
+) -> None:
+    cfg = load_config(CONFIG_DIR / "demo.yaml", [*TINY, "collect.episodes_per_shard=4"])
+    bc = BCConfig(steps=20, batch_size=16, warmup_steps=2, checkpoint_every=10, log_every=5)
+    seen: list[float] = []
+    base = pretrain(
+        cfg.robot,
+        cfg.scene,
+        cfg.sim,
+        cfg.collect,
+        TINY_POLICY,
+        PretrainConfig(episodes_per_variant=4, bc=bc.model_copy(update={"workers": 0})),
+        seed=0,
+        checkpoints_dir=tmp_path / "checkpoints",
+        datasets_dir=tmp_path / "datasets",
+        on_metrics=lambda m: seen.append(m["step"]),
+    )
+    assert base.trainable == "all" and base.step == 20 and seen[-1] == 20
+    assert len(base.dataset_hashes) == 3, "one dataset per pretraining variant"
+    variants = json.loads((Path(base.path) / "policy.json").read_text())["lineage"]["variants"]
+    assert "touch-mixed" not in variants
+    again = pretrain(
+        cfg.robot,
+        cfg.scene,
+        cfg.sim,
+        cfg.collect,
+        TINY_POLICY,
+        PretrainConfig(episodes_per_variant=4, bc=bc.model_copy(update={"workers": 0})),
+        seed=0,
+        checkpoints_dir=tmp_path / "checkpoints",
+        datasets_dir=tmp_path / "datasets",
+    )
+    assert again == base, "the base is cached"
+
+    ref = finetune(
+        tiny_dataset,
+        TINY_POLICY,
+        FinetuneConfig(bc=bc.model_copy(update={"workers": 2})),
+        base,
+        seed=0,
+        checkpoints_dir=tmp_path / "checkpoints",
+        name="tiny",
+    )
+    assert ref.trainable == "lora" and ref.step == 20
+    assert ref.trainable_params < ref.total_params / 4
+    assert ref.base == {"kind": "checkpoint", "path": base.path, "hash": base.content_hash}
+    assert ref.dataset_hashes == [tiny_dataset.content_hash]
+    assert ref.metrics["samples_per_s"] > 0 and checkpoint_hash(ref.path) == ref.content_hash
+    policy = load_policy(ref.path)
+    assert policy.lora is not None
+    assert policy.parameter_counts() == (ref.trainable_params, ref.total_params)

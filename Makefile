@@ -22,11 +22,13 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
 	@touch $(STAMP)
 
-# Until the full pipeline lands, the demo is what exists: the expert solving the task (report,
-# filmstrip, GIF), then collecting the demo's LeRobot v3 dataset on two Ray workers.
+# Until the Prefect pipeline lands, the demo runs the stages that exist: the expert solving the
+# task (report, filmstrip, GIF), collecting the demo's LeRobot v3 dataset on two Ray workers,
+# pretraining the base VLA (cached after the first run) and LoRA fine-tuning on Ray Train.
 demo: setup
 	$(BIN)/robo-pipe demo configs/demo.yaml
 	$(BIN)/robo-pipe collect configs/demo.yaml
+	$(BIN)/robo-pipe finetune configs/demo.yaml
 
 lint: setup
 	$(BIN)/ruff check .
@@ -40,6 +42,7 @@ test: lint typecheck
 
 bench: setup
 	$(BIN)/python benchmarks/sim_throughput.py --quick
+	$(BIN)/python benchmarks/finetune.py --quick
 
 clean:
 	rm -rf $(VENV) .robo-pipe .pytest_cache .mypy_cache .ruff_cache

@@ -33,7 +33,13 @@ from stages.collect.run import collect
 from stages.dataset.layout import DatasetRef
 from stages.finetune.bc import BCJob, job_dict, latest_checkpoint, read_metrics, train_bc
 from stages.finetune.config import BCConfig, FinetuneConfig, PretrainConfig
-from stages.policy.checkpoint import CheckpointError, CheckpointRef, checkpoint_hash, load_policy
+from stages.policy.checkpoint import (
+    CheckpointError,
+    CheckpointRef,
+    checkpoint_hash,
+    load_policy,
+    read_policy_meta,
+)
 from stages.policy.config import PolicyConfig
 from stages.provenance import code_version
 
@@ -143,7 +149,17 @@ def finetune(
     if cached is not None:
         return cached
     spec = get_robot(str(data.info.get("robot_type", "rp5")))
-    cameras = list(load_policy(base.path).cfg.cameras) if base is not None else list(data.cameras)
+    cameras = list(data.cameras)
+    if base is not None:  # the dataset must show the base what it was built to see
+        arch = read_policy_meta(base.path)["config"]
+        cameras = list(arch["cameras"])
+        seen = (image_size, len(spec.state_names), spec.action.dim)
+        wanted = (arch["image_size"], arch["state_dim"], arch["action_dim"])
+        if seen != wanted or not set(cameras) <= set(data.cameras):
+            raise ValueError(
+                f"{path}: dataset (cameras {data.cameras}, image/state/action sizes {seen}) "
+                f"does not fit the base {base.path} (cameras {cameras}, sizes {wanted})"
+            )
     job = BCJob(
         out=str(out),
         datasets=[str(path)],

@@ -30,9 +30,11 @@ class LoraSettings(BaseModel):
     """Scale: the update is multiplied by alpha / r."""
     dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
     """Dropout on the adapter input."""
-    film: bool = True
-    """Default VLA only: also adapt the instruction->vision FiLM projections (the encoder
-    otherwise stays frozen, and a new task's words could not change what the vision sees)."""
+    vision: bool = True
+    """Default VLA only: also adapt the vision encoder (its conv layers, the FiLM projections
+    through which the instruction steers it, and its token projection). Frozen, the encoder
+    cannot learn what a new task needs to see (measured: 89.5% vs 99.5% for full fine-tuning
+    on touch-mixed, where the base never had to tell cubes from balls)."""
 
 
 class PolicyConfig(BaseModel):

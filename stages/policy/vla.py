@@ -14,7 +14,7 @@ and handing the transformer a few spatial tokens learns "which object" in minute
 transformer's attention and MLP projections are where LoRA adapters go when fine-tuning.
 
 LoRA (:meth:`VLAPolicy.add_lora`) adapts the transformer's query/key/value/output and MLP
-projections and, by default, the FiLM projections that let the instruction steer the vision.
+projections and, by default, the vision encoder (conv layers, FiLM projections, token projection).
 """
 
 from __future__ import annotations
@@ -114,8 +114,8 @@ class DefaultVLA(VLAPolicy):
         )
 
     def lora_targets(self, settings: LoraSettings) -> str:
-        if settings.film:
-            return rf"{self.lora_target_modules}|encoders\.\w+\.film\d"
+        if settings.vision:
+            return rf"{self.lora_target_modules}|encoders\.\w+\.(conv2|conv3|film2|film3|proj)"
         return self.lora_target_modules
 
     def encode(

@@ -28,7 +28,7 @@ def test_help_lists_only_working_verbs(robo_pipe_home: Path) -> None:
     assert result.returncode == 0, result.stderr
     commands = result.stdout.split("Commands")[1]
     verbs = {line.split()[1] for line in commands.splitlines() if line.startswith("│ ")}
-    assert verbs == {"demo", "collect", "config", "robots", "scenes"}
+    assert verbs == {"demo", "collect", "pretrain", "finetune", "config", "robots", "scenes"}
 
 
 def test_demo_writes_report_images_and_json_record(robo_pipe_home: Path) -> None:
@@ -77,3 +77,67 @@ def test_config_robots_and_scenes_verbs(robo_pipe_home: Path) -> None:
     scenes_out = robo_pipe("scenes", "--json", home=robo_pipe_home)
     splits = {s["name"]: s["split"] for s in json.loads(scenes_out.stdout.splitlines()[-1])}
     assert splits["touch-mixed"] == "train" and "heldout" in splits.values()
+
+
+TINY_TRAINING = [
+    "scene.image_size=32",
+    "collect.workers=0",
+    "collect.episodes=8",
+    "collect.episodes_per_shard=4",
+    "policy.d_model=32",
+    "policy.n_heads=2",
+    "policy.n_layers=1",
+    "policy.conv_channels=[8,16,16]",
+    "pretrain.episodes_per_variant=4",
+    "pretrain.bc.steps=10",
+    "pretrain.bc.workers=0",
+    "finetune.bc.steps=10",
+    "finetune.bc.workers=0",
+]
+
+
+def test_pretrain_then_finetune_print_checkpoint_records(robo_pipe_home: Path) -> None:
+    sets = [arg for s in TINY_TRAINING for arg in ("--set", s)]
+    pre = robo_pipe("pretrain", "configs/demo.yaml", *sets, "--json", home=robo_pipe_home)
+    assert pre.returncode == 0, pre.stderr
+    base = json.loads(pre.stdout.strip().splitlines()[-1])
+    assert base["trainable"] == "all" and base["step"] == 10
+    assert Path(base["path"]).is_relative_to(robo_pipe_home / "checkpoints")
+
+    base_written = (Path(base["path"]) / "policy.json").stat().st_mtime_ns
+    fine = robo_pipe("finetune", "configs/demo.yaml", *sets, "--json", home=robo_pipe_home)
+    assert fine.returncode == 0, fine.stderr
+    assert (Path(base["path"]) / "policy.json").stat().st_mtime_ns == base_written
+    ref = json.loads(fine.stdout.strip().splitlines()[-1])
+    assert ref["trainable"] == "lora" and ref["step"] == 10
+    assert ref["base"]["hash"] == base["content_hash"], "the cached base is reused"
+    assert ref["config_hash"] and ref["metrics"]["samples_per_s"] > 0
+    assert (robo_pipe_home / "datasets" / "demo-touch-mixed" / "meta" / "info.json").is_file()
+
+
+def test_bad_training_config_and_dataset_are_named(robo_pipe_home: Path) -> None:
+    bad = robo_pipe(
+        "finetune", "configs/demo.yaml", "--set", "finetune.trainable=half", home=robo_pipe_home
+    )
+    assert bad.returncode == 2
+    assert "finetune.trainable" in bad.stderr and "'half'" in bad.stderr
+    leak = robo_pipe(
+        "pretrain",
+        "configs/demo.yaml",
+        "--set",
+        "pretrain.variants=[touch-cubes,touch-mixed]",
+        home=robo_pipe_home,
+    )
+    assert leak.returncode == 2 and "includes the target variant" in leak.stderr
+    missing = robo_pipe(
+        "finetune",
+        "configs/demo.yaml",
+        "--set",
+        "policy.type=hub-vlm",
+        "--set",
+        f"policy.backbone={robo_pipe_home}",
+        "--dataset",
+        str(robo_pipe_home / "nowhere"),
+        home=robo_pipe_home,
+    )
+    assert missing.returncode == 2 and "nowhere" in missing.stderr

@@ -28,9 +28,9 @@ import numpy as np
 from pipelines.config import CONFIG_DIR, PipelineConfig, load_config
 from pipelines.home import home_dir
 from robots.spec import get_robot
+from sim_scenes.backends import make_env
 from sim_scenes.episodes import play_episodes
-from sim_scenes.mujoco_env import MujocoBatchedEnv
-from sim_scenes.touch import episode_seeds, get_variant
+from sim_scenes.touch import episode_seeds
 from stages.collect import collect
 from stages.finetune.bc import read_metrics
 from stages.finetune.config import FinetuneConfig
@@ -42,16 +42,7 @@ from stages.statistics import wilson_interval
 def success(cfg: PipelineConfig, checkpoint: str, episodes: int, retarget: int = 0) -> float:
     """Closed-loop success rate on the target variant's first ``episodes`` eval seeds."""
     policy = load_policy(checkpoint).eval()
-    env = MujocoBatchedEnv(
-        get_robot(cfg.robot),
-        get_variant(cfg.scene.variant),
-        cfg.sim.num_envs,
-        cameras=cfg.scene.cameras,
-        image_size=cfg.scene.image_size,
-        num_threads=cfg.sim.num_threads,
-        autoreset=False,
-        retarget=retarget,
-    )
+    env = make_env(get_robot(cfg.robot), cfg.scene, cfg.sim, autoreset=False, retarget=retarget)
     try:
         seeds = episode_seeds(cfg.seed, episodes, "eval")
         records = play_episodes(env, lambda _, obs: policy.predict_chunk(obs)[:, 0], seeds)

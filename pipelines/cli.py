@@ -19,7 +19,7 @@ from rich.table import Table
 
 from pipelines.config import ConfigError, PipelineConfig, load_config
 from robots.spec import RobotDefinitionError, available_robots, get_robot
-from sim_scenes.touch import VARIANTS, SceneError
+from sim_scenes.touch import VARIANTS, SceneError, heldout_variants
 from stages.dataset.writer import DatasetError
 from stages.ray_runtime import RayClusterError
 
@@ -363,6 +363,107 @@ def finetune_cmd(
             raise _fail(err) from None
     (run_dir / "checkpoint_ref.json").write_text(json.dumps(ref.to_json(), indent=2))
     _print_checkpoint("fine-tuned policy", ref, time.perf_counter() - start, json_out)
+
+
+@app.command("evaluate")
+def evaluate_cmd(
+    policy: Annotated[
+        Path, typer.Argument(help="Checkpoint directory or exported ONNX (directory or file).")
+    ],
+    config: Annotated[
+        Path, typer.Option(help="Pipeline config: robot, scene, simulator, evaluate settings.")
+    ] = Path("configs/demo.yaml"),
+    set_: SetOpt = None,
+    baseline: Annotated[
+        Path | None,
+        typer.Option(help="Evaluate this policy on the same seeds and gate on the difference."),
+    ] = None,
+    episodes: Annotated[
+        int | None, typer.Option(min=1, help="Episodes per variant (overrides evaluate.episodes).")
+    ] = None,
+    seed: Annotated[int | None, typer.Option(help="Root seed of the eval seeds.")] = None,
+    ray_address: RayAddressOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Evaluate a policy in simulation: success with 95% intervals per scene variant.
+
+    The suite is evaluate.variants (default: the held-out variants of scene.variant) x
+    evaluate.episodes seeds, sharded over evaluate.workers Ray workers. With --baseline both
+    run on the same seeds and the gate fails only if the policy is worse at
+    evaluate.gate_confidence. Writes report.md, success.png, frame strips and
+    eval_report.json into a new $ROBO_PIPE_HOME/runs/ folder.
+    """
+    from pipelines.config import save_resolved
+    from pipelines.home import new_run_dir
+    from stages.evaluate.policies import PolicySpecError
+    from stages.evaluate.run import ShardOutcome
+    from stages.evaluate.stage import evaluate
+
+    for p in (policy, baseline):
+        if p is not None and str(p).startswith("models:/"):
+            raise _fail(ValueError(f"{p}: registry URIs need the MLflow registry (not set up)"))
+    cfg = _load(config, set_, **{"evaluate.episodes": episodes, "seed": seed})
+    run_dir = new_run_dir(f"{cfg.name}-evaluate")
+    save_resolved(cfg, run_dir / "config.yaml")
+    variants = cfg.evaluate.variants or heldout_variants(cfg.scene.variant) or [cfg.scene.variant]
+    total = len(variants) * cfg.evaluate.episodes * (2 if baseline else 1)
+    done = wins = steps = 0
+    start = time.perf_counter()
+    fields = "success {task.fields[rate]}  {task.fields[sps]} env-steps/s"
+    with _progress("evaluating", fields, json_out) as progress:
+        task = progress.add_task("evaluate", total=total, rate="-", sps="-")
+
+        def shard_done(outcome: ShardOutcome) -> None:
+            nonlocal done, wins, steps
+            done += len(outcome.episodes)
+            wins += sum(e.success for e in outcome.episodes)
+            steps += sum(e.length for e in outcome.episodes)
+            progress.update(
+                task,
+                completed=done,
+                rate=f"{wins / done:.1%}",
+                sps=f"{steps / (time.perf_counter() - start):,.0f}",
+            )
+
+        try:
+            report = evaluate(
+                policy,
+                cfg.robot,
+                cfg.scene,
+                cfg.sim,
+                cfg.evaluate,
+                cfg.seed,
+                run_dir,
+                baseline=baseline,
+                ray_address=ray_address,
+                on_shard=shard_done,
+            )
+        except (PolicySpecError, SceneError, RayClusterError, ValueError) as err:
+            raise _fail(err) from None
+    table = Table(title=f"evaluation of {policy}")
+    for col in ("variant", "episodes", "success", "95% CI", "mean length"):
+        table.add_column(col)
+    for r in report.rows:
+        ci = f"{r.ci95[0]:.1%} - {r.ci95[1]:.1%}"
+        table.add_row(
+            r.variant, str(r.episodes), f"{r.success_rate:.1%}", ci, f"{r.mean_length:.1f}"
+        )
+    ci = f"{report.ci95[0]:.1%} - {report.ci95[1]:.1%}"
+    table.add_row("all", str(report.episodes), f"{report.success_rate:.1%}", ci, "")
+    console.print(table)
+    if report.comparison:
+        c = report.comparison
+        verdict = "[green]passed" if c.passed else "[red]FAILED"
+        console.print(
+            f"gate vs {c.baseline}: {verdict}[/] (baseline {c.baseline_success_rate:.1%}, "
+            f"difference {c.difference:+.1%}, one-sided p = {c.p_value:.4f})"
+        )
+    console.print(
+        f"{report.env_steps_per_s:,.0f} env-steps/s, {report.episodes_per_s:.1f} episodes/s; "
+        f"report: {report.report}"
+    )
+    if json_out:
+        print(json.dumps(report.to_json()))
 
 
 @app.command("config")

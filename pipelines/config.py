@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from robots.spec import available_robots, get_robot
 from sim_scenes.config import SceneConfig, SimConfig
 from stages.collect.config import CollectConfig
+from stages.evaluate.config import EvalConfig
 from stages.finetune.config import FinetuneConfig, PretrainConfig
 from stages.policy.config import PolicyConfig
 
@@ -66,6 +67,7 @@ class PipelineConfig(BaseModel):
     policy: PolicyConfig = PolicyConfig()
     pretrain: PretrainConfig = PretrainConfig()
     finetune: FinetuneConfig = FinetuneConfig()
+    evaluate: EvalConfig = EvalConfig()
 
     @field_validator("robot")
     @classmethod

@@ -16,10 +16,12 @@ def make_env(
     num_envs: int | None = None,
     cameras: tuple[str, ...] | None = None,
     autoreset: bool = True,
+    retarget: int = 0,
 ) -> BatchedEnv:
     """Create ``num_envs`` (default ``sim.num_envs``) environments of ``scene.variant``.
 
-    ``cameras`` overrides ``scene.cameras``; pass ``()`` for physics only.
+    ``cameras`` overrides ``scene.cameras``; pass ``()`` for physics only. ``retarget`` names
+    another object of each scene (see :func:`sim_scenes.touch.sample_layout`).
     """
     if sim.backend == "mujoco":
         from sim_scenes.mujoco_env import MujocoBatchedEnv
@@ -32,6 +34,7 @@ def make_env(
             image_size=scene.image_size,
             num_threads=sim.num_threads,
             autoreset=autoreset,
+            retarget=retarget,
         )
     raise SceneError(
         f"unknown simulator backend {sim.backend!r}; valid choices: {', '.join(BACKENDS)}"

@@ -20,3 +20,28 @@ def wilson_interval(successes: int, trials: int, z: float = 1.959964) -> tuple[f
     centre = (p + z * z / (2 * trials)) / denom
     half = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / denom
     return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def normal_cdf(z: float) -> float:
+    """Standard normal cumulative distribution function."""
+    return 0.5 * (1.0 + math.erf(z / math.sqrt(2.0)))
+
+
+def two_proportion_test(
+    successes_a: int, trials_a: int, successes_b: int, trials_b: int
+) -> tuple[float, float, float]:
+    """Pooled two-proportion z-test of A against B.
+
+    Returns ``(difference p_a - p_b, z, one-sided p-value for "A is worse than B")``: a small
+    p-value is evidence that A's success rate is below B's. Identical rates give z = 0 and
+    p = 0.5; when both are 0% or 100% there is no evidence either way (z = 0, p = 0.5).
+    """
+    if trials_a <= 0 or trials_b <= 0:
+        raise ValueError("both samples need at least one trial")
+    p_a, p_b = successes_a / trials_a, successes_b / trials_b
+    pooled = (successes_a + successes_b) / (trials_a + trials_b)
+    se = math.sqrt(pooled * (1 - pooled) * (1 / trials_a + 1 / trials_b))
+    if se == 0.0:
+        return p_a - p_b, 0.0, 0.5
+    z = (p_a - p_b) / se
+    return p_a - p_b, z, normal_cdf(z)

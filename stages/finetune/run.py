@@ -113,7 +113,19 @@ def pretrain(
         image_size=scene.image_size,
         state_dim=len(spec.state_names),
         action_dim=spec.action.dim,
-        lineage={"stage": "pretrain", "variants": variants, "code_version": code_version()},
+        lineage={
+            "stage": "pretrain",
+            "variants": variants,
+            "config": {
+                "robot": robot,
+                "scene": scene.model_dump(),
+                "collect": collect_config.model_dump(),
+                "policy": policy.model_dump(),
+                "pretrain": config.model_dump(),
+            },
+            "config_hash": key,
+            "code_version": code_version(),
+        },
     )
     if on_status:
         on_status(f"pretraining the base on {', '.join(variants)}")

@@ -28,7 +28,16 @@ def test_help_lists_only_working_verbs(robo_pipe_home: Path) -> None:
     assert result.returncode == 0, result.stderr
     commands = result.stdout.split("Commands")[1]
     verbs = {line.split()[1] for line in commands.splitlines() if line.startswith("│ ")}
-    assert verbs == {"demo", "collect", "pretrain", "finetune", "config", "robots", "scenes"}
+    assert verbs == {
+        "demo",
+        "collect",
+        "pretrain",
+        "finetune",
+        "evaluate",
+        "config",
+        "robots",
+        "scenes",
+    }
 
 
 def test_demo_writes_report_images_and_json_record(robo_pipe_home: Path) -> None:

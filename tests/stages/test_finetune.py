@@ -193,8 +193,9 @@ def test_pretrain_then_lora_finetune_on_ray_train_with_two_workers(
     )
     assert base.trainable == "all" and base.step == 20 and seen[-1] == 20
     assert len(base.dataset_hashes) == 3, "one dataset per pretraining variant"
-    variants = json.loads((Path(base.path) / "policy.json").read_text())["lineage"]["variants"]
-    assert "touch-mixed" not in variants
+    lineage = json.loads((Path(base.path) / "policy.json").read_text())["lineage"]
+    assert "touch-mixed" not in lineage["variants"]
+    assert lineage["config"]["pretrain"]["episodes_per_variant"] == 4 and base.config_hash
     again = pretrain(
         cfg.robot,
         cfg.scene,

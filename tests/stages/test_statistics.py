@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from stages.statistics import wilson_interval
+from stages.statistics import two_proportion_test, wilson_interval
 
 
 def test_wilson_interval_known_values() -> None:
@@ -20,3 +20,13 @@ def test_wilson_interval_edges_stay_in_unit_range() -> None:
     assert wilson_interval(0, 0) == (0.0, 1.0)
     with pytest.raises(ValueError):
         wilson_interval(5, 4)
+
+
+def test_two_proportion_test_known_values() -> None:
+    diff, z, p_worse = two_proportion_test(45, 100, 55, 100)
+    assert diff == pytest.approx(-0.10)
+    assert z == pytest.approx(-1.4142, abs=1e-4)  # pooled p = 0.5, se = sqrt(0.25 * 0.02)
+    assert p_worse == pytest.approx(0.0786, abs=1e-4)
+    assert two_proportion_test(30, 50, 30, 50) == (0.0, 0.0, 0.5)
+    assert two_proportion_test(50, 50, 40, 40)[2] == 0.5, "no variance: no evidence"
+    assert two_proportion_test(10, 200, 180, 200)[2] < 1e-6

@@ -1,0 +1,42 @@
+"""Typed configuration of the evaluation stage (the ``evaluate:`` section)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from sim_scenes.touch import available_variants
+
+
+class EvalConfig(BaseModel):
+    """Which scenes, how many episodes, how parallel, and how strict the comparison gate is."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    variants: list[str] | None = None
+    """Scene variants of the suite; default: the held-out variants of ``scene.variant``."""
+    episodes: int = Field(default=100, ge=1, le=1_000_000)
+    """Episodes per variant (seeds from the run's ``eval`` seed stream)."""
+    workers: int = Field(default=2, ge=0, le=1024)
+    """Ray workers (one batched simulator + policy copy each); 0 evaluates in-process."""
+    envs_per_worker: int = Field(default=16, ge=1, le=4096)
+    """Environments each worker steps together (one batched inference per step)."""
+    episodes_per_shard: int = Field(default=25, ge=1, le=100_000)
+    """Episodes per unit of work: what a replaced worker re-runs."""
+    record_episodes: int = Field(default=2, ge=0, le=64)
+    """Episodes per variant kept as frame strips (the first successes and failures)."""
+    gate_confidence: float = Field(default=0.95, gt=0.5, lt=1.0)
+    """A candidate fails the gate only if it is worse than the baseline at this confidence
+    (one-sided two-proportion test)."""
+
+    @field_validator("variants")
+    @classmethod
+    def _known(cls, names: list[str] | None) -> list[str] | None:
+        if names is not None and not names:
+            raise ValueError("an evaluation suite needs at least one variant")
+        for name in names or []:
+            if name not in available_variants():
+                raise ValueError(
+                    f"unknown scene variant {name!r}; valid choices: "
+                    f"{', '.join(available_variants())}"
+                )
+        return names

@@ -1,0 +1,254 @@
+"""``EvalReport``: success with 95% Wilson intervals, per-variant rows, throughput, the seeds,
+recorded episodes, and the comparison gate against a baseline; markdown and PNG renderings."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from stages.evaluate.run import EpisodeOutcome, ShardOutcome
+from stages.statistics import two_proportion_test, wilson_interval
+
+
+@dataclass
+class VariantRow:
+    """Results on one scene variant."""
+
+    variant: str
+    episodes: int
+    successes: int
+    success_rate: float
+    ci95: tuple[float, float]
+    mean_length: float
+
+
+@dataclass
+class Comparison:
+    """Candidate against baseline on the same seeds (one-sided two-proportion test)."""
+
+    baseline: str
+    baseline_success_rate: float
+    baseline_ci95: tuple[float, float]
+    difference: float
+    """Candidate minus baseline success rate."""
+    z: float
+    p_value: float
+    """P(a difference this low | the candidate is not worse): small means worse."""
+    confidence: float
+    passed: bool
+    """False only when the candidate is worse at ``confidence``."""
+
+
+@dataclass
+class EvalReport:
+    """What the evaluate stage hands on (JSON-serialisable)."""
+
+    policy: str
+    episodes: int
+    successes: int
+    success_rate: float
+    ci95: tuple[float, float]
+    rows: list[VariantRow]
+    env_steps_per_s: float
+    episodes_per_s: float
+    wall_s: float
+    time_share: dict[str, float]
+    """Share of worker time in simulate / render / inference."""
+    workers: int
+    replacements: int
+    """Workers that died and were replaced (their shards re-run)."""
+    seed: int
+    seeds: list[int]
+    """The seeds used, the same for every variant (``eval`` stream of ``seed``)."""
+    outcomes: list[dict[str, Any]] = field(default_factory=list)
+    """Per episode: variant, index, seed, success, length, return, instruction."""
+    recordings: list[str] = field(default_factory=list)
+    """Frame-strip PNGs of recorded successes and failures."""
+    comparison: Comparison | None = None
+    report: str = ""
+    plot: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain-dict form for JSON output."""
+        return asdict(self)
+
+    def successes_by_episode(self) -> dict[tuple[str, int], bool]:
+        """(variant, seed index) -> success."""
+        return {(o["variant"], o["index"]): bool(o["success"]) for o in self.outcomes}
+
+
+def summarize(
+    policy: str, shards: list[ShardOutcome], facts: dict[str, Any], seed: int
+) -> EvalReport:
+    """Merge shard outcomes into a report (no files written)."""
+    episodes: list[EpisodeOutcome] = [e for s in shards for e in s.episodes]
+    keys = [(e.variant, e.index) for e in episodes]
+    if len(set(keys)) != len(keys):
+        raise RuntimeError("an episode was counted twice")
+    rows = []
+    for variant in facts["variants"]:
+        mine = [e for e in episodes if e.variant == variant]
+        wins = sum(e.success for e in mine)
+        rows.append(
+            VariantRow(
+                variant,
+                len(mine),
+                wins,
+                wins / len(mine),
+                wilson_interval(wins, len(mine)),
+                float(np.mean([e.length for e in mine])),
+            )
+        )
+    wins = sum(e.success for e in episodes)
+    timings: dict[str, float] = {}
+    for s in shards:
+        for k, v in s.timings.items():
+            timings[k] = timings.get(k, 0.0) + v
+    busy = sum(timings.values()) or 1.0
+    wall = float(facts["wall_s"])
+    return EvalReport(
+        policy=policy,
+        episodes=len(episodes),
+        successes=wins,
+        success_rate=wins / len(episodes),
+        ci95=wilson_interval(wins, len(episodes)),
+        rows=rows,
+        env_steps_per_s=sum(e.length for e in episodes) / wall,
+        episodes_per_s=len(episodes) / wall,
+        wall_s=wall,
+        time_share={k: v / busy for k, v in timings.items()},
+        workers=int(facts["workers"]),
+        replacements=int(facts["replacements"]),
+        seed=seed,
+        seeds=list(facts["seeds"]),
+        outcomes=[asdict(e) for e in episodes],
+    )
+
+
+def compare(candidate: EvalReport, baseline: EvalReport, confidence: float) -> Comparison:
+    """The gate: does the candidate do worse than the baseline on the same seeds?"""
+    if candidate.seeds != baseline.seeds or [r.variant for r in candidate.rows] != [
+        r.variant for r in baseline.rows
+    ]:
+        raise ValueError("candidate and baseline were not evaluated on the same suite and seeds")
+    diff, z, p_value = two_proportion_test(
+        candidate.successes, candidate.episodes, baseline.successes, baseline.episodes
+    )
+    return Comparison(
+        baseline=baseline.policy,
+        baseline_success_rate=baseline.success_rate,
+        baseline_ci95=baseline.ci95,
+        difference=diff,
+        z=z,
+        p_value=p_value,
+        confidence=confidence,
+        passed=p_value >= 1.0 - confidence,
+    )
+
+
+def write_report(report: EvalReport, shards: list[ShardOutcome], out: Path, keep: int) -> None:
+    """Write ``report.md``, ``success.png``, frame strips and ``eval_report.json`` into ``out``
+    (fills ``report.report``, ``report.plot`` and ``report.recordings``)."""
+    out.mkdir(parents=True, exist_ok=True)
+    report.recordings = _write_strips(shards, out, keep)
+    report.plot = str(_plot(report, out / "success.png"))
+    report.report = str(out / "report.md")
+    (out / "report.md").write_text(markdown(report))
+    (out / "eval_report.json").write_text(json.dumps(report.to_json(), indent=1))
+
+
+def markdown(report: EvalReport) -> str:
+    """The report as markdown: headline, per-variant table, gate, throughput, recordings."""
+    low, high = report.ci95
+    lines = [
+        f"# Evaluation of `{report.policy}`",
+        "",
+        f"**Success {report.success_rate:.1%}** (95% CI {low:.1%}–{high:.1%}) over "
+        f"{report.episodes} episodes, seeds from the `eval` stream of seed {report.seed}.",
+        "",
+        "| variant | episodes | successes | success | 95% CI | mean length |",
+        "|---|---:|---:|---:|---|---:|",
+    ]
+    for r in report.rows:
+        lines.append(
+            f"| {r.variant} | {r.episodes} | {r.successes} | {r.success_rate:.1%} | "
+            f"{r.ci95[0]:.1%}–{r.ci95[1]:.1%} | {r.mean_length:.1f} |"
+        )
+    if report.comparison:
+        c = report.comparison
+        verdict = "PASSED" if c.passed else "FAILED"
+        lines += [
+            "",
+            f"## Gate against `{c.baseline}`: {verdict}",
+            "",
+            f"Baseline {c.baseline_success_rate:.1%} (95% CI {c.baseline_ci95[0]:.1%}–"
+            f"{c.baseline_ci95[1]:.1%}); difference {c.difference:+.1%}, z = {c.z:.2f}, "
+            f"one-sided p = {c.p_value:.4f}. The candidate fails only if it is worse at "
+            f"{c.confidence:.0%} confidence (p < {1 - c.confidence:.2f}).",
+        ]
+    shares = ", ".join(f"{k} {v:.0%}" for k, v in sorted(report.time_share.items()))
+    lines += [
+        "",
+        "## Throughput",
+        "",
+        f"{report.env_steps_per_s:,.0f} env-steps/s, {report.episodes_per_s:.1f} episodes/s, "
+        f"{report.wall_s:.1f} s wall on {report.workers} worker(s) "
+        f"({report.replacements} replaced). Worker time: {shares}.",
+    ]
+    if report.recordings:
+        lines += ["", "## Recorded episodes", ""]
+        lines += [f"![{Path(p).stem}]({Path(p).name})" for p in report.recordings]
+    return "\n".join(lines) + "\n"
+
+
+def _plot(report: EvalReport, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [r.variant for r in report.rows] + ["all"]
+    rates = [r.success_rate for r in report.rows] + [report.success_rate]
+    cis = [r.ci95 for r in report.rows] + [report.ci95]
+    errors = np.array(
+        [
+            [p - lo for p, (lo, _) in zip(rates, cis, strict=True)],
+            [hi - p for p, (_, hi) in zip(rates, cis, strict=True)],
+        ]
+    )
+    fig, ax = plt.subplots(figsize=(1.6 * len(names) + 2, 3.5))
+    ax.bar(names, rates, yerr=errors, capsize=6, color=["#4c72b0"] * len(report.rows) + ["#55a868"])
+    if report.comparison:
+        ax.axhline(report.comparison.baseline_success_rate, ls="--", c="grey", label="baseline")
+        ax.legend(loc="lower right")
+    ax.set_ylim(0, 1.05)
+    ax.set_ylabel("success rate (95% Wilson CI)")
+    ax.set_title(f"{Path(report.policy).name}: {report.episodes} episodes")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def _write_strips(shards: list[ShardOutcome], out: Path, keep: int) -> list[str]:
+    """Up to ``keep`` successes and ``keep`` failures per variant as frame-strip PNGs."""
+    from PIL import Image
+
+    paths = []
+    for shard in shards:
+        if not shard.frames:
+            continue
+        for wanted, label in ((True, "success"), (False, "failure")):
+            picked = [e for e in shard.episodes if e.success == wanted][:keep]
+            for e in picked:
+                frames = shard.frames[e.index]
+                step = max(1, len(frames) // 8)
+                strip = np.concatenate(list(frames[::step][:8]), axis=1)
+                path = out / f"{e.variant}-{e.index:04d}-{label}.png"
+                Image.fromarray(strip).save(path)
+                paths.append(str(path))
+    return paths

@@ -1,0 +1,158 @@
+"""Export a policy checkpoint to ONNX: the file the evaluation, the engines and the edge run.
+
+    <out>/policy.onnx (+ policy.onnx.data)   the graph: normalisation inside, LoRA merged
+    <out>/io_spec.json                        names, shapes, dtypes, units, control rate, chunk
+    <out>/tokenizer/                          the policy's tokenizer files
+    <out>/reference.npz                       reference inputs and torch outputs (parity checks)
+
+The graph comes from the policy's ``as_onnx()`` wrapper through the dynamo exporter (opset 18+)
+with a dynamic batch axis. Parity against torch is measured on random inputs and reported.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from stages.policy.checkpoint import TOKENIZER_DIR, checkpoint_hash, load_policy
+
+ONNX_FILE = "policy.onnx"
+IO_SPEC_FILE = "io_spec.json"
+REFERENCE_FILE = "reference.npz"
+OPSET = 18
+
+
+@dataclass(frozen=True)
+class ExportRef:
+    """What the export stage hands on (JSON-serialisable)."""
+
+    path: str
+    """Export directory."""
+    onnx: str
+    onnx_hash: str
+    """sha256 over the ONNX file and its external data."""
+    checkpoint: str
+    checkpoint_hash: str
+    parity_max_abs_error: float
+    """Largest |ONNX Runtime - torch| over the reference inputs, robot units."""
+    opset: int
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain-dict form for JSON output."""
+        return asdict(self)
+
+
+def onnx_hash(directory: Path) -> str:
+    """sha256 over ``policy.onnx`` and its external data file (names and bytes)."""
+    digest = hashlib.sha256()
+    for file in sorted(directory.glob(f"{ONNX_FILE}*")):
+        digest.update(file.name.encode())
+        digest.update(file.read_bytes())
+    return digest.hexdigest()
+
+
+def export_policy(
+    checkpoint: str | Path, out: str | Path, control_hz: float = 10.0, seed: int = 0
+) -> ExportRef:
+    """Export ``checkpoint`` into ``out`` (written beside, then renamed into place)."""
+    import onnx
+    import onnxruntime as ort
+
+    policy = load_policy(checkpoint).eval()
+    wrapper = policy.as_onnx()
+    out = Path(out)
+    staging = out.with_name(f".{out.name}.partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    batch = torch.export.Dim("batch", min=1, max=1024)
+    example = wrapper.dummy_inputs(batch=2)
+    torch.onnx.export(
+        wrapper,
+        example,
+        str(staging / ONNX_FILE),
+        input_names=wrapper.input_names,
+        output_names=wrapper.output_names,
+        # forward(*inputs): one varargs entry holding a shape spec per input
+        dynamic_shapes=(tuple({0: batch} for _ in example),),
+        opset_version=OPSET,
+        dynamo=True,
+        verbose=False,
+    )
+    onnx.checker.check_model(str(staging / ONNX_FILE))
+    policy.tokenizer.save(str(staging / TOKENIZER_DIR))
+
+    # Reference inputs: random images and states, real instructions.
+    rng = np.random.default_rng(seed)
+    n = 8
+    cfg = policy.cfg
+    inputs: dict[str, np.ndarray] = {
+        f"image_{c}": rng.integers(0, 256, (n, cfg.image_size, cfg.image_size, 3), np.uint8)
+        for c in cfg.cameras
+    }
+    std = policy.state_std.numpy()
+    inputs["state"] = (
+        policy.state_mean.numpy() + std * rng.normal(size=(n, cfg.state_dim))
+    ).astype(np.float32)
+    tokens, mask = policy.tokenizer(["touch the red cube", "tap the blue ball"] * (n // 2))
+    inputs["tokens"], inputs["token_mask"] = tokens, mask
+    with torch.no_grad():
+        expected = wrapper(*(torch.as_tensor(inputs[k]) for k in wrapper.input_names))
+    outputs = {k: v.numpy() for k, v in zip(wrapper.output_names, expected, strict=True)}
+    session = ort.InferenceSession(str(staging / ONNX_FILE), providers=["CPUExecutionProvider"])
+    got = session.run(None, inputs)
+    error = max(float(np.abs(g - outputs[k]).max()) for g, k in zip(got, outputs, strict=True))
+    reference = {**inputs, **{f"expected_{k}": v for k, v in outputs.items()}}
+    np.savez(staging / REFERENCE_FILE, **reference)
+
+    side = cfg.image_size
+    spec: dict[str, Any] = {
+        "format": "robo-pipe-onnx/1",
+        "policy_type": cfg.type,
+        "inputs": [_tensor(f"image_{c}", "uint8", [side, side, 3], "RGB") for c in cfg.cameras]
+        + [
+            _tensor("state", "float32", [cfg.state_dim], "rad (joints), m (gripper)"),
+            _tensor("tokens", "int64", [cfg.max_tokens], "token ids"),
+            _tensor("token_mask", "int64", [cfg.max_tokens], "1 = token, 0 = padding"),
+        ],
+        "outputs": [
+            _tensor(name, "float32", [cfg.chunk_len, cfg.action_dim], "rad (joint deltas), m")
+            for name in wrapper.output_names
+        ],
+        "cameras": list(cfg.cameras),
+        "image_size": cfg.image_size,
+        "state_dim": cfg.state_dim,
+        "action_dim": cfg.action_dim,
+        "chunk_len": cfg.chunk_len,
+        "max_tokens": cfg.max_tokens,
+        "control_hz": control_hz,
+        "tokenizer": TOKENIZER_DIR,
+        "opset": OPSET,
+        "checkpoint": str(Path(checkpoint).resolve()),
+        "checkpoint_hash": checkpoint_hash(checkpoint),
+        "parity_max_abs_error": error,
+    }
+    (staging / IO_SPEC_FILE).write_text(json.dumps(spec, indent=1))
+    if out.exists():
+        shutil.rmtree(out)
+    staging.rename(out)
+    return ExportRef(
+        path=str(out),
+        onnx=str(out / ONNX_FILE),
+        onnx_hash=onnx_hash(out),
+        checkpoint=str(Path(checkpoint).resolve()),
+        checkpoint_hash=str(spec["checkpoint_hash"]),
+        parity_max_abs_error=error,
+        opset=OPSET,
+    )
+
+
+def _tensor(name: str, dtype: str, shape: list[int], units: str) -> dict[str, Any]:
+    """One entry of the I/O spec; every tensor has a leading dynamic batch axis."""
+    return {"name": name, "dtype": dtype, "shape": ["batch", *shape], "units": units}

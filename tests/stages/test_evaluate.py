@@ -1,0 +1,136 @@
+"""The evaluate stage: reproducible, checkpoint == ONNX, the gate, worker replacement, bad input."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+
+from pipelines.config import CONFIG_DIR, load_config
+from sim_scenes.touch import SceneError
+from stages.evaluate.config import EvalConfig
+from stages.evaluate.policies import PolicySpecError
+from stages.evaluate.report import EvalReport, compare
+from stages.evaluate.run import ShardOutcome, run_suite
+from stages.evaluate.stage import evaluate
+from stages.export.onnx import export_policy
+from stages.policy.checkpoint import new_policy, save_policy
+from tests.stages.tiny_models import TINY_POLICY
+
+CFG = load_config(CONFIG_DIR / "demo.yaml", ["scene.image_size=32"])
+SMALL = EvalConfig(episodes=6, workers=0, envs_per_worker=4, episodes_per_shard=3)
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    torch.manual_seed(1)
+    policy, _ = new_policy(TINY_POLICY, ["scene"], 32, 6, 6)
+    with torch.no_grad():  # a policy that moves: a large action head
+        policy.action_head.weight.mul_(20.0)
+    path = tmp_path_factory.mktemp("eval") / "ckpt"
+    save_policy(policy, path, None)
+    return path
+
+
+def run(policy: Path, out: Path, config: EvalConfig = SMALL, **kw: object) -> EvalReport:
+    return evaluate(policy, CFG.robot, CFG.scene, CFG.sim, config, 0, out, **kw)  # type: ignore[arg-type]
+
+
+def test_report_rows_seeds_files_and_reproducibility(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    first = run(tiny_checkpoint, tmp_path / "a")
+    assert [r.variant for r in first.rows] == ["touch-mixed-clutter", "touch-mixed-shifted"]
+    assert first.episodes == 12 and len(first.seeds) == 6
+    assert all(r.episodes == 6 for r in first.rows)
+    assert first.env_steps_per_s > 0 and set(first.time_share) >= {
+        "simulate",
+        "render",
+        "inference",
+    }
+    assert (tmp_path / "a" / "report.md").is_file() and Path(first.plot).is_file()
+    assert first.recordings and all(Path(p).is_file() for p in first.recordings)
+    again = run(tiny_checkpoint, tmp_path / "b", SMALL.model_copy(update={"envs_per_worker": 2}))
+    assert again.outcomes == first.outcomes, "same seeds, same episodes, whatever the batch size"
+
+
+def test_checkpoint_and_its_onnx_export_agree_episode_by_episode(
+    tiny_checkpoint: Path, tmp_path: Path
+) -> None:
+    export = export_policy(tiny_checkpoint, tmp_path / "export")
+    assert export.parity_max_abs_error < 1e-4
+    torch_report = run(tiny_checkpoint, tmp_path / "torch")
+    onnx_report = run(Path(export.path), tmp_path / "onnx")
+    for a, b in zip(torch_report.outcomes, onnx_report.outcomes, strict=True):
+        assert (a["variant"], a["seed"], a["success"], a["length"]) == (
+            b["variant"],
+            b["seed"],
+            b["success"],
+            b["length"],
+        )
+        assert a["episode_return"] == pytest.approx(b["episode_return"], abs=1e-3)
+
+
+def test_gate_accepts_an_identical_policy_and_rejects_a_clearly_worse_one(
+    tiny_checkpoint: Path, tmp_path: Path
+) -> None:
+    same = run(tiny_checkpoint, tmp_path / "same", baseline=tiny_checkpoint)
+    assert same.comparison is not None and same.comparison.passed
+    assert same.comparison.difference == 0.0
+    assert "Gate against" in (tmp_path / "same" / "report.md").read_text()
+
+    # A clearly worse candidate: the same suite, 10% against the baseline's 90%.
+    def report(successes: int) -> EvalReport:
+        fake = EvalReport(**{**same.to_json(), "rows": same.rows, "comparison": None})
+        fake.successes, fake.episodes = successes, 200
+        fake.success_rate = successes / 200
+        return fake
+
+    worse = compare(report(20), report(180), confidence=0.95)
+    assert not worse.passed and worse.p_value < 1e-6
+    slightly = compare(report(176), report(180), confidence=0.95)
+    assert slightly.passed, "a difference within noise does not fail the gate"
+
+
+def test_a_killed_worker_is_replaced_and_no_episode_counts_twice(
+    tiny_checkpoint: Path, tmp_path: Path
+) -> None:
+    config = SMALL.model_copy(update={"workers": 2, "episodes": 9})
+    reference = run(
+        tiny_checkpoint, tmp_path / "reference", config.model_copy(update={"workers": 0})
+    )
+    killed: list[int] = []
+
+    def kill_once(outcome: ShardOutcome) -> None:
+        if not killed:  # that worker has just been handed its next shard
+            killed.append(outcome.pid)
+            os.kill(outcome.pid, signal.SIGKILL)
+
+    report = run(tiny_checkpoint, tmp_path / "killed", config, on_shard=kill_once)
+    assert killed and report.replacements >= 1
+    assert report.episodes == 18
+    keys = [(o["variant"], o["index"]) for o in report.outcomes]
+    assert len(set(keys)) == len(keys)
+    assert report.outcomes == reference.outcomes
+
+
+def test_bad_suites_and_policies_are_refused_before_any_work(
+    tiny_checkpoint: Path, tmp_path: Path
+) -> None:
+    with pytest.raises(ValueError, match="at least one variant"):
+        EvalConfig(variants=[])
+    with pytest.raises(ValueError, match="unknown scene variant 'touch-moon'"):
+        EvalConfig(variants=["touch-moon"])
+    five_joints, _ = new_policy(TINY_POLICY, ["scene"], 32, 6, 5)
+    save_policy(five_joints, tmp_path / "wrong", None)
+    with pytest.raises(PolicySpecError, match="action_dim 5 != robot's 6"):
+        run(tmp_path / "wrong", tmp_path / "out")
+    with pytest.raises(PolicySpecError, match="no such checkpoint"):
+        run(tmp_path / "missing", tmp_path / "out")
+    with pytest.raises(PolicySpecError, match="action_dim 5"):
+        run(tiny_checkpoint, tmp_path / "out", baseline=tmp_path / "wrong")
+    assert not (tmp_path / "out").exists()
+    empty = SMALL.model_copy(update={"episodes": 0})  # model_copy skips validation
+    with pytest.raises(SceneError, match="no episodes"):
+        run_suite(tiny_checkpoint, CFG.robot, CFG.scene, CFG.sim, empty, 0)

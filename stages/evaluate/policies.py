@@ -58,11 +58,10 @@ class CheckpointPolicy:
 
 
 class OnnxRuntimePolicy:
-    """An exported policy (``stages/export``) run with ONNX Runtime on the CPU."""
+    """An exported policy (``stages/export``) run with the ONNX Runtime engine on the CPU."""
 
     def __init__(self, export_dir: str | Path, threads: int = 1) -> None:
-        import onnxruntime as ort
-
+        from deploy_edge.engines import EngineError, OnnxRuntimeEngine
         from stages.export.onnx import IO_SPEC_FILE, ONNX_FILE
 
         root = Path(export_dir)
@@ -86,20 +85,17 @@ class OnnxRuntimePolicy:
             from stages.policy.hub_vla import HubTokenizer
 
             self.tokenizer = HubTokenizer.load(tokenizer_dir, int(spec["max_tokens"]))  # type: ignore[assignment]
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = 1
-        self.session = ort.InferenceSession(
-            str(root / ONNX_FILE), options, providers=["CPUExecutionProvider"]
-        )
+        try:
+            self.engine = OnnxRuntimeEngine(root / ONNX_FILE, threads=threads)
+        except EngineError as err:
+            raise PolicySpecError(str(err)) from err
 
     def predict_chunk(self, obs: BatchedObservation) -> np.ndarray:
         tokens, mask = self.tokenizer(list(obs.instruction))
         feeds = {f"image_{c}": obs.images[c] for c in self.cameras}
         feeds["state"] = np.asarray(obs.state, dtype=np.float32)
         feeds["tokens"], feeds["token_mask"] = tokens, mask
-        actions = self.session.run(["actions"], feeds)[0]
-        return np.asarray(actions, dtype=np.float32)
+        return np.asarray(self.engine.run(feeds)["actions"], dtype=np.float32)
 
 
 def load_acting_policy(path: str | Path, threads: int = 1) -> ActingPolicy:

@@ -54,8 +54,11 @@ class EvalReport:
     ci95: tuple[float, float]
     rows: list[VariantRow]
     env_steps_per_s: float
+    """Over the evaluation proper (wall time minus worker start-up)."""
     episodes_per_s: float
     wall_s: float
+    startup_s: float
+    """Starting the workers: loading the policy, building the simulators."""
     time_share: dict[str, float]
     """Share of worker time in simulate / render / inference."""
     workers: int
@@ -110,6 +113,7 @@ def summarize(
             timings[k] = timings.get(k, 0.0) + v
     busy = sum(timings.values()) or 1.0
     wall = float(facts["wall_s"])
+    running = max(1e-9, wall - float(facts["startup_s"]))
     return EvalReport(
         policy=policy,
         episodes=len(episodes),
@@ -117,9 +121,10 @@ def summarize(
         success_rate=wins / len(episodes),
         ci95=wilson_interval(wins, len(episodes)),
         rows=rows,
-        env_steps_per_s=sum(e.length for e in episodes) / wall,
-        episodes_per_s=len(episodes) / wall,
+        env_steps_per_s=sum(e.length for e in episodes) / running,
+        episodes_per_s=len(episodes) / running,
         wall_s=wall,
+        startup_s=float(facts["startup_s"]),
         time_share={k: v / busy for k, v in timings.items()},
         workers=int(facts["workers"]),
         replacements=int(facts["replacements"]),
@@ -196,7 +201,8 @@ def markdown(report: EvalReport) -> str:
         "## Throughput",
         "",
         f"{report.env_steps_per_s:,.0f} env-steps/s, {report.episodes_per_s:.1f} episodes/s, "
-        f"{report.wall_s:.1f} s wall on {report.workers} worker(s) "
+        f"{report.wall_s:.1f} s wall ({report.startup_s:.1f} s starting workers) on "
+        f"{report.workers} worker(s) "
         f"({report.replacements} replaced). Worker time: {shares}.",
     ]
     if report.recordings:

@@ -114,18 +114,28 @@ class EvalWorker:
         self.num_envs = num_envs
         self.envs: dict[str, BatchedEnv] = {}
 
-    def run(self, shard: Shard) -> ShardOutcome:
-        """Play the shard's episodes."""
-        env = self.envs.get(shard.variant)
-        if env is None:
-            env = make_env(
+    def _env(self, variant: str) -> BatchedEnv:
+        if variant not in self.envs:
+            self.envs[variant] = make_env(
                 self.robot,
-                self.scene.model_copy(update={"variant": shard.variant}),
+                self.scene.model_copy(update={"variant": variant}),
                 self.sim,
-                num_envs=min(self.num_envs, len(shard.seeds)),
+                num_envs=self.num_envs,
                 autoreset=False,
             )
-            self.envs[shard.variant] = env
+        return self.envs[variant]
+
+    def warm(self, variants: list[str]) -> int:
+        """Build every variant's simulator and run the policy once, so start-up is not timed
+        as evaluation; returns the process id."""
+        for variant in variants:
+            env = self._env(variant)
+            self.policy.predict_chunk(env.reset([0] * env.num_envs))
+        return os.getpid()
+
+    def run(self, shard: Shard) -> ShardOutcome:
+        """Play the shard's episodes."""
+        env = self._env(shard.variant)
         inference = 0.0
 
         def act(_: BatchedEnv, obs: BatchedObservation) -> np.ndarray:
@@ -207,12 +217,15 @@ def run_suite(
         raise SceneError("the evaluation suite has no episodes")
     check_policy_fits(policy_path, robot)
     shards = plan_shards(variants, seeds, config.episodes_per_shard)
-    args = (str(policy_path), robot, scene.model_dump(), sim.model_dump(), config.envs_per_worker)
+    num_envs = min(config.envs_per_worker, config.episodes_per_shard, len(seeds))
+    args = (str(policy_path), robot, scene.model_dump(), sim.model_dump(), num_envs)
     start = time.perf_counter()
     if config.workers == 0:
         worker = EvalWorker(*args, threads=sim.num_threads)
         outcomes = {}
         try:
+            worker.warm(variants)
+            startup = time.perf_counter() - start
             for shard in shards:
                 outcomes[(shard.variant, shard.start)] = result = worker.run(shard)
                 if on_shard:
@@ -221,9 +234,12 @@ def run_suite(
             worker.close()
         replacements = 0
     else:
-        outcomes, replacements = _run_on_ray(shards, args, config.workers, ray_address, on_shard)
+        outcomes, replacements, startup = _run_on_ray(
+            shards, variants, args, config.workers, ray_address, on_shard
+        )
     facts = {
         "wall_s": time.perf_counter() - start,
+        "startup_s": startup,
         "workers": config.workers,
         "replacements": replacements,
         "variants": variants,
@@ -234,11 +250,12 @@ def run_suite(
 
 def _run_on_ray(
     shards: list[Shard],
+    variants: list[str],
     args: tuple[str, str, dict[str, Any], dict[str, Any], int],
     workers: int,
     ray_address: str | None,
     on_shard: Callable[[ShardOutcome], None] | None,
-) -> tuple[dict[tuple[str, int], ShardOutcome], int]:
+) -> tuple[dict[tuple[str, int], ShardOutcome], int, float]:
     from stages.ray_runtime import init_ray
 
     init_ray(ray_address)  # before importing ray (see stages/ray_runtime.py)
@@ -247,7 +264,10 @@ def _run_on_ray(
 
     remote_worker: Any = ray.remote(num_cpus=1, max_restarts=0)(EvalWorker)
     pending = deque(shards)
+    start = time.perf_counter()
     idle = [remote_worker.remote(*args) for _ in range(min(workers, len(shards)))]
+    ray.get([actor.warm.remote(variants) for actor in idle])
+    startup = time.perf_counter() - start
     running: dict[Any, tuple[Any, Shard]] = {}
     outcomes: dict[tuple[str, int], ShardOutcome] = {}
     replacements = 0
@@ -267,7 +287,7 @@ def _run_on_ray(
                 if replacements > MAX_REPLACEMENTS:
                     raise
                 ray.kill(actor)
-                idle.append(remote_worker.remote(*args))
+                idle.append(remote_worker.remote(*args))  # warms up on its first shard
                 pending.appendleft(shard)
                 continue
             idle.append(actor)
@@ -286,4 +306,4 @@ def _run_on_ray(
             ray.kill(actor)
         for actor in idle:
             ray.kill(actor)
-    return outcomes, replacements
+    return outcomes, replacements, startup

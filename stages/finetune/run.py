@@ -41,6 +41,7 @@ from stages.policy.checkpoint import (
     read_policy_meta,
 )
 from stages.policy.config import PolicyConfig
+from stages.policy.hub_vla import backbone_hash, resolve_backbone
 from stages.provenance import code_version
 
 REF_FILE = "checkpoint_ref.json"
@@ -155,7 +156,11 @@ def finetune(
     if base is not None and checkpoint_hash(base.path) != base.content_hash:
         raise CheckpointError(f"{base.path}: base checkpoint changed since it was recorded")
     image_size = int(data.info["features"][f"observation.images.{data.cameras[0]}"]["shape"][0])
-    key = _key(policy, config, data.content_hash(), base.content_hash if base else None, seed)
+    if base is not None:
+        start_from = base.content_hash
+    else:  # hub-vlm: the pretrained backbone is the base
+        start_from = backbone_hash(resolve_backbone(str(policy.backbone)))
+    key = _key(policy, config, data.content_hash(), start_from, seed)
     out = checkpoints_dir / f"{name}-finetune-{key}"
     cached = _finished(out)
     if cached is not None:

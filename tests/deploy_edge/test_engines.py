@@ -1,0 +1,53 @@
+"""Inference engines: ONNX Runtime runs an export and matches its reference; TensorRT's absence
+is a clear message; a corrupt ONNX file is refused."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from deploy_edge.engines import EngineError, EngineUnavailable, OnnxRuntimeEngine, make_engine
+from stages.export.onnx import ONNX_FILE, REFERENCE_FILE, export_policy
+from stages.policy.checkpoint import new_policy, save_policy
+from tests.stages.tiny_models import TINY_POLICY
+
+
+@pytest.fixture(scope="module")
+def export_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    torch.manual_seed(0)
+    policy, _ = new_policy(TINY_POLICY, ["scene"], 32, 6, 6)
+    root = tmp_path_factory.mktemp("engines")
+    save_policy(policy, root / "ckpt", None)
+    return Path(export_policy(root / "ckpt", root / "export").path)
+
+
+def test_onnxruntime_engine_reproduces_the_reference(export_dir: Path) -> None:
+    engine = make_engine(export_dir / ONNX_FILE)
+    assert isinstance(engine, OnnxRuntimeEngine) and engine.name.startswith("onnxruntime:")
+    reference = dict(np.load(export_dir / REFERENCE_FILE))
+    got = engine.run({n: reference[n] for n in engine.input_names})
+    assert engine.output_names == ["actions", "action_std"]
+    for name in engine.output_names:
+        np.testing.assert_allclose(got[name], reference[f"expected_{name}"], atol=1e-4)
+    assert {"engine", "precision", "onnxruntime", "cpu"} <= set(engine.describe())
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("tensorrt") is not None, reason="TensorRT is installed here"
+)
+def test_tensorrt_absence_is_a_clear_message(export_dir: Path) -> None:
+    with pytest.raises(EngineUnavailable, match=r"TensorRT is not available here.*onnxruntime"):
+        make_engine(export_dir / ONNX_FILE, engine="tensorrt")
+
+
+def test_corrupt_onnx_and_unknown_engines_are_refused(export_dir: Path, tmp_path: Path) -> None:
+    bad = tmp_path / ONNX_FILE
+    bad.write_bytes((export_dir / ONNX_FILE).read_bytes()[:100])
+    with pytest.raises(EngineError, match="ONNX Runtime cannot load it"):
+        make_engine(bad)
+    with pytest.raises(EngineError, match="unknown engine 'openvino'"):
+        make_engine(export_dir / ONNX_FILE, engine="openvino")

@@ -6,7 +6,6 @@ which one it plays, and a checkpoint and its export can be compared episode by e
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Protocol
 
@@ -58,44 +57,24 @@ class CheckpointPolicy:
 
 
 class OnnxRuntimePolicy:
-    """An exported policy (``stages/export``) run with the ONNX Runtime engine on the CPU."""
+    """An exported policy (``stages/export``) on the edge runtime's ONNX Runtime engine."""
 
     def __init__(self, export_dir: str | Path, threads: int = 1) -> None:
-        from deploy_edge.engines import EngineError, OnnxRuntimeEngine
-        from stages.export.onnx import IO_SPEC_FILE, ONNX_FILE
+        from deploy_edge.engines import EngineError
+        from deploy_edge.exported import ExportedPolicy, IOSpecError
 
-        root = Path(export_dir)
-        if root.suffix == ".onnx":
-            root = root.parent
-        spec_path = root / IO_SPEC_FILE
-        if not spec_path.is_file():
-            raise PolicySpecError(f"{root}: not an exported policy (no {IO_SPEC_FILE})")
-        spec = json.loads(spec_path.read_text())
-        self.cameras = tuple(spec["cameras"])
-        self.image_size = int(spec["image_size"])
-        self.state_dim = int(spec["state_dim"])
-        self.action_dim = int(spec["action_dim"])
-        self.chunk_len = int(spec["chunk_len"])
-        tokenizer_dir = root / spec["tokenizer"]
-        if spec["policy_type"] == "default":
-            from stages.policy.tokenizer import InstructionTokenizer
-
-            self.tokenizer = InstructionTokenizer.load(tokenizer_dir, int(spec["max_tokens"]))
-        else:
-            from stages.policy.hub_vla import HubTokenizer
-
-            self.tokenizer = HubTokenizer.load(tokenizer_dir, int(spec["max_tokens"]))  # type: ignore[assignment]
         try:
-            self.engine = OnnxRuntimeEngine(root / ONNX_FILE, threads=threads)
-        except EngineError as err:
+            self.exported = ExportedPolicy(export_dir, threads=threads)
+        except (EngineError, IOSpecError) as err:
             raise PolicySpecError(str(err)) from err
+        self.cameras = self.exported.cameras
+        self.image_size = self.exported.image_size
+        self.state_dim = self.exported.state_dim
+        self.action_dim = self.exported.action_dim
+        self.chunk_len = self.exported.chunk_len
 
     def predict_chunk(self, obs: BatchedObservation) -> np.ndarray:
-        tokens, mask = self.tokenizer(list(obs.instruction))
-        feeds = {f"image_{c}": obs.images[c] for c in self.cameras}
-        feeds["state"] = np.asarray(obs.state, dtype=np.float32)
-        feeds["tokens"], feeds["token_mask"] = tokens, mask
-        return np.asarray(self.engine.run(feeds)["actions"], dtype=np.float32)
+        return self.exported.infer(obs.images, obs.state, list(obs.instruction))
 
 
 def load_acting_policy(path: str | Path, threads: int = 1) -> ActingPolicy:

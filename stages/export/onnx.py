@@ -21,10 +21,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from deploy_edge.exported import IO_SPEC_FILE, ONNX_FILE
 from stages.policy.checkpoint import TOKENIZER_DIR, checkpoint_hash, load_policy
 
-ONNX_FILE = "policy.onnx"
-IO_SPEC_FILE = "io_spec.json"
 REFERENCE_FILE = "reference.npz"
 OPSET = 18
 
@@ -131,6 +130,7 @@ def export_policy(
         "action_dim": cfg.action_dim,
         "chunk_len": cfg.chunk_len,
         "max_tokens": cfg.max_tokens,
+        "pad_id": int(policy.tokenizer([""])[0][0, -1]),  # what padding fills in
         "control_hz": control_hz,
         "tokenizer": TOKENIZER_DIR,
         "opset": OPSET,

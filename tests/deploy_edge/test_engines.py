@@ -8,21 +8,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from deploy_edge.engines import EngineError, EngineUnavailable, OnnxRuntimeEngine, make_engine
-from stages.export.onnx import ONNX_FILE, REFERENCE_FILE, export_policy
-from stages.policy.checkpoint import new_policy, save_policy
-from tests.stages.tiny_models import TINY_POLICY
-
-
-@pytest.fixture(scope="module")
-def export_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    torch.manual_seed(0)
-    policy, _ = new_policy(TINY_POLICY, ["scene"], 32, 6, 6)
-    root = tmp_path_factory.mktemp("engines")
-    save_policy(policy, root / "ckpt", None)
-    return Path(export_policy(root / "ckpt", root / "export").path)
+from stages.export.onnx import ONNX_FILE, REFERENCE_FILE
 
 
 def test_onnxruntime_engine_reproduces_the_reference(export_dir: Path) -> None:

@@ -1,0 +1,132 @@
+"""The control loop: a policy on an engine driving a robot at its control rate.
+
+    every tick (1 / control_hz s):
+        observe                          images + state, copied out of the driver
+        if the action queue is empty:    infer a chunk, queue its first ``execute`` actions
+        action = queue.pop()
+        if the tick overran its deadline, or the engine failed:
+            act(safe action), drop the queue, count a miss (and the error)
+        else:
+            act(action)
+        sleep until the next tick (when pacing)
+
+The latency of a tick is measured from before ``observe`` to the moment the action is ready to
+send: copies, tokenization, inference and post-processing included, the robot's own motion not.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from robots.interface import Robot, RobotObservation
+
+SafeAction = Callable[[RobotObservation], np.ndarray]
+"""Maps the latest observation to the action that holds the robot safe."""
+
+
+class ChunkPolicy(Protocol):
+    """What the loop needs: ``infer(images, state, instructions) -> (B, chunk_len, A)``."""
+
+    chunk_len: int
+
+    def infer(
+        self, images: dict[str, np.ndarray], state: np.ndarray, instructions: list[str]
+    ) -> np.ndarray:
+        """Mean action chunk in robot units."""
+        ...
+
+
+def hold_position(robot: Robot) -> SafeAction:
+    """Safe action for delta-joint robots: no joint motion, gripper kept where it is."""
+    spec = robot.spec
+    arm = len(spec.arm)
+
+    def safe(obs: RobotObservation) -> np.ndarray:
+        action = np.zeros(spec.action.dim, dtype=np.float32)
+        action[arm:] = obs.state[arm:]  # gripper targets = measured opening
+        return action
+
+    return safe
+
+
+@dataclass
+class Tick:
+    """One control period."""
+
+    latency_s: float
+    """Observation in -> action ready."""
+    inferred: bool
+    """Whether this tick ran the engine."""
+    missed: bool
+    """Deadline overrun or engine error: the safe action was sent."""
+    error: str = ""
+
+
+class ControlLoop:
+    """Runs ``policy`` on ``robot`` (see module docstring).
+
+    Args:
+        execute: actions of each chunk executed before inferring again (1..chunk_len).
+        deadline_s: a tick whose latency exceeds this is a miss (default: the control period).
+        pace: sleep to the control rate (off for measuring back-to-back).
+    """
+
+    def __init__(
+        self,
+        policy: ChunkPolicy,
+        robot: Robot,
+        instruction: str,
+        execute: int = 1,
+        deadline_s: float | None = None,
+        safe_action: SafeAction | None = None,
+        pace: bool = True,
+    ) -> None:
+        if not 1 <= execute <= policy.chunk_len:
+            raise ValueError(f"execute must be in 1..{policy.chunk_len}, got {execute}")
+        self.policy, self.robot, self.instruction = policy, robot, instruction
+        self.execute = execute
+        self.period = 1.0 / robot.spec.control_hz
+        self.deadline_s = deadline_s if deadline_s is not None else self.period
+        self.safe_action = safe_action or hold_position(robot)
+        self.pace = pace
+        self.queue: deque[np.ndarray] = deque()
+
+    def tick(self) -> Tick:
+        """One control period's work (without the pacing sleep)."""
+        start = time.perf_counter()
+        obs = self.robot.observe()
+        inferred, error, action = False, "", None
+        try:
+            if not self.queue:
+                images = {c: img[None] for c, img in obs.images.items()}
+                chunk = self.policy.infer(images, obs.state[None], [self.instruction])
+                self.queue.extend(chunk[0, : self.execute])
+                inferred = True
+            action = self.queue.popleft()
+        except Exception as err:  # any engine failure must leave the robot safe
+            error = f"{type(err).__name__}: {err}"
+        latency = time.perf_counter() - start
+        missed = bool(error) or latency > self.deadline_s
+        if missed or action is None:
+            self.queue.clear()  # stale after a late or failed tick
+            self.robot.act(self.safe_action(obs))
+        else:
+            self.robot.act(action)
+        return Tick(latency, inferred, missed, error)
+
+    def run(self, ticks: int) -> list[Tick]:
+        """Run ``ticks`` control periods; returns their records."""
+        records = []
+        next_tick = time.perf_counter()
+        for _ in range(ticks):
+            records.append(self.tick())
+            if self.pace:
+                next_tick += self.period
+                time.sleep(max(0.0, next_tick - time.perf_counter()))
+        return records

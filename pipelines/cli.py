@@ -466,6 +466,112 @@ def evaluate_cmd(
         print(json.dumps(report.to_json()))
 
 
+@app.command("export")
+def export_cmd(
+    checkpoint: Annotated[Path, typer.Argument(help="Checkpoint directory (policy.json inside).")],
+    out: Annotated[
+        Path | None, typer.Option(help="Export directory (default: <checkpoint>-export).")
+    ] = None,
+    dataset: Annotated[
+        Path | None,
+        typer.Option(help="Also check parity on real frames of this LeRobot dataset."),
+    ] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Export a checkpoint to ONNX: policy.onnx, io_spec.json, tokenizer, parity reference.
+
+    Normalisation and LoRA are inside the graph (dynamo exporter, opset 18, dynamic batch), so
+    the file runs without the training code. Parity against torch on random inputs (and dataset
+    frames with --dataset) must be within 1e-4 or the export is refused.
+    """
+    from stages.export.onnx import ExportError, export_policy
+    from stages.policy.checkpoint import CheckpointError
+
+    target = out or checkpoint.with_name(f"{checkpoint.name}-export")
+    start = time.perf_counter()
+    try:
+        ref = export_policy(checkpoint, target, dataset=dataset)
+    except (CheckpointError, DatasetError, ExportError) as err:
+        raise _fail(err) from None
+    table = Table(title=f"exported {checkpoint}", show_header=False)
+    table.add_row("ONNX", f"{ref.onnx} (opset {ref.opset})")
+    table.add_row("hash", ref.onnx_hash[:16])
+    parity = ", ".join(f"{k} {v:.1e}" for k, v in ref.parity.items())
+    table.add_row("parity |ORT - torch|", parity)
+    table.add_row("wall time", f"{time.perf_counter() - start:.1f} s")
+    console.print(table)
+    if json_out:
+        print(json.dumps(ref.to_json()))
+
+
+@app.command("gate")
+def gate_cmd(
+    export_dir: Annotated[Path, typer.Argument(help="Export directory (robo-pipe export).")],
+    target: Annotated[
+        str, typer.Option(help="Target profile: a name in configs/targets/ or a YAML path.")
+    ] = "local-cpu",
+    budget_ms: Annotated[
+        float | None, typer.Option(help="p99 budget in ms (default: the profile's).")
+    ] = None,
+    steps: Annotated[int, typer.Option(min=1, help="Measured control steps.")] = 1000,
+    warmup: Annotated[int, typer.Option(min=0, help="Unmeasured steps first.")] = 50,
+    pace: Annotated[
+        bool, typer.Option(help="Sleep to the control rate between steps, as on the robot.")
+    ] = True,
+    config: Annotated[Path, typer.Option(help="Pipeline config (robot, scene).")] = Path(
+        "configs/demo.yaml"
+    ),
+    json_out: JsonOpt = False,
+) -> None:
+    """Latency gate: the whole control step on this machine, p99 against the budget.
+
+    Runs the export on the target profile's engine in the control loop (the simulated robot
+    stands in for the arm), times observation in -> action out for --steps steps after warm-up,
+    and passes only if p99 <= budget and deadline misses <= the profile's allowance. Writes
+    latency.md, latency.png and latency_report.json into a new run folder.
+    """
+    from deploy_edge.engines import EngineError, EngineUnavailable
+    from deploy_edge.exported import IOSpecError
+    from deploy_edge.latency import load_target, run_gate
+    from pipelines.home import new_run_dir
+    from sim_scenes.sim_robot import SimulatedRobot
+    from sim_scenes.touch import get_variant
+
+    cfg = _load(config, None)
+    try:
+        profile = load_target(target)
+        spec = json.loads((export_dir / "io_spec.json").read_text())
+        robot = SimulatedRobot(
+            get_robot(cfg.robot),
+            get_variant(cfg.scene.variant),
+            seed=cfg.seed,
+            cameras=tuple(spec["cameras"]),
+            image_size=int(spec["image_size"]),
+        )
+        robot.connect()
+        instruction = robot.instruction
+        robot.stop()
+        run_dir = new_run_dir(f"{cfg.name}-gate")
+        with console.status(f"measuring {steps} control steps on {profile.name}"):
+            report = run_gate(
+                export_dir, robot, instruction, profile, steps, warmup, budget_ms, pace, run_dir
+            )
+    except (OSError, ValueError, IOSpecError, EngineError, EngineUnavailable) as err:
+        raise _fail(err) from None
+    verdict = "[green]PASSED" if report.passed else "[red]FAILED: " + "; ".join(report.reasons)
+    console.print(f"latency gate on {report.target}: {verdict}[/]")
+    console.print(
+        f"p50 {report.p50_ms:.2f}  p95 {report.p95_ms:.2f}  p99 {report.p99_ms:.2f}  "
+        f"max {report.max_ms:.2f} ms (budget {report.budget_ms:g}); jitter "
+        f"{report.jitter_ms:.2f} ms; misses {report.misses}; {report.measured_on['engine']}; "
+        f"report: {report.report}"
+    )
+    if json_out:
+        print(json.dumps(report.to_json()))
+    if not report.passed:
+        raise typer.Exit(code=1)
+
+
 @app.command("config")
 def show_config(config: ConfigArg, set_: SetOpt = None) -> None:
     """Validate a config and print it fully resolved (extends and --set applied) as YAML."""

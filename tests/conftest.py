@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from robots.spec import RobotSpec, get_robot
+from stages.dataset.layout import DatasetRef
 
 # Local Ray stays on loopback (see stages/ray_runtime.py); set before anything imports Ray.
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
@@ -29,3 +30,21 @@ def robo_pipe_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[
 def rp5() -> RobotSpec:
     """The default robot, loaded once."""
     return get_robot("rp5")
+
+
+@pytest.fixture(scope="session")
+def tiny_dataset(tmp_path_factory: pytest.TempPathFactory) -> DatasetRef:
+    """12 expert episodes of the demo task with a 32 px scene camera (collected once)."""
+    from pipelines.config import CONFIG_DIR, load_config
+    from stages.collect import collect
+
+    overrides = [
+        "scene.image_size=32",
+        "collect.workers=0",
+        "collect.envs_per_worker=4",
+        "collect.episodes_per_shard=6",
+        "collect.episodes=12",
+    ]
+    cfg = load_config(CONFIG_DIR / "demo.yaml", overrides)
+    out = tmp_path_factory.mktemp("tiny-dataset") / "ds"
+    return collect(cfg.robot, cfg.scene, cfg.sim, cfg.collect, cfg.seed, out)

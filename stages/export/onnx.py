@@ -22,10 +22,13 @@ import numpy as np
 import torch
 
 from deploy_edge.exported import IO_SPEC_FILE, ONNX_FILE
+from stages.policy.base import OnnxPolicy, VLAPolicy
 from stages.policy.checkpoint import TOKENIZER_DIR, checkpoint_hash, load_policy
 
 REFERENCE_FILE = "reference.npz"
 OPSET = 18
+PARITY_TOLERANCE = 1e-4
+"""Largest accepted |ONNX Runtime - torch| (robot units; actions are ~0.01-0.08 rad)."""
 
 
 @dataclass(frozen=True)
@@ -40,7 +43,9 @@ class ExportRef:
     checkpoint: str
     checkpoint_hash: str
     parity_max_abs_error: float
-    """Largest |ONNX Runtime - torch| over the reference inputs, robot units."""
+    """Largest |ONNX Runtime - torch| over all parity inputs, robot units."""
+    parity: dict[str, float]
+    """The same per input set: ``random`` and, when a dataset was given, ``dataset``."""
     opset: int
 
     def to_json(self) -> dict[str, Any]:
@@ -57,10 +62,24 @@ def onnx_hash(directory: Path) -> str:
     return digest.hexdigest()
 
 
+class ExportError(RuntimeError):
+    """The exported graph does not reproduce the policy within the parity tolerance."""
+
+
 def export_policy(
-    checkpoint: str | Path, out: str | Path, control_hz: float = 10.0, seed: int = 0
+    checkpoint: str | Path,
+    out: str | Path,
+    control_hz: float = 10.0,
+    seed: int = 0,
+    dataset: str | Path | None = None,
+    tolerance: float = PARITY_TOLERANCE,
 ) -> ExportRef:
-    """Export ``checkpoint`` into ``out`` (written beside, then renamed into place)."""
+    """Export ``checkpoint`` into ``out`` (written beside, then renamed into place).
+
+    Parity (largest |ONNX Runtime - torch| over the actions and stds, robot units) is measured
+    on random inputs and, given ``dataset``, on real frames of it; above ``tolerance`` the
+    export is refused and nothing replaces ``out``.
+    """
     import onnx
     import onnxruntime as ort
 
@@ -87,29 +106,22 @@ def export_policy(
     onnx.checker.check_model(str(staging / ONNX_FILE))
     policy.tokenizer.save(str(staging / TOKENIZER_DIR))
 
-    # Reference inputs: random images and states, real instructions.
-    rng = np.random.default_rng(seed)
-    n = 8
-    cfg = policy.cfg
-    inputs: dict[str, np.ndarray] = {
-        f"image_{c}": rng.integers(0, 256, (n, cfg.image_size, cfg.image_size, 3), np.uint8)
-        for c in cfg.cameras
-    }
-    std = policy.state_std.numpy()
-    inputs["state"] = (
-        policy.state_mean.numpy() + std * rng.normal(size=(n, cfg.state_dim))
-    ).astype(np.float32)
-    tokens, mask = policy.tokenizer(["touch the red cube", "tap the blue ball"] * (n // 2))
-    inputs["tokens"], inputs["token_mask"] = tokens, mask
-    with torch.no_grad():
-        expected = wrapper(*(torch.as_tensor(inputs[k]) for k in wrapper.input_names))
-    outputs = {k: v.numpy() for k, v in zip(wrapper.output_names, expected, strict=True)}
+    # Parity: random images and states with real instructions, and real dataset frames.
     session = ort.InferenceSession(str(staging / ONNX_FILE), providers=["CPUExecutionProvider"])
-    got = session.run(None, inputs)
-    error = max(float(np.abs(g - outputs[k]).max()) for g, k in zip(got, outputs, strict=True))
-    reference = {**inputs, **{f"expected_{k}": v for k, v in outputs.items()}}
+    inputs = _random_inputs(policy, seed)
+    outputs, error = _parity(wrapper, session, inputs)
+    parity = {"random": error}
+    if dataset is not None:
+        parity["dataset"] = _parity(wrapper, session, _dataset_inputs(policy, Path(dataset)))[1]
+    if max(parity.values()) > tolerance:
+        raise ExportError(
+            f"{checkpoint}: ONNX Runtime differs from torch by {max(parity.values()):.2e} "
+            f"(tolerance {tolerance:.0e}): {parity}"
+        )
+    reference: dict[str, Any] = {**inputs, **{f"expected_{k}": v for k, v in outputs.items()}}
     np.savez(staging / REFERENCE_FILE, **reference)
 
+    cfg = policy.cfg
     side = cfg.image_size
     spec: dict[str, Any] = {
         "format": "robo-pipe-onnx/1",
@@ -136,7 +148,8 @@ def export_policy(
         "opset": OPSET,
         "checkpoint": str(Path(checkpoint).resolve()),
         "checkpoint_hash": checkpoint_hash(checkpoint),
-        "parity_max_abs_error": error,
+        "parity_max_abs_error": max(parity.values()),
+        "parity": parity,
     }
     (staging / IO_SPEC_FILE).write_text(json.dumps(spec, indent=1))
     if out.exists():
@@ -148,7 +161,8 @@ def export_policy(
         onnx_hash=onnx_hash(out),
         checkpoint=str(Path(checkpoint).resolve()),
         checkpoint_hash=str(spec["checkpoint_hash"]),
-        parity_max_abs_error=error,
+        parity_max_abs_error=max(parity.values()),
+        parity=parity,
         opset=OPSET,
     )
 
@@ -156,3 +170,46 @@ def export_policy(
 def _tensor(name: str, dtype: str, shape: list[int], units: str) -> dict[str, Any]:
     """One entry of the I/O spec; every tensor has a leading dynamic batch axis."""
     return {"name": name, "dtype": dtype, "shape": ["batch", *shape], "units": units}
+
+
+def _random_inputs(policy: VLAPolicy, seed: int, n: int = 8) -> dict[str, np.ndarray]:
+    """Random images, states around the training mean, real instructions."""
+    rng = np.random.default_rng(seed)
+    cfg = policy.cfg
+    inputs: dict[str, np.ndarray] = {
+        f"image_{c}": rng.integers(0, 256, (n, cfg.image_size, cfg.image_size, 3), np.uint8)
+        for c in cfg.cameras
+    }
+    noise = rng.normal(size=(n, cfg.state_dim)) * policy.state_std.numpy()
+    inputs["state"] = (policy.state_mean.numpy() + noise).astype(np.float32)
+    inputs["tokens"], inputs["token_mask"] = policy.tokenizer(
+        ["touch the red cube", "tap the blue ball"] * (n // 2)
+    )
+    return inputs
+
+
+def _dataset_inputs(policy: VLAPolicy, root: Path, n: int = 32) -> dict[str, np.ndarray]:
+    """``n`` frames spread over a LeRobot dataset: its images, states and instructions."""
+    from stages.dataset.layout import STATE_KEY
+    from stages.dataset.reader import open_dataset
+
+    dataset = open_dataset(root)
+    frames = dataset.frames()
+    idx = np.linspace(0, dataset.num_frames - 1, n).astype(int)
+    inputs = {f"image_{c}": dataset.camera_frames(c)[idx] for c in policy.cfg.cameras}
+    inputs["state"] = frames[STATE_KEY][idx].astype(np.float32)
+    texts = [dataset.tasks[int(t)] for t in frames["task_index"][idx]]
+    inputs["tokens"], inputs["token_mask"] = policy.tokenizer(texts)
+    return inputs
+
+
+def _parity(
+    wrapper: OnnxPolicy, session: Any, inputs: dict[str, np.ndarray]
+) -> tuple[dict[str, np.ndarray], float]:
+    """Torch outputs on ``inputs`` and the largest ONNX Runtime deviation from them."""
+    with torch.no_grad():
+        expected = wrapper(*(torch.as_tensor(inputs[k]) for k in wrapper.input_names))
+    outputs = {k: v.numpy() for k, v in zip(wrapper.output_names, expected, strict=True)}
+    got = session.run(wrapper.output_names, inputs)
+    error = max(float(np.abs(g - outputs[k]).max()) for g, k in zip(got, outputs, strict=True))
+    return outputs, error

@@ -34,6 +34,8 @@ def test_help_lists_only_working_verbs(robo_pipe_home: Path) -> None:
         "pretrain",
         "finetune",
         "evaluate",
+        "export",
+        "gate",
         "config",
         "robots",
         "scenes",
@@ -150,3 +152,27 @@ def test_bad_training_config_and_dataset_are_named(robo_pipe_home: Path) -> None
         home=robo_pipe_home,
     )
     assert missing.returncode == 2 and "nowhere" in missing.stderr
+
+
+def test_export_then_gate_pass_and_fail(robo_pipe_home: Path, tmp_path: Path) -> None:
+    import torch
+
+    from stages.policy.checkpoint import new_policy, save_policy
+    from tests.stages.tiny_models import TINY_POLICY
+
+    torch.manual_seed(0)
+    policy, _ = new_policy(TINY_POLICY, ["scene"], 32, 6, 6)
+    save_policy(policy, tmp_path / "ckpt", None)
+    export = robo_pipe("export", str(tmp_path / "ckpt"), "--json", home=robo_pipe_home)
+    assert export.returncode == 0, export.stderr
+    ref = json.loads(export.stdout.strip().splitlines()[-1])
+    assert ref["parity"]["random"] < 1e-4 and Path(ref["onnx"]).is_file()
+    quick = ["--steps", "40", "--warmup", "2", "--no-pace", "--json"]
+    gate = robo_pipe("gate", ref["path"], *quick, home=robo_pipe_home)
+    assert gate.returncode == 0, gate.stderr
+    report = json.loads(gate.stdout.strip().splitlines()[-1])
+    assert report["passed"] and report["steps"] == 40 and report["target"] == "local-cpu"
+    tight = robo_pipe("gate", ref["path"], *quick, "--budget-ms", "0.001", home=robo_pipe_home)
+    assert tight.returncode == 1 and "FAILED" in tight.stderr and "p99" in tight.stderr
+    missing = robo_pipe("gate", str(tmp_path), "--target", "jetson-nano-2014", home=robo_pipe_home)
+    assert missing.returncode == 2 and "unknown target" in missing.stderr

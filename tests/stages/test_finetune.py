@@ -17,7 +17,6 @@ import torch
 from safetensors.torch import load_file
 
 from pipelines.config import CONFIG_DIR, load_config
-from stages.collect import collect
 from stages.dataset.layout import DatasetRef
 from stages.finetune.bc import (
     BCJob,
@@ -49,13 +48,6 @@ TINY = [
     "collect.episodes_per_shard=6",
     "collect.episodes=12",
 ]
-
-
-@pytest.fixture(scope="session")
-def tiny_dataset(tmp_path_factory: pytest.TempPathFactory) -> DatasetRef:
-    cfg = load_config(CONFIG_DIR / "demo.yaml", TINY)
-    out = tmp_path_factory.mktemp("bc") / "ds"
-    return collect(cfg.robot, cfg.scene, cfg.sim, cfg.collect, cfg.seed, out)
 
 
 def tiny_job(out: Path, dataset: DatasetRef, steps: int = 40, **bc: object) -> BCJob:

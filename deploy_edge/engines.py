@@ -107,6 +107,18 @@ def import_tensorrt() -> Any:
     return tensorrt
 
 
+def plan_matches(plan: Path, key: dict[str, str]) -> bool:
+    """Whether a serialised TensorRT plan exists and was built for exactly ``key`` (GPU, SM,
+    TensorRT, CUDA, precision): engines are not portable, so anything else means rebuild."""
+    meta = plan.with_suffix(".json")
+    if not (plan.is_file() and meta.is_file()):
+        return False
+    try:
+        return bool(json.loads(meta.read_text()) == key)
+    except json.JSONDecodeError:
+        return False
+
+
 class TensorRTEngine(InferenceEngine):
     """A TensorRT engine built on this machine from the ONNX file (see module docstring)."""
 
@@ -131,11 +143,9 @@ class TensorRTEngine(InferenceEngine):
         self.max_batch = max_batch
         self.key = self.engine_key()
         plan = self.onnx_path.with_name(f"{self.onnx_path.stem}.{self._key_slug()}.plan")
-        meta = plan.with_suffix(".json")
-        cached = meta.is_file() and json.loads(meta.read_text()) == self.key and plan.is_file()
-        if not cached:  # a plan built elsewhere (other GPU, TensorRT, CUDA) is never reused
+        if not plan_matches(plan, self.key):  # built elsewhere (GPU, TensorRT, CUDA): rebuild
             plan.write_bytes(self._build())
-            meta.write_text(json.dumps(self.key, indent=1))
+            plan.with_suffix(".json").write_text(json.dumps(self.key, indent=1))
         self.engine = trt.Runtime(self.logger).deserialize_cuda_engine(plan.read_bytes())
         if self.engine is None:
             raise EngineError(f"{plan}: TensorRT could not deserialise the engine")

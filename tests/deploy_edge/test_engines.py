@@ -4,12 +4,19 @@ is a clear message; a corrupt ONNX file is refused."""
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from deploy_edge.engines import EngineError, EngineUnavailable, OnnxRuntimeEngine, make_engine
+from deploy_edge.engines import (
+    EngineError,
+    EngineUnavailable,
+    OnnxRuntimeEngine,
+    make_engine,
+    plan_matches,
+)
 from stages.export.onnx import ONNX_FILE, REFERENCE_FILE
 
 
@@ -39,3 +46,44 @@ def test_corrupt_onnx_and_unknown_engines_are_refused(export_dir: Path, tmp_path
         make_engine(bad)
     with pytest.raises(EngineError, match="unknown engine 'openvino'"):
         make_engine(export_dir / ONNX_FILE, engine="openvino")
+
+
+def test_a_plan_is_reused_only_for_the_exact_machine_key(tmp_path: Path) -> None:
+    key = {"gpu": "Orin", "sm": "87", "tensorrt": "10.3", "cuda": "12.6", "precision": "fp16"}
+    plan = tmp_path / "policy.Orin.plan"
+    assert not plan_matches(plan, key), "nothing built yet"
+    plan.write_bytes(b"engine")
+    plan.with_suffix(".json").write_text(json.dumps(key))
+    assert plan_matches(plan, key)
+    for field, other in (
+        ("tensorrt", "10.7"),
+        ("cuda", "12.2"),
+        ("sm", "89"),
+        ("precision", "fp32"),
+    ):
+        assert not plan_matches(plan, {**key, field: other}), field
+    plan.with_suffix(".json").write_text("{broken")
+    assert not plan_matches(plan, key)
+
+
+def _tensorrt_gpu() -> bool:
+    if importlib.util.find_spec("tensorrt") is None:
+        return False
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    not _tensorrt_gpu(), reason="needs TensorRT and a CUDA GPU (Jetson or GPU host)"
+)
+def test_tensorrt_engine_builds_passes_preflight_and_is_cached(export_dir: Path) -> None:
+    from deploy_edge.engines import TensorRTEngine
+
+    reference = dict(np.load(export_dir / REFERENCE_FILE))
+    engine = TensorRTEngine(export_dir / ONNX_FILE, "fp16", reference=reference)
+    plans = list(export_dir.glob("*.plan"))
+    assert len(plans) == 1 and plan_matches(plans[0], engine.key)
+    again = TensorRTEngine(export_dir / ONNX_FILE, "fp16", reference=reference)
+    assert list(export_dir.glob("*.plan")) == plans and again.key == engine.key

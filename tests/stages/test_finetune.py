@@ -171,34 +171,30 @@ def test_pretrain_then_lora_finetune_on_ray_train_with_two_workers(
     cfg = load_config(CONFIG_DIR / "demo.yaml", [*TINY, "collect.episodes_per_shard=4"])
     bc = BCConfig(steps=20, batch_size=16, warmup_steps=2, checkpoint_every=10, log_every=5)
     seen: list[float] = []
-    base = pretrain(
-        cfg.robot,
-        cfg.scene,
-        cfg.sim,
-        cfg.collect,
-        TINY_POLICY,
-        PretrainConfig(episodes_per_variant=4, bc=bc.model_copy(update={"workers": 0})),
-        seed=0,
-        checkpoints_dir=tmp_path / "checkpoints",
-        datasets_dir=tmp_path / "datasets",
-        on_metrics=lambda m: seen.append(m["step"]),
-    )
+
+    def run_pretrain() -> CheckpointRef:
+        return pretrain(
+            cfg.robot,
+            cfg.scene,
+            cfg.sim,
+            cfg.collect,
+            TINY_POLICY,
+            PretrainConfig(episodes_per_variant=4, bc=bc.model_copy(update={"workers": 0})),
+            seed=0,
+            checkpoints_dir=tmp_path / "checkpoints",
+            datasets_dir=tmp_path / "datasets",
+            on_metrics=lambda m: seen.append(m["step"]),
+        )
+
+    base = run_pretrain()
     assert base.trainable == "all" and base.step == 20 and seen[-1] == 20
     assert len(base.dataset_hashes) == 3, "one dataset per pretraining variant"
     lineage = json.loads((Path(base.path) / "policy.json").read_text())["lineage"]
     assert "touch-mixed" not in lineage["variants"]
     assert lineage["config"]["pretrain"]["episodes_per_variant"] == 4 and base.config_hash
-    again = pretrain(
-        cfg.robot,
-        cfg.scene,
-        cfg.sim,
-        cfg.collect,
-        TINY_POLICY,
-        PretrainConfig(episodes_per_variant=4, bc=bc.model_copy(update={"workers": 0})),
-        seed=0,
-        checkpoints_dir=tmp_path / "checkpoints",
-        datasets_dir=tmp_path / "datasets",
-    )
+    trained_steps = list(seen)
+    again = run_pretrain()
+    assert seen == trained_steps, "no training the second time"
     assert again == base, "the base is cached"
 
     ref = finetune(

@@ -19,7 +19,7 @@ from rich.table import Table
 
 from pipelines.config import ConfigError, PipelineConfig, load_config
 from robots.spec import RobotDefinitionError, available_robots, get_robot
-from sim_scenes.touch import VARIANTS, SceneError, heldout_variants
+from sim_scenes.touch import VARIANTS, SceneError
 from stages.dataset.writer import DatasetError
 from stages.ray_runtime import RayClusterError
 
@@ -396,7 +396,7 @@ def evaluate_cmd(
     from pipelines.config import save_resolved
     from pipelines.home import new_run_dir
     from stages.evaluate.policies import PolicySpecError
-    from stages.evaluate.run import ShardOutcome
+    from stages.evaluate.run import ShardOutcome, suite_variants
     from stages.evaluate.stage import evaluate
 
     for p in (policy, baseline):
@@ -405,7 +405,7 @@ def evaluate_cmd(
     cfg = _load(config, set_, **{"evaluate.episodes": episodes, "seed": seed})
     run_dir = new_run_dir(f"{cfg.name}-evaluate")
     save_resolved(cfg, run_dir / "config.yaml")
-    variants = cfg.evaluate.variants or heldout_variants(cfg.scene.variant) or [cfg.scene.variant]
+    variants = suite_variants(cfg.scene, cfg.evaluate)
     total = len(variants) * cfg.evaluate.episodes * (2 if baseline else 1)
     done = wins = steps = 0
     start = time.perf_counter()
@@ -531,7 +531,7 @@ def gate_cmd(
     latency.md, latency.png and latency_report.json into a new run folder.
     """
     from deploy_edge.engines import EngineError, EngineUnavailable
-    from deploy_edge.exported import IOSpecError
+    from deploy_edge.exported import IOSpecError, read_io_spec
     from deploy_edge.latency import load_target, run_gate
     from pipelines.home import new_run_dir
     from sim_scenes.sim_robot import SimulatedRobot
@@ -540,7 +540,7 @@ def gate_cmd(
     cfg = _load(config, None)
     try:
         profile = load_target(target)
-        spec = json.loads((export_dir / "io_spec.json").read_text())
+        spec = read_io_spec(export_dir)
         robot = SimulatedRobot(
             get_robot(cfg.robot),
             get_variant(cfg.scene.variant),

@@ -271,11 +271,15 @@ def _run_on_ray(
     running: dict[Any, tuple[Any, Shard]] = {}
     outcomes: dict[tuple[str, int], ShardOutcome] = {}
     replacements = 0
+
+    def dispatch() -> None:
+        while idle and pending:
+            worker, next_shard = idle.pop(), pending.popleft()
+            running[worker.run.remote(next_shard)] = (worker, next_shard)
+
     try:
         while pending or running:
-            while idle and pending:
-                actor, shard = idle.pop(), pending.popleft()
-                running[actor.run.remote(shard)] = (actor, shard)
+            dispatch()
             done, _ = ray.wait(list(running), num_returns=1)
             actor, shard = running.pop(done[0])
             try:
@@ -291,15 +295,13 @@ def _run_on_ray(
                 pending.appendleft(shard)
                 continue
             idle.append(actor)
+            # The freed worker starts its next shard before the callback runs: a slow callback
+            # (or a test that kills that worker) then overlaps with real work.
+            dispatch()
             key = (shard.variant, shard.start)
             if key not in outcomes:
                 outcomes[key] = result
                 if on_shard:
-                    # Submit the freed worker's next shard first: a callback that is slow (or a
-                    # test that kills that worker) then overlaps with real work.
-                    while idle and pending:
-                        nxt_actor, nxt = idle.pop(), pending.popleft()
-                        running[nxt_actor.run.remote(nxt)] = (nxt_actor, nxt)
                     on_shard(result)
     finally:
         for actor, _ in running.values():

@@ -154,7 +154,7 @@ def test_bad_training_config_and_dataset_are_named(robo_pipe_home: Path) -> None
     assert missing.returncode == 2 and "nowhere" in missing.stderr
 
 
-def test_export_then_gate_pass_and_fail(robo_pipe_home: Path, tmp_path: Path) -> None:
+def test_export_gate_and_evaluate_the_export(robo_pipe_home: Path, tmp_path: Path) -> None:
     import torch
 
     from stages.policy.checkpoint import new_policy, save_policy
@@ -176,3 +176,18 @@ def test_export_then_gate_pass_and_fail(robo_pipe_home: Path, tmp_path: Path) ->
     assert tight.returncode == 1 and "FAILED" in tight.stderr and "p99" in tight.stderr
     missing = robo_pipe("gate", str(tmp_path), "--target", "jetson-nano-2014", home=robo_pipe_home)
     assert missing.returncode == 2 and "unknown target" in missing.stderr
+
+    small = [
+        "--episodes",
+        "2",
+        "--set",
+        "evaluate.workers=0",
+        "--set",
+        "evaluate.envs_per_worker=2",
+    ]
+    evaluate = robo_pipe("evaluate", ref["path"], *small, "--json", home=robo_pipe_home)
+    assert evaluate.returncode == 0, evaluate.stderr
+    report = json.loads(evaluate.stdout.strip().splitlines()[-1])
+    assert report["episodes"] == 4 and len(report["rows"]) == 2 and Path(report["report"]).is_file()
+    registry = robo_pipe("evaluate", "models:/demo@champion", home=robo_pipe_home)
+    assert registry.returncode == 2 and "registry" in registry.stderr

@@ -85,7 +85,7 @@ def main() -> None:
         cfg.sim,
         cfg.collect,
         cfg.seed,
-        home_dir("datasets") / f"{cfg.name}-{cfg.scene.variant}",
+        home_dir("datasets") / cfg.dataset_name(),
     )
 
     # -- throughput: 1 vs 2 Ray Train workers -----------------------------------------------

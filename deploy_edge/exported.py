@@ -62,9 +62,9 @@ class ExportedPolicy:
         self.action_dim = int(spec["action_dim"])
         self.chunk_len = int(spec["chunk_len"])
         reference = _load_reference(root)
-        self.engine: InferenceEngine = make_engine(
-            root / ONNX_FILE, engine, precision, threads, reference
-        )
+        # The model file: policy.onnx, or what the spec names (a registry copy uses model.onnx).
+        onnx_file = root / str(spec.get("onnx_file", ONNX_FILE))
+        self.engine: InferenceEngine = make_engine(onnx_file, engine, precision, threads, reference)
         declared = ([i["name"] for i in spec["inputs"]], [o["name"] for o in spec["outputs"]])
         actual = (self.engine.input_names, self.engine.output_names)
         if declared != actual:

@@ -10,11 +10,18 @@ import json
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
 
 from pipelines.config import ConfigError, PipelineConfig, load_config
@@ -24,6 +31,7 @@ from stages.dataset.writer import DatasetError
 from stages.ray_runtime import RayClusterError
 
 if TYPE_CHECKING:  # the policy stack imports torch: keep `robo-pipe --help` fast
+    from pipelines.services import Services
     from stages.dataset.layout import DatasetRef
     from stages.finetune.run import MetricsFn
     from stages.policy.checkpoint import CheckpointRef
@@ -189,7 +197,7 @@ def _collect(
 def _default_dataset(cfg: PipelineConfig) -> Path:
     from pipelines.home import home_dir
 
-    return home_dir("datasets") / f"{cfg.name}-{cfg.scene.variant}"
+    return home_dir("datasets") / cfg.dataset_name()
 
 
 @app.command("collect")
@@ -201,7 +209,9 @@ def collect_cmd(
     ] = None,
     out: Annotated[
         Path | None,
-        typer.Option(help="Dataset directory (default $ROBO_PIPE_HOME/datasets/<name>-<variant>)."),
+        typer.Option(
+            help="Dataset directory (default $ROBO_PIPE_HOME/datasets/<name>-<variant>-<key>)."
+        ),
     ] = None,
     ray_address: RayAddressOpt = None,
     json_out: JsonOpt = False,
@@ -365,10 +375,30 @@ def finetune_cmd(
     _print_checkpoint("fine-tuned policy", ref, time.perf_counter() - start, json_out)
 
 
+def _local_policy(policy: Path) -> Path:
+    """A path as given, or the downloaded export of a ``models:/`` registry version."""
+    text = str(policy)
+    if not text.startswith("models:"):
+        return policy
+    from pipelines.services import configure
+    from pipelines.tracking import RegistryError, fetch_export, parse_model_uri
+
+    configure()
+    try:
+        name, ref = parse_model_uri(text)
+        return fetch_export(name, ref)[1]
+    except RegistryError as err:
+        raise _fail(err) from None
+
+
 @app.command("evaluate")
 def evaluate_cmd(
     policy: Annotated[
-        Path, typer.Argument(help="Checkpoint directory or exported ONNX (directory or file).")
+        Path,
+        typer.Argument(
+            help="Checkpoint directory, exported ONNX (directory or file), or a registry "
+            "version: models:/<name>@<alias> or models:/<name>/<version>."
+        ),
     ],
     config: Annotated[
         Path, typer.Option(help="Pipeline config: robot, scene, simulator, evaluate settings.")
@@ -376,7 +406,10 @@ def evaluate_cmd(
     set_: SetOpt = None,
     baseline: Annotated[
         Path | None,
-        typer.Option(help="Evaluate this policy on the same seeds and gate on the difference."),
+        typer.Option(
+            help="Evaluate this policy (path or models:/ URI) on the same seeds and gate on the "
+            "difference."
+        ),
     ] = None,
     episodes: Annotated[
         int | None, typer.Option(min=1, help="Episodes per variant (overrides evaluate.episodes).")
@@ -399,10 +432,9 @@ def evaluate_cmd(
     from stages.evaluate.run import ShardOutcome, suite_variants
     from stages.evaluate.stage import evaluate
 
-    for p in (policy, baseline):
-        if p is not None and str(p).startswith("models:/"):
-            raise _fail(ValueError(f"{p}: registry URIs need the MLflow registry (not set up)"))
     cfg = _load(config, set_, **{"evaluate.episodes": episodes, "seed": seed})
+    policy = _local_policy(policy)
+    baseline = _local_policy(baseline) if baseline is not None else None
     run_dir = new_run_dir(f"{cfg.name}-evaluate")
     save_resolved(cfg, run_dir / "config.yaml")
     variants = suite_variants(cfg.scene, cfg.evaluate)
@@ -570,6 +602,369 @@ def gate_cmd(
         print(json.dumps(report.to_json()))
     if not report.passed:
         raise typer.Exit(code=1)
+
+
+# -- the pipeline --------------------------------------------------------------------------------
+
+
+def _services() -> Services:
+    """Configure Prefect/MLflow for this home and check the configured servers answer."""
+    from pipelines.services import ServiceError, check_services, configure
+
+    services = configure()
+    try:
+        check_services(services)
+    except ServiceError as err:
+        raise _fail(err) from None
+    return services
+
+
+class _StageDisplay:
+    """Live per-stage progress of a pipeline run in this process (one row per stage)."""
+
+    def __init__(self, progress: Progress) -> None:
+        self.progress = progress
+        self.rows: dict[str, TaskID] = {}
+
+    def _row(self, stage: str, total: float | None) -> TaskID:
+        if stage not in self.rows:
+            self.rows[stage] = self.progress.add_task(stage, total=total, detail="", unit="")
+        return self.rows[stage]
+
+    def started(self, stage: str, total: float | None, unit: str) -> None:
+        row = self._row(stage, total)
+        self.progress.update(row, total=total, unit=unit)
+        self.progress.start_task(row)
+
+    def advanced(self, stage: str, completed: float, detail: str) -> None:
+        row = self._row(stage, None)
+        if completed:
+            self.progress.update(row, completed=completed, detail=detail)
+        else:
+            self.progress.update(row, detail=detail)
+
+    def finished(self, stage: str, detail: str, reused: bool) -> None:
+        row = self._row(stage, 1)
+        total = self.progress.tasks[row].total or 1
+        note = " (reused from an earlier run)" if reused else ""
+        self.progress.update(row, total=total, completed=total, detail=f"[green]{detail}{note}")
+
+
+def _pipeline_progress() -> Progress:
+    return Progress(
+        TextColumn("[bold]{task.description:>9}"),
+        BarColumn(bar_width=30),
+        TextColumn(
+            "{task.completed:>6.0f}/{task.total:<6.0f}" if False else "{task.percentage:>3.0f}%"
+        ),
+        TextColumn("{task.fields[detail]}"),
+        TimeElapsedColumn(),
+        console=console,
+    )
+
+
+@app.command("run")
+def run_cmd(
+    config: ConfigArg,
+    set_: SetOpt = None,
+    ray_address: RayAddressOpt = None,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="Also print Prefect's flow and task logs.")
+    ] = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """Run the whole pipeline: collect, pretrain (cached), fine-tune, export, evaluate the export,
+    latency gate, register in MLflow; champion moves only if every gate passes.
+
+    Each stage is a Prefect task (see them in `robo-pipe ui`); everything is logged to one MLflow
+    run. Re-running after a failure or Ctrl-C reuses the completed stages and continues from the
+    one that did not finish. Ends with the registered version, its gates, and where to look.
+    """
+    import os
+
+    cfg = _load(config, set_)  # a bad config stops here, before anything starts
+    if not verbose:
+        os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
+    services = _services()
+    if ray_address:
+        from stages.ray_runtime import init_ray
+
+        try:
+            init_ray(ray_address)
+        except RayClusterError as err:
+            raise _fail(err) from None
+    console.print(
+        f"pipeline [bold]{cfg.name}[/] (config hash {cfg.config_hash()}): Prefect "
+        f"{services.prefect_api_url or 'temporary local server (robo-pipe ui shows its runs)'}, "
+        f"MLflow {services.mlflow_tracking_uri}",
+        highlight=False,
+    )
+    from pipelines.flow import listening, train_simulate_deploy
+
+    start = time.perf_counter()
+    progress = _pipeline_progress()
+    try:
+        with progress, listening(_StageDisplay(progress)):
+            result = train_simulate_deploy(
+                config=str(config), overrides=list(set_ or []), ray_address=ray_address
+            )
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted[/]: run the same command again to resume")
+        raise typer.Exit(code=130) from None
+    except Exception as err:  # the flow failed: say where, and how to resume
+        console.print(f"[red]pipeline failed:[/] {type(err).__name__}: {err}", highlight=False)
+        console.print("completed stages are kept: run the same command again to resume")
+        raise typer.Exit(code=1) from None
+    _print_result(result, time.perf_counter() - start)
+    if json_out:
+        print(json.dumps(result))
+
+
+def _print_result(result: dict[str, Any], seconds: float) -> None:
+    table = Table(title=f"gates for {result['model_name']} v{result['version']}")
+    for col in ("gate", "result", "measured", "required"):
+        table.add_column(col)
+    for name, gate in result["gates"].items():
+        verdict = "[green]pass" if gate["passed"] else "[red]FAIL"
+        if not gate["enforced"]:
+            verdict += " (not enforced)"
+        table.add_row(name, verdict, gate["measured"], gate["required"])
+    console.print(table)
+    uri = f"models:/{result['model_name']}/{result['version']}"
+    if result["promoted"]:
+        console.print(
+            f"[green]registered {uri}: champion[/] (aliases {', '.join(result['aliases'])})"
+        )
+    else:
+        console.print(
+            f"[yellow]registered {uri} as candidate; champion unchanged[/] "
+            f"(failed: {', '.join(result['blocked_by'])})"
+        )
+    if result["start_success_rate"] is not None:
+        console.print(
+            f"held-out success {result['success_rate']:.1%} "
+            f"(95% CI {result['ci95'][0]:.1%} - {result['ci95'][1]:.1%}); the model it started "
+            f"from: {result['start_success_rate']:.1%}"
+        )
+    console.print(f"pipeline took {seconds / 60:.1f} min; summary: {result['run_dir']}/summary.md")
+    for label, url in result["links"].items():
+        console.print(f"  {label}: {url}", highlight=False)
+    console.print("  (the UIs answer while `robo-pipe ui` runs)", style="dim")
+
+
+@app.command("serve")
+def serve_cmd(
+    config: ConfigArg,
+    set_: SetOpt = None,
+    ray_address: RayAddressOpt = None,
+) -> None:
+    """Register the config's schedules as Prefect deployments and run them until Ctrl-C.
+
+    schedules: in the config lists them, e.g. a nightly train_simulate_deploy on cron
+    "0 2 * * *" in Europe/Berlin and an hourly champion_regression. Without PREFECT_API_URL
+    or a running `robo-pipe ui`, a local Prefect server and MLflow UI are started for as long
+    as this runs (a schedule needs a server's scheduler).
+    """
+    import os
+
+    from pipelines.services import LocalServers, ServiceError
+
+    cfg = _load(config, set_)
+    if not cfg.schedules:
+        raise _fail(ConfigError([f"{config}: field 'schedules' is empty: nothing to serve"]))
+    services = _services()
+    servers = None
+    if services.prefect_api_url is None:
+        servers = LocalServers()
+        try:
+            servers.start()
+        except ServiceError as err:
+            raise _fail(err) from None
+        os.environ["PREFECT_API_URL"] = f"{servers.prefect_url}/api"
+        console.print(f"Prefect UI {servers.prefect_url}   MLflow UI {servers.mlflow_url}")
+    from prefect import serve
+
+    from pipelines.deployments import build_deployments
+
+    try:
+        deployments = build_deployments(cfg, config, list(set_ or []), ray_address)
+        for entry in cfg.schedules:
+            when = (
+                f"cron {entry.cron!r} {entry.timezone}"
+                if entry.cron
+                else f"every {entry.interval_s:g} s"
+            )
+            console.print(f"serving {entry.flow}/{entry.name}: {when}", highlight=False)
+        serve(*deployments, print_starting_message=False)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if servers:
+            servers.stop()
+    console.print("stopped")
+
+
+@app.command("ui")
+def ui_cmd(
+    prefect_port: Annotated[
+        int, typer.Option(help="Prefect server port (next free if taken).")
+    ] = 4200,
+    mlflow_port: Annotated[int, typer.Option(help="MLflow UI port (next free if taken).")] = 5000,
+) -> None:
+    """Start the local Prefect server and the MLflow UI on 127.0.0.1 and print their URLs.
+
+    Both show this home's runs (earlier ones too). While this runs, `robo-pipe run` reports to
+    this Prefect server, so its stages appear live. Ctrl-C stops both.
+    """
+    import signal
+
+    from pipelines.services import LocalServers, ServiceError
+
+    servers = LocalServers(prefect_port, mlflow_port)
+    with console.status("starting the Prefect server and the MLflow UI"):
+        try:
+            servers.start()
+        except ServiceError as err:
+            raise _fail(err) from None
+    console.print(f"Prefect UI  {servers.prefect_url}", highlight=False)
+    console.print(f"MLflow UI   {servers.mlflow_url}", highlight=False)
+    console.print("Ctrl-C stops both", style="dim")
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        while all(p.poll() is None for p in servers.processes):
+            time.sleep(1)
+        console.print("[red]a server exited[/]; see the logs under $ROBO_PIPE_HOME")
+    except KeyboardInterrupt:
+        pass
+    finally:
+        servers.stop()
+
+
+@app.command("info")
+def info_cmd(json_out: JsonOpt = False) -> None:
+    """Print the home, the MLflow tracking URI and the Prefect API URL this machine uses."""
+    from pipelines.services import configure
+
+    services = configure()
+    table = Table(show_header=False, title="robo-pipe")
+    table.add_row("home ($ROBO_PIPE_HOME)", services.home)
+    table.add_row("MLflow tracking URI", services.mlflow_tracking_uri)
+    table.add_row("MLflow UI", services.mlflow_ui or "not running (robo-pipe ui)")
+    table.add_row(
+        "Prefect API",
+        services.prefect_api_url or "temporary local server per run (no PREFECT_API_URL)",
+    )
+    table.add_row("Prefect UI", services.prefect_ui or "not running (robo-pipe ui)")
+    table.add_row("Prefect home", services.prefect_home)
+    console.print(table)
+    if json_out:
+        print(json.dumps(services.to_json()))
+
+
+models_app = typer.Typer(
+    help="The MLflow model registry: list, show, promote and roll back policy versions.",
+    no_args_is_help=True,
+)
+app.add_typer(models_app, name="models")
+
+
+def _registry() -> Any:
+    from pipelines import tracking
+
+    _services()
+    return tracking
+
+
+@models_app.command("list")
+def models_list(json_out: JsonOpt = False) -> None:
+    """Registered models with their versions and aliases."""
+    tracking = _registry()
+    records = []
+    table = Table(title="registered models")
+    for col in ("model", "versions", "champion", "candidate", "latest"):
+        table.add_column(col)
+    for name in tracking.model_names():
+        versions = tracking.versions(name)
+        by_alias = {a: v.version for v in versions for a in v.aliases}
+        table.add_row(
+            name,
+            str(len(versions)),
+            by_alias.get("champion", "-"),
+            by_alias.get("candidate", "-"),
+            versions[0].version if versions else "-",
+        )
+        records.append({"name": name, "versions": [v.to_json() for v in versions]})
+    console.print(table)
+    if json_out:
+        print(json.dumps(records))
+
+
+@models_app.command("show")
+def models_show(
+    model: Annotated[str, typer.Argument(help="NAME, NAME@ALIAS or NAME/VERSION.")],
+    json_out: JsonOpt = False,
+) -> None:
+    """A model's versions, or one version's lineage and gate results."""
+    tracking = _registry()
+    try:
+        if "@" in model or "/" in model:
+            name, ref = tracking.parse_model_uri(model)
+            shown = [tracking.get_version(name, ref)]
+        else:
+            shown = tracking.versions(model)
+    except tracking.RegistryError as err:
+        raise _fail(err) from None
+    for v in shown:
+        table = Table(title=f"{v.name} v{v.version} {' '.join(v.aliases)}", show_header=False)
+        table.add_row("registered", v.created)
+        table.add_row("source", v.source)
+        for key, value in sorted(v.tags.items()):
+            table.add_row(key.removeprefix(tracking.TAG), value)
+        console.print(table)
+    if json_out:
+        print(json.dumps([v.to_json() for v in shown]))
+
+
+@models_app.command("promote")
+def models_promote(
+    model: Annotated[str, typer.Argument(help="Registered model name.")],
+    version: Annotated[str, typer.Argument(help="Version number (or alias) to make champion.")],
+    force: Annotated[
+        bool, typer.Option(help="Promote even if the version failed a gate (recorded in its tags).")
+    ] = False,
+) -> None:
+    """Make a version the champion. Refused if it failed a gate, unless --force."""
+    tracking = _registry()
+    try:
+        info = tracking.get_version(model, version)
+        failed = [
+            k.split("gate.", 1)[1] for k, v in info.tags.items() if ".gate." in k and v != "passed"
+        ]
+        if failed and not force:
+            raise tracking.RegistryError(
+                f"{model} v{info.version} failed gates: {', '.join(failed)}; "
+                "--force to promote anyway"
+            )
+        reason = "robo-pipe models promote" + (
+            f" --force (failed {', '.join(failed)})" if failed else ""
+        )
+        info = tracking.promote(model, info.version, reason)
+    except tracking.RegistryError as err:
+        raise _fail(err) from None
+    console.print(f"{model} v{info.version} is champion", highlight=False)
+
+
+@models_app.command("rollback")
+def models_rollback(
+    model: Annotated[str, typer.Argument(help="Registered model name.")],
+) -> None:
+    """Give the champion alias back to the previous champion."""
+    tracking = _registry()
+    try:
+        info = tracking.rollback(model)
+    except tracking.RegistryError as err:
+        raise _fail(err) from None
+    console.print(f"{model}: champion rolled back to v{info.version}", highlight=False)
 
 
 @app.command("config")

@@ -15,10 +15,10 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from robots.spec import available_robots, get_robot
 from sim_scenes.config import SceneConfig, SimConfig
@@ -49,6 +49,83 @@ class DemoConfig(BaseModel):
     """Episodes drawn frame by frame into the demo's filmstrip image."""
 
 
+class LatencyGateConfig(BaseModel):
+    """The pipeline's latency gate: the exported policy in the control loop on this machine."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    target: str = "local-cpu"
+    """Target profile: a name in ``configs/targets/`` or a YAML path (engine, rate, budget)."""
+    budget_ms: float | None = Field(default=None, gt=0)
+    """p99 budget of one control step in ms; default: the target profile's."""
+    steps: int = Field(default=300, ge=1, le=1_000_000)
+    """Measured control steps (paced at the control rate: 300 steps at 10 Hz take 30 s)."""
+    warmup: int = Field(default=30, ge=0, le=100_000)
+    """Unmeasured steps first."""
+    pace: bool = True
+    """Sleep to the control rate between steps, as on the robot."""
+
+
+class PromotionConfig(BaseModel):
+    """When a registered version becomes ``champion``: every enabled gate must pass."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    min_success: float = Field(default=0.7, ge=0.0, le=1.0)
+    """Held-out success rate (all evaluated variants together) the candidate must reach."""
+    no_regression: bool = True
+    """The candidate must not be worse than the current champion on the same seeds
+    (``evaluate.gate_confidence``, one-sided two-proportion test)."""
+    latency: bool = True
+    """The latency gate must pass."""
+
+
+class RegistryConfig(BaseModel):
+    """The MLflow model registry the pipeline registers exported policies in."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    model_name: str | None = Field(default=None, min_length=1, pattern=r"^[A-Za-z0-9][\w.-]*$")
+    """Registered model name; default ``<name>-policy``."""
+    promotion: PromotionConfig = PromotionConfig()
+
+
+class ScheduleConfig(BaseModel):
+    """One Prefect deployment ``robo-pipe serve`` registers and serves."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][\w.-]*$")
+    """Deployment name (shown in the Prefect UI)."""
+    flow: Literal["train_simulate_deploy", "champion_regression"]
+    """``train_simulate_deploy``: the whole pipeline (e.g. a nightly retrain);
+    ``champion_regression``: evaluate the current champion on the held-out suite."""
+    cron: str | None = None
+    """Cron string, e.g. ``"0 2 * * *"`` (02:00 every day) in ``timezone``."""
+    interval_s: float | None = Field(default=None, gt=0)
+    """Run every this many seconds instead of on a cron."""
+    timezone: str = "UTC"
+    """IANA time zone of the cron string, e.g. ``Europe/Berlin``."""
+    set: list[str] = []
+    """``FIELD=VALUE`` overrides applied to this config for the scheduled runs."""
+
+    @model_validator(mode="after")
+    def _one_schedule(self) -> ScheduleConfig:
+        if (self.cron is None) == (self.interval_s is None):
+            raise ValueError("give exactly one of cron and interval_s")
+        if self.cron is not None:  # Prefect's own check (imported only when a cron is given)
+            from prefect.schedules import Cron
+
+            Cron(self.cron)
+        from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+        try:
+            ZoneInfo(self.timezone)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(f"unknown time zone {self.timezone!r} (IANA names)") from None
+        return self
+
+
 class PipelineConfig(BaseModel):
     """A whole robo-pipe run: robot, task, simulator and the settings of each stage."""
 
@@ -68,6 +145,10 @@ class PipelineConfig(BaseModel):
     pretrain: PretrainConfig = PretrainConfig()
     finetune: FinetuneConfig = FinetuneConfig()
     evaluate: EvalConfig = EvalConfig()
+    latency: LatencyGateConfig = LatencyGateConfig()
+    registry: RegistryConfig = RegistryConfig()
+    schedules: list[ScheduleConfig] = []
+    """Deployments ``robo-pipe serve`` registers (e.g. a nightly retrain)."""
 
     @field_validator("robot")
     @classmethod
@@ -75,6 +156,20 @@ class PipelineConfig(BaseModel):
         if name not in available_robots():
             raise ValueError(f"unknown robot; valid choices: {', '.join(available_robots())}")
         return name
+
+    @property
+    def model_name(self) -> str:
+        """The registered model name (``registry.model_name`` or ``<name>-policy``)."""
+        return self.registry.model_name or f"{self.name}-policy"
+
+    def dataset_name(self) -> str:
+        """The collected dataset's folder under ``$ROBO_PIPE_HOME/datasets``:
+        ``<name>-<variant>-<key>``, the key hashing everything that decides its content except
+        the episode count (so a larger ``collect.episodes`` appends to the same dataset)."""
+        what = self.model_dump(include={"robot", "scene", "seed"}, mode="json")
+        what["collect"] = self.collect.model_dump(mode="json", exclude={"episodes"})
+        digest = hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:8]
+        return f"{self.name}-{self.scene.variant}-{digest}"
 
     def config_hash(self) -> str:
         """sha256 of the canonical JSON of the resolved config (first 16 hex digits)."""

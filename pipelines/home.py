@@ -6,9 +6,12 @@ Layout (created on demand)::
       runs/<run-id>/            one folder per CLI/pipeline run: resolved config, reports, plots
       datasets/                 collected LeRobot v3 datasets
       checkpoints/              base models and fine-tuned adapters
+      exports/                  ONNX exports of fine-tuned checkpoints
+      stages/                   records of completed pipeline stages (what a re-run skips)
       mlflow/                   MLflow SQLite database and artifacts
       prefect/                  PREFECT_HOME of the embedded Prefect server
       edge/                     state of the loopback edge agent
+      services.json             URLs and pids of the servers `robo-pipe ui` started
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import secrets
 import time
 from pathlib import Path
 
-SUBDIRS = ("runs", "datasets", "checkpoints", "mlflow", "prefect", "edge")
+SUBDIRS = ("runs", "datasets", "checkpoints", "exports", "stages", "mlflow", "prefect", "edge")
 
 
 def robo_pipe_home() -> Path:

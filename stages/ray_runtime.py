@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 
 
 class RayClusterError(RuntimeError):
@@ -27,6 +28,7 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     if ray.is_initialized():
         return
     if address:
+        _check_reachable(address)  # ray.init would retry an unreachable address for minutes
         try:
             ray.init(address=address, log_to_driver=False)
         except (ConnectionError, RuntimeError, ValueError) as err:
@@ -40,3 +42,20 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
             include_dashboard=False,
             log_to_driver=False,
         )
+
+
+def _check_reachable(address: str) -> None:
+    """Raise :class:`RayClusterError` if ``host:port`` (or ``ray://host:port``) does not accept
+    a TCP connection within 5 s; ``auto`` is left to Ray."""
+    hostport = address.removeprefix("ray://")
+    host, sep, port = hostport.rpartition(":")
+    if not sep or not port.isdigit():
+        return
+    try:
+        with socket.create_connection((host, int(port)), timeout=5):
+            pass
+    except OSError as err:
+        raise RayClusterError(
+            f"cannot join the Ray cluster at {address!r}: nothing answers at {host}:{port} "
+            f"({err.strerror or err}). Is `ray start --head` running there?"
+        ) from None

@@ -13,7 +13,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import shutil
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +30,7 @@ from stages.policy.base import OnnxPolicy, VLAPolicy
 from stages.policy.checkpoint import TOKENIZER_DIR, checkpoint_hash, load_policy
 
 REFERENCE_FILE = "reference.npz"
+NORMALIZATION_FILE = "normalization.json"
 OPSET = 18
 PARITY_TOLERANCE = 1e-4
 """Largest accepted |ONNX Runtime - torch| (robot units; actions are ~0.01-0.08 rad)."""
@@ -84,25 +89,29 @@ def export_policy(
     import onnxruntime as ort
 
     policy = load_policy(checkpoint).eval()
-    wrapper = policy.as_onnx()
+    wrapper = policy.as_onnx().eval()
     out = Path(out)
     staging = out.with_name(f".{out.name}.partial")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     batch = torch.export.Dim("batch", min=1, max=1024)
     example = wrapper.dummy_inputs(batch=2)
-    torch.onnx.export(
-        wrapper,
-        example,
-        str(staging / ONNX_FILE),
-        input_names=wrapper.input_names,
-        output_names=wrapper.output_names,
-        # forward(*inputs): one varargs entry holding a shape spec per input
-        dynamic_shapes=(tuple({0: batch} for _ in example),),
-        opset_version=OPSET,
-        dynamo=True,
-        verbose=False,
-    )
+    # The exporter's chatter (torchvision ops it skips, deprecations inside torch) is not ours.
+    with warnings.catch_warnings(), _quiet("torch.onnx", "torch.export"):
+        warnings.simplefilter("ignore", category=UserWarning)
+        warnings.simplefilter("ignore", category=FutureWarning)
+        torch.onnx.export(
+            wrapper,
+            example,
+            str(staging / ONNX_FILE),
+            input_names=wrapper.input_names,
+            output_names=wrapper.output_names,
+            # forward(*inputs): one varargs entry holding a shape spec per input
+            dynamic_shapes=(tuple({0: batch} for _ in example),),
+            opset_version=OPSET,
+            dynamo=True,
+            verbose=False,
+        )
     onnx.checker.check_model(str(staging / ONNX_FILE))
     policy.tokenizer.save(str(staging / TOKENIZER_DIR))
 
@@ -152,6 +161,8 @@ def export_policy(
         "parity": parity,
     }
     (staging / IO_SPEC_FILE).write_text(json.dumps(spec, indent=1))
+    # The statistics the graph normalises with (already inside it): for inspection on the edge.
+    (staging / NORMALIZATION_FILE).write_text(json.dumps(asdict(policy.normalizer), indent=1))
     if out.exists():
         shutil.rmtree(out)
     staging.rename(out)
@@ -165,6 +176,19 @@ def export_policy(
         parity=parity,
         opset=OPSET,
     )
+
+
+@contextmanager
+def _quiet(*loggers: str) -> Iterator[None]:
+    """Only errors from these loggers inside the block."""
+    saved = {name: logging.getLogger(name).level for name in loggers}
+    for name in loggers:
+        logging.getLogger(name).setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for name, level in saved.items():
+            logging.getLogger(name).setLevel(level)
 
 
 def _tensor(name: str, dtype: str, shape: list[int], units: str) -> dict[str, Any]:

@@ -123,7 +123,8 @@ def test_pretrain_then_finetune_print_checkpoint_records(robo_pipe_home: Path) -
     assert ref["trainable"] == "lora" and ref["step"] == 10
     assert ref["base"]["hash"] == base["content_hash"], "the cached base is reused"
     assert ref["config_hash"] and ref["metrics"]["samples_per_s"] > 0
-    assert (robo_pipe_home / "datasets" / "demo-touch-mixed" / "meta" / "info.json").is_file()
+    datasets = list((robo_pipe_home / "datasets").glob("demo-touch-mixed-*/meta/info.json"))
+    assert len(datasets) == 1, "the config's dataset, collected on the way"
 
 
 def test_bad_training_config_and_dataset_are_named(robo_pipe_home: Path) -> None:

@@ -1,0 +1,306 @@
+"""The Prefect flows: ``train_simulate_deploy`` (data to a registered, gated policy) and
+``champion_regression`` (re-check the current champion).
+
+``train_simulate_deploy`` runs one Prefect task per stage, each wrapping the stage's plain
+function and handing the next stage a small JSON record (paths and hashes, never tensors)::
+
+    collect -> pretrain (default VLA; cached) -> finetune -> export -> evaluate (the ONNX export,
+    against the champion and the model fine-tuning started from) -> latency -> register
+
+Resume: every stage's record is kept under ``$ROBO_PIPE_HOME/stages`` keyed on its inputs
+(:mod:`pipelines.resume`); re-running a failed or killed run with the same config reuses the
+completed stages and continues from the one that failed. Transient errors (lost connections,
+dead Ray actors) are retried by Prefect.
+
+Tracking: one MLflow run per flow run (params: the resolved config), a nested run per stage
+(metrics, reports, plots), the export registered as a model version with its lineage and gate
+results (:mod:`pipelines.tracking`). The flow run publishes a markdown summary, tables and links
+as Prefect artifacts.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from prefect import flow
+from prefect.artifacts import (
+    create_link_artifact,
+    create_markdown_artifact,
+    create_table_artifact,
+)
+from prefect.client.schemas.objects import FlowRun
+from prefect.context import get_run_context
+
+from pipelines import summary, tracking
+from pipelines.config import PipelineConfig, load_config, save_resolved
+from pipelines.home import new_run_dir
+from pipelines.resume import Record
+from pipelines.services import Services, check_services, configure
+from pipelines.tasks import (
+    STAGES,
+    RunContext,
+    collect_stage,
+    compact,
+    evaluate_stage,
+    export_stage,
+    finetune_stage,
+    latency_stage,
+    listening,
+    pretrain_stage,
+    register_stage,
+)
+from stages.provenance import code_version
+
+__all__ = ["STAGES", "champion_regression", "listening", "train_simulate_deploy"]
+
+DEFAULT_MLFLOW_UI = "http://127.0.0.1:5000"
+DEFAULT_PREFECT_UI = "http://127.0.0.1:4200"
+
+
+def _flow_run() -> FlowRun:
+    run = get_run_context().flow_run  # type: ignore[union-attr]
+    assert run is not None, "called outside a flow run"
+    return run
+
+
+# -- the flows -----------------------------------------------------------------------------------
+
+
+def _links(
+    services: Services, run: tracking.TrackedRun, model: str, version: str
+) -> dict[str, str]:
+    flow_run = _flow_run()
+    prefect_ui = services.prefect_ui or DEFAULT_PREFECT_UI
+    mlflow_ui = services.mlflow_ui or DEFAULT_MLFLOW_UI
+    return {
+        "Prefect flow run": f"{prefect_ui}/runs/flow-run/{flow_run.id}",
+        "MLflow run": run.ui_url(mlflow_ui),
+        "MLflow model version": f"{mlflow_ui}/#/models/{model}/versions/{version}",
+    }
+
+
+def _artifact_url(services: Services, run_id: str, path: str) -> str:
+    mlflow_ui = services.mlflow_ui or DEFAULT_MLFLOW_UI
+    return f"{mlflow_ui}/get-artifact?path={path}&run_uuid={run_id}"
+
+
+def _start(
+    config: str, overrides: list[str] | None, kind: str
+) -> tuple[PipelineConfig, Services, Path, tracking.TrackedRun]:
+    """Load and validate the config (before any stage), check the services, open the run
+    folder and the MLflow run."""
+    cfg = load_config(config, overrides or [])
+    services = configure()
+    check_services(services)
+    flow_run = _flow_run()
+    run_dir = new_run_dir(f"{cfg.name}-{kind}")
+    save_resolved(cfg, run_dir / "config.yaml")
+    mlrun = tracking.TrackedRun.start(
+        cfg.name,
+        f"{kind}-{flow_run.name}",
+        tags={
+            tracking.TAG + "kind": kind,
+            tracking.TAG + "config_hash": cfg.config_hash(),
+            tracking.TAG + "prefect_flow_run_id": str(flow_run.id),
+            tracking.TAG + "run_dir": str(run_dir),
+        },
+    )
+    mlrun.log_params(cfg.model_dump(mode="json"))
+    mlrun.log_artifact(run_dir / "config.yaml")
+    return cfg, services, run_dir, mlrun
+
+
+@flow(name="train_simulate_deploy", log_prints=True, persist_result=False)
+def train_simulate_deploy(
+    config: str = "configs/demo.yaml",
+    overrides: list[str] | None = None,
+    ray_address: str | None = None,
+) -> Record:
+    """Data to a registered, gated policy: collect, pretrain (cached), fine-tune, export,
+    evaluate the export, latency gate, register (see the module docstring).
+
+    Args:
+        config: pipeline config YAML.
+        overrides: ``FIELD=VALUE`` overrides, as ``--set``.
+        ray_address: an existing Ray cluster (default: local Ray).
+    """
+    cfg, services, run_dir, mlrun = _start(config, overrides, "pipeline")
+    if ray_address:
+        from stages.ray_runtime import init_ray
+
+        init_ray(ray_address)  # an unreachable cluster fails here, before any stage
+    ctx = RunContext(cfg, run_dir, mlrun.run_id, ray_address, code_version())
+    try:
+        dataset = collect_stage(ctx)
+        base = pretrain_stage(ctx) if cfg.policy.type == "default" else None  # hub-vlm: none
+        checkpoint = finetune_stage(ctx, dataset, base)
+        export = export_stage(ctx, checkpoint, dataset)
+        evaluation = evaluate_stage(ctx, export, base)
+        latency = latency_stage(ctx, export)
+        registered = register_stage(ctx, dataset, checkpoint, export, evaluation, latency)
+        records = {
+            "collect": dataset,
+            **({"pretrain": base} if base else {}),
+            "finetune": checkpoint,
+            "export": export,
+            "evaluate": evaluation,
+            "latency": latency,
+            "register": registered,
+        }
+        result = _publish(cfg, services, run_dir, mlrun, records)
+    except BaseException:
+        mlrun.finish("FAILED")
+        raise
+    mlrun.finish()
+    return result
+
+
+def _publish(
+    cfg: PipelineConfig,
+    services: Services,
+    run_dir: Path,
+    mlrun: tracking.TrackedRun,
+    records: dict[str, Record],
+) -> Record:
+    """The run's result record, summary markdown, plots, Prefect artifacts, MLflow metrics."""
+    reg, evaluation, latency = records["register"], records["evaluate"], records["latency"]
+    cand = evaluation["candidate"]
+    curves = summary.plot_training_curves(
+        {k: records[k] for k in ("pretrain", "finetune") if k in records},
+        run_dir / "training_curves.png",
+    )
+    plots = {
+        "training curves": curves,
+        "evaluation": Path(cand["plot"]),
+        "latency": Path(latency["histogram"]),
+    }
+    images = {}
+    for name, path in plots.items():
+        if path and path.is_file():
+            mlrun.log_artifact(path, "plots")
+            images[name] = _artifact_url(services, mlrun.run_id, f"plots/{path.name}")
+    result: Record = {
+        "config_name": cfg.name,
+        "config_hash": cfg.config_hash(),
+        "run_dir": str(run_dir),
+        "model_name": reg["name"],
+        "version": reg["version"],
+        "aliases": reg["aliases"],
+        "promoted": reg["promoted"],
+        "blocked_by": reg["blocked_by"],
+        "gates": reg["gates"],
+        "dataset": records["collect"]["path"],
+        "checkpoint": records["finetune"]["path"],
+        "export": records["export"]["path"],
+        "success_rate": cand["success_rate"],
+        "ci95": cand["ci95"],
+        "start_success_rate": evaluation["start"]["success_rate"] if evaluation["start"] else None,
+        "latency_p99_ms": latency["p99_ms"],
+        "mlflow_run_id": mlrun.run_id,
+        "stages": {name: rec["_stage"] for name, rec in records.items() if rec},
+        "links": _links(services, mlrun, reg["name"], reg["version"]),
+    }
+    text = summary.markdown(result, records, images)
+    (run_dir / "summary.md").write_text(text)
+    (run_dir / "result.json").write_text(json.dumps(result, indent=1))
+    mlrun.log_artifact(run_dir / "summary.md")
+    mlrun.log_artifact(run_dir / "result.json")
+    mlrun.log_metrics(
+        {
+            "success_rate": cand["success_rate"],
+            "success_ci95_low": cand["ci95"][0],
+            "success_ci95_high": cand["ci95"][1],
+            "latency_p99_ms": latency["p99_ms"],
+            "promoted": float(reg["promoted"]),
+        }
+    )
+    mlrun.set_tags({"model_version": f"{reg['name']}/{reg['version']}"})
+    slug = cfg.name.lower().replace("_", "-")
+    create_markdown_artifact(
+        text, key=f"{slug}-pipeline-summary", description="pipeline run summary"
+    )
+    create_table_artifact(
+        summary.evaluation_table(evaluation),
+        key=f"{slug}-evaluation",
+        description="held-out success, 95% intervals",
+    )
+    create_table_artifact(
+        summary.latency_table(latency), key=f"{slug}-latency", description="latency gate"
+    )
+    create_table_artifact(
+        [{"gate": name, **{k: str(v) for k, v in g.items()}} for name, g in reg["gates"].items()],
+        key=f"{slug}-gates",
+        description="promotion gates",
+    )
+    create_link_artifact(
+        result["links"]["MLflow run"], link_text="MLflow run", key=f"{slug}-mlflow-run"
+    )
+    return result
+
+
+class RegressionDetected(RuntimeError):
+    """The champion's held-out success fell below ``registry.promotion.min_success``."""
+
+
+@flow(name="champion_regression", log_prints=True, persist_result=False)
+def champion_regression(
+    config: str = "configs/demo.yaml",
+    overrides: list[str] | None = None,
+    ray_address: str | None = None,
+) -> Record:
+    """Evaluate the current champion on the held-out suite; fail if it fell below the
+    promotion threshold (a simulator or dependency change can break a model that passed)."""
+    from stages.evaluate.stage import evaluate
+
+    cfg, _, run_dir, mlrun = _start(config, overrides, "regression")
+    try:
+        info, export_dir = tracking.fetch_export(cfg.model_name, tracking.CHAMPION)
+        report = evaluate(
+            export_dir,
+            cfg.robot,
+            cfg.scene,
+            cfg.sim,
+            cfg.evaluate,
+            cfg.seed,
+            run_dir / "evaluate",
+            ray_address=ray_address,
+        )
+        record = compact(report)
+        mlrun.log_metrics({"success_rate": report.success_rate, "success_ci95_low": report.ci95[0]})
+        mlrun.set_tags({"model_version": f"{info.name}/{info.version}"})
+        mlrun.log_artifact(run_dir / "evaluate", "evaluate")
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        tracking.set_version_tags(
+            info.name,
+            info.version,
+            {
+                tracking.TAG + "last_regression_success": f"{report.success_rate:.4f}",
+                tracking.TAG + "last_regression_at": stamp,
+            },
+        )
+        ok = report.success_rate >= cfg.registry.promotion.min_success
+        rows = summary.evaluation_table({"candidate": record})
+        slug = cfg.name.lower().replace("_", "-")
+        create_table_artifact(
+            rows, key=f"{slug}-champion-regression", description=f"champion v{info.version}"
+        )
+        create_markdown_artifact(
+            f"# Champion regression check: {info.name} v{info.version}\n\n"
+            f"Held-out success {report.success_rate:.1%} "
+            f"(95% CI {report.ci95[0]:.1%} - {report.ci95[1]:.1%}) over {report.episodes} "
+            f"episodes; required {cfg.registry.promotion.min_success:.0%}: "
+            f"**{'ok' if ok else 'REGRESSED'}**.\n\nReport: `{report.report}`\n",
+            key=f"{slug}-champion-regression-summary",
+        )
+        if not ok:
+            raise RegressionDetected(
+                f"champion {info.name} v{info.version}: held-out success {report.success_rate:.1%} "
+                f"< {cfg.registry.promotion.min_success:.0%}"
+            )
+    except BaseException:
+        mlrun.finish("FAILED")
+        raise
+    mlrun.finish()
+    return {"model_name": info.name, "version": info.version, **record}

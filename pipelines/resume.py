@@ -1,0 +1,65 @@
+"""Resuming pipeline runs: records of completed stages, keyed on what each stage was given.
+
+A stage's key hashes its inputs (the upstream records it consumed, the config sections that
+determine its result, the code version). When a stage completes, its output record is written
+atomically to ``$ROBO_PIPE_HOME/stages/<stage>-<key>.json``; a failed stage writes nothing.
+A later run with the same inputs finds the record and, if the artifact it points to is still
+intact (the stage's ``check``), reuses it instead of running the stage again. So re-running a
+failed or killed pipeline continues from the stage that did not finish.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+Record = dict[str, Any]
+
+
+def stage_key(stage: str, inputs: dict[str, Any]) -> str:
+    """sha256 (16 hex digits) of the stage name and the canonical JSON of ``inputs``."""
+    canonical = json.dumps({"stage": stage, **inputs}, sort_keys=True, default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+class StageRecords:
+    """Completed-stage records under one directory (see the module docstring)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        root.mkdir(parents=True, exist_ok=True)
+
+    def path(self, stage: str, key: str) -> Path:
+        """The record file of ``stage`` with inputs ``key``."""
+        return self.root / f"{stage}-{key}.json"
+
+    def get(self, stage: str, key: str, check: Callable[[Record], bool]) -> Record | None:
+        """The stored record if there is one and ``check(record)`` says its artifact is intact;
+        a record that fails the check is removed (the stage then runs again)."""
+        path = self.path(stage, key)
+        try:
+            record: Record = json.loads(path.read_text())
+        except FileNotFoundError:
+            return None
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            path.unlink(missing_ok=True)
+            return None
+        try:
+            intact = check(record)
+        except (OSError, KeyError, TypeError, ValueError):
+            intact = False
+        if not intact:
+            path.unlink(missing_ok=True)
+            return None
+        return record
+
+    def put(self, stage: str, key: str, record: Record) -> None:
+        """Store ``record`` (written beside, then renamed: never half a file)."""
+        path = self.path(stage, key)
+        staging = path.with_name(f".{path.name}.{os.getpid()}.partial")
+        staging.write_text(json.dumps(record, indent=1, default=str))
+        staging.replace(path)

@@ -1,0 +1,270 @@
+"""Where the pipeline's services are: the Prefect API, the MLflow tracking server, and the local
+servers ``robo-pipe ui`` starts.
+
+Embedded default (nothing configured):
+
+- **MLflow**: ``sqlite:///$ROBO_PIPE_HOME/mlflow/mlflow.db``, artifacts under
+  ``$ROBO_PIPE_HOME/mlflow/artifacts``. ``MLFLOW_TRACKING_URI`` points at any MLflow server.
+- **Prefect**: ``PREFECT_HOME=$ROBO_PIPE_HOME/prefect``. If ``PREFECT_API_URL`` is set, flows
+  report there; else, if ``robo-pipe ui`` is running, to its server (so runs appear live in its
+  UI); else Prefect starts a temporary local server on the same SQLite database, and
+  ``robo-pipe ui`` shows those runs later.
+
+:func:`configure` must run before Prefect or MLflow is imported: both read their settings from
+the environment on import.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from urllib.parse import urlparse
+
+from pipelines.home import home_dir, robo_pipe_home
+
+SERVICES_FILE = "services.json"
+"""Written by ``robo-pipe ui`` under the home: the URLs and pids of its servers."""
+
+
+class ServiceError(RuntimeError):
+    """A configured service (Prefect API, MLflow tracking server) cannot be reached."""
+
+
+@dataclass(frozen=True)
+class Services:
+    """What this process uses (``robo-pipe info`` prints it)."""
+
+    home: str
+    mlflow_tracking_uri: str
+    mlflow_ui: str | None
+    """The MLflow UI serving that store, when one is known (``robo-pipe ui``)."""
+    prefect_api_url: str | None
+    """None: a temporary local Prefect server per process (ephemeral mode)."""
+    prefect_ui: str | None
+    prefect_home: str
+
+    def to_json(self) -> dict[str, str | None]:
+        """Plain-dict form for JSON output."""
+        return asdict(self)
+
+
+def default_tracking_uri() -> str:
+    """The embedded MLflow store: a SQLite file under the home."""
+    return f"sqlite:///{home_dir('mlflow') / 'mlflow.db'}"
+
+
+def default_artifact_root() -> str:
+    """Where the embedded store keeps artifacts (runs, registered models)."""
+    return (home_dir("mlflow") / "artifacts").as_uri()
+
+
+def configure() -> Services:
+    """Set the environment Prefect and MLflow read (only what the user has not set) and return
+    where everything is. Call before importing either."""
+    _default("PREFECT_HOME", str(home_dir("prefect")))
+    _default("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    _default("MLFLOW_DISABLE_TELEMETRY", "true")
+    _default("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    _default("MLFLOW_TRACKING_URI", default_tracking_uri())
+    ui = running_ui()
+    if ui:
+        _default("PREFECT_API_URL", ui["prefect_api_url"])
+    api = os.environ.get("PREFECT_API_URL") or None
+    prefect_ui = api.removesuffix("/api") if api else None
+    return Services(
+        home=str(robo_pipe_home()),
+        mlflow_tracking_uri=os.environ["MLFLOW_TRACKING_URI"],
+        mlflow_ui=ui["mlflow_ui"] if ui and _is_default_store() else None,
+        prefect_api_url=api,
+        prefect_ui=prefect_ui,
+        prefect_home=os.environ["PREFECT_HOME"],
+    )
+
+
+_set_by_us: dict[str, str] = {}
+
+
+def _default(name: str, value: str) -> None:
+    """Set ``name`` unless the user did (a value this module set earlier is ours to change:
+    the home may have changed since)."""
+    if name not in os.environ or os.environ[name] == _set_by_us.get(name):
+        os.environ[name] = value
+        _set_by_us[name] = value
+
+
+def _is_default_store() -> bool:
+    return os.environ.get("MLFLOW_TRACKING_URI") == default_tracking_uri()
+
+
+def check_services(services: Services) -> None:
+    """Raise :class:`ServiceError` naming the first configured service that does not answer."""
+    if services.prefect_api_url:
+        _check_http(
+            f"{services.prefect_api_url.rstrip('/')}/health", "Prefect API", "PREFECT_API_URL"
+        )
+    uri = services.mlflow_tracking_uri
+    scheme = urlparse(uri).scheme
+    if scheme in ("http", "https"):
+        _check_http(f"{uri.rstrip('/')}/health", "MLflow tracking server", "MLFLOW_TRACKING_URI")
+    elif scheme == "sqlite":
+        parent = Path(uri.removeprefix("sqlite:///")).parent
+        if not parent.is_dir() or not os.access(parent, os.W_OK):
+            raise ServiceError(
+                f"MLflow tracking URI {uri!r}: directory {parent} does not exist or is not "
+                "writable (set MLFLOW_TRACKING_URI)"
+            )
+
+
+def _check_http(url: str, what: str, variable: str) -> None:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            if response.status >= 400:
+                raise ServiceError(f"{what} at {url} answered HTTP {response.status}")
+    except (urllib.error.URLError, OSError, TimeoutError) as err:
+        reason = getattr(err, "reason", err)
+        raise ServiceError(
+            f"cannot reach the {what} at {url.rsplit('/', 1)[0]} ({reason}); is it running? "
+            f"(set by {variable})"
+        ) from None
+
+
+def healthy(url: str) -> bool:
+    """True if ``url`` answers with a status below 400 within 2 s."""
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return bool(response.status < 400)
+    except (urllib.error.URLError, OSError, TimeoutError):
+        return False
+
+
+def running_ui() -> dict[str, str] | None:
+    """The servers a live ``robo-pipe ui`` started for this home, if it is still serving."""
+    path = robo_pipe_home() / SERVICES_FILE
+    if not path.is_file():
+        return None
+    try:
+        state = json.loads(path.read_text())
+        os.kill(int(state["pid"]), 0)
+    except (ValueError, KeyError, OSError):
+        return None
+    if not healthy(f"{state['prefect_api_url']}/health"):
+        return None
+    return {k: str(v) for k, v in state.items()}
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+class LocalServers:
+    """The local Prefect server and MLflow UI of ``robo-pipe ui``, on 127.0.0.1.
+
+    Both read the home's databases; their logs go to ``$ROBO_PIPE_HOME/prefect/server.log`` and
+    ``$ROBO_PIPE_HOME/mlflow/server.log``. :meth:`stop` (or leaving the ``with`` block) stops
+    both and removes ``services.json``.
+    """
+
+    def __init__(self, prefect_port: int = 4200, mlflow_port: int = 5000) -> None:
+        self.prefect_port = prefect_port if _port_free(prefect_port) else free_port()
+        self.mlflow_port = mlflow_port if _port_free(mlflow_port) else free_port()
+        self.prefect_url = f"http://127.0.0.1:{self.prefect_port}"
+        self.mlflow_url = f"http://127.0.0.1:{self.mlflow_port}"
+        self.processes: list[subprocess.Popen[bytes]] = []
+
+    def start(self, timeout_s: float = 90.0) -> None:
+        """Start both servers and wait until they answer."""
+        bin_dir = Path(sys.executable).parent
+        env = {
+            **os.environ,
+            "PREFECT_HOME": str(home_dir("prefect")),
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            # The UI calls the API by this URL; without it the browser cannot reach the server.
+            "PREFECT_UI_API_URL": f"{self.prefect_url}/api",
+            "MLFLOW_DISABLE_TELEMETRY": "true",
+        }
+        env.pop("PREFECT_API_URL", None)
+        prefect_cmd = [str(bin_dir / "prefect"), "server", "start", "--host", "127.0.0.1"]
+        mlflow_cmd = [
+            str(bin_dir / "mlflow"),
+            "server",
+            "--backend-store-uri",
+            default_tracking_uri(),
+            "--default-artifact-root",
+            default_artifact_root(),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.mlflow_port),
+        ]
+        for cmd, log in (
+            ([*prefect_cmd, "--port", str(self.prefect_port)], home_dir("prefect") / "server.log"),
+            (mlflow_cmd, home_dir("mlflow") / "server.log"),
+        ):
+            with log.open("ab") as out:
+                self.processes.append(
+                    subprocess.Popen(
+                        cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                    )
+                )
+        deadline = time.monotonic() + timeout_s
+        for url, name in (
+            (f"{self.prefect_url}/api/health", "Prefect"),
+            (self.mlflow_url, "MLflow"),
+        ):
+            while not healthy(url):
+                if any(p.poll() is not None for p in self.processes) or time.monotonic() > deadline:
+                    self.stop()
+                    raise ServiceError(
+                        f"the {name} server did not start on {url}; see the logs under "
+                        f"{robo_pipe_home()}/prefect and /mlflow"
+                    )
+                time.sleep(0.5)
+        state = {
+            "pid": os.getpid(),
+            "prefect_api_url": f"{self.prefect_url}/api",
+            "prefect_ui": self.prefect_url,
+            "mlflow_ui": self.mlflow_url,
+        }
+        (robo_pipe_home() / SERVICES_FILE).write_text(json.dumps(state, indent=1))
+
+    def stop(self) -> None:
+        """Stop both servers (SIGTERM, then SIGKILL after 10 s)."""
+        (robo_pipe_home() / SERVICES_FILE).unlink(missing_ok=True)
+        for proc in self.processes:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in self.processes:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        self.processes.clear()
+
+    def __enter__(self) -> LocalServers:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,188 @@
+"""The pipeline run's report: a markdown summary, tables and the training-curve plot.
+
+The same markdown is the Prefect flow run's summary artifact, ``summary.md`` in the run folder
+and an artifact of the MLflow run. Built from the stage records only (plain dicts).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from stages.finetune.bc import read_metrics
+
+Record = dict[str, Any]
+
+
+def plot_training_curves(checkpoints: dict[str, Record], out: Path) -> Path | None:
+    """Action loss against step for each trained checkpoint (``{"pretrain": ref, ...}``)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    curves = {
+        stage: read_metrics(Path(ref["path"]).parent) for stage, ref in checkpoints.items() if ref
+    }
+    curves = {k: v for k, v in curves.items() if v}
+    if not curves:
+        return None
+    fig, axes = plt.subplots(1, len(curves), figsize=(5 * len(curves), 3.2), squeeze=False)
+    for ax, (stage, records) in zip(axes[0], curves.items(), strict=True):
+        steps = [r["step"] for r in records]
+        ax.plot(steps, [r["action_loss"] for r in records], label="action NLL")
+        if "aux_loss" in records[0]:
+            ax.plot(steps, [r["aux_loss"] for r in records], label="aux (object xy)", alpha=0.7)
+        ax.set_title(f"{stage} ({records[-1]['samples_per_s']:,.0f} samples/s)")
+        ax.set_xlabel("step")
+        ax.set_ylabel("loss")
+        ax.legend()
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def _ci(ci: list[float] | tuple[float, float]) -> str:
+    return f"{_pct(ci[0])} – {_pct(ci[1])}"
+
+
+def evaluation_table(evaluation: Record) -> list[dict[str, Any]]:
+    """One row per (policy, variant) with success and its 95% interval: the table artifact."""
+    rows = []
+    for role in ("candidate", "start"):
+        report = evaluation.get(role)
+        if not report:
+            continue
+        for r in [*report["rows"], {**report, "variant": "all"}]:
+            rows.append(
+                {
+                    "policy": role,
+                    "variant": r["variant"],
+                    "episodes": r["episodes"],
+                    "success": _pct(r["success_rate"]),
+                    "95% CI": _ci(r["ci95"]),
+                }
+            )
+    return rows
+
+
+def latency_table(latency: Record) -> list[dict[str, Any]]:
+    """The latency gate's figures as one table row."""
+    return [
+        {
+            "target": latency["target"],
+            "p50 ms": round(latency["p50_ms"], 2),
+            "p95 ms": round(latency["p95_ms"], 2),
+            "p99 ms": round(latency["p99_ms"], 2),
+            "max ms": round(latency["max_ms"], 2),
+            "budget ms": latency["budget_ms"],
+            "misses": latency["misses"],
+            "passed": latency["passed"],
+        }
+    ]
+
+
+def markdown(result: Record, records: dict[str, Record], images: dict[str, str]) -> str:
+    """The run summary (see module docstring); ``images`` maps plot names to URLs."""
+    dataset, ckpt = records["collect"], records["finetune"]
+    evaluation, latency, reg = records["evaluate"], records["latency"], records["register"]
+    cand = evaluation["candidate"]
+    lines = [
+        f"# {result['model_name']} v{reg['version']}: "
+        + ("**champion**" if reg["promoted"] else "candidate (champion unchanged)"),
+        "",
+        f"Pipeline `{result['config_name']}` (config hash `{result['config_hash']}`), "
+        f"run folder `{result['run_dir']}`.",
+        "",
+        "## Gates",
+        "",
+        "| gate | result | measured | required |",
+        "|---|---|---|---|",
+    ]
+    for name, gate in reg["gates"].items():
+        verdict = (
+            "pass" if gate["passed"] else ("FAIL" if gate["enforced"] else "fail (not enforced)")
+        )
+        lines.append(f"| {name} | {verdict} | {gate['measured']} | {gate['required']} |")
+    lines += [
+        "",
+        "## Evaluation of the exported policy (ONNX Runtime, what ships)",
+        "",
+        "| policy | variant | episodes | success | 95% CI |",
+        "|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {r['policy']} | {r['variant']} | {r['episodes']} | {r['success']} | {r['95% CI']} |"
+        for r in evaluation_table(evaluation)
+    ]
+    start = evaluation.get("start")
+    if start:
+        lines += [
+            "",
+            f"Fine-tuning took held-out success from {_pct(start['success_rate'])} (the model it "
+            f"started from) to {_pct(cand['success_rate'])}.",
+        ]
+    if cand.get("comparison"):
+        c = cand["comparison"]
+        lines += [
+            "",
+            f"Against the champion ({c['baseline']}): {_pct(c['baseline_success_rate'])} on the "
+            f"same seeds, difference {100 * c['difference']:+.1f} points, one-sided p = "
+            f"{c['p_value']:.4f}: {'not worse' if c['passed'] else 'WORSE'}.",
+        ]
+    lines += [
+        "",
+        "## Latency gate (whole control step on this machine)",
+        "",
+        "| target | p50 ms | p95 ms | p99 ms | max ms | budget ms | misses |",
+        "|---|---|---|---|---|---|---|",
+        f"| {latency['target']} | {latency['p50_ms']:.2f} | {latency['p95_ms']:.2f} | "
+        f"{latency['p99_ms']:.2f} | {latency['max_ms']:.2f} | {latency['budget_ms']:g} | "
+        f"{latency['misses']} |",
+        "",
+        "Measured on " + ", ".join(f"{k} {v}" for k, v in latency["measured_on"].items()) + ".",
+        "",
+        "## Data and training",
+        "",
+        f"- Dataset `{dataset['path']}`: {dataset['episodes']} episodes, {dataset['frames']} "
+        f"frames, source success {_pct(dataset['source_success_rate'])}, hash "
+        f"`{dataset['content_hash'][:16]}`.",
+        f"- Policy: {ckpt['policy_type']}, trains {ckpt['trainable']} "
+        f"({ckpt['trainable_params']:,} of {ckpt['total_params']:,} parameters), "
+        f"{ckpt['step']} steps, final action loss {ckpt['metrics'].get('action_loss', 0):.4f}.",
+    ]
+    base = records.get("pretrain")
+    if base:
+        lines.append(
+            f"- Base: `{base['path']}` ({base['step']} steps, hash `{base['content_hash'][:12]}`)."
+        )
+    export = records["export"]
+    lines.append(
+        f"- Export: `{export['path']}`, opset {export['opset']}, parity "
+        f"{export['parity_max_abs_error']:.1e} (ONNX Runtime vs torch)."
+    )
+    lines += [
+        "",
+        "## Stages",
+        "",
+        "| stage | seconds | reused from an earlier run |",
+        "|---|---|---|",
+    ]
+    for stage, timing in result["stages"].items():
+        lines.append(f"| {stage} | {timing['seconds']:.1f} | {'yes' if timing['reused'] else ''} |")
+    lines += ["", "## Registry and links", ""]
+    lines.append(
+        f"- Registered `models:/{result['model_name']}/{reg['version']}`, aliases "
+        f"{', '.join(reg['aliases'])}."
+    )
+    for label, url in result["links"].items():
+        lines.append(f"- {label}: {url}")
+    for name, url in images.items():
+        lines += ["", f"### {name}", "", f"![{name}]({url})", "", f"{url}"]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,310 @@
+"""The train_simulate_deploy flow on tiny sizes against a real Prefect test server and a real
+SQLite MLflow registry: registration, gates, resume, the registry CLI, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from pipelines.config import CONFIG_DIR, ConfigError
+from pipelines.services import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = str(CONFIG_DIR / "demo.yaml")
+MODEL = "demo-policy"
+
+TINY = [
+    "scene.image_size=32",
+    "collect.workers=0",
+    "collect.episodes=8",
+    "collect.episodes_per_shard=4",
+    "policy.d_model=32",
+    "policy.n_heads=2",
+    "policy.n_layers=1",
+    "policy.conv_channels=[8,16,16]",
+    "pretrain.episodes_per_variant=4",
+    "pretrain.bc.steps=10",
+    "pretrain.bc.workers=0",
+    "finetune.bc.steps=10",
+    "finetune.bc.workers=0",
+    "finetune.bc.log_every=2",
+    "evaluate.episodes=4",
+    "evaluate.workers=0",
+    "evaluate.envs_per_worker=4",
+    "evaluate.record_episodes=1",
+    "latency.steps=20",
+    "latency.warmup=2",
+    "latency.pace=false",
+    # A policy trained for 10 steps succeeds rarely: these tests are about the gates' plumbing.
+    "registry.promotion.min_success=0.0",
+]
+
+
+@pytest.fixture(scope="module")
+def shared_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One home for the whole module: later tests build on the registry earlier ones made."""
+    return tmp_path_factory.mktemp("pipeline") / "home"
+
+
+@pytest.fixture(autouse=True)
+def robo_pipe_home(shared_home: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    monkeypatch.setenv("ROBO_PIPE_HOME", str(shared_home))
+    yield shared_home
+
+
+@pytest.fixture(scope="module", autouse=True)
+def prefect_server() -> Iterator[None]:
+    from prefect.testing.utilities import prefect_test_harness
+
+    os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+    with prefect_test_harness(server_startup_timeout=180):
+        yield
+
+
+def run_pipeline(*extra: str) -> dict[str, Any]:
+    from pipelines.flow import train_simulate_deploy
+
+    result: dict[str, Any] = train_simulate_deploy(config=CONFIG, overrides=[*TINY, *extra])
+    return result
+
+
+@pytest.fixture(scope="module")
+def first_run(prefect_server: None, shared_home: Path) -> dict[str, Any]:
+    os.environ["ROBO_PIPE_HOME"] = str(shared_home)
+    return run_pipeline()
+
+
+def robo_pipe(*args: str, home: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", *args],
+        cwd=ROOT,
+        env={**os.environ, "ROBO_PIPE_HOME": str(home), "COLUMNS": "200", **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_pipeline_registers_a_gated_champion(first_run: dict[str, Any]) -> None:
+    from mlflow import MlflowClient
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    from pipelines import tracking
+
+    assert first_run["promoted"] and first_run["version"] == "1"
+    assert set(first_run["aliases"]) == {"candidate", "champion"}
+    assert all(g["passed"] for g in first_run["gates"].values())
+    assert tracking.champion(MODEL) is not None and tracking.champion(MODEL).version == "1"  # type: ignore[union-attr]
+    info = tracking.get_version(MODEL, "champion")
+    for key in ("dataset_hash", "base_model", "config_hash", "code_version", "gate.latency"):
+        assert info.tags[tracking.TAG + key], key
+    assert info.tags[tracking.TAG + "gate.latency"] == "passed"
+
+    # MLflow: one pipeline run with the resolved config as params, a nested run per stage.
+    client = MlflowClient()
+    parent = client.get_run(first_run["mlflow_run_id"])
+    assert parent.data.params["collect.episodes"] == "8"
+    assert parent.data.metrics["success_rate"] == pytest.approx(first_run["success_rate"])
+    children = client.search_runs(
+        [parent.info.experiment_id],
+        filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'",
+    )
+    stages = {r.data.tags["robo_pipe.stage"]: r for r in children}
+    assert set(stages) == {
+        "collect",
+        "pretrain",
+        "finetune",
+        "export",
+        "evaluate",
+        "latency",
+        "register",
+    }
+    assert len(client.get_metric_history(stages["finetune"].info.run_id, "action_loss")) >= 2
+    assert "latency_p99_ms" in stages["latency"].data.metrics
+    artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
+    assert {"summary.md", "plots", "policy", "config.yaml"} <= artifacts
+
+    # Prefect: a task run per stage, and the summary, tables and link as artifacts.
+    flow_run_id = first_run["links"]["Prefect flow run"].rsplit("/", 1)[1]
+    with get_client(sync_client=True) as prefect:
+        flow_run = prefect.read_flow_run(flow_run_id)
+        assert flow_run.state is not None and flow_run.state.is_completed()
+        task_runs = prefect.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id]))
+        )
+        artifacts_of_run = prefect.read_artifacts()
+    assert {t.name.rsplit("-", 1)[0] for t in task_runs} == set(stages)
+    mine = [a for a in artifacts_of_run if a.flow_run_id == flow_run.id]
+    keys = {a.key: a.type for a in mine}
+    assert keys["demo-pipeline-summary"] == "markdown" and keys["demo-evaluation"] == "table"
+    assert {"demo-latency", "demo-gates", "demo-mlflow-run"} <= set(keys)  # the link: markdown
+    text = (Path(first_run["run_dir"]) / "summary.md").read_text()
+    assert (
+        "## Gates" in text
+        and "95% CI" in text
+        and "p99" in text
+        and "models:/demo-policy/1" in text
+    )
+
+
+def test_registered_champion_runs_in_onnxruntime(first_run: dict[str, Any]) -> None:
+    """A third party loads the champion with MLflow's own ONNX flavor and runs it."""
+    import mlflow.onnx
+    import onnxruntime as ort
+    from tokenizers import Tokenizer
+
+    from pipelines import tracking
+    from stages.dataset.layout import STATE_KEY
+    from stages.dataset.reader import open_dataset
+
+    model = mlflow.onnx.load_model(f"models:/{MODEL}@champion")
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    _, export_dir = tracking.fetch_export(MODEL, "champion")
+    spec = json.loads((export_dir / "io_spec.json").read_text())
+    tokenizer = Tokenizer.from_file(str(export_dir / "tokenizer" / "tokenizer.json"))
+    tokenizer.enable_padding(pad_id=spec["pad_id"], length=spec["max_tokens"])
+
+    dataset = open_dataset(first_run["dataset"])
+    frames = dataset.frames()
+    encoding = tokenizer.encode(dataset.tasks[int(frames["task_index"][0])])
+    feeds = {
+        "image_scene": dataset.camera_frames("scene")[:1],
+        "state": frames[STATE_KEY][:1].astype(np.float32),
+        "tokens": np.array([encoding.ids], dtype=np.int64),
+        "token_mask": np.array([encoding.attention_mask], dtype=np.int64),
+    }
+    actions, _ = session.run(["actions", "action_std"], feeds)
+    assert actions.shape == (1, spec["chunk_len"], spec["action_dim"])
+    assert np.isfinite(actions).all()
+    # The same numbers as the edge runtime on the registry copy, and as the export's reference.
+    from deploy_edge.exported import ExportedPolicy
+
+    edge = ExportedPolicy(export_dir).infer(
+        {"scene": feeds["image_scene"]},
+        feeds["state"],
+        [dataset.tasks[int(frames["task_index"][0])]],
+    )
+    np.testing.assert_allclose(actions, edge, atol=1e-6)
+    reference = np.load(export_dir / "reference.npz")
+    expected = session.run(["actions"], {k: reference[k] for k in feeds})[0]
+    np.testing.assert_allclose(expected, reference["expected_actions"], atol=1e-5)
+
+
+def test_a_failed_gate_keeps_the_champion(first_run: dict[str, Any]) -> None:
+    from pipelines import tracking
+
+    # Another model (more steps), held to a latency budget no machine meets.
+    result = run_pipeline("finetune.bc.steps=12", "latency.budget_ms=0.0001")
+    assert not result["promoted"] and result["blocked_by"] == ["latency"]
+    assert result["version"] == "2" and result["aliases"] == ["candidate"]
+    assert tracking.champion(MODEL).version == "1"  # type: ignore[union-attr]
+    comparison = result["gates"]["no regression vs champion"]
+    assert "vs v1" in comparison["measured"], "evaluated against the champion on the same seeds"
+    reused = {name for name, s in result["stages"].items() if s["reused"]}
+    assert {"collect", "pretrain"} <= reused and "finetune" not in reused
+
+
+def test_models_cli_lists_shows_promotes_and_rolls_back(
+    first_run: dict[str, Any], shared_home: Path
+) -> None:
+    listed = robo_pipe("models", "list", "--json", home=shared_home)
+    assert listed.returncode == 0, listed.stderr
+    versions = json.loads(listed.stdout.strip().splitlines()[-1])[0]["versions"]
+    assert [v["version"] for v in versions] == ["2", "1"]
+
+    refused = robo_pipe("models", "promote", MODEL, "2", home=shared_home)
+    assert refused.returncode == 2 and "failed gates: latency" in refused.stderr
+    forced = robo_pipe("models", "promote", MODEL, "2", "--force", home=shared_home)
+    assert forced.returncode == 0, forced.stderr
+    shown = robo_pipe("models", "show", f"{MODEL}@champion", "--json", home=shared_home)
+    record = json.loads(shown.stdout.strip().splitlines()[-1])[0]
+    assert record["version"] == "2" and "--force" in record["tags"]["robo_pipe.promoted_by"]
+
+    back = robo_pipe("models", "rollback", MODEL, home=shared_home)
+    assert back.returncode == 0 and "v1" in back.stderr
+    again = robo_pipe("models", "rollback", MODEL, home=shared_home)
+    assert again.returncode == 2 and "nothing to roll back" in again.stderr
+
+    missing = robo_pipe("models", "show", "no-such-policy", home=shared_home)
+    assert missing.returncode == 2 and f"registered models: {MODEL}" in missing.stderr
+    evaluate = robo_pipe("evaluate", "models:/no-such-policy@champion", home=shared_home)
+    assert evaluate.returncode == 2 and MODEL in evaluate.stderr
+
+
+def test_resume_reuses_completed_stages_after_a_failure(
+    first_run: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import deploy_edge.latency
+    import stages.export.onnx
+
+    real_gate, real_export = deploy_edge.latency.run_gate, stages.export.onnx.export_policy
+    calls = {"gate": 0, "export": 0}
+    failures: list[BaseException] = [RuntimeError("injected: the gate machine fell over")]
+
+    def flaky_gate(*args: Any, **kwargs: Any) -> Any:
+        calls["gate"] += 1
+        if failures:
+            raise failures.pop(0)
+        return real_gate(*args, **kwargs)
+
+    def counted_export(*args: Any, **kwargs: Any) -> Any:
+        calls["export"] += 1
+        return real_export(*args, **kwargs)
+
+    monkeypatch.setattr(deploy_edge.latency, "run_gate", flaky_gate)
+    monkeypatch.setattr(stages.export.onnx, "export_policy", counted_export)
+    other_seed = ["seed=7"]  # new inputs: nothing of the earlier runs applies
+    with pytest.raises(RuntimeError, match="injected"):
+        run_pipeline(*other_seed)
+    assert calls == {"gate": 1, "export": 1}, "a permanent error is not retried"
+
+    # The re-run continues at the failed stage; a transient error there is retried by Prefect.
+    failures.append(ConnectionError("injected: connection reset"))
+    result = run_pipeline(*other_seed)
+    assert calls == {"gate": 3, "export": 1}, "export was not recomputed"
+    reused = {name for name, s in result["stages"].items() if s["reused"]}
+    assert reused == {"collect", "pretrain", "finetune", "export", "evaluate"}
+    assert result["version"] == "3" and Path(result["run_dir"], "summary.md").is_file()
+
+
+def test_bad_config_stops_before_any_stage(first_run: dict[str, Any], shared_home: Path) -> None:
+    from pipelines.flow import train_simulate_deploy
+
+    stages_before = sorted((shared_home / "stages").iterdir())
+    with pytest.raises(ConfigError, match=r"evaluate\.episodes"):
+        train_simulate_deploy(config=CONFIG, overrides=[*TINY, "evaluate.episodes=-3"])
+    assert sorted((shared_home / "stages").iterdir()) == stages_before
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "named"),
+    [
+        (["--set", "latency.steps=zero"], {}, "latency.steps"),
+        (["--ray-address", "127.0.0.1:{port}"], {}, "Ray cluster at '127.0.0.1:{port}'"),
+        ([], {"MLFLOW_TRACKING_URI": "http://127.0.0.1:{port}"}, "MLflow tracking server"),
+        ([], {"PREFECT_API_URL": "http://127.0.0.1:{port}/api"}, "Prefect API"),
+    ],
+    ids=["config", "ray", "mlflow", "prefect"],
+)
+def test_unreachable_services_are_named(
+    args: list[str], env: dict[str, str], named: str, tmp_path: Path
+) -> None:
+    port = str(free_port())
+    args = [a.replace("{port}", port) for a in args]
+    env = {k: v.replace("{port}", port) for k, v in env.items()}
+    result = robo_pipe("run", CONFIG, *args, home=tmp_path / "home", **env)
+    assert result.returncode == 2, result.stderr
+    assert named.replace("{port}", port) in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "home" / "stages").exists() or not any(
+        (tmp_path / "home" / "stages").iterdir()
+    )

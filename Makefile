@@ -22,13 +22,11 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
 	@touch $(STAMP)
 
-# Until the Prefect pipeline lands, the demo runs the stages that exist: the expert solving the
-# task (report, filmstrip, GIF), collecting the demo's LeRobot v3 dataset on two Ray workers,
-# pretraining the base VLA (cached after the first run) and LoRA fine-tuning on Ray Train.
+# The whole train-simulate-deploy pipeline on the embedded default (local Prefect, local Ray,
+# MuJoCo, SQLite MLflow): collect, pretrain the base (cached after the first run), LoRA
+# fine-tune, export, evaluate the export, latency gate, register; `champion` if every gate passes.
 demo: setup
-	$(BIN)/robo-pipe demo configs/demo.yaml
-	$(BIN)/robo-pipe collect configs/demo.yaml
-	$(BIN)/robo-pipe finetune configs/demo.yaml
+	$(BIN)/robo-pipe run configs/demo.yaml
 
 lint: setup
 	$(BIN)/ruff check .

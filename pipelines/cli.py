@@ -684,7 +684,8 @@ def run_cmd(
 
     cfg = _load(config, set_)  # a bad config stops here, before anything starts
     if not verbose:
-        os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
+        # Our display reports stages and failures; Prefect's own log stays in its UI.
+        os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "CRITICAL")
     services = _services()
     if ray_address:
         from stages.ray_runtime import init_ray
@@ -713,7 +714,10 @@ def run_cmd(
         raise typer.Exit(code=130) from None
     except Exception as err:  # the flow failed: say where, and how to resume
         console.print(f"[red]pipeline failed:[/] {type(err).__name__}: {err}", highlight=False)
-        console.print("completed stages are kept: run the same command again to resume")
+        console.print(
+            "completed stages are kept: run the same command again to resume "
+            "(--verbose shows the full log)"
+        )
         raise typer.Exit(code=1) from None
     _print_result(result, time.perf_counter() - start)
     if json_out:

@@ -96,7 +96,7 @@ _set_by_us: dict[str, str] = {}
 def _default(name: str, value: str) -> None:
     """Set ``name`` unless the user did (a value this module set earlier is ours to change:
     the home may have changed since)."""
-    if name not in os.environ or os.environ[name] == _set_by_us.get(name):
+    if not os.environ.get(name) or os.environ[name] == _set_by_us.get(name):
         os.environ[name] = value
         _set_by_us[name] = value
 

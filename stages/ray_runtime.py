@@ -38,6 +38,9 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
             ) from err
     else:
         ray.init(
+            # "local": a new instance even if `ray start` runs a cluster on this machine, which
+            # ray.init() would otherwise join.
+            address="local",
             num_cpus=num_cpus or os.cpu_count(),
             include_dashboard=False,
             log_to_driver=False,

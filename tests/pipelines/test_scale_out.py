@@ -1,0 +1,193 @@
+"""The pipeline against separately started services: a Ray cluster from `ray start --head` and
+the Prefect server (+ MLflow UI) of `robo-pipe ui`; then `robo-pipe serve` registers a scheduled
+deployment whose scheduled run executes. Everything runs through the CLI in subprocesses."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipelines.services import free_port, healthy
+from tests.pipelines.test_flow import CONFIG, MODEL, TINY
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("scale-out") / "home"
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[tuple[str, dict[str, str]]]:
+    """A one-node Ray cluster on 127.0.0.1 with token auth; its address and client env."""
+    port = free_port()
+    env = {
+        **os.environ,
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN": secrets.token_hex(16),
+        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+    }
+    cmd = [str(BIN / "ray"), "start", "--head", "--block", "--node-ip-address=127.0.0.1"]
+    cmd += [f"--port={port}", "--num-cpus=2", "--include-dashboard=false", "--disable-usage-stats"]
+    head = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    address = f"127.0.0.1:{port}"
+    probe = "import ray, sys; ray.init(address=sys.argv[1]); print(ray.cluster_resources()['CPU'])"
+    for _ in range(60):
+        ready = subprocess.run(
+            [sys.executable, "-c", probe, address], env=env, capture_output=True, text=True
+        )
+        if ready.returncode == 0:
+            break
+        time.sleep(1)
+    else:
+        os.killpg(head.pid, signal.SIGTERM)
+        pytest.fail(f"ray start --head did not come up: {ready.stderr[-2000:]}")
+    yield address, env
+    os.killpg(head.pid, signal.SIGTERM)  # --block: the head takes its node's processes down
+    head.wait(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def servers(home: Path) -> Iterator[dict[str, str]]:
+    """`robo-pipe ui`: the local Prefect server and MLflow UI of this home."""
+    env = {
+        **os.environ,
+        "ROBO_PIPE_HOME": str(home),
+        # Schedule new deployments' runs within a second instead of the default minute.
+        "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "1",
+    }
+    env.pop("PREFECT_API_URL", None)
+    ports = ["--prefect-port", str(free_port()), "--mlflow-port", str(free_port())]
+    ui = subprocess.Popen(
+        [sys.executable, "-m", "pipelines.cli", "ui", *ports],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    state_file = home / "services.json"
+    for _ in range(180):
+        if state_file.is_file():
+            break
+        assert ui.poll() is None, ui.stdout.read() if ui.stdout else ""
+        time.sleep(1)
+    state = json.loads(state_file.read_text())
+    yield state
+    ui.send_signal(signal.SIGINT)
+    ui.wait(timeout=60)
+    assert not healthy(f"{state['prefect_api_url']}/health"), "Ctrl-C stops the servers"
+    assert not state_file.exists()
+
+
+def robo_pipe(*args: str, home: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", *args],
+        cwd=ROOT,
+        env={**env, "ROBO_PIPE_HOME": str(home), "COLUMNS": "200"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def test_pipeline_on_a_ray_cluster_and_a_prefect_server_then_a_scheduled_run(
+    home: Path, ray_cluster: tuple[str, dict[str, str]], servers: dict[str, str]
+) -> None:
+    address, env = ray_cluster
+    assert healthy(servers["mlflow_ui"]), "the MLflow UI answers"
+    info = robo_pipe("info", "--json", home=home, env={**env, "PREFECT_API_URL": ""})
+    found = json.loads(info.stdout.strip().splitlines()[-1])
+    assert found["prefect_api_url"] == servers["prefect_api_url"], "robo-pipe ui is discovered"
+    assert found["mlflow_tracking_uri"].startswith("sqlite:///") and found["mlflow_ui"]
+
+    # Collection and evaluation on Ray workers of the cluster, reported to the Prefect server.
+    on_ray = ["collect.workers=1", "evaluate.workers=1"]
+    sets = [arg for s in [*TINY, *on_ray] for arg in ("--set", s)]
+    api = {**env, "PREFECT_API_URL": servers["prefect_api_url"]}
+    run = robo_pipe("run", CONFIG, *sets, "--ray-address", address, "--json", home=home, env=api)
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    assert result["promoted"] and result["links"]["Prefect flow run"].startswith(
+        servers["prefect_ui"]
+    )
+
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings({PREFECT_API_URL: servers["prefect_api_url"]}):
+        flow_run_id = result["links"]["Prefect flow run"].rsplit("/", 1)[1]
+        with get_client(sync_client=True) as client:
+            state = client.read_flow_run(flow_run_id).state
+            assert state is not None and state.is_completed()
+
+        # A deployment on a 5 s interval: registered, scheduled, and one run executes.
+        schedule = "schedules=[{name: regression-check, flow: champion_regression, interval_s: 5}]"
+        serve = subprocess.Popen(
+            [sys.executable, "-m", "pipelines.cli", "serve", CONFIG, *sets, "--set", schedule],
+            cwd=ROOT,
+            env={**api, "ROBO_PIPE_HOME": str(home)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        try:
+            completed = _wait_for_scheduled_run("regression-check")
+        finally:
+            serve.send_signal(signal.SIGINT)
+            output = serve.communicate(timeout=60)[0]
+        assert completed, output[-3000:]
+        assert serve.returncode == 0 and "stopped" in output
+    shown = robo_pipe("models", "show", f"{MODEL}@champion", "--json", home=home, env=env)
+    tags = json.loads(shown.stdout.strip().splitlines()[-1])[0]["tags"]
+    assert "robo_pipe.last_regression_at" in tags, "the scheduled regression check ran"
+
+
+def _wait_for_scheduled_run(deployment: str, timeout_s: float = 240.0) -> bool:
+    """True once a scheduled run of the deployment named ``deployment`` completed."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName
+
+    deadline = time.monotonic() + timeout_s
+    with get_client(sync_client=True) as client:
+        while time.monotonic() < deadline:
+            runs = client.read_flow_runs(
+                deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=[deployment]))
+            )
+            if any(r.state is not None and r.state.is_completed() for r in runs):
+                assert all(r.auto_scheduled for r in runs if r.state and r.state.is_completed())
+                return True
+            time.sleep(2)
+    return False
+
+
+def test_prefect_yaml_deployments_point_at_real_flows() -> None:
+    from prefect.flows import load_flow_from_entrypoint
+    from prefect.schedules import Cron
+
+    spec = yaml.safe_load((ROOT / "prefect.yaml").read_text())
+    names = set()
+    for deployment in spec["deployments"]:
+        flow = load_flow_from_entrypoint(str(ROOT / deployment["entrypoint"]))
+        names.add(flow.name)
+        assert (ROOT / deployment["parameters"]["config"]).is_file()
+        for schedule in deployment["schedules"]:
+            Cron(schedule["cron"], timezone=schedule["timezone"])
+        assert deployment["work_pool"]["name"]
+    assert names == {"train_simulate_deploy", "champion_regression"}

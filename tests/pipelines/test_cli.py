@@ -36,6 +36,11 @@ def test_help_lists_only_working_verbs(robo_pipe_home: Path) -> None:
         "evaluate",
         "export",
         "gate",
+        "run",
+        "serve",
+        "ui",
+        "info",
+        "models",
         "config",
         "robots",
         "scenes",
@@ -191,4 +196,4 @@ def test_export_gate_and_evaluate_the_export(robo_pipe_home: Path, tmp_path: Pat
     report = json.loads(evaluate.stdout.strip().splitlines()[-1])
     assert report["episodes"] == 4 and len(report["rows"]) == 2 and Path(report["report"]).is_file()
     registry = robo_pipe("evaluate", "models:/demo@champion", home=robo_pipe_home)
-    assert registry.returncode == 2 and "registry" in registry.stderr
+    assert registry.returncode == 2 and "no registered model 'demo'" in registry.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -105,3 +106,33 @@ def test_resolved_config_round_trips_and_hash_is_stable(tmp_path: Path) -> None:
     assert again == cfg
     assert again.config_hash() == cfg.config_hash()
     assert load_config(DEMO).config_hash() != cfg.config_hash()
+
+
+@pytest.mark.parametrize(
+    ("entry", "problem"),
+    [
+        ("{name: n, flow: champion_regression}", "exactly one of cron and interval_s"),
+        ("{name: n, flow: champion_regression, cron: '0 2 * *'}", "Invalid cron string"),
+        (
+            "{name: n, flow: champion_regression, cron: '0 2 * * *', timezone: Mars/Base}",
+            "Mars/Base",
+        ),
+        ("{name: n, flow: retrain_everything, interval_s: 60}", "schedules.0.flow"),
+    ],
+)
+def test_bad_schedules_are_named(entry: str, problem: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(problem)):
+        load_config(CONFIG_DIR / "demo.yaml", [f"schedules=[{entry}]"])
+
+
+def test_demo_schedules_and_dataset_names() -> None:
+    cfg = load_config(CONFIG_DIR / "demo.yaml")
+    assert {s.name: s.timezone for s in cfg.schedules} == {
+        "nightly-retrain": "Europe/Berlin",
+        "hourly-champion-check": "UTC",
+    }
+    assert cfg.model_name == "demo-policy"
+    more = load_config(CONFIG_DIR / "demo.yaml", ["collect.episodes=5000"])
+    other = load_config(CONFIG_DIR / "demo.yaml", ["seed=3"])
+    assert more.dataset_name() == cfg.dataset_name(), "more episodes append to the same dataset"
+    assert other.dataset_name() != cfg.dataset_name(), "another seed collects another dataset"

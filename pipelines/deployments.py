@@ -51,6 +51,7 @@ def build_deployments(
                     "ray_address": ray_address,
                 },
                 tags=["robo-pipe", cfg.name],
+                concurrency_limit=1,  # a slow run delays the next one; never two at once
                 description=f"{entry.flow} of {config_path.name} "
                 + (
                     f"on cron {entry.cron!r} ({entry.timezone})"

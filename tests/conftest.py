@@ -23,6 +23,9 @@ def robo_pipe_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[
     """Every test writes its state under its own temporary home."""
     home = tmp_path / "home"
     monkeypatch.setenv("ROBO_PIPE_HOME", str(home))
+    # pipelines.services.configure() points these at the home: none may leak into later tests.
+    for name in ("MLFLOW_TRACKING_URI", "PREFECT_HOME", "PREFECT_API_URL"):
+        monkeypatch.delenv(name, raising=False)
     yield home
 
 

@@ -57,6 +57,9 @@ def shared_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(autouse=True)
 def robo_pipe_home(shared_home: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     monkeypatch.setenv("ROBO_PIPE_HOME", str(shared_home))
+    # pipelines.services.configure() points these at the home: none may leak into later tests.
+    for name in ("MLFLOW_TRACKING_URI", "PREFECT_HOME", "PREFECT_API_URL"):
+        monkeypatch.delenv(name, raising=False)
     yield shared_home
 
 

@@ -563,26 +563,15 @@ def gate_cmd(
     latency.md, latency.png and latency_report.json into a new run folder.
     """
     from deploy_edge.engines import EngineError, EngineUnavailable
-    from deploy_edge.exported import IOSpecError, read_io_spec
+    from deploy_edge.exported import IOSpecError
     from deploy_edge.latency import load_target, run_gate
+    from pipelines.gate import gate_robot
     from pipelines.home import new_run_dir
-    from sim_scenes.sim_robot import SimulatedRobot
-    from sim_scenes.touch import get_variant
 
     cfg = _load(config, None)
     try:
         profile = load_target(target)
-        spec = read_io_spec(export_dir)
-        robot = SimulatedRobot(
-            get_robot(cfg.robot),
-            get_variant(cfg.scene.variant),
-            seed=cfg.seed,
-            cameras=tuple(spec["cameras"]),
-            image_size=int(spec["image_size"]),
-        )
-        robot.connect()
-        instruction = robot.instruction
-        robot.stop()
+        robot, instruction = gate_robot(cfg, export_dir)
         run_dir = new_run_dir(f"{cfg.name}-gate")
         with console.status(f"measuring {steps} control steps on {profile.name}"):
             report = run_gate(

@@ -489,11 +489,8 @@ def evaluate_stage(ctx: RunContext, export: Record, base: Record | None) -> Reco
 @stage_task("latency")
 def latency_stage(ctx: RunContext, export: Record) -> Record:
     """The latency gate: the export in the control loop on this machine, p99 vs the budget."""
-    from deploy_edge.exported import read_io_spec
     from deploy_edge.latency import load_target, run_gate
-    from robots.spec import get_robot
-    from sim_scenes.sim_robot import SimulatedRobot
-    from sim_scenes.touch import get_variant
+    from pipelines.gate import gate_robot
 
     cfg, gate = ctx.cfg, ctx.cfg.latency
     profile = load_target(gate.target)  # a bad target fails before any measuring
@@ -506,17 +503,7 @@ def latency_stage(ctx: RunContext, export: Record) -> Record:
 
     def run() -> Record:
         _started("latency", None, "")
-        spec = read_io_spec(export["path"])
-        robot = SimulatedRobot(
-            get_robot(cfg.robot),
-            get_variant(cfg.scene.variant),
-            seed=cfg.seed,
-            cameras=tuple(spec["cameras"]),
-            image_size=int(spec["image_size"]),
-        )
-        robot.connect()
-        instruction = robot.instruction
-        robot.stop()
+        robot, instruction = gate_robot(cfg, export["path"])
         out = ctx.run_dir / "latency"
         out.mkdir(parents=True, exist_ok=True)
         report = run_gate(

@@ -18,15 +18,26 @@ NUM_ENVS = 4
 """Environments per batched env in unit tests."""
 
 
+_SESSION_ENV = dict(os.environ)
+"""The environment pytest started with; every test ends by restoring it."""
+
+
+@pytest.fixture
+def home_path(tmp_path: Path) -> Path:
+    """Where this test's $ROBO_PIPE_HOME lives (a module may share one by overriding this)."""
+    return tmp_path / "home"
+
+
 @pytest.fixture(autouse=True)
-def robo_pipe_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """Every test writes its state under its own temporary home."""
-    home = tmp_path / "home"
-    monkeypatch.setenv("ROBO_PIPE_HOME", str(home))
-    # pipelines.services.configure() points these at the home: none may leak into later tests.
-    for name in ("MLFLOW_TRACKING_URI", "PREFECT_HOME", "PREFECT_API_URL"):
-        monkeypatch.delenv(name, raising=False)
-    yield home
+def robo_pipe_home(home_path: Path) -> Iterator[Path]:
+    """Every test writes its state under its own home, and leaves the environment as it found
+    it: pipelines.services.configure() points MLflow and Prefect at the home it runs in, and a
+    value left behind would send later tests' subprocesses to another home."""
+    os.environ["ROBO_PIPE_HOME"] = str(home_path)
+    yield home_path
+    for name in set(os.environ) - set(_SESSION_ENV) - {"PYTEST_CURRENT_TEST"}:
+        del os.environ[name]
+    os.environ.update(_SESSION_ENV)
 
 
 @pytest.fixture(scope="session")

@@ -54,13 +54,17 @@ def shared_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("pipeline") / "home"
 
 
+@pytest.fixture
+def home_path(shared_home: Path) -> Path:
+    return shared_home
+
+
 @pytest.fixture(autouse=True)
-def robo_pipe_home(shared_home: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    monkeypatch.setenv("ROBO_PIPE_HOME", str(shared_home))
-    # pipelines.services.configure() points these at the home: none may leak into later tests.
-    for name in ("MLFLOW_TRACKING_URI", "PREFECT_HOME", "PREFECT_API_URL"):
-        monkeypatch.delenv(name, raising=False)
-    yield shared_home
+def services(robo_pipe_home: Path) -> None:
+    """MLflow in this process reads the shared home's registry, as the flow does."""
+    from pipelines.services import configure
+
+    configure()
 
 
 @pytest.fixture(scope="module", autouse=True)

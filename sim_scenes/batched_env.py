@@ -63,6 +63,8 @@ class StepResult:
         truncated: bool ``(N,)``: the episode hit its step limit.
         success: bool ``(N,)``: solved on this step (equals ``terminated`` for the touch task).
         final: summaries of the episodes that ended on this step.
+        info: per-env extras; the MuJoCo backend reports ``tcp_target_distance`` and
+            ``tcp_target_distance_before`` (m, after and before the step; what rewards use).
     """
 
     obs: BatchedObservation

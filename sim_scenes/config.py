@@ -2,14 +2,30 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from sim_scenes.touch import available_variants
+from sim_scenes.touch import RewardTerms, available_variants, get_variant
 
 BACKENDS = ("mujoco",)
 """Simulator backends this installation can build (Isaac Lab joins when installed)."""
+
+
+class RewardConfig(BaseModel):
+    """Weights of the task's reward (:class:`sim_scenes.touch.RewardTerms`); a field left
+    unset keeps the scene variant's own weight. RL fine-tuning's rollout workers compute
+    rewards with these; datasets record the variant's defaults."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    success_bonus: float | None = Field(default=None, ge=0.0, le=1000.0)
+    """Paid once, on the step the episode is solved."""
+    distance_weight: float | None = Field(default=None, ge=0.0, le=1000.0)
+    """Per metre of tool-centre-point to target distance, every step."""
+    progress_weight: float | None = Field(default=None, ge=0.0, le=1000.0)
+    """Per metre the tool centre point moved closer to the target during a step."""
 
 
 class SceneConfig(BaseModel):
@@ -23,6 +39,13 @@ class SceneConfig(BaseModel):
     """Cameras rendered into observations, from the robot's cameras."""
     image_size: int = Field(default=64, ge=16, le=512)
     """Square image side, pixels."""
+    reward: RewardConfig = RewardConfig()
+    """Reward weights for RL fine-tuning (unset: the variant's)."""
+
+    def reward_terms(self) -> RewardTerms:
+        """The variant's reward terms with this config's overrides applied."""
+        overrides = {k: v for k, v in self.reward.model_dump().items() if v is not None}
+        return replace(get_variant(self.variant).reward, **overrides)
 
     @field_validator("variant")
     @classmethod

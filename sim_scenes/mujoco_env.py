@@ -133,6 +133,7 @@ class MujocoBatchedEnv(BatchedEnv):
         self._steps = np.zeros(num_envs, np.int64)
         self._hold = np.zeros(num_envs, np.int64)
         self._return = np.zeros(num_envs, np.float32)
+        self._distance = np.zeros(num_envs, np.float64)  # tcp to target, m, before the step
 
     # -- episode start ---------------------------------------------------------------------
 
@@ -150,6 +151,7 @@ class MujocoBatchedEnv(BatchedEnv):
         self._seeds[env] = seed
         adr = self._index.object_qpos[layout.target]
         self._target_columns[env] = self._qpos_slice.start + adr + np.arange(3)
+        self._distance[env] = np.linalg.norm(self._tcp[env] - data.qpos[adr : adr + 3])
         self._steps[env] = 0
         self._hold[env] = 0
         self._return[env] = 0.0
@@ -222,9 +224,9 @@ class MujocoBatchedEnv(BatchedEnv):
         self._hold = np.where(distance < criterion.radius, self._hold + 1, 0)
         success = self._hold >= criterion.hold_steps
         self._steps += 1
-        reward = (terms.success_bonus * success - terms.distance_weight * distance).astype(
-            np.float32
-        )
+        distance_before = self._distance.copy()
+        reward = terms(success, distance, distance_before)
+        self._distance[:] = distance
         self._return += reward
         terminated = success.copy()
         truncated = ~terminated & (self._steps >= self.variant.episode_steps)
@@ -249,7 +251,7 @@ class MujocoBatchedEnv(BatchedEnv):
             truncated=truncated,
             success=success,
             final=final,
-            info={"tcp_target_distance": distance},
+            info={"tcp_target_distance": distance, "tcp_target_distance_before": distance_before},
         )
 
     # -- observation -------------------------------------------------------------------------

@@ -229,7 +229,7 @@ def train_bc(job: BCJob, rank: int = 0, world_size: int = 1) -> None:
         done = step + 1
         if rank == 0 and (done % cfg.log_every == 0 or done == cfg.steps):
             now = time.perf_counter()
-            _log(
+            log_metrics(
                 out,
                 {
                     "step": done,
@@ -259,7 +259,8 @@ def _chunk_len(job: BCJob) -> int:
     return int((job.policy or {}).get("chunk_len", PolicyConfig().chunk_len))
 
 
-def _log(out: Path, record: dict[str, float]) -> None:
+def log_metrics(out: Path, record: dict[str, Any]) -> None:
+    """Append one record to ``metrics.jsonl``."""
     with (out / METRICS_FILE).open("a") as f:
         f.write(json.dumps(record) + "\n")
 

@@ -61,13 +61,106 @@ class PretrainConfig(BaseModel):
         return names
 
 
-class FinetuneConfig(BaseModel):
-    """Fine-tuning the base on the target task's demonstrations."""
+class PPOConfig(BaseModel):
+    """Proximal policy optimisation (clipped objective, GAE, value head, KL to the BC policy)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
-    algo: Literal["bc"] = "bc"
-    """Training algorithm (behaviour cloning; RL arrives with PPO/SAC)."""
+    steps_per_env: int = Field(default=32, ge=1, le=100_000)
+    """Control decisions each environment contributes to one update (the rollout length)."""
+    epochs: int = Field(default=2, ge=1, le=100)
+    """Passes over each rollout batch."""
+    minibatch_size: int = Field(default=256, ge=1, le=1_000_000)
+    lr: float = Field(default=3e-4, gt=0, le=1.0)
+    """Learning rate of the policy's adapters and heads (Adam)."""
+    value_lr: float = Field(default=1e-3, gt=0, le=1.0)
+    """Learning rate of the value head."""
+    clip: float = Field(default=0.2, gt=0, le=1.0)
+    """Clip range of the probability ratio."""
+    gae_lambda: float = Field(default=0.95, ge=0, le=1.0)
+    value_coef: float = Field(default=0.5, ge=0)
+    entropy_coef: float = Field(default=0.0, ge=0)
+    """Entropy bonus weight."""
+    kl_coef: float = Field(default=0.02, ge=0)
+    """Weight of KL(policy || frozen starting policy): keeps the VLA near what BC taught it."""
+
+
+class SACConfig(BaseModel):
+    """Soft actor-critic (twin Q critics on policy features and the action chunk, target
+    networks, automatic temperature, KL to the BC policy)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    steps_per_env: int = Field(default=4, ge=1, le=100_000)
+    """Control decisions each environment takes between updates."""
+    updates_per_round: int = Field(default=4, ge=1, le=10_000)
+    """Gradient updates per rollout round (the update-to-data ratio's numerator)."""
+    batch_size: int = Field(default=128, ge=1, le=65_536)
+    buffer_size: int = Field(default=30_000, ge=1, le=10_000_000)
+    """Replay buffer capacity, transitions (kept in the learner)."""
+    learning_starts: int = Field(default=1000, ge=0)
+    """Transitions collected before the first update."""
+    critic_warmup: int = Field(default=200, ge=0)
+    """Updates that train only the critics: a random critic must not steer the BC policy."""
+    lr: float = Field(default=1e-4, gt=0, le=1.0)
+    """Learning rate of the policy's adapters and heads (Adam)."""
+    critic_lr: float = Field(default=1e-3, gt=0, le=1.0)
+    tau: float = Field(default=0.01, gt=0, le=1.0)
+    """Polyak factor of the target critics."""
+    init_alpha: float = Field(default=0.01, gt=0)
+    """Initial entropy temperature (then tuned automatically)."""
+    target_entropy: float | None = None
+    """Entropy the temperature steers to, nats per executed chunk; default ``-action_dim *
+    horizon``."""
+    kl_coef: float = Field(default=0.05, ge=0)
+    """Weight of KL(policy || frozen starting policy)."""
+
+
+class RLConfig(BaseModel):
+    """RL fine-tuning on Ray: rollout-worker actors and one learner actor (``finetune.rl``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    iterations: int = Field(default=100, ge=1, le=10_000_000)
+    """Learner rounds: each collects a rollout round, updates, and syncs the workers."""
+    time_budget_s: float | None = Field(default=None, gt=0)
+    """Stop after this many seconds of training even if iterations remain (a checkpoint is
+    written on stopping)."""
+    workers: int = Field(default=2, ge=1, le=1024)
+    """Rollout-worker actors."""
+    envs_per_worker: int = Field(default=16, ge=1, le=4096)
+    """Environments each worker steps together."""
+    worker_cpus: float = Field(default=1.0, gt=0)
+    """Ray CPUs reserved per rollout worker (also its torch and physics threads)."""
+    learner_cpus: float = Field(default=1.0, gt=0)
+    """Ray CPUs reserved for the learner (also its torch threads)."""
+    gamma: float = Field(default=0.98, gt=0, le=1.0)
+    """Discount per control step."""
+    horizon: int = Field(default=1, ge=1, le=64)
+    """Actions of each predicted chunk executed before the policy acts again. 1 matches how
+    evaluation and the edge runtime run the policy (first action, then re-plan)."""
+    sync_dtype: Literal["float16", "float32"] = "float16"
+    """Precision of the weights sent to workers. The learner keeps float32 master weights;
+    float16 halves the bytes per sync (rollouts in reduced precision, as RLinf does)."""
+    max_worker_restarts: int = Field(default=3, ge=0)
+    """Dead rollout workers replaced before the run gives up."""
+    checkpoint_every: int = Field(default=10, ge=1)
+    """Iterations between learner checkpoints (a re-run resumes from the latest)."""
+    ppo: PPOConfig = PPOConfig()
+    sac: SACConfig = SACConfig()
+
+
+class FinetuneConfig(BaseModel):
+    """Fine-tuning the base on the target task: behaviour cloning, then optionally RL."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    algo: Literal["bc", "ppo", "sac"] = "bc"
+    """``bc``: behaviour cloning only. ``ppo`` / ``sac``: RL in simulation after the BC warm
+    start (or instead of it, with ``warm_start: none``)."""
+    warm_start: Literal["bc", "none"] = "bc"
+    """RL only: start from the BC fine-tune (``bc``) or from the base with fresh adapters."""
     trainable: Literal["lora", "all"] = "lora"
     """``lora``: freeze the base, train LoRA adapters + heads; ``all``: full fine-tuning."""
     bc: BCConfig = BCConfig()
+    rl: RLConfig = RLConfig()

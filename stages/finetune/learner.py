@@ -1,0 +1,163 @@
+"""The RL learner: the policy being trained, the frozen start policy, and PPO or SAC state.
+
+It runs as one Ray actor (see :mod:`stages.finetune.rl`). After each update it hands out only
+the parameters RL trains (LoRA adapters, action head, log-std) as numpy arrays in the sync
+precision; the workers load them in place.
+
+A learner checkpoint is a policy checkpoint (``step-XXXXXXX/`` with ``policy.json``, the
+adapters and heads in ``model.safetensors``, the tokenizer: exportable and evaluable as is)
+plus ``training/``: the algorithm's heads (value head or critics), optimizer moments and
+counters, so a re-run resumes where the last checkpoint left off. SAC's replay buffer is not
+saved; a resumed SAC run refills it before updating again.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from stages.finetune.bc import KEEP_CHECKPOINTS, TRAINING_DIR, latest_checkpoint, step_dir
+from stages.finetune.config import RLConfig
+from stages.finetune.ppo import PPO
+from stages.finetune.rollout import Rollout, concat_rollouts, rl_parameters
+from stages.finetune.sac import SAC
+from stages.policy.checkpoint import (
+    BaseRef,
+    CheckpointError,
+    load_policy,
+    load_trainable,
+    read_policy_meta,
+    save_policy,
+)
+
+
+class Learner:
+    """Holds the optimizer state; ``update`` trains on a round of rollouts."""
+
+    def __init__(
+        self,
+        start_checkpoint: str,
+        algo: str,
+        rl: dict[str, Any],
+        seed: int,
+        out: str,
+        threads: int = 1,
+    ) -> None:
+        torch.set_num_threads(threads)
+        torch.manual_seed(seed)
+        self.cfg = RLConfig(**rl)
+        self.out = Path(out)
+        self.policy = load_policy(start_checkpoint)
+        self.reference = load_policy(start_checkpoint).eval().requires_grad_(False)
+        meta = read_policy_meta(start_checkpoint)
+        self.base = BaseRef(**meta["base"]) if meta.get("base") else None
+        self.params = rl_parameters(self.policy)
+        algorithm = {"ppo": PPO, "sac": SAC}[algo]
+        settings = self.cfg.ppo if algo == "ppo" else self.cfg.sac
+        self.algo: PPO | SAC = algorithm(
+            self.policy,
+            self.reference,
+            self.params,
+            settings,  # type: ignore[arg-type]
+            self.cfg.gamma,
+            self.cfg.horizon,
+            seed,
+        )
+        self.iteration = 0
+        latest = latest_checkpoint(self.out)
+        if latest is not None:
+            self.restore(latest)
+
+    def state(self) -> dict[str, Any]:
+        """Where training stands: iteration, and the sizes weight sync is judged by."""
+        dtype = np.dtype(self.cfg.sync_dtype)
+        sync_bytes = sum(p.numel() for p in self.params.values()) * dtype.itemsize
+        full = sum(p.numel() for n, p in self.policy.named_parameters() if "lora_" not in n)
+        return {
+            "iteration": self.iteration,
+            "sync_bytes": sync_bytes,
+            "full_model_bytes": full * 4,
+            "synced_params": sum(p.numel() for p in self.params.values()),
+            "full_params": full,
+        }
+
+    def weights(self) -> dict[str, np.ndarray]:
+        """The trainable parameters in the sync precision (what workers load)."""
+        dtype = np.dtype(self.cfg.sync_dtype)
+        return {n: p.detach().numpy().astype(dtype) for n, p in self.params.items()}
+
+    def update(self, rollouts: list[Rollout]) -> dict[str, float]:
+        """One algorithm update on the round's rollouts; returns its metrics."""
+        tick = time.perf_counter()
+        metrics = self.algo.update(concat_rollouts(rollouts))
+        self.iteration += 1
+        return metrics | {"learn_compute_s": time.perf_counter() - tick}
+
+    # -- checkpoints ---------------------------------------------------------------------------
+
+    def checkpoint(self, lineage: dict[str, Any]) -> str:
+        """Write ``step-<iteration>`` atomically; keep the newest two. Returns its path."""
+        staging = self.out / f".step-{self.iteration:07d}.partial"
+        shutil.rmtree(staging, ignore_errors=True)
+        save_policy(self.policy, staging, self.base, {**lineage, "step": self.iteration})
+        tensors: dict[str, torch.Tensor] = {"rng/torch": torch.get_rng_state()}
+        groups: dict[str, Any] = {}
+        for name, module in self.algo.modules().items():
+            for key, value in module.state_dict().items():
+                tensors[f"module/{name}/{key}"] = value.contiguous()
+        for name, optimizer in self.algo.optimizers().items():
+            state = optimizer.state_dict()
+            groups[name] = state["param_groups"]
+            for index, slots in state["state"].items():
+                for slot, value in slots.items():
+                    tensors[f"optim/{name}/{index}/{slot}"] = value.contiguous()
+        (staging / TRAINING_DIR).mkdir()
+        save_file(tensors, str(staging / TRAINING_DIR / "learner.safetensors"))
+        state_json = {
+            "step": self.iteration,
+            "param_groups": groups,
+            "algo": self.algo.extra_state(),
+            "rng": self.algo.rng.bit_generator.state,
+        }
+        (staging / TRAINING_DIR / "state.json").write_text(json.dumps(state_json))
+        final = step_dir(self.out, self.iteration)
+        shutil.rmtree(final, ignore_errors=True)
+        staging.rename(final)
+        for old in sorted(self.out.glob("step-*"))[:-KEEP_CHECKPOINTS]:
+            shutil.rmtree(old, ignore_errors=True)
+        return str(final)
+
+    def restore(self, directory: Path) -> None:
+        """Continue from a checkpoint written by :meth:`checkpoint`."""
+        load_trainable(self.policy, directory / "model.safetensors")
+        try:
+            tensors = load_file(str(directory / TRAINING_DIR / "learner.safetensors"))
+            state = json.loads((directory / TRAINING_DIR / "state.json").read_text())
+        except Exception as err:  # any unreadable state is the same failure: say which and why
+            raise CheckpointError(
+                f"{directory / TRAINING_DIR}: unreadable learner state ({err})"
+            ) from err
+        torch.set_rng_state(tensors.pop("rng/torch"))
+        for name, module in self.algo.modules().items():
+            prefix = f"module/{name}/"
+            module.load_state_dict(
+                {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
+            )
+        for name, optimizer in self.algo.optimizers().items():
+            prefix = f"optim/{name}/"
+            slots: dict[int, dict[str, torch.Tensor]] = {}
+            for key, value in tensors.items():
+                if key.startswith(prefix):
+                    index, slot = key[len(prefix) :].split("/")
+                    slots.setdefault(int(index), {})[slot] = value
+            optimizer.load_state_dict({"state": slots, "param_groups": state["param_groups"][name]})
+        self.algo.load_extra_state(state["algo"])
+        self.algo.rng.bit_generator.state = state["rng"]
+        self.iteration = int(state["step"])

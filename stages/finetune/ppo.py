@@ -1,0 +1,200 @@
+"""PPO for the VLA: clipped objective, GAE on a value head, entropy bonus, KL to the start policy.
+
+One update, on the rollouts of every worker (``T`` decisions x ``N`` environments)::
+
+    no grad:  V(obs[0..T]) from the value head on the policy's features
+              the frozen start policy's Gaussians on obs[0..T-1]
+    advantages, returns = gae(rewards, V, terminated, truncated, gamma ** horizon, lambda)
+    for each epoch, for each minibatch of decisions:
+        ratio  = exp(log pi(a|s) - log pi_old(a|s))
+        loss   = -mean(min(ratio * A, clip(ratio, 1 +- clip) * A))          clipped objective
+                 + value_coef * mean((V(s) - R)^2)                           value head
+                 - entropy_coef * mean(H[pi(.|s)])                           entropy bonus
+                 + kl_coef * mean(KL(pi(.|s) || pi_start(.|s)))              stay near BC
+
+The policy's log-std is state-independent, so its entropy is a function of ``log_std`` alone.
+The value head reads the policy's features detached: the value loss never pulls on the
+adapters, so a poor value estimate cannot damage what BC taught.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.distributions import kl_divergence
+
+from stages.finetune.config import PPOConfig
+from stages.finetune.rollout import (
+    Rollout,
+    chunk_distribution,
+    flatten_observations,
+    forward_in_batches,
+    pooled_features,
+)
+from stages.policy.base import VLAPolicy
+
+
+class ValueHead(nn.Module):
+    """Features ``(B, d)`` -> state value ``(B,)``."""
+
+    def __init__(self, width: int, hidden: int = 128) -> None:
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Linear(width, hidden), nn.Tanh(), nn.Linear(hidden, hidden), nn.Tanh()
+        )
+        self.out = nn.Linear(hidden, 1)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return self.out(self.net(features)).squeeze(-1)
+
+
+def gae(
+    rewards: np.ndarray,
+    values: np.ndarray,
+    terminated: np.ndarray,
+    truncated: np.ndarray,
+    gamma: float,
+    lam: float,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Generalised advantage estimation over ``(T, N)`` arrays; ``values`` is ``(T + 1, N)``.
+
+    A solved episode bootstraps nothing. A truncated one lost its final observation to the
+    autoreset, so it bootstraps from the value of the decision's own state, the closest
+    estimate there is. Returns (advantages, returns), float32 ``(T, N)``.
+    """
+    steps = rewards.shape[0]
+    advantages = np.zeros_like(rewards, dtype=np.float32)
+    running = np.zeros(rewards.shape[1], np.float32)
+    for t in reversed(range(steps)):
+        ended = terminated[t] | truncated[t]
+        next_value = np.where(terminated[t], 0.0, np.where(truncated[t], values[t], values[t + 1]))
+        delta = rewards[t] + gamma * next_value - values[t]
+        running = delta + gamma * lam * np.where(ended, 0.0, running)
+        advantages[t] = running
+    return advantages, (advantages + values[:steps]).astype(np.float32)
+
+
+def clipped_objective(
+    logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, clip: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's clipped surrogate loss (to minimise) and the fraction of clipped ratios."""
+    ratio = (logp - old_logp).exp()
+    unclipped = ratio * advantages
+    clipped = ratio.clamp(1.0 - clip, 1.0 + clip) * advantages
+    loss = -torch.minimum(unclipped, clipped).mean()
+    return loss, ((ratio - 1.0).abs() > clip).float().mean()
+
+
+class PPO:
+    """The PPO learner state: value head and one Adam over adapters, heads and value head."""
+
+    def __init__(
+        self,
+        policy: VLAPolicy,
+        reference: VLAPolicy,
+        params: dict[str, nn.Parameter],
+        cfg: PPOConfig,
+        gamma: float,
+        horizon: int,
+        seed: int,
+    ) -> None:
+        self.policy, self.reference, self.params, self.cfg = policy, reference, params, cfg
+        self.gamma, self.horizon = gamma, horizon
+        self.value = ValueHead(policy.action_head.in_features)
+        self.optimizer = torch.optim.Adam(
+            [
+                {"params": list(params.values()), "lr": cfg.lr},
+                {"params": list(self.value.parameters()), "lr": cfg.value_lr},
+            ]
+        )
+        self.rng = np.random.default_rng(seed)
+
+    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        return {"policy": self.optimizer}
+
+    def modules(self) -> dict[str, nn.Module]:
+        """What a learner checkpoint saves besides the policy."""
+        return {"value": self.value}
+
+    def update(self, batch: Rollout) -> dict[str, float]:
+        steps, envs = batch.reward.shape
+        obs_index = np.arange((steps + 1) * envs)
+        outs = forward_in_batches(self.policy, batch, obs_index)
+        with torch.no_grad():
+            values = torch.cat([self.value(pooled_features(o)) for o in outs]).numpy()
+        values = values.reshape(steps + 1, envs)
+        advantages, returns = gae(
+            batch.reward,
+            values,
+            batch.terminated,
+            batch.truncated,
+            self.gamma**self.horizon,
+            self.cfg.gae_lambda,
+        )
+        decisions = np.arange(steps * envs)
+        ref_outs = forward_in_batches(self.reference, batch, decisions)
+        ref_mean = torch.cat([o.mean[:, : self.horizon] for o in ref_outs])
+        ref_log_std = ref_outs[0].log_std
+        flat = flatten_observations(batch)
+        actions = torch.as_tensor(batch.actions.reshape(steps * envs, *batch.actions.shape[2:]))
+        old_logp = torch.as_tensor(batch.logp.reshape(-1))
+        adv = torch.as_tensor(advantages.reshape(-1))
+        adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+        ret = torch.as_tensor(returns.reshape(-1))
+        sums: dict[str, float] = {}
+        count = 0
+        for _ in range(self.cfg.epochs):
+            for mb in np.array_split(
+                self.rng.permutation(decisions),
+                max(1, len(decisions) // self.cfg.minibatch_size),
+            ):
+                index = torch.as_tensor(mb)
+                out = self.policy(**flat.observations(mb))
+                dist = chunk_distribution(out, self.horizon)
+                logp = dist.log_prob(actions[index]).sum(dim=(1, 2))
+                policy_loss, clip_frac = clipped_objective(
+                    logp, old_logp[index], adv[index], self.cfg.clip
+                )
+                value_loss = ((self.value(pooled_features(out)) - ret[index]) ** 2).mean()
+                entropy = dist.entropy().sum(dim=(1, 2)).mean()
+                ref = torch.distributions.Normal(
+                    ref_mean[index], ref_log_std.exp().expand_as(ref_mean[index])
+                )
+                kl_ref = kl_divergence(dist, ref).sum(dim=(1, 2)).mean()
+                loss = (
+                    policy_loss
+                    + self.cfg.value_coef * value_loss
+                    - self.cfg.entropy_coef * entropy
+                    + self.cfg.kl_coef * kl_ref
+                )
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                grad_norm = nn.utils.clip_grad_norm_(list(self.params.values()), 1.0)
+                nn.utils.clip_grad_norm_(list(self.value.parameters()), 1.0)
+                self.optimizer.step()
+                with torch.no_grad():
+                    approx_kl = (old_logp[index] - logp).exp() - 1 - (old_logp[index] - logp)
+                for key, value in (
+                    ("policy_loss", policy_loss.item()),
+                    ("value_loss", value_loss.item()),
+                    ("entropy", entropy.item()),
+                    ("kl_ref", kl_ref.item()),
+                    ("approx_kl", approx_kl.mean().item()),
+                    ("clip_frac", clip_frac.item()),
+                    ("grad_norm", grad_norm.item()),
+                ):
+                    sums[key] = sums.get(key, 0.0) + value
+                count += 1
+        metrics = {k: v / count for k, v in sums.items()}
+        explained = 1.0 - np.var(returns - values[:steps]) / (np.var(returns) + 1e-8)
+        metrics.update(updates=float(count), explained_variance=float(explained))
+        return metrics
+
+    def extra_state(self) -> dict[str, Any]:
+        return {}
+
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        pass

@@ -1,0 +1,260 @@
+"""RL fine-tuning on Ray: rollout-worker actors and one learner actor, LoRA-only weight sync.
+
+    learner  = Learner actor (policy, frozen start policy, PPO or SAC, optimizer state)
+    workers  = N RolloutWorker actors (batched simulator + policy copy, inference only)
+    for iteration in start..iterations:
+        rollouts = every worker plays steps_per_env decisions      (a dead worker is replaced)
+        update   = learner trains on them                         (SAC: overlapped with the
+                                                                   next round's rollouts)
+        sync     = learner's trainable weights -> object store -> every worker
+        every checkpoint_every: learner checkpoint (a re-run resumes from the latest)
+
+Both actors are plain classes (:mod:`stages.finetune.rollout`, :mod:`stages.finetune.learner`)
+wrapped with ``ray.remote`` here. Each iteration appends a record to ``metrics.jsonl`` (success
+of the episodes finished in the round, return, losses, seconds in rollout / learning / sync,
+bytes per sync) and the run ends by drawing ``learning_curves.png``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from stages.finetune.bc import latest_checkpoint, log_metrics, read_metrics
+from stages.finetune.config import RLConfig
+from stages.finetune.learner import Learner
+from stages.finetune.rollout import Rollout, RolloutWorker
+
+CURVES_FILE = "learning_curves.png"
+
+
+@dataclass
+class RLJob:
+    """Everything an RL run needs (JSON-serialisable)."""
+
+    out: str
+    """Run directory: ``step-XXXXXXX`` learner checkpoints, ``metrics.jsonl``, curves."""
+    start_checkpoint: str
+    """The policy RL starts from (the BC fine-tune, or the base with fresh adapters)."""
+    algo: str
+    """``ppo`` or ``sac``."""
+    robot: str
+    scene: dict[str, Any]
+    sim: dict[str, Any]
+    rl: dict[str, Any]
+    """:class:`RLConfig` as a dict."""
+    seed: int
+    lineage: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RLRun:
+    """The live actors of a run (what ``on_iteration`` callbacks see)."""
+
+    learner: Any
+    workers: list[Any]
+    iteration: int = 0
+    replacements: int = 0
+
+
+class LearnerLost(RuntimeError):
+    """The learner actor died; re-running resumes from its last checkpoint."""
+
+
+def train_rl(
+    job: RLJob,
+    ray_address: str | None = None,
+    on_iteration: Callable[[RLRun], None] | None = None,
+) -> Path:
+    """Run (or resume) RL fine-tuning to ``rl.iterations``; returns the final checkpoint."""
+    from stages.ray_runtime import init_ray
+
+    init_ray(ray_address)  # before importing ray (see stages/ray_runtime.py)
+    import ray
+    from ray.exceptions import RayActorError
+
+    cfg = RLConfig(**job.rl)
+    settings = cfg.ppo if job.algo == "ppo" else cfg.sac
+    off_policy = job.algo == "sac"
+    out = Path(job.out)
+    out.mkdir(parents=True, exist_ok=True)
+    learner_cls: Any = ray.remote(num_cpus=cfg.learner_cpus, max_restarts=0)(Learner)
+    worker_cls: Any = ray.remote(num_cpus=cfg.worker_cpus, max_restarts=0)(RolloutWorker)
+    threads = max(1, int(cfg.worker_cpus))
+    learner = learner_cls.remote(
+        job.start_checkpoint, job.algo, job.rl, job.seed, job.out, max(1, int(cfg.learner_cpus))
+    )
+    sizes = ray.get(learner.state.remote())
+    run = RLRun(learner, [], iteration=sizes["iteration"])
+    generation = [0]  # a replacement worker gets fresh seeds: it does not replay the dead one's
+
+    def new_worker(index: int) -> Any:
+        generation[0] += 1
+        return worker_cls.remote(
+            job.start_checkpoint,
+            job.robot,
+            job.scene,
+            job.sim,
+            cfg.envs_per_worker,
+            cfg.horizon,
+            cfg.gamma,
+            job.seed + 1000 * run.iteration,
+            index + 1000 * generation[0],
+            threads,
+        )
+
+    def sync() -> float:
+        tick = time.perf_counter()
+        weights = learner.weights.remote()  # stays in the object store; workers read it there
+        ray.get([w.set_weights.remote(weights, run.iteration) for w in run.workers])
+        return time.perf_counter() - tick
+
+    def launch() -> list[Any]:
+        return [w.rollout.remote(settings.steps_per_env) for w in run.workers]
+
+    def gather(pending: list[Any]) -> list[Rollout]:
+        """The round's rollouts; a worker that died is replaced and plays its share again."""
+        rollouts = []
+        for index, ref in enumerate(pending):
+            while True:
+                try:
+                    rollouts.append(ray.get(ref))
+                    break
+                except RayActorError:
+                    run.replacements += 1
+                    if run.replacements > cfg.max_worker_restarts:
+                        raise
+                    ray.kill(run.workers[index])
+                    run.workers[index] = new_worker(index)
+                    weights = learner.weights.remote()
+                    run.workers[index].set_weights.remote(weights, run.iteration)
+                    ref = run.workers[index].rollout.remote(settings.steps_per_env)
+        return rollouts
+
+    def learner_call(ref: Any) -> Any:
+        try:
+            return ray.get(ref)
+        except RayActorError as err:
+            raise LearnerLost(
+                f"the learner died at iteration {run.iteration}: re-run to resume from its "
+                f"last checkpoint under {out}"
+            ) from err
+
+    run.workers = [new_worker(i) for i in range(cfg.workers)]
+    start_time = time.perf_counter()
+    env_steps = _last(out, "env_steps")
+    try:
+        sync()
+        pending = launch()
+        last_saved = run.iteration
+        while run.iteration < cfg.iterations:
+            tick = time.perf_counter()
+            rollouts = gather(pending)
+            rollout_s = time.perf_counter() - tick
+            tick = time.perf_counter()
+            update = learner.update.remote(rollouts)
+            if off_policy:  # the next round plays while the learner trains on this one
+                pending = launch()
+            metrics = learner_call(update)
+            learn_s = time.perf_counter() - tick
+            run.iteration += 1
+            sync_s = sync() if not off_policy else _sync_async(learner, run)
+            if not off_policy:
+                pending = launch()
+            round_steps = sum(r.env_steps for r in rollouts)
+            env_steps += round_steps
+            wall = rollout_s + learn_s + sync_s
+            success = [s for r in rollouts for s in r.success]
+            record = {
+                "step": run.iteration,
+                "env_steps": env_steps,
+                "episodes": len(success),
+                "success_rate": float(np.mean(success)) if success else float("nan"),
+                "return_mean": float(np.mean([x for r in rollouts for x in r.episode_return]))
+                if success
+                else float("nan"),
+                **metrics,
+                "rollout_s": rollout_s,
+                "learn_s": learn_s,
+                "sync_s": sync_s,
+                "env_steps_per_s": round_steps / wall,
+                "updates_per_s": metrics.get("updates", 0.0) / wall,
+                "simulate_s": max(r.seconds["simulate"] for r in rollouts),
+                "inference_s": max(r.seconds["inference"] for r in rollouts),
+                "sync_bytes": sizes["sync_bytes"],
+                "full_model_bytes": sizes["full_model_bytes"],
+                "replacements": run.replacements,
+                "time": time.time(),
+            }
+            log_metrics(out, record)
+            if on_iteration:
+                on_iteration(run)
+            out_of_time = (
+                cfg.time_budget_s is not None
+                and time.perf_counter() - start_time > cfg.time_budget_s
+            )
+            if run.iteration % cfg.checkpoint_every == 0 or run.iteration == cfg.iterations:
+                learner_call(learner.checkpoint.remote(job.lineage))
+                last_saved = run.iteration
+            if out_of_time:
+                break
+        if last_saved != run.iteration:
+            learner_call(learner.checkpoint.remote(job.lineage))
+    finally:
+        for actor in [*run.workers, learner]:
+            ray.kill(actor)
+    plot_learning_curves(out, job.algo)
+    latest = latest_checkpoint(out)
+    assert latest is not None
+    return latest
+
+
+def _sync_async(learner: Any, run: RLRun) -> float:
+    """Off-policy sync: queue the new weights behind each worker's running rollout (they take
+    effect for its next one) without waiting for it to finish."""
+    tick = time.perf_counter()
+    weights = learner.weights.remote()
+    for worker in run.workers:
+        worker.set_weights.remote(weights, run.iteration)
+    return time.perf_counter() - tick
+
+
+def _last(out: Path, key: str) -> int:
+    records = read_metrics(out)
+    return int(records[-1].get(key, 0)) if records else 0
+
+
+def plot_learning_curves(out: Path, algo: str) -> Path | None:
+    """Success rate and return of the training episodes, and the losses, against env steps."""
+    records = read_metrics(out)
+    if not records:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [r["env_steps"] for r in records]
+    losses = ["policy_loss", "value_loss", "kl_ref"] if algo == "ppo" else ["critic_loss"]
+    losses += ["actor_loss", "kl_ref"] if algo == "sac" else []
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    axes[0].plot(steps, [r["success_rate"] for r in records], marker=".")
+    axes[0].set(title="training-episode success", xlabel="env steps", ylim=(-0.02, 1.02))
+    axes[1].plot(steps, [r["return_mean"] for r in records], marker=".")
+    axes[1].set(title="episode return", xlabel="env steps")
+    for key in dict.fromkeys(losses):
+        points = [(s, r[key]) for s, r in zip(steps, records, strict=True) if key in r]
+        if points:
+            axes[2].plot(*zip(*points, strict=True), label=key)
+    axes[2].set(title=f"{algo.upper()} losses", xlabel="env steps")
+    axes[2].legend(fontsize=8)
+    fig.tight_layout()
+    path = out / CURVES_FILE
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

@@ -33,6 +33,7 @@ from stages.ray_runtime import RayClusterError
 if TYPE_CHECKING:  # the policy stack imports torch: keep `robo-pipe --help` fast
     from pipelines.services import Services
     from stages.dataset.layout import DatasetRef
+    from stages.finetune.config import FinetuneConfig
     from stages.finetune.run import MetricsFn
     from stages.policy.checkpoint import CheckpointRef
 
@@ -327,6 +328,13 @@ def pretrain_cmd(
 def finetune_cmd(
     config: ConfigArg,
     set_: SetOpt = None,
+    algo: Annotated[
+        str | None,
+        typer.Option(
+            help="bc, ppo or sac (overrides finetune.algo). ppo/sac: RL in simulation after the "
+            "BC warm start, or from the base with finetune.warm_start: none."
+        ),
+    ] = None,
     dataset: Annotated[
         Path | None,
         typer.Option(
@@ -336,43 +344,90 @@ def finetune_cmd(
     ray_address: RayAddressOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Fine-tune the policy on the target task's demonstrations (behaviour cloning).
+    """Fine-tune the policy: behaviour cloning on demonstrations, then optionally RL (PPO/SAC).
 
     policy.type default: freezes the pretrained base (pretrained first if missing) and trains
     LoRA adapters + heads (finetune.trainable: lora) or everything (all). policy.type hub-vlm:
-    LoRA on the pretrained backbone at policy.backbone. Training runs on finetune.bc.workers Ray
-    Train workers; an interrupted run resumes from its latest checkpoint when re-run.
+    LoRA on the pretrained backbone at policy.backbone. BC runs on finetune.bc.workers Ray
+    Train workers. With --algo ppo or sac, RL runs on finetune.rl.workers rollout-worker actors
+    and one learner actor, syncing only the trainable weights; it writes learning_curves.png
+    beside its checkpoints. An interrupted run resumes from its latest checkpoint when re-run.
     """
     from pipelines.config import save_resolved
     from pipelines.home import home_dir, new_run_dir
-    from stages.finetune.run import finetune
+    from stages.finetune.run import finetune, rl_finetune
     from stages.policy.checkpoint import CheckpointError
 
-    cfg = _load(config, set_)
+    overrides = [*(set_ or []), *([f"finetune.algo={algo}"] if algo else [])]
+    cfg = _load(config, overrides)
     run_dir = new_run_dir(f"{cfg.name}-finetune")
     save_resolved(cfg, run_dir / "config.yaml")
     start = time.perf_counter()
     base = _pretrain(cfg, ray_address, json_out) if cfg.policy.type == "default" else None
-    data: DatasetRef | Path = dataset or _collect(cfg, _default_dataset(cfg), ray_address, json_out)
-    progress, on_metrics = _train_progress("fine-tuning", cfg.finetune.bc.steps, json_out)
-    with progress:
-        try:
-            ref = finetune(
-                data,
-                cfg.policy,
-                cfg.finetune,
-                base,
-                cfg.seed,
-                home_dir("checkpoints"),
-                name=cfg.name,
-                ray_address=ray_address,
-                on_metrics=on_metrics,
-                lineage={"config_hash": cfg.config_hash()},
-            )
-        except (DatasetError, CheckpointError, RayClusterError, ValueError) as err:
-            raise _fail(err) from None
+    rl = cfg.finetune.algo in ("ppo", "sac")
+    try:
+        if rl and cfg.finetune.warm_start == "none":
+            if base is None:
+                raise ValueError("finetune.warm_start: none needs the default VLA's base")
+            ref = base
+        else:
+            data = dataset or _collect(cfg, _default_dataset(cfg), ray_address, json_out)
+            progress, on_metrics = _train_progress("fine-tuning", cfg.finetune.bc.steps, json_out)
+            with progress:
+                ref = finetune(
+                    data,
+                    cfg.policy,
+                    cfg.finetune,
+                    base,
+                    cfg.seed,
+                    home_dir("checkpoints"),
+                    name=cfg.name,
+                    ray_address=ray_address,
+                    on_metrics=on_metrics,
+                    lineage={"config_hash": cfg.config_hash()},
+                )
+        if rl:
+            progress, on_metrics = _rl_progress(cfg.finetune, json_out)
+            with progress:
+                ref = rl_finetune(
+                    ref,
+                    cfg.robot,
+                    cfg.scene,
+                    cfg.sim,
+                    cfg.finetune,
+                    cfg.seed,
+                    home_dir("checkpoints"),
+                    name=cfg.name,
+                    ray_address=ray_address,
+                    on_metrics=on_metrics,
+                    lineage={"config_hash": cfg.config_hash()},
+                    lora=cfg.policy.lora,
+                )
+    except (DatasetError, SceneError, CheckpointError, RayClusterError, ValueError) as err:
+        raise _fail(err) from None
     (run_dir / "checkpoint_ref.json").write_text(json.dumps(ref.to_json(), indent=2))
-    _print_checkpoint("fine-tuned policy", ref, time.perf_counter() - start, json_out)
+    title = f"{cfg.finetune.algo.upper()}-fine-tuned policy" if rl else "fine-tuned policy"
+    _print_checkpoint(title, ref, time.perf_counter() - start, json_out)
+    if rl and not json_out:
+        console.print(f"learning curves: {Path(ref.path).parent / 'learning_curves.png'}")
+
+
+def _rl_progress(config: FinetuneConfig, json_out: bool) -> tuple[Progress, MetricsFn]:
+    """A progress bar over RL iterations showing training-episode success and env-steps/s."""
+    fields = "success {task.fields[success]}  {task.fields[sps]} env-steps/s"
+    progress = _progress(f"RL ({config.algo})", fields, json_out)
+    task = progress.add_task(config.algo, total=config.rl.iterations, success="-", sps="-")
+
+    def on_metrics(record: dict[str, float]) -> None:
+        success = record.get("success_rate", float("nan"))
+        progress.update(
+            task,
+            completed=record["step"],
+            success="-" if success != success else f"{success:.0%}",
+            sps=f"{record['env_steps_per_s']:,.0f}",
+        )
+
+    return progress, on_metrics
 
 
 def _local_policy(policy: Path) -> Path:

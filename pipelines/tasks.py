@@ -277,6 +277,9 @@ def _track_training(run: tracking.TrackedRun, r: Record) -> None:
     )
     run.log_curves(read_metrics(Path(r["path"]).parent))
     run.log_metrics({"trainable_params": r["trainable_params"], "total_params": r["total_params"]})
+    curves = Path(r["path"]).parent / "learning_curves.png"  # RL fine-tuning draws these
+    if curves.is_file():
+        run.log_artifact(curves, "plots")
 
 
 @stage_task("pretrain")
@@ -320,33 +323,56 @@ def pretrain_stage(ctx: RunContext) -> Record:
 
 @stage_task("finetune")
 def finetune_stage(ctx: RunContext, dataset: Record, base: Record | None) -> Record:
-    """LoRA (or full) behaviour cloning of the base on the target task's dataset."""
-    from stages.finetune.run import finetune
+    """LoRA (or full) behaviour cloning of the base on the target task's dataset, then RL in
+    simulation when ``finetune.algo`` is ppo or sac."""
+    from stages.finetune.run import finetune, rl_finetune
     from stages.policy.checkpoint import CheckpointRef
 
     cfg = ctx.cfg
+    rl = cfg.finetune.algo in ("ppo", "sac")
+    sections = {"policy", "finetune", "seed"} | ({"robot", "scene", "sim"} if rl else set())
     inputs = {
         "dataset": dataset["content_hash"],
         "base": base["content_hash"] if base else None,
-        "config": cfg.model_dump(include={"policy", "finetune", "seed"}, mode="json"),
+        "config": cfg.model_dump(include=sections, mode="json"),
     }
 
     def run() -> Record:
         base_ref = None
         if base:
             base_ref = CheckpointRef(**{k: v for k, v in base.items() if not k.startswith("_")})
-        ref = finetune(
-            dataset["path"],
-            cfg.policy,
-            cfg.finetune,
-            base_ref,
-            cfg.seed,
-            home_dir("checkpoints"),
-            name=cfg.name,
-            ray_address=ctx.ray_address,
-            on_metrics=_train_tracker("finetune", cfg.finetune.bc.steps),
-            lineage={"config_hash": cfg.config_hash()},
-        )
+        if rl and cfg.finetune.warm_start == "none":
+            if base_ref is None:
+                raise ValueError("finetune.warm_start: none needs the default VLA's base")
+            ref = base_ref
+        else:
+            ref = finetune(
+                dataset["path"],
+                cfg.policy,
+                cfg.finetune,
+                base_ref,
+                cfg.seed,
+                home_dir("checkpoints"),
+                name=cfg.name,
+                ray_address=ctx.ray_address,
+                on_metrics=_train_tracker("finetune", cfg.finetune.bc.steps),
+                lineage={"config_hash": cfg.config_hash()},
+            )
+        if rl:
+            ref = rl_finetune(
+                ref,
+                cfg.robot,
+                cfg.scene,
+                cfg.sim,
+                cfg.finetune,
+                cfg.seed,
+                home_dir("checkpoints"),
+                name=cfg.name,
+                ray_address=ctx.ray_address,
+                on_metrics=_rl_tracker(cfg.finetune.algo, cfg.finetune.rl.iterations),
+                lineage={"config_hash": cfg.config_hash()},
+                lora=cfg.policy.lora,
+            )
         return ref.to_json()
 
     return _run_stage(
@@ -357,6 +383,21 @@ def finetune_stage(ctx: RunContext, dataset: Record, base: Record | None) -> Rec
         _hash_matches("path", "content_hash", _checkpoint_hash),
         _track_training,
     )
+
+
+def _rl_tracker(algo: str, iterations: int) -> Callable[[dict[str, float]], None]:
+    _started("finetune", iterations, f"{algo} iterations")
+
+    def on_metrics(record: dict[str, float]) -> None:
+        success = record.get("success_rate", float("nan"))
+        shown = "-" if success != success else f"{success:.0%}"
+        _advanced(
+            "finetune",
+            record["step"],
+            f"{algo}: training success {shown}, {record['env_steps_per_s']:,.0f} env-steps/s",
+        )
+
+    return on_metrics
 
 
 @stage_task("export")

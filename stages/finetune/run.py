@@ -16,11 +16,12 @@ the same inputs resumes from its latest checkpoint; a finished one returns its r
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -34,13 +35,15 @@ from stages.dataset.layout import DatasetRef
 from stages.finetune.bc import BCJob, job_dict, latest_checkpoint, read_metrics, train_bc
 from stages.finetune.config import BCConfig, FinetuneConfig, PretrainConfig
 from stages.policy.checkpoint import (
+    BaseRef,
     CheckpointError,
     CheckpointRef,
     checkpoint_hash,
     load_policy,
     read_policy_meta,
+    save_policy,
 )
-from stages.policy.config import PolicyConfig
+from stages.policy.config import LoraSettings, PolicyConfig
 from stages.policy.hub_vla import backbone_hash, resolve_backbone
 from stages.provenance import code_version
 
@@ -195,6 +198,77 @@ def finetune(
     return _train(job, config.bc, ray_address, on_metrics)
 
 
+def rl_finetune(
+    start: CheckpointRef,
+    robot: str,
+    scene: SceneConfig,
+    sim: SimConfig,
+    config: FinetuneConfig,
+    seed: int,
+    checkpoints_dir: Path,
+    name: str = "policy",
+    ray_address: str | None = None,
+    on_metrics: MetricsFn | None = None,
+    lineage: dict[str, Any] | None = None,
+    lora: LoraSettings | None = None,
+) -> CheckpointRef:
+    """RL fine-tuning (``config.algo``: ppo or sac) in simulation on ``scene.variant``, from
+    ``start``: a BC fine-tune, or a base checkpoint (then with fresh LoRA adapters). Output under
+    ``checkpoints_dir/<name>-<algo>-<key>``; an interrupted run resumes from its latest learner
+    checkpoint, a finished one returns its record at once. ``lora``: the adapters to add to a
+    base start (the policy config's)."""
+    from stages.finetune.rl import RLJob, train_rl
+
+    if config.algo not in ("ppo", "sac"):
+        raise ValueError(f"RL fine-tuning needs finetune.algo ppo or sac, not {config.algo!r}")
+    if checkpoint_hash(start.path) != start.content_hash:
+        raise CheckpointError(f"{start.path}: checkpoint changed since it was recorded")
+    lora = lora or LoraSettings()
+    key = _key(start.content_hash, config.algo, config.trainable, config.rl, robot, scene, sim)
+    key = _key(key, seed, lora)
+    out = checkpoints_dir / f"{name}-{config.algo}-{key}"
+    cached = _finished(out)
+    if cached is not None:
+        return cached
+    out.mkdir(parents=True, exist_ok=True)
+    start_path = Path(start.path)
+    if start.trainable == "all" and config.trainable == "lora":
+        start_path = _fresh_adapters(start, lora, out / "start")
+    lineage = {
+        "stage": f"finetune-{config.algo}",
+        "start_checkpoint": start.path,
+        "start_hash": start.content_hash,
+        "code_version": code_version(),
+        **(lineage or {}),
+    }
+    job = RLJob(
+        out=str(out),
+        start_checkpoint=str(start_path),
+        algo=config.algo,
+        robot=robot,
+        scene=scene.model_dump(),
+        sim=sim.model_dump(),
+        rl=config.rl.model_dump(),
+        seed=seed,
+        lineage=lineage,
+    )
+    with _forwarding_metrics(out, on_metrics):
+        train_rl(job, ray_address)
+    ref = _record(out, lineage)
+    return replace(ref, dataset_hashes=start.dataset_hashes)
+
+
+def _fresh_adapters(base: CheckpointRef, lora: LoraSettings, out: Path) -> Path:
+    """A LoRA checkpoint on ``base`` whose adapters are still zero: it acts exactly as the base
+    does (RL instead of BC)."""
+    if (out / "policy.json").is_file():
+        return out
+    policy = load_policy(base.path)
+    policy.add_lora(lora)
+    save_policy(policy, out, BaseRef("checkpoint", base.path, base.content_hash))
+    return out
+
+
 def _finished(out: Path) -> CheckpointRef | None:
     """The record of a finished run at ``out`` if its checkpoint is intact, else None."""
     ref_path = out / REF_FILE
@@ -212,17 +286,17 @@ def _train(
 ) -> CheckpointRef:
     out = Path(job.out)
     out.mkdir(parents=True, exist_ok=True)
-    stop = threading.Event()
-    watcher = threading.Thread(target=_watch_metrics, args=(out, on_metrics, stop), daemon=True)
-    watcher.start()
-    try:
+    with _forwarding_metrics(out, on_metrics):
         if bc.workers == 0:
             train_bc(job)
         else:
             _fit_on_ray_train(job, bc.workers, ray_address)
-    finally:
-        stop.set()
-        watcher.join()
+    return _record(out, job.lineage)
+
+
+def _record(out: Path, lineage: dict[str, Any]) -> CheckpointRef:
+    """The :class:`CheckpointRef` of a finished training run's latest checkpoint, also written
+    to ``out/checkpoint_ref.json`` (which marks the run finished)."""
     latest = latest_checkpoint(out)
     if latest is None:
         raise RuntimeError(f"{out}: training finished without a checkpoint")
@@ -240,12 +314,25 @@ def _train(
         total_params=total,
         base=meta["base"],
         dataset_hashes=list(meta["lineage"].get("dataset_hashes", [])),
-        config_hash=str(job.lineage.get("config_hash", "")),
-        code_version=str(job.lineage.get("code_version", "")),
+        config_hash=str(lineage.get("config_hash", "")),
+        code_version=str(lineage.get("code_version", "")),
         metrics={k: float(v) for k, v in (metrics[-1] if metrics else {}).items() if k != "time"},
     )
     (out / REF_FILE).write_text(json.dumps(ref.to_json(), indent=1))
     return ref
+
+
+@contextlib.contextmanager
+def _forwarding_metrics(out: Path, on_metrics: MetricsFn | None) -> Iterator[None]:
+    """While the body trains (in other processes), forward new metrics.jsonl lines."""
+    stop = threading.Event()
+    watcher = threading.Thread(target=_watch_metrics, args=(out, on_metrics, stop), daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        watcher.join()
 
 
 def _watch_metrics(out: Path, on_metrics: MetricsFn | None, stop: threading.Event) -> None:

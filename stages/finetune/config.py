@@ -71,7 +71,7 @@ class PPOConfig(BaseModel):
     epochs: int = Field(default=2, ge=1, le=100)
     """Passes over each rollout batch."""
     minibatch_size: int = Field(default=256, ge=1, le=1_000_000)
-    lr: float = Field(default=3e-4, gt=0, le=1.0)
+    lr: float = Field(default=1e-4, gt=0, le=1.0)
     """Learning rate of the policy's adapters and heads (Adam)."""
     value_lr: float = Field(default=1e-3, gt=0, le=1.0)
     """Learning rate of the value head."""
@@ -130,8 +130,10 @@ class RLConfig(BaseModel):
     """Rollout-worker actors."""
     envs_per_worker: int = Field(default=16, ge=1, le=4096)
     """Environments each worker steps together."""
-    worker_cpus: float = Field(default=1.0, gt=0)
-    """Ray CPUs reserved per rollout worker (also its torch and physics threads)."""
+    worker_cpus: float = Field(default=0.5, gt=0)
+    """Ray CPUs reserved per rollout worker (its torch and physics threads: this rounded down,
+    at least 1). The default fits 2 workers and the learner on 2 cores: PPO's rollouts and
+    updates alternate, so they do not compete."""
     learner_cpus: float = Field(default=1.0, gt=0)
     """Ray CPUs reserved for the learner (also its torch threads)."""
     gamma: float = Field(default=0.98, gt=0, le=1.0)

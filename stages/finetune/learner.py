@@ -65,7 +65,7 @@ class Learner:
             self.policy,
             self.reference,
             self.params,
-            settings,  # type: ignore[arg-type]
+            settings,
             self.cfg.gamma,
             self.cfg.horizon,
             seed,

@@ -31,6 +31,8 @@ from stages.finetune.learner import Learner
 from stages.finetune.rollout import Rollout, RolloutWorker
 
 CURVES_FILE = "learning_curves.png"
+ROLLING_EPISODES = 100
+"""Episodes the plotted training success averages over."""
 
 
 @dataclass
@@ -83,6 +85,14 @@ def train_rl(
     off_policy = job.algo == "sac"
     out = Path(job.out)
     out.mkdir(parents=True, exist_ok=True)
+    wanted = cfg.learner_cpus + cfg.workers * cfg.worker_cpus
+    available = float(ray.cluster_resources().get("CPU", 0.0))
+    if wanted > available:  # Ray would wait for the missing CPUs forever
+        raise ValueError(
+            f"finetune.rl asks for {wanted:g} CPUs (learner_cpus {cfg.learner_cpus:g} + "
+            f"workers {cfg.workers} x worker_cpus {cfg.worker_cpus:g}) but the Ray cluster has "
+            f"{available:g}: lower them, or pass --ray-address of a larger cluster"
+        )
     learner_cls: Any = ray.remote(num_cpus=cfg.learner_cpus, max_restarts=0)(Learner)
     worker_cls: Any = ray.remote(num_cpus=cfg.worker_cpus, max_restarts=0)(RolloutWorker)
     threads = max(1, int(cfg.worker_cpus))
@@ -229,6 +239,22 @@ def _last(out: Path, key: str) -> int:
     return int(records[-1].get(key, 0)) if records else 0
 
 
+def rolling_success(records: list[dict[str, Any]]) -> list[float]:
+    """Success of the training episodes that ended in the rounds up to each record, over at
+    least the last ``ROLLING_EPISODES`` of them (a round ends only a few episodes)."""
+    rates = []
+    for i in range(len(records)):
+        solved = episodes = 0.0
+        for r in reversed(records[: i + 1]):
+            if r["episodes"]:
+                solved += r["success_rate"] * r["episodes"]
+                episodes += r["episodes"]
+            if episodes >= ROLLING_EPISODES:
+                break
+        rates.append(solved / episodes if episodes else float("nan"))
+    return rates
+
+
 def plot_learning_curves(out: Path, algo: str) -> Path | None:
     """Success rate and return of the training episodes, and the losses, against env steps."""
     records = read_metrics(out)
@@ -243,8 +269,10 @@ def plot_learning_curves(out: Path, algo: str) -> Path | None:
     losses = ["policy_loss", "value_loss", "kl_ref"] if algo == "ppo" else ["critic_loss"]
     losses += ["actor_loss", "kl_ref"] if algo == "sac" else []
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
-    axes[0].plot(steps, [r["success_rate"] for r in records], marker=".")
+    axes[0].plot(steps, [r["success_rate"] for r in records], ".", alpha=0.3, label="per round")
+    axes[0].plot(steps, rolling_success(records), label=f"last {ROLLING_EPISODES} episodes")
     axes[0].set(title="training-episode success", xlabel="env steps", ylim=(-0.02, 1.02))
+    axes[0].legend(fontsize=8)
     axes[1].plot(steps, [r["return_mean"] for r in records], marker=".")
     axes[1].set(title="episode return", xlabel="env steps")
     for key in dict.fromkeys(losses):

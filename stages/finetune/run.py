@@ -163,7 +163,9 @@ def finetune(
         start_from = base.content_hash
     else:  # hub-vlm: the pretrained backbone is the base
         start_from = backbone_hash(resolve_backbone(str(policy.backbone)))
-    key = _key(policy, config, data.content_hash(), start_from, seed)
+    # Only what BC depends on: changing the RL settings must not retrain the warm start.
+    bc_settings = config.model_dump(include={"trainable", "bc"})
+    key = _key(policy, bc_settings, data.content_hash(), start_from, seed)
     out = checkpoints_dir / f"{name}-finetune-{key}"
     cached = _finished(out)
     if cached is not None:

@@ -315,3 +315,52 @@ def test_unreachable_services_are_named(
     assert not (tmp_path / "home" / "stages").exists() or not any(
         (tmp_path / "home" / "stages").iterdir()
     )
+
+
+RL_TINY = [
+    "finetune.rl.iterations=2",
+    "finetune.rl.workers=1",
+    "finetune.rl.envs_per_worker=2",
+    "finetune.rl.ppo.steps_per_env=4",
+    "finetune.rl.ppo.minibatch_size=8",
+]
+
+
+def test_finetune_cli_runs_bc_then_ppo(first_run: dict[str, Any], shared_home: Path) -> None:
+    """`robo-pipe finetune --algo ppo`: the BC warm start (reused from the pipeline), then RL."""
+    from stages.finetune.bc import read_metrics
+    from stages.policy.checkpoint import read_policy_meta
+
+    sets = [arg for s in [*TINY, *RL_TINY] for arg in ("--set", s)]
+    result = robo_pipe("finetune", CONFIG, "--algo", "ppo", *sets, "--json", home=shared_home)
+    assert result.returncode == 0, result.stderr[-3000:]
+    ref = json.loads(result.stdout.strip().splitlines()[-1])
+    run_dir = Path(ref["path"]).parent
+    assert "-ppo-" in run_dir.name and ref["step"] == 2 and ref["trainable"] == "lora"
+    assert [r["step"] for r in read_metrics(run_dir)] == [1, 2]
+    assert (run_dir / "learning_curves.png").is_file()
+    lineage = read_policy_meta(ref["path"])["lineage"]
+    assert lineage["stage"] == "finetune-ppo" and "-finetune-" in lineage["start_checkpoint"]
+
+    bad = robo_pipe("finetune", CONFIG, "--algo", "dqn", home=shared_home)
+    assert bad.returncode == 2 and "finetune.algo" in bad.stderr and "dqn" in bad.stderr
+
+
+def test_pipeline_finetune_stage_runs_rl_after_bc(first_run: dict[str, Any]) -> None:
+    """With finetune.algo: sac the pipeline's finetune stage hands on the RL checkpoint, and
+    MLflow gets its learning curves (runs last: it registers another version)."""
+    from mlflow import MlflowClient
+
+    sac = ["finetune.algo=sac", *RL_TINY, "finetune.rl.sac.learning_starts=4"]
+    result = run_pipeline(*sac, "finetune.rl.sac.batch_size=4")
+    assert "-sac-" in result["checkpoint"]
+    client = MlflowClient()
+    parent = client.get_run(result["mlflow_run_id"])
+    children = client.search_runs(
+        [parent.info.experiment_id],
+        filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'",
+    )
+    finetune = next(r for r in children if r.data.tags["robo_pipe.stage"] == "finetune")
+    assert len(client.get_metric_history(finetune.info.run_id, "critic_loss")) == 2
+    plots = {a.path for a in client.list_artifacts(finetune.info.run_id, "plots")}
+    assert "plots/learning_curves.png" in plots

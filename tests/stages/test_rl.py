@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from robots.spec import RobotSpec
-from sim_scenes.config import SceneConfig, SimConfig
+from sim_scenes.config import RewardConfig, SceneConfig, SimConfig
 from stages.finetune.config import PPOConfig, RLConfig, SACConfig
 from stages.finetune.ppo import PPO, clipped_objective, gae
 from stages.finetune.rl import LearnerLost, RLJob, RLRun, train_rl
@@ -28,7 +28,7 @@ from stages.policy.checkpoint import (
 )
 from tests.stages.tiny_models import TINY_POLICY
 
-SCENE = SceneConfig(image_size=32, reward={"progress_weight": 2.0})
+SCENE = SceneConfig(image_size=32, reward=RewardConfig(progress_weight=2.0))
 SIM = SimConfig(num_threads=1)
 
 
@@ -251,3 +251,10 @@ def test_sac_learner_killed_then_rerun_resumes_from_its_checkpoint(
     assert final.name == "step-0000004"
     state = json.loads((final / "training" / "state.json").read_text())
     assert state["step"] == 4 and state["algo"]["updates"] > 0
+
+
+def test_asking_for_more_cpus_than_the_cluster_has_is_named(
+    start: str, tmp_path: Path, ray_local: None
+) -> None:
+    with pytest.raises(ValueError, match=r"asks for 4.5 CPUs .* cluster has 2"):
+        train_rl(job(start, tmp_path, "ppo", workers=4, worker_cpus=1.0))

@@ -19,7 +19,9 @@ def wilson_interval(successes: int, trials: int, z: float = 1.959964) -> tuple[f
     denom = 1 + z * z / trials
     centre = (p + z * z / (2 * trials)) / denom
     half = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / denom
-    return max(0.0, centre - half), min(1.0, centre + half)
+    # At 0% or 100% one bound equals p exactly in theory; float rounding can put it on the
+    # wrong side of p (a negative error bar), so it is pinned.
+    return min(p, max(0.0, centre - half)), max(p, min(1.0, centre + half))
 
 
 def normal_cdf(z: float) -> float:

@@ -20,6 +20,10 @@ def test_wilson_interval_edges_stay_in_unit_range() -> None:
     assert wilson_interval(0, 0) == (0.0, 1.0)
     with pytest.raises(ValueError):
         wilson_interval(5, 4)
+    # every count: the interval holds the observed rate (float rounding once put 1.0 above the
+    # upper bound at n = 4, 10, 14, ... and a negative error bar crashed the report plot)
+    for n in range(1, 500):
+        assert wilson_interval(n, n)[1] == 1.0 and wilson_interval(0, n)[0] == 0.0
 
 
 def test_two_proportion_test_known_values() -> None:

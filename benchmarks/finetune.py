@@ -27,6 +27,7 @@ import numpy as np
 
 from pipelines.config import CONFIG_DIR, PipelineConfig, load_config
 from pipelines.home import home_dir
+from pipelines.training import pretrain_base
 from robots.spec import get_robot
 from sim_scenes.backends import make_env
 from sim_scenes.episodes import play_episodes
@@ -34,7 +35,7 @@ from sim_scenes.touch import episode_seeds
 from stages.collect import collect
 from stages.finetune.bc import read_metrics
 from stages.finetune.config import FinetuneConfig
-from stages.finetune.run import finetune, pretrain
+from stages.finetune.run import finetune
 from stages.policy.checkpoint import CheckpointRef, load_policy
 from stages.statistics import wilson_interval
 
@@ -67,17 +68,7 @@ def main() -> None:
     cfg = load_config(args.config)
 
     start = time.perf_counter()
-    base = pretrain(
-        cfg.robot,
-        cfg.scene,
-        cfg.sim,
-        cfg.collect,
-        cfg.policy,
-        cfg.pretrain,
-        cfg.seed,
-        home_dir("checkpoints"),
-        home_dir("datasets"),
-    )
+    base = pretrain_base(cfg)
     print(f"base ready in {time.perf_counter() - start:.0f} s: {base.path}")
     dataset = collect(
         cfg.robot,

@@ -29,11 +29,12 @@ import numpy as np
 
 from pipelines.config import CONFIG_DIR, PipelineConfig, load_config
 from pipelines.home import home_dir
+from pipelines.training import pretrain_base, rl_finetune_from
 from stages.collect import collect
 from stages.evaluate.stage import evaluate
 from stages.finetune.bc import read_metrics
 from stages.finetune.config import FinetuneConfig
-from stages.finetune.run import finetune, pretrain, rl_finetune
+from stages.finetune.run import finetune
 from stages.policy.checkpoint import CheckpointRef, checkpoint_hash, read_policy_meta
 
 THROUGHPUT_ITERATIONS = 6
@@ -42,17 +43,7 @@ THROUGHPUT_ITERATIONS = 6
 def start_checkpoint(cfg: PipelineConfig, demos: int | None, steps: int | None) -> CheckpointRef:
     """The base, LoRA-fine-tuned by BC: as the demo config says, or on ``demos``
     demonstrations for ``steps`` steps."""
-    base = pretrain(
-        cfg.robot,
-        cfg.scene,
-        cfg.sim,
-        cfg.collect,
-        cfg.policy,
-        cfg.pretrain,
-        cfg.seed,
-        home_dir("checkpoints"),
-        home_dir("datasets"),
-    )
+    base = pretrain_base(cfg)
     name, collect_cfg, bc = cfg.name, cfg.collect, cfg.finetune.bc
     if demos is not None and steps is not None:
         name = f"{cfg.name}-rl-bench-bc{demos}x{steps}"
@@ -146,15 +137,13 @@ def main() -> None:
                 for workers in (1, 2):
                     iterations = 3 if args.quick else THROUGHPUT_ITERATIONS
                     sac_small = cfg.finetune.rl.sac.model_copy(update={"learning_starts": 256})
-                    ref = rl_finetune(
+                    short = rl_config(
+                        cfg, algo, iterations=iterations, workers=workers, sac=sac_small
+                    )
+                    ref = rl_finetune_from(
+                        cfg.model_copy(update={"finetune": short, "name": f"throughput-{workers}"}),
                         start,
-                        cfg.robot,
-                        cfg.scene,
-                        cfg.sim,
-                        rl_config(cfg, algo, iterations=iterations, workers=workers, sac=sac_small),
-                        cfg.seed,
-                        Path(tmp),
-                        name=f"throughput-{workers}",
+                        checkpoints_dir=Path(tmp),
                     )
                     logged = read_metrics(Path(ref.path).parent)
                     records = logged[1:]  # the first round includes start-up
@@ -182,15 +171,11 @@ def main() -> None:
     results["start (BC)"] = {"success": rate, "low": ci[0], "high": ci[1], "minutes": 0.0}
     for algo in args.algos:
         tick = time.perf_counter()
-        ref = rl_finetune(
+        budget = rl_config(cfg, algo, iterations=100_000, time_budget_s=60 * args.minutes)
+        ref = rl_finetune_from(
+            cfg.model_copy(update={"finetune": budget, "name": algo}),
             start,
-            cfg.robot,
-            cfg.scene,
-            cfg.sim,
-            rl_config(cfg, algo, iterations=100_000, time_budget_s=60 * args.minutes),
-            cfg.seed,
-            out / "checkpoints",
-            name=algo,
+            checkpoints_dir=out / "checkpoints",
         )
         minutes = (time.perf_counter() - tick) / 60
         rate, ci = held_out(cfg, ref.path, out / f"eval-{algo}")

@@ -259,23 +259,14 @@ def _train_progress(label: str, steps: int, json_out: bool) -> tuple[Progress, M
 
 def _pretrain(cfg: PipelineConfig, ray_address: str | None, json_out: bool) -> CheckpointRef:
     """The base for ``cfg`` (cached after the first run), with progress."""
-    from pipelines.home import home_dir
-    from stages.finetune.run import pretrain
+    from pipelines.training import pretrain_base
     from stages.policy.checkpoint import CheckpointError
 
     progress, on_metrics = _train_progress("pretraining", cfg.pretrain.bc.steps, json_out)
     with progress:
         try:
-            return pretrain(
-                cfg.robot,
-                cfg.scene,
-                cfg.sim,
-                cfg.collect,
-                cfg.policy,
-                cfg.pretrain,
-                cfg.seed,
-                home_dir("checkpoints"),
-                home_dir("datasets"),
+            return pretrain_base(
+                cfg,
                 ray_address,
                 on_metrics=on_metrics,
                 on_status=lambda line: progress.console.print(f"[dim]{line}"),
@@ -354,8 +345,8 @@ def finetune_cmd(
     beside its checkpoints. An interrupted run resumes from its latest checkpoint when re-run.
     """
     from pipelines.config import save_resolved
-    from pipelines.home import home_dir, new_run_dir
-    from stages.finetune.run import finetune, rl_finetune
+    from pipelines.home import new_run_dir
+    from pipelines.training import bc_finetune, rl_finetune_from
     from stages.policy.checkpoint import CheckpointError
 
     overrides = [*(set_ or []), *([f"finetune.algo={algo}"] if algo else [])]
@@ -374,35 +365,11 @@ def finetune_cmd(
             data = dataset or _collect(cfg, _default_dataset(cfg), ray_address, json_out)
             progress, on_metrics = _train_progress("fine-tuning", cfg.finetune.bc.steps, json_out)
             with progress:
-                ref = finetune(
-                    data,
-                    cfg.policy,
-                    cfg.finetune,
-                    base,
-                    cfg.seed,
-                    home_dir("checkpoints"),
-                    name=cfg.name,
-                    ray_address=ray_address,
-                    on_metrics=on_metrics,
-                    lineage={"config_hash": cfg.config_hash()},
-                )
+                ref = bc_finetune(cfg, data, base, ray_address, on_metrics)
         if rl:
             progress, on_metrics = _rl_progress(cfg.finetune, json_out)
             with progress:
-                ref = rl_finetune(
-                    ref,
-                    cfg.robot,
-                    cfg.scene,
-                    cfg.sim,
-                    cfg.finetune,
-                    cfg.seed,
-                    home_dir("checkpoints"),
-                    name=cfg.name,
-                    ray_address=ray_address,
-                    on_metrics=on_metrics,
-                    lineage={"config_hash": cfg.config_hash()},
-                    lora=cfg.policy.lora,
-                )
+                ref = rl_finetune_from(cfg, ref, ray_address, on_metrics)
     except (DatasetError, SceneError, CheckpointError, RayClusterError, ValueError) as err:
         raise _fail(err) from None
     (run_dir / "checkpoint_ref.json").write_text(json.dumps(ref.to_json(), indent=2))

@@ -285,7 +285,7 @@ def _track_training(run: tracking.TrackedRun, r: Record) -> None:
 @stage_task("pretrain")
 def pretrain_stage(ctx: RunContext) -> Record:
     """The base VLA on the task family (every training variant except the target); cached."""
-    from stages.finetune.run import pretrain
+    from pipelines.training import pretrain_base
 
     cfg = ctx.cfg
     inputs = {
@@ -295,16 +295,8 @@ def pretrain_stage(ctx: RunContext) -> Record:
     }
 
     def run() -> Record:
-        ref = pretrain(
-            cfg.robot,
-            cfg.scene,
-            cfg.sim,
-            cfg.collect,
-            cfg.policy,
-            cfg.pretrain,
-            cfg.seed,
-            home_dir("checkpoints"),
-            home_dir("datasets"),
+        ref = pretrain_base(
+            cfg,
             ctx.ray_address,
             on_metrics=_train_tracker("pretrain", cfg.pretrain.bc.steps),
             on_status=lambda line: _advanced("pretrain", 0, line),
@@ -325,7 +317,7 @@ def pretrain_stage(ctx: RunContext) -> Record:
 def finetune_stage(ctx: RunContext, dataset: Record, base: Record | None) -> Record:
     """LoRA (or full) behaviour cloning of the base on the target task's dataset, then RL in
     simulation when ``finetune.algo`` is ppo or sac."""
-    from stages.finetune.run import finetune, rl_finetune
+    from pipelines.training import bc_finetune, rl_finetune_from
     from stages.policy.checkpoint import CheckpointRef
 
     cfg = ctx.cfg
@@ -346,33 +338,16 @@ def finetune_stage(ctx: RunContext, dataset: Record, base: Record | None) -> Rec
                 raise ValueError("finetune.warm_start: none needs the default VLA's base")
             ref = base_ref
         else:
-            ref = finetune(
+            ref = bc_finetune(
+                cfg,
                 dataset["path"],
-                cfg.policy,
-                cfg.finetune,
                 base_ref,
-                cfg.seed,
-                home_dir("checkpoints"),
-                name=cfg.name,
-                ray_address=ctx.ray_address,
-                on_metrics=_train_tracker("finetune", cfg.finetune.bc.steps),
-                lineage={"config_hash": cfg.config_hash()},
+                ctx.ray_address,
+                _train_tracker("finetune", cfg.finetune.bc.steps),
             )
         if rl:
-            ref = rl_finetune(
-                ref,
-                cfg.robot,
-                cfg.scene,
-                cfg.sim,
-                cfg.finetune,
-                cfg.seed,
-                home_dir("checkpoints"),
-                name=cfg.name,
-                ray_address=ctx.ray_address,
-                on_metrics=_rl_tracker(cfg.finetune.algo, cfg.finetune.rl.iterations),
-                lineage={"config_hash": cfg.config_hash()},
-                lora=cfg.policy.lora,
-            )
+            tracker = _rl_tracker(cfg.finetune.algo, cfg.finetune.rl.iterations)
+            ref = rl_finetune_from(cfg, ref, ctx.ray_address, tracker)
         return ref.to_json()
 
     return _run_stage(

@@ -121,7 +121,8 @@ class RolloutWorker:
         threads: int = 1,
     ) -> None:
         torch.set_num_threads(threads)
-        torch.manual_seed(hash((seed, worker_id, "rollout")) % 2**31)
+        # Action noise and episode seeds: a function of (seed, worker_id), the same every run.
+        torch.manual_seed(int(np.random.SeedSequence([seed, worker_id]).generate_state(1)[0]))
         self.policy = load_policy(checkpoint).eval()
         self.params = rl_parameters(self.policy)
         cfg = self.policy.cfg

@@ -10,12 +10,14 @@ from pathlib import Path
 from typing import Any
 
 from stages.finetune.bc import read_metrics
+from stages.finetune.rl import rolling_success
 
 Record = dict[str, Any]
 
 
 def plot_training_curves(checkpoints: dict[str, Record], out: Path) -> Path | None:
-    """Action loss against step for each trained checkpoint (``{"pretrain": ref, ...}``)."""
+    """Action loss against step for each BC checkpoint (``{"pretrain": ref, ...}``); for an RL
+    one, the rolling success of its training episodes against env steps."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -29,19 +31,34 @@ def plot_training_curves(checkpoints: dict[str, Record], out: Path) -> Path | No
         return None
     fig, axes = plt.subplots(1, len(curves), figsize=(5 * len(curves), 3.2), squeeze=False)
     for ax, (stage, records) in zip(axes[0], curves.items(), strict=True):
-        steps = [r["step"] for r in records]
-        ax.plot(steps, [r["action_loss"] for r in records], label="action NLL")
-        if "aux_loss" in records[0]:
-            ax.plot(steps, [r["aux_loss"] for r in records], label="aux (object xy)", alpha=0.7)
-        ax.set_title(f"{stage} ({records[-1]['samples_per_s']:,.0f} samples/s)")
-        ax.set_xlabel("step")
-        ax.set_ylabel("loss")
+        if "env_steps" in records[0]:  # RL fine-tuning: success of its training episodes
+            steps = [r["env_steps"] for r in records]
+            ax.plot(steps, rolling_success(records), label="training-episode success")
+            ax.set_title(f"{stage} (RL, {records[-1]['env_steps_per_s']:,.0f} env-steps/s)")
+            ax.set(xlabel="env steps", ylabel="success", ylim=(-0.02, 1.02))
+        else:
+            steps = [r["step"] for r in records]
+            ax.plot(steps, [r["action_loss"] for r in records], label="action NLL")
+            if "aux_loss" in records[0]:
+                ax.plot(steps, [r["aux_loss"] for r in records], label="aux (object xy)", alpha=0.7)
+            ax.set_title(f"{stage} ({records[-1]['samples_per_s']:,.0f} samples/s)")
+            ax.set(xlabel="step", ylabel="loss")
         ax.legend()
         ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out
+
+
+def _training_result(ckpt: Record) -> str:
+    metrics = ckpt["metrics"]
+    if "env_steps" in metrics:  # RL fine-tuning after (or instead of) BC
+        return (
+            f"{ckpt['step']} RL iterations, {int(metrics['env_steps']):,} env steps, last "
+            f"round's training-episode success {_pct(metrics.get('success_rate', float('nan')))}."
+        )
+    return f"{ckpt['step']} steps, final action loss {metrics.get('action_loss', 0):.4f}."
 
 
 def _pct(x: float) -> str:
@@ -155,7 +172,7 @@ def markdown(result: Record, records: dict[str, Record], images: dict[str, str])
         f"`{dataset['content_hash'][:16]}`.",
         f"- Policy: {ckpt['policy_type']}, trains {ckpt['trainable']} "
         f"({ckpt['trainable_params']:,} of {ckpt['total_params']:,} parameters), "
-        f"{ckpt['step']} steps, final action loss {ckpt['metrics'].get('action_loss', 0):.4f}.",
+        + _training_result(ckpt),
     ]
     base = records.get("pretrain")
     if base:

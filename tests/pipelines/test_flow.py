@@ -364,3 +364,6 @@ def test_pipeline_finetune_stage_runs_rl_after_bc(first_run: dict[str, Any]) -> 
     assert len(client.get_metric_history(finetune.info.run_id, "critic_loss")) == 2
     plots = {a.path for a in client.list_artifacts(finetune.info.run_id, "plots")}
     assert "plots/learning_curves.png" in plots
+    run_dir = Path(result["run_dir"])
+    assert "2 RL iterations" in (run_dir / "summary.md").read_text()
+    assert (run_dir / "training_curves.png").is_file()

@@ -16,25 +16,14 @@ import pytest
 
 from pipelines.config import CONFIG_DIR, ConfigError
 from pipelines.services import free_port
+from tests.pipelines.test_cli import TINY_TRAINING
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = str(CONFIG_DIR / "demo.yaml")
 MODEL = "demo-policy"
 
 TINY = [
-    "scene.image_size=32",
-    "collect.workers=0",
-    "collect.episodes=8",
-    "collect.episodes_per_shard=4",
-    "policy.d_model=32",
-    "policy.n_heads=2",
-    "policy.n_layers=1",
-    "policy.conv_channels=[8,16,16]",
-    "pretrain.episodes_per_variant=4",
-    "pretrain.bc.steps=10",
-    "pretrain.bc.workers=0",
-    "finetune.bc.steps=10",
-    "finetune.bc.workers=0",
+    *TINY_TRAINING,
     "finetune.bc.log_every=2",
     "evaluate.episodes=4",
     "evaluate.workers=0",

@@ -119,14 +119,11 @@ class PPO:
         """What a learner checkpoint saves besides the policy."""
         return {"value": self.value}
 
-    def update(self, batch: Rollout) -> dict[str, float]:
-        steps, envs = batch.reward.shape
-        obs_index = np.arange((steps + 1) * envs)
-        outs = forward_in_batches(self.policy, batch, obs_index)
-        with torch.no_grad():
-            values = torch.cat([self.value(pooled_features(o)) for o in outs]).numpy()
-        values = values.reshape(steps + 1, envs)
-        advantages, returns = gae(
+    def advantages(self, batch: Rollout, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """GAE over the round's decisions, ``values`` ``(T + 1, N)``: a decision spans
+        ``horizon`` control steps (its reward is already discounted inside the chunk), so
+        consecutive decisions are ``gamma ** horizon`` apart. Returns (advantages, returns)."""
+        return gae(
             batch.reward,
             values,
             batch.terminated,
@@ -134,6 +131,15 @@ class PPO:
             self.gamma**self.horizon,
             self.cfg.gae_lambda,
         )
+
+    def update(self, batch: Rollout) -> dict[str, float]:
+        steps, envs = batch.reward.shape
+        obs_index = np.arange((steps + 1) * envs)
+        outs = forward_in_batches(self.policy, batch, obs_index)
+        with torch.no_grad():
+            values = torch.cat([self.value(pooled_features(o)) for o in outs]).numpy()
+        values = values.reshape(steps + 1, envs)
+        advantages, returns = self.advantages(batch, values)
         decisions = np.arange(steps * envs)
         ref_outs = forward_in_batches(self.reference, batch, decisions)
         ref_mean = torch.cat([o.mean[:, : self.horizon] for o in ref_outs])

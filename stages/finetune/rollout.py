@@ -104,6 +104,29 @@ class Rollout:
         }
 
 
+def chunk_transition(
+    rewards: np.ndarray, terminated: np.ndarray, truncated: np.ndarray, gamma: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One decision's transition from the ``horizon`` control steps its action chunk ran.
+
+    ``rewards``, ``terminated``, ``truncated``: ``(horizon, N)`` per control step. Returns the
+    decision's reward ``sum_k gamma^k r_k`` float32 ``(N,)`` over the steps up to and including
+    the one where the episode ended, whether it was solved (bool ``(N,)``), and whether it was
+    cut by the step limit instead (bool ``(N,)``). An environment that finished earlier in the
+    chunk is already in its next episode: what happens there belongs to no transition of this
+    decision. The learner discounts across decisions by ``gamma ** horizon``.
+    """
+    steps, envs = rewards.shape
+    reward = np.zeros(envs, np.float32)
+    solved = np.zeros(envs, bool)
+    ended = np.zeros(envs, bool)
+    for k in range(steps):
+        reward += np.where(ended, 0.0, gamma**k * rewards[k]).astype(np.float32)
+        solved |= terminated[k] & ~ended
+        ended |= terminated[k] | truncated[k]
+    return reward, solved, ended & ~solved
+
+
 class RolloutWorker:
     """Environments of the scene's training variant plus a policy copy (no optimizer)."""
 
@@ -175,30 +198,33 @@ class RolloutWorker:
                 logp = dist.log_prob(action).sum(dim=(1, 2))
                 robot_units = self.policy.denormalize_actions(action).numpy()
             inference += time.perf_counter() - tick
-            reward = np.zeros(self.env.num_envs, np.float32)
-            solved = np.zeros(self.env.num_envs, bool)
-            ended = np.zeros(self.env.num_envs, bool)
+            step_rewards, step_terminated, step_truncated = [], [], []
             for k in range(self.horizon):
                 result = self.env.step(robot_units[:, k])
-                r = self.rewards(
-                    result.success,
-                    result.info["tcp_target_distance"],
-                    result.info["tcp_target_distance_before"],
+                step_rewards.append(
+                    self.rewards(
+                        result.success,
+                        result.info["tcp_target_distance"],
+                        result.info["tcp_target_distance_before"],
+                    )
                 )
-                # An env that finished earlier in this chunk is already in its next episode:
-                # what happens there belongs to no transition of this decision.
-                reward += np.where(solved | ended, 0.0, self.gamma**k * r)
-                solved |= result.terminated & ~ended
-                ended |= result.terminated | result.truncated
+                step_terminated.append(result.terminated)
+                step_truncated.append(result.truncated)
                 success += [bool(s) for s in result.final.success]
                 returns += [float(x) for x in result.final.episode_return]
+            reward, solved, cut = chunk_transition(
+                np.stack(step_rewards),
+                np.stack(step_terminated),
+                np.stack(step_truncated),
+                self.gamma,
+            )
             self.obs = result.obs
             obs_list.append(self.obs)
             actions.append(action.numpy())
             logps.append(logp.numpy())
             rewards.append(reward)
             terminated.append(solved)
-            truncated.append(ended & ~solved)
+            truncated.append(cut)
         simulate = (
             self.env.timings.get("simulate", 0.0)
             + self.env.timings.get("render", 0.0)

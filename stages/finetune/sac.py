@@ -74,6 +74,34 @@ def soft_q_target(
     return reward + discount * (1.0 - solved.float()) * soft_value
 
 
+def actor_loss(
+    alpha: float,
+    logp: torch.Tensor,
+    q1: torch.Tensor,
+    q2: torch.Tensor,
+    kl_ref: torch.Tensor,
+    kl_coef: float,
+) -> torch.Tensor:
+    """``mean(alpha * log pi(a~|s) - min(Q1, Q2)(s, a~)) + kl_coef * KL(pi || pi_start)``.
+
+    Minimising it raises the critics' value of the reparameterised action, keeps entropy
+    (through ``-alpha * log pi``) and stays near the start policy. ``logp``, ``q1``, ``q2``:
+    ``(B,)``; ``kl_ref``: a scalar (already averaged over the batch).
+    """
+    return (alpha * logp - torch.minimum(q1, q2)).mean() + kl_coef * kl_ref
+
+
+def temperature_loss(
+    log_alpha: torch.Tensor, logp: torch.Tensor, target_entropy: float
+) -> torch.Tensor:
+    """``-mean(log_alpha * (log pi(a~|s) + target_entropy))``, ``logp`` detached ``(B,)``.
+
+    Its gradient raises ``alpha`` while the policy's entropy (``-log pi``) is below
+    ``target_entropy`` and lowers it above.
+    """
+    return -(log_alpha * (logp.detach() + target_entropy)).mean()
+
+
 class ReplayBuffer:
     """A ring buffer of transitions (observations stored as uint8 images and token ids)."""
 
@@ -213,22 +241,21 @@ class SAC:
             dist = chunk_distribution(out, self.horizon)
             actions = dist.rsample()
             logp = dist.log_prob(actions).sum(dim=(1, 2))
-            q_new = torch.minimum(*self.critics(features, actions))
+            q1_new, q2_new = self.critics(features, actions)
             with torch.no_grad():
                 ref_mean = self.reference(**b["obs"]).mean[:, : self.horizon]
                 ref_std = self.reference.log_std.exp().expand_as(ref_mean)
             kl_ref = kl_divergence(dist, Normal(ref_mean, ref_std)).sum(dim=(1, 2)).mean()
-            actor_loss = (alpha * logp - q_new).mean() + self.cfg.kl_coef * kl_ref
+            actor = actor_loss(alpha, logp, q1_new, q2_new, kl_ref, self.cfg.kl_coef)
             self.actor_opt.zero_grad(set_to_none=True)
-            actor_loss.backward()
+            actor.backward()
             grad_norm = nn.utils.clip_grad_norm_(list(self.params.values()), 1.0)
             self.actor_opt.step()
-            alpha_loss = -(self.log_alpha * (logp.detach() + self.target_entropy)).mean()
             self.alpha_opt.zero_grad(set_to_none=True)
-            alpha_loss.backward()
+            temperature_loss(self.log_alpha, logp, self.target_entropy).backward()
             self.alpha_opt.step()
             metrics |= {
-                "actor_loss": actor_loss.item(),
+                "actor_loss": actor.item(),
                 "kl_ref": kl_ref.item(),
                 "entropy": -logp.mean().item(),
                 "grad_norm": grad_norm.item(),

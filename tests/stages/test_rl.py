@@ -16,8 +16,14 @@ from sim_scenes.config import RewardConfig, SceneConfig, SimConfig
 from stages.finetune.config import PPOConfig, RLConfig, SACConfig
 from stages.finetune.ppo import PPO, clipped_objective, gae
 from stages.finetune.rl import LearnerLost, RLJob, RLRun, train_rl
-from stages.finetune.rollout import RolloutWorker, rl_parameters
-from stages.finetune.sac import SAC, ReplayBuffer, soft_q_target
+from stages.finetune.rollout import Rollout, RolloutWorker, chunk_transition, rl_parameters
+from stages.finetune.sac import (
+    SAC,
+    ReplayBuffer,
+    actor_loss,
+    soft_q_target,
+    temperature_loss,
+)
 from stages.policy.checkpoint import (
     BaseRef,
     checkpoint_hash,
@@ -101,6 +107,129 @@ def test_soft_q_target_matches_a_hand_worked_example() -> None:
     torch.testing.assert_close(y, torch.tensor([3.25, 1.0]))
 
 
+def test_a_chunk_discounts_inside_and_stops_at_the_episode_end() -> None:
+    # horizon 3, gamma 0.9; columns are environments
+    rewards = np.array(
+        [
+            [1.0, 1.0, 5.0, 0.5, 1.0],
+            [2.0, 2.0, 7.0, 0.5, 1.0],
+            [3.0, 100.0, 7.0, 0.5, 10.0],
+        ],
+        np.float32,
+    )
+    terminated = np.zeros((3, 5), bool)
+    truncated = np.zeros((3, 5), bool)
+    terminated[1, 1] = True  # solved at the 2nd action: the 3rd is the next episode's
+    truncated[0, 2] = True  # cut by the step limit at the 1st action
+    terminated[2, 3] = True  # solved at the last action
+    truncated[1, 4], terminated[2, 4] = True, True  # cut; the next episode's success is not ours
+    reward, solved, cut = chunk_transition(rewards, terminated, truncated, gamma=0.9)
+    # 1 + .9*2 + .81*3 | 1 + .9*2 | 5 | .5 + .45 + .405 | 1 + .9*1
+    np.testing.assert_allclose(reward, [5.23, 2.8, 5.0, 1.355, 1.9], rtol=1e-6)
+    assert solved.tolist() == [False, True, False, True, False]
+    assert cut.tolist() == [False, False, True, False, True]
+    assert reward.dtype == np.float32
+
+
+def synthetic_rollout(
+    reward: np.ndarray, terminated: np.ndarray | None = None, truncated: np.ndarray | None = None
+) -> Rollout:
+    """A rollout of ``reward.shape`` = (T, N) decisions that the tiny policy can read, whose
+    observations encode (t, n): ``state[t, n, 0] = t``, ``state[t, n, 1] = n``, every image
+    pixel = 10 t + n."""
+    steps, envs = reward.shape
+    tokens = TINY_POLICY.max_tokens
+    t, n = np.meshgrid(np.arange(steps + 1), np.arange(envs), indexing="ij")
+    state = np.zeros((steps + 1, envs, 6), np.float32)
+    state[..., 0], state[..., 1] = t, n
+    pixels = (10 * t + n).astype(np.uint8)[..., None, None, None]
+    return Rollout(
+        images={"scene": np.broadcast_to(pixels, (steps + 1, envs, 32, 32, 3)).copy()},
+        state=state,
+        tokens=np.zeros((steps + 1, envs, tokens), np.int64),
+        token_mask=np.ones((steps + 1, envs, tokens), np.int64),
+        actions=np.zeros((steps, envs, 1, 6), np.float32),
+        logp=np.zeros((steps, envs), np.float32),
+        reward=reward.astype(np.float32),
+        terminated=np.zeros((steps, envs), bool) if terminated is None else terminated,
+        truncated=np.zeros((steps, envs), bool) if truncated is None else truncated,
+    )
+
+
+def test_ppo_discounts_decisions_by_gamma_to_the_horizon(start: str) -> None:
+    """Four decisions of 3-action chunks, solved at the 2nd: GAE with gamma^3 and lambda."""
+    policy = load_policy(start)
+    ppo = PPO(policy, policy, rl_parameters(policy), PPOConfig(gae_lambda=0.8), 0.9, 3, 0)
+    solved = np.array([[False], [True], [False], [False]])
+    batch = synthetic_rollout(np.array([[1.0], [2.0], [0.5], [1.5]]), terminated=solved)
+    values = np.array([[0.2], [0.4], [0.6], [0.8], [1.0]], np.float32)
+    advantages, returns = ppo.advantages(batch, values)
+    # discount d = 0.9^3 = 0.729, d * lambda = 0.5832
+    # t=3: 1.5 + .729*1.0 - .8 = 1.429
+    # t=2: .5 + .729*.8 - .6 = .4832, + .5832 * 1.429 = 1.3165928
+    # t=1 (solved): 2.0 - .4 = 1.6, no bootstrap, the trace stops
+    # t=0: 1 + .729*.4 - .2 = 1.0916, + .5832 * 1.6 = 2.02472
+    np.testing.assert_allclose(advantages[:, 0], [2.02472, 1.6, 1.3165928, 1.429], rtol=1e-5)
+    np.testing.assert_allclose(returns[:, 0], [2.22472, 2.0, 1.9165928, 2.229], rtol=1e-5)
+
+
+def test_sac_discounts_decisions_by_gamma_to_the_horizon(start: str) -> None:
+    policy = load_policy(start)
+    sac = SAC(policy, policy, rl_parameters(policy), SACConfig(), 0.9, 3, 0)
+    assert sac.discount == pytest.approx(0.729)
+
+
+def test_sac_actor_loss_matches_a_hand_worked_example() -> None:
+    logp = torch.tensor([-1.0, -3.0])
+    q1 = torch.tensor([2.0, 1.0], requires_grad=True)
+    q2 = torch.tensor([1.5, 4.0], requires_grad=True)
+    loss = actor_loss(0.5, logp, q1, q2, torch.tensor(0.2), kl_coef=0.1)
+    # sample 0: .5 * -1 - min(2, 1.5) = -2.0 ; sample 1: .5 * -3 - min(1, 4) = -2.5
+    # mean -2.25, plus 0.1 * 0.2
+    assert loss.item() == pytest.approx(-2.23)
+    loss.backward()
+    # minimising pushes up the smaller critic of each sample, and only that one
+    assert q1.grad is not None and q2.grad is not None
+    assert q1.grad.tolist() == [0.0, -0.5] and q2.grad.tolist() == [-0.5, 0.0]
+
+
+def test_sac_temperature_loss_matches_a_hand_worked_example() -> None:
+    log_alpha = torch.tensor(np.log(0.5), requires_grad=True)
+    # entropy -log pi = [1, 3], mean 2, above the target -2: alpha must fall
+    loss = temperature_loss(log_alpha, torch.tensor([-1.0, -3.0]), target_entropy=-2.0)
+    # -mean(log .5 * [-3, -5]) = 4 log .5
+    assert loss.item() == pytest.approx(4 * np.log(0.5))
+    loss.backward()
+    assert log_alpha.grad is not None and log_alpha.grad.item() == pytest.approx(4.0)
+    # entropy [-3, -5], below the target -2: the gradient raises alpha
+    low = torch.tensor(np.log(0.5), requires_grad=True)
+    temperature_loss(low, torch.tensor([3.0, 5.0]), target_entropy=-2.0).backward()
+    assert low.grad is not None and low.grad.item() == pytest.approx(-2.0)
+
+
+@pytest.mark.parametrize(("target_entropy", "alpha_moves"), [(50.0, "up"), (-50.0, "down")])
+def test_sac_temperature_follows_the_entropy_target(
+    start: str, target_entropy: float, alpha_moves: str
+) -> None:
+    """Through the learner's update: a target above the policy's entropy raises alpha, one
+    below lowers it (the policy's entropy over 6 action dims is near 0 here)."""
+    rng = np.random.default_rng(0)
+    batch = synthetic_rollout(rng.normal(size=(6, 2)))
+    policy, reference = load_policy(start), load_policy(start).requires_grad_(False)
+    cfg = SACConfig(
+        batch_size=4,
+        learning_starts=0,
+        critic_warmup=0,
+        updates_per_round=3,
+        init_alpha=0.1,
+        target_entropy=target_entropy,
+    )
+    sac = SAC(policy, reference, rl_parameters(policy), cfg, 0.98, 1, 0)
+    sac.update(batch)
+    alpha = sac.log_alpha.exp().item()
+    assert (alpha > 0.1) if alpha_moves == "up" else (alpha < 0.1), alpha
+
+
 # -- on real rollouts ----------------------------------------------------------------------
 
 
@@ -153,17 +282,43 @@ def test_sac_fills_its_buffer_then_updates(start: str) -> None:
 
 
 def test_replay_buffer_keeps_the_newest_transitions(start: str) -> None:
+    """Real rollouts fit the buffer; on a wrap-around the newest transitions overwrite the
+    oldest, and each keeps its own observation and next observation."""
     w = worker(start, envs=2)
     try:
-        batch = w.rollout(6)
+        real = w.rollout(6)
     finally:
         w.close()
     buffer = ReplayBuffer(capacity=5)
-    buffer.add(batch)
-    assert len(buffer) == 5
+    buffer.add(real)
     sample = buffer.sample(4, np.random.default_rng(0))
     assert sample["obs"]["images"]["scene"].shape == (4, 32, 32, 3)
     assert sample["actions"].shape == (4, 1, 6)
+
+    # rewards 10 t + n + 1 name the transitions; decision (1, 0) is a step-limit cut
+    t, n = np.meshgrid(np.arange(4), np.arange(2), indexing="ij")
+    cut = np.zeros((4, 2), bool)
+    cut[1, 0] = True
+    buffer = ReplayBuffer(capacity=5)
+    assert buffer.add(synthetic_rollout(10.0 * t + n + 1, truncated=cut)) == 7
+    assert len(buffer) == 5 and buffer.cursor == 2
+    # stored in order 1, 2, 12, 21, 22, 31, 32: the last two overwrote slots 0 and 1
+    assert buffer.data["reward"].tolist() == [31, 32, 12, 21, 22]
+    later = synthetic_rollout(np.array([[100.0, 101.0]]))
+    assert buffer.add(later) == 2
+    assert buffer.data["reward"].tolist() == [31, 32, 100, 101, 22] and buffer.cursor == 4
+    # each slot holds its own (obs, next): next is one decision later in the same environment
+    assert buffer.data["obs/state"][:, :2].tolist() == [[3, 0], [3, 1], [0, 0], [0, 1], [2, 1]]
+    assert buffer.data["next/state"][:, 0].tolist() == [4, 4, 1, 1, 3]
+    assert buffer.data["next/image/scene"][:, 0, 0, 0].tolist() == [40, 41, 10, 11, 31]
+
+
+def test_replay_buffer_samples_only_filled_slots() -> None:
+    buffer = ReplayBuffer(capacity=100)
+    buffer.add(synthetic_rollout(np.array([[5.0, 6.0], [7.0, 8.0]])))
+    sample = buffer.sample(500, np.random.default_rng(0))
+    assert set(sample["reward"].tolist()) == {5.0, 6.0, 7.0, 8.0}, "never an empty slot"
+    assert sample["obs"]["state"].shape == (500, 6)
 
 
 # -- on Ray ----------------------------------------------------------------------------------

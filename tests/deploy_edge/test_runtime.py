@@ -123,6 +123,48 @@ def test_gate_passes_at_100_ms_and_fails_below_the_measured_latency(
     assert not tight.passed and "p99" in tight.reasons[0] and "> budget" in tight.reasons[0]
 
 
+class StallingExport(ExportedPolicy):
+    """The real export, but its ``stall_on``-th inference calls sleep ``seconds`` first."""
+
+    def __init__(self, export_dir: Path, stall_on: set[int], seconds: float) -> None:
+        super().__init__(export_dir)
+        self.calls, self.stall_on, self.seconds = 0, stall_on, seconds
+
+    def infer(
+        self, images: dict[str, np.ndarray], state: np.ndarray, instructions: list[str]
+    ) -> np.ndarray:
+        self.calls += 1
+        if self.calls in self.stall_on:
+            time.sleep(self.seconds)
+        return super().infer(images, state, instructions)
+
+
+@pytest.mark.parametrize(("allowed", "passed"), [(1, False), (2, True)])
+def test_gate_counts_deadline_misses_against_the_allowance(
+    rp5: RobotSpec, export_dir: Path, allowed: int, passed: bool
+) -> None:
+    """Two of ten measured ticks overrun the 100 ms period (10 Hz): two misses, which fail a
+    target that allows one and pass one that allows two; p99 is within its budget."""
+    target = load_target("local-cpu").model_copy(update={"allowed_misses": allowed})
+    assert target.control_hz == 10.0 and target.execute == 1
+    policy = StallingExport(export_dir, stall_on={2 + 3, 2 + 7}, seconds=0.15)  # after warm-up
+    report = run_gate(
+        export_dir,
+        RecordingRobot(rp5),
+        "touch the red cube",
+        target,
+        steps=10,
+        warmup=2,
+        budget_ms=10_000.0,
+        pace=False,
+        policy=policy,
+    )
+    assert report.misses == 2 and report.max_ms >= 150.0
+    assert report.passed is passed
+    expected = [] if passed else ["2 deadline misses > 1 allowed"]
+    assert report.reasons == expected
+
+
 def test_the_export_runs_without_training_code(export_dir: Path) -> None:
     code = f"""
 import sys, numpy as np

@@ -215,7 +215,17 @@ def test_lerobot_reads_our_dataset(tmp_path: Path) -> None:
     assert seen["camera_keys"] == ["observation.images.scene"]
     assert seen["image_shape"] == [3, 64, 64]
     frames = ours.frames()
+    images = ours.camera_frames("scene")
+    assert len({frames["episode_index"][i] for i in seen["index"]}) > 1, "across episodes"
     for k, idx in enumerate(seen["index"]):
+        assert seen["frame_index"][k] == frames["frame_index"][idx]
+        assert seen["timestamp"][k] == pytest.approx(frames["frame_index"][idx] / seen["fps"])
+        # LeRobot seeks the video by timestamp: the frame it decoded is ours at idx (or one
+        # that looks the same), not a neighbour
+        decoded = np.asarray(seen["images"][k]).transpose(1, 2, 0) * 255.0
+        episode = np.flatnonzero(frames["episode_index"] == frames["episode_index"][idx])
+        diffs = {int(j): float(np.abs(decoded - images[j]).mean()) for j in episode}
+        assert diffs[idx] < 2.0 and diffs[idx] <= min(diffs.values()) + 0.05, (idx, diffs)
         np.testing.assert_allclose(seen["state"][k], frames["observation.state"][idx], rtol=1e-6)
         np.testing.assert_allclose(seen["action"][k], frames["action"][idx], rtol=1e-6)
         assert seen["tasks"][k] == ours.tasks[frames["task_index"][idx]]

@@ -87,6 +87,33 @@ def test_round_trip_states_actions_and_frames(synthetic: tuple[Path, list[Episod
     assert ds.compare_stats() == []
 
 
+def test_timestamps_are_frame_index_over_fps_across_episode_boundaries(
+    synthetic: tuple[Path, list[EpisodeBuffer]],
+) -> None:
+    """LeRobot v3 seeks video frames by timestamp: every frame's ``timestamp`` is its index in
+    its episode divided by fps (10 Hz here), and each episode's video span starts where the
+    previous episode in the same file ended."""
+    import pyarrow.parquet as pq
+
+    root, _ = synthetic  # kept episodes: lengths 3, 4 in file 0; 6, 7, 8 in file 1
+    data = [pq.read_table(root / f"data/chunk-000/file-00{i}.parquet") for i in (0, 1)]
+    assert data[0]["frame_index"].to_pylist() == [0, 1, 2, 0, 1, 2, 3]
+    assert data[0]["episode_index"].to_pylist() == [0, 0, 0, 1, 1, 1, 1]
+    np.testing.assert_allclose(
+        data[0]["timestamp"].to_numpy(), [0.0, 0.1, 0.2, 0.0, 0.1, 0.2, 0.3], rtol=1e-6
+    )
+    frame_index = data[1]["frame_index"].to_numpy()
+    assert frame_index.tolist() == [*range(6), *range(7), *range(8)]
+    np.testing.assert_allclose(data[1]["timestamp"].to_numpy(), frame_index / 10.0, rtol=1e-6)
+    assert all(t["timestamp"].type == "float" for t in data)  # float32, as LeRobot declares
+    episodes = [pq.read_table(root / f"meta/episodes/chunk-000/file-00{i}.parquet") for i in (0, 1)]
+    key = "videos/observation.images.scene"
+    assert episodes[0][f"{key}/from_timestamp"].to_pylist() == pytest.approx([0.0, 0.3])
+    assert episodes[0][f"{key}/to_timestamp"].to_pylist() == pytest.approx([0.3, 0.7])
+    assert episodes[1][f"{key}/from_timestamp"].to_pylist() == pytest.approx([0.0, 0.6, 1.3])
+    assert episodes[1][f"{key}/to_timestamp"].to_pylist() == pytest.approx([0.6, 1.3, 2.1])
+
+
 def test_finalize_is_deterministic(
     synthetic: tuple[Path, list[EpisodeBuffer]], tmp_path: Path
 ) -> None:

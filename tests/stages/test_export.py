@@ -12,6 +12,7 @@ import torch
 
 from stages.dataset.layout import DatasetRef
 from stages.export.onnx import ExportError, export_policy
+from stages.policy.base import Normalizer
 from stages.policy.checkpoint import new_policy, save_policy
 from tests.stages.tiny_models import TINY_POLICY
 
@@ -53,3 +54,64 @@ def test_an_export_outside_tolerance_is_refused_and_replaces_nothing(
             checkpoint, tmp_path / "export", tolerance=0.0 if good.parity_max_abs_error else -1.0
         )
     assert (tmp_path / "export" / "policy.onnx").is_file(), "the good export is untouched"
+
+
+def test_the_graph_normalises_state_and_denormalises_actions_with_real_statistics(
+    tiny_dataset: DatasetRef, tmp_path: Path
+) -> None:
+    """ONNX Runtime's outputs equal the model's raw head output on a state normalised by hand
+    with the dataset's statistics, then de-normalised by hand into robot units."""
+    import onnxruntime as ort
+
+    from stages.dataset.layout import STATE_KEY
+    from stages.dataset.reader import open_dataset
+
+    dataset = open_dataset(tiny_dataset.path)
+    norm = Normalizer.from_stats(dataset.stats)
+    state_mean, state_std = np.array(norm.state_mean), np.array(norm.state_std)
+    action_mean, action_std = np.array(norm.action_mean), np.array(norm.action_std)
+    # Statistics that make a forgotten step visible: means far from 0, scales far from 1.
+    assert np.abs(state_mean).max() > 0.3 and np.abs(state_std - 1).min() > 0.3
+    assert np.abs(action_mean).max() > 1e-3 and np.abs(action_std - 1).min() > 0.5
+    torch.manual_seed(0)
+    policy, _ = new_policy(TINY_POLICY, ["scene"], 32, 6, 6, normalizer=norm)
+    with torch.no_grad():
+        policy.log_std.copy_(torch.linspace(-1.0, 0.5, 6))
+        policy.state_proj.weight.mul_(20.0)  # type: ignore[union-attr,operator]  # the state matters
+        policy.action_head.weight.mul_(5.0)
+    save_policy(policy, tmp_path / "ckpt", None)
+    ref = export_policy(tmp_path / "ckpt", tmp_path / "export", dataset=tiny_dataset.path)
+
+    frames = dataset.frames()
+    idx = np.linspace(0, dataset.num_frames - 1, 6).astype(int)
+    images = dataset.camera_frames("scene")[idx]
+    state = frames[STATE_KEY][idx].astype(np.float32)
+    tokens, mask = policy.tokenizer([dataset.tasks[int(t)] for t in frames["task_index"][idx]])
+    session = ort.InferenceSession(ref.onnx, providers=["CPUExecutionProvider"])
+    feeds = {"image_scene": images, "state": state, "tokens": tokens, "token_mask": mask}
+    actions, stds = session.run(["actions", "action_std"], feeds)
+
+    with torch.no_grad():
+        features, _ = policy.encode(
+            {"scene": torch.as_tensor(images)},
+            torch.as_tensor((state - state_mean) / state_std, dtype=torch.float32),
+            torch.as_tensor(tokens),
+            torch.as_tensor(mask),
+        )
+        raw = policy.action_head(features).numpy()
+    expected = raw * action_std + action_mean
+    np.testing.assert_allclose(actions, expected, rtol=0, atol=2e-6)
+    expected_std = np.exp(np.linspace(-1.0, 0.5, 6)) * action_std
+    np.testing.assert_allclose(stds, np.broadcast_to(expected_std, stds.shape), rtol=1e-5)
+    # Dropping either step would move the actions far beyond the tolerance above (the random
+    # transformer's layer norms damp the state token, hence the scaled state projection).
+    assert np.abs(raw - expected).max() > 1e-2
+    with torch.no_grad():
+        unnormalised, _ = policy.encode(
+            {"scene": torch.as_tensor(images)},
+            torch.as_tensor(state),
+            torch.as_tensor(tokens),
+            torch.as_tensor(mask),
+        )
+        skipped = policy.action_head(unnormalised).numpy() * action_std + action_mean
+    assert np.abs(skipped - expected).max() > 1e-4, "the state's normalisation matters"

@@ -1,4 +1,4 @@
-"""Wilson intervals against known values."""
+"""Wilson intervals and the two-proportion test against published and hand-worked values."""
 
 from __future__ import annotations
 
@@ -11,6 +11,23 @@ def test_wilson_interval_known_values() -> None:
     low, high = wilson_interval(50, 100)
     assert low == pytest.approx(0.4038, abs=1e-4)
     assert high == pytest.approx(0.5962, abs=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("successes", "trials", "low", "high"),
+    [
+        (81, 263, 0.2553, 0.3662),
+        (15, 148, 0.0624, 0.1605),
+        (0, 20, 0.0, 0.1611),
+        (1, 29, 0.0061, 0.1718),
+    ],
+)
+def test_wilson_interval_matches_newcombe_1998(
+    successes: int, trials: int, low: float, high: float
+) -> None:
+    """Newcombe, Statistics in Medicine 17 (1998) 857-872, table I, method 3 (score interval
+    without continuity correction)."""
+    assert wilson_interval(successes, trials) == pytest.approx((low, high), abs=1e-4)
 
 
 def test_wilson_interval_edges_stay_in_unit_range() -> None:

@@ -25,6 +25,12 @@ print(
             "state": [item["observation.state"].numpy().tolist() for item in items],
             "action": [item["action"].numpy().tolist() for item in items],
             "index": [int(item["index"]) for item in items],
+            "frame_index": [int(item["frame_index"]) for item in items],
+            "timestamp": [float(item["timestamp"]) for item in items],
+            # the decoded frames themselves (float CHW in [0, 1]): found by timestamp
+            "images": [item[camera_keys[0]].numpy().tolist() for item in items]
+            if camera_keys
+            else [],
             "image_shape": list(items[0][camera_keys[0]].shape) if camera_keys else None,
             "image_mean": [
                 float(np.asarray(item[k]).mean()) for item in items for k in camera_keys

@@ -19,7 +19,7 @@ from typing import Any, ParamSpec, Protocol, TypeVar
 from prefect import Task, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from pipelines import tracking
+from pipelines import promotion, tracking
 from pipelines.config import PipelineConfig
 from pipelines.home import home_dir
 from pipelines.resume import Record, StageRecords, stage_key
@@ -557,44 +557,6 @@ def latency_stage(ctx: RunContext, export: Record) -> Record:
     return _run_stage(ctx, "latency", inputs, run, _files_exist("report"), track)
 
 
-def promotion_gates(cfg: PipelineConfig, evaluation: Record, latency: Record) -> dict[str, Record]:
-    """Every gate's decision: passed, enforced (by ``registry.promotion``), measured, required."""
-    policy = cfg.registry.promotion
-    cand = evaluation["candidate"]
-    comparison = cand.get("comparison")
-    gates = {
-        "held-out success": {
-            "passed": cand["success_rate"] >= policy.min_success,
-            "enforced": True,
-            "measured": f"{cand['success_rate']:.1%} "
-            f"(95% CI {cand['ci95'][0]:.1%} - {cand['ci95'][1]:.1%})",
-            "required": f">= {policy.min_success:.0%}",
-        },
-        "no regression vs champion": {
-            "passed": comparison is None or bool(comparison["passed"]),
-            "enforced": policy.no_regression,
-            "measured": (
-                f"{comparison['difference']:+.1%} vs v{evaluation['champion_version']}, "
-                f"p = {comparison['p_value']:.3f}"
-                if comparison
-                else f"is champion v{evaluation['champion_version']} (same export)"
-                if evaluation["champion_version"]
-                else "no champion yet"
-            ),
-            "required": f"not worse at {cfg.evaluate.gate_confidence:.0%} confidence",
-        },
-        "latency": {
-            "passed": bool(latency["passed"]),
-            "enforced": policy.latency,
-            "measured": f"p99 {latency['p99_ms']:.2f} ms, {latency['misses']} misses "
-            f"on {latency['target']}",
-            "required": f"p99 <= {latency['budget_ms']:g} ms, "
-            f"misses <= {latency['allowed_misses']}",
-        },
-    }
-    return gates
-
-
 @stage_task("register")
 def register_stage(
     ctx: RunContext,
@@ -607,7 +569,7 @@ def register_stage(
     """Register the export as a new model version (alias ``candidate``) with its lineage and
     gate results; move ``champion`` to it only if every enforced gate passed."""
     cfg = ctx.cfg
-    gates = promotion_gates(cfg, evaluation, latency)
+    gates = promotion.promotion_gates(cfg, evaluation, latency)
     inputs = {
         "model": cfg.model_name,
         "export": export["onnx_hash"],
@@ -629,10 +591,10 @@ def register_stage(
             tracking.TAG + "success_rate": f"{cand['success_rate']:.4f}",
             tracking.TAG + "latency_p99_ms": f"{latency['p99_ms']:.3f}",
         }
-        tags |= {
-            f"{tracking.TAG}gate.{name}": "passed" if g["passed"] else "failed"
-            for name, g in gates.items()
-        }
+        for name, g in gates.items():  # the verdict, and what it was decided on
+            tags[tracking.GATE_TAG + name] = "passed" if g["passed"] else "failed"
+            tags[f"{tracking.GATE_TAG}{name}.measured"] = g["measured"]
+            tags[f"{tracking.GATE_TAG}{name}.required"] = g["required"]
         same = tracking.find_export(cfg.model_name, export["onnx_hash"])
         if same is None:
             run = tracking.TrackedRun(ctx.mlflow_run_id, "")
@@ -640,7 +602,7 @@ def register_stage(
         else:  # this export is registered already: one version per export, tags refreshed
             tracking.set_version_tags(cfg.model_name, same.version, tags)
             info = tracking.set_alias(cfg.model_name, tracking.CANDIDATE, same.version)
-        blocking = [name for name, g in gates.items() if g["enforced"] and not g["passed"]]
+        blocking = promotion.blocking_gates(gates)
         if not blocking and tracking.CHAMPION not in info.aliases:
             info = tracking.promote(
                 cfg.model_name, info.version, f"pipeline run {ctx.run_dir.name}: all gates passed"

@@ -91,6 +91,22 @@ def test_gate_accepts_an_identical_policy_and_rejects_a_clearly_worse_one(
     assert not worse.passed and worse.p_value < 1e-6
     slightly = compare(report(176), report(180), confidence=0.95)
     assert slightly.passed, "a difference within noise does not fail the gate"
+    assert slightly.difference == pytest.approx(-0.02) and slightly.baseline_success_rate == 0.9
+    # 165 vs 180 of 200: pooled 0.8625, se 0.0344, z = -2.18, one-sided p = 0.0147: a
+    # regression at 95% confidence, not at 99%
+    borderline = compare(report(165), report(180), confidence=0.95)
+    assert borderline.p_value == pytest.approx(0.0147, abs=1e-4) and not borderline.passed
+    assert compare(report(165), report(180), confidence=0.99).passed
+
+    # Only the same seeds make a comparison: another seed list or suite is refused.
+    elsewhere = report(180)
+    elsewhere.seeds = [s + 1 for s in elsewhere.seeds]
+    with pytest.raises(ValueError, match="same suite and seeds"):
+        compare(report(160), elsewhere, confidence=0.95)
+    other_suite = report(180)
+    other_suite.rows = other_suite.rows[:1]
+    with pytest.raises(ValueError, match="same suite and seeds"):
+        compare(report(160), other_suite, confidence=0.95)
 
 
 def test_a_killed_worker_is_replaced_and_no_episode_counts_twice(

@@ -211,8 +211,8 @@ def test_sac_temperature_loss_matches_a_hand_worked_example() -> None:
 def test_sac_temperature_follows_the_entropy_target(
     start: str, target_entropy: float, alpha_moves: str
 ) -> None:
-    """Through the learner's update: a target above the policy's entropy raises alpha, one
-    below lowers it (the policy's entropy over 6 action dims is near 0 here)."""
+    """Through the learner's update: a target far above the policy's entropy (a few nats over
+    6 action dimensions) raises alpha, one far below lowers it."""
     rng = np.random.default_rng(0)
     batch = synthetic_rollout(rng.normal(size=(6, 2)))
     policy, reference = load_policy(start), load_policy(start).requires_grad_(False)

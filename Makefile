@@ -7,7 +7,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup system-deps demo test lint typecheck bench clean lerobot-compat
+.PHONY: setup system-deps demo test test-each-file lint typecheck bench clean lerobot-env lerobot-compat mutation
 
 setup: system-deps $(STAMP)
 
@@ -35,26 +35,59 @@ lint: setup
 typecheck: setup
 	$(BIN)/mypy
 
-test: lint typecheck
-	$(BIN)/pytest
+# LeRobot's own reader checks a freshly collected dataset in every test run; `make test` sets
+# ROBO_PIPE_LEROBOT_PYTHON, so that test fails (never skips) when the environment is missing.
+test: lint typecheck lerobot-env
+	ROBO_PIPE_LEROBOT_PYTHON=$(LEROBOT_VENV)/bin/python $(BIN)/pytest
+
+# Each test file on its own (the suite also runs in random order: pytest-randomly prints its
+# seed; rerun an order with `pytest -p randomly --randomly-seed=N`). Slow: a Prefect server
+# per file. Not part of `make test`.
+test-each-file: setup lerobot-env
+	@for f in $$(find tests -name 'test_*.py' | sort); do \
+		echo "== $$f"; \
+		ROBO_PIPE_LEROBOT_PYTHON=$(LEROBOT_VENV)/bin/python $(BIN)/pytest -q -p no:randomly "$$f" \
+			|| exit 1; \
+	done
+
+# Mutation testing of the decision and math code (mutmut, [tool.mutmut] in pyproject.toml):
+# every mutant of the functions below must make a test fail. Not part of CI (~20 min).
+MUTATE ?= stages.statistics.* stages.evaluate.report.x_compare* pipelines.promotion.* \
+	deploy_edge.latency.x_run_gate* deploy_edge.runtime.xǁControlLoopǁtick* \
+	stages.finetune.ppo.x_gae* stages.finetune.ppo.x_clipped_objective* \
+	stages.finetune.ppo.xǁPPOǁadvantages* stages.finetune.sac.x_soft_q_target* \
+	stages.finetune.sac.x_actor_loss* stages.finetune.sac.x_temperature_loss* \
+	stages.finetune.sac.xǁReplayBufferǁ* stages.finetune.rollout.x_chunk_transition* \
+	stages.policy.base.xǁNormalizerǁ* stages.policy.base.xǁVLAPolicyǁset_normalizer* \
+	stages.policy.base.xǁVLAPolicyǁforward* stages.policy.base.xǁVLAPolicyǁ*normalize_actions* \
+	stages.policy.base.xǁOnnxPolicyǁforward* stages.dataset.writer.x_finalize*
+mutation: setup
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,mutation]'
+	rm -rf mutants
+	$(BIN)/mutmut run $(MUTATE)
+	$(BIN)/mutmut results --all true | grep -v ': killed' || true
 
 bench: setup
 	$(BIN)/python benchmarks/sim_throughput.py --quick
 	$(BIN)/python benchmarks/finetune.py --quick
 
 clean:
-	rm -rf $(VENV) .robo-pipe .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .robo-pipe .pytest_cache .mypy_cache .ruff_cache mutants
 
 # LeRobot (for the dataset compatibility test) needs Python 3.12 and torchvision, so it lives in
-# its own environment (~3 min, several GB: its torch is the CUDA build). Not part of `make test`.
-LEROBOT_VENV ?= .venv-lerobot
+# its own environment, built once per machine outside the checkout and shared by every clone
+# (~3 min and 5.4 GB the first time: its torch is the CUDA build).
+LEROBOT_VERSION := 0.6.1
+LEROBOT_VENV ?= $(HOME)/.cache/robo-pipe/lerobot-$(LEROBOT_VERSION)
 # pyenv's python3.12 shim refuses to run unless 3.12 is selected, so prefer the interpreter itself.
 LEROBOT_PY ?= $(or $(firstword $(wildcard $(shell pyenv root 2>/dev/null)/versions/3.12*/bin/python3.12)),python3.12)
 
 $(LEROBOT_VENV)/.installed:
 	$(LEROBOT_PY) -m venv $(LEROBOT_VENV)
-	$(LEROBOT_VENV)/bin/pip install --quiet 'lerobot[dataset]==0.6.1'
+	$(LEROBOT_VENV)/bin/pip install --quiet 'lerobot[dataset]==$(LEROBOT_VERSION)'
 	@touch $@
 
-lerobot-compat: setup $(LEROBOT_VENV)/.installed
+lerobot-env: $(LEROBOT_VENV)/.installed
+
+lerobot-compat: setup lerobot-env
 	ROBO_PIPE_LEROBOT_PYTHON=$(LEROBOT_VENV)/bin/python $(BIN)/pytest tests/stages/test_collect.py -k lerobot -v

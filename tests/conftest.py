@@ -18,7 +18,11 @@ NUM_ENVS = 4
 """Environments per batched env in unit tests."""
 
 
-_SESSION_ENV = dict(os.environ)
+_OWNED_BY_RUNNERS = {"PYTEST_CURRENT_TEST", "MUTANT_UNDER_TEST"}
+"""Variables pytest and mutmut set while tests run: never restored (mutmut switches mutants
+through MUTANT_UNDER_TEST; restoring it would run later tests against the original code)."""
+
+_SESSION_ENV = {k: v for k, v in os.environ.items() if k not in _OWNED_BY_RUNNERS}
 """The environment pytest started with; every test ends by restoring it."""
 
 
@@ -35,7 +39,7 @@ def robo_pipe_home(home_path: Path) -> Iterator[Path]:
     value left behind would send later tests' subprocesses to another home."""
     os.environ["ROBO_PIPE_HOME"] = str(home_path)
     yield home_path
-    for name in set(os.environ) - set(_SESSION_ENV) - {"PYTEST_CURRENT_TEST"}:
+    for name in set(os.environ) - set(_SESSION_ENV) - _OWNED_BY_RUNNERS:
         del os.environ[name]
     os.environ.update(_SESSION_ENV)
 

@@ -53,14 +53,15 @@ test-each-file: setup lerobot-env
 # Mutation testing of the decision and math code (mutmut, [tool.mutmut] in pyproject.toml):
 # every mutant of the functions below must make a test fail. Not part of CI (~20 min).
 MUTATE ?= stages.statistics.* stages.evaluate.report.x_compare* pipelines.promotion.* \
-	deploy_edge.latency.x_run_gate* deploy_edge.runtime.xǁControlLoopǁtick* \
+	deploy_edge.latency.x_verdict* deploy_edge.runtime.xǁControlLoopǁtick* \
 	stages.finetune.ppo.x_gae* stages.finetune.ppo.x_clipped_objective* \
 	stages.finetune.ppo.xǁPPOǁadvantages* stages.finetune.sac.x_soft_q_target* \
 	stages.finetune.sac.x_actor_loss* stages.finetune.sac.x_temperature_loss* \
 	stages.finetune.sac.xǁReplayBufferǁ* stages.finetune.rollout.x_chunk_transition* \
 	stages.policy.base.xǁNormalizerǁ* stages.policy.base.xǁVLAPolicyǁset_normalizer* \
 	stages.policy.base.xǁVLAPolicyǁforward* stages.policy.base.xǁVLAPolicyǁ*normalize_actions* \
-	stages.policy.base.xǁOnnxPolicyǁforward* stages.dataset.writer.x_finalize*
+	stages.policy.base.xǁOnnxPolicyǁforward* stages.dataset.writer.x_frame_timestamps* \
+	stages.dataset.writer.x_video_spans*
 mutation: setup
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,mutation]'
 	rm -rf mutants

@@ -102,6 +102,30 @@ class LatencyReport:
         return asdict(self)
 
 
+def verdict(ms: np.ndarray, misses: int, budget_ms: float, allowed_misses: int) -> dict[str, Any]:
+    """The gate's rule on measured step latencies ``ms`` (one per tick, milliseconds): pass
+    only if p99 <= ``budget_ms`` and ``misses`` <= ``allowed_misses``. Returns the
+    :class:`LatencyReport` fields it decides: ``passed``, ``reasons`` (why it failed),
+    percentiles (numpy's linear interpolation), max, mean, jitter (std) and misses."""
+    p99 = float(np.percentile(ms, 99))
+    reasons = []
+    if p99 > budget_ms:
+        reasons.append(f"p99 {p99:.2f} ms > budget {budget_ms:g} ms")
+    if misses > allowed_misses:
+        reasons.append(f"{misses} deadline misses > {allowed_misses} allowed")
+    return {
+        "passed": not reasons,
+        "reasons": reasons,
+        "p50_ms": float(np.percentile(ms, 50)),
+        "p95_ms": float(np.percentile(ms, 95)),
+        "p99_ms": p99,
+        "max_ms": float(ms.max()),
+        "mean_ms": float(ms.mean()),
+        "jitter_ms": float(ms.std()),
+        "misses": misses,
+    }
+
+
 def run_gate(
     export_dir: str | Path,
     robot: Robot,
@@ -135,31 +159,17 @@ def run_gate(
         robot.stop()
     ms = np.array([t.latency_s for t in ticks]) * 1000.0
     misses = sum(t.missed for t in ticks)
-    p99 = float(np.percentile(ms, 99))
-    reasons = []
-    if p99 > budget:
-        reasons.append(f"p99 {p99:.2f} ms > budget {budget:g} ms")
-    if misses > target.allowed_misses:
-        reasons.append(f"{misses} deadline misses > {target.allowed_misses} allowed")
     report = LatencyReport(
         export=str(export_dir),
         target=target.name,
-        passed=not reasons,
-        reasons=reasons,
         budget_ms=budget,
         allowed_misses=target.allowed_misses,
         steps=steps,
         warmup=warmup,
-        p50_ms=float(np.percentile(ms, 50)),
-        p95_ms=float(np.percentile(ms, 95)),
-        p99_ms=p99,
-        max_ms=float(ms.max()),
-        mean_ms=float(ms.mean()),
-        jitter_ms=float(ms.std()),
-        misses=misses,
         errors=sum(bool(t.error) for t in ticks),
         inference_ticks=sum(t.inferred for t in ticks),
         measured_on=policy.engine.describe(),
+        **verdict(ms, misses, budget, target.allowed_misses),
     )
     if out is not None:
         _write(report, ms, out)

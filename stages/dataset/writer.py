@@ -328,6 +328,19 @@ class DatasetSchema:
         return features
 
 
+def frame_timestamps(frame_index: np.ndarray, fps: float) -> np.ndarray:
+    """Each frame's time since its episode began, float32 seconds (``frame_index / fps``):
+    LeRobot finds a frame's image in the episode's video by this timestamp."""
+    return (frame_index / fps).astype(np.float32)
+
+
+def video_spans(lengths: list[int], fps: float) -> list[tuple[float, float]]:
+    """``(from, to)`` seconds of each episode in a video file holding episodes of ``lengths``
+    frames back to back: each starts where the previous one ended."""
+    ends = np.cumsum(lengths)
+    return [(float(end - n) / fps, float(end) / fps) for n, end in zip(lengths, ends, strict=True)]
+
+
 def finalize(
     root: Path,
     shards: Sequence[Path],
@@ -381,7 +394,7 @@ def finalize(
             "next.reward": frames.column("next.reward"),
             "next.done": frames.column("next.done"),
             "next.success": frames.column("next.success"),
-            "timestamp": pa.array((frame_index / schema.fps).astype(np.float32)),
+            "timestamp": pa.array(frame_timestamps(frame_index, schema.fps)),
             "frame_index": pa.array(frame_index.astype(np.int64)),
             "episode_index": pa.array((local_episode + n_episodes).astype(np.int64)),
             "index": pa.array(np.arange(n_frames, n_frames + frames.num_rows, dtype=np.int64)),
@@ -403,6 +416,7 @@ def finalize(
             written.add(video_path.relative_to(root).as_posix())
             histograms[cam] += np.asarray(manifest.image_histograms[cam], dtype=np.int64)
 
+        spans = video_spans([e["length"] for e in kept], schema.fps)
         start_frame = 0
         for k, e in enumerate(kept):
             row: dict[str, Any] = {
@@ -418,8 +432,7 @@ def finalize(
                 key = camera_key(cam)
                 row[f"videos/{key}/chunk_index"] = where["chunk_index"]
                 row[f"videos/{key}/file_index"] = where["file_index"]
-                row[f"videos/{key}/from_timestamp"] = start_frame / schema.fps
-                row[f"videos/{key}/to_timestamp"] = (start_frame + e["length"]) / schema.fps
+                row[f"videos/{key}/from_timestamp"], row[f"videos/{key}/to_timestamp"] = spans[k]
             row["meta/episodes/chunk_index"] = where["chunk_index"]
             row["meta/episodes/file_index"] = where["file_index"]
             episode_rows.append(row)

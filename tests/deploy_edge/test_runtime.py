@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from deploy_edge.exported import ExportedPolicy, IOSpecError
-from deploy_edge.latency import available_targets, load_target, run_gate
+from deploy_edge.latency import available_targets, load_target, run_gate, verdict
 from deploy_edge.runtime import ControlLoop
 from robots.spec import RobotSpec
 from sim_scenes.sim_robot import SimulatedRobot
@@ -121,6 +121,21 @@ def test_gate_passes_at_100_ms_and_fails_below_the_measured_latency(
         policy=policy,
     )
     assert not tight.passed and "p99" in tight.reasons[0] and "> budget" in tight.reasons[0]
+
+
+def test_verdict_percentiles_and_both_limits_at_their_boundaries() -> None:
+    ms = np.arange(1.0, 101.0)  # 1, 2, ..., 100 ms
+    v = verdict(ms, misses=2, budget_ms=99.01, allowed_misses=2)
+    # numpy's linear interpolation: p50 = 50.5, p95 = 95.05, p99 = 99.01
+    assert v["p50_ms"] == pytest.approx(50.5) and v["p95_ms"] == pytest.approx(95.05)
+    assert v["p99_ms"] == pytest.approx(99.01) and v["max_ms"] == 100.0
+    assert v["mean_ms"] == pytest.approx(50.5)
+    assert v["jitter_ms"] == pytest.approx((9999 / 12) ** 0.5)  # std of 1..n: sqrt((n^2-1)/12)
+    assert v["passed"] and v["reasons"] == [] and v["misses"] == 2, "both limits are inclusive"
+    over = verdict(ms, misses=3, budget_ms=99.0, allowed_misses=2)
+    assert not over["passed"]
+    assert over["reasons"] == ["p99 99.01 ms > budget 99 ms", "3 deadline misses > 2 allowed"]
+    assert verdict(ms, 3, 200.0, 2)["reasons"] == ["3 deadline misses > 2 allowed"]
 
 
 class StallingExport(ExportedPolicy):

@@ -17,6 +17,8 @@ from stages.dataset.writer import (
     EpisodeBuffer,
     committed_shards,
     finalize,
+    frame_timestamps,
+    video_spans,
     write_shard,
 )
 
@@ -112,6 +114,15 @@ def test_timestamps_are_frame_index_over_fps_across_episode_boundaries(
     assert episodes[0][f"{key}/to_timestamp"].to_pylist() == pytest.approx([0.3, 0.7])
     assert episodes[1][f"{key}/from_timestamp"].to_pylist() == pytest.approx([0.0, 0.6, 1.3])
     assert episodes[1][f"{key}/to_timestamp"].to_pylist() == pytest.approx([0.6, 1.3, 2.1])
+
+
+def test_timestamp_and_video_span_rules() -> None:
+    stamps = frame_timestamps(np.array([0, 1, 2, 0, 1, 2, 3]), fps=30.0)
+    assert stamps.dtype == np.float32
+    np.testing.assert_allclose(stamps, [0, 1 / 30, 2 / 30, 0, 1 / 30, 2 / 30, 3 / 30], rtol=1e-6)
+    spans = np.array(video_spans([3, 4, 1], fps=10.0))
+    np.testing.assert_allclose(spans, [(0.0, 0.3), (0.3, 0.7), (0.7, 0.8)], rtol=1e-12)
+    assert video_spans([], fps=10.0) == []
 
 
 def test_finalize_is_deterministic(

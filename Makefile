@@ -51,7 +51,7 @@ test-each-file: setup lerobot-env
 	done
 
 # Mutation testing of the decision and math code (mutmut, [tool.mutmut] in pyproject.toml):
-# every mutant of the functions below must make a test fail. Not part of CI (~20 min).
+# every mutant of the functions below must make a test fail. Not part of CI (~15 min).
 MUTATE ?= stages.statistics.* stages.evaluate.report.x_compare* pipelines.promotion.* \
 	deploy_edge.latency.x_verdict* deploy_edge.runtime.xǁControlLoopǁtick* \
 	stages.finetune.ppo.x_gae* stages.finetune.ppo.x_clipped_objective* \

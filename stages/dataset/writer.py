@@ -337,8 +337,11 @@ def frame_timestamps(frame_index: np.ndarray, fps: float) -> np.ndarray:
 def video_spans(lengths: list[int], fps: float) -> list[tuple[float, float]]:
     """``(from, to)`` seconds of each episode in a video file holding episodes of ``lengths``
     frames back to back: each starts where the previous one ended."""
-    ends = np.cumsum(lengths)
-    return [(float(end - n) / fps, float(end) / fps) for n, end in zip(lengths, ends, strict=True)]
+    spans, start = [], 0
+    for length in lengths:
+        spans.append((start / fps, (start + length) / fps))
+        start += length
+    return spans
 
 
 def finalize(

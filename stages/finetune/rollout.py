@@ -121,7 +121,7 @@ def chunk_transition(
     solved = np.zeros(envs, bool)
     ended = np.zeros(envs, bool)
     for k in range(steps):
-        reward += np.where(ended, 0.0, gamma**k * rewards[k]).astype(np.float32)
+        reward += np.where(ended, 0.0, gamma**k * rewards[k])  # stays float32
         solved |= terminated[k] & ~ended
         ended |= terminated[k] | truncated[k]
     return reward, solved, ended & ~solved

@@ -13,7 +13,7 @@ from pipelines.config import CONFIG_DIR, load_config
 from sim_scenes.touch import SceneError
 from stages.evaluate.config import EvalConfig
 from stages.evaluate.policies import PolicySpecError
-from stages.evaluate.report import EvalReport, compare
+from stages.evaluate.report import EvalReport, VariantRow, compare
 from stages.evaluate.run import ShardOutcome, run_suite
 from stages.evaluate.stage import evaluate
 from stages.export.onnx import export_policy
@@ -72,7 +72,7 @@ def test_checkpoint_and_its_onnx_export_agree_episode_by_episode(
         assert a["episode_return"] == pytest.approx(b["episode_return"], abs=1e-3)
 
 
-def test_gate_accepts_an_identical_policy_and_rejects_a_clearly_worse_one(
+def test_gate_accepts_an_identical_policy_on_the_same_seeds(
     tiny_checkpoint: Path, tmp_path: Path
 ) -> None:
     same = run(tiny_checkpoint, tmp_path / "same", baseline=tiny_checkpoint)
@@ -80,33 +80,60 @@ def test_gate_accepts_an_identical_policy_and_rejects_a_clearly_worse_one(
     assert same.comparison.difference == 0.0
     assert "Gate against" in (tmp_path / "same" / "report.md").read_text()
 
-    # A clearly worse candidate: the same suite, 10% against the baseline's 90%.
-    def report(successes: int) -> EvalReport:
-        fake = EvalReport(**{**same.to_json(), "rows": same.rows, "comparison": None})
-        fake.successes, fake.episodes = successes, 200
-        fake.success_rate = successes / 200
-        return fake
 
-    worse = compare(report(20), report(180), confidence=0.95)
-    assert not worse.passed and worse.p_value < 1e-6
-    slightly = compare(report(176), report(180), confidence=0.95)
+def suite_report(successes: int, episodes: int = 200, seeds: list[int] | None = None) -> EvalReport:
+    """A report of ``successes`` in ``episodes`` on two variants and seeds 0..99 (no files)."""
+    rows = [
+        VariantRow(v, episodes // 2, 0, 0.0, (0.0, 1.0), 10.0)
+        for v in ("touch-mixed-clutter", "touch-mixed-shifted")
+    ]
+    return EvalReport(
+        "policy",
+        episodes,
+        successes,
+        successes / episodes,
+        (0.0, 1.0),
+        rows,
+        1.0,
+        1.0,
+        1.0,
+        0.0,
+        {},
+        0,
+        0,
+        0,
+        seeds if seeds is not None else list(range(100)),
+    )
+
+
+def test_compare_fails_only_a_candidate_worse_at_the_confidence() -> None:
+    """The gate on hand-made reports: 10% against 90% fails, 88% against 90% is noise, and a
+    borderline difference fails at 95% but not at 99% confidence."""
+    worse = compare(suite_report(20), suite_report(180), confidence=0.95)
+    assert not worse.passed and worse.p_value < 1e-6 and worse.difference == pytest.approx(-0.8)
+    assert worse.baseline == "policy" and worse.baseline_success_rate == 0.9
+    assert worse.confidence == 0.95 and worse.z < -10
+    slightly = compare(suite_report(176), suite_report(180), confidence=0.95)
     assert slightly.passed, "a difference within noise does not fail the gate"
-    assert slightly.difference == pytest.approx(-0.02) and slightly.baseline_success_rate == 0.9
+    assert slightly.difference == pytest.approx(-0.02) and slightly.baseline_ci95 == (0.0, 1.0)
     # 165 vs 180 of 200: pooled 0.8625, se 0.0344, z = -2.18, one-sided p = 0.0147: a
     # regression at 95% confidence, not at 99%
-    borderline = compare(report(165), report(180), confidence=0.95)
+    borderline = compare(suite_report(165), suite_report(180), confidence=0.95)
     assert borderline.p_value == pytest.approx(0.0147, abs=1e-4) and not borderline.passed
-    assert compare(report(165), report(180), confidence=0.99).passed
+    assert borderline.z == pytest.approx(-2.1779, abs=1e-4)
+    assert compare(suite_report(165), suite_report(180), confidence=0.99).passed
+    assert compare(suite_report(180), suite_report(180), confidence=0.95).passed
+    # equal rates give p = 0.5 exactly: the bar 1 - confidence = 0.5 is met (inclusive)
+    assert compare(suite_report(90), suite_report(90), confidence=0.5).passed
 
     # Only the same seeds make a comparison: another seed list or suite is refused.
-    elsewhere = report(180)
-    elsewhere.seeds = [s + 1 for s in elsewhere.seeds]
-    with pytest.raises(ValueError, match="same suite and seeds"):
-        compare(report(160), elsewhere, confidence=0.95)
-    other_suite = report(180)
+    refused = "^candidate and baseline were not evaluated on the same suite and seeds$"
+    with pytest.raises(ValueError, match=refused):
+        compare(suite_report(160), suite_report(180, seeds=list(range(1, 101))), 0.95)
+    other_suite = suite_report(180)
     other_suite.rows = other_suite.rows[:1]
-    with pytest.raises(ValueError, match="same suite and seeds"):
-        compare(report(160), other_suite, confidence=0.95)
+    with pytest.raises(ValueError, match=refused):
+        compare(suite_report(160), other_suite, confidence=0.95)
 
 
 def test_a_killed_worker_is_replaced_and_no_episode_counts_twice(

@@ -102,6 +102,10 @@ def test_lora_trains_only_adapters_and_heads() -> None:
     assert any("intermediate.dense" in n for n in names), "MLP projections are adapted too"
 
 
+def test_identity_normaliser_changes_nothing() -> None:
+    assert Normalizer.identity(2, 3) == Normalizer([0.0, 0.0], [1.0, 1.0], [0.0] * 3, [1.0] * 3)
+
+
 def test_normalisation_round_trip_and_floor() -> None:
     policy = tiny(norm=Normalizer([0.0] * 6, [1.0] * 6, [0.1] * 6, [0.5] * 6))
     actions = torch.randn(4, 3, 6)
@@ -116,6 +120,19 @@ def test_normalisation_round_trip_and_floor() -> None:
     norm = Normalizer.from_stats(stats)
     assert norm.action_std[-1] == 1e-3 and norm.action_std[0] == 0.05
     assert norm.target_mean == [0.4, 0.0] and norm.target_std == [0.06, 0.1]
+
+
+def test_a_zero_std_is_floored_and_statistics_stay_out_of_the_weights() -> None:
+    """A normaliser given directly (an old policy.json) with a zero std cannot divide by zero;
+    the statistics live in policy.json, never in the saved tensors."""
+    policy = tiny(norm=Normalizer([0.5] * 6, [0.0] * 6, [0.1] * 6, [0.0] * 6))
+    assert policy.state_std.min().item() == pytest.approx(1e-6)
+    assert policy.action_std.min().item() == pytest.approx(1e-6)
+    assert policy.state_mean.tolist() == pytest.approx([0.5] * 6), "means are not floored"
+    normalised = policy.normalize_actions(torch.zeros(1, 3, 6))
+    assert torch.isfinite(normalised).all()
+    names = set(policy.state_dict())
+    assert not {"state_mean", "state_std", "action_mean", "action_std"} & names
 
 
 def test_full_and_lora_checkpoints_round_trip(tmp_path: Path) -> None:

@@ -74,6 +74,9 @@ def test_gae_matches_a_hand_worked_example() -> None:
     # A step-limit cut bootstraps from the decision's own value instead of the next episode's.
     adv_cut, _ = gae(rewards[:1], values[:2], np.array([[False]]), np.array([[True]]), 0.5, 0.5)
     assert adv_cut[0, 0] == pytest.approx(1.0 + 0.5 * 0.5 - 0.5)
+    # float32 out, whatever comes in (the learner's tensors are float32)
+    adv64, ret64 = gae(rewards.astype(np.float64), values.astype(np.float64), solved, cut, 0.5, 0.5)
+    assert adv64.dtype == ret64.dtype == np.float32
 
 
 def test_clipped_objective_stops_pushing_past_the_clip() -> None:
@@ -91,6 +94,15 @@ def test_clipped_objective_stops_pushing_past_the_clip() -> None:
     assert clip_frac.item() == 1.0
     assert beyond.grad is not None and torch.all(beyond.grad == 0)
     assert loss.item() == pytest.approx(-(1.2 * 1.0 + 0.8 * -1.0) / 2)
+    # the ratio is pi / pi_old: log-probs -1.1 and -0.9 against -1.0 are ratios e^-0.1 and
+    # e^0.1, inside the clip; advantages 2 and -0.5
+    logp, old_logp = torch.tensor([-1.1, -0.9]), torch.tensor([-1.0, -1.0])
+    loss, clip_frac = clipped_objective(logp, old_logp, torch.tensor([2.0, -0.5]), clip=0.2)
+    expected = -(np.exp(-0.1) * 2.0 + np.exp(0.1) * -0.5) / 2
+    assert loss.item() == pytest.approx(expected, rel=1e-5) and clip_frac.item() == 0.0
+    # a ratio exactly at the clip boundary is not counted as clipped
+    at_boundary = clipped_objective(torch.zeros(2), old, advantages, clip=0.0)[1]
+    assert at_boundary.item() == 0.0
 
 
 def test_soft_q_target_matches_a_hand_worked_example() -> None:
@@ -99,12 +111,12 @@ def test_soft_q_target_matches_a_hand_worked_example() -> None:
         solved=torch.tensor([False, True]),
         next_q1=torch.tensor([2.0, 2.0]),
         next_q2=torch.tensor([3.0, 3.0]),
-        next_logp=torch.tensor([-1.0, -1.0]),
+        next_logp=torch.tensor([-2.0, -2.0]),
         alpha=0.5,
         discount=0.9,
     )
-    # min(2, 3) - 0.5 * (-1) = 2.5 ; 1 + 0.9 * 2.5 = 3.25 ; solved: no bootstrap
-    torch.testing.assert_close(y, torch.tensor([3.25, 1.0]))
+    # min(2, 3) - 0.5 * (-2) = 3.0 ; 1 + 0.9 * 3.0 = 3.7 ; solved: no bootstrap
+    torch.testing.assert_close(y, torch.tensor([3.7, 1.0]))
 
 
 def test_a_chunk_discounts_inside_and_stops_at_the_episode_end() -> None:

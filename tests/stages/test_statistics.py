@@ -35,7 +35,10 @@ def test_wilson_interval_edges_stay_in_unit_range() -> None:
     assert wilson_interval(20, 20)[1] == 1.0
     assert wilson_interval(20, 20)[0] == pytest.approx(0.8389, abs=1e-4)
     assert wilson_interval(0, 0) == (0.0, 1.0)
-    with pytest.raises(ValueError):
+    # one trial: z^2 / (1 + z^2) = 0.7935 is the upper bound after a failure
+    assert wilson_interval(0, 1) == pytest.approx((0.0, 0.7935), abs=1e-4)
+    assert wilson_interval(1, 1) == pytest.approx((0.2065, 1.0), abs=1e-4)
+    with pytest.raises(ValueError, match=r"successes must be in \[0, 4\], got 5"):
         wilson_interval(5, 4)
     # every count: the interval holds the observed rate (float rounding once put 1.0 above the
     # upper bound at n = 4, 10, 14, ... and a negative error bar crashed the report plot)
@@ -49,5 +52,11 @@ def test_two_proportion_test_known_values() -> None:
     assert z == pytest.approx(-1.4142, abs=1e-4)  # pooled p = 0.5, se = sqrt(0.25 * 0.02)
     assert p_worse == pytest.approx(0.0786, abs=1e-4)
     assert two_proportion_test(30, 50, 30, 50) == (0.0, 0.0, 0.5)
-    assert two_proportion_test(50, 50, 40, 40)[2] == 0.5, "no variance: no evidence"
+    assert two_proportion_test(50, 50, 40, 40) == (0.0, 0.0, 0.5), "no variance: no evidence"
+    assert two_proportion_test(0, 10, 0, 20) == (0.0, 0.0, 0.5)
+    # one trial each is enough: pooled 0.5, se = sqrt(0.25 * 2) -> z = 1.4142
+    assert two_proportion_test(1, 1, 0, 1) == pytest.approx((1.0, 1.4142, 0.9214), abs=1e-4)
+    for empty in ((5, 0, 5, 10), (5, 10, 5, 0)):
+        with pytest.raises(ValueError, match="^both samples need at least one trial$"):
+            two_proportion_test(*empty)
     assert two_proportion_test(10, 200, 180, 200)[2] < 1e-6

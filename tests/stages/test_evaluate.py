@@ -127,7 +127,7 @@ def test_compare_fails_only_a_candidate_worse_at_the_confidence() -> None:
     assert compare(suite_report(90), suite_report(90), confidence=0.5).passed
 
     # Only the same seeds make a comparison: another seed list or suite is refused.
-    refused = "^candidate and baseline were not evaluated on the same suite and seeds$"
+    refused = r"^candidate and baseline were not evaluated on the same suite and seeds$"
     with pytest.raises(ValueError, match=refused):
         compare(suite_report(160), suite_report(180, seeds=list(range(1, 101))), 0.95)
     other_suite = suite_report(180)

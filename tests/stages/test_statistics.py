@@ -57,6 +57,6 @@ def test_two_proportion_test_known_values() -> None:
     # one trial each is enough: pooled 0.5, se = sqrt(0.25 * 2) -> z = 1.4142
     assert two_proportion_test(1, 1, 0, 1) == pytest.approx((1.0, 1.4142, 0.9214), abs=1e-4)
     for empty in ((5, 0, 5, 10), (5, 10, 5, 0)):
-        with pytest.raises(ValueError, match="^both samples need at least one trial$"):
+        with pytest.raises(ValueError, match=r"^both samples need at least one trial$"):
             two_proportion_test(*empty)
     assert two_proportion_test(10, 200, 180, 200)[2] < 1e-6

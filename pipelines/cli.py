@@ -620,9 +620,15 @@ def gate_cmd(
 
 def _services() -> Services:
     """Configure Prefect/MLflow for this home and check the configured servers answer."""
-    from pipelines.services import ServiceError, check_services, configure
+    from pipelines.services import (
+        ServiceError,
+        check_services,
+        configure,
+        refresh_prefect_settings,
+    )
 
     services = configure()
+    refresh_prefect_settings()  # loading the config may have imported Prefect already
     try:
         check_services(services)
     except ServiceError as err:
@@ -773,50 +779,67 @@ def serve_cmd(
     set_: SetOpt = None,
     ray_address: RayAddressOpt = None,
 ) -> None:
-    """Register the config's schedules as Prefect deployments and run them until Ctrl-C.
+    """Register the config's schedules as Prefect deployments and run their flow runs until
+    Ctrl-C or SIGTERM.
 
     schedules: in the config lists them, e.g. a nightly train_simulate_deploy on cron
-    "0 2 * * *" in Europe/Berlin and an hourly champion_regression. Without PREFECT_API_URL
-    or a running `robo-pipe ui`, a local Prefect server and MLflow UI are started for as long
-    as this runs (a schedule needs a server's scheduler).
+    "0 2 * * *" in Europe/Berlin and an hourly champion_regression. Scheduled runs and runs
+    started from the Prefect UI or API execute here, one per deployment at a time. Without
+    PREFECT_API_URL or a running `robo-pipe ui`, a local Prefect server and MLflow UI are
+    started for as long as this runs (a schedule needs a server's scheduler), and stopped
+    with it.
     """
-    import os
-
-    from pipelines.services import LocalServers, ServiceError
+    from pipelines.services import LocalServers, ServiceError, sigterm_as_ctrl_c, use_prefect_api
 
     cfg = _load(config, set_)
     if not cfg.schedules:
         raise _fail(ConfigError([f"{config}: field 'schedules' is empty: nothing to serve"]))
+    sigterm_as_ctrl_c()
     services = _services()
     servers = None
-    if services.prefect_api_url is None:
-        servers = LocalServers()
-        try:
-            servers.start()
-        except ServiceError as err:
-            raise _fail(err) from None
-        os.environ["PREFECT_API_URL"] = f"{servers.prefect_url}/api"
-        console.print(f"Prefect UI {servers.prefect_url}   MLflow UI {servers.mlflow_url}")
-    from prefect import serve
-
-    from pipelines.deployments import build_deployments
-
+    start = time.perf_counter()
     try:
+        if services.prefect_api_url is None:
+            servers = LocalServers()
+            with console.status("starting the Prefect server and the MLflow UI"):
+                try:
+                    servers.start()
+                except ServiceError as err:
+                    raise _fail(err) from None
+            use_prefect_api(f"{servers.prefect_url}/api")
+            console.print(
+                f"Prefect UI {servers.prefect_url}   MLflow UI {servers.mlflow_url}",
+                highlight=False,
+            )
+        else:
+            console.print(f"Prefect API {services.prefect_api_url}", highlight=False)
+        from pipelines.deployments import OVERLAP, build_deployments, describe_schedule, serve
+
         deployments = build_deployments(cfg, config, list(set_ or []), ray_address)
         for entry in cfg.schedules:
-            when = (
-                f"cron {entry.cron!r} {entry.timezone}"
-                if entry.cron
-                else f"every {entry.interval_s:g} s"
+            overlap = "waits" if OVERLAP[entry.flow] == "ENQUEUE" else "is skipped"
+            console.print(
+                f"serving {entry.flow}/{entry.name} {describe_schedule(entry)} "
+                f"(a run that starts while one runs {overlap})",
+                highlight=False,
             )
-            console.print(f"serving {entry.flow}/{entry.name}: {when}", highlight=False)
-        serve(*deployments, print_starting_message=False)
+        prefect_ui = servers.prefect_url if servers else services.prefect_ui
+        console.print(
+            f"next runs: {prefect_ui}/deployments (each one's Upcoming tab); Ctrl-C stops serving",
+            style="dim",
+            highlight=False,
+        )
+        serve(deployments)
     except KeyboardInterrupt:
         pass
     finally:
+        stopping = time.perf_counter()
         if servers:
             servers.stop()
-    console.print("stopped")
+        console.print(
+            f"stopped after {stopping - start:.0f} s (shutdown took "
+            f"{time.perf_counter() - stopping:.1f} s)"
+        )
 
 
 @app.command("ui")
@@ -829,23 +852,21 @@ def ui_cmd(
     """Start the local Prefect server and the MLflow UI on 127.0.0.1 and print their URLs.
 
     Both show this home's runs (earlier ones too). While this runs, `robo-pipe run` reports to
-    this Prefect server, so its stages appear live. Ctrl-C stops both.
+    this Prefect server, so its stages appear live. Ctrl-C or SIGTERM stops both.
     """
-    import signal
+    from pipelines.services import LocalServers, ServiceError, sigterm_as_ctrl_c
 
-    from pipelines.services import LocalServers, ServiceError
-
+    sigterm_as_ctrl_c()
     servers = LocalServers(prefect_port, mlflow_port)
-    with console.status("starting the Prefect server and the MLflow UI"):
-        try:
-            servers.start()
-        except ServiceError as err:
-            raise _fail(err) from None
-    console.print(f"Prefect UI  {servers.prefect_url}", highlight=False)
-    console.print(f"MLflow UI   {servers.mlflow_url}", highlight=False)
-    console.print("Ctrl-C stops both", style="dim")
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
+        with console.status("starting the Prefect server and the MLflow UI"):
+            try:
+                servers.start()
+            except ServiceError as err:
+                raise _fail(err) from None
+        console.print(f"Prefect UI  {servers.prefect_url}", highlight=False)
+        console.print(f"MLflow UI   {servers.mlflow_url}", highlight=False)
+        console.print("Ctrl-C stops both", style="dim")
         while all(p.poll() is None for p in servers.processes):
             time.sleep(1)
         console.print("[red]a server exited[/]; see the logs under $ROBO_PIPE_HOME")

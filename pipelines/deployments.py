@@ -3,14 +3,22 @@
 Each schedule becomes a deployment of one of the flows in :mod:`pipelines.flow`, named
 ``<flow>/<schedule name>``, with a cron (in its time zone) or an interval, and parameters that
 point back at the same config file (plus the schedule's own ``set`` overrides). ``robo-pipe
-serve`` registers them and runs their scheduled runs in this process's runner until stopped;
-teams with a work pool deploy the same flows with ``prefect deploy`` (see ``prefect.yaml``).
+serve`` registers them and runs their flow runs (scheduled, or started from the UI or the API)
+in subprocesses of its runner until stopped; teams with a work pool deploy the same flows with
+``prefect deploy`` (see ``prefect.yaml``).
+
+One run of a deployment at a time: a second one either waits for the running one or is
+skipped, by :data:`OVERLAP`, and Prefect's UI says which (``AwaitingConcurrencySlot``, or
+``Cancelled`` with the reason).
 """
 
 from __future__ import annotations
 
+import contextlib
+import signal
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Literal
+from uuid import UUID
 
 from pipelines.config import PipelineConfig, ScheduleConfig
 from pipelines.flow import champion_regression, train_simulate_deploy
@@ -20,6 +28,14 @@ if TYPE_CHECKING:
     from prefect.schedules import Schedule
 
 FLOWS = {"train_simulate_deploy": train_simulate_deploy, "champion_regression": champion_regression}
+
+OVERLAP: dict[str, Literal["ENQUEUE", "CANCEL_NEW"]] = {
+    # Each retrain matters (a run started from the UI may carry other parameters): it waits.
+    "train_simulate_deploy": "ENQUEUE",
+    # A check that would start while another check runs adds nothing: it is skipped.
+    "champion_regression": "CANCEL_NEW",
+}
+"""What happens to a run of a deployment that starts while another run of it is running."""
 
 
 def schedule_of(entry: ScheduleConfig) -> Schedule:
@@ -39,8 +55,12 @@ def build_deployments(
     ray_address: str | None = None,
 ) -> list[RunnerDeployment]:
     """One deployment per ``cfg.schedules`` entry (none if the config has no schedules)."""
+    from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
+
     deployments: list[RunnerDeployment] = []
     for entry in cfg.schedules:
+        overlap = OVERLAP[entry.flow]
+        waits = "a later run waits" if overlap == "ENQUEUE" else "an overlapping run is skipped"
         deployments.append(
             FLOWS[entry.flow].to_deployment(  # type: ignore[arg-type]  # sync call: no coroutine
                 name=entry.name,
@@ -51,13 +71,104 @@ def build_deployments(
                     "ray_address": ray_address,
                 },
                 tags=["robo-pipe", cfg.name],
-                concurrency_limit=1,  # a slow run delays the next one; never two at once
-                description=f"{entry.flow} of {config_path.name} "
-                + (
-                    f"on cron {entry.cron!r} ({entry.timezone})"
-                    if entry.cron
-                    else f"every {entry.interval_s:g} s"
+                concurrency_limit=ConcurrencyLimitConfig(
+                    limit=1, collision_strategy=ConcurrencyLimitStrategy(overlap)
                 ),
+                description=f"{entry.flow} of {config_path.name} {describe_schedule(entry)}; "
+                f"one run at a time: {waits}",
             )
         )
     return deployments
+
+
+def describe_schedule(entry: ScheduleConfig) -> str:
+    """``on cron '0 2 * * *' (Europe/Berlin)`` or ``every 3600 s``."""
+    if entry.cron:
+        return f"on cron {entry.cron!r} ({entry.timezone})"
+    return f"every {entry.interval_s:g} s"
+
+
+def serve(deployments: list[RunnerDeployment]) -> None:
+    """Register ``deployments`` and run their flow runs until SIGINT or SIGTERM.
+
+    Runs execute in subprocesses that report to the same Prefect API as this process. Either
+    signal stops it the same way: runs still in progress are cancelled (their processes
+    stopped, their state ``Cancelled``: "Runner is shutting down."), then the deployments'
+    schedules are paused (no runs pile up while nothing serves them; the next ``serve``
+    resumes them).
+    """
+    import asyncio
+
+    from prefect.runner import Runner
+
+    class _Runner(Runner):
+        def handle_sigterm(self, *args: Any, **kwargs: Any) -> None:
+            # Prefect 3.8's own handler calls the async stop() without awaiting it and exits
+            # at once, leaving runs in progress `Running`: stop as on Ctrl-C instead.
+            signal.raise_signal(signal.SIGINT)
+
+    runner = _Runner(pause_on_shutdown=True)
+    ids: list[UUID] = []
+    for deployment in deployments:
+        deployment_id = runner.add_deployment(deployment)
+        assert isinstance(deployment_id, UUID)  # called from sync code: no coroutine
+        ids.append(deployment_id)
+
+    async def run_until_signalled() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
+        serving = asyncio.create_task(runner.start())
+        signalled = asyncio.create_task(stop.wait())
+        await asyncio.wait({serving, signalled}, return_when=asyncio.FIRST_COMPLETED)
+        if signalled.done():
+            if runner.started:
+                await runner.astop()  # Prefect's Ctrl-C path skips this: runs stayed Running
+            else:  # signalled before the runner got going: nothing runs yet
+                serving.cancel()
+        signalled.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await serving
+        if signalled.done():
+            await _restore_finished_runs(ids)
+
+    asyncio.run(run_until_signalled())
+
+
+SHUTDOWN_MESSAGE = "Runner is shutting down."
+"""The message of the ``Cancelled`` state Prefect's runner gives the runs it stops."""
+
+
+async def _restore_finished_runs(deployment_ids: list[UUID]) -> None:
+    """Give back its final state to a run the stopping runner marked ``Cancelled`` after it had
+    finished: Prefect 3.8 cancels every run whose process has not exited yet, and a run's
+    process takes seconds to exit after its flow completed."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (
+        DeploymentFilter,
+        DeploymentFilterId,
+        FlowRunFilter,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+    )
+    from prefect.client.schemas.objects import StateType
+    from prefect.states import State
+
+    async with get_client() as client:
+        cancelled = await client.read_flow_runs(
+            deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=deployment_ids)),
+            flow_run_filter=FlowRunFilter(
+                state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.CANCELLED]))
+            ),
+        )
+        for run in cancelled:
+            if run.state is None or run.state.message != SHUTDOWN_MESSAGE:
+                continue
+            history = sorted(await client.read_flow_run_states(run.id), key=lambda s: s.timestamp)
+            finished = [state for state in history[:-1] if state.is_final()]
+            if finished:
+                last = finished[-1]
+                await client.set_flow_run_state(
+                    run.id, State(type=last.type, name=last.name, message=last.message), force=True
+                )

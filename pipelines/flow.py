@@ -16,6 +16,10 @@ Tracking: one MLflow run per flow run (params: the resolved config), a nested ru
 (metrics, reports, plots), the export registered as a model version with its lineage and gate
 results (:mod:`pipelines.tracking`). The flow run publishes a markdown summary, tables and links
 as Prefect artifacts.
+
+Crashes: a flow run holds a lock for as long as its process lives; each new flow run marks the
+runs of this home whose process died without reporting as ``Crashed`` and, when it runs the same
+flow on the same config, tags itself as their continuation (:mod:`pipelines.reconcile`).
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from prefect.artifacts import (
 from prefect.client.schemas.objects import FlowRun
 from prefect.context import get_run_context
 
-from pipelines import summary, tracking
+from pipelines import reconcile, summary, tracking
 from pipelines.config import PipelineConfig, load_config, save_resolved
 from pipelines.home import new_run_dir
 from pipelines.resume import Record
@@ -87,10 +91,11 @@ def _artifact_url(services: Services, run_id: str, path: str) -> str:
 
 
 def _start(
-    config: str, overrides: list[str] | None, kind: str
-) -> tuple[PipelineConfig, Services, Path, tracking.TrackedRun]:
+    config: str, overrides: list[str] | None, kind: str, flow_name: str
+) -> tuple[PipelineConfig, Services, Path, tracking.TrackedRun, reconcile.RunLock]:
     """Load and validate the config (before any stage), check the services, open the run
-    folder and the MLflow run."""
+    folder and the MLflow run, take this run's liveness lock (release it when the run ends) and
+    mark earlier runs whose process died as crashed."""
     cfg = load_config(config, overrides or [])
     services = configure()
     check_services(services)
@@ -109,7 +114,22 @@ def _start(
     )
     mlrun.log_params(cfg.model_dump(mode="json"))
     mlrun.log_artifact(run_dir / "config.yaml")
-    return cfg, services, run_dir, mlrun
+    active = reconcile.new_active_run(
+        str(flow_run.id), flow_run.name, flow_name, cfg.config_hash(), mlrun.run_id
+    )
+    lock = reconcile.hold(active)
+    try:
+        found = reconcile.reconcile(active, services.prefect_ui or DEFAULT_PREFECT_UI)
+    except Exception as err:  # bookkeeping of earlier runs must not stop this one
+        print(f"could not check earlier runs for crashes: {type(err).__name__}: {err}")
+        found = []
+    for dead in found:
+        print(
+            f"flow run '{dead.run.flow_run_name}' ({dead.run.flow}, started {dead.run.started}) "
+            f"was {dead.state_before} but its process {dead.run.pid} is gone: marked Crashed"
+            + ("; this run continues it" if dead.continued else "")
+        )
+    return cfg, services, run_dir, mlrun, lock
 
 
 @flow(name="train_simulate_deploy", log_prints=True, persist_result=False)
@@ -126,7 +146,9 @@ def train_simulate_deploy(
         overrides: ``FIELD=VALUE`` overrides, as ``--set``.
         ray_address: an existing Ray cluster (default: local Ray).
     """
-    cfg, services, run_dir, mlrun = _start(config, overrides, "pipeline")
+    cfg, services, run_dir, mlrun, lock = _start(
+        config, overrides, "pipeline", "train_simulate_deploy"
+    )
     if ray_address:
         from stages.ray_runtime import init_ray
 
@@ -153,6 +175,8 @@ def train_simulate_deploy(
     except BaseException:
         mlrun.finish("FAILED")
         raise
+    finally:
+        lock.release()
     mlrun.finish()
     return result
 
@@ -203,6 +227,7 @@ def _publish(
         "links": _links(services, mlrun, reg["name"], reg["version"]),
     }
     text = summary.markdown(result, records, images)
+    tracking.set_version_description(reg["name"], reg["version"], version_description(result))
     (run_dir / "summary.md").write_text(text)
     (run_dir / "result.json").write_text(json.dumps(result, indent=1))
     mlrun.log_artifact(run_dir / "summary.md")
@@ -240,6 +265,34 @@ def _publish(
     return result
 
 
+def version_description(result: Record) -> str:
+    """The registered version's description (markdown): its gates, held-out success with its
+    95% interval, latency, and where it came from."""
+    gates = "\n".join(
+        f"- {name}: **{'passed' if g['passed'] else 'FAILED'}**"
+        f"{'' if g['enforced'] else ' (not enforced)'} - {g['measured']} (required {g['required']})"
+        for name, g in result["gates"].items()
+    )
+    verdict = (
+        "champion: every enforced gate passed"
+        if result["promoted"]
+        else f"candidate only: failed {', '.join(result['blocked_by'])}"
+    )
+    low, high = result["ci95"]
+    links = "\n".join(f"- {label}: {url}" for label, url in result["links"].items())
+    return (
+        f"Policy trained and gated by robo-pipe config `{result['config_name']}` (config hash "
+        f"`{result['config_hash']}`); {verdict}.\n\n"
+        f"Held-out success **{result['success_rate']:.1%}** (95% CI {low:.1%} - {high:.1%}); "
+        f"latency p99 **{result['latency_p99_ms']:.2f} ms**.\n\n"
+        f"Gates:\n{gates}\n\n"
+        f"Lineage:\n- dataset: `{result['dataset']}`\n- checkpoint: `{result['checkpoint']}`\n"
+        f"- export: `{result['export']}`\n- run folder: `{result['run_dir']}`\n"
+        f"{links}\n\n"
+        "Inputs and outputs: see the signature (and `io_spec.json` for units)."
+    )
+
+
 class RegressionDetected(RuntimeError):
     """The champion's held-out success fell below ``registry.promotion.min_success``."""
 
@@ -254,7 +307,7 @@ def champion_regression(
     promotion threshold (a simulator or dependency change can break a model that passed)."""
     from stages.evaluate.stage import evaluate
 
-    cfg, _, run_dir, mlrun = _start(config, overrides, "regression")
+    cfg, _, run_dir, mlrun, lock = _start(config, overrides, "regression", "champion_regression")
     try:
         info, export_dir = tracking.fetch_export(cfg.model_name, tracking.CHAMPION)
         report = evaluate(
@@ -302,5 +355,7 @@ def champion_regression(
     except BaseException:
         mlrun.finish("FAILED")
         raise
+    finally:
+        lock.release()
     mlrun.finish()
     return {"model_name": info.name, "version": info.version, **record}

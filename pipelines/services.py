@@ -10,8 +10,12 @@ Embedded default (nothing configured):
   UI); else Prefect starts a temporary local server on the same SQLite database, and
   ``robo-pipe ui`` shows those runs later.
 
-:func:`configure` must run before Prefect or MLflow is imported: both read their settings from
-the environment on import.
+:func:`configure` sets the environment both read. Prefect also keeps a process-wide copy of its
+settings, made when it is first imported (loading a config with a cron schedule imports it): a
+command that configures after that calls :func:`refresh_prefect_settings` (and
+:func:`use_prefect_api` does). A stale copy has no API URL, and Prefect then quietly starts a
+temporary server of its own for part of the work: the served runner's concurrency leases went
+there, and every run ``robo-pipe serve`` started ended Cancelled.
 """
 
 from __future__ import annotations
@@ -22,9 +26,12 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from urllib.parse import urlparse
@@ -88,6 +95,24 @@ def configure() -> Services:
         prefect_ui=prefect_ui,
         prefect_home=os.environ["PREFECT_HOME"],
     )
+
+
+def use_prefect_api(url: str) -> None:
+    """Send this process's Prefect calls, and those of the processes it starts, to the API at
+    ``url`` (e.g. the server ``robo-pipe serve`` started)."""
+    os.environ["PREFECT_API_URL"] = url
+    refresh_prefect_settings()
+
+
+def refresh_prefect_settings() -> None:
+    """Make an already imported Prefect re-read its process-wide settings from the environment
+    (see the module docstring); nothing to do if Prefect is not imported yet. For commands
+    only: under ``prefect_test_harness`` it would replace the harness's settings."""
+    if "prefect.context" not in sys.modules:
+        return
+    from prefect.context import refresh_global_settings_context
+
+    refresh_global_settings_context()
 
 
 _set_by_us: dict[str, str] = {}
@@ -170,11 +195,50 @@ def free_port() -> int:
 
 def _port_free(port: int) -> bool:
     with socket.socket() as sock:
+        # As the servers bind: a port whose last server stopped a moment ago is free again,
+        # though its closed connections linger (TIME_WAIT) for a minute.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("127.0.0.1", port))
         except OSError:
             return False
         return True
+
+
+def sigterm_as_ctrl_c() -> None:
+    """Handle SIGTERM as Ctrl-C (SIGINT) in this process, so that both stop it the same way:
+    through ``KeyboardInterrupt`` and the ``finally`` blocks that stop what it started."""
+    signal.signal(signal.SIGTERM, lambda *_: signal.raise_signal(signal.SIGINT))
+
+
+@contextmanager
+def _interrupts_deferred() -> Iterator[None]:
+    """SIGINT and SIGTERM received inside the block take effect when it ends (main thread
+    only: elsewhere Python delivers no signals anyway)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+    previous = {
+        signum: signal.signal(signum, lambda got, _: received.append(got))
+        for signum in (signal.SIGINT, signal.SIGTERM)
+    }
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        if received:
+            signal.raise_signal(received[0])
+
+
+def _signal_group(pgid: int, signum: int) -> bool:
+    """Send ``signum`` to process group ``pgid``; False if no process of it is left."""
+    try:
+        os.killpg(pgid, signum)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 class LocalServers:
@@ -202,6 +266,11 @@ class LocalServers:
             # The UI calls the API by this URL; without it the browser cannot reach the server.
             "PREFECT_UI_API_URL": f"{self.prefect_url}/api",
             "MLFLOW_DISABLE_TELEMETRY": "true",
+            # MLflow's job runner (GenAI evaluation jobs; robo-pipe runs none) is a dozen more
+            # processes that start after the UI answers and take seconds to stop.
+            "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": os.environ.get(
+                "MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false"
+            ),
         }
         env.pop("PREFECT_API_URL", None)
         prefect_cmd = [str(bin_dir / "prefect"), "server", "start", "--host", "127.0.0.1"]
@@ -221,7 +290,9 @@ class LocalServers:
             ([*prefect_cmd, "--port", str(self.prefect_port)], home_dir("prefect") / "server.log"),
             (mlflow_cmd, home_dir("mlflow") / "server.log"),
         ):
-            with log.open("ab") as out:
+            # A Ctrl-C landing inside Popen would lose a started server (not yet in the list
+            # that stop() stops): it is held back until the server is in the list.
+            with log.open("ab") as out, _interrupts_deferred():
                 self.processes.append(
                     subprocess.Popen(
                         cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
@@ -248,18 +319,25 @@ class LocalServers:
         }
         (robo_pipe_home() / SERVICES_FILE).write_text(json.dumps(state, indent=1))
 
-    def stop(self) -> None:
-        """Stop both servers (SIGTERM, then SIGKILL after 10 s)."""
+    def stop(self, grace_s: float = 5.0) -> None:
+        """Stop both servers and every process they started: SIGTERM to each server, which
+        stops its own workers (signalled directly, uvicorn's supervisor would restart them),
+        then SIGKILL to whatever is left of its process group after ``grace_s`` (SQLite keeps
+        both stores intact)."""
         (robo_pipe_home() / SERVICES_FILE).unlink(missing_ok=True)
         for proc in self.processes:
             if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
+                proc.send_signal(signal.SIGTERM)
+        groups = [proc.pid for proc in self.processes]  # start_new_session: pgid == pid
+        deadline = time.monotonic() + grace_s
+        while any(_signal_group(pgid, 0) for pgid in groups) and time.monotonic() < deadline:
+            for proc in self.processes:
+                proc.poll()  # reap the servers themselves, or they linger as zombies
+            time.sleep(0.1)
+        for pgid in groups:
+            _signal_group(pgid, signal.SIGKILL)
         for proc in self.processes:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+            proc.wait()
         self.processes.clear()
 
     def __enter__(self) -> LocalServers:

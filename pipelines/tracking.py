@@ -11,8 +11,9 @@ Registry conventions (aliases, not stages):
 - ``champion`` moves to it only when every promotion gate passed; the registered model's tag
   ``robo_pipe.champion_history`` lists the champions in order, so ``rollback`` can restore the
   previous one;
-- a version's directory is an MLflow ``onnx`` flavor model (``model.onnx``, ``MLmodel``) that
-  is also a robo-pipe export directory: ``io_spec.json`` (pointing at ``model.onnx``),
+- a version's directory is an MLflow ``onnx`` flavor model (``model.onnx``, ``MLmodel`` with
+  the signature: every input and output's name, dtype and shape) that is also a robo-pipe
+  export directory: ``io_spec.json`` (pointing at ``model.onnx``),
   ``tokenizer/``, ``normalization.json`` and ``reference.npz`` beside it.
 """
 
@@ -31,6 +32,7 @@ from pipelines.services import default_artifact_root, default_tracking_uri
 if TYPE_CHECKING:
     from mlflow import MlflowClient
     from mlflow.entities.model_registry import ModelVersion
+    from mlflow.models import ModelSignature
 
 TAG = "robo_pipe."
 CANDIDATE = "candidate"
@@ -279,6 +281,7 @@ def register_export(
     mlflow.onnx.save_model(
         model,
         str(staging),
+        signature=model_signature(spec),
         pip_requirements=PIP_REQUIREMENTS,
         save_as_external_data=model.ByteSize() > 1_500_000_000,  # protobuf's 2 GB limit
         metadata={"robo_pipe_io_spec": "io_spec.json", **tags},
@@ -303,6 +306,33 @@ def register_export(
     )
     mlflow_client.set_registered_model_alias(name, CANDIDATE, str(mv.version))
     return get_version(name, str(mv.version))
+
+
+def model_signature(io_spec: dict[str, Any]) -> ModelSignature:
+    """The MLflow signature of an export, from its ``io_spec.json``: every input and output by
+    name, dtype and shape, the batch axis as -1 (any size)."""
+    import numpy as np
+    from mlflow.models import ModelSignature
+    from mlflow.types.schema import Schema, TensorSpec
+
+    def schema(tensors: list[dict[str, Any]]) -> Schema:
+        return Schema(
+            [
+                TensorSpec(
+                    np.dtype(t["dtype"]),
+                    tuple(-1 if dim == "batch" else int(dim) for dim in t["shape"]),
+                    t["name"],
+                )
+                for t in tensors
+            ]
+        )
+
+    return ModelSignature(inputs=schema(io_spec["inputs"]), outputs=schema(io_spec["outputs"]))
+
+
+def set_version_description(name: str, version: str, description: str) -> None:
+    """Set the description (markdown) the MLflow UI shows on a model version's page."""
+    client().update_model_version(name, version, description=description)
 
 
 def find_export(name: str, onnx_hash: str) -> VersionInfo | None:

@@ -140,11 +140,17 @@ def test_pipeline_on_a_ray_cluster_and_a_prefect_server_then_a_scheduled_run(
         # A deployment on a 5 s interval: registered, scheduled, and one run executes
         # (evaluating in-process: a local Ray per run is too slow beside the cluster on 2 cores).
         tiny = [arg for s in TINY for arg in ("--set", s)]
-        schedule = "schedules=[{name: regression-check, flow: champion_regression, interval_s: 5}]"
+        # The nightly cron never fires here; validating a cron imports Prefect before serve
+        # finds the server, which once sent part of every served run to a temporary one.
+        schedule = (
+            "schedules=[{name: regression-check, flow: champion_regression, interval_s: 5}, "
+            "{name: nightly, flow: train_simulate_deploy, cron: '0 2 * * *'}]"
+        )
+        # No PREFECT_API_URL: serve finds the running `robo-pipe ui` and its runs report there.
         serve = subprocess.Popen(
             [sys.executable, "-m", "pipelines.cli", "serve", CONFIG, *tiny, "--set", schedule],
             cwd=ROOT,
-            env={**api, "ROBO_PIPE_HOME": str(home)},
+            env={**env, "PREFECT_API_URL": "", "ROBO_PIPE_HOME": str(home)},
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -184,11 +190,18 @@ def test_prefect_yaml_deployments_point_at_real_flows() -> None:
     from prefect.flows import load_flow_from_entrypoint
     from prefect.schedules import Cron
 
+    from pipelines.deployments import OVERLAP
+
     spec = yaml.safe_load((ROOT / "prefect.yaml").read_text())
     names = set()
     for deployment in spec["deployments"]:
         flow: Any = load_flow_from_entrypoint(str(ROOT / deployment["entrypoint"]))
         names.add(flow.name)
+        # The same one-at-a-time policy as `robo-pipe serve`.
+        assert deployment["concurrency_limit"] == {
+            "limit": 1,
+            "collision_strategy": OVERLAP[flow.name],
+        }
         assert (ROOT / deployment["parameters"]["config"]).is_file()
         for schedule in deployment["schedules"]:
             Cron(schedule["cron"], timezone=schedule["timezone"])

@@ -636,6 +636,14 @@ def _services() -> Services:
     return services
 
 
+def _quiet_prefect_console() -> None:
+    """Keep Prefect's own log (and a failed flow's traceback) off the terminal: our verbs say
+    what happened; the log stays in the Prefect UI. Set before Prefect configures logging."""
+    import os
+
+    os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "CRITICAL")
+
+
 class _StageDisplay:
     """Live per-stage progress of a pipeline run in this process (one row per stage)."""
 
@@ -697,12 +705,10 @@ def run_cmd(
     run. Re-running after a failure or Ctrl-C reuses the completed stages and continues from the
     one that did not finish. Ends with the registered version, its gates, and where to look.
     """
-    import os
 
     cfg = _load(config, set_)  # a bad config stops here, before anything starts
     if not verbose:
-        # Our display reports stages and failures; Prefect's own log stays in its UI.
-        os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "CRITICAL")
+        _quiet_prefect_console()
     services = _services()
     if ray_address:
         from stages.ray_runtime import init_ray
@@ -973,9 +979,7 @@ def models_promote(
     tracking = _registry()
     try:
         info = tracking.get_version(model, version)
-        failed = [
-            k.split("gate.", 1)[1] for k, v in info.tags.items() if ".gate." in k and v != "passed"
-        ]
+        failed = tracking.failed_gates(info)
         if failed and not force:
             raise tracking.RegistryError(
                 f"{model} v{info.version} failed gates: {', '.join(failed)}; "
@@ -1001,6 +1005,39 @@ def models_rollback(
     except tracking.RegistryError as err:
         raise _fail(err) from None
     console.print(f"{model}: champion rolled back to v{info.version}", highlight=False)
+
+
+@models_app.command("check")
+def models_check(
+    config: ConfigArg,
+    set_: SetOpt = None,
+    ray_address: RayAddressOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Evaluate the config's champion on its held-out suite (the champion_regression flow, as
+    the hourly schedule runs it). Exits 1 if it fell below registry.promotion.min_success."""
+    cfg = _load(config, set_)
+    _quiet_prefect_console()
+    tracking = _registry()
+    if tracking.champion(cfg.model_name) is None:
+        raise _fail(tracking.RegistryError(f"{cfg.model_name} has no champion to check"))
+    from pipelines.flow import RegressionDetected, champion_regression
+
+    try:
+        result = champion_regression(
+            config=str(config), overrides=list(set_ or []), ray_address=ray_address
+        )
+    except RegressionDetected as err:
+        console.print(f"[red]regression:[/] {err}", highlight=False)
+        raise typer.Exit(code=1) from None
+    console.print(
+        f"[green]champion {result['model_name']} v{result['version']} holds[/]: held-out "
+        f"success {result['success_rate']:.1%} (95% CI {result['ci95'][0]:.1%} - "
+        f"{result['ci95'][1]:.1%}), required {cfg.registry.promotion.min_success:.0%}",
+        highlight=False,
+    )
+    if json_out:
+        print(json.dumps(result))
 
 
 @app.command("config")

@@ -37,7 +37,7 @@ from prefect.artifacts import (
 from prefect.client.schemas.objects import FlowRun
 from prefect.context import get_run_context
 
-from pipelines import reconcile, summary, tracking
+from pipelines import promotion, reconcile, summary, tracking
 from pipelines.config import PipelineConfig, load_config, save_resolved
 from pipelines.home import new_run_dir
 from pipelines.resume import Record
@@ -333,7 +333,7 @@ def champion_regression(
                 tracking.TAG + "last_regression_at": stamp,
             },
         )
-        ok = report.success_rate >= cfg.registry.promotion.min_success
+        ok = promotion.meets_min_success(report.success_rate, cfg.registry.promotion)
         rows = summary.evaluation_table({"candidate": record})
         slug = cfg.name.lower().replace("_", "-")
         create_table_artifact(

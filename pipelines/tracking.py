@@ -38,6 +38,9 @@ TAG = "robo_pipe."
 CANDIDATE = "candidate"
 CHAMPION = "champion"
 HISTORY_TAG = TAG + "champion_history"
+GATE_TAG = TAG + "gate."
+"""Prefix of a version's gate tags: ``gate.<name>`` = passed|failed, ``gate.<name>.measured``
+and ``gate.<name>.required`` (gate names hold no dots)."""
 MODEL_DIR = "policy"
 """Artifact path of the registered model inside the pipeline's MLflow run."""
 PIP_REQUIREMENTS = ["onnxruntime", "tokenizers", "numpy"]
@@ -356,6 +359,15 @@ def set_version_tags(name: str, version: str, tags: dict[str, Any]) -> None:
     mlflow_client = client()
     for key, value in tags.items():
         mlflow_client.set_model_version_tag(name, version, key, str(value))
+
+
+def failed_gates(info: VersionInfo) -> list[str]:
+    """Names of the gates ``info`` failed when it was registered, from its tags."""
+    return sorted(
+        key[len(GATE_TAG) :]
+        for key, value in info.tags.items()
+        if key.startswith(GATE_TAG) and "." not in key[len(GATE_TAG) :] and value != "passed"
+    )
 
 
 def champion_history(name: str) -> list[str]:

@@ -65,8 +65,15 @@ def prefect_server() -> Iterator[None]:
         yield
 
 
-def run_pipeline(*extra: str) -> dict[str, Any]:
+def run_pipeline(*extra: str, home: Path | None = None) -> dict[str, Any]:
+    """The flow in this process; ``home``: point it (and in-process MLflow) at that home first,
+    as module-scoped fixtures must (they start before the per-test home fixture)."""
     from pipelines.flow import train_simulate_deploy
+    from pipelines.services import configure
+
+    if home is not None:
+        os.environ["ROBO_PIPE_HOME"] = str(home)
+        configure()
 
     result: dict[str, Any] = train_simulate_deploy(config=CONFIG, overrides=[*TINY, *extra])
     return result
@@ -74,8 +81,14 @@ def run_pipeline(*extra: str) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def first_run(prefect_server: None, shared_home: Path) -> dict[str, Any]:
-    os.environ["ROBO_PIPE_HOME"] = str(shared_home)
-    return run_pipeline()
+    return run_pipeline(home=shared_home)
+
+
+@pytest.fixture(scope="module")
+def gated_run(first_run: dict[str, Any], shared_home: Path) -> dict[str, Any]:
+    """Another model (more steps) of the same name, held to a latency budget no machine meets:
+    registered, not promoted (the models CLI test promotes it by force)."""
+    return run_pipeline("finetune.bc.steps=12", "latency.budget_ms=0.0001", home=shared_home)
 
 
 def robo_pipe(*args: str, home: Path, **env: str) -> subprocess.CompletedProcess[str]:
@@ -99,8 +112,8 @@ def test_pipeline_registers_a_gated_champion(first_run: dict[str, Any]) -> None:
     assert first_run["promoted"] and first_run["version"] == "1"
     assert set(first_run["aliases"]) == {"candidate", "champion"}
     assert all(g["passed"] for g in first_run["gates"].values())
-    assert tracking.champion(MODEL) is not None and tracking.champion(MODEL).version == "1"  # type: ignore[union-attr]
-    info = tracking.get_version(MODEL, "champion")
+    assert tracking.champion_history(MODEL)[0] == "1", "the first version became champion"
+    info = tracking.get_version(MODEL, "1")
     for key in ("dataset_hash", "base_model", "config_hash", "code_version", "gate.latency"):
         assert info.tags[tracking.TAG + key], key
     assert info.tags[tracking.TAG + "gate.latency"] == "passed"
@@ -195,38 +208,52 @@ def test_registered_champion_runs_in_onnxruntime(first_run: dict[str, Any]) -> N
     np.testing.assert_allclose(expected, reference["expected_actions"], atol=1e-5)
 
 
-def test_a_failed_gate_keeps_the_champion(first_run: dict[str, Any]) -> None:
+def test_a_failed_gate_keeps_the_champion(
+    first_run: dict[str, Any], gated_run: dict[str, Any]
+) -> None:
     from pipelines import tracking
 
-    # Another model (more steps), held to a latency budget no machine meets.
-    result = run_pipeline("finetune.bc.steps=12", "latency.budget_ms=0.0001")
+    result = gated_run
     assert not result["promoted"] and result["blocked_by"] == ["latency"]
-    assert result["version"] == "2" and result["aliases"] == ["candidate"]
-    assert tracking.champion(MODEL).version == "1"  # type: ignore[union-attr]
+    assert result["version"] != first_run["version"] and result["aliases"] == ["candidate"]
+    assert tracking.champion(MODEL).version == first_run["version"]  # type: ignore[union-attr]
     comparison = result["gates"]["no regression vs champion"]
-    assert "vs v1" in comparison["measured"], "evaluated against the champion on the same seeds"
+    assert f"vs v{first_run['version']}" in comparison["measured"], "on the champion's seeds"
     reused = {name for name, s in result["stages"].items() if s["reused"]}
     assert {"collect", "pretrain"} <= reused and "finetune" not in reused
+    # The version says which gate failed, with what was measured and what was required.
+    tags = tracking.get_version(MODEL, result["version"]).tags
+    latency = result["gates"]["latency"]
+    assert tags[tracking.TAG + "gate.latency"] == "failed"
+    assert (
+        tags[tracking.TAG + "gate.latency.required"]
+        == latency["required"]
+        == ("p99 <= 0.0001 ms, misses <= 0")
+    )
+    assert tags[tracking.TAG + "gate.latency.measured"] == latency["measured"]
+    assert latency["measured"].startswith("p99 ") and "ms" in latency["measured"]
 
 
 def test_models_cli_lists_shows_promotes_and_rolls_back(
-    first_run: dict[str, Any], shared_home: Path
+    first_run: dict[str, Any], gated_run: dict[str, Any], shared_home: Path
 ) -> None:
+    champion, failed = first_run["version"], gated_run["version"]
     listed = robo_pipe("models", "list", "--json", home=shared_home)
     assert listed.returncode == 0, listed.stderr
-    versions = json.loads(listed.stdout.strip().splitlines()[-1])[0]["versions"]
-    assert [v["version"] for v in versions] == ["2", "1"]
+    models = {m["name"]: m for m in json.loads(listed.stdout.strip().splitlines()[-1])}
+    numbers = [v["version"] for v in models[MODEL]["versions"]]
+    assert {champion, failed} <= set(numbers) and numbers == sorted(numbers, key=int)[::-1]
 
-    refused = robo_pipe("models", "promote", MODEL, "2", home=shared_home)
+    refused = robo_pipe("models", "promote", MODEL, failed, home=shared_home)
     assert refused.returncode == 2 and "failed gates: latency" in refused.stderr
-    forced = robo_pipe("models", "promote", MODEL, "2", "--force", home=shared_home)
+    forced = robo_pipe("models", "promote", MODEL, failed, "--force", home=shared_home)
     assert forced.returncode == 0, forced.stderr
     shown = robo_pipe("models", "show", f"{MODEL}@champion", "--json", home=shared_home)
     record = json.loads(shown.stdout.strip().splitlines()[-1])[0]
-    assert record["version"] == "2" and "--force" in record["tags"]["robo_pipe.promoted_by"]
+    assert record["version"] == failed and "--force" in record["tags"]["robo_pipe.promoted_by"]
 
     back = robo_pipe("models", "rollback", MODEL, home=shared_home)
-    assert back.returncode == 0 and "v1" in back.stderr
+    assert back.returncode == 0 and f"v{champion}" in back.stderr
     again = robo_pipe("models", "rollback", MODEL, home=shared_home)
     assert again.returncode == 2 and "nothing to roll back" in again.stderr
 
@@ -258,7 +285,9 @@ def test_resume_reuses_completed_stages_after_a_failure(
 
     monkeypatch.setattr(deploy_edge.latency, "run_gate", flaky_gate)
     monkeypatch.setattr(stages.export.onnx, "export_policy", counted_export)
-    other_seed = ["seed=7"]  # new inputs: nothing of the earlier runs applies
+    # New inputs (nothing of the earlier runs applies), registered under a name of its own so
+    # that no other test's champion moves.
+    other_seed = ["seed=7", "registry.model_name=demo-policy-resume"]
     with pytest.raises(RuntimeError, match="injected"):
         run_pipeline(*other_seed)
     assert calls == {"gate": 1, "export": 1}, "a permanent error is not retried"
@@ -269,7 +298,7 @@ def test_resume_reuses_completed_stages_after_a_failure(
     assert calls == {"gate": 3, "export": 1}, "export was not recomputed"
     reused = {name for name, s in result["stages"].items() if s["reused"]}
     assert reused == {"collect", "pretrain", "finetune", "export", "evaluate"}
-    assert result["version"] == "3" and Path(result["run_dir"], "summary.md").is_file()
+    assert result["version"] == "1" and Path(result["run_dir"], "summary.md").is_file()
 
 
 def test_bad_config_stops_before_any_stage(first_run: dict[str, Any], shared_home: Path) -> None:
@@ -279,6 +308,149 @@ def test_bad_config_stops_before_any_stage(first_run: dict[str, Any], shared_hom
     with pytest.raises(ConfigError, match=r"evaluate\.episodes"):
         train_simulate_deploy(config=CONFIG, overrides=[*TINY, "evaluate.episodes=-3"])
     assert sorted((shared_home / "stages").iterdir()) == stages_before
+
+
+def flow_run_summary(result: dict[str, Any]) -> str:
+    """The markdown summary artifact the flow run of ``result`` published in Prefect."""
+    from prefect.client.orchestration import get_client
+
+    flow_run_id = result["links"]["Prefect flow run"].rsplit("/", 1)[1]
+    with get_client(sync_client=True) as prefect:
+        artifacts = prefect.read_artifacts()
+    (summary,) = [
+        a
+        for a in artifacts
+        if str(a.flow_run_id) == flow_run_id and a.key == "demo-pipeline-summary"
+    ]
+    return str(summary.data)
+
+
+def cli_env() -> dict[str, str]:
+    """A CLI subprocess reports to this module's Prefect test server."""
+    from prefect.settings import PREFECT_API_URL
+
+    return {"PREFECT_API_URL": str(PREFECT_API_URL.value())}
+
+
+def test_run_below_min_success_is_registered_not_promoted(
+    first_run: dict[str, Any], shared_home: Path
+) -> None:
+    """`robo-pipe run` with a bar the candidate does not reach: a version, no champion, and the
+    CLI, the Prefect summary and the version's tags all say which gate failed and by how much."""
+    from pipelines import tracking
+
+    name = "demo-policy-strict"  # its own registry entry: no other test's champion moves
+    sets = [*TINY, f"registry.model_name={name}", "registry.promotion.min_success=0.9"]
+    args = [arg for s in sets for arg in ("--set", s)]
+    run = robo_pipe("run", CONFIG, *args, "--json", home=shared_home, **cli_env())
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    assert result["success_rate"] < 0.9 and not result["promoted"]
+    assert result["blocked_by"] == ["held-out success"] and result["aliases"] == ["candidate"]
+    assert tracking.champion(name) is None
+    measured = f"{result['success_rate']:.1%} (95% CI {result['ci95'][0]:.1%} - "
+    shown = " ".join(run.stderr.split())  # the gates table, whatever its wrapping
+    assert "held-out success" in shown and "FAIL" in shown and ">= 90%" in shown
+    assert measured.split(" (")[0] in shown
+    assert f"registered models:/{name}/1 as candidate; champion unchanged" in shown
+    assert "(failed: held-out success)" in shown
+
+    summary = flow_run_summary(result)
+    assert f"| held-out success | FAIL | {measured}" in summary and "| >= 90% |" in summary
+    tags = tracking.get_version(name, "1").tags
+    assert tags[tracking.GATE_TAG + "held-out success"] == "failed"
+    assert tags[tracking.GATE_TAG + "held-out success.required"] == ">= 90%"
+    assert tags[tracking.GATE_TAG + "held-out success.measured"].startswith(measured)
+    assert tracking.failed_gates(tracking.get_version(name, "1")) == ["held-out success"]
+
+
+REGRESS = [
+    "evaluate.episodes=40",  # 80 shared seeds: enough to tell ~10% from 0%
+    "registry.model_name=demo-policy-regress",
+]
+
+
+@pytest.fixture(scope="module")
+def regress_champion(first_run: dict[str, Any], shared_home: Path) -> dict[str, Any]:
+    """The tiny policy as champion of its own registry entry, measured on 80 seeds (it drifts
+    onto an object on about one in ten)."""
+    result = run_pipeline(*REGRESS, home=shared_home)
+    assert result["promoted"] and result["success_rate"] >= 0.05, result["success_rate"]
+    return result
+
+
+def test_a_candidate_worse_than_the_champion_on_the_same_seeds_is_not_promoted(
+    regress_champion: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A deliberately broken model: its exported actions are zeroed (the arm never moves).
+    It clears ``min_success`` (0 in these tests) and the latency gate, but loses to the
+    champion on the same seeds, so the champion stays."""
+    from pipelines import tracking
+    from stages.policy.base import OnnxPolicy
+
+    real_forward = OnnxPolicy.forward
+
+    def zeroed(self: OnnxPolicy, *inputs: Any) -> Any:
+        actions, std = real_forward(self, *inputs)
+        return actions * 0.0, std
+
+    monkeypatch.setattr(OnnxPolicy, "forward", zeroed)
+    # one more step: a new checkpoint, so a new export (with the zeroed actions)
+    result = run_pipeline(*REGRESS, "finetune.bc.steps=11")
+    name, champion = "demo-policy-regress", regress_champion["version"]
+    assert result["success_rate"] == 0.0 and result["version"] != champion
+    assert not result["promoted"] and result["blocked_by"] == ["no regression vs champion"]
+    assert tracking.champion(name).version == champion  # type: ignore[union-attr]
+    gate = result["gates"]["no regression vs champion"]
+    difference = -regress_champion["success_rate"]
+    assert gate["measured"].startswith(f"{difference:+.1%} vs v{champion}, p = ")
+    assert float(gate["measured"].rsplit("p = ", 1)[1]) < 0.05
+    assert result["gates"]["held-out success"]["passed"] and result["gates"]["latency"]["passed"]
+    tags = tracking.get_version(name, result["version"]).tags
+    assert tags[tracking.GATE_TAG + "no regression vs champion"] == "failed"
+    assert "| no regression vs champion | FAIL |" in flow_run_summary(result)
+
+
+def test_champion_check_fails_when_the_champion_falls_below_the_bar(
+    regress_champion: dict[str, Any], shared_home: Path
+) -> None:
+    """`robo-pipe models check` runs the champion_regression flow: it holds the champion to
+    ``min_success`` on the held-out suite; below it the flow run ends Failed in Prefect and
+    the command exits 1, and the version's tags record the check."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowFilter, FlowFilterName
+    from prefect.client.schemas.sorting import FlowRunSort
+
+    from pipelines import tracking
+
+    name, version = "demo-policy-regress", regress_champion["version"]
+    sets = [*TINY, *REGRESS, "evaluate.episodes=6"]
+    args = [arg for s in sets for arg in ("--set", s)]
+
+    def check(min_success: str) -> tuple[subprocess.CompletedProcess[str], str]:
+        bar = ["--set", f"registry.promotion.min_success={min_success}"]
+        run = robo_pipe("models", "check", CONFIG, *args, *bar, home=shared_home, **cli_env())
+        with get_client(sync_client=True) as prefect:
+            (latest,) = prefect.read_flow_runs(
+                flow_filter=FlowFilter(name=FlowFilterName(any_=["champion_regression"])),
+                sort=FlowRunSort.START_TIME_DESC,
+                limit=1,
+            )
+        assert latest.state is not None
+        return run, latest.state.type.value
+
+    held, state = check("0.0")
+    assert held.returncode == 0, held.stderr[-3000:]
+    assert state == "COMPLETED" and f"champion {name} v{version} holds" in held.stderr
+    checked = tracking.get_version(name, version).tags[tracking.TAG + "last_regression_success"]
+
+    regressed, state = check("0.95")
+    assert regressed.returncode == 1, regressed.stderr[-3000:]
+    assert state == "FAILED"
+    assert f"regression: champion {name} v{version}: held-out success" in regressed.stderr
+    assert "< 95%" in regressed.stderr and "Traceback" not in regressed.stderr
+    tags = tracking.get_version(name, version).tags
+    assert tags[tracking.TAG + "last_regression_success"] == checked, "the same seeds"
 
 
 @pytest.mark.parametrize(
@@ -337,10 +509,15 @@ def test_finetune_cli_runs_bc_then_ppo(first_run: dict[str, Any], shared_home: P
 
 def test_pipeline_finetune_stage_runs_rl_after_bc(first_run: dict[str, Any]) -> None:
     """With finetune.algo: sac the pipeline's finetune stage hands on the RL checkpoint, and
-    MLflow gets its learning curves (runs last: it registers another version)."""
+    MLflow gets its learning curves (registered under its own name: no champion moves)."""
     from mlflow import MlflowClient
 
-    sac = ["finetune.algo=sac", *RL_TINY, "finetune.rl.sac.learning_starts=4"]
+    sac = [
+        "finetune.algo=sac",
+        *RL_TINY,
+        "finetune.rl.sac.learning_starts=4",
+        "registry.model_name=demo-policy-sac",
+    ]
     result = run_pipeline(*sac, "finetune.rl.sac.batch_size=4")
     assert "-sac-" in result["checkpoint"]
     client = MlflowClient()

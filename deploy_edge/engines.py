@@ -23,12 +23,14 @@ from typing import Any
 
 import numpy as np
 
+from robo_pipe.errors import RoboPipeError
 
-class EngineUnavailable(RuntimeError):
+
+class EngineUnavailable(RoboPipeError, RuntimeError):
     """The engine cannot run here (package or hardware missing); the message says what to do."""
 
 
-class EngineError(RuntimeError):
+class EngineError(RoboPipeError, RuntimeError):
     """An engine failed to build, load, pass its preflight, or run."""
 
 

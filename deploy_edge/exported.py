@@ -15,12 +15,13 @@ from typing import Any
 import numpy as np
 
 from deploy_edge.engines import InferenceEngine, make_engine
+from robo_pipe.errors import RoboPipeError
 
 IO_SPEC_FILE = "io_spec.json"
 ONNX_FILE = "policy.onnx"
 
 
-class IOSpecError(ValueError):
+class IOSpecError(RoboPipeError, ValueError):
     """An export directory is incomplete, or its I/O spec disagrees with its model."""
 
 

@@ -20,6 +20,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from robo_pipe.errors import RoboPipeError
 from robots.spec import available_robots, get_robot
 from sim_scenes.config import SceneConfig, SimConfig
 from stages.collect.config import CollectConfig
@@ -30,7 +31,7 @@ from stages.policy.config import PolicyConfig
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
 
-class ConfigError(ValueError):
+class ConfigError(RoboPipeError, ValueError):
     """A config could not be loaded; ``problems`` holds one line per bad field."""
 
     def __init__(self, problems: list[str]) -> None:

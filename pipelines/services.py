@@ -37,12 +37,13 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from pipelines.home import home_dir, robo_pipe_home
+from robo_pipe.errors import RoboPipeError
 
 SERVICES_FILE = "services.json"
 """Written by ``robo-pipe ui`` under the home: the URLs and pids of its servers."""
 
 
-class ServiceError(RuntimeError):
+class ServiceError(RoboPipeError, RuntimeError):
     """A configured service (Prefect API, MLflow tracking server) cannot be reached."""
 
 

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipelines.home import home_dir
 from pipelines.services import default_artifact_root, default_tracking_uri
+from robo_pipe.errors import RoboPipeError
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -47,7 +48,7 @@ PIP_REQUIREMENTS = ["onnxruntime", "tokenizers", "numpy"]
 """What running a registered policy needs (explicit: MLflow's inference of them is slow)."""
 
 
-class RegistryError(ValueError):
+class RegistryError(RoboPipeError, ValueError):
     """A registered model, version or alias does not exist, or an operation is not allowed."""
 
 

@@ -23,8 +23,10 @@ from pathlib import Path
 import mujoco
 import numpy as np
 
+from robo_pipe.errors import RoboPipeError
 
-class RobotDefinitionError(ValueError):
+
+class RobotDefinitionError(RoboPipeError, ValueError):
     """A robot name, MJCF file or limit is invalid; the message names the file and the value."""
 
 

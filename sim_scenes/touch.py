@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import mujoco
 import numpy as np
 
+from robo_pipe.errors import RoboPipeError
 from robots.spec import RobotSpec
 
 MAX_OBJECTS = 4
@@ -185,7 +186,7 @@ VARIANTS: dict[str, SceneVariant] = {
 }
 
 
-class SceneError(ValueError):
+class SceneError(RoboPipeError, ValueError):
     """An unknown scene variant or an invalid scene parameter."""
 
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 import socket
 
+from robo_pipe.errors import RoboPipeError
 
-class RayClusterError(RuntimeError):
+
+class RayClusterError(RoboPipeError, RuntimeError):
     """The Ray cluster named by ``--ray-address`` cannot be reached."""
 
 

@@ -13,13 +13,15 @@ from pathlib import Path
 import av
 import numpy as np
 
+from robo_pipe.errors import RoboPipeError
+
 CODEC = "h264"
 PIX_FMT = "yuv444p"
 GOP = 2
 """Keyframe every 2 frames, as LeRobot does: random access decodes at most one extra frame."""
 
 
-class VideoError(ValueError):
+class VideoError(RoboPipeError, ValueError):
     """A video file is missing, unreadable or does not hold what its metadata says."""
 
 

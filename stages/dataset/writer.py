@@ -30,6 +30,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from robo_pipe.errors import RoboPipeError
 from stages.dataset.layout import (
     ACTION_KEY,
     CHUNKS_SIZE,
@@ -55,7 +56,7 @@ SHARD_MANIFEST = "shard.json"
 FRAMES_FILE = "frames.parquet"
 
 
-class DatasetError(ValueError):
+class DatasetError(RoboPipeError, ValueError):
     """A dataset or shard is missing, corrupt or inconsistent; the message names the file."""
 
 

@@ -11,10 +11,11 @@ from typing import Protocol
 
 import numpy as np
 
+from robo_pipe.errors import RoboPipeError
 from sim_scenes.batched_env import BatchedObservation
 
 
-class PolicySpecError(ValueError):
+class PolicySpecError(RoboPipeError, ValueError):
     """A policy cannot be loaded, or does not fit the robot or scene it is asked to act in."""
 
 

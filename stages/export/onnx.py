@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from deploy_edge.exported import IO_SPEC_FILE, ONNX_FILE
+from robo_pipe.errors import RoboPipeError
 from stages.policy.base import OnnxPolicy, VLAPolicy
 from stages.policy.checkpoint import TOKENIZER_DIR, checkpoint_hash, load_policy
 
@@ -67,7 +68,7 @@ def onnx_hash(directory: Path) -> str:
     return digest.hexdigest()
 
 
-class ExportError(RuntimeError):
+class ExportError(RoboPipeError, RuntimeError):
     """The exported graph does not reproduce the policy within the parity tolerance."""
 
 

@@ -29,6 +29,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from robo_pipe.errors import RoboPipeError
 from stages.policy.base import Normalizer, VLAPolicy
 from stages.policy.config import LoraSettings, PolicyConfig, VLAConfig
 from stages.policy.hub_vla import (
@@ -47,7 +48,7 @@ WEIGHTS_FILE = "model.safetensors"
 TOKENIZER_DIR = "tokenizer"
 
 
-class CheckpointError(ValueError):
+class CheckpointError(RoboPipeError, ValueError):
     """A checkpoint is missing, corrupt, or does not match its model or base."""
 
 

@@ -70,13 +70,13 @@ def _decode(kind: Any, value: Any, where: str) -> Any:
         unknown = sorted(set(value) - set(known))
         if unknown:
             raise RecordError(f"{where}: unknown fields {', '.join(unknown)}")
-        args = {}
+        given = {}
         for name, f in known.items():
             if name in value:
-                args[name] = _decode(hints[name], value[name], f"{where}.{name}")
+                given[name] = _decode(hints[name], value[name], f"{where}.{name}")
             elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
                 raise RecordError(f"{where}: missing field {name}")
-        return kind(**args)
+        return kind(**given)  # type: ignore[operator]  # a dataclass type, narrowed as an instance
     if origin in (list, tuple, dict):
         args = typing.get_args(kind)
         if origin is dict:

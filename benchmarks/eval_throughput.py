@@ -21,12 +21,10 @@ import argparse
 import tempfile
 from pathlib import Path
 
-import torch
-
 from pipelines.config import CONFIG_DIR, load_config
 from stages.evaluate.report import summarize
-from stages.evaluate.run import run_suite
-from stages.policy.checkpoint import new_policy, save_policy
+from stages.evaluate.shards import run_suite
+from stages.policy.checkpoint import save_new_policy
 from stages.ray_runtime import init_ray
 
 
@@ -43,10 +41,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         policy = args.policy
         if policy is None:
-            torch.manual_seed(0)
-            fresh, _ = new_policy(cfg.policy, cfg.scene.cameras, cfg.scene.image_size, 6, 6)
-            policy = Path(tmp) / "fresh-vla"
-            save_policy(fresh, policy, None)
+            policy = save_new_policy(
+                cfg.policy, cfg.scene.cameras, cfg.scene.image_size, Path(tmp) / "fresh-vla"
+            )
         for workers in (0, 1, 2):
             config = cfg.evaluate.model_copy(
                 update={"episodes": episodes, "workers": workers, "episodes_per_shard": 16}

@@ -27,15 +27,14 @@ import numpy as np
 
 from pipelines.config import CONFIG_DIR, PipelineConfig, load_config
 from pipelines.home import home_dir
-from pipelines.training import pretrain_base
+from pipelines.steps import pretrain_base
 from robots.spec import get_robot
 from sim_scenes.backends import make_env
 from sim_scenes.episodes import play_episodes
 from sim_scenes.touch import episode_seeds
 from stages.collect import collect
-from stages.finetune.bc import read_metrics
-from stages.finetune.config import FinetuneConfig
-from stages.finetune.run import finetune
+from stages.finetune import FinetuneConfig, finetune
+from stages.finetune.checkpoints import read_metrics
 from stages.policy.checkpoint import CheckpointRef, load_policy
 from stages.statistics import wilson_interval
 
@@ -69,6 +68,7 @@ def main() -> None:
 
     start = time.perf_counter()
     base = pretrain_base(cfg)
+    assert base is not None, "the benchmark fine-tunes the default VLA (policy.type: default)"
     print(f"base ready in {time.perf_counter() - start:.0f} s: {base.path}")
     dataset = collect(
         cfg.robot,

@@ -26,9 +26,9 @@ from robots.spec import get_robot
 from sim_scenes.batched_env import BatchedObservation
 from sim_scenes.sim_robot import SimulatedRobot
 from sim_scenes.touch import get_variant
-from stages.export.onnx import export_policy
+from stages.export import export
 from stages.policy.base import VLAPolicy
-from stages.policy.checkpoint import load_policy, new_policy, save_policy
+from stages.policy.checkpoint import load_policy, save_new_policy
 
 
 class EagerPolicy:
@@ -69,14 +69,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         checkpoint = args.checkpoint
         if checkpoint is None:
-            torch.manual_seed(0)
-            fresh, _ = new_policy(cfg.policy, cfg.scene.cameras, cfg.scene.image_size, 6, 6)
-            checkpoint = Path(tmp) / "fresh-vla"
-            save_policy(fresh, checkpoint, None)
-        export = export_policy(checkpoint, Path(tmp) / "export")
+            checkpoint = save_new_policy(
+                cfg.policy, cfg.scene.cameras, cfg.scene.image_size, Path(tmp) / "fresh-vla"
+            )
+        exported = export(checkpoint, Path(tmp) / "export")
         rows = {
             "torch eager": measure(EagerPolicy(load_policy(checkpoint)), args.steps),
-            "ONNX Runtime": measure(ExportedPolicy(export.path, threads=1), args.steps),
+            "ONNX Runtime": measure(ExportedPolicy(exported.path, threads=1), args.steps),
         }
     print(f"\nwhole control step, batch 1, 1 thread, {args.steps} steps (ms)")
     print(f"{'path':<14} {'p50':>7} {'p95':>7} {'p99':>7} {'max':>7}")
@@ -85,7 +84,7 @@ def main() -> None:
         print(f"{name:<14} {p50:>7.2f} {p95:>7.2f} {p99:>7.2f} {ms.max():>7.2f}")
     eager99 = float(np.percentile(rows["torch eager"], 99))
     ort99 = float(np.percentile(rows["ONNX Runtime"], 99))
-    print(f"parity |ORT - torch| {export.parity_max_abs_error:.1e}")
+    print(f"parity |ORT - torch| {exported.parity_max_abs_error:.1e}")
     print(f"ort_p99_ms={ort99:.2f} eager_p99_ms={eager99:.2f} speedup_p99={eager99 / ort99:.2f}")
 
 

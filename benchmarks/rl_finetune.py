@@ -29,13 +29,12 @@ import numpy as np
 
 from pipelines.config import CONFIG_DIR, PipelineConfig, load_config
 from pipelines.home import home_dir
-from pipelines.training import pretrain_base, rl_finetune_from
+from pipelines.steps import pretrain_base, rl_finetune_from
 from stages.collect import collect
-from stages.evaluate.stage import evaluate
-from stages.finetune.bc import read_metrics
-from stages.finetune.config import FinetuneConfig
-from stages.finetune.run import finetune
-from stages.policy.checkpoint import CheckpointRef, checkpoint_hash, read_policy_meta
+from stages.evaluate import evaluate
+from stages.finetune import FinetuneConfig, finetune
+from stages.finetune.checkpoints import read_metrics
+from stages.policy.checkpoint import BaseRef, CheckpointRef, checkpoint_hash, read_policy_meta
 
 THROUGHPUT_ITERATIONS = 6
 
@@ -79,7 +78,7 @@ def ref_of(path: Path) -> CheckpointRef:
         step=int(meta["lineage"].get("step", 0)),
         trainable_params=0,
         total_params=0,
-        base=meta["base"],
+        base=BaseRef.from_json(meta["base"]) if meta["base"] else None,
     )
 
 
@@ -143,7 +142,7 @@ def main() -> None:
                     ref = rl_finetune_from(
                         cfg.model_copy(update={"finetune": short, "name": f"throughput-{workers}"}),
                         start,
-                        checkpoints_dir=Path(tmp),
+                        checkpoints=Path(tmp),
                     )
                     logged = read_metrics(Path(ref.path).parent)
                     records = logged[1:]  # the first round includes start-up
@@ -175,7 +174,7 @@ def main() -> None:
         ref = rl_finetune_from(
             cfg.model_copy(update={"finetune": budget, "name": algo}),
             start,
-            checkpoints_dir=out / "checkpoints",
+            checkpoints=out / "checkpoints",
         )
         minutes = (time.perf_counter() - tick) / 60
         rate, ci = held_out(cfg, ref.path, out / f"eval-{algo}")

@@ -1,44 +1,28 @@
 """An exported policy on an engine: what the robot's computer runs. No training code.
 
-Reads an export directory (``stages/export``): ``io_spec.json``, the ONNX file, the tokenizer
-files. Tokenizes instructions with the ``tokenizers`` library, feeds the engine, returns the
-action chunk in robot units. Imports nothing from ``stages``: an edge device needs only numpy,
-``tokenizers`` and its engine.
+Reads an export bundle (:mod:`deploy_edge.bundle`, written by ``stages/export``): its I/O spec,
+the ONNX file, the tokenizer files. Tokenizes instructions with the ``tokenizers`` library,
+feeds the engine, returns the action chunk in robot units. Imports nothing from ``stages``: an
+edge device needs only numpy, ``tokenizers`` and its engine.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
+from deploy_edge.bundle import (
+    IO_SPEC_FILE,
+    REFERENCE_FILE,
+    TOKENIZER_FILE,
+    IOSpec,
+    IOSpecError,
+    read_io_spec,
+)
 from deploy_edge.engines import InferenceEngine, make_engine
-from robo_pipe.errors import RoboPipeError
 
-IO_SPEC_FILE = "io_spec.json"
-ONNX_FILE = "policy.onnx"
-
-
-class IOSpecError(RoboPipeError, ValueError):
-    """An export directory is incomplete, or its I/O spec disagrees with its model."""
-
-
-def read_io_spec(export_dir: str | Path) -> dict[str, Any]:
-    """``io_spec.json`` of an export, checked for the fields the runtime needs."""
-    path = Path(export_dir) / IO_SPEC_FILE
-    if not path.is_file():
-        raise IOSpecError(f"{Path(export_dir)}: not an exported policy (no {IO_SPEC_FILE})")
-    try:
-        spec: dict[str, Any] = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise IOSpecError(f"{path}: not valid JSON ({err})") from err
-    required = ("inputs", "outputs", "cameras", "image_size", "chunk_len", "max_tokens", "pad_id")
-    missing = [k for k in required if k not in spec]
-    if missing:
-        raise IOSpecError(f"{path}: missing fields {', '.join(missing)}")
-    return spec
+__all__ = ["ExportedPolicy", "IOSpecError", "read_io_spec"]
 
 
 class ExportedPolicy:
@@ -56,30 +40,30 @@ class ExportedPolicy:
         root = Path(export_dir)
         if root.suffix == ".onnx":
             root = root.parent
-        self.spec = spec = read_io_spec(root)
-        self.cameras = tuple(spec["cameras"])
-        self.image_size = int(spec["image_size"])
-        self.state_dim = int(spec["state_dim"])
-        self.action_dim = int(spec["action_dim"])
-        self.chunk_len = int(spec["chunk_len"])
+        self.spec: IOSpec = read_io_spec(root)
+        spec = self.spec
+        self.cameras = spec.cameras
+        self.image_size = spec.image_size
+        self.state_dim = spec.state_dim
+        self.action_dim = spec.action_dim
+        self.chunk_len = spec.chunk_len
         reference = _load_reference(root)
         # The model file: policy.onnx, or what the spec names (a registry copy uses model.onnx).
-        onnx_file = root / str(spec.get("onnx_file", ONNX_FILE))
+        onnx_file = root / spec.onnx_file
         self.engine: InferenceEngine = make_engine(onnx_file, engine, precision, threads, reference)
-        declared = ([i["name"] for i in spec["inputs"]], [o["name"] for o in spec["outputs"]])
+        declared = (spec.input_names, spec.output_names)
         actual = (self.engine.input_names, self.engine.output_names)
         if declared != actual:
             raise IOSpecError(
                 f"{root / IO_SPEC_FILE}: declares inputs {declared[0]} and outputs {declared[1]}, "
                 f"but the model has {actual[0]} and {actual[1]}"
             )
-        tokenizer_file = root / str(spec.get("tokenizer", "tokenizer")) / "tokenizer.json"
+        tokenizer_file = root / spec.tokenizer / TOKENIZER_FILE
         if not tokenizer_file.is_file():
-            raise IOSpecError(f"{root}: tokenizer file {tokenizer_file.name} missing")
+            raise IOSpecError(f"{root}: tokenizer file {spec.tokenizer}/{TOKENIZER_FILE} missing")
         self.tokenizer = Tokenizer.from_file(str(tokenizer_file))
-        length = int(spec["max_tokens"])
-        self.tokenizer.enable_padding(pad_id=int(spec["pad_id"]), length=length)
-        self.tokenizer.enable_truncation(max_length=length)
+        self.tokenizer.enable_padding(pad_id=spec.pad_id, length=spec.max_tokens)
+        self.tokenizer.enable_truncation(max_length=spec.max_tokens)
 
     def feeds(
         self, images: dict[str, np.ndarray], state: np.ndarray, instructions: list[str]
@@ -103,7 +87,7 @@ class ExportedPolicy:
 
 
 def _load_reference(root: Path) -> dict[str, np.ndarray] | None:
-    path = root / "reference.npz"
+    path = root / REFERENCE_FILE
     if not path.is_file():
         return None
     with np.load(path, allow_pickle=False) as data:

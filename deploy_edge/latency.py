@@ -1,16 +1,16 @@
 """Target profiles and the latency gate.
 
-A target profile (``configs/targets/<name>.yaml``) says how a policy runs on one kind of
-machine: engine, precision, control rate, the latency budget at p99 and the deadline misses
-allowed. The gate warms up, then runs ``steps`` control ticks of the whole loop
-(:class:`deploy_edge.runtime.ControlLoop`) on this machine and passes only if p99 <= budget and
-misses <= allowed; the report says which check failed and what it measured on.
+A target profile (``configs/targets/<name>.yaml``, package data of :mod:`configs`) says how a
+policy runs on one kind of machine: engine, precision, control rate, the latency budget at p99
+and the deadline misses allowed. The gate warms up, then runs ``steps`` control ticks of the
+whole loop (:class:`deploy_edge.runtime.ControlLoop`) on this machine and passes only if
+p99 <= budget and misses <= allowed; the report says which check failed and what it measured on.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -18,11 +18,20 @@ import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from configs import targets_dir
 from deploy_edge.exported import ExportedPolicy
 from deploy_edge.runtime import ControlLoop, Tick
+from robo_pipe.errors import RoboPipeError
+from robo_pipe.records import Record
 from robots.interface import Robot
 
-TARGETS_DIR = Path(__file__).resolve().parent.parent / "configs" / "targets"
+TARGETS_DIR = targets_dir()
+"""The shipped target profiles (package data of :mod:`configs`)."""
+
+
+class TargetError(RoboPipeError, ValueError):
+    """An unknown target name, or a target profile that is not valid (the message names the
+    file, field and value)."""
 
 
 class TargetProfile(BaseModel):
@@ -58,20 +67,26 @@ def load_target(name_or_path: str) -> TargetProfile:
     if not path.is_file():
         path = TARGETS_DIR / f"{name_or_path}.yaml"
     if not path.is_file():
-        raise ValueError(
+        raise TargetError(
             f"unknown target {name_or_path!r}; valid choices: {', '.join(available_targets())}"
         )
     try:
-        return TargetProfile.model_validate(yaml.safe_load(path.read_text()))
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise TargetError(f"{path}: not valid YAML: {err}") from err
+    try:
+        return TargetProfile.model_validate(data)
     except ValidationError as err:
         first = err.errors()[0]
         loc = ".".join(str(p) for p in first["loc"])
-        raise ValueError(f"{path}: field '{loc}' = {first.get('input')!r}: {first['msg']}") from err
+        raise TargetError(
+            f"{path}: field '{loc}' = {first.get('input')!r}: {first['msg']}"
+        ) from err
 
 
 @dataclass
-class LatencyReport:
-    """The gate's result (JSON-serialisable)."""
+class LatencyReport(Record):
+    """The gate's result (a record: ``to_json`` / ``from_json``)."""
 
     export: str
     target: str
@@ -96,10 +111,6 @@ class LatencyReport:
     """Engine, precision, hardware and software versions."""
     report: str = ""
     histogram: str = ""
-
-    def to_json(self) -> dict[str, Any]:
-        """Plain-dict form for JSON output."""
-        return asdict(self)
 
 
 def verdict(ms: np.ndarray, misses: int, budget_ms: float, allowed_misses: int) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from configs import config_dir
 from robo_pipe.errors import RoboPipeError
 from robots.spec import available_robots, get_robot
 from sim_scenes.config import SceneConfig, SimConfig
@@ -27,8 +28,9 @@ from stages.collect.config import CollectConfig
 from stages.evaluate.config import EvalConfig
 from stages.finetune.config import FinetuneConfig, PretrainConfig
 from stages.policy.config import PolicyConfig
+from stages.register.config import PromotionConfig
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+CONFIG_DIR = config_dir()
 
 
 class ConfigError(RoboPipeError, ValueError):
@@ -65,20 +67,6 @@ class LatencyGateConfig(BaseModel):
     """Unmeasured steps first."""
     pace: bool = True
     """Sleep to the control rate between steps, as on the robot."""
-
-
-class PromotionConfig(BaseModel):
-    """When a registered version becomes ``champion``: every enabled gate must pass."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
-
-    min_success: float = Field(default=0.7, ge=0.0, le=1.0)
-    """Held-out success rate (all evaluated variants together) the candidate must reach."""
-    no_regression: bool = True
-    """The candidate must not be worse than the current champion on the same seeds
-    (``evaluate.gate_confidence``, one-sided two-proportion test)."""
-    latency: bool = True
-    """The latency gate must pass."""
 
 
 class RegistryConfig(BaseModel):
@@ -178,6 +166,15 @@ class PipelineConfig(BaseModel):
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
+def shipped_config(path: Path) -> Path:
+    """``path``, or the shipped config of that name when ``path`` is ``NAME.yaml`` or
+    ``configs/NAME.yaml`` and no such file is here (an installed robo-pipe, run anywhere)."""
+    if path.exists() or path.parent not in (Path("."), Path("configs")):
+        return path
+    shipped = CONFIG_DIR / path.name
+    return shipped if shipped.is_file() else path
+
+
 def available_configs() -> list[str]:
     """Config files shipped in ``configs/``."""
     return sorted(p.name for p in CONFIG_DIR.glob("*.yaml"))
@@ -243,7 +240,7 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
         ConfigError: missing file, invalid YAML, unknown field, wrong type or out-of-range
             value; each problem names its source (file or ``--set``), field and value.
     """
-    path = Path(path)
+    path = shipped_config(Path(path))
     data = _read_yaml(path)
     set_by: dict[str, str] = {}
     for override in overrides:
@@ -276,6 +273,14 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
                 f"{source('scene.cameras')}: field 'scene.cameras' = {config.scene.cameras!r}: "
                 f"unknown camera {unknown[0]!r} for robot {config.robot!r}; valid choices: "
                 f"{', '.join(known)}"
+            ]
+        )
+    rl_from_base = config.finetune.algo in ("ppo", "sac") and config.finetune.warm_start == "none"
+    if rl_from_base and config.policy.type != "default":
+        raise ConfigError(
+            [
+                f"{source('finetune.warm_start')}: field 'finetune.warm_start' = 'none': RL from "
+                f"the base's fresh adapters needs policy.type default, not {config.policy.type!r}"
             ]
         )
     if config.scene.variant in (config.pretrain.variants or []):

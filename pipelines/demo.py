@@ -18,6 +18,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from pipelines.config import PipelineConfig, save_resolved
+from robo_pipe.records import Record
 from robots.spec import get_robot
 from sim_scenes.backends import make_env
 from sim_scenes.episodes import EpisodeRecord, play_episodes
@@ -27,7 +28,7 @@ from stages.statistics import wilson_interval
 
 
 @dataclass
-class DemoReport:
+class DemoReport(Record):
     """Result record of ``robo-pipe demo`` (JSON-serialisable)."""
 
     run_dir: str

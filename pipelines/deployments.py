@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 from uuid import UUID
 
+from prefect import Flow
+
 from pipelines.config import PipelineConfig, ScheduleConfig
 from pipelines.flow import champion_regression, train_simulate_deploy
 
@@ -27,7 +29,10 @@ if TYPE_CHECKING:
     from prefect.deployments.runner import RunnerDeployment
     from prefect.schedules import Schedule
 
-FLOWS = {"train_simulate_deploy": train_simulate_deploy, "champion_regression": champion_regression}
+FLOWS: dict[str, Flow[..., Any]] = {
+    "train_simulate_deploy": train_simulate_deploy,
+    "champion_regression": champion_regression,
+}
 
 OVERLAP: dict[str, Literal["ENQUEUE", "CANCEL_NEW"]] = {
     # Each retrain matters (a run started from the UI may carry other parameters): it waits.

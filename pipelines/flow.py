@@ -25,7 +25,8 @@ flow on the same config, tags itself as their continuation (:mod:`pipelines.reco
 from __future__ import annotations
 
 import json
-import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from prefect import flow
@@ -37,27 +38,25 @@ from prefect.artifacts import (
 from prefect.client.schemas.objects import FlowRun
 from prefect.context import get_run_context
 
-from pipelines import promotion, reconcile, summary, tracking
+from pipelines import checks, reconcile, steps, summary, tracking
 from pipelines.config import PipelineConfig, load_config, save_resolved
 from pipelines.home import new_run_dir
-from pipelines.resume import Record
+from pipelines.records import ChampionCheck, Evaluation, PipelineResult, RunRecords
 from pipelines.services import Services, check_services, configure
 from pipelines.tasks import (
     STAGES,
     RunContext,
     collect_stage,
-    compact,
     evaluate_stage,
     export_stage,
     finetune_stage,
     latency_stage,
-    listening,
     pretrain_stage,
     register_stage,
 )
 from stages.provenance import code_version
 
-__all__ = ["STAGES", "champion_regression", "listening", "train_simulate_deploy"]
+__all__ = ["STAGES", "champion_regression", "train_simulate_deploy"]
 
 DEFAULT_MLFLOW_UI = "http://127.0.0.1:5000"
 DEFAULT_PREFECT_UI = "http://127.0.0.1:4200"
@@ -90,6 +89,19 @@ def _artifact_url(services: Services, run_id: str, path: str) -> str:
     return f"{mlflow_ui}/get-artifact?path={path}&run_uuid={run_id}"
 
 
+@contextmanager
+def _closing(mlrun: tracking.TrackedRun, lock: reconcile.RunLock) -> Iterator[None]:
+    """End the flow's MLflow run (FAILED if the block raised) and release its liveness lock."""
+    try:
+        yield
+    except BaseException:
+        mlrun.finish("FAILED")
+        raise
+    finally:
+        lock.release()
+    mlrun.finish()
+
+
 def _start(
     config: str, overrides: list[str] | None, kind: str, flow_name: str
 ) -> tuple[PipelineConfig, Services, Path, tracking.TrackedRun, reconcile.RunLock]:
@@ -97,6 +109,7 @@ def _start(
     folder and the MLflow run, take this run's liveness lock (release it when the run ends) and
     mark earlier runs whose process died as crashed."""
     cfg = load_config(config, overrides or [])
+    checks.check_config(cfg)
     services = configure()
     check_services(services)
     flow_run = _flow_run()
@@ -137,7 +150,7 @@ def train_simulate_deploy(
     config: str = "configs/demo.yaml",
     overrides: list[str] | None = None,
     ray_address: str | None = None,
-) -> Record:
+) -> PipelineResult:
     """Data to a registered, gated policy: collect, pretrain (cached), fine-tune, export,
     evaluate the export, latency gate, register (see the module docstring).
 
@@ -149,99 +162,83 @@ def train_simulate_deploy(
     cfg, services, run_dir, mlrun, lock = _start(
         config, overrides, "pipeline", "train_simulate_deploy"
     )
-    if ray_address:
-        from stages.ray_runtime import init_ray
-
-        init_ray(ray_address)  # an unreachable cluster fails here, before any stage
     ctx = RunContext(cfg, run_dir, mlrun.run_id, ray_address, code_version())
-    try:
+    with _closing(mlrun, lock):
+        if ray_address:
+            from stages.ray_runtime import init_ray
+
+            init_ray(ray_address)  # an unreachable cluster fails here, before any stage
         dataset = collect_stage(ctx)
         base = pretrain_stage(ctx) if cfg.policy.type == "default" else None  # hub-vlm: none
         checkpoint = finetune_stage(ctx, dataset, base)
         export = export_stage(ctx, checkpoint, dataset)
         evaluation = evaluate_stage(ctx, export, base)
         latency = latency_stage(ctx, export)
-        registered = register_stage(ctx, dataset, checkpoint, export, evaluation, latency)
-        records = {
-            "collect": dataset,
-            **({"pretrain": base} if base else {}),
-            "finetune": checkpoint,
-            "export": export,
-            "evaluate": evaluation,
-            "latency": latency,
-            "register": registered,
-        }
-        result = _publish(cfg, services, run_dir, mlrun, records)
-    except BaseException:
-        mlrun.finish("FAILED")
-        raise
-    finally:
-        lock.release()
-    mlrun.finish()
+        registration = register_stage(ctx, dataset, checkpoint, export, evaluation, latency)
+        records = RunRecords(dataset, base, checkpoint, export, evaluation, latency, registration)
+        result = _publish(ctx, services, mlrun, records)
     return result
 
 
 def _publish(
-    cfg: PipelineConfig,
-    services: Services,
-    run_dir: Path,
-    mlrun: tracking.TrackedRun,
-    records: dict[str, Record],
-) -> Record:
+    ctx: RunContext, services: Services, mlrun: tracking.TrackedRun, records: RunRecords
+) -> PipelineResult:
     """The run's result record, summary markdown, plots, Prefect artifacts, MLflow metrics."""
-    reg, evaluation, latency = records["register"], records["evaluate"], records["latency"]
-    cand = evaluation["candidate"]
+    from pipelines import registry
+
+    cfg, run_dir = ctx.cfg, ctx.run_dir
+    reg, evaluation, latency = records.registration, records.evaluation, records.latency
+    cand = evaluation.candidate
     curves = summary.plot_training_curves(
-        {k: records[k] for k in ("pretrain", "finetune") if k in records},
-        run_dir / "training_curves.png",
+        {"pretrain": records.base, "finetune": records.checkpoint}, run_dir / "training_curves.png"
     )
     plots = {
         "training curves": curves,
-        "evaluation": Path(cand["plot"]),
-        "latency": Path(latency["histogram"]),
+        "evaluation": Path(cand.plot),
+        "latency": Path(latency.histogram),
     }
     images = {}
     for name, path in plots.items():
         if path and path.is_file():
             mlrun.log_artifact(path, "plots")
             images[name] = _artifact_url(services, mlrun.run_id, f"plots/{path.name}")
-    result: Record = {
-        "config_name": cfg.name,
-        "config_hash": cfg.config_hash(),
-        "run_dir": str(run_dir),
-        "model_name": reg["name"],
-        "version": reg["version"],
-        "aliases": reg["aliases"],
-        "promoted": reg["promoted"],
-        "blocked_by": reg["blocked_by"],
-        "gates": reg["gates"],
-        "dataset": records["collect"]["path"],
-        "checkpoint": records["finetune"]["path"],
-        "export": records["export"]["path"],
-        "success_rate": cand["success_rate"],
-        "ci95": cand["ci95"],
-        "start_success_rate": evaluation["start"]["success_rate"] if evaluation["start"] else None,
-        "latency_p99_ms": latency["p99_ms"],
-        "mlflow_run_id": mlrun.run_id,
-        "stages": {name: rec["_stage"] for name, rec in records.items() if rec},
-        "links": _links(services, mlrun, reg["name"], reg["version"]),
-    }
+    result = PipelineResult(
+        config_name=cfg.name,
+        config_hash=cfg.config_hash(),
+        run_dir=str(run_dir),
+        model_name=reg.name,
+        version=reg.version,
+        aliases=reg.aliases,
+        promoted=reg.promoted,
+        blocked_by=reg.blocked_by,
+        gates=reg.gates,
+        dataset=records.dataset.path,
+        checkpoint=records.checkpoint.path,
+        export=records.export.path,
+        success_rate=cand.success_rate,
+        ci95=cand.ci95,
+        start_success_rate=evaluation.start.success_rate if evaluation.start else None,
+        latency_p99_ms=latency.p99_ms,
+        mlflow_run_id=mlrun.run_id,
+        stages=dict(ctx.stage_runs),
+        links=_links(services, mlrun, reg.name, reg.version),
+    )
     text = summary.markdown(result, records, images)
-    tracking.set_version_description(reg["name"], reg["version"], version_description(result))
+    registry.set_version_description(reg.name, reg.version, version_description(result))
     (run_dir / "summary.md").write_text(text)
-    (run_dir / "result.json").write_text(json.dumps(result, indent=1))
+    (run_dir / "result.json").write_text(json.dumps(result.to_json(), indent=1))
     mlrun.log_artifact(run_dir / "summary.md")
     mlrun.log_artifact(run_dir / "result.json")
     mlrun.log_metrics(
         {
-            "success_rate": cand["success_rate"],
-            "success_ci95_low": cand["ci95"][0],
-            "success_ci95_high": cand["ci95"][1],
-            "latency_p99_ms": latency["p99_ms"],
-            "promoted": float(reg["promoted"]),
+            "success_rate": cand.success_rate,
+            "success_ci95_low": cand.ci95[0],
+            "success_ci95_high": cand.ci95[1],
+            "latency_p99_ms": latency.p99_ms,
+            "promoted": float(reg.promoted),
         }
     )
-    mlrun.set_tags({"model_version": f"{reg['name']}/{reg['version']}"})
+    mlrun.set_tags({"model_version": f"{reg.name}/{reg.version}"})
     slug = cfg.name.lower().replace("_", "-")
     create_markdown_artifact(
         text, key=f"{slug}-pipeline-summary", description="pipeline run summary"
@@ -255,39 +252,42 @@ def _publish(
         summary.latency_table(latency), key=f"{slug}-latency", description="latency gate"
     )
     create_table_artifact(
-        [{"gate": name, **{k: str(v) for k, v in g.items()}} for name, g in reg["gates"].items()],
+        [
+            {"gate": name, **{k: str(v) for k, v in g.to_json().items()}}
+            for name, g in reg.gates.items()
+        ],
         key=f"{slug}-gates",
         description="promotion gates",
     )
     create_link_artifact(
-        result["links"]["MLflow run"], link_text="MLflow run", key=f"{slug}-mlflow-run"
+        result.links["MLflow run"], link_text="MLflow run", key=f"{slug}-mlflow-run"
     )
     return result
 
 
-def version_description(result: Record) -> str:
+def version_description(result: PipelineResult) -> str:
     """The registered version's description (markdown): its gates, held-out success with its
     95% interval, latency, and where it came from."""
     gates = "\n".join(
-        f"- {name}: **{'passed' if g['passed'] else 'FAILED'}**"
-        f"{'' if g['enforced'] else ' (not enforced)'} - {g['measured']} (required {g['required']})"
-        for name, g in result["gates"].items()
+        f"- {name}: **{'passed' if g.passed else 'FAILED'}**"
+        f"{'' if g.enforced else ' (not enforced)'} - {g.measured} (required {g.required})"
+        for name, g in result.gates.items()
     )
     verdict = (
         "champion: every enforced gate passed"
-        if result["promoted"]
-        else f"candidate only: failed {', '.join(result['blocked_by'])}"
+        if result.promoted
+        else f"candidate only: failed {', '.join(result.blocked_by)}"
     )
-    low, high = result["ci95"]
-    links = "\n".join(f"- {label}: {url}" for label, url in result["links"].items())
+    low, high = result.ci95
+    links = "\n".join(f"- {label}: {url}" for label, url in result.links.items())
     return (
-        f"Policy trained and gated by robo-pipe config `{result['config_name']}` (config hash "
-        f"`{result['config_hash']}`); {verdict}.\n\n"
-        f"Held-out success **{result['success_rate']:.1%}** (95% CI {low:.1%} - {high:.1%}); "
-        f"latency p99 **{result['latency_p99_ms']:.2f} ms**.\n\n"
+        f"Policy trained and gated by robo-pipe config `{result.config_name}` (config hash "
+        f"`{result.config_hash}`); {verdict}.\n\n"
+        f"Held-out success **{result.success_rate:.1%}** (95% CI {low:.1%} - {high:.1%}); "
+        f"latency p99 **{result.latency_p99_ms:.2f} ms**.\n\n"
         f"Gates:\n{gates}\n\n"
-        f"Lineage:\n- dataset: `{result['dataset']}`\n- checkpoint: `{result['checkpoint']}`\n"
-        f"- export: `{result['export']}`\n- run folder: `{result['run_dir']}`\n"
+        f"Lineage:\n- dataset: `{result.dataset}`\n- checkpoint: `{result.checkpoint}`\n"
+        f"- export: `{result.export}`\n- run folder: `{result.run_dir}`\n"
         f"{links}\n\n"
         "Inputs and outputs: see the signature (and `io_spec.json` for units)."
     )
@@ -302,60 +302,33 @@ def champion_regression(
     config: str = "configs/demo.yaml",
     overrides: list[str] | None = None,
     ray_address: str | None = None,
-) -> Record:
+) -> ChampionCheck:
     """Evaluate the current champion on the held-out suite; fail if it fell below the
     promotion threshold (a simulator or dependency change can break a model that passed)."""
-    from stages.evaluate.stage import evaluate
-
     cfg, _, run_dir, mlrun, lock = _start(config, overrides, "regression", "champion_regression")
-    try:
-        info, export_dir = tracking.fetch_export(cfg.model_name, tracking.CHAMPION)
-        report = evaluate(
-            export_dir,
-            cfg.robot,
-            cfg.scene,
-            cfg.sim,
-            cfg.evaluate,
-            cfg.seed,
-            run_dir / "evaluate",
-            ray_address=ray_address,
-        )
-        record = compact(report)
+    with _closing(mlrun, lock):
+        check = steps.evaluate_champion(cfg, run_dir / "evaluate", ray_address=ray_address)
+        report = check.evaluation
         mlrun.log_metrics({"success_rate": report.success_rate, "success_ci95_low": report.ci95[0]})
-        mlrun.set_tags({"model_version": f"{info.name}/{info.version}"})
+        mlrun.set_tags({"model_version": f"{check.model_name}/{check.version}"})
         mlrun.log_artifact(run_dir / "evaluate", "evaluate")
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        tracking.set_version_tags(
-            info.name,
-            info.version,
-            {
-                tracking.TAG + "last_regression_success": f"{report.success_rate:.4f}",
-                tracking.TAG + "last_regression_at": stamp,
-            },
-        )
-        ok = promotion.meets_min_success(report.success_rate, cfg.registry.promotion)
-        rows = summary.evaluation_table({"candidate": record})
         slug = cfg.name.lower().replace("_", "-")
         create_table_artifact(
-            rows, key=f"{slug}-champion-regression", description=f"champion v{info.version}"
+            summary.evaluation_table(Evaluation(candidate=report, champion_version=check.version)),
+            key=f"{slug}-champion-regression",
+            description=f"champion v{check.version}",
         )
         create_markdown_artifact(
-            f"# Champion regression check: {info.name} v{info.version}\n\n"
+            f"# Champion regression check: {check.model_name} v{check.version}\n\n"
             f"Held-out success {report.success_rate:.1%} "
             f"(95% CI {report.ci95[0]:.1%} - {report.ci95[1]:.1%}) over {report.episodes} "
-            f"episodes; required {cfg.registry.promotion.min_success:.0%}: "
-            f"**{'ok' if ok else 'REGRESSED'}**.\n\nReport: `{report.report}`\n",
+            f"episodes; required {check.min_success:.0%}: "
+            f"**{'ok' if check.passed else 'REGRESSED'}**.\n\nReport: `{report.report}`\n",
             key=f"{slug}-champion-regression-summary",
         )
-        if not ok:
+        if not check.passed:
             raise RegressionDetected(
-                f"champion {info.name} v{info.version}: held-out success {report.success_rate:.1%} "
-                f"< {cfg.registry.promotion.min_success:.0%}"
+                f"champion {check.model_name} v{check.version}: held-out success "
+                f"{report.success_rate:.1%} < {check.min_success:.0%}"
             )
-    except BaseException:
-        mlrun.finish("FAILED")
-        raise
-    finally:
-        lock.release()
-    mlrun.finish()
-    return {"model_name": info.name, "version": info.version, **record}
+    return check

@@ -15,9 +15,11 @@ import json
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-Record = dict[str, Any]
+from robo_pipe.records import Record, RecordError
+
+R = TypeVar("R", bound=Record)
 
 
 def stage_key(stage: str, inputs: dict[str, Any]) -> str:
@@ -37,15 +39,16 @@ class StageRecords:
         """The record file of ``stage`` with inputs ``key``."""
         return self.root / f"{stage}-{key}.json"
 
-    def get(self, stage: str, key: str, check: Callable[[Record], bool]) -> Record | None:
-        """The stored record if there is one and ``check(record)`` says its artifact is intact;
-        a record that fails the check is removed (the stage then runs again)."""
+    def get(self, stage: str, key: str, kind: type[R], check: Callable[[R], bool]) -> R | None:
+        """The stored record (of type ``kind``) if there is one and ``check(record)`` says its
+        artifact is intact; a record that does not parse or fails the check is removed (the
+        stage then runs again)."""
         path = self.path(stage, key)
         try:
-            record: Record = json.loads(path.read_text())
+            record = kind.from_json(json.loads(path.read_text()))
         except FileNotFoundError:
             return None
-        except (json.JSONDecodeError, UnicodeDecodeError):
+        except (json.JSONDecodeError, UnicodeDecodeError, RecordError):
             path.unlink(missing_ok=True)
             return None
         try:
@@ -61,5 +64,5 @@ class StageRecords:
         """Store ``record`` (written beside, then renamed: never half a file)."""
         path = self.path(stage, key)
         staging = path.with_name(f".{path.name}.{os.getpid()}.partial")
-        staging.write_text(json.dumps(record, indent=1, default=str))
+        staging.write_text(json.dumps(record.to_json(), indent=1))
         staging.replace(path)

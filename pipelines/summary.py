@@ -1,21 +1,24 @@
 """The pipeline run's report: a markdown summary, tables and the training-curve plot.
 
 The same markdown is the Prefect flow run's summary artifact, ``summary.md`` in the run folder
-and an artifact of the MLflow run. Built from the stage records only (plain dicts).
+and an artifact of the MLflow run. Built from the typed stage records only.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from stages.finetune.bc import read_metrics
+from pipelines.records import Evaluation, PipelineResult, RunRecords
+from stages.finetune.checkpoints import read_metrics
 from stages.finetune.rl import rolling_success
 
-Record = dict[str, Any]
+if TYPE_CHECKING:
+    from deploy_edge.latency import LatencyReport
+    from stages.policy.checkpoint import CheckpointRef
 
 
-def plot_training_curves(checkpoints: dict[str, Record], out: Path) -> Path | None:
+def plot_training_curves(checkpoints: dict[str, CheckpointRef | None], out: Path) -> Path | None:
     """Action loss against step for each BC checkpoint (``{"pretrain": ref, ...}``); for an RL
     one, the rolling success of its training episodes against env steps."""
     import matplotlib
@@ -24,7 +27,7 @@ def plot_training_curves(checkpoints: dict[str, Record], out: Path) -> Path | No
     import matplotlib.pyplot as plt
 
     curves = {
-        stage: read_metrics(Path(ref["path"]).parent) for stage, ref in checkpoints.items() if ref
+        stage: read_metrics(Path(ref.path).parent) for stage, ref in checkpoints.items() if ref
     }
     curves = {k: v for k, v in curves.items() if v}
     if not curves:
@@ -51,14 +54,14 @@ def plot_training_curves(checkpoints: dict[str, Record], out: Path) -> Path | No
     return out
 
 
-def _training_result(ckpt: Record) -> str:
-    metrics = ckpt["metrics"]
+def _training_result(ckpt: CheckpointRef) -> str:
+    metrics = ckpt.metrics
     if "env_steps" in metrics:  # RL fine-tuning after (or instead of) BC
         return (
-            f"{ckpt['step']} RL iterations, {int(metrics['env_steps']):,} env steps, last "
+            f"{ckpt.step} RL iterations, {int(metrics['env_steps']):,} env steps, last "
             f"round's training-episode success {_pct(metrics.get('success_rate', float('nan')))}."
         )
-    return f"{ckpt['step']} steps, final action loss {metrics.get('action_loss', 0):.4f}."
+    return f"{ckpt.step} steps, final action loss {metrics.get('action_loss', 0):.4f}."
 
 
 def _pct(x: float) -> str:
@@ -69,64 +72,63 @@ def _ci(ci: list[float] | tuple[float, float]) -> str:
     return f"{_pct(ci[0])} – {_pct(ci[1])}"
 
 
-def evaluation_table(evaluation: Record) -> list[dict[str, Any]]:
+def evaluation_table(evaluation: Evaluation) -> list[dict[str, Any]]:
     """One row per (policy, variant) with success and its 95% interval: the table artifact."""
     rows = []
-    for role in ("candidate", "start"):
-        report = evaluation.get(role)
-        if not report:
+    for role, report in (("candidate", evaluation.candidate), ("start", evaluation.start)):
+        if report is None:
             continue
-        for r in [*report["rows"], {**report, "variant": "all"}]:
+        lines = [(r.variant, r.episodes, r.success_rate, r.ci95) for r in report.rows]
+        lines.append(("all", report.episodes, report.success_rate, report.ci95))
+        for variant, episodes, success, ci95 in lines:
             rows.append(
                 {
                     "policy": role,
-                    "variant": r["variant"],
-                    "episodes": r["episodes"],
-                    "success": _pct(r["success_rate"]),
-                    "95% CI": _ci(r["ci95"]),
+                    "variant": variant,
+                    "episodes": episodes,
+                    "success": _pct(success),
+                    "95% CI": _ci(ci95),
                 }
             )
     return rows
 
 
-def latency_table(latency: Record) -> list[dict[str, Any]]:
+def latency_table(latency: LatencyReport) -> list[dict[str, Any]]:
     """The latency gate's figures as one table row."""
     return [
         {
-            "target": latency["target"],
-            "p50 ms": round(latency["p50_ms"], 2),
-            "p95 ms": round(latency["p95_ms"], 2),
-            "p99 ms": round(latency["p99_ms"], 2),
-            "max ms": round(latency["max_ms"], 2),
-            "budget ms": latency["budget_ms"],
-            "misses": latency["misses"],
-            "passed": latency["passed"],
+            "target": latency.target,
+            "p50 ms": round(latency.p50_ms, 2),
+            "p95 ms": round(latency.p95_ms, 2),
+            "p99 ms": round(latency.p99_ms, 2),
+            "max ms": round(latency.max_ms, 2),
+            "budget ms": latency.budget_ms,
+            "misses": latency.misses,
+            "passed": latency.passed,
         }
     ]
 
 
-def markdown(result: Record, records: dict[str, Record], images: dict[str, str]) -> str:
+def markdown(result: PipelineResult, records: RunRecords, images: dict[str, str]) -> str:
     """The run summary (see module docstring); ``images`` maps plot names to URLs."""
-    dataset, ckpt = records["collect"], records["finetune"]
-    evaluation, latency, reg = records["evaluate"], records["latency"], records["register"]
-    cand = evaluation["candidate"]
+    dataset, ckpt, reg = records.dataset, records.checkpoint, records.registration
+    evaluation, latency = records.evaluation, records.latency
+    cand = evaluation.candidate
     lines = [
-        f"# {result['model_name']} v{reg['version']}: "
-        + ("**champion**" if reg["promoted"] else "candidate (champion unchanged)"),
+        f"# {result.model_name} v{reg.version}: "
+        + ("**champion**" if reg.promoted else "candidate (champion unchanged)"),
         "",
-        f"Pipeline `{result['config_name']}` (config hash `{result['config_hash']}`), "
-        f"run folder `{result['run_dir']}`.",
+        f"Pipeline `{result.config_name}` (config hash `{result.config_hash}`), "
+        f"run folder `{result.run_dir}`.",
         "",
         "## Gates",
         "",
         "| gate | result | measured | required |",
         "|---|---|---|---|",
     ]
-    for name, gate in reg["gates"].items():
-        verdict = (
-            "pass" if gate["passed"] else ("FAIL" if gate["enforced"] else "fail (not enforced)")
-        )
-        lines.append(f"| {name} | {verdict} | {gate['measured']} | {gate['required']} |")
+    for name, gate in reg.gates.items():
+        verdict = "pass" if gate.passed else ("FAIL" if gate.enforced else "fail (not enforced)")
+        lines.append(f"| {name} | {verdict} | {gate.measured} | {gate.required} |")
     lines += [
         "",
         "## Evaluation of the exported policy (ONNX Runtime, what ships)",
@@ -138,20 +140,20 @@ def markdown(result: Record, records: dict[str, Record], images: dict[str, str])
         f"| {r['policy']} | {r['variant']} | {r['episodes']} | {r['success']} | {r['95% CI']} |"
         for r in evaluation_table(evaluation)
     ]
-    start = evaluation.get("start")
+    start = evaluation.start
     if start:
         lines += [
             "",
-            f"Fine-tuning took held-out success from {_pct(start['success_rate'])} (the model it "
-            f"started from) to {_pct(cand['success_rate'])}.",
+            f"Fine-tuning took held-out success from {_pct(start.success_rate)} (the model it "
+            f"started from) to {_pct(cand.success_rate)}.",
         ]
-    if cand.get("comparison"):
-        c = cand["comparison"]
+    if cand.comparison:
+        c = cand.comparison
         lines += [
             "",
-            f"Against the champion ({c['baseline']}): {_pct(c['baseline_success_rate'])} on the "
-            f"same seeds, difference {100 * c['difference']:+.1f} points, one-sided p = "
-            f"{c['p_value']:.4f}: {'not worse' if c['passed'] else 'WORSE'}.",
+            f"Against the champion ({c.baseline}): {_pct(c.baseline_success_rate)} on the "
+            f"same seeds, difference {100 * c.difference:+.1f} points, one-sided p = "
+            f"{c.p_value:.4f}: {'not worse' if c.passed else 'WORSE'}.",
         ]
     lines += [
         "",
@@ -159,30 +161,28 @@ def markdown(result: Record, records: dict[str, Record], images: dict[str, str])
         "",
         "| target | p50 ms | p95 ms | p99 ms | max ms | budget ms | misses |",
         "|---|---|---|---|---|---|---|",
-        f"| {latency['target']} | {latency['p50_ms']:.2f} | {latency['p95_ms']:.2f} | "
-        f"{latency['p99_ms']:.2f} | {latency['max_ms']:.2f} | {latency['budget_ms']:g} | "
-        f"{latency['misses']} |",
+        f"| {latency.target} | {latency.p50_ms:.2f} | {latency.p95_ms:.2f} | "
+        f"{latency.p99_ms:.2f} | {latency.max_ms:.2f} | {latency.budget_ms:g} | "
+        f"{latency.misses} |",
         "",
-        "Measured on " + ", ".join(f"{k} {v}" for k, v in latency["measured_on"].items()) + ".",
+        "Measured on " + ", ".join(f"{k} {v}" for k, v in latency.measured_on.items()) + ".",
         "",
         "## Data and training",
         "",
-        f"- Dataset `{dataset['path']}`: {dataset['episodes']} episodes, {dataset['frames']} "
-        f"frames, source success {_pct(dataset['source_success_rate'])}, hash "
-        f"`{dataset['content_hash'][:16]}`.",
-        f"- Policy: {ckpt['policy_type']}, trains {ckpt['trainable']} "
-        f"({ckpt['trainable_params']:,} of {ckpt['total_params']:,} parameters), "
+        f"- Dataset `{dataset.path}`: {dataset.episodes} episodes, {dataset.frames} "
+        f"frames, source success {_pct(dataset.source_success_rate)}, hash "
+        f"`{dataset.content_hash[:16]}`.",
+        f"- Policy: {ckpt.policy_type}, trains {ckpt.trainable} "
+        f"({ckpt.trainable_params:,} of {ckpt.total_params:,} parameters), "
         + _training_result(ckpt),
     ]
-    base = records.get("pretrain")
+    base = records.base
     if base:
-        lines.append(
-            f"- Base: `{base['path']}` ({base['step']} steps, hash `{base['content_hash'][:12]}`)."
-        )
-    export = records["export"]
+        lines.append(f"- Base: `{base.path}` ({base.step} steps, hash `{base.content_hash[:12]}`).")
+    export = records.export
     lines.append(
-        f"- Export: `{export['path']}`, opset {export['opset']}, parity "
-        f"{export['parity_max_abs_error']:.1e} (ONNX Runtime vs torch)."
+        f"- Export: `{export.path}`, opset {export.opset}, parity "
+        f"{export.parity_max_abs_error:.1e} (ONNX Runtime vs torch)."
     )
     lines += [
         "",
@@ -191,14 +191,14 @@ def markdown(result: Record, records: dict[str, Record], images: dict[str, str])
         "| stage | seconds | reused from an earlier run |",
         "|---|---|---|",
     ]
-    for stage, timing in result["stages"].items():
-        lines.append(f"| {stage} | {timing['seconds']:.1f} | {'yes' if timing['reused'] else ''} |")
+    for stage, timing in result.stages.items():
+        lines.append(f"| {stage} | {timing.seconds:.1f} | {'yes' if timing.reused else ''} |")
     lines += ["", "## Registry and links", ""]
     lines.append(
-        f"- Registered `models:/{result['model_name']}/{reg['version']}`, aliases "
-        f"{', '.join(reg['aliases'])}."
+        f"- Registered `models:/{result.model_name}/{reg.version}`, aliases "
+        f"{', '.join(reg.aliases)}."
     )
-    for label, url in result["links"].items():
+    for label, url in result.links.items():
         lines.append(f"- {label}: {url}")
     for name, url in images.items():
         lines += ["", f"### {name}", "", f"![{name}]({url})", "", f"{url}"]

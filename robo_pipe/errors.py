@@ -14,3 +14,7 @@ from __future__ import annotations
 
 class RoboPipeError(Exception):
     """An error the user can fix: the message names the input and what is wrong with it."""
+
+
+class InputError(RoboPipeError, ValueError):
+    """A path or value given to a command cannot be used (e.g. an output path that is a file)."""

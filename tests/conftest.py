@@ -32,6 +32,13 @@ def home_path(tmp_path: Path) -> Path:
     return tmp_path / "home"
 
 
+@pytest.fixture(scope="module")
+def shared_home(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Path:
+    """One home for a whole module whose tests build on each other's state (its registry, its
+    Prefect runs); such a module overrides ``home_path`` to return it."""
+    return tmp_path_factory.mktemp(request.module.__name__.rsplit(".", 1)[-1]) / "home"
+
+
 @pytest.fixture(autouse=True)
 def robo_pipe_home(home_path: Path) -> Iterator[Path]:
     """Every test writes its state under its own home, and leaves the environment as it found

@@ -5,8 +5,10 @@
     DatasetRef ◄── content hash ◄── finalize (v3 layout, stats, provenance) ◄─────────┘
 
 Seeds come from the run's ``collect`` seed stream, split into shards of consecutive seeds. A
-re-run of the same command finds the shards already committed, collects only the missing ones
-and finalizes to the same bytes. A larger ``episodes`` appends shards to an existing dataset.
+worker that dies is replaced and its shard collected again (shards commit atomically: a dead
+worker leaves no half of one in the dataset). A re-run of the same command finds the shards
+already committed, collects only the missing ones and finalizes to the same bytes. A larger
+``episodes`` appends shards to an existing dataset.
 """
 
 from __future__ import annotations
@@ -329,20 +331,20 @@ def _run_shards(
         return
 
     from stages.ray_runtime import init_ray
+    from stages.worker_pool import MAX_REPLACEMENTS, WorkerPool
 
     init_ray(ray_address, num_cpus=None)  # before `import ray`: it picks the network address
     import ray
-    from ray.util import ActorPool
 
-    remote_worker: Any = ray.remote(num_cpus=1)(CollectWorker)
-    actors = [
-        remote_worker.remote(*args, num_threads=1) for _ in range(min(config.workers, len(jobs)))
-    ]
+    remote_worker: Any = ray.remote(num_cpus=1, max_restarts=0)(CollectWorker)
+    pool = WorkerPool(
+        lambda _: remote_worker.remote(*args, num_threads=1),
+        min(config.workers, len(jobs)),
+        MAX_REPLACEMENTS,
+    )
     try:
-        pool = ActorPool(actors)
-        for result in pool.map_unordered(lambda a, job: a.collect_shard.remote(*job), jobs):
+        for _, result in pool.map_unordered(jobs, lambda w, job: w.collect_shard.remote(*job)):
             if on_shard:
                 on_shard(result)
     finally:
-        for actor in actors:
-            ray.kill(actor)
+        pool.close()

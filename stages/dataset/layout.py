@@ -16,9 +16,11 @@ by file), so ``LeRobotDataset(repo_id, root=<root>)`` loads it.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from robo_pipe.records import Record
 
 CODEBASE_VERSION = "v3.0"
 CHUNKS_SIZE = 1000
@@ -51,7 +53,7 @@ def chunk_file(file_number: int) -> dict[str, int]:
 
 
 @dataclass(frozen=True)
-class DatasetRef:
+class DatasetRef(Record):
     """A committed dataset: what the collect stage hands to training (JSON-serialisable)."""
 
     path: str
@@ -68,10 +70,6 @@ class DatasetRef:
     """Demonstration source that produced the episodes."""
     source_success_rate: float = 0.0
     """Share of attempted episodes the source solved (failed ones may have been dropped)."""
-
-    def to_json(self) -> dict[str, Any]:
-        """Plain-dict form for JSON output."""
-        return asdict(self)
 
 
 def v3_files(root: Path) -> list[Path]:

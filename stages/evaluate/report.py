@@ -10,12 +10,13 @@ from typing import Any
 
 import numpy as np
 
-from stages.evaluate.run import EpisodeOutcome, ShardOutcome
+from robo_pipe.records import Record
+from stages.evaluate.shards import EpisodeOutcome, ShardOutcome
 from stages.statistics import two_proportion_test, wilson_interval
 
 
 @dataclass
-class VariantRow:
+class VariantRow(Record):
     """Results on one scene variant."""
 
     variant: str
@@ -27,7 +28,7 @@ class VariantRow:
 
 
 @dataclass
-class Comparison:
+class Comparison(Record):
     """Candidate against baseline on the same seeds (one-sided two-proportion test)."""
 
     baseline: str
@@ -44,7 +45,7 @@ class Comparison:
 
 
 @dataclass
-class EvalReport:
+class EvalReport(Record):
     """What the evaluate stage hands on (JSON-serialisable)."""
 
     policy: str
@@ -74,10 +75,6 @@ class EvalReport:
     comparison: Comparison | None = None
     report: str = ""
     plot: str = ""
-
-    def to_json(self) -> dict[str, Any]:
-        """Plain-dict form for JSON output."""
-        return asdict(self)
 
     def successes_by_episode(self) -> dict[tuple[str, int], bool]:
         """(variant, seed index) -> success."""

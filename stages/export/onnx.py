@@ -4,6 +4,10 @@
     <out>/io_spec.json                        names, shapes, dtypes, units, control rate, chunk
     <out>/tokenizer/                          the policy's tokenizer files
     <out>/reference.npz                       reference inputs and torch outputs (parity checks)
+    <out>/normalization.json                  the statistics the graph normalises with
+
+The bundle's layout and its I/O spec are owned by :mod:`deploy_edge.bundle`; this stage fills
+them in.
 
 The graph comes from the policy's ``as_onnx()`` wrapper through the dynamo exporter (opset 18+)
 with a dynamic batch axis. Parity against torch is measured on random inputs and reported.
@@ -25,21 +29,30 @@ from typing import Any
 import numpy as np
 import torch
 
-from deploy_edge.exported import IO_SPEC_FILE, ONNX_FILE
+from deploy_edge.bundle import (
+    BATCH,
+    NORMALIZATION_FILE,
+    ONNX_FILE,
+    REFERENCE_FILE,
+    TOKENIZER_DIR,
+    IOSpec,
+    TensorSpec,
+    model_files,
+    write_io_spec,
+)
 from robo_pipe.errors import RoboPipeError
+from robo_pipe.records import Record
 from stages.policy.base import OnnxPolicy, VLAPolicy
-from stages.policy.checkpoint import TOKENIZER_DIR, checkpoint_hash, load_policy
+from stages.policy.checkpoint import checkpoint_hash, load_policy
 
-REFERENCE_FILE = "reference.npz"
-NORMALIZATION_FILE = "normalization.json"
 OPSET = 18
 PARITY_TOLERANCE = 1e-4
 """Largest accepted |ONNX Runtime - torch| (robot units; actions are ~0.01-0.08 rad)."""
 
 
 @dataclass(frozen=True)
-class ExportRef:
-    """What the export stage hands on (JSON-serialisable)."""
+class ExportRef(Record):
+    """What the export stage hands on (a record: ``to_json`` / ``from_json``)."""
 
     path: str
     """Export directory."""
@@ -54,15 +67,11 @@ class ExportRef:
     """The same per input set: ``random`` and, when a dataset was given, ``dataset``."""
     opset: int
 
-    def to_json(self) -> dict[str, Any]:
-        """Plain-dict form for JSON output."""
-        return asdict(self)
-
 
 def onnx_hash(directory: Path) -> str:
     """sha256 over ``policy.onnx`` and its external data file (names and bytes)."""
     digest = hashlib.sha256()
-    for file in sorted(directory.glob(f"{ONNX_FILE}*")):
+    for file in sorted(model_files(directory, ONNX_FILE)):
         digest.update(file.name.encode())
         digest.update(file.read_bytes())
     return digest.hexdigest()
@@ -72,7 +81,7 @@ class ExportError(RoboPipeError, RuntimeError):
     """The exported graph does not reproduce the policy within the parity tolerance."""
 
 
-def export_policy(
+def export(
     checkpoint: str | Path,
     out: str | Path,
     control_hz: float = 10.0,
@@ -133,35 +142,35 @@ def export_policy(
 
     cfg = policy.cfg
     side = cfg.image_size
-    spec: dict[str, Any] = {
-        "format": "robo-pipe-onnx/1",
-        "policy_type": cfg.type,
-        "inputs": [_tensor(f"image_{c}", "uint8", [side, side, 3], "RGB") for c in cfg.cameras]
-        + [
-            _tensor("state", "float32", [cfg.state_dim], "rad (joints), m (gripper)"),
-            _tensor("tokens", "int64", [cfg.max_tokens], "token ids"),
-            _tensor("token_mask", "int64", [cfg.max_tokens], "1 = token, 0 = padding"),
-        ],
-        "outputs": [
-            _tensor(name, "float32", [cfg.chunk_len, cfg.action_dim], "rad (joint deltas), m")
+    spec = IOSpec(
+        policy_type=cfg.type,
+        inputs=(
+            *(_tensor(f"image_{c}", "uint8", (side, side, 3), "RGB") for c in cfg.cameras),
+            _tensor("state", "float32", (cfg.state_dim,), "rad (joints), m (gripper)"),
+            _tensor("tokens", "int64", (cfg.max_tokens,), "token ids"),
+            _tensor("token_mask", "int64", (cfg.max_tokens,), "1 = token, 0 = padding"),
+        ),
+        outputs=tuple(
+            _tensor(name, "float32", (cfg.chunk_len, cfg.action_dim), "rad (joint deltas), m")
             for name in wrapper.output_names
-        ],
-        "cameras": list(cfg.cameras),
-        "image_size": cfg.image_size,
-        "state_dim": cfg.state_dim,
-        "action_dim": cfg.action_dim,
-        "chunk_len": cfg.chunk_len,
-        "max_tokens": cfg.max_tokens,
-        "pad_id": int(policy.tokenizer([""])[0][0, -1]),  # what padding fills in
-        "control_hz": control_hz,
-        "tokenizer": TOKENIZER_DIR,
-        "opset": OPSET,
-        "checkpoint": str(Path(checkpoint).resolve()),
-        "checkpoint_hash": checkpoint_hash(checkpoint),
-        "parity_max_abs_error": max(parity.values()),
-        "parity": parity,
-    }
-    (staging / IO_SPEC_FILE).write_text(json.dumps(spec, indent=1))
+        ),
+        cameras=tuple(cfg.cameras),
+        image_size=cfg.image_size,
+        state_dim=cfg.state_dim,
+        action_dim=cfg.action_dim,
+        chunk_len=cfg.chunk_len,
+        max_tokens=cfg.max_tokens,
+        pad_id=int(policy.tokenizer([""])[0][0, -1]),  # what padding fills in
+        control_hz=float(control_hz),
+        tokenizer=TOKENIZER_DIR,
+        opset=OPSET,
+        checkpoint=str(Path(checkpoint).resolve()),
+        checkpoint_hash=checkpoint_hash(checkpoint),
+        parity_max_abs_error=max(parity.values()),
+        parity=parity,
+        onnx_file=ONNX_FILE,
+    )
+    write_io_spec(staging, spec)
     # The statistics the graph normalises with (already inside it): for inspection on the edge.
     (staging / NORMALIZATION_FILE).write_text(json.dumps(asdict(policy.normalizer), indent=1))
     if out.exists():
@@ -171,10 +180,10 @@ def export_policy(
         path=str(out),
         onnx=str(out / ONNX_FILE),
         onnx_hash=onnx_hash(out),
-        checkpoint=str(Path(checkpoint).resolve()),
-        checkpoint_hash=str(spec["checkpoint_hash"]),
-        parity_max_abs_error=max(parity.values()),
-        parity=parity,
+        checkpoint=spec.checkpoint,
+        checkpoint_hash=spec.checkpoint_hash,
+        parity_max_abs_error=spec.parity_max_abs_error,
+        parity=dict(parity),
         opset=OPSET,
     )
 
@@ -192,9 +201,9 @@ def _quiet(*loggers: str) -> Iterator[None]:
             logging.getLogger(name).setLevel(level)
 
 
-def _tensor(name: str, dtype: str, shape: list[int], units: str) -> dict[str, Any]:
+def _tensor(name: str, dtype: str, shape: tuple[int, ...], units: str) -> TensorSpec:
     """One entry of the I/O spec; every tensor has a leading dynamic batch axis."""
-    return {"name": name, "dtype": dtype, "shape": ["batch", *shape], "units": units}
+    return TensorSpec(name, dtype, (BATCH, *shape), units)
 
 
 def _random_inputs(policy: VLAPolicy, seed: int, n: int = 8) -> dict[str, np.ndarray]:

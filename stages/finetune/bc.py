@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import math
 import resource
-import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -28,9 +27,14 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
 from torch import nn
 
+from stages.finetune.checkpoints import (
+    commit_checkpoint,
+    latest_checkpoint,
+    log_metrics,
+    restore_training_state,
+)
 from stages.finetune.config import BCConfig
 from stages.finetune.data import BCData, load_bc_data
 from stages.policy.base import Normalizer, VLAPolicy
@@ -41,14 +45,8 @@ from stages.policy.checkpoint import (
     load_policy,
     load_trainable,
     new_policy,
-    save_policy,
 )
 from stages.policy.config import LoraSettings, PolicyConfig
-
-TRAINING_DIR = "training"
-"""Inside a step checkpoint: optimizer and RNG state for resuming (not part of the policy)."""
-METRICS_FILE = "metrics.jsonl"
-KEEP_CHECKPOINTS = 2
 
 
 @dataclass
@@ -76,18 +74,6 @@ class BCJob:
     lineage: dict[str, Any] = field(default_factory=dict)
     threads: int = 0
     """torch threads per worker; 0 = torch's default."""
-
-
-def step_dir(out: Path, step: int) -> Path:
-    """Checkpoint directory of ``step``."""
-    return out / f"step-{step:07d}"
-
-
-def latest_checkpoint(out: Path) -> Path | None:
-    """The newest complete step checkpoint under ``out`` (half-written ones never qualify:
-    :func:`save_policy` renames a finished directory into place)."""
-    steps = sorted(p for p in out.glob("step-*") if (p / TRAINING_DIR / "state.json").is_file())
-    return steps[-1] if steps else None
 
 
 def learning_rate(cfg: BCConfig, step: int) -> float:
@@ -122,37 +108,33 @@ def build_policy(job: BCJob, data: BCData) -> tuple[VLAPolicy, BaseRef | None]:
     return policy, base
 
 
-def save_training_state(
-    directory: Path, optimizer: torch.optim.Optimizer, names: dict[int, str], step: int
-) -> None:
-    """AdamW moments and step counts plus the torch RNG as safetensors, the rest as JSON."""
-    tensors: dict[str, torch.Tensor] = {"rng/torch": torch.get_rng_state()}
-    for param, state in optimizer.state.items():
-        for key, value in state.items():
-            tensors[f"{names[id(param)]}/{key}"] = value.detach().clone().reshape(value.shape)
-    (directory / TRAINING_DIR).mkdir(exist_ok=True)
-    save_file(tensors, str(directory / TRAINING_DIR / "optimizer.safetensors"))
-    (directory / TRAINING_DIR / "state.json").write_text(json.dumps({"step": step}))
+OPTIMIZER_FILE = "optimizer.safetensors"
+"""In a step checkpoint's ``training/``: AdamW moments and step counts, by parameter name."""
+
+
+def optimizer_tensors(
+    optimizer: torch.optim.Optimizer, names: dict[int, str]
+) -> dict[str, torch.Tensor]:
+    """AdamW's state as tensors named ``<parameter>/<slot>`` (what a checkpoint saves)."""
+    return {
+        f"{names[id(param)]}/{key}": value.detach().clone().reshape(value.shape)
+        for param, state in optimizer.state.items()
+        for key, value in state.items()
+    }
 
 
 def load_training_state(
     directory: Path, optimizer: torch.optim.Optimizer, params: dict[str, nn.Parameter]
 ) -> int:
-    """Restore what :func:`save_training_state` wrote; returns the step to continue from."""
-    try:
-        tensors = load_file(str(directory / TRAINING_DIR / "optimizer.safetensors"))
-        step = int(json.loads((directory / TRAINING_DIR / "state.json").read_text())["step"])
-    except Exception as err:  # any unreadable state is the same failure: say which and why
-        raise CheckpointError(
-            f"{directory / TRAINING_DIR}: unreadable training state ({err})"
-        ) from err
-    torch.set_rng_state(tensors.pop("rng/torch"))
+    """Restore the optimizer and the torch RNG of a checkpoint; returns the step to continue
+    from."""
+    tensors, state = restore_training_state(directory, OPTIMIZER_FILE)
     for key, value in tensors.items():
         name, _, slot = key.rpartition("/")
         if name not in params:
             raise CheckpointError(f"{directory}: optimizer state for unknown parameter {name}")
         optimizer.state[params[name]][slot] = value
-    return step
+    return int(state["step"])
 
 
 def bc_loss(
@@ -259,12 +241,6 @@ def _chunk_len(job: BCJob) -> int:
     return int((job.policy or {}).get("chunk_len", PolicyConfig().chunk_len))
 
 
-def log_metrics(out: Path, record: dict[str, Any]) -> None:
-    """Append one record to ``metrics.jsonl``."""
-    with (out / METRICS_FILE).open("a") as f:
-        f.write(json.dumps(record) + "\n")
-
-
 def _checkpoint(
     out: Path,
     policy: VLAPolicy,
@@ -276,32 +252,8 @@ def _checkpoint(
     data: BCData,
 ) -> None:
     lineage = {**job.lineage, "step": step, "dataset_hashes": data.hashes, "seed": job.seed}
-    # Write weights and training state into a staging directory, then rename it into place:
-    # latest_checkpoint() only ever sees complete checkpoints.
-    staging = out / f".step-{step:07d}.partial"
-    shutil.rmtree(staging, ignore_errors=True)
-    save_policy(policy, staging, base, lineage)
-    save_training_state(staging, optimizer, names, step)
-    final = step_dir(out, step)
-    shutil.rmtree(final, ignore_errors=True)
-    staging.rename(final)
-    for old in sorted(out.glob("step-*"))[:-KEEP_CHECKPOINTS]:
-        shutil.rmtree(old, ignore_errors=True)
-
-
-def read_metrics(out: Path) -> list[dict[str, float]]:
-    """Logged metrics, one record per logged step (the latest record wins after a resume)."""
-    path = out / METRICS_FILE
-    if not path.is_file():
-        return []
-    by_step: dict[float, dict[str, float]] = {}
-    for line in path.read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:  # a line cut short by a kill
-            continue
-        by_step[record["step"]] = record
-    return [by_step[s] for s in sorted(by_step)]
+    tensors = optimizer_tensors(optimizer, names)
+    commit_checkpoint(out, step, policy, base, lineage, tensors, OPTIMIZER_FILE, {})
 
 
 def job_dict(job: BCJob) -> dict[str, Any]:

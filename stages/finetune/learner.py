@@ -13,29 +13,29 @@ saved; a resumed SAC run refills it before updating again.
 
 from __future__ import annotations
 
-import json
-import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
 
-from stages.finetune.bc import KEEP_CHECKPOINTS, TRAINING_DIR, latest_checkpoint, step_dir
+from stages.finetune.algorithm import RLAlgorithm
+from stages.finetune.checkpoints import (
+    commit_checkpoint,
+    latest_checkpoint,
+    restore_training_state,
+)
 from stages.finetune.config import RLConfig
 from stages.finetune.ppo import PPO
 from stages.finetune.rollout import Rollout, concat_rollouts, rl_parameters
 from stages.finetune.sac import SAC
-from stages.policy.checkpoint import (
-    BaseRef,
-    CheckpointError,
-    load_policy,
-    load_trainable,
-    read_policy_meta,
-    save_policy,
-)
+from stages.policy.checkpoint import BaseRef, load_policy, load_trainable, read_policy_meta
+
+ALGORITHMS: dict[str, Callable[..., RLAlgorithm]] = {"ppo": PPO, "sac": SAC}
+LEARNER_FILE = "learner.safetensors"
+"""In a step checkpoint's ``training/``: the algorithm's modules and optimizer moments."""
 
 
 class Learner:
@@ -57,11 +57,10 @@ class Learner:
         self.policy = load_policy(start_checkpoint)
         self.reference = load_policy(start_checkpoint).eval().requires_grad_(False)
         meta = read_policy_meta(start_checkpoint)
-        self.base = BaseRef(**meta["base"]) if meta.get("base") else None
+        self.base = BaseRef.from_json(meta["base"]) if meta.get("base") else None
         self.params = rl_parameters(self.policy)
-        algorithm = {"ppo": PPO, "sac": SAC}[algo]
         settings = self.cfg.ppo if algo == "ppo" else self.cfg.sac
-        self.algo: PPO | SAC = algorithm(
+        self.algo = ALGORITHMS[algo](
             self.policy,
             self.reference,
             self.params,
@@ -104,10 +103,7 @@ class Learner:
 
     def checkpoint(self, lineage: dict[str, Any]) -> str:
         """Write ``step-<iteration>`` atomically; keep the newest two. Returns its path."""
-        staging = self.out / f".step-{self.iteration:07d}.partial"
-        shutil.rmtree(staging, ignore_errors=True)
-        save_policy(self.policy, staging, self.base, {**lineage, "step": self.iteration})
-        tensors: dict[str, torch.Tensor] = {"rng/torch": torch.get_rng_state()}
+        tensors: dict[str, torch.Tensor] = {}
         groups: dict[str, Any] = {}
         for name, module in self.algo.modules().items():
             for key, value in module.state_dict().items():
@@ -118,33 +114,29 @@ class Learner:
             for index, slots in state["state"].items():
                 for slot, value in slots.items():
                     tensors[f"optim/{name}/{index}/{slot}"] = value.contiguous()
-        (staging / TRAINING_DIR).mkdir()
-        save_file(tensors, str(staging / TRAINING_DIR / "learner.safetensors"))
-        state_json = {
-            "step": self.iteration,
+        extra = {
             "param_groups": groups,
             "algo": self.algo.extra_state(),
             "rng": self.algo.rng.bit_generator.state,
         }
-        (staging / TRAINING_DIR / "state.json").write_text(json.dumps(state_json))
-        final = step_dir(self.out, self.iteration)
-        shutil.rmtree(final, ignore_errors=True)
-        staging.rename(final)
-        for old in sorted(self.out.glob("step-*"))[:-KEEP_CHECKPOINTS]:
-            shutil.rmtree(old, ignore_errors=True)
-        return str(final)
+        lineage = {**lineage, "step": self.iteration}
+        return str(
+            commit_checkpoint(
+                self.out,
+                self.iteration,
+                self.policy,
+                self.base,
+                lineage,
+                tensors,
+                LEARNER_FILE,
+                extra,
+            )
+        )
 
     def restore(self, directory: Path) -> None:
         """Continue from a checkpoint written by :meth:`checkpoint`."""
         load_trainable(self.policy, directory / "model.safetensors")
-        try:
-            tensors = load_file(str(directory / TRAINING_DIR / "learner.safetensors"))
-            state = json.loads((directory / TRAINING_DIR / "state.json").read_text())
-        except Exception as err:  # any unreadable state is the same failure: say which and why
-            raise CheckpointError(
-                f"{directory / TRAINING_DIR}: unreadable learner state ({err})"
-            ) from err
-        torch.set_rng_state(tensors.pop("rng/torch"))
+        tensors, state = restore_training_state(directory, LEARNER_FILE)
         for name, module in self.algo.modules().items():
             prefix = f"module/{name}/"
             module.load_state_dict(

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 from torch.distributions import kl_divergence
 
+from stages.finetune.algorithm import RLAlgorithm
 from stages.finetune.config import PPOConfig
 from stages.finetune.rollout import (
     Rollout,
@@ -88,7 +89,7 @@ def clipped_objective(
     return loss, ((ratio - 1.0).abs() > clip).float().mean()
 
 
-class PPO:
+class PPO(RLAlgorithm):
     """The PPO learner state: value head and one Adam over adapters, heads and value head."""
 
     def __init__(

@@ -17,6 +17,7 @@ bytes per sync) and the run ends by drawing ``learning_curves.png``.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,10 +26,11 @@ from typing import Any
 
 import numpy as np
 
-from stages.finetune.bc import latest_checkpoint, log_metrics, read_metrics
+from stages.finetune.checkpoints import latest_checkpoint, log_metrics, read_metrics
 from stages.finetune.config import RLConfig
 from stages.finetune.learner import Learner
 from stages.finetune.rollout import Rollout, RolloutWorker
+from stages.worker_pool import WorkerPool
 
 CURVES_FILE = "learning_curves.png"
 ROLLING_EPISODES = 100
@@ -59,9 +61,19 @@ class RLRun:
     """The live actors of a run (what ``on_iteration`` callbacks see)."""
 
     learner: Any
-    workers: list[Any]
     iteration: int = 0
-    replacements: int = 0
+    pool: WorkerPool = field(init=False)
+    """The rollout workers."""
+
+    @property
+    def workers(self) -> list[Any]:
+        """The rollout-worker actors, by slot."""
+        return self.pool.workers
+
+    @property
+    def replacements(self) -> int:
+        """Rollout workers that died and were replaced."""
+        return self.pool.replacements
 
 
 class LearnerLost(RuntimeError):
@@ -100,12 +112,12 @@ def train_rl(
         job.start_checkpoint, job.algo, job.rl, job.seed, job.out, max(1, int(cfg.learner_cpus))
     )
     sizes = ray.get(learner.state.remote())
-    run = RLRun(learner, [], iteration=sizes["iteration"])
-    generation = [0]  # a replacement worker gets fresh seeds: it does not replay the dead one's
+    run = RLRun(learner, iteration=sizes["iteration"])
+    # A replacement worker gets fresh seeds: it does not replay the dead one's.
+    generation = itertools.count(1)
 
-    def new_worker(index: int) -> Any:
-        generation[0] += 1
-        return worker_cls.remote(
+    def new_worker(slot: int) -> Any:
+        worker = worker_cls.remote(
             job.start_checkpoint,
             job.robot,
             job.scene,
@@ -114,9 +126,12 @@ def train_rl(
             cfg.horizon,
             cfg.gamma,
             job.seed + 1000 * run.iteration,
-            index + 1000 * generation[0],
+            slot + 1000 * next(generation),
             threads,
         )
+        # the learner's current weights, before its first rollout (an actor runs calls in order)
+        worker.set_weights.remote(learner.weights.remote(), run.iteration)
+        return worker
 
     def sync() -> float:
         tick = time.perf_counter()
@@ -125,26 +140,7 @@ def train_rl(
         return time.perf_counter() - tick
 
     def launch() -> list[Any]:
-        return [w.rollout.remote(settings.steps_per_env) for w in run.workers]
-
-    def gather(pending: list[Any]) -> list[Rollout]:
-        """The round's rollouts; a worker that died is replaced and plays its share again."""
-        rollouts = []
-        for index, ref in enumerate(pending):
-            while True:
-                try:
-                    rollouts.append(ray.get(ref))
-                    break
-                except RayActorError:
-                    run.replacements += 1
-                    if run.replacements > cfg.max_worker_restarts:
-                        raise
-                    ray.kill(run.workers[index])
-                    run.workers[index] = new_worker(index)
-                    weights = learner.weights.remote()
-                    run.workers[index].set_weights.remote(weights, run.iteration)
-                    ref = run.workers[index].rollout.remote(settings.steps_per_env)
-        return rollouts
+        return run.pool.call_each(lambda w: w.rollout.remote(settings.steps_per_env))
 
     def learner_call(ref: Any) -> Any:
         try:
@@ -155,16 +151,15 @@ def train_rl(
                 f"last checkpoint under {out}"
             ) from err
 
-    run.workers = [new_worker(i) for i in range(cfg.workers)]
+    run.pool = WorkerPool(new_worker, cfg.workers, cfg.max_worker_restarts)
     start_time = time.perf_counter()
     env_steps = _last(out, "env_steps")
     try:
-        sync()
         pending = launch()
         last_saved = run.iteration
         while run.iteration < cfg.iterations:
             tick = time.perf_counter()
-            rollouts = gather(pending)
+            rollouts: list[Rollout] = run.pool.gather(pending)
             rollout_s = time.perf_counter() - tick
             tick = time.perf_counter()
             update = learner.update.remote(rollouts)
@@ -216,8 +211,8 @@ def train_rl(
         if last_saved != run.iteration:
             learner_call(learner.checkpoint.remote(job.lineage))
     finally:
-        for actor in [*run.workers, learner]:
-            ray.kill(actor)
+        run.pool.close()
+        ray.kill(learner)
     plot_learning_curves(out, job.algo)
     latest = latest_checkpoint(out)
     assert latest is not None

@@ -1,4 +1,4 @@
-"""The pretrain and finetune stages: datasets in, a ``CheckpointRef`` out, training on Ray Train.
+"""The training stages: datasets (or a simulator) in, a ``CheckpointRef`` out, training on Ray.
 
 ``pretrain``: collect demonstrations on the task family (every training variant except the
 target), then train the full default VLA on them. Cached under
@@ -9,9 +9,13 @@ result (robot, cameras, policy, pretraining config, seed): later runs reuse it.
 ``trainable: all``) on the target task's dataset; a ``hub-vlm`` policy starts from its
 pretrained backbone instead. Output under ``$ROBO_PIPE_HOME/checkpoints/<name>-finetune-<key>``.
 
-Both run :func:`stages.finetune.bc.train_bc` on ``bc.workers`` Ray Train workers (DDP over gloo
-when more than one; ``workers: 0`` runs in this process). Re-running an interrupted stage with
-the same inputs resumes from its latest checkpoint; a finished one returns its record at once.
+``rl_finetune``: PPO or SAC in simulation from a BC fine-tune (or the base with fresh
+adapters), with rollout-worker and learner actors (:mod:`stages.finetune.rl`).
+
+``pretrain`` and ``finetune`` run :func:`stages.finetune.bc.train_bc` on ``bc.workers`` Ray
+Train workers (DDP over gloo when more than one; ``workers: 0`` runs in this process).
+Re-running an interrupted stage with the same inputs resumes from its latest checkpoint; a
+finished one returns its record at once.
 """
 
 from __future__ import annotations
@@ -32,7 +36,8 @@ from sim_scenes.touch import available_variants
 from stages.collect.config import CollectConfig
 from stages.collect.run import collect
 from stages.dataset.layout import DatasetRef
-from stages.finetune.bc import BCJob, job_dict, latest_checkpoint, read_metrics, train_bc
+from stages.finetune.bc import BCJob, job_dict, train_bc
+from stages.finetune.checkpoints import latest_checkpoint, read_metrics
 from stages.finetune.config import BCConfig, FinetuneConfig, PretrainConfig
 from stages.policy.checkpoint import (
     BaseRef,
@@ -276,7 +281,7 @@ def _finished(out: Path) -> CheckpointRef | None:
     ref_path = out / REF_FILE
     if not ref_path.is_file():
         return None
-    ref = CheckpointRef(**json.loads(ref_path.read_text()))
+    ref = CheckpointRef.from_json(json.loads(ref_path.read_text()))
     if Path(ref.path).is_dir() and checkpoint_hash(ref.path) == ref.content_hash:
         return ref
     ref_path.unlink()  # damaged: train again (resuming from what is intact)
@@ -314,7 +319,7 @@ def _record(out: Path, lineage: dict[str, Any]) -> CheckpointRef:
         step=int(meta["lineage"]["step"]),
         trainable_params=trainable,
         total_params=total,
-        base=meta["base"],
+        base=BaseRef.from_json(meta["base"]) if meta["base"] else None,
         dataset_hashes=list(meta["lineage"].get("dataset_hashes", [])),
         config_hash=str(lineage.get("config_hash", "")),
         code_version=str(lineage.get("code_version", "")),

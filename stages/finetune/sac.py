@@ -30,6 +30,7 @@ import torch
 from torch import nn
 from torch.distributions import Normal, kl_divergence
 
+from stages.finetune.algorithm import RLAlgorithm
 from stages.finetune.config import SACConfig
 from stages.finetune.rollout import Rollout, chunk_distribution, pooled_features
 from stages.policy.base import VLAPolicy
@@ -166,7 +167,7 @@ class ReplayBuffer:
         }
 
 
-class SAC:
+class SAC(RLAlgorithm):
     """The SAC learner state: critics, target critics, temperature, replay buffer, optimizers."""
 
     def __init__(

@@ -21,7 +21,7 @@ import hashlib
 import json
 import os
 import shutil
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from robo_pipe.errors import RoboPipeError
+from robo_pipe.records import Record
 from stages.policy.base import Normalizer, VLAPolicy
 from stages.policy.config import LoraSettings, PolicyConfig, VLAConfig
 from stages.policy.hub_vla import (
@@ -53,7 +54,7 @@ class CheckpointError(RoboPipeError, ValueError):
 
 
 @dataclass(frozen=True)
-class BaseRef:
+class BaseRef(Record):
     """The frozen model a checkpoint builds on."""
 
     kind: str
@@ -64,7 +65,7 @@ class BaseRef:
 
 
 @dataclass(frozen=True)
-class CheckpointRef:
+class CheckpointRef(Record):
     """What pretrain and finetune hand on (JSON-serialisable)."""
 
     path: str
@@ -76,15 +77,12 @@ class CheckpointRef:
     step: int
     trainable_params: int
     total_params: int
-    base: dict[str, str] | None = None
+    base: BaseRef | None = None
+    """The frozen model it builds on (None: it holds every parameter)."""
     dataset_hashes: list[str] = field(default_factory=list)
     config_hash: str = ""
     code_version: str = ""
     metrics: dict[str, float] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, Any]:
-        """Plain-dict form for JSON output."""
-        return asdict(self)
 
 
 # -- building ------------------------------------------------------------------------------------
@@ -128,6 +126,21 @@ def checkpoint_hash(directory: str | Path) -> str:
     return digest.hexdigest()
 
 
+def save_new_policy(
+    policy: PolicyConfig,
+    cameras: list[str] | tuple[str, ...],
+    image_size: int,
+    out: Path,
+    seed: int = 0,
+) -> Path:
+    """A freshly initialised policy (seeded; rp5's state and action sizes) saved as a checkpoint
+    at ``out``: what benchmarks measure when they are given no trained one."""
+    torch.manual_seed(seed)
+    fresh, base = new_policy(policy, cameras, image_size, 6, 6)
+    save_policy(fresh, out, base)
+    return out
+
+
 def save_policy(
     policy: VLAPolicy,
     directory: str | Path,
@@ -149,7 +162,7 @@ def save_policy(
         "normalizer": policy.normalizer.to_dict(),
         "lora": policy.lora.model_dump() if policy.lora else None,
         "trainable": "all" if everything else "lora",
-        "base": asdict(base) if base else None,
+        "base": base.to_json() if base else None,
         "tensors": {n: list(t.shape) for n, t in tensors.items()},
         "lineage": lineage or {},
     }
@@ -199,7 +212,7 @@ def load_policy(directory: str | Path) -> VLAPolicy:
         norm = Normalizer(**meta["normalizer"])
     except (KeyError, TypeError) as err:
         raise CheckpointError(f"{root / POLICY_FILE}: bad config or normalizer ({err})") from err
-    base = BaseRef(**meta["base"]) if meta.get("base") else None
+    base = BaseRef.from_json(meta["base"]) if meta.get("base") else None
     policy = _build_on_base(root, cfg, base)
     policy.set_normalizer(norm)
     if meta.get("lora"):

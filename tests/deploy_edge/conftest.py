@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from stages.export.onnx import export_policy
+from stages.export import export
 from stages.policy.checkpoint import new_policy, save_policy
 from tests.stages.tiny_models import TINY_POLICY
 
@@ -18,4 +18,4 @@ def export_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     policy, _ = new_policy(TINY_POLICY, ["scene"], 32, 6, 6)
     root = tmp_path_factory.mktemp("export")
     save_policy(policy, root / "ckpt", None)
-    return Path(export_policy(root / "ckpt", root / "export").path)
+    return Path(export(root / "ckpt", root / "export").path)

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from deploy_edge.bundle import ONNX_FILE, REFERENCE_FILE
 from deploy_edge.engines import (
     EngineError,
     EngineUnavailable,
@@ -17,7 +18,6 @@ from deploy_edge.engines import (
     make_engine,
     plan_matches,
 )
-from stages.export.onnx import ONNX_FILE, REFERENCE_FILE
 
 
 def test_onnxruntime_engine_reproduces_the_reference(export_dir: Path) -> None:

@@ -14,7 +14,14 @@ import numpy as np
 import pytest
 
 from deploy_edge.exported import ExportedPolicy, IOSpecError
-from deploy_edge.latency import available_targets, load_target, run_gate, verdict
+from deploy_edge.latency import (
+    LatencyReport,
+    TargetError,
+    available_targets,
+    load_target,
+    run_gate,
+    verdict,
+)
 from deploy_edge.runtime import ControlLoop
 from robots.spec import RobotSpec
 from sim_scenes.sim_robot import SimulatedRobot
@@ -109,6 +116,8 @@ def test_gate_passes_at_100_ms_and_fails_below_the_measured_latency(
     assert report.misses == 0 and report.inference_ticks == 200
     assert report.measured_on["engine"].startswith("onnxruntime")
     assert Path(report.histogram).is_file() and "PASSED" in Path(report.report).read_text()
+    written = json.loads((tmp_path / "latency_report.json").read_text())
+    assert LatencyReport.from_json(written) == report
     tight = run_gate(
         export_dir,
         robot,
@@ -209,9 +218,9 @@ def test_bad_io_spec_and_target_are_refused(export_dir: Path, tmp_path: Path) ->
     (broken / "io_spec.json").unlink()
     with pytest.raises(IOSpecError, match="not an exported policy"):
         ExportedPolicy(broken)
-    with pytest.raises(ValueError, match="unknown target 'jetson-nano-2014'"):
+    with pytest.raises(TargetError, match="unknown target 'jetson-nano-2014'"):
         load_target("jetson-nano-2014")
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: x\nbudget_ms: -5\n")
-    with pytest.raises(ValueError, match=r"bad\.yaml: field 'budget_ms' = -5"):
+    with pytest.raises(TargetError, match=r"bad\.yaml: field 'budget_ms' = -5"):
         load_target(str(bad))

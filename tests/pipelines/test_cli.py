@@ -198,3 +198,42 @@ def test_export_gate_and_evaluate_the_export(robo_pipe_home: Path, tmp_path: Pat
     assert report["episodes"] == 4 and len(report["rows"]) == 2 and Path(report["report"]).is_file()
     registry = robo_pipe("evaluate", "models:/demo@champion", home=robo_pipe_home)
     assert registry.returncode == 2 and "no registered model 'demo'" in registry.stderr
+
+
+def test_a_user_error_exits_2_naming_the_input_before_any_work(
+    robo_pipe_home: Path, tmp_path: Path
+) -> None:
+    """Each is a RoboPipeError: one line naming the path, exit 2, no traceback, nothing made."""
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("not a dataset folder")
+    collect = robo_pipe("collect", "configs/demo.yaml", "--out", str(a_file), home=robo_pipe_home)
+    assert collect.returncode == 2, collect.stderr
+    assert str(a_file) in collect.stderr and "is a file" in collect.stderr
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    finetune = robo_pipe(
+        "finetune", "configs/demo.yaml", "--dataset", str(empty), home=robo_pipe_home
+    )
+    assert finetune.returncode == 2, finetune.stderr
+    assert str(empty) in finetune.stderr
+    for result in (collect, finetune):
+        assert "Traceback" not in result.stderr
+    assert not list((robo_pipe_home / "checkpoints").glob("*")), "no pretraining started"
+    assert not list((robo_pipe_home / "datasets").glob("*")), "no collection started"
+
+
+def test_a_bug_shows_its_traceback_and_exits_1(robo_pipe_home: Path) -> None:
+    """Anything that is not a RoboPipeError is robo-pipe's fault: the traceback stays."""
+    bug = (
+        "import sys; import pipelines.steps as steps\n"
+        "def broken(*args, **kwargs): raise KeyError('episode_index')\n"
+        "steps.collect_dataset = broken\n"
+        "sys.argv = ['robo-pipe', 'collect', 'configs/demo.yaml']\n"
+        "from pipelines.cli import main; main()\n"
+    )
+    env = {**os.environ, "ROBO_PIPE_HOME": str(robo_pipe_home)}
+    result = subprocess.run(
+        [sys.executable, "-c", bug], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 1
+    assert "Traceback" in result.stderr and "KeyError: 'episode_index'" in result.stderr

@@ -16,6 +16,7 @@ import pytest
 
 from pipelines.config import CONFIG_DIR, ConfigError
 from pipelines.services import free_port
+from stages.register import GATE_TAG, failed_gates
 from tests.pipelines.test_cli import TINY_TRAINING
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,12 +36,6 @@ TINY = [
     # A policy trained for 10 steps succeeds rarely: these tests are about the gates' plumbing.
     "registry.promotion.min_success=0.0",
 ]
-
-
-@pytest.fixture(scope="module")
-def shared_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One home for the whole module: later tests build on the registry earlier ones made."""
-    return tmp_path_factory.mktemp("pipeline") / "home"
 
 
 @pytest.fixture
@@ -75,8 +70,7 @@ def run_pipeline(*extra: str, home: Path | None = None) -> dict[str, Any]:
         os.environ["ROBO_PIPE_HOME"] = str(home)
         configure()
 
-    result: dict[str, Any] = train_simulate_deploy(config=CONFIG, overrides=[*TINY, *extra])
-    return result
+    return train_simulate_deploy(config=CONFIG, overrides=[*TINY, *extra]).to_json()
 
 
 @pytest.fixture(scope="module")
@@ -107,16 +101,16 @@ def test_pipeline_registers_a_gated_champion(first_run: dict[str, Any]) -> None:
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
-    from pipelines import tracking
+    from pipelines import registry
 
     assert first_run["promoted"] and first_run["version"] == "1"
     assert set(first_run["aliases"]) == {"candidate", "champion"}
     assert all(g["passed"] for g in first_run["gates"].values())
-    assert tracking.champion_history(MODEL)[0] == "1", "the first version became champion"
-    info = tracking.get_version(MODEL, "1")
+    assert registry.champion_history(MODEL)[0] == "1", "the first version became champion"
+    info = registry.get_version(MODEL, "1")
     for key in ("dataset_hash", "base_model", "config_hash", "code_version", "gate.latency"):
-        assert info.tags[tracking.TAG + key], key
-    assert info.tags[tracking.TAG + "gate.latency"] == "passed"
+        assert info.tags[registry.TAG + key], key
+    assert info.tags[registry.TAG + "gate.latency"] == "passed"
 
     # MLflow: one pipeline run with the resolved config as params, a nested run per stage.
     client = MlflowClient()
@@ -171,13 +165,13 @@ def test_registered_champion_runs_in_onnxruntime(first_run: dict[str, Any]) -> N
     import onnxruntime as ort
     from tokenizers import Tokenizer
 
-    from pipelines import tracking
+    from pipelines import registry
     from stages.dataset.layout import STATE_KEY
     from stages.dataset.reader import open_dataset
 
     model = mlflow.onnx.load_model(f"models:/{MODEL}@champion")
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    _, export_dir = tracking.fetch_export(MODEL, "champion")
+    _, export_dir = registry.fetch_export(MODEL, "champion")
     spec = json.loads((export_dir / "io_spec.json").read_text())
     tokenizer = Tokenizer.from_file(str(export_dir / "tokenizer" / "tokenizer.json"))
     tokenizer.enable_padding(pad_id=spec["pad_id"], length=spec["max_tokens"])
@@ -211,26 +205,26 @@ def test_registered_champion_runs_in_onnxruntime(first_run: dict[str, Any]) -> N
 def test_a_failed_gate_keeps_the_champion(
     first_run: dict[str, Any], gated_run: dict[str, Any]
 ) -> None:
-    from pipelines import tracking
+    from pipelines import registry
 
     result = gated_run
     assert not result["promoted"] and result["blocked_by"] == ["latency"]
     assert result["version"] != first_run["version"] and result["aliases"] == ["candidate"]
-    assert tracking.champion(MODEL).version == first_run["version"]  # type: ignore[union-attr]
+    assert registry.champion(MODEL).version == first_run["version"]  # type: ignore[union-attr]
     comparison = result["gates"]["no regression vs champion"]
     assert f"vs v{first_run['version']}" in comparison["measured"], "on the champion's seeds"
     reused = {name for name, s in result["stages"].items() if s["reused"]}
     assert {"collect", "pretrain"} <= reused and "finetune" not in reused
     # The version says which gate failed, with what was measured and what was required.
-    tags = tracking.get_version(MODEL, result["version"]).tags
+    tags = registry.get_version(MODEL, result["version"]).tags
     latency = result["gates"]["latency"]
-    assert tags[tracking.TAG + "gate.latency"] == "failed"
+    assert tags[registry.TAG + "gate.latency"] == "failed"
     assert (
-        tags[tracking.TAG + "gate.latency.required"]
+        tags[registry.TAG + "gate.latency.required"]
         == latency["required"]
         == ("p99 <= 0.0001 ms, misses <= 0")
     )
-    assert tags[tracking.TAG + "gate.latency.measured"] == latency["measured"]
+    assert tags[registry.TAG + "gate.latency.measured"] == latency["measured"]
     assert latency["measured"].startswith("p99 ") and "ms" in latency["measured"]
 
 
@@ -269,7 +263,7 @@ def test_resume_reuses_completed_stages_after_a_failure(
     import deploy_edge.latency
     import stages.export.onnx
 
-    real_gate, real_export = deploy_edge.latency.run_gate, stages.export.onnx.export_policy
+    real_gate, real_export = deploy_edge.latency.run_gate, stages.export.onnx.export
     calls = {"gate": 0, "export": 0}
     failures: list[BaseException] = [RuntimeError("injected: the gate machine fell over")]
 
@@ -284,7 +278,7 @@ def test_resume_reuses_completed_stages_after_a_failure(
         return real_export(*args, **kwargs)
 
     monkeypatch.setattr(deploy_edge.latency, "run_gate", flaky_gate)
-    monkeypatch.setattr(stages.export.onnx, "export_policy", counted_export)
+    monkeypatch.setattr(stages.export.onnx, "export", counted_export)
     # New inputs (nothing of the earlier runs applies), registered under a name of its own so
     # that no other test's champion moves.
     other_seed = ["seed=7", "registry.model_name=demo-policy-resume"]
@@ -337,7 +331,7 @@ def test_run_below_min_success_is_registered_not_promoted(
 ) -> None:
     """`robo-pipe run` with a bar the candidate does not reach: a version, no champion, and the
     CLI, the Prefect summary and the version's tags all say which gate failed and by how much."""
-    from pipelines import tracking
+    from pipelines import registry
 
     name = "demo-policy-strict"  # its own registry entry: no other test's champion moves
     sets = [*TINY, f"registry.model_name={name}", "registry.promotion.min_success=0.9"]
@@ -347,7 +341,7 @@ def test_run_below_min_success_is_registered_not_promoted(
     result = json.loads(run.stdout.strip().splitlines()[-1])
     assert result["success_rate"] < 0.9 and not result["promoted"]
     assert result["blocked_by"] == ["held-out success"] and result["aliases"] == ["candidate"]
-    assert tracking.champion(name) is None
+    assert registry.champion(name) is None
     measured = f"{result['success_rate']:.1%} (95% CI {result['ci95'][0]:.1%} - "
     shown = " ".join(run.stderr.split())  # the gates table, whatever its wrapping
     assert "held-out success" in shown and "FAIL" in shown and ">= 90%" in shown
@@ -357,11 +351,11 @@ def test_run_below_min_success_is_registered_not_promoted(
 
     summary = flow_run_summary(result)
     assert f"| held-out success | FAIL | {measured}" in summary and "| >= 90% |" in summary
-    tags = tracking.get_version(name, "1").tags
-    assert tags[tracking.GATE_TAG + "held-out success"] == "failed"
-    assert tags[tracking.GATE_TAG + "held-out success.required"] == ">= 90%"
-    assert tags[tracking.GATE_TAG + "held-out success.measured"].startswith(measured)
-    assert tracking.failed_gates(tracking.get_version(name, "1")) == ["held-out success"]
+    tags = registry.get_version(name, "1").tags
+    assert tags[GATE_TAG + "held-out success"] == "failed"
+    assert tags[GATE_TAG + "held-out success.required"] == ">= 90%"
+    assert tags[GATE_TAG + "held-out success.measured"].startswith(measured)
+    assert failed_gates(registry.get_version(name, "1").tags) == ["held-out success"]
 
 
 REGRESS = [
@@ -385,7 +379,7 @@ def test_a_candidate_worse_than_the_champion_on_the_same_seeds_is_not_promoted(
     """A deliberately broken model: its exported actions are zeroed (the arm never moves).
     It clears ``min_success`` (0 in these tests) and the latency gate, but loses to the
     champion on the same seeds, so the champion stays."""
-    from pipelines import tracking
+    from pipelines import registry
     from stages.policy.base import OnnxPolicy
 
     real_forward = OnnxPolicy.forward
@@ -400,14 +394,14 @@ def test_a_candidate_worse_than_the_champion_on_the_same_seeds_is_not_promoted(
     name, champion = "demo-policy-regress", regress_champion["version"]
     assert result["success_rate"] == 0.0 and result["version"] != champion
     assert not result["promoted"] and result["blocked_by"] == ["no regression vs champion"]
-    assert tracking.champion(name).version == champion  # type: ignore[union-attr]
+    assert registry.champion(name).version == champion  # type: ignore[union-attr]
     gate = result["gates"]["no regression vs champion"]
     difference = -regress_champion["success_rate"]
     assert gate["measured"].startswith(f"{difference:+.1%} vs v{champion}, p = ")
     assert float(gate["measured"].rsplit("p = ", 1)[1]) < 0.05
     assert result["gates"]["held-out success"]["passed"] and result["gates"]["latency"]["passed"]
-    tags = tracking.get_version(name, result["version"]).tags
-    assert tags[tracking.GATE_TAG + "no regression vs champion"] == "failed"
+    tags = registry.get_version(name, result["version"]).tags
+    assert tags[GATE_TAG + "no regression vs champion"] == "failed"
     assert "| no regression vs champion | FAIL |" in flow_run_summary(result)
 
 
@@ -421,7 +415,7 @@ def test_champion_check_fails_when_the_champion_falls_below_the_bar(
     from prefect.client.schemas.filters import FlowFilter, FlowFilterName
     from prefect.client.schemas.sorting import FlowRunSort
 
-    from pipelines import tracking
+    from pipelines import registry
 
     name, version = "demo-policy-regress", regress_champion["version"]
     sets = [*TINY, *REGRESS, "evaluate.episodes=6"]
@@ -442,15 +436,15 @@ def test_champion_check_fails_when_the_champion_falls_below_the_bar(
     held, state = check("0.0")
     assert held.returncode == 0, held.stderr[-3000:]
     assert state == "COMPLETED" and f"champion {name} v{version} holds" in held.stderr
-    checked = tracking.get_version(name, version).tags[tracking.TAG + "last_regression_success"]
+    checked = registry.get_version(name, version).tags[registry.TAG + "last_regression_success"]
 
     regressed, state = check("0.95")
     assert regressed.returncode == 1, regressed.stderr[-3000:]
     assert state == "FAILED"
     assert f"regression: champion {name} v{version}: held-out success" in regressed.stderr
     assert "< 95%" in regressed.stderr and "Traceback" not in regressed.stderr
-    tags = tracking.get_version(name, version).tags
-    assert tags[tracking.TAG + "last_regression_success"] == checked, "the same seeds"
+    tags = registry.get_version(name, version).tags
+    assert tags[registry.TAG + "last_regression_success"] == checked, "the same seeds"
 
 
 @pytest.mark.parametrize(
@@ -489,7 +483,7 @@ RL_TINY = [
 
 def test_finetune_cli_runs_bc_then_ppo(first_run: dict[str, Any], shared_home: Path) -> None:
     """`robo-pipe finetune --algo ppo`: the BC warm start (reused from the pipeline), then RL."""
-    from stages.finetune.bc import read_metrics
+    from stages.finetune.checkpoints import read_metrics
     from stages.policy.checkpoint import read_policy_meta
 
     sets = [arg for s in [*TINY, *RL_TINY] for arg in ("--set", s)]

@@ -42,11 +42,6 @@ SCHEDULES = (
 )
 
 
-@pytest.fixture(scope="module")
-def shared_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("serve") / "home"
-
-
 @pytest.fixture
 def home_path(shared_home: Path) -> Path:
     return shared_home

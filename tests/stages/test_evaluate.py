@@ -11,12 +11,11 @@ import torch
 
 from pipelines.config import CONFIG_DIR, load_config
 from sim_scenes.touch import SceneError
-from stages.evaluate.config import EvalConfig
+from stages.evaluate import EvalConfig, EvalReport, ShardOutcome, evaluate
 from stages.evaluate.policies import PolicySpecError
-from stages.evaluate.report import EvalReport, VariantRow, compare
-from stages.evaluate.run import ShardOutcome, run_suite
-from stages.evaluate.stage import evaluate
-from stages.export.onnx import export_policy
+from stages.evaluate.report import VariantRow, compare
+from stages.evaluate.shards import run_suite
+from stages.export import export
 from stages.policy.checkpoint import new_policy, save_policy
 from tests.stages.tiny_models import TINY_POLICY
 
@@ -58,10 +57,10 @@ def test_report_rows_seeds_files_and_reproducibility(tiny_checkpoint: Path, tmp_
 def test_checkpoint_and_its_onnx_export_agree_episode_by_episode(
     tiny_checkpoint: Path, tmp_path: Path
 ) -> None:
-    export = export_policy(tiny_checkpoint, tmp_path / "export")
-    assert export.parity_max_abs_error < 1e-4
+    exported = export(tiny_checkpoint, tmp_path / "export")
+    assert exported.parity_max_abs_error < 1e-4
     torch_report = run(tiny_checkpoint, tmp_path / "torch")
-    onnx_report = run(Path(export.path), tmp_path / "onnx")
+    onnx_report = run(Path(exported.path), tmp_path / "onnx")
     for a, b in zip(torch_report.outcomes, onnx_report.outcomes, strict=True):
         assert (a["variant"], a["seed"], a["success"], a["length"]) == (
             b["variant"],

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -10,8 +9,9 @@ import onnx
 import pytest
 import torch
 
+from deploy_edge.bundle import read_io_spec
 from stages.dataset.layout import DatasetRef
-from stages.export.onnx import ExportError, export_policy
+from stages.export import ExportError, ExportRef, export
 from stages.policy.base import Normalizer
 from stages.policy.checkpoint import new_policy, save_policy
 from tests.stages.tiny_models import TINY_POLICY
@@ -28,7 +28,7 @@ def checkpoint(tmp_path: Path) -> Path:
 def test_export_parity_spec_and_files(
     checkpoint: Path, tiny_dataset: DatasetRef, tmp_path: Path
 ) -> None:
-    ref = export_policy(checkpoint, tmp_path / "export", dataset=tiny_dataset.path)
+    ref = export(checkpoint, tmp_path / "export", dataset=tiny_dataset.path)
     assert set(ref.parity) == {"random", "dataset"}
     assert max(ref.parity.values()) < 1e-4 and ref.parity_max_abs_error == max(ref.parity.values())
     model = onnx.load(ref.onnx)
@@ -36,10 +36,18 @@ def test_export_parity_spec_and_files(
     assert max(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")) >= 18
     batch_dim = model.graph.input[0].type.tensor_type.shape.dim[0]
     assert batch_dim.dim_param, "the batch axis is dynamic"
-    spec = json.loads((tmp_path / "export" / "io_spec.json").read_text())
-    assert [i["name"] for i in spec["inputs"]] == ["image_scene", "state", "tokens", "token_mask"]
-    assert spec["chunk_len"] == 3 and spec["control_hz"] == 10.0
-    assert all(t["units"] and t["shape"][0] == "batch" for t in spec["inputs"] + spec["outputs"])
+    spec = read_io_spec(tmp_path / "export")
+    assert [i.name for i in spec.inputs] == ["image_scene", "state", "tokens", "token_mask"]
+    assert spec.chunk_len == 3 and spec.control_hz == 10.0
+    assert all(t.units and t.shape[0] == "batch" for t in spec.inputs + spec.outputs)
+    assert spec.inputs[0].shape == ("batch", 32, 32, 3) and spec.outputs[0].dims() == (-1, 3, 6)
+    assert spec.parity == ref.parity and spec.checkpoint_hash == ref.checkpoint_hash
+    assert (spec.format, spec.format_version, spec.onnx_file) == (
+        "robo-pipe-onnx",
+        1,
+        "policy.onnx",
+    )
+    assert ExportRef.from_json(ref.to_json()) == ref
     reference = np.load(tmp_path / "export" / "reference.npz")
     assert reference["expected_actions"].shape == (8, 3, 6)
     assert (tmp_path / "export" / "tokenizer" / "tokenizer.json").is_file()
@@ -48,9 +56,9 @@ def test_export_parity_spec_and_files(
 def test_an_export_outside_tolerance_is_refused_and_replaces_nothing(
     checkpoint: Path, tmp_path: Path
 ) -> None:
-    good = export_policy(checkpoint, tmp_path / "export")
+    good = export(checkpoint, tmp_path / "export")
     with pytest.raises(ExportError, match="differs from torch"):
-        export_policy(
+        export(
             checkpoint, tmp_path / "export", tolerance=0.0 if good.parity_max_abs_error else -1.0
         )
     assert (tmp_path / "export" / "policy.onnx").is_file(), "the good export is untouched"
@@ -80,7 +88,7 @@ def test_the_graph_normalises_state_and_denormalises_actions_with_real_statistic
         policy.state_proj.weight.mul_(20.0)  # type: ignore[union-attr,operator]  # the state matters
         policy.action_head.weight.mul_(5.0)
     save_policy(policy, tmp_path / "ckpt", None)
-    ref = export_policy(tmp_path / "ckpt", tmp_path / "export", dataset=tiny_dataset.path)
+    ref = export(tmp_path / "ckpt", tmp_path / "export", dataset=tiny_dataset.path)
 
     frames = dataset.frames()
     idx = np.linspace(0, dataset.num_frames - 1, 6).astype(int)

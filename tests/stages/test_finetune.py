@@ -18,19 +18,13 @@ from safetensors.torch import load_file
 
 from pipelines.config import CONFIG_DIR, load_config
 from stages.dataset.layout import DatasetRef
-from stages.finetune.bc import (
-    BCJob,
-    bc_loss,
-    build_policy,
-    job_dict,
-    latest_checkpoint,
-    read_metrics,
-    train_bc,
-)
-from stages.finetune.config import BCConfig, FinetuneConfig, PretrainConfig
+from stages.finetune import FinetuneConfig, PretrainConfig, finetune, pretrain
+from stages.finetune.bc import BCJob, bc_loss, build_policy, job_dict, train_bc
+from stages.finetune.checkpoints import latest_checkpoint, read_metrics
+from stages.finetune.config import BCConfig
 from stages.finetune.data import chunk_targets, load_bc_data, merge_stats
-from stages.finetune.run import finetune, pretrain
 from stages.policy.checkpoint import (
+    BaseRef,
     CheckpointRef,
     checkpoint_hash,
     load_policy,
@@ -208,7 +202,7 @@ def test_pretrain_then_lora_finetune_on_ray_train_with_two_workers(
     )
     assert ref.trainable == "lora" and ref.step == 20
     assert ref.trainable_params < ref.total_params / 2
-    assert ref.base == {"kind": "checkpoint", "path": base.path, "hash": base.content_hash}
+    assert ref.base == BaseRef("checkpoint", base.path, base.content_hash)
     assert ref.dataset_hashes == [tiny_dataset.content_hash]
     assert ref.metrics["samples_per_s"] > 0 and checkpoint_hash(ref.path) == ref.content_hash
     policy = load_policy(ref.path)
@@ -224,7 +218,7 @@ def test_hub_vlm_finetunes_lora_on_its_backbone(tiny_dataset: DatasetRef, tmp_pa
         tiny_dataset, policy, FinetuneConfig(bc=bc), None, 0, tmp_path / "checkpoints", "hub"
     )
     assert ref.policy_type == "hub-vlm" and ref.trainable == "lora"
-    assert ref.base is not None and ref.base["kind"] == "hub"
+    assert ref.base is not None and ref.base.kind == "hub"
     loaded = load_policy(ref.path)
     assert loaded.parameter_counts() == (ref.trainable_params, ref.total_params)
 

@@ -1,0 +1,273 @@
+"""The export bundle: the one owner of its file names and of its I/O spec format.
+
+An export bundle is the directory ``robo-pipe export`` writes and every consumer reads (the
+edge runtime, the evaluation of an exported policy, the latency gate, the model registry)::
+
+    <bundle>/policy.onnx (+ policy.onnx.data)  the graph: normalisation inside, LoRA merged
+    <bundle>/io_spec.json                       the I/O spec (:class:`IOSpec`): every tensor's
+                                                name, dtype, shape and units; control rate,
+                                                chunk, tokenizer; provenance and parity
+    <bundle>/tokenizer/tokenizer.json           the instruction tokenizer (``tokenizers``)
+    <bundle>/reference.npz                      reference inputs and torch outputs (parity
+                                                checks on the target)
+    <bundle>/normalization.json                 the statistics the graph normalises with
+                                                (already inside it; for inspection)
+
+A copy may name its model differently (the registry's copy holds ``model.onnx``): the spec's
+``onnx_file`` says which file is the model. The spec is versioned (``format`` and
+``format_version``); :func:`read_io_spec` refuses a spec written by a newer robo-pipe instead of
+misreading it. Imports nothing beyond the standard library and the kernel: an edge device reads
+bundles without the training code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from robo_pipe.errors import RoboPipeError
+from robo_pipe.records import Record, RecordError
+
+ONNX_FILE = "policy.onnx"
+"""The model as the export writes it (its external data, if any, is ``policy.onnx.data``)."""
+IO_SPEC_FILE = "io_spec.json"
+TOKENIZER_DIR = "tokenizer"
+"""Directory of the tokenizer files; ``tokenizer.json`` inside it is what the runtime loads."""
+TOKENIZER_FILE = "tokenizer.json"
+REFERENCE_FILE = "reference.npz"
+NORMALIZATION_FILE = "normalization.json"
+
+FORMAT = "robo-pipe-onnx"
+"""The I/O spec's ``format``: what kind of bundle this is."""
+FORMAT_VERSION = 1
+"""The newest ``format_version`` this robo-pipe writes and reads."""
+
+BATCH = "batch"
+"""The leading, dynamic axis of every tensor's shape."""
+
+
+class IOSpecError(RoboPipeError, ValueError):
+    """An export bundle is incomplete, its I/O spec is unreadable or of an unsupported format,
+    or its spec disagrees with its model. The message names the file, field and value."""
+
+
+@dataclass(frozen=True)
+class TensorSpec(Record):
+    """One input or output of the exported graph.
+
+    ``shape`` starts with the dynamic batch axis, written ``"batch"``, followed by fixed sizes:
+    an image is ``("batch", H, W, 3)`` uint8 RGB, the state ``("batch", state_dim)`` float32, the
+    tokens and their mask ``("batch", max_tokens)`` int64, the actions and their standard
+    deviations ``("batch", chunk_len, action_dim)`` float32.
+    """
+
+    name: str
+    """The graph's input/output name (``image_<camera>``, ``state``, ``tokens``, ...)."""
+    dtype: str
+    """numpy dtype name: ``uint8``, ``float32``, ``int64``."""
+    shape: tuple[int | str, ...]
+    """``("batch", *fixed sizes)``."""
+    units: str
+    """Physical units or meaning of the values (``RGB``, ``rad (joints), m (gripper)``...)."""
+
+    def dims(self, batch: int = -1) -> tuple[int, ...]:
+        """The shape with the batch axis as ``batch`` (-1: any size, as MLflow writes it)."""
+        return tuple(batch if dim == BATCH else int(dim) for dim in self.shape)
+
+
+@dataclass(frozen=True, kw_only=True)
+class IOSpec(Record):
+    """``io_spec.json``: what a consumer needs to feed the model and read its outputs, without
+    the training code; plus where the model came from and how closely it matches torch."""
+
+    format: str = FORMAT
+    """Always ``robo-pipe-onnx``."""
+    format_version: int = FORMAT_VERSION
+    """Raised whenever a reader of an older version would misread the spec."""
+    policy_type: str
+    """The policy that was exported (``default``, ``hub-vlm``)."""
+    inputs: tuple[TensorSpec, ...]
+    """In the graph's input order: ``image_<camera>`` per camera, ``state``, ``tokens``,
+    ``token_mask``."""
+    outputs: tuple[TensorSpec, ...]
+    """In the graph's output order: ``actions``, ``action_std`` (robot units)."""
+    cameras: tuple[str, ...]
+    """Camera names, in the order of the image inputs."""
+    image_size: int
+    """Height = width of every camera image, pixels."""
+    state_dim: int
+    """Proprioceptive state size (joint positions in rad, gripper opening in m)."""
+    action_dim: int
+    """Action size (joint deltas in rad, gripper target in m)."""
+    chunk_len: int
+    """Actions per inferred chunk."""
+    max_tokens: int
+    """Instruction length in tokens (padded/truncated to this)."""
+    pad_id: int
+    """Token id that padding fills in."""
+    control_hz: float
+    """The robot's control rate the policy was exported for, Hz."""
+    tokenizer: str = TOKENIZER_DIR
+    """Tokenizer directory, relative to the bundle."""
+    opset: int
+    """ONNX opset of the graph."""
+    checkpoint: str
+    """Absolute path of the checkpoint exported."""
+    checkpoint_hash: str
+    """Content hash of that checkpoint."""
+    parity_max_abs_error: float
+    """Largest |ONNX Runtime - torch| over all parity inputs, robot units."""
+    parity: dict[str, float]
+    """The same per input set: ``random`` and, when a dataset was given, ``dataset``."""
+    onnx_file: str = ONNX_FILE
+    """The model file, relative to the bundle (a registry copy holds ``model.onnx``)."""
+
+    @property
+    def input_names(self) -> list[str]:
+        """Input names in graph order."""
+        return [t.name for t in self.inputs]
+
+    @property
+    def output_names(self) -> list[str]:
+        """Output names in graph order."""
+        return [t.name for t in self.outputs]
+
+
+_REQUIRED = tuple(
+    f.name
+    for f in dataclasses.fields(IOSpec)
+    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+)
+"""The fields a spec must give (the others have defaults)."""
+
+
+def write_io_spec(directory: str | Path, spec: IOSpec) -> Path:
+    """Write ``spec`` as ``<directory>/io_spec.json``; returns the file."""
+    path = Path(directory) / IO_SPEC_FILE
+    path.write_text(json.dumps(spec.to_json(), indent=1) + "\n")
+    return path
+
+
+def read_io_spec(directory: str | Path) -> IOSpec:
+    """The I/O spec of the bundle at ``directory`` (or of the bundle holding ``directory`` when
+    it names its ``.onnx`` file).
+
+    Refuses with :class:`IOSpecError` (naming the file, and the field and value where one is at
+    fault): a missing file, invalid JSON, a wrong ``format``, a ``format_version`` newer than
+    this robo-pipe reads, a missing or unknown field, a value of the wrong type. A spec written
+    before the version was its own field (``"format": "robo-pipe-onnx/1"``) is read too.
+    """
+    root = _bundle_root(directory)
+    path = root / IO_SPEC_FILE
+    if not path.is_file():
+        raise IOSpecError(f"{root}: not an exported policy (no {IO_SPEC_FILE})")
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise IOSpecError(f"{path}: not valid JSON ({err})") from err
+    if not isinstance(data, dict):
+        raise IOSpecError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    data = _upgrade(data)
+    name, version = data.get("format"), data.get("format_version")
+    if name != FORMAT:
+        raise IOSpecError(f"{path}: field 'format' = {name!r}: not a robo-pipe bundle ({FORMAT!r})")
+    if type(version) is not int or version < 1:
+        raise IOSpecError(f"{path}: field 'format_version' = {version!r}: expected an integer >= 1")
+    if version > FORMAT_VERSION:
+        raise IOSpecError(
+            f"{path}: field 'format_version' = {version}: written by a newer robo-pipe; this one "
+            f"reads format versions up to {FORMAT_VERSION} (upgrade robo-pipe to load it)"
+        )
+    missing = [f"'{name}'" for name in _REQUIRED if name not in data]
+    if missing:
+        plural = "s" if len(missing) > 1 else ""
+        raise IOSpecError(f"{path}: missing field{plural} {', '.join(missing)}")
+    try:
+        return IOSpec.from_json(data)
+    except RecordError as err:
+        raise IOSpecError(f"{path}: {err}") from err
+
+
+def model_files(directory: str | Path, onnx_file: str = ONNX_FILE) -> list[Path]:
+    """The model ``onnx_file`` in ``directory`` and its external data files, sorted by name
+    (the ONNX file first); those present."""
+    root = Path(directory)
+    return sorted(root.glob(f"{onnx_file}*"), key=lambda p: (p.name != onnx_file, p.name))
+
+
+def bundle_files(directory: str | Path) -> list[Path]:
+    """Every file of the bundle at ``directory``, sorted, relative to it: the model (the spec's
+    ``onnx_file``) and its external data, ``io_spec.json``, the tokenizer files, and
+    ``reference.npz`` and ``normalization.json`` when present. Other files beside them (an
+    MLflow ``MLmodel``, a built TensorRT plan) are not part of the bundle.
+
+    Refuses (:class:`IOSpecError`) a bundle whose spec is unreadable or that lacks its model or
+    its tokenizer."""
+    root = _bundle_root(directory)
+    spec = read_io_spec(root)
+    model = model_files(root, spec.onnx_file)
+    if not model or model[0].name != spec.onnx_file:
+        raise IOSpecError(
+            f"{root / IO_SPEC_FILE}: field 'onnx_file' = {spec.onnx_file!r}: no such file"
+        )
+    tokenizer = root / spec.tokenizer / TOKENIZER_FILE
+    if not tokenizer.is_file():
+        raise IOSpecError(
+            f"{root / IO_SPEC_FILE}: field 'tokenizer' = {spec.tokenizer!r}: "
+            f"no {TOKENIZER_FILE} in it"
+        )
+    files = [*model, root / IO_SPEC_FILE]
+    files += [p for p in (root / spec.tokenizer).rglob("*") if p.is_file()]
+    files += [root / f for f in (REFERENCE_FILE, NORMALIZATION_FILE) if (root / f).is_file()]
+    return sorted(p.relative_to(root) for p in files)
+
+
+def copy_bundle(src: str | Path, dst: str | Path, *, model_file: str | None = None) -> IOSpec:
+    """Copy the bundle at ``src`` into the directory ``dst`` (created if missing; files of the
+    same names replaced) and return the spec written there.
+
+    ``model_file``: the model is already in ``dst`` under this name (the registry's MLflow
+    ``onnx`` flavor writes ``model.onnx`` itself): the model is then not copied and the copy's
+    spec names ``model_file`` as its ``onnx_file``. Without it the model is copied as is.
+    """
+    source, target = _bundle_root(src), Path(dst)
+    files = bundle_files(source)
+    spec = read_io_spec(source)
+    target.mkdir(parents=True, exist_ok=True)
+    model = {p.name for p in model_files(source, spec.onnx_file)}
+    if model_file is not None:
+        if not (target / model_file).is_file():
+            raise IOSpecError(f"{target}: model file {model_file!r} missing (write it first)")
+        spec = dataclasses.replace(spec, onnx_file=model_file)
+    for rel in files:
+        if rel.name == IO_SPEC_FILE and rel.parent == Path("."):
+            continue
+        if model_file is not None and rel.parent == Path(".") and rel.name in model:
+            continue
+        (target / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(source / rel, target / rel)
+    write_io_spec(target, spec)
+    return spec
+
+
+def _bundle_root(directory: str | Path) -> Path:
+    root = Path(directory)
+    return root.parent if root.suffix == ".onnx" else root
+
+
+def _upgrade(data: dict[str, Any]) -> dict[str, Any]:
+    """A spec of the first robo-pipe exports (``"format": "robo-pipe-onnx/1"``, no
+    ``format_version``) in today's form."""
+    name = data.get("format")
+    if "format_version" in data or not isinstance(name, str) or "/" not in name:
+        return data
+    base, _, version = name.rpartition("/")
+    return {
+        **data,
+        "format": base,
+        "format_version": int(version) if version.isdigit() else version,
+    }

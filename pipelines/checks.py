@@ -1,0 +1,71 @@
+"""Checks of a command's inputs, run before any work starts (a typo must not cost a pretraining
+run). Each raises a :class:`~robo_pipe.errors.RoboPipeError` that names the input: the CLI
+prints it and exits 2; the flow fails before its first stage.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pipelines import registry
+from pipelines.config import PipelineConfig
+from robo_pipe.errors import InputError
+
+
+def check_config(cfg: PipelineConfig) -> None:
+    """What a whole pipeline run needs beyond a valid config: the latency target profile and a
+    hub-vlm backbone on disk. Raises before any stage runs."""
+    from deploy_edge.latency import load_target
+
+    load_target(cfg.latency.target)
+    if cfg.policy.type == "hub-vlm" and cfg.policy.backbone:
+        from stages.policy.hub_vla import resolve_backbone
+
+        resolve_backbone(cfg.policy.backbone)
+
+
+def check_out_dir(path: Path, what: str) -> None:
+    """``path`` can become (or already is) a directory: it is not a file, nor under one."""
+    for parent in (path, *path.parents):
+        if parent.exists():
+            if not parent.is_dir():
+                raise InputError(f"{what} {path}: {parent} is a file, not a directory")
+            return
+
+
+def check_dataset(path: Path) -> None:
+    """``path`` is a readable LeRobot v3 dataset (its metadata and episodes; no decoding)."""
+    from stages.dataset.reader import open_dataset
+
+    open_dataset(path, check_videos=False)
+
+
+def check_checkpoint(path: Path) -> None:
+    """``path`` is a robo-pipe checkpoint directory."""
+    from stages.policy.checkpoint import read_policy_meta
+
+    read_policy_meta(path)
+
+
+def check_export(path: Path) -> None:
+    """``path`` is an export bundle (its I/O spec reads and is of a known format)."""
+    from deploy_edge.bundle import read_io_spec
+
+    read_io_spec(path)
+
+
+def check_policy(cfg: PipelineConfig, policy: Path) -> None:
+    """``policy`` (checkpoint or export) exists and fits ``cfg``'s robot."""
+    from stages.evaluate import check_policy_fits
+
+    check_policy_fits(policy, cfg.robot)
+
+
+def resolve_policy(policy: str | Path) -> Path:
+    """A path as given, or the downloaded bundle of a registry version (``models:/name@alias``
+    or ``models:/name/3``)."""
+    text = str(policy)
+    if not text.startswith("models:"):
+        return Path(policy)
+    name, ref = registry.parse_model_uri(text)
+    return registry.fetch_export(name, ref)[1]

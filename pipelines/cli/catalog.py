@@ -1,0 +1,81 @@
+"""What there is to choose from: ``config`` (a resolved config), ``robots``, ``scenes``."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+import typer
+from rich.table import Table
+
+from pipelines.cli.common import console, emit_json, load
+from pipelines.cli.options import ConfigArg, JsonOpt, SetOpt
+from robots.spec import available_robots, get_robot
+from sim_scenes.touch import VARIANTS
+
+
+def config(config: ConfigArg, set_: SetOpt = None) -> None:
+    """Validate a config and print it fully resolved (extends and --set applied) as YAML.
+
+    A shipped config can be named without its folder: robo-pipe config demo.yaml."""
+    import yaml
+
+    cfg = load(config, set_)
+    print(f"# config hash {cfg.config_hash()}")
+    print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), end="")
+
+
+def robots(json_out: JsonOpt = False) -> None:
+    """List robots with their joints and limits, cameras, control rate and action space."""
+    records = []
+    for name in available_robots():
+        spec = get_robot(name)
+        table = Table(title=f"{name}: {spec.definition.description}")
+        for col in ("action component", "range", "unit"):
+            table.add_column(col)
+        for comp, low, high, unit in zip(
+            spec.action.names, spec.action.low, spec.action.high, spec.action.units, strict=True
+        ):
+            table.add_row(comp, f"[{low:g}, {high:g}]", unit)
+        console.print(table)
+        joints = ", ".join(f"{j.name} [{j.low:g}, {j.high:g}]" for j in spec.arm + spec.gripper)
+        console.print(f"  joints: {joints}", highlight=False)
+        console.print(
+            f"  control: {spec.control_hz:g} Hz ({spec.substeps} physics steps); cameras: "
+            f"{', '.join(c.name for c in spec.cameras)}; state: {', '.join(spec.state_names)}",
+            highlight=False,
+        )
+        records.append(
+            {
+                "name": name,
+                "control_hz": spec.control_hz,
+                "cameras": [c.name for c in spec.cameras],
+                "action": asdict(spec.action),
+                "state": list(spec.state_names),
+            }
+        )
+    emit_json(records, json_out)
+
+
+def scenes(json_out: JsonOpt = False) -> None:
+    """List the task's scene variants; held-out ones are reserved for evaluation."""
+    table = Table(title="touch task scene variants")
+    for col in ("variant", "split", "objects", "colours", "shapes", "description"):
+        table.add_column(col)
+    for v in VARIANTS.values():
+        split = v.split if v.holdout_for is None else f"{v.split} (for {v.holdout_for})"
+        table.add_row(
+            v.name,
+            split,
+            f"{v.num_objects[0]}-{v.num_objects[1]}",
+            ", ".join(v.colours),
+            ", ".join(v.shapes),
+            v.description,
+        )
+    console.print(table)
+    emit_json([{"name": v.name, "split": v.split} for v in VARIANTS.values()], json_out)
+
+
+def register(app: typer.Typer) -> None:
+    """Add these verbs to ``app``."""
+    for verb in (config, robots, scenes):
+        app.command(verb.__name__)(verb)

@@ -1,0 +1,48 @@
+"""What every verb shares: the console, the common options, loading a config, the services."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+
+from pipelines.config import PipelineConfig, load_config
+
+if TYPE_CHECKING:
+    from pipelines.services import Services
+
+console = Console(stderr=True)
+"""Everything for people goes to stderr; stdout's last line is the ``--json`` record."""
+
+
+def load(config: Path, set_: list[str] | None, **options: object) -> PipelineConfig:
+    """``config`` with ``--set`` overrides, then verb options (``{"a.b": value}``; None means
+    not given). A shipped config may be named without its folder (``demo.yaml``)."""
+    overrides = list(set_ or [])
+    overrides += [f"{field}={value}" for field, value in options.items() if value is not None]
+    return load_config(config, overrides)
+
+
+def emit_json(record: Any, json_out: bool) -> None:
+    """With ``--json``: the result record as one JSON line on stdout, last."""
+    if json_out:
+        print(json.dumps(record.to_json() if hasattr(record, "to_json") else record))
+
+
+def services() -> Services:
+    """Configure Prefect/MLflow for this home and check the configured servers answer."""
+    from pipelines.services import check_services, configure, refresh_prefect_settings
+
+    found = configure()
+    refresh_prefect_settings()  # loading the config may have imported Prefect already
+    check_services(found)
+    return found
+
+
+def quiet_prefect_console() -> None:
+    """Keep Prefect's own log (and a failed flow's traceback) off the terminal: our verbs say
+    what happened; the log stays in the Prefect UI. Set before Prefect configures logging."""
+    os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "CRITICAL")

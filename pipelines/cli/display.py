@@ -1,0 +1,170 @@
+"""What the verbs show: live stage progress (a :class:`~pipelines.progress.Listener` on a rich
+progress display) and the result tables."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, TypeVar
+
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from pipelines.cli.common import console
+from pipelines.progress import Listener, describe
+
+if TYPE_CHECKING:
+    from deploy_edge.latency import LatencyReport
+    from pipelines.records import PipelineResult
+    from stages.evaluate.report import EvalReport
+    from stages.policy.checkpoint import CheckpointRef
+
+T = TypeVar("T")
+
+
+class StageDisplay:
+    """One progress row per stage: name, bar, percent, the stage's status line, elapsed."""
+
+    def __init__(self, progress: Progress) -> None:
+        self.progress = progress
+        self.rows: dict[str, TaskID] = {}
+
+    def _row(self, stage: str, total: float | None) -> TaskID:
+        if stage not in self.rows:
+            self.rows[stage] = self.progress.add_task(stage, total=total, detail="")
+        return self.rows[stage]
+
+    def started(self, stage: str, total: float | None, unit: str) -> None:
+        """A (new) row for ``stage``; a known ``total`` makes it a bar (``unit`` is shown)."""
+        row = self._row(stage, total)
+        self.progress.reset(row, total=total, detail=f"0 {unit}" if total else "")
+
+    def advanced(self, stage: str, completed: float, detail: str) -> None:
+        """Move ``stage``'s bar to ``completed`` (0: keep it) and show ``detail``."""
+        row = self._row(stage, None)
+        if completed:
+            self.progress.update(row, completed=completed, detail=detail)
+        else:
+            self.progress.update(row, detail=detail)
+
+    def finished(self, stage: str, detail: str, reused: bool) -> None:
+        """Fill ``stage``'s bar and show what it produced."""
+        row = self._row(stage, 1)
+        total = self.progress.tasks[row].total or 1
+        note = " (reused from an earlier run)" if reused else ""
+        self.progress.update(row, total=total, completed=total, detail=f"[green]{detail}{note}")
+
+    def step(self, stage: str, run: Callable[[Listener], T]) -> T:
+        """Run one step with its progress on this display; returns its record."""
+        record = run(self)
+        self.finished(stage, describe(stage, record), reused=False)
+        return record
+
+
+@contextmanager
+def live(json_out: bool = False) -> Iterator[StageDisplay]:
+    """A live stage display on stderr; with ``--json`` it disappears when done, leaving the
+    terminal to the result."""
+    progress = Progress(
+        TextColumn("[bold]{task.description:>9}"),
+        BarColumn(bar_width=30),
+        TextColumn("{task.percentage:>3.0f}%"),
+        TextColumn("{task.fields[detail]}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=json_out,
+    )
+    with progress:
+        yield StageDisplay(progress)
+
+
+def show_checkpoint(title: str, ref: CheckpointRef, seconds: float) -> None:
+    """A trained checkpoint: where, what trains, the final metrics, the base."""
+    table = Table(title=title, show_header=False)
+    table.add_row("checkpoint", ref.path)
+    table.add_row("policy", f"{ref.policy_type}, trains {ref.trainable}, step {ref.step}")
+    share = ref.trainable_params / max(1, ref.total_params)
+    table.add_row(
+        "parameters", f"{ref.trainable_params:,} trainable of {ref.total_params:,} ({share:.1%})"
+    )
+    metrics = ref.metrics
+    if "action_loss" in metrics:  # behaviour cloning
+        table.add_row("final action loss", f"{metrics['action_loss']:.4f}")
+        table.add_row("samples/s", f"{metrics.get('samples_per_s', 0.0):,.0f}")
+    elif "env_steps" in metrics:  # RL
+        success = metrics.get("success_rate", float("nan"))
+        table.add_row("training-episode success", "-" if success != success else f"{success:.0%}")
+        table.add_row("env steps", f"{int(metrics['env_steps']):,}")
+    if ref.base:
+        table.add_row("base", f"{ref.base.kind} {ref.base.path}")
+    table.add_row("wall time", f"{seconds:.1f} s")
+    console.print(table)
+
+
+def show_evaluation(title: str, report: EvalReport) -> None:
+    """Success per variant with 95% intervals, the gate against a baseline, throughput."""
+    table = Table(title=title)
+    for col in ("variant", "episodes", "success", "95% CI", "mean length"):
+        table.add_column(col)
+    for r in report.rows:
+        ci = f"{r.ci95[0]:.1%} - {r.ci95[1]:.1%}"
+        table.add_row(
+            r.variant, str(r.episodes), f"{r.success_rate:.1%}", ci, f"{r.mean_length:.1f}"
+        )
+    ci = f"{report.ci95[0]:.1%} - {report.ci95[1]:.1%}"
+    table.add_row("all", str(report.episodes), f"{report.success_rate:.1%}", ci, "")
+    console.print(table)
+    if report.comparison:
+        c = report.comparison
+        verdict = "[green]passed" if c.passed else "[red]FAILED"
+        console.print(
+            f"gate vs {c.baseline}: {verdict}[/] (baseline {c.baseline_success_rate:.1%}, "
+            f"difference {c.difference:+.1%}, one-sided p = {c.p_value:.4f})"
+        )
+    console.print(
+        f"{report.env_steps_per_s:,.0f} env-steps/s, {report.episodes_per_s:.1f} episodes/s; "
+        f"report: {report.report}"
+    )
+
+
+def show_latency(report: LatencyReport) -> None:
+    """The latency gate's verdict and figures."""
+    verdict = "[green]PASSED" if report.passed else "[red]FAILED: " + "; ".join(report.reasons)
+    console.print(f"latency gate on {report.target}: {verdict}[/]")
+    console.print(
+        f"p50 {report.p50_ms:.2f}  p95 {report.p95_ms:.2f}  p99 {report.p99_ms:.2f}  "
+        f"max {report.max_ms:.2f} ms (budget {report.budget_ms:g}); jitter "
+        f"{report.jitter_ms:.2f} ms; misses {report.misses}; {report.measured_on['engine']}; "
+        f"report: {report.report}"
+    )
+
+
+def show_pipeline_result(result: PipelineResult, seconds: float) -> None:
+    """The registered version, its gates, how far fine-tuning moved it, where to look."""
+    table = Table(title=f"gates for {result.model_name} v{result.version}")
+    for col in ("gate", "result", "measured", "required"):
+        table.add_column(col)
+    for name, gate in result.gates.items():
+        verdict = "[green]pass" if gate.passed else "[red]FAIL"
+        if not gate.enforced:
+            verdict += " (not enforced)"
+        table.add_row(name, verdict, gate.measured, gate.required)
+    console.print(table)
+    uri = f"models:/{result.model_name}/{result.version}"
+    if result.promoted:
+        console.print(f"[green]registered {uri}: champion[/] (aliases {', '.join(result.aliases)})")
+    else:
+        console.print(
+            f"[yellow]registered {uri} as candidate; champion unchanged[/] "
+            f"(failed: {', '.join(result.blocked_by)})"
+        )
+    if result.start_success_rate is not None:
+        console.print(
+            f"held-out success {result.success_rate:.1%} "
+            f"(95% CI {result.ci95[0]:.1%} - {result.ci95[1]:.1%}); the model it started "
+            f"from: {result.start_success_rate:.1%}"
+        )
+    console.print(f"pipeline took {seconds / 60:.1f} min; summary: {result.run_dir}/summary.md")
+    for label, url in result.links.items():
+        console.print(f"  {label}: {url}", highlight=False)
+    console.print("  (the UIs answer while `robo-pipe ui` runs)", style="dim")

@@ -1,0 +1,192 @@
+"""The pipeline verbs: run (the whole flow, live), serve (its schedules), ui, info."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from pipelines import checks
+from pipelines.cli.common import console, emit_json, load, quiet_prefect_console, services
+from pipelines.cli.display import live, show_pipeline_result
+from pipelines.cli.options import ConfigArg, JsonOpt, RayAddressOpt, SetOpt
+from robo_pipe.errors import InputError, RoboPipeError
+
+
+def run(
+    config: ConfigArg,
+    set_: SetOpt = None,
+    ray_address: RayAddressOpt = None,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="Also print Prefect's flow and task logs.")
+    ] = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """Run the whole pipeline: collect, pretrain (cached), fine-tune, export, evaluate the export,
+    latency gate, register in MLflow; champion moves only if every gate passes.
+
+    Each stage is a Prefect task (see them in `robo-pipe ui`); everything is logged to one MLflow
+    run. Re-running after a failure or Ctrl-C reuses the completed stages and continues from the
+    one that did not finish. Ends with the registered version, its gates, and where to look.
+    """
+    cfg = load(config, set_)  # a bad config stops here, before anything starts
+    checks.check_config(cfg)
+    if not verbose:
+        quiet_prefect_console()
+    found = services()
+    if ray_address:
+        from stages.ray_runtime import init_ray
+
+        init_ray(ray_address)
+    console.print(
+        f"pipeline [bold]{cfg.name}[/] (config hash {cfg.config_hash()}): Prefect "
+        f"{found.prefect_api_url or 'temporary local server (robo-pipe ui shows its runs)'}, "
+        f"MLflow {found.mlflow_tracking_uri}",
+        highlight=False,
+    )
+    from pipelines.flow import train_simulate_deploy
+    from pipelines.progress import listening
+
+    start = time.perf_counter()
+    try:
+        with live() as display, listening(display):
+            result = train_simulate_deploy(
+                config=str(config), overrides=list(set_ or []), ray_address=ray_address
+            )
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted[/]: run the same command again to resume")
+        raise typer.Exit(code=130) from None
+    except RoboPipeError:
+        raise
+    except Exception:
+        console.print(
+            "[red]pipeline failed[/]; completed stages are kept: run the same command again to "
+            "resume (--verbose shows the full log)"
+        )
+        raise
+    show_pipeline_result(result, time.perf_counter() - start)
+    emit_json(result, json_out)
+
+
+def serve(
+    config: ConfigArg,
+    set_: SetOpt = None,
+    ray_address: RayAddressOpt = None,
+) -> None:
+    """Register the config's schedules as Prefect deployments and run their flow runs until
+    Ctrl-C or SIGTERM.
+
+    schedules: in the config lists them, e.g. a nightly train_simulate_deploy on cron
+    "0 2 * * *" in Europe/Berlin and an hourly champion_regression. Scheduled runs and runs
+    started from the Prefect UI or API execute here, one per deployment at a time. Without
+    PREFECT_API_URL or a running `robo-pipe ui`, a local Prefect server and MLflow UI are
+    started for as long as this runs (a schedule needs a server's scheduler), and stopped
+    with it.
+    """
+    from pipelines.services import LocalServers, sigterm_as_ctrl_c, use_prefect_api
+
+    cfg = load(config, set_)
+    if not cfg.schedules:
+        raise InputError(f"{config}: field 'schedules' is empty: nothing to serve")
+    checks.check_config(cfg)
+    sigterm_as_ctrl_c()
+    found = services()
+    servers = None
+    start = time.perf_counter()
+    try:
+        if found.prefect_api_url is None:
+            servers = LocalServers()
+            with console.status("starting the Prefect server and the MLflow UI"):
+                servers.start()
+            use_prefect_api(f"{servers.prefect_url}/api")
+            console.print(
+                f"Prefect UI {servers.prefect_url}   MLflow UI {servers.mlflow_url}",
+                highlight=False,
+            )
+        else:
+            console.print(f"Prefect API {found.prefect_api_url}", highlight=False)
+        from pipelines.deployments import OVERLAP, build_deployments, describe_schedule
+        from pipelines.deployments import serve as serve_deployments
+
+        deployments = build_deployments(cfg, config, list(set_ or []), ray_address)
+        for entry in cfg.schedules:
+            overlap = "waits" if OVERLAP[entry.flow] == "ENQUEUE" else "is skipped"
+            console.print(
+                f"serving {entry.flow}/{entry.name} {describe_schedule(entry)} "
+                f"(a run that starts while one runs {overlap})",
+                highlight=False,
+            )
+        prefect_ui = servers.prefect_url if servers else found.prefect_ui
+        console.print(
+            f"next runs: {prefect_ui}/deployments (each one's Upcoming tab); Ctrl-C stops serving",
+            style="dim",
+            highlight=False,
+        )
+        serve_deployments(deployments)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stopping = time.perf_counter()
+        if servers:
+            servers.stop()
+        console.print(
+            f"stopped after {stopping - start:.0f} s (shutdown took "
+            f"{time.perf_counter() - stopping:.1f} s)"
+        )
+
+
+def ui(
+    prefect_port: Annotated[
+        int, typer.Option(help="Prefect server port (next free if taken).")
+    ] = 4200,
+    mlflow_port: Annotated[int, typer.Option(help="MLflow UI port (next free if taken).")] = 5000,
+) -> None:
+    """Start the local Prefect server and the MLflow UI on 127.0.0.1 and print their URLs.
+
+    Both show this home's runs (earlier ones too). While this runs, `robo-pipe run` reports to
+    this Prefect server, so its stages appear live. Ctrl-C or SIGTERM stops both.
+    """
+    from pipelines.services import LocalServers, sigterm_as_ctrl_c
+
+    sigterm_as_ctrl_c()
+    servers = LocalServers(prefect_port, mlflow_port)
+    try:
+        with console.status("starting the Prefect server and the MLflow UI"):
+            servers.start()
+        console.print(f"Prefect UI  {servers.prefect_url}", highlight=False)
+        console.print(f"MLflow UI   {servers.mlflow_url}", highlight=False)
+        console.print("Ctrl-C stops both", style="dim")
+        while all(p.poll() is None for p in servers.processes):
+            time.sleep(1)
+        console.print("[red]a server exited[/]; see the logs under $ROBO_PIPE_HOME")
+    except KeyboardInterrupt:
+        pass
+    finally:
+        servers.stop()
+
+
+def info(json_out: JsonOpt = False) -> None:
+    """Print the home, the MLflow tracking URI and the Prefect API URL this machine uses."""
+    from pipelines.services import configure
+
+    found = configure()
+    table = Table(show_header=False, title="robo-pipe")
+    table.add_row("home ($ROBO_PIPE_HOME)", found.home)
+    table.add_row("MLflow tracking URI", found.mlflow_tracking_uri)
+    table.add_row("MLflow UI", found.mlflow_ui or "not running (robo-pipe ui)")
+    table.add_row(
+        "Prefect API",
+        found.prefect_api_url or "temporary local server per run (no PREFECT_API_URL)",
+    )
+    table.add_row("Prefect UI", found.prefect_ui or "not running (robo-pipe ui)")
+    table.add_row("Prefect home", found.prefect_home)
+    console.print(table)
+    emit_json(found.to_json(), json_out)
+
+
+def register(app: typer.Typer) -> None:
+    """Add these verbs to ``app``."""
+    for verb in (run, serve, ui, info):
+        app.command(verb.__name__)(verb)

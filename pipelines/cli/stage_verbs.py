@@ -1,0 +1,331 @@
+"""One verb per stage: demo, collect, pretrain, finetune, evaluate, export, gate. Each checks its
+inputs, calls its step (:mod:`pipelines.steps`) on a live display, and shows the record."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.table import Table
+
+from pipelines import checks, steps
+from pipelines.cli.common import console, emit_json, load
+from pipelines.cli.display import live, show_checkpoint, show_evaluation, show_latency
+from pipelines.cli.options import DEMO_CONFIG, ConfigArg, ConfigOpt, JsonOpt, RayAddressOpt, SetOpt
+from pipelines.config import save_resolved
+from pipelines.home import new_run_dir
+from robo_pipe.errors import InputError
+
+if TYPE_CHECKING:
+    from stages.dataset.layout import DatasetRef
+
+
+def demo(
+    config: ConfigArg = DEMO_CONFIG,
+    set_: SetOpt = None,
+    episodes: Annotated[
+        int | None, typer.Option(min=1, help="Episodes to play (overrides demo.episodes).")
+    ] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Watch the scripted expert solve the task: success rate, filmstrip PNG, GIF, report.
+
+    Writes into a new $ROBO_PIPE_HOME/runs/<id>-<name>/ folder: config.yaml (the resolved
+    config), report.md, expert_filmstrip.png, expert_episodes.gif and result.json.
+    """
+    from pipelines.demo import run_demo
+
+    cfg = load(config, set_, **{"demo.episodes": episodes})
+    run_dir = new_run_dir(cfg.name)
+    with live(json_out) as display:
+        display.started("demo", cfg.demo.episodes, "episodes")
+        successes = done = 0
+
+        def tick(rec: object) -> None:
+            nonlocal successes, done
+            done, successes = done + 1, successes + bool(getattr(rec, "success", False))
+            display.advanced("demo", done, f"success {successes / done:.1%}")
+
+        report = run_demo(cfg, run_dir, on_episode=tick)
+    low, high = report.success_ci95
+    table = Table(title=f"scripted expert on {report.variant}", show_header=False)
+    table.add_row("success rate", f"{report.success_rate:.1%}  (95% CI {low:.1%} - {high:.1%})")
+    table.add_row("episodes", str(report.episodes))
+    table.add_row("mean episode length", f"{report.mean_episode_length:.1f} steps")
+    table.add_row("throughput", f"{report.env_steps_per_s:,.0f} env-steps/s")
+    table.add_row("report", report.report)
+    table.add_row("filmstrip", report.filmstrip)
+    console.print(table)
+    emit_json(report, json_out)
+
+
+def collect(
+    config: ConfigArg,
+    set_: SetOpt = None,
+    episodes: Annotated[
+        int | None, typer.Option(help="Episodes to attempt (overrides collect.episodes).")
+    ] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            help="Dataset directory (default $ROBO_PIPE_HOME/datasets/<name>-<variant>-<key>)."
+        ),
+    ] = None,
+    ray_address: RayAddressOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Collect demonstrations into a LeRobot v3 dataset (resumable, appendable).
+
+    Re-running the same command after an interruption continues from the committed episodes
+    and ends with the same dataset; a larger --episodes appends to it.
+    """
+    cfg = load(config, set_, **{"collect.episodes": episodes})
+    target = out or steps.default_dataset(cfg)
+    checks.check_out_dir(target, "--out")
+    run_dir = new_run_dir(f"{cfg.name}-collect")
+    save_resolved(cfg, run_dir / "config.yaml")
+    start = time.perf_counter()
+    with live(json_out) as display:
+        ref = display.step(
+            "collect", lambda show: steps.collect_dataset(cfg, show, target, ray_address)
+        )
+    (run_dir / "dataset_ref.json").write_text(json.dumps(ref.to_json(), indent=2))
+    table = Table(title=f"dataset {ref.path}", show_header=False)
+    table.add_row("episodes / frames", f"{ref.episodes} / {ref.frames}")
+    table.add_row("source success", f"{ref.source_success_rate:.1%} ({ref.source})")
+    table.add_row("content hash", ref.content_hash[:16])
+    table.add_row("wall time", f"{time.perf_counter() - start:.1f} s")
+    console.print(table)
+    emit_json(ref, json_out)
+
+
+def pretrain(
+    config: ConfigArg,
+    set_: SetOpt = None,
+    ray_address: RayAddressOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Pretrain the base VLA on the task family (cached: runs once per setting).
+
+    The task family is every training scene variant except the target (scene.variant), or
+    pretrain.variants. Collects pretrain.episodes_per_variant demonstrations per variant, then
+    trains the full default VLA with behaviour cloning on Ray Train. The base is cached under
+    $ROBO_PIPE_HOME/checkpoints/base-<key>: running again with the same settings returns it at
+    once, and an interrupted run resumes from its latest checkpoint.
+    """
+    cfg = load(config, set_)
+    if cfg.policy.type != "default":
+        raise InputError(
+            f"{config}: policy.type is {cfg.policy.type!r}; only the default VLA is pretrained"
+        )
+    start = time.perf_counter()
+    with live(json_out) as display:
+        base = display.step("pretrain", lambda show: steps.pretrain_base(cfg, show, ray_address))
+    assert base is not None
+    show_checkpoint("pretrained base", base, time.perf_counter() - start)
+    emit_json(base, json_out)
+
+
+def finetune(
+    config: ConfigArg,
+    set_: SetOpt = None,
+    algo: Annotated[
+        str | None,
+        typer.Option(
+            help="bc, ppo or sac (overrides finetune.algo). ppo/sac: RL in simulation after the "
+            "BC warm start, or from the base with finetune.warm_start: none."
+        ),
+    ] = None,
+    dataset: Annotated[
+        Path | None,
+        typer.Option(
+            help="LeRobot v3 dataset to train on (default: the config's, collected if missing)."
+        ),
+    ] = None,
+    ray_address: RayAddressOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Fine-tune the policy: behaviour cloning on demonstrations, then optionally RL (PPO/SAC).
+
+    policy.type default: freezes the pretrained base (pretrained first if missing) and trains
+    LoRA adapters + heads (finetune.trainable: lora) or everything (all). policy.type hub-vlm:
+    LoRA on the pretrained backbone at policy.backbone. BC runs on finetune.bc.workers Ray
+    Train workers. With --algo ppo or sac, RL runs on finetune.rl.workers rollout-worker actors
+    and one learner actor, syncing only the trainable weights; it writes learning_curves.png
+    beside its checkpoints. An interrupted run resumes from its latest checkpoint when re-run.
+    """
+    cfg = load(config, set_, **{"finetune.algo": algo})
+    if dataset is not None and steps.needs_dataset(cfg):
+        checks.check_dataset(dataset)  # before pretraining the base (minutes)
+    checks.check_config(cfg)
+    run_dir = new_run_dir(f"{cfg.name}-finetune")
+    save_resolved(cfg, run_dir / "config.yaml")
+    start = time.perf_counter()
+    with live(json_out) as display:
+        base = None
+        if cfg.policy.type == "default":
+            base = display.step(
+                "pretrain", lambda show: steps.pretrain_base(cfg, show, ray_address)
+            )
+        data: DatasetRef | Path | None = dataset
+        if data is None and steps.needs_dataset(cfg):
+            data = display.step(
+                "collect", lambda show: steps.collect_dataset(cfg, show, None, ray_address)
+            )
+        ref = display.step(
+            "finetune", lambda show: steps.finetune_policy(cfg, data, base, show, ray_address)
+        )
+    (run_dir / "checkpoint_ref.json").write_text(json.dumps(ref.to_json(), indent=2))
+    rl = cfg.finetune.algo in ("ppo", "sac")
+    title = f"{cfg.finetune.algo.upper()}-fine-tuned policy" if rl else "fine-tuned policy"
+    show_checkpoint(title, ref, time.perf_counter() - start)
+    if rl:
+        console.print(f"learning curves: {Path(ref.path).parent / 'learning_curves.png'}")
+    emit_json(ref, json_out)
+
+
+def evaluate(
+    policy: Annotated[
+        str,
+        typer.Argument(
+            help="Checkpoint directory, exported ONNX (directory or file), or a registry "
+            "version: models:/<name>@<alias> or models:/<name>/<version>."
+        ),
+    ],
+    config: ConfigOpt = DEMO_CONFIG,
+    set_: SetOpt = None,
+    baseline: Annotated[
+        str | None,
+        typer.Option(
+            help="Evaluate this policy (path or models:/ URI) on the same seeds and gate on the "
+            "difference."
+        ),
+    ] = None,
+    episodes: Annotated[
+        int | None, typer.Option(min=1, help="Episodes per variant (overrides evaluate.episodes).")
+    ] = None,
+    seed: Annotated[int | None, typer.Option(help="Root seed of the eval seeds.")] = None,
+    ray_address: RayAddressOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Evaluate a policy in simulation: success with 95% intervals per scene variant.
+
+    The suite is evaluate.variants (default: the held-out variants of scene.variant) x
+    evaluate.episodes seeds, sharded over evaluate.workers Ray workers. With --baseline both
+    run on the same seeds and the gate fails only if the policy is worse at
+    evaluate.gate_confidence. Writes report.md, success.png, frame strips and
+    eval_report.json into a new $ROBO_PIPE_HOME/runs/ folder.
+    """
+    cfg = load(config, set_, **{"evaluate.episodes": episodes, "seed": seed})
+    if policy.startswith("models:") or (baseline or "").startswith("models:"):
+        from pipelines.services import configure
+
+        configure()
+    candidate = checks.resolve_policy(policy)
+    against = checks.resolve_policy(baseline) if baseline else None
+    for path in filter(None, (candidate, against)):
+        checks.check_policy(cfg, path)
+    run_dir = new_run_dir(f"{cfg.name}-evaluate")
+    save_resolved(cfg, run_dir / "config.yaml")
+    with live(json_out) as display:
+        report = display.step(
+            "evaluate",
+            lambda show: steps.evaluate_policy(cfg, candidate, run_dir, show, against, ray_address),
+        )
+    show_evaluation(f"evaluation of {policy}", report)
+    emit_json(report, json_out)
+
+
+def export(
+    checkpoint: Annotated[Path, typer.Argument(help="Checkpoint directory (policy.json inside).")],
+    out: Annotated[
+        Path | None, typer.Option(help="Export directory (default: <checkpoint>-export).")
+    ] = None,
+    dataset: Annotated[
+        Path | None,
+        typer.Option(help="Also check parity on real frames of this LeRobot dataset."),
+    ] = None,
+    config: ConfigOpt = DEMO_CONFIG,
+    json_out: JsonOpt = False,
+) -> None:
+    """Export a checkpoint to ONNX: policy.onnx, io_spec.json, tokenizer, parity reference.
+
+    Normalisation and LoRA are inside the graph (dynamo exporter, opset 18, dynamic batch), so
+    the file runs without the training code. Parity against torch on random inputs (and dataset
+    frames with --dataset) must be within 1e-4 or the export is refused.
+    """
+    cfg = load(config, None)
+    target = out or checkpoint.with_name(f"{checkpoint.name}-export")
+    checks.check_checkpoint(checkpoint)
+    checks.check_out_dir(target, "--out")
+    if dataset is not None:
+        checks.check_dataset(dataset)
+    start = time.perf_counter()
+    with live(json_out) as display:
+        ref = display.step(
+            "export", lambda show: steps.export_checkpoint(cfg, checkpoint, target, dataset, show)
+        )
+    table = Table(title=f"exported {checkpoint}", show_header=False)
+    table.add_row("ONNX", f"{ref.onnx} (opset {ref.opset})")
+    table.add_row("hash", ref.onnx_hash[:16])
+    parity = ", ".join(f"{k} {v:.1e}" for k, v in ref.parity.items())
+    table.add_row("parity |ORT - torch|", parity)
+    table.add_row("wall time", f"{time.perf_counter() - start:.1f} s")
+    console.print(table)
+    emit_json(ref, json_out)
+
+
+def gate(
+    export_dir: Annotated[Path, typer.Argument(help="Export directory (robo-pipe export).")],
+    target: Annotated[
+        str | None,
+        typer.Option(help="Target profile: a shipped name (e.g. local-cpu) or a YAML path."),
+    ] = None,
+    budget_ms: Annotated[
+        float | None, typer.Option(help="p99 budget in ms (default: the profile's).")
+    ] = None,
+    steps_: Annotated[int, typer.Option("--steps", min=1, help="Measured control steps.")] = 1000,
+    warmup: Annotated[int, typer.Option(min=0, help="Unmeasured steps first.")] = 50,
+    pace: Annotated[
+        bool, typer.Option(help="Sleep to the control rate between steps, as on the robot.")
+    ] = True,
+    config: ConfigOpt = DEMO_CONFIG,
+    json_out: JsonOpt = False,
+) -> None:
+    """Latency gate: the whole control step on this machine, p99 against the budget.
+
+    Runs the export on the target profile's engine in the control loop (the simulated robot
+    stands in for the arm), times observation in -> action out for --steps steps after warm-up,
+    and passes only if p99 <= budget and deadline misses <= the profile's allowance. Writes
+    latency.md, latency.png and latency_report.json into a new run folder. Exits 1 if it fails.
+    """
+    from deploy_edge.latency import load_target
+
+    gate_settings = {
+        "latency.target": target,
+        "latency.budget_ms": budget_ms,
+        "latency.steps": steps_,
+        "latency.warmup": warmup,
+        "latency.pace": pace,
+    }
+    cfg = load(config, None, **gate_settings)
+    load_target(cfg.latency.target)
+    checks.check_export(export_dir)
+    run_dir = new_run_dir(f"{cfg.name}-gate")
+    with live(json_out) as display:
+        report = display.step(
+            "latency", lambda show: steps.measure_latency(cfg, export_dir, run_dir, show)
+        )
+    show_latency(report)
+    emit_json(report, json_out)
+    if not report.passed:
+        raise typer.Exit(code=1)
+
+
+def register(app: typer.Typer) -> None:
+    """Add these verbs to ``app``."""
+    for verb in (demo, collect, pretrain, finetune, evaluate, export, gate):
+        app.command(verb.__name__)(verb)

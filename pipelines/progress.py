@@ -1,0 +1,103 @@
+"""Stage progress: one listener protocol for every way a stage is run.
+
+The steps (:mod:`pipelines.steps`) translate the stages' callbacks (finished shards, training
+metrics) into :class:`Listener` calls. The CLI's live display implements it for single verbs
+and for ``robo-pipe run``; the flow's Prefect tasks send their progress to whatever listens in
+their process (:func:`listening`), which is how ``robo-pipe run`` shows the flow live.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, Protocol
+
+
+class Listener(Protocol):
+    """Receives a stage's progress. ``stage`` is a stage name (``collect``, ``pretrain``,
+    ``finetune``, ``export``, ``evaluate``, ``latency``, ``register``)."""
+
+    def started(self, stage: str, total: float | None, unit: str) -> None:
+        """``stage`` began: ``total`` units of work (None: unknown), e.g. 2000 episodes."""
+
+    def advanced(self, stage: str, completed: float, detail: str) -> None:
+        """``completed`` units done (0: only ``detail`` changed); ``detail`` is one short
+        status, e.g. ``"loss 0.0123, 850 samples/s"``."""
+
+    def finished(self, stage: str, detail: str, reused: bool) -> None:
+        """``stage`` completed; ``detail`` describes its record (:func:`describe`);
+        ``reused``: the record came from an earlier run."""
+
+
+class Broadcast:
+    """A listener that forwards to every listener registered with :func:`listening` (none:
+    progress goes nowhere). The Prefect tasks report to this one."""
+
+    def __init__(self) -> None:
+        self.listeners: list[Listener] = []
+
+    def started(self, stage: str, total: float | None, unit: str) -> None:
+        for listener in self.listeners:
+            listener.started(stage, total, unit)
+
+    def advanced(self, stage: str, completed: float, detail: str) -> None:
+        for listener in self.listeners:
+            listener.advanced(stage, completed, detail)
+
+    def finished(self, stage: str, detail: str, reused: bool) -> None:
+        for listener in self.listeners:
+            listener.finished(stage, detail, reused)
+
+
+BROADCAST = Broadcast()
+"""This process's listeners (see :func:`listening`)."""
+
+
+@contextmanager
+def listening(listener: Listener) -> Iterator[None]:
+    """Send the progress of stages run in this process to ``listener`` inside the block."""
+    BROADCAST.listeners.append(listener)
+    try:
+        yield
+    finally:
+        BROADCAST.listeners.remove(listener)
+
+
+# -- one line per record and per metrics record (the display's "detail" column) ----------------
+
+
+def training_detail(metrics: dict[str, float]) -> str:
+    """A BC metrics record (``stages.finetune``): loss and throughput."""
+    return f"loss {metrics['action_loss']:.4f}, {metrics['samples_per_s']:,.0f} samples/s"
+
+
+def rl_detail(algo: str, metrics: dict[str, float]) -> str:
+    """An RL iteration's metrics record: training-episode success and env-steps/s."""
+    success = metrics.get("success_rate", math.nan)
+    shown = "-" if math.isnan(success) else f"{success:.0%}"
+    return f"{algo}: training success {shown}, {metrics['env_steps_per_s']:,.0f} env-steps/s"
+
+
+def describe(stage: str, record: Any) -> str:
+    """One line describing a stage's record, for the display."""
+    if stage == "collect":
+        return f"{record.episodes} episodes, {record.frames} frames"
+    if stage in ("pretrain", "finetune"):
+        metrics = record.metrics
+        if "action_loss" in metrics:  # behaviour cloning
+            return f"step {record.step}, loss {metrics['action_loss']:.4f}"
+        success = metrics.get("success_rate", math.nan)  # RL: no action loss
+        shown = "-" if math.isnan(success) else f"{success:.0%}"
+        return f"iteration {record.step}, training success {shown}"
+    if stage == "export":
+        return f"parity {record.parity_max_abs_error:.1e}"
+    if stage == "evaluate":
+        report = getattr(record, "candidate", record)  # the pipeline's Evaluation, or a report
+        low, high = report.ci95
+        return f"success {report.success_rate:.1%} ({low:.1%} - {high:.1%})"
+    if stage == "latency":
+        return f"p99 {record.p99_ms:.2f} ms ({'pass' if record.passed else 'FAIL'})"
+    if stage == "register":
+        return f"v{record.version} {', '.join(record.aliases)}"
+    return ""

@@ -1,0 +1,109 @@
+"""The pipeline's own records (the stages' are theirs: ``DatasetRef``, ``CheckpointRef``,
+``ExportRef``, ``EvalReport``, ``LatencyReport``). Every one is a typed :class:`Record` with a
+JSON round trip: resume files, ``--json`` output and ``result.json`` hold these shapes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from robo_pipe.records import Record
+from stages.evaluate.report import EvalReport
+from stages.register import Gate
+
+if TYPE_CHECKING:  # the checkpoint module imports torch
+    from deploy_edge.latency import LatencyReport
+    from stages.dataset.layout import DatasetRef
+    from stages.export import ExportRef
+    from stages.policy.checkpoint import CheckpointRef
+
+
+@dataclass(frozen=True)
+class Evaluation(Record):
+    """The pipeline's evaluate stage: the candidate export on the held-out suite (against the
+    champion on the same seeds, when there is one) and the model fine-tuning started from."""
+
+    candidate: EvalReport
+    champion_version: str | None
+    """The champion when the candidate was evaluated (None: no champion yet)."""
+    start: EvalReport | None = None
+    """The base fine-tuning started from, on the same suite (None for a hub-vlm policy)."""
+
+
+@dataclass(frozen=True)
+class Registration(Record):
+    """The register stage: the model version, its aliases and every gate's decision."""
+
+    name: str
+    version: str
+    aliases: list[str]
+    promoted: bool
+    """Whether this version is ``champion`` (every enforced gate passed)."""
+    blocked_by: list[str]
+    """The enforced gates it failed, in order."""
+    gates: dict[str, Gate]
+    source: str
+    """The MLflow artifact URI of the registered bundle."""
+
+
+@dataclass(frozen=True)
+class StageRun(Record):
+    """How a stage went in one pipeline run."""
+
+    seconds: float
+    reused: bool
+    """The record came from an earlier run with the same inputs."""
+
+
+@dataclass(frozen=True)
+class PipelineResult(Record):
+    """What ``train_simulate_deploy`` returns (and writes as ``result.json``)."""
+
+    config_name: str
+    config_hash: str
+    run_dir: str
+    model_name: str
+    version: str
+    aliases: list[str]
+    promoted: bool
+    blocked_by: list[str]
+    gates: dict[str, Gate]
+    dataset: str
+    checkpoint: str
+    export: str
+    success_rate: float
+    """Held-out success of the export, 0..1."""
+    ci95: tuple[float, float]
+    start_success_rate: float | None
+    """The same for the model fine-tuning started from."""
+    latency_p99_ms: float
+    mlflow_run_id: str
+    stages: dict[str, StageRun] = field(default_factory=dict)
+    links: dict[str, str] = field(default_factory=dict)
+    """Prefect flow run, MLflow run and model version pages."""
+
+
+@dataclass(frozen=True)
+class ChampionCheck(Record):
+    """What ``champion_regression`` (``robo-pipe models check``) found."""
+
+    model_name: str
+    version: str
+    evaluation: EvalReport
+    """The champion on the held-out suite (without per-episode lists)."""
+    min_success: float
+    passed: bool
+    """Held-out success still reaches ``registry.promotion.min_success``."""
+
+
+@dataclass(frozen=True)
+class RunRecords:
+    """Every stage record of one pipeline run (in memory only, for the run's summary)."""
+
+    dataset: DatasetRef
+    base: CheckpointRef | None
+    checkpoint: CheckpointRef
+    export: ExportRef
+    evaluation: Evaluation
+    latency: LatencyReport
+    registration: Registration

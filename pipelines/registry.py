@@ -1,0 +1,290 @@
+"""The MLflow model registry: policy versions, aliases, promotion and rollback.
+
+Conventions (aliases, not stages):
+
+- every exported policy the pipeline registers becomes a new version of the registered model
+  ``registry.model_name``, aliased ``candidate``;
+- ``champion`` moves to it only when every enforced promotion gate passed (the rules are
+  :mod:`stages.register`); the registered model's tag ``robo_pipe.champion_history`` lists the
+  champions in order, so ``rollback`` can restore the previous one;
+- a version's directory is an MLflow ``onnx`` flavor model (``model.onnx``, ``MLmodel`` with
+  the signature: every input and output's name, dtype and shape) that is also a robo-pipe
+  export bundle (:mod:`deploy_edge.bundle`), its I/O spec pointing at ``model.onnx``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from deploy_edge.bundle import IO_SPEC_FILE, IOSpec, TensorSpec, copy_bundle, read_io_spec
+from pipelines.home import home_dir
+from pipelines.tracking import TAG, TrackedRun, client
+from robo_pipe.errors import RoboPipeError
+from stages.register import Gate, gates_from_tags, history_after_promotion, rollback_target
+
+if TYPE_CHECKING:
+    from mlflow.entities.model_registry import ModelVersion
+    from mlflow.models import ModelSignature
+
+MLFLOW_MODEL_FILE = "model.onnx"
+"""The model's name in a registered version (MLflow's ``onnx`` flavor writes it)."""
+CANDIDATE = "candidate"
+CHAMPION = "champion"
+HISTORY_TAG = TAG + "champion_history"
+MODEL_DIR = "policy"
+"""Artifact path of the registered model inside the pipeline's MLflow run."""
+PIP_REQUIREMENTS = ["onnxruntime", "tokenizers", "numpy"]
+"""What running a registered policy needs (explicit: MLflow's inference of them is slow)."""
+
+
+class RegistryError(RoboPipeError, ValueError):
+    """A registered model, version or alias does not exist, or an operation is not allowed."""
+
+
+@dataclass
+class VersionInfo:
+    """A registered model version as robo-pipe shows it."""
+
+    name: str
+    version: str
+    aliases: list[str]
+    run_id: str
+    source: str
+    created: str
+    """UTC time of registration."""
+    tags: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def gates(self) -> dict[str, Gate]:
+        """The promotion gates recorded on this version when it was registered."""
+        return gates_from_tags(self.tags)
+
+    @property
+    def uri(self) -> str:
+        """``models:/<name>/<version>``."""
+        return f"models:/{self.name}/{self.version}"
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain-dict form for JSON output."""
+        return {**asdict(self), "uri": self.uri}
+
+
+def _info(mv: ModelVersion) -> VersionInfo:
+    created = time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(int(mv.creation_timestamp) / 1000))
+    return VersionInfo(
+        name=mv.name,
+        version=str(mv.version),
+        aliases=sorted(mv.aliases or []),
+        run_id=str(mv.run_id or ""),
+        source=str(mv.source),
+        created=created,
+        tags=dict(mv.tags or {}),
+    )
+
+
+def model_names() -> list[str]:
+    """Every registered model's name."""
+    return sorted(m.name for m in client().search_registered_models(max_results=1000))
+
+
+def _check_model(name: str) -> None:
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client().get_registered_model(name)
+    except MlflowException:
+        names = model_names()
+        known = ", ".join(names) if names else "none yet (robo-pipe run registers one)"
+        raise RegistryError(f"no registered model {name!r}; registered models: {known}") from None
+
+
+def versions(name: str) -> list[VersionInfo]:
+    """Every version of ``name``, newest first."""
+    _check_model(name)
+    found = client().search_model_versions(f"name='{name}'")
+    return sorted((_info(mv) for mv in found), key=lambda v: -int(v.version))
+
+
+def get_version(name: str, ref: str) -> VersionInfo:
+    """Version ``ref`` of ``name``: a number or an alias (``champion``, ``candidate``)."""
+    from mlflow.exceptions import MlflowException
+
+    _check_model(name)
+    try:
+        if ref.isdigit():
+            return _info(client().get_model_version(name, ref))
+        return _info(client().get_model_version_by_alias(name, ref))
+    except MlflowException:
+        known = ", ".join(f"{v.version} {v.aliases}" for v in versions(name)) or "none"
+        raise RegistryError(f"{name} has no version or alias {ref!r}; versions: {known}") from None
+
+
+def champion(name: str) -> VersionInfo | None:
+    """The current champion of ``name``, or None (no such model, or no champion yet)."""
+    try:
+        return get_version(name, CHAMPION)
+    except RegistryError:
+        return None
+
+
+def parse_model_uri(uri: str) -> tuple[str, str]:
+    """``models:/name@alias``, ``models:/name/3``, ``name@alias`` or ``name/3`` ->
+    (name, version-or-alias)."""
+    ref = uri.removeprefix("models:/")
+    if "@" in ref:
+        name, _, which = ref.partition("@")
+    elif "/" in ref:
+        name, _, which = ref.rpartition("/")
+    else:
+        raise RegistryError(f"{uri!r}: expected models:/<name>@<alias> or models:/<name>/<version>")
+    if not name or not which:
+        raise RegistryError(f"{uri!r}: expected models:/<name>@<alias> or models:/<name>/<version>")
+    return name, which
+
+
+def register_export(
+    export_dir: Path,
+    name: str,
+    run: TrackedRun,
+    tags: dict[str, str],
+    description: str = "",
+) -> VersionInfo:
+    """Register the export at ``export_dir`` as a new version of ``name`` (created if missing),
+    logged under ``run``'s artifacts, with ``tags``; alias it ``candidate``."""
+    import mlflow.onnx
+    import onnx
+    from mlflow.exceptions import MlflowException
+
+    mlflow_client = client()
+    staging = home_dir("exports") / f".register-{run.run_id}"
+    shutil.rmtree(staging, ignore_errors=True)
+    spec = read_io_spec(export_dir)
+    model = onnx.load(str(export_dir / spec.onnx_file))  # with its external data
+    mlflow.onnx.save_model(
+        model,
+        str(staging),
+        signature=model_signature(spec),
+        pip_requirements=PIP_REQUIREMENTS,
+        save_as_external_data=model.ByteSize() > 1_500_000_000,  # protobuf's 2 GB limit
+        metadata={"robo_pipe_io_spec": IO_SPEC_FILE, **tags},
+    )
+    copy_bundle(export_dir, staging, model_file=MLFLOW_MODEL_FILE)  # the rest of the bundle
+    run.log_artifact(staging, MODEL_DIR)
+    shutil.rmtree(staging)
+    try:
+        mlflow_client.get_registered_model(name)
+    except MlflowException:
+        mlflow_client.create_registered_model(
+            name, description=description or "robo-pipe policy (ONNX, see io_spec.json)"
+        )
+    mv = mlflow_client.create_model_version(
+        name, source=run.artifact_uri(MODEL_DIR), run_id=run.run_id, tags=tags
+    )
+    mlflow_client.set_registered_model_alias(name, CANDIDATE, str(mv.version))
+    return get_version(name, str(mv.version))
+
+
+def model_signature(spec: IOSpec) -> ModelSignature:
+    """The MLflow signature of an export, from its I/O spec: every input and output by name,
+    dtype and shape, the batch axis as -1 (any size)."""
+    import numpy as np
+    from mlflow.models import ModelSignature
+    from mlflow.types.schema import Schema
+    from mlflow.types.schema import TensorSpec as MlflowTensor
+
+    def schema(tensors: tuple[TensorSpec, ...]) -> Schema:
+        return Schema([MlflowTensor(np.dtype(t.dtype), t.dims(-1), t.name) for t in tensors])
+
+    return ModelSignature(inputs=schema(spec.inputs), outputs=schema(spec.outputs))
+
+
+def set_version_description(name: str, version: str, description: str) -> None:
+    """Set the description (markdown) the MLflow UI shows on a model version's page."""
+    client().update_model_version(name, version, description=description)
+
+
+def find_export(name: str, onnx_hash: str) -> VersionInfo | None:
+    """The version of ``name`` registered from the export with ``onnx_hash``, if any."""
+    if name not in model_names():
+        return None
+    for info in versions(name):
+        if info.tags.get(TAG + "onnx_hash") == onnx_hash:
+            return info
+    return None
+
+
+def set_alias(name: str, alias: str, version: str) -> VersionInfo:
+    """Point ``alias`` of ``name`` at ``version``."""
+    client().set_registered_model_alias(name, alias, version)
+    return get_version(name, version)
+
+
+def set_version_tags(name: str, version: str, tags: dict[str, Any]) -> None:
+    """Tag a model version (values as strings)."""
+    mlflow_client = client()
+    for key, value in tags.items():
+        mlflow_client.set_model_version_tag(name, version, key, str(value))
+
+
+def champion_history(name: str) -> list[str]:
+    """Versions that were champion of ``name``, oldest first."""
+    tags = client().get_registered_model(name).tags or {}
+    history: list[str] = json.loads(tags.get(HISTORY_TAG, "[]"))
+    return history
+
+
+def promote(name: str, version: str, reason: str) -> VersionInfo:
+    """Make ``version`` the champion of ``name`` and record it in the champion history."""
+    info = get_version(name, version)
+    mlflow_client = client()
+    mlflow_client.set_registered_model_alias(name, CHAMPION, info.version)
+    history = history_after_promotion(champion_history(name), info.version)
+    mlflow_client.set_registered_model_tag(name, HISTORY_TAG, json.dumps(history))
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    set_version_tags(name, info.version, {TAG + "promoted_at": stamp, TAG + "promoted_by": reason})
+    return get_version(name, info.version)
+
+
+def rollback(name: str) -> VersionInfo:
+    """Give ``champion`` back to the previous champion of ``name``."""
+    current = champion(name)
+    history = champion_history(name)
+    if current is None:
+        _check_model(name)
+        raise RegistryError(f"{name} has no champion to roll back")
+    target = rollback_target(history, current.version)
+    if target is None:
+        raise RegistryError(
+            f"{name}: version {current.version} is the only champion there has been; "
+            "nothing to roll back to"
+        )
+    previous, earlier = target
+    client().set_registered_model_alias(name, CHAMPION, previous)
+    client().set_registered_model_tag(name, HISTORY_TAG, json.dumps(earlier))
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    set_version_tags(name, current.version, {TAG + "rolled_back_at": stamp})
+    return get_version(name, previous)
+
+
+def fetch_export(name: str, ref: str) -> tuple[VersionInfo, Path]:
+    """Download version ``ref`` (number or alias) of ``name`` into
+    ``$ROBO_PIPE_HOME/exports/registry/<name>/<version>`` (once) and return it with the
+    directory, which the edge runtime and evaluation load like any export."""
+    import mlflow.artifacts
+
+    info = get_version(name, ref)
+    target = home_dir("exports") / "registry" / name / info.version
+    if (target / IO_SPEC_FILE).is_file():
+        return info, target
+    staging = target.with_name(f".{info.version}.partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    mlflow.artifacts.download_artifacts(f"models:/{name}/{info.version}", dst_path=str(staging))
+    read_io_spec(staging)  # a registry copy that is not a bundle is refused, not kept
+    staging.rename(target)
+    return info, target

@@ -1,0 +1,440 @@
+"""The pipeline's steps: each stage called with a pipeline config. The one wiring layer.
+
+Every step maps the config's sections to a stage's arguments, puts its output under
+``$ROBO_PIPE_HOME``, reports progress to a :class:`~pipelines.progress.Listener` and returns
+the stage's typed record. The CLI verbs and the Prefect tasks both call these and hold no
+stage logic of their own::
+
+    collect_dataset(cfg) -> DatasetRef
+    pretrain_base(cfg) -> CheckpointRef | None            (the default VLA's base; cached)
+    finetune_policy(cfg, dataset, base) -> CheckpointRef  (BC, then PPO/SAC if configured)
+    export_checkpoint(cfg, checkpoint, out) -> ExportRef
+    evaluate_policy(cfg, policy, out) -> EvalReport        (one suite, optional baseline)
+    evaluate_candidate(cfg, export, base, champion, out) -> Evaluation  (the pipeline's)
+    measure_latency(cfg, export, out) -> LatencyReport
+    register_version(cfg, lineage..., evaluation, latency, run) -> Registration
+    evaluate_champion(cfg, out) -> ChampionCheck
+
+The checks of a command's inputs before any work starts are :mod:`pipelines.checks`. The stage
+packages (and torch) are imported when a step runs, not when this module is imported.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pipelines import registry
+from pipelines.config import PipelineConfig
+from pipelines.home import home_dir
+from pipelines.progress import Listener, rl_detail, training_detail
+from pipelines.records import ChampionCheck, Evaluation, Registration
+from robo_pipe.errors import InputError
+from stages.register import blocking_gates, gate_tags, meets_min_success, promotion_gates
+
+if TYPE_CHECKING:
+    from deploy_edge.latency import LatencyReport
+    from pipelines.tracking import TrackedRun
+    from stages.dataset.layout import DatasetRef
+    from stages.evaluate.report import EvalReport
+    from stages.export import ExportRef
+    from stages.policy.checkpoint import CheckpointRef
+
+
+class Silent:
+    """A listener that drops everything (a step called without one)."""
+
+    def started(self, stage: str, total: float | None, unit: str) -> None:
+        """Ignored."""
+
+    def advanced(self, stage: str, completed: float, detail: str) -> None:
+        """Ignored."""
+
+    def finished(self, stage: str, detail: str, reused: bool) -> None:
+        """Ignored."""
+
+
+SILENT = Silent()
+
+
+# -- the steps -----------------------------------------------------------------------------------
+
+
+def default_dataset(cfg: PipelineConfig) -> Path:
+    """Where ``cfg``'s dataset is collected: ``$ROBO_PIPE_HOME/datasets/<dataset_name>``."""
+    return home_dir("datasets") / cfg.dataset_name()
+
+
+def collect_dataset(
+    cfg: PipelineConfig,
+    listener: Listener = SILENT,
+    out: Path | None = None,
+    ray_address: str | None = None,
+) -> DatasetRef:
+    """Collect (or finish, or reuse) ``cfg``'s demonstrations into a LeRobot v3 dataset at
+    ``out`` (default :func:`default_dataset`); its provenance records the resolved config."""
+    from stages.collect import ShardResult, collect
+
+    listener.started("collect", cfg.collect.episodes, "episodes")
+    start = time.perf_counter()
+    done = solved = frames = 0
+
+    def on_shard(result: ShardResult) -> None:
+        nonlocal done, solved, frames
+        done, solved = done + result.attempted, solved + result.solved
+        frames += result.kept_frames
+        rate = frames / (time.perf_counter() - start)
+        listener.advanced(
+            "collect", done, f"source success {solved / done:.0%}, {rate:,.0f} frames/s"
+        )
+
+    return collect(
+        cfg.robot,
+        cfg.scene,
+        cfg.sim,
+        cfg.collect,
+        cfg.seed,
+        out or default_dataset(cfg),
+        ray_address,
+        on_shard=on_shard,
+        extra_provenance={"config": cfg.model_dump(mode="json"), "config_hash": cfg.config_hash()},
+    )
+
+
+def pretrain_base(
+    cfg: PipelineConfig, listener: Listener = SILENT, ray_address: str | None = None
+) -> CheckpointRef | None:
+    """The default VLA's base for ``cfg`` (pretrained once, then cached); None for a hub-vlm
+    policy, which starts from its pretrained backbone."""
+    if cfg.policy.type != "default":
+        return None
+    from stages.finetune import pretrain
+
+    listener.started("pretrain", cfg.pretrain.bc.steps, "steps")
+    return pretrain(
+        cfg.robot,
+        cfg.scene,
+        cfg.sim,
+        cfg.collect,
+        cfg.policy,
+        cfg.pretrain,
+        cfg.seed,
+        home_dir("checkpoints"),
+        home_dir("datasets"),
+        ray_address,
+        on_metrics=lambda m: listener.advanced("pretrain", m["step"], training_detail(m)),
+        on_status=lambda line: listener.advanced("pretrain", 0, line),
+    )
+
+
+def needs_dataset(cfg: PipelineConfig) -> bool:
+    """Whether fine-tuning reads demonstrations (not for RL from the base's fresh adapters)."""
+    return not (cfg.finetune.algo in ("ppo", "sac") and cfg.finetune.warm_start == "none")
+
+
+def finetune_policy(
+    cfg: PipelineConfig,
+    dataset: DatasetRef | Path | None,
+    base: CheckpointRef | None,
+    listener: Listener = SILENT,
+    ray_address: str | None = None,
+) -> CheckpointRef:
+    """Fine-tune as ``cfg.finetune`` says: behaviour cloning of ``base`` (or of a hub-vlm
+    backbone) on ``dataset``, then PPO or SAC in simulation when ``algo`` is ppo or sac; with
+    ``warm_start: none`` RL starts from ``base`` with fresh adapters and ``dataset`` is unused.
+    Each part is cached and resumable."""
+    from stages.finetune import finetune
+
+    if needs_dataset(cfg):
+        if dataset is None:
+            raise InputError("finetune: behaviour cloning needs a dataset")
+        listener.started("finetune", cfg.finetune.bc.steps, "BC steps")
+        start = finetune(
+            dataset,
+            cfg.policy,
+            cfg.finetune,
+            base,
+            cfg.seed,
+            home_dir("checkpoints"),
+            name=cfg.name,
+            ray_address=ray_address,
+            on_metrics=lambda m: listener.advanced("finetune", m["step"], training_detail(m)),
+            lineage={"config_hash": cfg.config_hash()},
+        )
+    elif base is None:  # the config check refuses this; a caller passing no base is a bug
+        raise AssertionError("RL from fresh adapters needs the default VLA's base")
+    else:
+        start = base
+    if cfg.finetune.algo not in ("ppo", "sac"):
+        return start
+    return rl_finetune_from(cfg, start, listener, ray_address)
+
+
+def rl_finetune_from(
+    cfg: PipelineConfig,
+    start: CheckpointRef,
+    listener: Listener = SILENT,
+    ray_address: str | None = None,
+    checkpoints: Path | None = None,
+) -> CheckpointRef:
+    """PPO or SAC (``cfg.finetune.algo``) in simulation from ``start`` (a BC fine-tune, or a
+    base with fresh adapters), under ``checkpoints`` (default the home's); cached, resumable."""
+    from stages.finetune import rl_finetune
+
+    algo = cfg.finetune.algo
+    listener.started("finetune", cfg.finetune.rl.iterations, f"{algo} iterations")
+    return rl_finetune(
+        start,
+        cfg.robot,
+        cfg.scene,
+        cfg.sim,
+        cfg.finetune,
+        cfg.seed,
+        checkpoints or home_dir("checkpoints"),
+        name=cfg.name,
+        ray_address=ray_address,
+        on_metrics=lambda m: listener.advanced("finetune", m["step"], rl_detail(algo, m)),
+        lineage={"config_hash": cfg.config_hash()},
+        lora=cfg.policy.lora,
+    )
+
+
+def export_checkpoint(
+    cfg: PipelineConfig,
+    checkpoint: Path,
+    out: Path,
+    dataset: Path | None = None,
+    listener: Listener = SILENT,
+) -> ExportRef:
+    """Export ``checkpoint`` to an ONNX bundle at ``out`` (parity checked on random inputs and,
+    with ``dataset``, on its frames), at ``cfg``'s robot's control rate."""
+    from robots.spec import get_robot
+    from stages.export import export
+
+    listener.started("export", None, "")
+    return export(checkpoint, out, get_robot(cfg.robot).control_hz, cfg.seed, dataset=dataset)
+
+
+def evaluate_policy(
+    cfg: PipelineConfig,
+    policy: Path,
+    out: Path,
+    listener: Listener = SILENT,
+    baseline: Path | None = None,
+    ray_address: str | None = None,
+) -> EvalReport:
+    """``policy`` (checkpoint or export) on ``cfg``'s evaluation suite; with ``baseline``, that
+    too on the same seeds, gated on the difference. Reports into ``out``."""
+    listener.started("evaluate", _suite_episodes(cfg) * (2 if baseline else 1), "episodes")
+    return _evaluate(cfg, policy, out, listener, baseline, ray_address, _Tally())
+
+
+def evaluate_candidate(
+    cfg: PipelineConfig,
+    export: ExportRef,
+    base: CheckpointRef | None,
+    champion: registry.VersionInfo | None,
+    out: Path,
+    listener: Listener = SILENT,
+    ray_address: str | None = None,
+) -> Evaluation:
+    """The pipeline's evaluation: the export on the held-out suite against ``champion``'s
+    export on the same seeds (the no-regression gate), and the model fine-tuning started from
+    (``base``), on the same suite. Per-episode lists are dropped from the records."""
+    baseline = registry.fetch_export(cfg.model_name, champion.version)[1] if champion else None
+    policies = 1 + (baseline is not None) + (base is not None)
+    listener.started("evaluate", policies * _suite_episodes(cfg), "episodes")
+    tally = _Tally()
+    candidate = _evaluate(cfg, Path(export.path), out, listener, baseline, ray_address, tally)
+    start = None
+    if base is not None:
+        start_out = out.with_name(f"{out.name}-start")
+        start = _evaluate(cfg, Path(base.path), start_out, listener, None, ray_address, tally)
+    current = registry.champion(cfg.model_name)
+    return Evaluation(
+        candidate=_compact(candidate),
+        champion_version=current.version if current else None,
+        start=_compact(start) if start else None,
+    )
+
+
+def champion_to_beat(cfg: PipelineConfig, export: ExportRef) -> registry.VersionInfo | None:
+    """The champion a new export is compared with: None if there is none, or if it is this
+    very export (nothing to compare with)."""
+    current = registry.champion(cfg.model_name)
+    if current and current.tags.get(registry.TAG + "onnx_hash") == export.onnx_hash:
+        return None
+    return current
+
+
+def measure_latency(
+    cfg: PipelineConfig, export: Path, out: Path, listener: Listener = SILENT
+) -> LatencyReport:
+    """The latency gate (``cfg.latency``): the export in the control loop of ``cfg``'s
+    simulated robot on the target profile's engine, p99 against the budget. Reports into
+    ``out``."""
+    from deploy_edge.bundle import read_io_spec
+    from deploy_edge.latency import load_target, run_gate
+    from robots.spec import get_robot
+    from sim_scenes.sim_robot import SimulatedRobot
+    from sim_scenes.touch import get_variant
+
+    gate = cfg.latency
+    profile = load_target(gate.target)
+    spec = read_io_spec(export)
+    robot = SimulatedRobot(
+        get_robot(cfg.robot),
+        get_variant(cfg.scene.variant),
+        seed=cfg.seed,
+        cameras=tuple(spec.cameras),
+        image_size=spec.image_size,
+    )
+    robot.connect()  # the gate runs the control loop on its first episode's instruction
+    instruction = robot.instruction
+    robot.stop()
+    listener.started("latency", None, "")
+    listener.advanced("latency", 0, f"measuring {gate.steps} control steps on {profile.name}")
+    out.mkdir(parents=True, exist_ok=True)
+    return run_gate(
+        export, robot, instruction, profile, gate.steps, gate.warmup, gate.budget_ms, gate.pace, out
+    )
+
+
+def register_version(
+    cfg: PipelineConfig,
+    dataset: DatasetRef,
+    checkpoint: CheckpointRef,
+    export: ExportRef,
+    evaluation: Evaluation,
+    latency: LatencyReport,
+    run: TrackedRun,
+    code: str,
+    listener: Listener = SILENT,
+) -> Registration:
+    """Register ``export`` as a version of ``cfg.model_name`` (alias ``candidate``; one version
+    per export: a re-registered export gets its tags refreshed) with its lineage and every
+    gate's decision; move ``champion`` to it only if no enforced gate failed."""
+    listener.started("register", None, "")
+    gates = promotion_gates(
+        cfg.registry.promotion,
+        evaluation.candidate,
+        evaluation.champion_version,
+        latency,
+        cfg.evaluate.gate_confidence,
+    )
+    base = checkpoint.base
+    tags = {
+        registry.TAG + "dataset_hash": dataset.content_hash,
+        registry.TAG + "base_model": base.path if base else "",
+        registry.TAG + "base_hash": base.hash if base else "",
+        registry.TAG + "checkpoint_hash": checkpoint.content_hash,
+        registry.TAG + "onnx_hash": export.onnx_hash,
+        registry.TAG + "config_hash": cfg.config_hash(),
+        registry.TAG + "code_version": code,
+        registry.TAG + "success_rate": f"{evaluation.candidate.success_rate:.4f}",
+        registry.TAG + "latency_p99_ms": f"{latency.p99_ms:.3f}",
+        **gate_tags(gates),
+    }
+    same = registry.find_export(cfg.model_name, export.onnx_hash)
+    if same is None:
+        info = registry.register_export(Path(export.path), cfg.model_name, run, tags)
+    else:
+        registry.set_version_tags(cfg.model_name, same.version, tags)
+        info = registry.set_alias(cfg.model_name, registry.CANDIDATE, same.version)
+    blocking = blocking_gates(gates)
+    if not blocking and registry.CHAMPION not in info.aliases:
+        reason = f"pipeline run {run.run_id}: all gates passed"
+        info = registry.promote(cfg.model_name, info.version, reason)
+    return Registration(
+        name=info.name,
+        version=info.version,
+        aliases=info.aliases,
+        promoted=not blocking,
+        blocked_by=blocking,
+        gates=gates,
+        source=info.source,
+    )
+
+
+def evaluate_champion(
+    cfg: PipelineConfig, out: Path, listener: Listener = SILENT, ray_address: str | None = None
+) -> ChampionCheck:
+    """The champion of ``cfg.model_name`` on the held-out suite, against
+    ``registry.promotion.min_success``; the result is tagged on the version."""
+    info, bundle = registry.fetch_export(cfg.model_name, registry.CHAMPION)
+    report = evaluate_policy(cfg, bundle, out, listener, ray_address=ray_address)
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    registry.set_version_tags(
+        info.name,
+        info.version,
+        {
+            registry.TAG + "last_regression_success": f"{report.success_rate:.4f}",
+            registry.TAG + "last_regression_at": stamp,
+        },
+    )
+    policy = cfg.registry.promotion
+    return ChampionCheck(
+        model_name=info.name,
+        version=info.version,
+        evaluation=_compact(report),
+        min_success=policy.min_success,
+        passed=meets_min_success(report.success_rate, policy),
+    )
+
+
+# -- helpers -------------------------------------------------------------------------------------
+
+
+class _Tally:
+    """Episodes and successes over every suite of one evaluate step (for progress)."""
+
+    def __init__(self) -> None:
+        self.done = self.wins = self.steps = 0
+        self.start = time.perf_counter()
+
+
+def _suite_episodes(cfg: PipelineConfig) -> int:
+    from stages.evaluate import suite_variants
+
+    return len(suite_variants(cfg.scene, cfg.evaluate)) * cfg.evaluate.episodes
+
+
+def _evaluate(
+    cfg: PipelineConfig,
+    policy: Path,
+    out: Path,
+    listener: Listener,
+    baseline: Path | None,
+    ray_address: str | None,
+    tally: _Tally,
+) -> EvalReport:
+    from stages.evaluate import ShardOutcome, evaluate
+
+    def on_shard(outcome: ShardOutcome) -> None:
+        tally.done += len(outcome.episodes)
+        tally.wins += sum(e.success for e in outcome.episodes)
+        tally.steps += sum(e.length for e in outcome.episodes)
+        rate = tally.steps / (time.perf_counter() - tally.start)
+        detail = f"success so far {tally.wins / tally.done:.0%}, {rate:,.0f} env-steps/s"
+        listener.advanced("evaluate", tally.done, detail)
+
+    return evaluate(
+        policy,
+        cfg.robot,
+        cfg.scene,
+        cfg.sim,
+        cfg.evaluate,
+        cfg.seed,
+        out,
+        baseline=baseline,
+        ray_address=ray_address,
+        on_shard=on_shard,
+    )
+
+
+def _compact(report: EvalReport) -> EvalReport:
+    """A report without its per-episode lists (records stay small; the report files keep
+    them)."""
+    return replace(report, outcomes=[], seeds=[])

@@ -1,0 +1,120 @@
+"""A training run's directory: step checkpoints committed atomically, and the metrics log.
+
+    <out>/step-XXXXXXX/           a policy checkpoint (policy.json, model.safetensors, tokenizer/)
+          training/<file>.safetensors   what resuming needs: optimizer moments, torch RNG, heads
+          training/state.json           the step and whatever else the trainer keeps as JSON
+    <out>/metrics.jsonl           one JSON record per logged step
+
+BC (:mod:`stages.finetune.bc`) and the RL learner (:mod:`stages.finetune.learner`) both write
+here. A checkpoint is written into a staging directory and renamed into place, so
+:func:`latest_checkpoint` only ever sees complete ones; the newest ``KEEP_CHECKPOINTS`` stay.
+torch loads only when a checkpoint is written or read: reading metrics stays cheap.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from stages.policy.base import VLAPolicy
+    from stages.policy.checkpoint import BaseRef
+
+TRAINING_DIR = "training"
+"""Inside a step checkpoint: optimizer and RNG state for resuming (not part of the policy)."""
+STATE_FILE = "state.json"
+METRICS_FILE = "metrics.jsonl"
+KEEP_CHECKPOINTS = 2
+
+
+def step_dir(out: Path, step: int) -> Path:
+    """Checkpoint directory of ``step``."""
+    return out / f"step-{step:07d}"
+
+
+def latest_checkpoint(out: Path) -> Path | None:
+    """The newest complete step checkpoint under ``out`` (half-written ones never qualify:
+    :func:`commit_checkpoint` renames a finished directory into place)."""
+    steps = sorted(p for p in out.glob("step-*") if (p / TRAINING_DIR / STATE_FILE).is_file())
+    return steps[-1] if steps else None
+
+
+def commit_checkpoint(
+    out: Path,
+    step: int,
+    policy: VLAPolicy,
+    base: BaseRef | None,
+    lineage: dict[str, Any],
+    tensors: dict[str, torch.Tensor],
+    tensors_file: str,
+    state: dict[str, Any],
+) -> Path:
+    """Write ``step-<step>`` atomically: the policy checkpoint, ``tensors`` (plus the torch RNG)
+    as ``training/<tensors_file>`` and ``{"step": step, **state}`` as ``training/state.json``;
+    then delete all but the newest ``KEEP_CHECKPOINTS``. Returns the checkpoint directory."""
+    import torch
+    from safetensors.torch import save_file
+
+    from stages.policy.checkpoint import save_policy
+
+    staging = out / f".step-{step:07d}.partial"
+    shutil.rmtree(staging, ignore_errors=True)
+    save_policy(policy, staging, base, lineage)
+    (staging / TRAINING_DIR).mkdir()
+    save_file(
+        {"rng/torch": torch.get_rng_state(), **tensors}, str(staging / TRAINING_DIR / tensors_file)
+    )
+    (staging / TRAINING_DIR / STATE_FILE).write_text(json.dumps({"step": step, **state}))
+    final = step_dir(out, step)
+    shutil.rmtree(final, ignore_errors=True)
+    staging.rename(final)
+    for old in sorted(out.glob("step-*"))[:-KEEP_CHECKPOINTS]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def restore_training_state(
+    directory: Path, tensors_file: str
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """What :func:`commit_checkpoint` wrote besides the policy: restores the torch RNG and
+    returns the other tensors and the state. Raises :class:`CheckpointError` if unreadable."""
+    import torch
+    from safetensors.torch import load_file
+
+    from stages.policy.checkpoint import CheckpointError
+
+    try:
+        tensors = load_file(str(directory / TRAINING_DIR / tensors_file))
+        state: dict[str, Any] = json.loads((directory / TRAINING_DIR / STATE_FILE).read_text())
+        rng = tensors.pop("rng/torch")
+    except Exception as err:  # any unreadable state is the same failure: say which and why
+        raise CheckpointError(
+            f"{directory / TRAINING_DIR}: unreadable training state ({err})"
+        ) from err
+    torch.set_rng_state(rng)
+    return tensors, state
+
+
+def log_metrics(out: Path, record: dict[str, Any]) -> None:
+    """Append one record to ``metrics.jsonl``."""
+    with (out / METRICS_FILE).open("a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def read_metrics(out: Path) -> list[dict[str, float]]:
+    """Logged metrics, one record per logged step (the latest record wins after a resume)."""
+    path = out / METRICS_FILE
+    if not path.is_file():
+        return []
+    by_step: dict[float, dict[str, float]] = {}
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:  # a line cut short by a kill
+            continue
+        by_step[record["step"]] = record
+    return [by_step[s] for s in sorted(by_step)]

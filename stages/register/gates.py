@@ -1,0 +1,184 @@
+"""Promotion to ``champion``: the gates a candidate must pass, and their registry tags.
+
+Three gates, decided on the evaluate and latency stages' records:
+
+- ``held-out success``: success on the held-out suite >= ``min_success`` (always enforced);
+- ``no regression vs champion``: not worse than the current champion on the same seeds at
+  ``evaluate.gate_confidence`` (enforced if ``no_regression``);
+- ``latency``: the latency gate passed on the target (enforced if ``latency``).
+
+A version becomes ``champion`` only if no enforced gate failed. Every gate's verdict, what was
+measured and what was required are written on the version as tags (:func:`gate_tags`), which
+:func:`gates_from_tags` reads back: ``robo-pipe models promote`` refuses a version that failed
+one unless ``--force``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from robo_pipe.records import Record
+from stages.register.config import PromotionConfig
+
+GATE_TAG = "robo_pipe.gate."
+"""Prefix of the gate tags on a model version: ``robo_pipe.gate.<name>`` = passed/failed, and
+``.measured``, ``.required``, ``.enforced`` beside it."""
+
+HELD_OUT = "held-out success"
+NO_REGRESSION = "no regression vs champion"
+LATENCY = "latency"
+
+
+@dataclass(frozen=True)
+class Gate(Record):
+    """One gate's decision (its name is the key it is stored under)."""
+
+    passed: bool
+    enforced: bool
+    """Whether a failure keeps the version from ``champion`` (``registry.promotion``)."""
+    measured: str
+    """What was measured, for people: e.g. ``"65.0% (95% CI 60.0% - 80.0%)"``."""
+    required: str
+    """The threshold, for people: e.g. ``">= 70%"``."""
+
+
+class Comparison(Protocol):
+    """The candidate against the champion on the same seeds (``stages.evaluate`` report)."""
+
+    passed: bool
+    difference: float
+    """Candidate minus champion success rate, 0..1."""
+    p_value: float
+
+
+class HeldOutResult(Protocol):
+    """What the gates read of the candidate's evaluation (an ``EvalReport``)."""
+
+    success_rate: float
+    """0..1."""
+    ci95: tuple[float, float]
+
+    @property
+    def comparison(self) -> Comparison | None:
+        """Against the champion on the same seeds; None when there was no champion."""
+
+
+class LatencyResult(Protocol):
+    """What the gates read of the latency gate's report (a ``LatencyReport``)."""
+
+    passed: bool
+    p99_ms: float
+    misses: int
+    target: str
+    budget_ms: float
+    allowed_misses: int
+
+
+def meets_min_success(success_rate: float, policy: PromotionConfig) -> bool:
+    """Whether a held-out success rate (0..1) reaches ``policy.min_success`` (inclusive)."""
+    return success_rate >= policy.min_success
+
+
+def promotion_gates(
+    policy: PromotionConfig,
+    candidate: HeldOutResult,
+    champion_version: str | None,
+    latency: LatencyResult,
+    gate_confidence: float,
+) -> dict[str, Gate]:
+    """Every gate's decision, in order (see the module docstring). ``champion_version``: the
+    champion when the candidate was evaluated (None: there was none); without a comparison
+    the candidate is that champion's own export."""
+    low, high = candidate.ci95
+    comparison = candidate.comparison
+    if comparison is not None:
+        vs = f"{comparison.difference:+.1%} vs v{champion_version}, p = {comparison.p_value:.3f}"
+    elif champion_version:
+        vs = f"is champion v{champion_version} (same export)"
+    else:
+        vs = "no champion yet"
+    return {
+        HELD_OUT: Gate(
+            passed=meets_min_success(candidate.success_rate, policy),
+            enforced=True,
+            measured=f"{candidate.success_rate:.1%} (95% CI {low:.1%} - {high:.1%})",
+            required=f">= {policy.min_success:.0%}",
+        ),
+        NO_REGRESSION: Gate(
+            passed=comparison is None or bool(comparison.passed),
+            enforced=policy.no_regression,
+            measured=vs,
+            required=f"not worse at {gate_confidence:.0%} confidence",
+        ),
+        LATENCY: Gate(
+            passed=bool(latency.passed),
+            enforced=policy.latency,
+            measured=f"p99 {latency.p99_ms:.2f} ms, {latency.misses} misses on {latency.target}",
+            required=f"p99 <= {latency.budget_ms:g} ms, misses <= {latency.allowed_misses}",
+        ),
+    }
+
+
+def blocking_gates(gates: Mapping[str, Gate]) -> list[str]:
+    """The gates that keep a version from ``champion``: enforced and failed, in order."""
+    return [name for name, g in gates.items() if g.enforced and not g.passed]
+
+
+def gate_tags(gates: Mapping[str, Gate]) -> dict[str, str]:
+    """Registry tags recording every gate (see :data:`GATE_TAG`)."""
+    tags = {}
+    for name, g in gates.items():
+        tags[GATE_TAG + name] = "passed" if g.passed else "failed"
+        tags[f"{GATE_TAG}{name}.measured"] = g.measured
+        tags[f"{GATE_TAG}{name}.required"] = g.required
+        tags[f"{GATE_TAG}{name}.enforced"] = "true" if g.enforced else "false"
+    return tags
+
+
+def gates_from_tags(tags: Mapping[str, str]) -> dict[str, Gate]:
+    """The gates :func:`gate_tags` wrote, read back from a version's tags (sorted by name).
+    Versions tagged before ``.enforced`` was recorded read as enforced."""
+    names = sorted(k[len(GATE_TAG) :] for k in tags if k.startswith(GATE_TAG) and _is_verdict(k))
+    return {
+        name: Gate(
+            passed=tags[GATE_TAG + name] == "passed",
+            enforced=tags.get(f"{GATE_TAG}{name}.enforced", "true") == "true",
+            measured=tags.get(f"{GATE_TAG}{name}.measured", ""),
+            required=tags.get(f"{GATE_TAG}{name}.required", ""),
+        )
+        for name in names
+    }
+
+
+def failed_gates(tags: Mapping[str, str]) -> list[str]:
+    """Names of the gates a version failed when it was registered (enforced or not), sorted."""
+    return [name for name, g in gates_from_tags(tags).items() if not g.passed]
+
+
+def may_promote(tags: Mapping[str, str], force: bool) -> tuple[bool, list[str]]:
+    """Whether a version with these tags may be made champion by hand, and the gates it failed:
+    not if it failed any, unless ``force`` (the override is then recorded with its reason)."""
+    failed = failed_gates(tags)
+    return (force or not failed), failed
+
+
+# -- the champion history ------------------------------------------------------------------------
+
+
+def history_after_promotion(history: list[str], version: str) -> list[str]:
+    """The champion history (versions, oldest first) once ``version`` is champion: it moves to
+    the end (a version promoted again is not listed twice)."""
+    return [v for v in history if v != version] + [version]
+
+
+def rollback_target(history: list[str], current: str) -> tuple[str, list[str]] | None:
+    """The version ``champion`` goes back to when ``current`` is rolled back, and the history
+    after it; None if there was no other champion."""
+    earlier = [v for v in history if v != current]
+    return (earlier[-1], earlier) if earlier else None
+
+
+def _is_verdict(key: str) -> bool:
+    return not key.endswith((".measured", ".required", ".enforced"))

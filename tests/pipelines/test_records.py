@@ -1,0 +1,69 @@
+"""The pipeline's records round-trip through JSON with their types (resume files, --json and
+result.json hold these shapes), and a stored record that no longer fits is dropped, not used."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pipelines.records import ChampionCheck, Evaluation, PipelineResult, Registration, StageRun
+from pipelines.resume import StageRecords
+from stages.evaluate.report import Comparison
+from stages.register import Gate
+from tests.stages.test_evaluate import suite_report
+
+GATES = {
+    "held-out success": Gate(True, True, "99.5% (95% CI 97.2% - 99.9%)", ">= 70%"),
+    "latency": Gate(False, False, "p99 120.00 ms, 3 misses on local-cpu", "p99 <= 100 ms"),
+}
+
+
+def roundtrip(record: object) -> object:
+    kind = type(record)
+    return kind.from_json(json.loads(json.dumps(record.to_json())))  # type: ignore[attr-defined]
+
+
+def test_pipeline_records_round_trip_with_their_types() -> None:
+    candidate = suite_report(180)
+    candidate.comparison = Comparison("champion", 0.9, (0.85, 0.94), 0.0, 0.0, 0.5, 0.95, True)
+    evaluation = Evaluation(candidate=candidate, champion_version="3", start=suite_report(90))
+    back = roundtrip(evaluation)
+    assert back == evaluation and isinstance(back, Evaluation)
+    assert isinstance(back.candidate.comparison, Comparison) and back.candidate.ci95 == (0.0, 1.0)
+    registration = Registration("demo-policy", "4", ["candidate"], False, ["latency"], GATES, "s3")
+    assert roundtrip(registration) == registration
+    result = PipelineResult(
+        config_name="demo",
+        config_hash="abc",
+        run_dir="/runs/1",
+        model_name="demo-policy",
+        version="4",
+        aliases=["candidate"],
+        promoted=False,
+        blocked_by=[],
+        gates=GATES,
+        dataset="/d",
+        checkpoint="/c",
+        export="/e",
+        success_rate=0.995,
+        ci95=(0.972, 0.999),
+        start_success_rate=None,
+        latency_p99_ms=2.8,
+        mlflow_run_id="r",
+        stages={"collect": StageRun(12.5, True)},
+        links={"MLflow run": "http://127.0.0.1:5000/#/x"},
+    )
+    assert roundtrip(result) == result
+    check = ChampionCheck("demo-policy", "4", suite_report(150), 0.7, True)
+    assert roundtrip(check) == check
+
+
+def test_a_stored_record_that_no_longer_fits_is_dropped(tmp_path: Path) -> None:
+    records = StageRecords(tmp_path)
+    registration = Registration("m", "1", ["champion"], True, [], GATES, "src")
+    records.put("register", "k", registration)
+    assert records.get("register", "k", Registration, lambda r: True) == registration
+    stale = {**registration.to_json(), "gates": {"latency": {"passed": "yes"}}}
+    records.path("register", "k").write_text(json.dumps(stale))
+    assert records.get("register", "k", Registration, lambda r: True) is None
+    assert not records.path("register", "k").exists(), "the stage runs again"

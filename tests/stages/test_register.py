@@ -1,0 +1,165 @@
+"""The register stage's rules on hand-made records: each promotion gate passes and fails at its
+boundary, an unenforced gate reports but does not block, the measured and required values are
+said; the gate tags read back to the same gates; a failed version is promoted only by force;
+the champion history moves forward on promotion and back on rollback."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from pipelines.config import CONFIG_DIR, PipelineConfig, load_config
+from stages.register import (
+    GATE_TAG,
+    Gate,
+    PromotionConfig,
+    blocking_gates,
+    gate_tags,
+    gates_from_tags,
+    history_after_promotion,
+    may_promote,
+    meets_min_success,
+    rollback_target,
+)
+from stages.register import promotion_gates as gates_of
+
+
+def evaluation(
+    success: float, comparison: dict[str, Any] | None = None, champion: str | None = None
+) -> tuple[SimpleNamespace, str | None]:
+    """What the evaluate stage hands on: the candidate's success (95% CI 60-80%, for the text)
+    and its comparison with the champion ``champion`` on the same seeds."""
+    compared = SimpleNamespace(**comparison) if comparison else None
+    return SimpleNamespace(success_rate=success, ci95=(0.6, 0.8), comparison=compared), champion
+
+
+def latency(passed: bool = True, p99: float = 2.5, misses: int = 0) -> SimpleNamespace:
+    return SimpleNamespace(
+        passed=passed,
+        p99_ms=p99,
+        misses=misses,
+        target="local-cpu",
+        budget_ms=100.0,
+        allowed_misses=0,
+    )
+
+
+def config(*overrides: str) -> PipelineConfig:
+    return load_config(CONFIG_DIR / "demo.yaml", list(overrides))
+
+
+def promotion_gates(
+    cfg: PipelineConfig, evaluated: tuple[SimpleNamespace, str | None], lat: SimpleNamespace
+) -> dict[str, Gate]:
+    candidate, champion = evaluated
+    return gates_of(cfg.registry.promotion, candidate, champion, lat, cfg.evaluate.gate_confidence)
+
+
+def test_min_success_is_inclusive() -> None:
+    policy = PromotionConfig(min_success=0.7)
+    assert meets_min_success(0.7, policy) and meets_min_success(0.71, policy)
+    assert not meets_min_success(0.6999, policy)
+
+
+def test_every_gate_passes_and_nothing_blocks() -> None:
+    worse_but_within_noise = {"passed": True, "difference": -0.02, "p_value": 0.31}
+    gates = promotion_gates(config(), evaluation(0.72, worse_but_within_noise, "3"), latency())
+    assert all(g.passed for g in gates.values()) and blocking_gates(gates) == []
+    assert gates["no regression vs champion"].measured == "-2.0% vs v3, p = 0.310"
+
+
+def test_below_min_success_blocks_and_says_measured_and_required() -> None:
+    gates = promotion_gates(config(), evaluation(0.65), latency())
+    held_out = gates["held-out success"]
+    assert not held_out.passed and held_out.enforced
+    assert held_out.measured == "65.0% (95% CI 60.0% - 80.0%)"
+    assert held_out.required == ">= 70%"
+    assert blocking_gates(gates) == ["held-out success"]
+
+
+def test_a_regression_against_the_champion_blocks() -> None:
+    regression = {"passed": False, "difference": -0.15, "p_value": 0.004}
+    gates = promotion_gates(config(), evaluation(0.75, regression, "2"), latency())
+    gate = gates["no regression vs champion"]
+    assert not gate.passed and gate.measured == "-15.0% vs v2, p = 0.004"
+    assert gate.required == "not worse at 95% confidence"
+    assert blocking_gates(gates) == ["no regression vs champion"]
+
+
+@pytest.mark.parametrize(
+    ("champion", "measured"),
+    [(None, "no champion yet"), ("4", "is champion v4 (same export)")],
+)
+def test_without_a_comparison_there_is_no_regression(champion: str | None, measured: str) -> None:
+    gates = promotion_gates(config(), evaluation(0.9, None, champion), latency())
+    assert gates["no regression vs champion"].passed
+    assert gates["no regression vs champion"].measured == measured
+
+
+def test_a_failed_latency_gate_blocks_with_its_figures() -> None:
+    gates = promotion_gates(config(), evaluation(0.9), latency(False, p99=123.456, misses=3))
+    gate = gates["latency"]
+    assert not gate.passed
+    assert gate.measured == "p99 123.46 ms, 3 misses on local-cpu"
+    assert gate.required == "p99 <= 100 ms, misses <= 0"
+    assert blocking_gates(gates) == ["latency"]
+
+
+def test_unenforced_gates_report_but_do_not_block() -> None:
+    cfg = config("registry.promotion.no_regression=false", "registry.promotion.latency=false")
+    regression = {"passed": False, "difference": -0.3, "p_value": 0.0001}
+    gates = promotion_gates(cfg, evaluation(0.5, regression, "1"), latency(False))
+    assert [name for name, g in gates.items() if not g.passed] == [
+        "held-out success",
+        "no regression vs champion",
+        "latency",
+    ]
+    assert not gates["latency"].enforced and not gates["no regression vs champion"].enforced
+    assert gates["held-out success"].enforced, "min_success always holds"
+    assert blocking_gates(gates) == ["held-out success"]
+
+
+def test_gate_tags_read_back_to_the_same_gates() -> None:
+    regression = {"passed": False, "difference": -0.15, "p_value": 0.004}
+    cfg = config("registry.promotion.latency=false")
+    gates = promotion_gates(cfg, evaluation(0.75, regression, "2"), latency(False))
+    tags = gate_tags(gates)
+    assert tags[GATE_TAG + "latency"] == "failed" and tags[GATE_TAG + "latency.enforced"] == "false"
+    assert tags[GATE_TAG + "held-out success.required"] == ">= 70%"
+    back = gates_from_tags({**tags, "robo_pipe.onnx_hash": "abc"})  # other tags are ignored
+    assert back == dict(sorted(gates.items()))
+
+
+def test_versions_tagged_before_enforcement_was_recorded_read_as_enforced() -> None:
+    old = {GATE_TAG + "latency": "failed", GATE_TAG + "latency.measured": "p99 200 ms"}
+    assert gates_from_tags(old) == {
+        "latency": Gate(passed=False, enforced=True, measured="p99 200 ms", required="")
+    }
+
+
+def test_a_version_that_failed_a_gate_is_promoted_only_by_force() -> None:
+    gates = promotion_gates(config(), evaluation(0.5), latency(False))
+    tags = gate_tags(gates)
+    assert may_promote(tags, force=False) == (False, ["held-out success", "latency"])
+    assert may_promote(tags, force=True) == (True, ["held-out success", "latency"])
+    passed = gate_tags(promotion_gates(config(), evaluation(0.9), latency()))
+    assert may_promote(passed, force=False) == (True, [])
+    # an unenforced gate that failed still needs force: the version did fail it
+    lax = gate_tags(
+        promotion_gates(config("registry.promotion.latency=false"), evaluation(0.9), latency(False))
+    )
+    assert may_promote(lax, force=False) == (False, ["latency"])
+
+
+def test_promotion_and_rollback_move_through_the_champion_history() -> None:
+    history = history_after_promotion([], "1")
+    history = history_after_promotion(history, "3")
+    assert history == ["1", "3"]
+    assert history_after_promotion(history, "1") == ["3", "1"], "promoted again: moves last"
+    assert rollback_target(["1", "3"], "3") == ("1", ["1"])
+    assert rollback_target(["1", "2", "4"], "4") == ("2", ["1", "2"])
+    assert rollback_target(["3"], "3") is None, "nothing to roll back to"
+    # a champion set by hand outside the history rolls back to the last recorded one
+    assert rollback_target(["1", "2"], "5") == ("2", ["1", "2"])

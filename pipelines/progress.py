@@ -30,6 +30,22 @@ class Listener(Protocol):
         ``reused``: the record came from an earlier run."""
 
 
+class Silent:
+    """A listener that drops everything (a step called without one)."""
+
+    def started(self, stage: str, total: float | None, unit: str) -> None:
+        """Ignored."""
+
+    def advanced(self, stage: str, completed: float, detail: str) -> None:
+        """Ignored."""
+
+    def finished(self, stage: str, detail: str, reused: bool) -> None:
+        """Ignored."""
+
+
+SILENT = Silent()
+
+
 class Broadcast:
     """A listener that forwards to every listener registered with :func:`listening` (none:
     progress goes nowhere). The Prefect tasks report to this one."""

@@ -218,6 +218,15 @@ def find_export(name: str, onnx_hash: str) -> VersionInfo | None:
     return None
 
 
+def champion_to_beat(name: str, onnx_hash: str) -> VersionInfo | None:
+    """The champion a new export (``onnx_hash``) is compared with: None if there is none, or if
+    it is this very export (nothing to compare with)."""
+    current = champion(name)
+    if current and current.tags.get(TAG + "onnx_hash") == onnx_hash:
+        return None
+    return current
+
+
 def set_alias(name: str, alias: str, version: str) -> VersionInfo:
     """Point ``alias`` of ``name`` at ``version``."""
     client().set_registered_model_alias(name, alias, version)

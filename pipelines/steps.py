@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 from pipelines import registry
 from pipelines.config import PipelineConfig
 from pipelines.home import home_dir
-from pipelines.progress import Listener, rl_detail, training_detail
+from pipelines.progress import SILENT, Listener, rl_detail, training_detail
 from pipelines.records import ChampionCheck, Evaluation, Registration
 from robo_pipe.errors import InputError
 from stages.register import blocking_gates, gate_tags, meets_min_success, promotion_gates
@@ -41,22 +41,6 @@ if TYPE_CHECKING:
     from stages.evaluate.report import EvalReport
     from stages.export import ExportRef
     from stages.policy.checkpoint import CheckpointRef
-
-
-class Silent:
-    """A listener that drops everything (a step called without one)."""
-
-    def started(self, stage: str, total: float | None, unit: str) -> None:
-        """Ignored."""
-
-    def advanced(self, stage: str, completed: float, detail: str) -> None:
-        """Ignored."""
-
-    def finished(self, stage: str, detail: str, reused: bool) -> None:
-        """Ignored."""
-
-
-SILENT = Silent()
 
 
 # -- the steps -----------------------------------------------------------------------------------
@@ -258,15 +242,6 @@ def evaluate_candidate(
         champion_version=current.version if current else None,
         start=_compact(start) if start else None,
     )
-
-
-def champion_to_beat(cfg: PipelineConfig, export: ExportRef) -> registry.VersionInfo | None:
-    """The champion a new export is compared with: None if there is none, or if it is this
-    very export (nothing to compare with)."""
-    current = registry.champion(cfg.model_name)
-    if current and current.tags.get(registry.TAG + "onnx_hash") == export.onnx_hash:
-        return None
-    return current
 
 
 def measure_latency(

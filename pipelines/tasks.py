@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 from prefect import Task, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from pipelines import steps, tracking
+from pipelines import registry, steps, tracking
 from pipelines.config import PipelineConfig
 from pipelines.home import home_dir
 from pipelines.progress import BROADCAST, describe
@@ -256,7 +256,7 @@ def evaluate_stage(ctx: RunContext, export: ExportRef, base: CheckpointRef | Non
     """The exported policy on the held-out suite through ONNX Runtime, on the same seeds as the
     current champion (the regression gate) and as the model fine-tuning started from."""
     cfg = ctx.cfg
-    champion = steps.champion_to_beat(cfg, export)
+    champion = registry.champion_to_beat(cfg.model_name, export.onnx_hash)
     inputs = {
         "export": export.onnx_hash,
         "champion": champion.tags.get(tracking.TAG + "onnx_hash", champion.version)
@@ -340,8 +340,6 @@ def register_stage(
 ) -> Registration:
     """Register the export as a new model version (alias ``candidate``) with its lineage and
     gate results; move ``champion`` to it only if every enforced gate passed."""
-    from pipelines import registry
-
     cfg = ctx.cfg
     inputs = {
         "model": cfg.model_name,

@@ -8,8 +8,9 @@ import socket
 from robo_pipe.errors import RoboPipeError
 
 
-class RayClusterError(RoboPipeError, RuntimeError):
-    """The Ray cluster named by ``--ray-address`` cannot be reached."""
+class RayClusterError(RoboPipeError, ValueError):
+    """The Ray cluster named by ``--ray-address`` cannot be reached, or cannot provide the
+    resources the config asks for."""
 
 
 def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:

@@ -37,7 +37,7 @@ class StageDisplay:
     def started(self, stage: str, total: float | None, unit: str) -> None:
         """A (new) row for ``stage``; a known ``total`` makes it a bar (``unit`` is shown)."""
         row = self._row(stage, total)
-        self.progress.reset(row, total=total, detail=f"0 {unit}" if total else "")
+        self.progress.reset(row, total=total, detail=unit)
 
     def advanced(self, stage: str, completed: float, detail: str) -> None:
         """Move ``stage``'s bar to ``completed`` (0: keep it) and show ``detail``."""

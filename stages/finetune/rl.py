@@ -30,6 +30,7 @@ from stages.finetune.checkpoints import latest_checkpoint, log_metrics, read_met
 from stages.finetune.config import RLConfig
 from stages.finetune.learner import Learner
 from stages.finetune.rollout import Rollout, RolloutWorker
+from stages.ray_runtime import RayClusterError
 from stages.worker_pool import WorkerPool
 
 CURVES_FILE = "learning_curves.png"
@@ -100,7 +101,7 @@ def train_rl(
     wanted = cfg.learner_cpus + cfg.workers * cfg.worker_cpus
     available = float(ray.cluster_resources().get("CPU", 0.0))
     if wanted > available:  # Ray would wait for the missing CPUs forever
-        raise ValueError(
+        raise RayClusterError(
             f"finetune.rl asks for {wanted:g} CPUs (learner_cpus {cfg.learner_cpus:g} + "
             f"workers {cfg.workers} x worker_cpus {cfg.worker_cpus:g}) but the Ray cluster has "
             f"{available:g}: lower them, or pass --ray-address of a larger cluster"

@@ -36,6 +36,7 @@ from sim_scenes.touch import available_variants
 from stages.collect.config import CollectConfig
 from stages.collect.run import collect
 from stages.dataset.layout import DatasetRef
+from stages.dataset.writer import DatasetError
 from stages.finetune.bc import BCJob, job_dict, train_bc
 from stages.finetune.checkpoints import latest_checkpoint, read_metrics
 from stages.finetune.config import BCConfig, FinetuneConfig, PretrainConfig
@@ -183,7 +184,7 @@ def finetune(
         seen = (image_size, len(spec.state_names), spec.action.dim)
         wanted = (arch["image_size"], arch["state_dim"], arch["action_dim"])
         if seen != wanted or not set(cameras) <= set(data.cameras):
-            raise ValueError(
+            raise DatasetError(
                 f"{path}: dataset (cameras {data.cameras}, image/state/action sizes {seen}) "
                 f"does not fit the base {base.path} (cameras {cameras}, sizes {wanted})"
             )

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from robo_pipe.errors import RoboPipeError
 from stages.policy.base import Normalizer, VLAPolicy
 from stages.policy.config import VLAConfig
 
@@ -68,6 +69,10 @@ class HubTokenizer:
         return enc["input_ids"].astype(np.int64), enc["attention_mask"].astype(np.int64)
 
 
+class BackboneError(RoboPipeError, ValueError):
+    """``policy.backbone`` names no usable pretrained VLM."""
+
+
 def resolve_backbone(backbone: str) -> Path:
     """A local directory, or a hub id resolved to its local snapshot (downloaded if needed)."""
     path = Path(backbone).expanduser()
@@ -75,7 +80,13 @@ def resolve_backbone(backbone: str) -> Path:
         return path.resolve()
     from huggingface_hub import snapshot_download
 
-    return Path(snapshot_download(backbone))
+    try:
+        return Path(snapshot_download(backbone))
+    except Exception as err:  # not found, offline, gated: the user named something unusable
+        raise BackboneError(
+            f"policy.backbone {backbone!r}: not a local directory, and the hub download failed "
+            f"({type(err).__name__}: {err})"
+        ) from err
 
 
 def backbone_hash(directory: Path) -> str:
@@ -95,7 +106,7 @@ def load_backbone(directory: Path) -> Any:
     model = AutoModel.from_pretrained(str(directory), dtype=torch.float32)
     for attr in ("vision_model", "connector", "text_model"):
         if not hasattr(model, attr):
-            raise ValueError(
+            raise BackboneError(
                 f"{directory}: backbone {type(model).__name__} is not an Idefics3-style VLM "
                 f"(no .{attr}); supported: Idefics3 / SmolVLM"
             )

@@ -494,6 +494,8 @@ def test_finetune_cli_runs_bc_then_ppo(first_run: dict[str, Any], shared_home: P
     assert "-ppo-" in run_dir.name and ref["step"] == 2 and ref["trainable"] == "lora"
     assert [r["step"] for r in read_metrics(run_dir)] == [1, 2]
     assert (run_dir / "learning_curves.png").is_file()
+    assert "training-episode success" in result.stderr, "an RL checkpoint shows RL figures"
+    assert "action loss nan" not in result.stderr and "samples/s 0" not in result.stderr
     lineage = read_policy_meta(ref["path"])["lineage"]
     assert lineage["stage"] == "finetune-ppo" and "-finetune-" in lineage["start_checkpoint"]
 

@@ -21,7 +21,18 @@ import secrets
 import time
 from pathlib import Path
 
-SUBDIRS = ("runs", "datasets", "checkpoints", "exports", "stages", "mlflow", "prefect", "edge")
+SUBDIRS = (
+    "runs",
+    "datasets",
+    "checkpoints",
+    "exports",
+    "releases",
+    "keys",
+    "stages",
+    "mlflow",
+    "prefect",
+    "edge",
+)
 
 
 def robo_pipe_home() -> Path:

@@ -9,10 +9,10 @@ from __future__ import annotations
 import numpy as np
 
 from robots.interface import Robot, RobotObservation
-from robots.spec import RobotSpec
+from robots.spec import RobotSpec, get_robot
 from sim_scenes.batched_env import BatchedObservation
 from sim_scenes.mujoco_env import MujocoBatchedEnv
-from sim_scenes.touch import SceneError, SceneVariant
+from sim_scenes.touch import SceneError, SceneVariant, get_variant
 
 
 class SimulatedRobot(Robot):
@@ -95,3 +95,11 @@ class SimulatedRobot(Robot):
         if self._env is not None:
             self._env.close()
         self._env, self._obs = None, None
+
+
+def simulated_rp5(cameras: tuple[str, ...], image_size: int) -> SimulatedRobot:
+    """The edge agent's default driver (``sim_scenes.sim_robot:simulated_rp5``): rp5 on the
+    demo's ``touch-mixed`` variant, seed 0, with a policy's cameras and image size."""
+    return SimulatedRobot(
+        get_robot("rp5"), get_variant("touch-mixed"), 0, tuple(cameras), image_size
+    )

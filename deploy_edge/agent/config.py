@@ -1,0 +1,148 @@
+"""The device config: one YAML file per device, read by the edge agent at start.
+
+Example (``device.yaml``; relative paths resolve against the file's folder)::
+
+    name: cell-3
+    listen: 0.0.0.0:8765
+    trusted_keys: [keys/release-2025.pub, keys/release-2026.pub]   # rotate: add, then remove
+    token_sha256: 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08
+    target: jetson-orin-nano        # a target profile name or YAML path
+    state_dir: /var/lib/robo-pipe   # slots, journal, history, uploads
+    driver: my_cell.driver:open_arm # module:callable(cameras, image_size) -> robots.Robot
+    lock_file: /run/robot-busy      # while it exists, a new version is staged, not activated
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, cast
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from robo_pipe.errors import RoboPipeError
+from robots.interface import Robot
+
+DriverFactory = Callable[[tuple[str, ...], int], Robot]
+"""``factory(cameras, image_size) -> Robot``: opens the device's robot for a policy's cameras."""
+
+
+class DeviceConfigError(RoboPipeError, ValueError):
+    """A device config file is missing or invalid; the message names the file, field and value."""
+
+
+class DeviceConfig(BaseModel):
+    """What the edge agent on one device needs (see the module docstring)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1)
+    """The device's name (in status answers and deployment records)."""
+    listen: str = "127.0.0.1:8765"
+    """``host:port`` the agent's HTTP service binds."""
+    trusted_keys: list[Path] = []
+    """Public key files a release may be signed with (a list, so keys rotate); empty = accepts
+    no release."""
+    token_sha256: str
+    """Hex sha256 of the bearer token clients must present."""
+    target: str = "local-cpu"
+    """Target profile: a name in ``configs/targets`` or a YAML path."""
+    state_dir: Path
+    """Slots, the journal, the history and the uploads."""
+    driver: str = "sim_scenes.sim_robot:simulated_rp5"
+    """``module:callable``, called as ``callable(cameras, image_size) -> Robot``."""
+    instruction: str = "touch the red cube"
+    """Instruction of the latency gate and the health check."""
+    gate_steps: int = Field(default=200, ge=1)
+    gate_warmup: int = Field(default=20, ge=0)
+    pace: bool = True
+    """Pace the gate and the health check to the control rate (off: back to back)."""
+    health_ticks: int = Field(default=30, ge=1)
+    """Control ticks of the health check after activation."""
+    lock_file: Path | None = None
+    """Robot-busy lock: while this file exists, a verified version is staged, not activated."""
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+
+    @field_validator("token_sha256")
+    @classmethod
+    def _hex_sha256(cls, value: str) -> str:
+        if len(value) != 64 or any(c not in "0123456789abcdef" for c in value.lower()):
+            raise ValueError("expected 64 hex digits (sha256 of the token)")
+        return value.lower()
+
+    @field_validator("listen")
+    @classmethod
+    def _host_port(cls, value: str) -> str:
+        _, sep, port = value.rpartition(":")
+        if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError("expected host:port")
+        return value
+
+    @field_validator("driver")
+    @classmethod
+    def _import_path(cls, value: str) -> str:
+        module, sep, attr = value.partition(":")
+        if not (sep and module and attr):
+            raise ValueError("expected an import path module:callable")
+        return value
+
+
+_PATH_FIELDS = ("state_dir", "lock_file", "tls_cert", "tls_key")
+
+
+def load_device_config(path: str | Path) -> DeviceConfig:
+    """The device config in ``path``; relative paths in it resolve against its folder.
+
+    Raises :class:`DeviceConfigError` naming the file, field and value."""
+    file = Path(path)
+    if not file.is_file():
+        raise DeviceConfigError(f"{file}: no such device config file")
+    try:
+        data = yaml.safe_load(file.read_text())
+    except yaml.YAMLError as err:
+        raise DeviceConfigError(f"{file}: not valid YAML: {err}") from err
+    if not isinstance(data, dict):
+        raise DeviceConfigError(f"{file}: expected a mapping of fields, got {type(data).__name__}")
+    base = file.resolve().parent
+    resolved: dict[str, Any] = dict(data)
+    for field in _PATH_FIELDS:
+        if isinstance(resolved.get(field), str):
+            resolved[field] = base / resolved[field]
+    if isinstance(resolved.get("trusted_keys"), list):
+        resolved["trusted_keys"] = [
+            base / k if isinstance(k, str) else k for k in resolved["trusted_keys"]
+        ]
+    target = resolved.get("target")
+    if isinstance(target, str) and target.endswith((".yaml", ".yml")):
+        resolved["target"] = str(base / target)
+    try:
+        config = DeviceConfig.model_validate(resolved)
+    except ValidationError as err:
+        first = err.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"])
+        if first["type"] == "missing":
+            raise DeviceConfigError(f"{file}: missing field '{loc}'") from err
+        value = first.get("input")
+        raise DeviceConfigError(f"{file}: field '{loc}' = {value!r}: {first['msg']}") from err
+    if (config.tls_cert is None) != (config.tls_key is None):
+        raise DeviceConfigError(f"{file}: field 'tls_cert'/'tls_key': give both or neither")
+    return config
+
+
+def load_driver(import_path: str) -> DriverFactory:
+    """The driver factory named ``module:callable`` (imported here, so that ``deploy_edge``
+    imports no simulator statically); :class:`DeviceConfigError` if it cannot be imported."""
+    module_name, _, attr = import_path.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise DeviceConfigError(f"field 'driver' = {import_path!r}: cannot import: {err}") from err
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise DeviceConfigError(
+            f"field 'driver' = {import_path!r}: {module_name} has no callable {attr!r}"
+        )
+    return cast(DriverFactory, factory)

@@ -1,0 +1,798 @@
+"""The edge agent's deployer: a signed release in, a verified, gated, healthy active version out.
+
+    verify    signature by a trusted key; no downgrade, not expired (unless forced); the target
+    extract   into state_dir/slots/<release>-<sha12> (every file hashed against the manifest)
+    engine    the target profile's engine on the new bundle
+    parity    the engine on the bundle's reference inputs reproduces the expected outputs
+    gate      the latency gate on the device's robot (the release's budget, else the profile's)
+    ---       if the robot-busy lock file exists: stop here, "staged" (activate_staged() later)
+    activate  flip state_dir/active to the new slot (atomic symlink rename); previous = old
+    health    a few control ticks of the active version: no deadline miss, no engine error
+    commit    the journal's end record: from here on the new version stays
+
+Any failing step rolls back: the links return to what they were and the new slot is deleted;
+the deployment is "refused" (failed before activate) or "rolled_back" (after). Every step is
+journaled (``state_dir/journal.jsonl``, fsynced) before and after it runs; :meth:`recover` at
+start undoes a deployment that was cut off (``kill -9``, power loss) before its commit, so the
+device always runs a complete old or new version. Only the active and previous slots (and a
+staged one) are kept.
+
+State directory::
+
+    active, previous, staged           symlinks to slots/<name>/<bundle>
+    slots/<name>/, slots/<name>.json   an extracted release and its :class:`Slot` record
+    journal.jsonl, history.jsonl       the journal; every finished deployment, oldest first
+
+Fault injection: with ``ROBO_PIPE_AGENT_CRASH_AT=<step>`` in the environment the process kills
+itself (SIGKILL) right after journaling that step's start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import hashlib
+import json
+import os
+import shutil
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from deploy_edge.agent.config import DeviceConfig, load_driver
+from deploy_edge.agent.journal import (
+    Journal,
+    flip_link,
+    read_json_lines,
+    remove_link,
+    write_atomic,
+)
+from deploy_edge.bundle import REFERENCE_FILE
+from deploy_edge.exported import ExportedPolicy
+from deploy_edge.keys import load_public_key
+from deploy_edge.latency import load_target, run_gate
+from deploy_edge.release import (
+    Manifest,
+    ReleaseError,
+    check_policy,
+    extract_release,
+    verify_release,
+)
+from deploy_edge.runtime import ControlLoop, Tick
+from robo_pipe.errors import InputError, RoboPipeError
+from robo_pipe.records import Record, RecordError
+from robots.interface import Robot
+
+STEPS = ("verify", "extract", "engine", "parity", "gate", "activate", "health", "commit")
+CRASH_ENV = "ROBO_PIPE_AGENT_CRASH_AT"
+"""Fault injection: the step at whose start the process SIGKILLs itself."""
+PARITY_TOLERANCE = {"fp32": 1e-4, "fp16": 2e-2}
+"""Largest |engine - reference| allowed, robot units, by the profile's precision."""
+LINKS = ("active", "previous", "staged")
+
+
+class DeployError(RoboPipeError, RuntimeError):
+    """The agent cannot do this now: a deployment is running, nothing to roll back to, no
+    active version to run."""
+
+
+@dataclass
+class StepResult(Record):
+    """One step of a deployment."""
+
+    name: str
+    ok: bool
+    seconds: float
+    detail: str
+    """What it found (or why it failed)."""
+
+
+@dataclass
+class Slot(Record):
+    """An extracted release on the device."""
+
+    model_name: str
+    model_version: str
+    release: int
+    path: str
+    """The bundle directory."""
+    sha256: str
+    """Of the release file."""
+
+
+@dataclass
+class Deployment(Record):
+    """One deployment (or manual rollback) and every step's result."""
+
+    id: str
+    release_sha256: str
+    model_name: str
+    model_version: str
+    release: int
+    state: str
+    """``running``, ``active``, ``staged``, ``refused``, ``rolled_back`` or ``interrupted``."""
+    steps: list[StepResult] = field(default_factory=list)
+    reason: str = ""
+    """Why it was refused or rolled back: ``<step>: <what failed>``."""
+    forced: list[str] = field(default_factory=list)
+    """Policy rules overridden with ``force`` (``expired``, ``downgrade``)."""
+    started_at: str = ""
+    finished_at: str | None = None
+    gate: dict[str, float] | None = None
+    """p50_ms, p95_ms, p99_ms, max_ms, misses, budget_ms."""
+
+
+@dataclass
+class DeviceStatus(Record):
+    """What the device runs and what it is doing."""
+
+    device: str
+    target: str
+    active: Slot | None
+    previous: Slot | None
+    staged: Slot | None
+    locked: bool
+    """Whether the robot-busy lock file exists (activation deferred)."""
+    running: Deployment | None
+    last: Deployment | None
+
+
+@dataclass
+class EpisodeResult(Record):
+    """One episode of the active version on the device's robot."""
+
+    version: str
+    """``model_name:model_version`` of the version that ran."""
+    success: bool | None
+    """Whether the robot reports success (None: the driver does not say)."""
+    ticks: int
+    p50_ms: float
+    p99_ms: float
+    misses: int
+    errors: int
+
+
+class _Refused(Exception):
+    """A step's check failed (the message says what it measured)."""
+
+
+class _StepFailed(Exception):
+    """A step failed: the deployment is undone."""
+
+    def __init__(self, step: str, detail: str) -> None:
+        super().__init__(f"{step}: {detail}")
+        self.step, self.detail = step, detail
+
+
+class _Run:
+    """A deployment under way: its record, journaled step by step."""
+
+    def __init__(
+        self,
+        journal: Journal,
+        deployment: Deployment,
+        release_file: Path | None,
+        on_step: Callable[[Deployment], None] | None,
+        publish: Callable[[Deployment | None], None],
+    ) -> None:
+        self.journal, self.deployment = journal, deployment
+        self.release_file, self.on_step, self.publish = release_file, on_step, publish
+        self.slot: Slot | None = None
+        self.before: dict[str, str | None] | None = None
+        """The links before this run first changed them (what a rollback restores)."""
+        self.detail = ""
+
+    @property
+    def id(self) -> str:
+        return self.deployment.id
+
+    def begin(self) -> None:
+        event = {"event": "begin", "id": self.id, "deployment": self.deployment.to_json()}
+        self.journal.append(event)
+        self.publish(copy.deepcopy(self.deployment))
+
+    @contextlib.contextmanager
+    def step(self, name: str) -> Iterator[None]:
+        """Journal the start, run the body, record and journal the result; a failing body
+        raises :class:`_StepFailed`."""
+        self.journal.append({"event": "step", "id": self.id, "step": name, "phase": "start"})
+        if os.environ.get(CRASH_ENV) == name:
+            os.kill(os.getpid(), signal.SIGKILL)
+        self.detail, start, failure = "", time.perf_counter(), None
+        try:
+            yield
+        except _Refused as err:
+            failure = str(err)
+        except ReleaseError as err:
+            failure = f"{err.reason}: {err}"
+        except Exception as err:  # any fault of the new version refuses it, never crashes us
+            failure = f"{type(err).__name__}: {err}"
+        result = StepResult(name, failure is None, time.perf_counter() - start, "")
+        result.detail = self.detail if failure is None else failure
+        self.deployment.steps.append(result)
+        self.journal.append(
+            {
+                "event": "step",
+                "id": self.id,
+                "step": name,
+                "phase": "end",
+                "result": result.to_json(),
+            }
+        )
+        self.publish(copy.deepcopy(self.deployment))
+        if self.on_step is not None:
+            self.on_step(copy.deepcopy(self.deployment))
+        if failure is not None:
+            raise _StepFailed(name, failure)
+
+    def started(self, name: str) -> bool:
+        return any(s.name == name for s in self.deployment.steps)
+
+
+class Deployer:
+    """Deploys releases on this device (see the module docstring). Thread-safe: deployments,
+    activations, rollbacks and episodes run one at a time; :meth:`status` and :meth:`history`
+    answer at any time."""
+
+    def __init__(self, config: DeviceConfig) -> None:
+        self.config = config
+        self.profile = load_target(config.target)
+        self.driver = load_driver(config.driver)
+        self.state_dir = Path(config.state_dir).absolute()
+        self.slots_dir = self.state_dir / "slots"
+        self.slots_dir.mkdir(parents=True, exist_ok=True)
+        self.journal = Journal(self.state_dir / "journal.jsonl")
+        self.history_file = self.state_dir / "history.jsonl"
+        self._lock = threading.RLock()  # the robot and the links: one user at a time
+        self._deploying = threading.Lock()
+        self._running: Deployment | None = None
+        self._recovered = False
+
+    # -- the deployment ------------------------------------------------------------------------
+
+    def deploy(
+        self,
+        release_file: Path,
+        force: bool = False,
+        on_step: Callable[[Deployment], None] | None = None,
+    ) -> Deployment:
+        """Deploy ``release_file`` through every step (see the module docstring); returns the
+        finished record ("active", "staged", "refused" or "rolled_back")."""
+        if not self._deploying.acquire(blocking=False):
+            raise DeployError("a deployment is running; wait for it to finish")
+        try:
+            with self._lock:
+                self._recover_once()
+                run = self._start(Path(release_file), on_step)
+                try:
+                    with run.step("verify"):
+                        manifest = self._verify(run, force)
+                    with run.step("extract"):
+                        slot = self._extract(run, manifest)
+                    with run.step("engine"):
+                        policy = self._engine(run, slot)
+                    with run.step("parity"):
+                        self._parity(run, policy, slot)
+                    with run.step("gate"):
+                        self._gate(run, policy, slot, manifest)
+                    if self.locked():
+                        return self._stage(run, slot)
+                    return self._go_live(run, slot)
+                except _StepFailed as failure:
+                    return self._undo(run, failure)
+        finally:
+            self._running = None
+            self._deploying.release()
+
+    def _go_live(self, run: _Run, slot: Slot) -> Deployment:
+        """Activate, health check, commit (a failure propagates to the caller's undo)."""
+        with run.step("activate"):
+            self._switch(run, active=slot.path, previous=self._target("active"), staged=None)
+            run.detail = f"active -> {os.path.relpath(slot.path, self.state_dir)}"
+        with run.step("health"):
+            self._health(run)
+        with run.step("commit"):
+            run.detail = "journaled"
+        return self._finish(run, "active")
+
+    def activate_staged(self) -> Deployment | None:
+        """Activate the staged version (activate, health, commit) once the robot-busy lock is
+        gone; None when nothing is staged or the lock is still set."""
+        with self._lock:
+            self._recover_once()
+            slot = self._slot("staged")
+            if slot is None or self.locked():
+                return None
+            staged = self._last_record(slot.sha256, "staged")
+            deployment = staged or Deployment(
+                _new_id(), slot.sha256, slot.model_name, slot.model_version, slot.release, ""
+            )
+            deployment.state, deployment.reason, deployment.finished_at = "running", "", None
+            run = _Run(self.journal, deployment, None, None, self._publish)
+            run.slot = slot
+            run.begin()
+            self._snapshot(run)  # interrupted from here on: the staged slot is dropped too
+            try:
+                return self._go_live(run, slot)
+            except _StepFailed as failure:
+                return self._undo(run, failure)
+            finally:
+                self._running = None
+
+    def rollback(self) -> Deployment:
+        """Back to the previous version (which becomes active; the active one becomes
+        previous), recorded as a deployment in state "rolled_back"."""
+        with self._lock:
+            self._recover_once()
+            active, previous = self._slot("active"), self._slot("previous")
+            if previous is None or active is None:
+                raise DeployError("no previous version on this device to roll back to")
+            deployment = Deployment(
+                _new_id(),
+                previous.sha256,
+                previous.model_name,
+                previous.model_version,
+                previous.release,
+                "running",
+                started_at=_now(),
+            )
+            run = _Run(self.journal, deployment, None, None, self._publish)
+            run.begin()
+            try:
+                with run.step("activate"):
+                    self._switch(run, active=previous.path, previous=active.path)
+                    run.detail = f"active -> {_label(previous)} (was {_label(active)})"
+                with run.step("commit"):
+                    run.detail = "journaled"
+            except _StepFailed as failure:
+                return self._undo(run, failure)
+            finally:
+                self._running = None
+            reason = f"manual rollback from {_label(active)} to {_label(previous)}"
+            return self._finish(run, "rolled_back", reason)
+
+    # -- the steps -----------------------------------------------------------------------------
+
+    def _verify(self, run: _Run, force: bool) -> Manifest:
+        assert run.release_file is not None
+        keys = [load_public_key(path) for path in self.config.trusted_keys]
+        manifest = verify_release(run.release_file, keys)
+        d = run.deployment
+        d.model_name, d.model_version, d.release = (
+            manifest.model_name,
+            manifest.model_version,
+            manifest.release,
+        )
+        active = self._slot("active")
+        if active is not None and active.sha256 == d.release_sha256:
+            raise _Refused(f"release {d.release_sha256[:12]} is already the active version")
+        if manifest.targets and self.profile.name not in manifest.targets:
+            raise _Refused(
+                f"release is for targets {manifest.targets}, this device is {self.profile.name!r}"
+            )
+        d.forced = check_policy(
+            manifest, active_release=active.release if active else None, force=force
+        )
+        forced = f"; forced past: {', '.join(d.forced)}" if d.forced else ""
+        run.detail = (
+            f"{manifest.model_name} {manifest.model_version} release {manifest.release}, "
+            f"signed by {manifest.key_id}{forced}"
+        )
+        return manifest
+
+    def _extract(self, run: _Run, manifest: Manifest) -> Slot:
+        assert run.release_file is not None
+        sha = run.deployment.release_sha256
+        name = f"{manifest.release}-{sha[:12]}"
+        if name in self._referenced_slots():  # e.g. the previous version, redeployed by force
+            name = f"{name}-{run.id[:6]}"
+        dest = self.slots_dir / name
+        _remove(dest)  # a leftover of an interrupted deployment
+        bundle = extract_release(run.release_file, manifest, dest)
+        slot = Slot(manifest.model_name, manifest.model_version, manifest.release, str(bundle), sha)
+        write_atomic(self.slots_dir / f"{name}.json", _dumps(slot.to_json()))
+        run.slot = slot
+        run.detail = f"{len(manifest.files)} files into slots/{name}"
+        return slot
+
+    def _engine(self, run: _Run, slot: Slot) -> ExportedPolicy:
+        p = self.profile
+        policy = ExportedPolicy(slot.path, p.engine, p.precision, p.threads)
+        run.detail = f"{policy.engine.name} ({policy.engine.precision})"
+        return policy
+
+    def _parity(self, run: _Run, policy: ExportedPolicy, slot: Slot) -> None:
+        reference_file = Path(slot.path) / REFERENCE_FILE
+        if not reference_file.is_file():
+            raise _Refused(f"the bundle has no {REFERENCE_FILE} to check parity with")
+        with np.load(reference_file, allow_pickle=False) as data:
+            reference = {k: data[k] for k in data.files}
+        engine = policy.engine
+        outputs = [n for n in engine.output_names if f"expected_{n}" in reference]
+        if not outputs:
+            raise _Refused(f"{REFERENCE_FILE} holds no expected outputs")
+        tolerance = PARITY_TOLERANCE.get(engine.precision, PARITY_TOLERANCE["fp16"])
+        batch = len(reference[engine.input_names[0]])
+        error = 0.0
+        for i in range(batch):  # one at a time: an engine may be built for batch 1
+            got = engine.run({n: reference[n][i : i + 1] for n in engine.input_names})
+            for name in outputs:
+                want = reference[f"expected_{name}"][i : i + 1]
+                error = max(error, float(np.abs(got[name] - want).max()))
+        if not error <= tolerance:  # NaN fails too
+            raise _Refused(f"max |error| {error:.2e} > tolerance {tolerance:g} on {REFERENCE_FILE}")
+        run.detail = f"max |error| {error:.2e} <= {tolerance:g} over {batch} reference inputs"
+
+    def _gate(self, run: _Run, policy: ExportedPolicy, slot: Slot, manifest: Manifest) -> None:
+        c = self.config
+        report = run_gate(
+            slot.path,
+            self.driver(policy.cameras, policy.image_size),
+            c.instruction,
+            self.profile,
+            steps=c.gate_steps,
+            warmup=c.gate_warmup,
+            budget_ms=manifest.budget_ms,
+            pace=c.pace,
+            out=Path(slot.path) / "gate",
+            policy=policy,
+        )
+        run.deployment.gate = {
+            "p50_ms": report.p50_ms,
+            "p95_ms": report.p95_ms,
+            "p99_ms": report.p99_ms,
+            "max_ms": report.max_ms,
+            "misses": float(report.misses),
+            "budget_ms": report.budget_ms,
+        }
+        if not report.passed:
+            raise _Refused("; ".join(report.reasons))
+        run.detail = (
+            f"p99 {report.p99_ms:.2f} ms <= {report.budget_ms:g} ms, "
+            f"{report.misses} misses in {report.steps} steps"
+        )
+
+    def _health(self, run: _Run) -> None:
+        ticks, _ = self._control(self.config.instruction, self.config.health_ticks)
+        misses = sum(t.missed for t in ticks)
+        errors = [t.error for t in ticks if t.error]
+        if misses or errors:
+            first = f" (first: {errors[0]})" if errors else ""
+            raise _Refused(
+                f"{misses} deadline misses, {len(errors)} engine errors in {len(ticks)} "
+                f"ticks{first}"
+            )
+        worst = max(t.latency_s for t in ticks) * 1000.0
+        run.detail = f"{len(ticks)} ticks, no miss, no error (max {worst:.2f} ms)"
+
+    def _control(
+        self, instruction: str, max_ticks: int, until_done: bool = False
+    ) -> tuple[list[Tick], Robot]:
+        """Up to ``max_ticks`` control ticks of the active version on a fresh robot (until the
+        robot reports its episode done, with ``until_done``)."""
+        p = self.profile
+        policy = ExportedPolicy(self.state_dir / "active", p.engine, p.precision, p.threads)
+        robot = self.driver(policy.cameras, policy.image_size)
+        robot.connect()
+        ticks: list[Tick] = []
+        try:
+            loop = ControlLoop(
+                policy,
+                robot,
+                instruction,
+                execute=min(p.execute, policy.chunk_len),
+                deadline_s=1.0 / p.control_hz,
+                pace=self.config.pace,
+            )
+            while len(ticks) < max_ticks and not (until_done and getattr(robot, "done", False)):
+                ticks += loop.run(1)
+        finally:
+            robot.stop()
+        return ticks, robot
+
+    # -- links, staging, rollback, the end of a run --------------------------------------------
+
+    def _switch(self, run: _Run, **links: str | None) -> None:
+        """Point the named links (``active``, ``previous``, ``staged``) at bundle paths (None:
+        remove), after journaling what they were (the first time in this run)."""
+        self._snapshot(run)
+        self._set_links(links)
+
+    def _snapshot(self, run: _Run) -> None:
+        """Journal the links as they are, once per run: what an undo or a recovery restores."""
+        if run.before is None:
+            run.before = self._links()
+            slot = run.slot.path if run.slot else None
+            self.journal.append(
+                {"event": "links", "id": run.id, "before": run.before, "slot": slot}
+            )
+
+    def _set_links(self, links: dict[str, str | None]) -> None:
+        for name, target in links.items():
+            link = self.state_dir / name
+            if target is None:
+                remove_link(link)
+            else:
+                flip_link(link, os.path.relpath(target, self.state_dir))
+
+    def _restore(self, before: dict[str, str | None] | None, slot: str | None) -> list[str]:
+        """Put the links back as ``before`` (a staged link to ``slot`` is dropped); returns what
+        changed."""
+        if before is None:
+            return []
+        wanted = {k: (None if k == "staged" and v == slot else v) for k, v in before.items()}
+        now = self._links()
+        changed = [k for k in LINKS if now.get(k) != wanted.get(k)]
+        self._set_links({k: wanted.get(k) for k in changed})
+        return changed
+
+    def _stage(self, run: _Run, slot: Slot) -> Deployment:
+        self._switch(run, staged=slot.path)
+        lock = self.config.lock_file
+        return self._finish(run, "staged", f"robot busy ({lock} exists): activation deferred")
+
+    def _undo(self, run: _Run, failure: _StepFailed) -> Deployment:
+        self._restore(run.before, run.slot.path if run.slot else None)
+        state = "rolled_back" if run.started("activate") else "refused"
+        return self._finish(run, state, str(failure))
+
+    def _finish(self, run: _Run, state: str, reason: str = "") -> Deployment:
+        """The end record (the commit point for "active"), the history, old slots removed."""
+        d = run.deployment
+        d.state, d.reason, d.finished_at = state, reason, _now()
+        self.journal.append({"event": "end", "id": d.id, "deployment": d.to_json()})
+        self._append_history(d)
+        self._supersede_staged(run)
+        self._collect_garbage()
+        self._running = None
+        if run.on_step is not None:
+            run.on_step(copy.deepcopy(d))
+        return d
+
+    def _supersede_staged(self, run: _Run) -> None:
+        """Record a staged version that ``run`` replaced (or activated past) as refused."""
+        dropped = (run.before or {}).get("staged")
+        if dropped is None or dropped == self._target("staged"):
+            return
+        if run.slot is not None and dropped == run.slot.path:
+            return
+        name = self._slot_name(dropped)
+        slot = self._read_slot(name) if name else None
+        old = self._last_record(slot.sha256, "staged") if slot else None
+        if old is not None:
+            old.state, old.finished_at = "refused", _now()
+            old.reason = f"superseded by deployment {run.id} before it was activated"
+            self._append_history(old)
+
+    def _start(self, release_file: Path, on_step: Callable[[Deployment], None] | None) -> _Run:
+        sha = _sha256(release_file) if release_file.is_file() else ""
+        deployment = Deployment(_new_id(), sha, "", "", 0, "running", started_at=_now())
+        run = _Run(self.journal, deployment, release_file, on_step, self._publish)
+        run.begin()
+        return run
+
+    def _publish(self, deployment: Deployment | None) -> None:
+        self._running = deployment
+
+    # -- recovery ------------------------------------------------------------------------------
+
+    def recover(self) -> list[str]:
+        """Undo a deployment the journal shows was cut off before its commit (links back as
+        they were, its slot deleted, recorded as "interrupted"); remove every slot no link
+        points to. Call once at start, before serving. Returns what was done, one note each."""
+        with self._lock:
+            notes: list[str] = []
+            cut_off: dict[str, dict[str, Any]] = {}
+            finished: dict[str, dict[str, Any]] = {}
+            for event in self.journal.read():
+                kind, run_id = event.get("event"), str(event.get("id"))
+                if kind == "begin":
+                    cut_off[run_id] = {"deployment": event["deployment"], "step": "", "links": None}
+                elif kind == "end":
+                    cut_off.pop(run_id, None)
+                    finished[run_id] = event["deployment"]
+                elif run_id not in cut_off:
+                    continue
+                elif kind == "links" and cut_off[run_id]["links"] is None:
+                    cut_off[run_id]["links"] = event
+                elif kind == "step" and event.get("phase") == "start":
+                    cut_off[run_id]["step"] = event["step"]
+                elif kind == "step" and event.get("phase") == "end":
+                    cut_off[run_id]["deployment"]["steps"].append(event["result"])
+            notes += self._repair_history(finished)
+            for run_id, info in cut_off.items():
+                notes.append(self._recover_one(run_id, info))
+            notes += self._collect_garbage()
+            self._recovered = True
+            return notes
+
+    def _recover_once(self) -> None:
+        """Recover first if :meth:`recover` was not called: an open deployment in the journal
+        must be undone before another changes the links."""
+        if not self._recovered:
+            self.recover()
+
+    def _recover_one(self, run_id: str, info: dict[str, Any]) -> str:
+        try:
+            deployment = Deployment.from_json(info["deployment"])
+        except RecordError:
+            deployment = Deployment(run_id, "", "", "", 0, "running")
+        links = info["links"] or {}
+        changed = self._restore(links.get("before"), links.get("slot"))
+        undone = f"links restored: {', '.join(changed)}" if changed else "no link had changed"
+        deployment.state, deployment.finished_at = "interrupted", _now()
+        where = f"step '{info['step']}'" if info["step"] else "its start"
+        deployment.reason = f"{where}: the agent stopped before the commit; {undone}"
+        self.journal.append({"event": "end", "id": run_id, "deployment": deployment.to_json()})
+        self._append_history(deployment)
+        return f"deployment {run_id} ({_label(deployment)}) interrupted at {where}; {undone}"
+
+    def _repair_history(self, finished: dict[str, dict[str, Any]]) -> list[str]:
+        """Append the end records the history lacks (a crash between the two writes)."""
+        last = {r.get("id"): r for r in read_json_lines(self.history_file)}
+        notes = []
+        for run_id, record in finished.items():
+            if last.get(run_id) != record:
+                with self.history_file.open("a", encoding="utf-8") as f:
+                    f.write(_dumps(record))
+                notes.append(f"deployment {run_id}: history record restored from the journal")
+        return notes
+
+    def _collect_garbage(self) -> list[str]:
+        """Remove dangling links, temporary files and every slot no link points to."""
+        notes = []
+        for name in LINKS:
+            link = self.state_dir / name
+            if link.is_symlink() and not link.exists():
+                remove_link(link)
+                notes.append(f"removed the dangling link {name}")
+        for tmp in self.state_dir.glob(".*.tmp"):
+            _remove(tmp)
+        keep = self._referenced_slots()
+        for entry in sorted(self.slots_dir.iterdir()):
+            if entry.name.removesuffix(".json") not in keep:
+                _remove(entry)
+                if entry.suffix != ".json":
+                    notes.append(f"removed slots/{entry.name} (not active, previous or staged)")
+        return notes
+
+    # -- what the device runs ------------------------------------------------------------------
+
+    def status(self) -> DeviceStatus:
+        """Active, previous and staged version, the lock, the running and the last deployment."""
+        history = self.history()
+        return DeviceStatus(
+            device=self.config.name,
+            target=self.profile.name,
+            active=self._slot("active"),
+            previous=self._slot("previous"),
+            staged=self._slot("staged"),
+            locked=self.locked(),
+            running=copy.deepcopy(self._running),
+            last=history[0] if history else None,
+        )
+
+    def history(self) -> list[Deployment]:
+        """Every finished deployment, newest first (the latest record of each)."""
+        latest: dict[str, Deployment] = {}
+        for record in read_json_lines(self.history_file):
+            with contextlib.suppress(RecordError):
+                deployment = Deployment.from_json(record)
+                latest.pop(deployment.id, None)  # re-inserted last: ordered by last update
+                latest[deployment.id] = deployment
+        return list(reversed(latest.values()))
+
+    def run_episode(self, instruction: str, max_ticks: int) -> EpisodeResult:
+        """One episode of the active version on the device's robot: until the robot says it is
+        done or ``max_ticks``. Versions switch only between episodes."""
+        if max_ticks < 1:
+            raise InputError(f"max_ticks must be >= 1, got {max_ticks}")
+        with self._lock:
+            self._recover_once()
+            slot = self._slot("active")
+            if slot is None:
+                raise DeployError("no active version on this device: deploy a release first")
+            ticks, robot = self._control(instruction, max_ticks, until_done=True)
+        ms = np.array([t.latency_s for t in ticks]) * 1000.0
+        success = getattr(robot, "success", None)
+        return EpisodeResult(
+            version=f"{slot.model_name}:{slot.model_version}",
+            success=None if success is None else bool(success),
+            ticks=len(ticks),
+            p50_ms=float(np.percentile(ms, 50)),
+            p99_ms=float(np.percentile(ms, 99)),
+            misses=sum(t.missed for t in ticks),
+            errors=sum(bool(t.error) for t in ticks),
+        )
+
+    def locked(self) -> bool:
+        """Whether the robot-busy lock file exists."""
+        lock = self.config.lock_file
+        return lock is not None and lock.exists()
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def _target(self, link: str) -> str | None:
+        """The absolute bundle path ``state_dir/<link>`` points to (None: no such link)."""
+        path = self.state_dir / link
+        if not path.is_symlink():
+            return None
+        return os.path.normpath(self.state_dir / os.readlink(path))
+
+    def _links(self) -> dict[str, str | None]:
+        return {name: self._target(name) for name in LINKS}
+
+    def _slot_name(self, bundle: str) -> str | None:
+        """The slot directory (under ``slots/``) holding ``bundle``."""
+        rel = Path(os.path.relpath(bundle, self.slots_dir))
+        return rel.parts[0] if rel.parts and rel.parts[0] not in ("..", ".") else None
+
+    def _referenced_slots(self) -> set[str]:
+        names = (self._slot_name(t) for t in self._links().values() if t is not None)
+        return {n for n in names if n is not None}
+
+    def _slot(self, link: str) -> Slot | None:
+        target = self._target(link)
+        name = self._slot_name(target) if target else None
+        slot = self._read_slot(name) if name else None
+        if slot is not None and target is not None:
+            slot.path = target  # where it is now (a state directory may have moved)
+        return slot
+
+    def _read_slot(self, name: str) -> Slot | None:
+        try:
+            return Slot.from_json(json.loads((self.slots_dir / f"{name}.json").read_text()))
+        except (OSError, ValueError):  # RecordError and JSONDecodeError are ValueErrors
+            return None
+
+    def _last_record(self, sha256: str, state: str) -> Deployment | None:
+        """The newest deployment of the release ``sha256`` now in ``state``."""
+        for deployment in self.history():
+            if deployment.release_sha256 == sha256 and deployment.state == state:
+                return deployment
+        return None
+
+    def _append_history(self, deployment: Deployment) -> None:
+        with self.history_file.open("a", encoding="utf-8") as f:
+            f.write(_dumps(deployment.to_json()))
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def _label(item: Slot | Deployment) -> str:
+    return f"{item.model_name}:{item.model_version} (release {item.release})"
+
+
+def _new_id() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def _dumps(data: dict[str, Any]) -> str:
+    return json.dumps(data, separators=(",", ":")) + "\n"
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _remove(path: Path) -> None:
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.is_dir():
+        shutil.rmtree(path)

@@ -1,0 +1,180 @@
+"""The edge agent's HTTP service: what ``robo-pipe deploy`` talks to on a device.
+
+Endpoints (JSON; every one but ``/healthz`` needs ``Authorization: Bearer <token>``, compared
+in constant time against the sha256 in the device config)::
+
+    GET  /healthz                      liveness (no token): {"ok": true, "device": name}
+    GET  /uploads/{sha256}             bytes of that release received so far
+    PUT  /uploads/{sha256}?offset=N    append a chunk at byte N (a cut upload resumes at the
+                                       bytes the agent has; a wrong offset answers 409 with it)
+    POST /deployments                  {"sha256", "force"}: deploy the uploaded release (in the
+                                       background; follow it with /status)
+    GET  /status                       active / previous / staged version, lock, running and
+                                       last deployment with every step's result
+    GET  /history                      every deployment, newest first
+    POST /activate                     activate the staged version (when the lock is released)
+    POST /rollback                     back to the previous version
+    POST /episode                      {"instruction", "max_ticks"}: run the active policy on
+                                       the device's robot; success and latency figures
+
+The deployment itself (verify, extract, engine, parity, gate, activate, health, commit, and
+rollback on any failure) is :class:`deploy_edge.agent.deployer.Deployer`'s. A watcher thread
+activates a staged version once the robot-busy lock file is gone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import threading
+from pathlib import Path
+from typing import Any
+
+from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request
+from pydantic import BaseModel
+
+from deploy_edge.agent.config import DeviceConfig
+from deploy_edge.agent.deployer import Deployer
+from deploy_edge.release import file_sha256
+from robo_pipe.errors import RoboPipeError
+
+UPLOADS_DIR = "uploads"
+LOCK_POLL_S = 1.0
+
+
+class DeployRequest(BaseModel):
+    """Body of ``POST /deployments``."""
+
+    sha256: str
+    force: bool = False
+
+
+class EpisodeRequest(BaseModel):
+    """Body of ``POST /episode``."""
+
+    instruction: str
+    max_ticks: int = 100
+
+
+def create_app(config: DeviceConfig, deployer: Deployer) -> FastAPI:
+    """The agent's FastAPI app over ``deployer`` (see the module docstring)."""
+    app = FastAPI(title=f"robo-pipe edge agent {config.name}", docs_url=None, redoc_url=None)
+    uploads = config.state_dir / UPLOADS_DIR
+    uploads.mkdir(parents=True, exist_ok=True)
+    busy = threading.Lock()  # one deployment at a time; the deployer serialises the rest
+
+    def authorized(authorization: str = Header(default="")) -> None:
+        token = authorization.removeprefix("Bearer ").strip()
+        given = hashlib.sha256(token.encode()).hexdigest()
+        if not token or not hmac.compare_digest(given, config.token_sha256):
+            raise HTTPException(401, "missing or wrong bearer token")
+
+    auth = [Depends(authorized)]
+
+    def upload_path(sha256: str) -> Path:
+        if len(sha256) != 64 or any(c not in "0123456789abcdef" for c in sha256):
+            raise HTTPException(400, f"not a sha256: {sha256!r}")
+        return uploads / f"{sha256}.release"
+
+    @app.get("/healthz")
+    def healthz() -> dict[str, Any]:
+        return {"ok": True, "device": config.name}
+
+    @app.get("/uploads/{sha256}", dependencies=auth)
+    def received(sha256: str) -> dict[str, int]:
+        path = upload_path(sha256)
+        return {"received": path.stat().st_size if path.exists() else 0}
+
+    @app.put("/uploads/{sha256}", dependencies=auth)
+    async def upload(sha256: str, request: Request, offset: int = Query(ge=0)) -> dict[str, int]:
+        path = upload_path(sha256)
+        have = path.stat().st_size if path.exists() else 0
+        if offset != have:
+            raise HTTPException(409, {"received": have})
+        with path.open("ab") as f:
+            async for chunk in request.stream():
+                f.write(chunk)
+        return {"received": path.stat().st_size}
+
+    @app.post("/deployments", dependencies=auth)
+    def deploy(body: DeployRequest) -> dict[str, Any]:
+        path = upload_path(body.sha256)
+        if not path.exists():
+            raise HTTPException(404, f"release {body.sha256[:12]} was not uploaded")
+        if file_sha256(path) != body.sha256:
+            raise HTTPException(422, f"release {body.sha256[:12]}: upload incomplete or corrupt")
+        if not busy.acquire(blocking=False):
+            raise HTTPException(409, "a deployment is running")
+
+        def run() -> None:
+            try:
+                deployer.deploy(path, force=body.force)
+            finally:
+                busy.release()
+
+        threading.Thread(target=run, name="deployment", daemon=True).start()
+        return {"accepted": body.sha256}
+
+    @app.get("/status", dependencies=auth)
+    def status() -> dict[str, Any]:
+        return deployer.status().to_json()
+
+    @app.get("/history", dependencies=auth)
+    def history() -> list[dict[str, Any]]:
+        return [d.to_json() for d in deployer.history()]
+
+    @app.post("/activate", dependencies=auth)
+    def activate() -> dict[str, Any]:
+        done = deployer.activate_staged()
+        if done is None:
+            raise HTTPException(409, "nothing staged, or the robot-busy lock is set")
+        return done.to_json()
+
+    @app.post("/rollback", dependencies=auth)
+    def rollback() -> dict[str, Any]:
+        try:
+            return deployer.rollback().to_json()
+        except RoboPipeError as err:
+            raise HTTPException(409, str(err)) from err
+
+    @app.post("/episode", dependencies=auth)
+    def episode(body: EpisodeRequest) -> dict[str, Any]:
+        try:
+            return deployer.run_episode(body.instruction, body.max_ticks).to_json()
+        except RoboPipeError as err:
+            raise HTTPException(409, str(err)) from err
+
+    return app
+
+
+def watch_lock(config: DeviceConfig, deployer: Deployer, stop: threading.Event) -> None:
+    """Activate a staged version once the robot-busy lock file is gone (until ``stop``)."""
+    while not stop.wait(LOCK_POLL_S):
+        if config.lock_file is None or config.lock_file.exists():
+            continue
+        if deployer.status().staged is not None:
+            deployer.activate_staged()
+
+
+def serve(config: DeviceConfig) -> None:
+    """Recover from an interrupted deployment, then serve until Ctrl-C or SIGTERM."""
+    import uvicorn
+
+    deployer = Deployer(config)
+    for note in deployer.recover():
+        print(f"recovered: {note}", flush=True)
+    host, _, port = config.listen.rpartition(":")
+    stop = threading.Event()
+    watcher = threading.Thread(target=watch_lock, args=(config, deployer, stop), daemon=True)
+    watcher.start()
+    try:
+        uvicorn.run(
+            create_app(config, deployer),
+            host=host or "127.0.0.1",
+            port=int(port),
+            ssl_certfile=str(config.tls_cert) if config.tls_cert else None,
+            ssl_keyfile=str(config.tls_key) if config.tls_key else None,
+            log_level="warning",
+        )
+    finally:
+        stop.set()

@@ -1,0 +1,121 @@
+"""The deploy steps: a registry version as a signed release, and that release on a device.
+
+    bundle_release(model_uri, key) -> (Manifest, release file)   (reused while valid)
+    deploy_release(device, release) -> Deployment                (upload, then the agent's steps)
+
+Like :mod:`pipelines.steps`, the CLI verbs call these and report progress to a
+:class:`~pipelines.progress.Listener`; the device does the verifying, building, gating and
+activating itself (:mod:`deploy_edge.agent`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pipelines import registry
+from pipelines.home import home_dir
+from pipelines.progress import SILENT, Listener
+
+if TYPE_CHECKING:
+    from deploy_edge.agent.deployer import Deployment
+    from deploy_edge.client import DeviceEntry
+    from deploy_edge.release import Manifest
+
+DEPLOY_STEPS = ("upload", "verify", "extract", "engine", "parity", "gate", "activate", "health")
+"""What ``robo-pipe deploy`` shows, in order (the agent's steps after the upload)."""
+
+
+def default_key() -> Path:
+    """The signing key ``robo-pipe keys generate`` writes by default."""
+    return home_dir("keys") / "robo-pipe.key"
+
+
+def bundle_release(
+    model_uri: str,
+    key: Path,
+    out: Path | None = None,
+    expires_in_days: float | None = 30.0,
+    targets: Sequence[str] = (),
+    budget_ms: float | None = None,
+) -> tuple[Manifest, Path]:
+    """The registry version ``model_uri`` (``models:/name@alias`` or ``name/3``) as a release
+    signed with ``key``: its export bundle with a manifest (model, version, run, every file's
+    sha256, the I/O spec, ``targets``, ``budget_ms``, expiry) and the release number for
+    anti-rollback, which is the registry version number (a newer version is a newer release).
+    An earlier release of the same version with the same key is reused while it verifies and
+    has not expired."""
+    from deploy_edge.keys import key_id, load_private_key
+    from deploy_edge.release import (
+        ReleaseError,
+        check_policy,
+        verify_release,
+        write_release,
+    )
+
+    private = load_private_key(key)
+    name, ref = registry.parse_model_uri(model_uri)
+    info, export_dir = registry.fetch_export(name, ref)
+    signer = key_id(private.public_key())
+    target = out or home_dir("releases") / f"{name}-v{info.version}-{signer}.release"
+    if target.is_file():
+        try:
+            manifest = verify_release(target, [private.public_key()])
+            check_policy(manifest, active_release=None)
+            if (manifest.targets, manifest.budget_ms) == (list(targets), budget_ms):
+                return manifest, target
+        except ReleaseError:
+            pass  # expired or not ours: sign it again
+    manifest = write_release(
+        export_dir,
+        target,
+        private,
+        model_name=name,
+        model_version=info.version,
+        run_id=info.run_id,
+        release=int(info.version),
+        targets=targets,
+        budget_ms=budget_ms,
+        expires_in_days=expires_in_days,
+    )
+    return manifest, target
+
+
+def deploy_release(
+    device: DeviceEntry, release: Path, force: bool = False, listener: Listener = SILENT
+) -> Deployment:
+    """Upload ``release`` to ``device``'s agent (resuming a cut upload) and follow the agent's
+    steps to the end. The agent's record of the deployment: ``state`` is ``active`` only when
+    the device now runs the new version."""
+    from deploy_edge.agent.deployer import Deployment
+    from deploy_edge.client import AgentClient
+
+    client = AgentClient(device)
+    client.health()
+    from deploy_edge.release import file_sha256
+
+    sha256 = file_sha256(release)
+    size = release.stat().st_size
+    listener.started("upload", size, "bytes")
+    client.upload(
+        release,
+        sha256,
+        lambda sent, total: listener.advanced(
+            "upload", sent, f"{sent / 1e6:.1f} / {total / 1e6:.1f} MB"
+        ),
+    )
+    listener.finished("upload", f"{size / 1e6:.1f} MB", reused=False)
+    shown: set[str] = set()
+
+    def on_status(status: dict[str, object]) -> None:
+        running = status.get("running")
+        if not isinstance(running, dict):
+            return
+        for step in running.get("steps", []):
+            if step["name"] not in shown:
+                shown.add(step["name"])
+                verdict = "ok" if step["ok"] else f"FAILED: {step['detail']}"
+                listener.finished(step["name"], f"{verdict} ({step['seconds']:.1f} s)", False)
+
+    return Deployment.from_json(client.deploy(sha256, force, on_status))

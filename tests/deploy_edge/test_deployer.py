@@ -1,0 +1,415 @@
+"""The edge agent's deployer on real release files of a tiny exported policy and the simulated
+rp5: a deployment goes live through every step; a failing gate or health check leaves the old
+version active; downgrades and expired releases need force; a robot-busy lock stages a version
+until it is released; ``kill -9`` at any step leaves the old version complete after recovery."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from deploy_edge.agent.config import (
+    DeviceConfig,
+    DeviceConfigError,
+    load_device_config,
+    load_driver,
+)
+from deploy_edge.agent.deployer import STEPS, Deployer, DeployError, Deployment
+from deploy_edge.bundle import bundle_files
+from deploy_edge.keys import generate_keypair, load_private_key
+from deploy_edge.release import write_release
+from robots.spec import get_robot
+from sim_scenes.sim_robot import SimulatedRobot
+from sim_scenes.touch import get_variant
+
+ROOT = Path(__file__).resolve().parents[2]
+TOKEN_SHA = "a" * 64
+FLAKY = "tests.deploy_edge.test_deployer:flaky_rp5"
+
+
+class BreakingRobot(SimulatedRobot):
+    """The simulated rp5 whose servos fail (``act`` raises) after ``break_after`` actions."""
+
+    def __init__(self, cameras: tuple[str, ...], image_size: int, break_after: int) -> None:
+        super().__init__(get_robot("rp5"), get_variant("touch-mixed"), 0, cameras, image_size)
+        self.acts, self.break_after = 0, break_after
+
+    def act(self, action: np.ndarray) -> None:
+        self.acts += 1
+        if self.acts > self.break_after:
+            raise RuntimeError("servo 3 fault")
+        super().act(action)
+
+
+class FlakyFactory:
+    """A driver factory: its first robot (the gate's) works, later ones (the health check's)
+    fail after 3 actions."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, cameras: tuple[str, ...], image_size: int) -> SimulatedRobot:
+        self.calls += 1
+        return BreakingRobot(cameras, image_size, 10**9 if self.calls == 1 else 3)
+
+
+flaky_rp5 = FlakyFactory()
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    return generate_keypair(tmp_path_factory.mktemp("keys"), "release")
+
+
+@pytest.fixture(scope="module")
+def releases(
+    tmp_path_factory: pytest.TempPathFactory, export_dir: Path, keys: tuple[Path, Path]
+) -> Callable[..., Path]:
+    """``make(release, **write_release options)``: a signed release file of the tiny export."""
+    out = tmp_path_factory.mktemp("releases")
+    private = load_private_key(keys[0])
+    made: dict[str, Path] = {}
+
+    def make(release: int, **options: Any) -> Path:
+        name = f"r{release}-" + "-".join(f"{k}={v}" for k, v in sorted(options.items()))
+        if name not in made:
+            made[name] = out / f"{len(made)}.release"
+            write_release(
+                export_dir,
+                made[name],
+                private,
+                model_name="tiny",
+                model_version=str(release),
+                run_id="run-1",
+                release=release,
+                **options,
+            )
+        return made[name]
+
+    return make
+
+
+def device_config(state_dir: Path, pub: Path, **overrides: Any) -> DeviceConfig:
+    options: dict[str, Any] = {
+        "name": "dev-1",
+        "token_sha256": TOKEN_SHA,
+        "trusted_keys": [pub],
+        "state_dir": state_dir,
+        "gate_steps": 30,
+        "gate_warmup": 5,
+        "pace": False,
+        "health_ticks": 10,
+        **overrides,
+    }
+    return DeviceConfig(**options)
+
+
+@pytest.fixture(scope="module")
+def base_state(
+    tmp_path_factory: pytest.TempPathFactory,
+    keys: tuple[Path, Path],
+    releases: Callable[..., Path],
+) -> Path:
+    """A state directory where release 1 was deployed (active; no previous)."""
+    state = tmp_path_factory.mktemp("base") / "state"
+    deployer = Deployer(device_config(state, keys[1]))
+    assert deployer.recover() == []
+    done = deployer.deploy(releases(1))
+    assert done.state == "active", done.reason
+    status = deployer.status()
+    assert status.active is not None and status.active.release == 1
+    assert status.previous is None and status.staged is None
+    return state
+
+
+@pytest.fixture
+def state(base_state: Path, tmp_path: Path) -> Path:
+    """A copy of the base state (release 1 active) for one test."""
+    copy = tmp_path / "state"
+    shutil.copytree(base_state, copy, symlinks=True)
+    return copy
+
+
+def slot_entries(state: Path) -> set[str]:
+    return {p.name for p in (state / "slots").iterdir()}
+
+
+def assert_only_release_1(deployer: Deployer, state: Path) -> None:
+    """Release 1 is active and complete; nothing else is left in the slots."""
+    status = deployer.status()
+    assert status.active is not None and status.active.release == 1
+    active = Path(status.active.path)
+    manifest = json.loads((active.parent / "manifest.json").read_text())
+    assert {p.as_posix() for p in bundle_files(active)} == set(manifest["files"])
+    name = active.parent.name
+    assert slot_entries(state) == {name, f"{name}.json"}
+    assert not list(state.glob(".*.tmp"))
+
+
+def test_a_release_goes_live_through_every_step_and_runs_an_episode(
+    state: Path, keys: tuple[Path, Path], releases: Callable[..., Path]
+) -> None:
+    deployer = Deployer(device_config(state, keys[1]))
+    seen: list[Deployment] = []
+    done = deployer.deploy(releases(2), on_step=seen.append)
+    assert done.state == "active" and done.reason == "" and done.forced == []
+    assert [s.name for s in done.steps] == list(STEPS)
+    assert all(s.ok and s.seconds >= 0 for s in done.steps), done.steps
+    assert [len(d.steps) for d in seen] == [*range(1, len(STEPS) + 1), len(STEPS)]
+    assert done.gate is not None and done.gate["p99_ms"] <= done.gate["budget_ms"] == 100.0
+    assert (done.model_name, done.model_version, done.release) == ("tiny", "2", 2)
+
+    status = deployer.status()
+    assert status.device == "dev-1" and status.target == "local-cpu" and not status.locked
+    assert status.active is not None and status.active.release == 2
+    assert status.active.sha256 == done.release_sha256
+    assert status.previous is not None and status.previous.release == 1
+    assert status.running is None and status.last == done
+    assert deployer.history()[0] == done and [d.release for d in deployer.history()] == [2, 1]
+    assert os.readlink(state / "active").startswith("slots/2-")
+    assert len(slot_entries(state)) == 4, "active and previous, each with its record"
+
+    episode = deployer.run_episode("touch the red cube", max_ticks=15)
+    assert episode.version == "tiny:2" and 1 <= episode.ticks <= 15
+    assert episode.success in (True, False) and episode.errors == 0
+    assert 0 < episode.p50_ms <= episode.p99_ms
+
+    back = deployer.rollback()
+    assert back.state == "rolled_back" and back.release == 1 and "manual rollback" in back.reason
+    status = deployer.status()
+    assert status.active is not None and status.active.release == 1
+    assert status.previous is not None and status.previous.release == 2
+    assert deployer.recover() == [], "nothing to recover after finished deployments"
+
+
+def test_a_failing_gate_is_refused_and_the_old_version_stays(
+    state: Path, keys: tuple[Path, Path], releases: Callable[..., Path]
+) -> None:
+    deployer = Deployer(device_config(state, keys[1]))
+    done = deployer.deploy(releases(2, budget_ms=0.0001))
+    assert done.state == "refused"
+    assert done.reason.startswith("gate: p99 ") and "> budget 0.0001 ms" in done.reason
+    assert [s.name for s in done.steps] == ["verify", "extract", "engine", "parity", "gate"]
+    assert not done.steps[-1].ok and done.gate is not None and done.gate["budget_ms"] == 0.0001
+    assert deployer.status().last == done
+    assert_only_release_1(deployer, state)
+
+
+def test_a_failing_health_check_rolls_back_to_the_previous_version(
+    state: Path, keys: tuple[Path, Path], releases: Callable[..., Path]
+) -> None:
+    deployer = Deployer(device_config(state, keys[1], driver=FLAKY))
+    assert deployer.driver is flaky_rp5
+    flaky_rp5.calls = 0
+    done = deployer.deploy(releases(2))
+    assert done.state == "rolled_back"
+    assert done.reason == "health: RuntimeError: servo 3 fault"
+    assert [(s.name, s.ok) for s in done.steps][-3:] == [
+        ("gate", True),
+        ("activate", True),
+        ("health", False),
+    ]
+    status = deployer.status()
+    assert status.last == done and status.previous is None
+    assert_only_release_1(deployer, state)
+
+
+def test_downgrades_and_expired_releases_need_force_and_are_recorded(
+    state: Path, keys: tuple[Path, Path], releases: Callable[..., Path]
+) -> None:
+    deployer = Deployer(device_config(state, keys[1]))
+    expired = releases(3, expires_in_days=1.0, now=datetime.now(UTC) - timedelta(days=2))
+    refused = deployer.deploy(expired)
+    assert refused.state == "refused" and refused.reason.startswith("verify: expired: ")
+    assert [s.name for s in refused.steps] == ["verify"]
+    forced = deployer.deploy(expired, force=True)
+    assert forced.state == "active" and forced.forced == ["expired"]
+    assert "forced past: expired" in forced.steps[0].detail
+
+    older = releases(2)
+    refused = deployer.deploy(older)
+    assert refused.state == "refused" and refused.reason.startswith("verify: downgrade: ")
+    forced = deployer.deploy(older, force=True)
+    assert forced.state == "active" and forced.forced == ["downgrade"]
+    status = deployer.status()
+    assert status.active is not None and status.active.release == 2
+    assert status.previous is not None and status.previous.release == 3
+    again = deployer.deploy(older, force=True)
+    assert again.state == "refused" and "already the active version" in again.reason
+    assert [d.state for d in deployer.history()] == [
+        "refused",
+        "active",
+        "refused",
+        "active",
+        "refused",
+        "active",
+    ]
+
+
+def test_untrusted_and_target_mismatched_releases_are_refused(
+    state: Path, tmp_path: Path, releases: Callable[..., Path]
+) -> None:
+    _, other_pub = generate_keypair(tmp_path / "other", "other")
+    deployer = Deployer(device_config(state, other_pub))
+    done = deployer.deploy(releases(2))
+    assert done.state == "refused" and done.reason.startswith("verify: untrusted-key: ")
+    deployer = Deployer(device_config(state, other_pub, trusted_keys=[]))
+    assert deployer.deploy(releases(2)).reason.startswith("verify: no-trusted-keys: ")
+
+
+def test_the_robot_busy_lock_stages_the_version_until_it_is_released(
+    state: Path, tmp_path: Path, keys: tuple[Path, Path], releases: Callable[..., Path]
+) -> None:
+    lock = tmp_path / "robot-busy"
+    lock.touch()
+    deployer = Deployer(device_config(state, keys[1], lock_file=lock))
+    done = deployer.deploy(releases(2))
+    assert done.state == "staged" and "robot busy" in done.reason
+    assert [s.name for s in done.steps] == list(STEPS[:5])
+    status = deployer.status()
+    assert status.locked and status.staged is not None and status.staged.release == 2
+    assert status.active is not None and status.active.release == 1
+    assert deployer.activate_staged() is None, "still locked"
+    newer = deployer.deploy(releases(3))
+    assert newer.state == "staged", "a newer release replaces the staged one"
+    staged = deployer.status().staged
+    assert staged is not None and staged.release == 3
+    assert len(slot_entries(state)) == 4, "active and staged, each with its record"
+
+    lock.unlink()
+    live = deployer.activate_staged()
+    assert live is not None and live.id == newer.id and live.state == "active"
+    assert [s.name for s in live.steps] == list(STEPS) and all(s.ok for s in live.steps)
+    status = deployer.status()
+    assert not status.locked and status.staged is None
+    assert status.active is not None and status.active.release == 3
+    assert status.previous is not None and status.previous.release == 1
+    history = deployer.history()
+    assert [(d.release, d.state) for d in history] == [(3, "active"), (2, "refused"), (1, "active")]
+    assert history[1].reason == f"superseded by deployment {newer.id} before it was activated"
+    assert deployer.activate_staged() is None, "nothing staged"
+
+
+CRASH = """
+import sys
+from deploy_edge.agent.config import load_device_config
+from deploy_edge.agent.deployer import Deployer
+Deployer(load_device_config(sys.argv[1])).deploy(sys.argv[2])
+print("not killed")
+"""
+
+
+@pytest.mark.parametrize("step", STEPS)
+def test_kill_9_at_any_step_leaves_the_old_version_complete(
+    step: str,
+    state: Path,
+    tmp_path: Path,
+    keys: tuple[Path, Path],
+    releases: Callable[..., Path],
+) -> None:
+    config_file = tmp_path / "device.yaml"
+    config = device_config(state, keys[1]).model_dump(mode="json")
+    config_file.write_text(json.dumps(config))
+    env = {**os.environ, "ROBO_PIPE_AGENT_CRASH_AT": step}
+    proc = subprocess.run(
+        [sys.executable, "-c", CRASH, str(config_file), str(releases(2))],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stdout + proc.stderr
+
+    (state / "slots" / ".2-0123456789ab.staging-x").mkdir()  # as a cut-off extraction leaves
+    os.symlink("slots", state / ".active.4242.tmp")  # as a cut-off link flip leaves
+    deployer = Deployer(load_device_config(config_file))
+    notes = deployer.recover()
+    assert any("interrupted at step " + repr(step) in n for n in notes), notes
+    assert_only_release_1(deployer, state)
+    status = deployer.status()
+    assert status.previous is None and status.staged is None and status.running is None
+    last = deployer.history()[0]
+    assert last.state == "interrupted" and last.reason.startswith(f"step '{step}'")
+    assert deployer.recover() == [], "recovery is done once"
+    if step == "health":  # the release deploys after a recovery
+        assert deployer.deploy(releases(2)).state == "active"
+
+
+def test_device_config_resolves_relative_paths_and_names_bad_fields(tmp_path: Path) -> None:
+    file = tmp_path / "device.yaml"
+    file.write_text(
+        f"name: cell-3\ntoken_sha256: {TOKEN_SHA}\nstate_dir: state\n"
+        "trusted_keys: [keys/a.pub]\nlock_file: run/busy\n"
+    )
+    config = load_device_config(file)
+    assert config.state_dir == tmp_path / "state" and config.lock_file == tmp_path / "run/busy"
+    assert config.trusted_keys == [tmp_path / "keys/a.pub"]
+    assert config.listen == "127.0.0.1:8765" and config.target == "local-cpu"
+    with pytest.raises(DeviceConfigError, match=r"device.yaml: field 'token_sha256' = 'abc'"):
+        file.write_text("name: x\ntoken_sha256: abc\nstate_dir: s\n")
+        load_device_config(file)
+    with pytest.raises(DeviceConfigError, match=r"field 'gpu' = 1: Extra inputs"):
+        file.write_text(f"name: x\ntoken_sha256: {TOKEN_SHA}\nstate_dir: s\ngpu: 1\n")
+        load_device_config(file)
+    with pytest.raises(DeviceConfigError, match=r"missing field 'state_dir'"):
+        file.write_text(f"name: x\ntoken_sha256: {TOKEN_SHA}\n")
+        load_device_config(file)
+    with pytest.raises(DeviceConfigError, match="no such device config"):
+        load_device_config(tmp_path / "nope.yaml")
+    with pytest.raises(DeviceConfigError, match=r"field 'driver' = 'nope:x': cannot import"):
+        load_driver("nope:x")
+    assert callable(load_driver("sim_scenes.sim_robot:simulated_rp5"))
+
+
+def test_nothing_to_roll_back_to_or_to_run(tmp_path: Path, keys: tuple[Path, Path]) -> None:
+    deployer = Deployer(device_config(tmp_path / "empty", keys[1]))
+    with pytest.raises(DeployError, match="no previous version"):
+        deployer.rollback()
+    with pytest.raises(DeployError, match="no active version"):
+        deployer.run_episode("touch the red cube", 5)
+    assert deployer.status().active is None and deployer.history() == []
+
+
+FORBIDDEN_ON_DEVICE = {"torch", "ray", "prefect", "mlflow", "stages", "pipelines", "transformers"}
+
+
+def test_the_agent_runs_a_deployment_without_the_training_stack(
+    tmp_path: Path, keys: tuple[Path, Path], releases: Callable[..., Path]
+) -> None:
+    """A fresh agent process (service, deployer, a deploy through every step, an episode)
+    loads none of torch, Ray, Prefect, MLflow or robo-pipe's stages and pipelines."""
+    program = f"""
+import json, sys
+from pathlib import Path
+from deploy_edge.agent.config import DeviceConfig
+from deploy_edge.agent.deployer import Deployer
+from deploy_edge.agent.service import create_app
+config = DeviceConfig(name="light", token_sha256="{TOKEN_SHA}", trusted_keys=[Path("{keys[1]}")],
+    state_dir=Path("{tmp_path / "state"}"), gate_steps=5, gate_warmup=1, pace=False,
+    health_ticks=3)
+deployer = Deployer(config)
+create_app(config, deployer)
+done = deployer.deploy(Path("{releases(1)}"))
+assert done.state == "active", done
+deployer.run_episode("touch the red cube", 3)
+print(json.dumps(sorted({{name.split(".")[0] for name in sys.modules}})))
+"""
+    ran = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=180
+    )
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    loaded = set(json.loads(ran.stdout.strip().splitlines()[-1]))
+    assert {"onnxruntime", "fastapi", "cryptography", "deploy_edge"} <= loaded
+    assert not loaded & FORBIDDEN_ON_DEVICE, sorted(loaded & FORBIDDEN_ON_DEVICE)

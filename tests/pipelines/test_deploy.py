@@ -1,0 +1,232 @@
+"""``robo-pipe deploy`` through the CLI against real edge agents on 127.0.0.1 (each in its own
+state directory): a registry version becomes the device's active policy and runs an episode;
+an untrusted key, a wrong token and a cut upload are handled as a release engineer needs."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from pipelines.services import free_port
+from tests.pipelines.test_cli import ROOT
+
+MODEL = "edge-policy"
+TOKEN = "s3cret-token-for-tests"
+
+
+def robo_pipe(*args: str, home: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", *args],
+        cwd=ROOT,
+        env={**os.environ, "ROBO_PIPE_HOME": str(home), "COLUMNS": "200", **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+@pytest.fixture(scope="module")
+def registered(shared_home: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A tiny exported policy registered as ``edge-policy`` v1 (and v2, the same export)."""
+    import torch
+
+    from pipelines import registry, tracking
+    from pipelines.services import configure
+    from stages.export import export
+    from stages.policy.checkpoint import new_policy, save_policy
+    from tests.stages.tiny_models import TINY_POLICY
+
+    os.environ["ROBO_PIPE_HOME"] = str(shared_home)
+    configure()
+    torch.manual_seed(0)
+    policy, _ = new_policy(TINY_POLICY, ["scene"], 32, 6, 6)
+    root = tmp_path_factory.mktemp("edge-export")
+    save_policy(policy, root / "ckpt", None)
+    bundle = Path(export(root / "ckpt", root / "export").path)
+    for _ in range(2):  # v2: a newer release of the same bundle
+        run = tracking.TrackedRun.start("edge-tests", "register")
+        registry.register_export(bundle, MODEL, run, {registry.TAG + "onnx_hash": "x"})
+        run.finish()
+    return MODEL
+
+
+@pytest.fixture
+def home_path(shared_home: Path) -> Path:
+    return shared_home
+
+
+@pytest.fixture(scope="module")
+def signing(shared_home: Path) -> dict[str, Path]:
+    """A trusted key pair (``robo-pipe keys generate``) and an untrusted one."""
+    keys = {}
+    for name in ("release", "stranger"):
+        made = robo_pipe("keys", "generate", "--name", name, home=shared_home)
+        assert made.returncode == 0, made.stderr
+        keys[name] = shared_home / "keys" / f"{name}.key"
+        assert keys[name].is_file() and (shared_home / "keys" / f"{name}.pub").is_file()
+    again = robo_pipe("keys", "generate", "--name", "release", home=shared_home)
+    assert again.returncode == 2 and "release.key" in again.stderr, "never overwrites a key"
+    return keys
+
+
+@pytest.fixture(scope="module")
+def agent(shared_home: Path, signing: dict[str, Path]) -> Iterator[dict[str, Any]]:
+    """A real agent (``robo-pipe edge-agent``) trusting the release key, and a devices file."""
+    port = free_port()
+    device = {
+        "name": "dev-arm-01",
+        "listen": f"127.0.0.1:{port}",
+        "trusted_keys": [str(shared_home / "keys" / "release.pub")],
+        "token_sha256": hashlib.sha256(TOKEN.encode()).hexdigest(),
+        "target": "local-cpu",
+        "state_dir": str(shared_home / "agent-state"),
+        "gate_steps": 30,
+        "gate_warmup": 3,
+        "pace": False,
+        "health_ticks": 8,
+    }
+    config = shared_home / "device.yaml"
+    config.write_text(yaml.safe_dump(device))
+    devices = shared_home / "devices.yaml"
+    entry = {"name": "dev-arm-01", "url": f"http://127.0.0.1:{port}", "token_env": "ARM_TOKEN"}
+    devices.write_text(yaml.safe_dump({"devices": [entry]}))
+    env = {**os.environ, "ROBO_PIPE_HOME": str(shared_home)}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "pipelines.cli", "edge-agent", "--config", str(config)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                break
+        assert process.poll() is None, process.stdout.read() if process.stdout else ""
+        time.sleep(0.2)
+    yield {"devices": devices, "port": port, "process": process}
+    process.terminate()
+    process.wait(timeout=20)
+
+
+def deploy(agent: dict[str, Any], home: Path, *extra: str, token: str = TOKEN) -> Any:
+    return robo_pipe(
+        "deploy",
+        f"models:/{MODEL}/1",
+        "--target",
+        "dev-arm-01",
+        "--devices",
+        str(agent["devices"]),
+        *extra,
+        home=home,
+        ARM_TOKEN=token,
+    )
+
+
+def status(agent: dict[str, Any]) -> dict[str, Any]:
+    import httpx
+
+    answer = httpx.get(
+        f"http://127.0.0.1:{agent['port']}/status", headers={"Authorization": f"Bearer {TOKEN}"}
+    )
+    answer.raise_for_status()
+    return dict(answer.json())
+
+
+def test_deploy_makes_a_registry_version_the_devices_active_policy(
+    registered: str, signing: dict[str, Path], agent: dict[str, Any], shared_home: Path
+) -> None:
+    import httpx
+
+    done = deploy(agent, shared_home, "--key", str(signing["release"]), "--json")
+    assert done.returncode == 0, done.stderr[-3000:]
+    record = json.loads(done.stdout.strip().splitlines()[-1])
+    assert record["state"] == "active" and record["model_version"] == "1"
+    steps = [s["name"] for s in record["steps"]]
+    for step in ("verify", "extract", "engine", "parity", "gate", "activate", "health", "commit"):
+        assert step in steps and all(s["ok"] for s in record["steps"]), record["steps"]
+    assert (
+        "on-device latency: p50" in done.stderr and "dev-arm-01 runs edge-policy v1" in done.stderr
+    )
+    now = status(agent)
+    assert now["active"]["model_version"] == "1" and now["active"]["release"] == 1
+    episode = httpx.post(
+        f"http://127.0.0.1:{agent['port']}/episode",
+        json={"instruction": "touch the red cube", "max_ticks": 5},
+        headers={"Authorization": f"Bearer {TOKEN}"},
+        timeout=60,
+    ).json()
+    assert episode["version"] == f"{MODEL}:1" and episode["ticks"] == 5 and episode["errors"] == 0
+
+
+def test_an_untrusted_key_is_refused_and_the_active_version_stays(
+    registered: str, signing: dict[str, Path], agent: dict[str, Any], shared_home: Path
+) -> None:
+    before = status(agent)["active"]
+    refused = deploy(agent, shared_home, "--key", str(signing["stranger"]))
+    assert refused.returncode == 1, refused.stderr[-3000:]
+    assert "untrusted" in refused.stderr and "refused" in refused.stderr
+    assert status(agent)["active"] == before
+
+
+def test_a_wrong_token_or_an_unknown_device_is_a_named_input_error(
+    registered: str, signing: dict[str, Path], agent: dict[str, Any], shared_home: Path
+) -> None:
+    wrong = deploy(agent, shared_home, "--key", str(signing["release"]), token="guess")
+    assert wrong.returncode == 2 and "refused the token" in wrong.stderr
+    assert "Traceback" not in wrong.stderr
+    unknown = robo_pipe(
+        "deploy",
+        f"models:/{MODEL}/1",
+        "--target",
+        "no-such-arm",
+        "--devices",
+        str(agent["devices"]),
+        home=shared_home,
+    )
+    assert unknown.returncode == 2 and "no device 'no-such-arm'" in unknown.stderr
+
+
+def test_a_cut_upload_resumes_from_the_bytes_the_agent_has(
+    registered: str, signing: dict[str, Path], agent: dict[str, Any], shared_home: Path
+) -> None:
+    import httpx
+
+    from deploy_edge.client import AgentClient, DeviceEntry
+    from pipelines.release import bundle_release
+    from pipelines.services import configure
+
+    configure()  # in-process MLflow reads this home's registry
+    _, path = bundle_release(f"models:/{MODEL}/2", signing["release"])
+    data = path.read_bytes()
+    sha256 = hashlib.sha256(data).hexdigest()
+    url = f"http://127.0.0.1:{agent['port']}/uploads/{sha256}"
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    half = len(data) // 2
+    assert httpx.put(f"{url}?offset=0", content=data[:half], headers=auth).status_code == 200
+    # the connection drops here; a retry at a wrong offset is told where to resume
+    stale = httpx.put(f"{url}?offset=0", content=data[:half], headers=auth)
+    assert stale.status_code == 409 and stale.json()["detail"]["received"] == half
+    assert httpx.put(f"{url}?offset=0", content=b"x", headers={}).status_code == 401
+    os.environ["ARM_TOKEN"] = TOKEN
+    entry = DeviceEntry(
+        name="dev-arm-01", url=f"http://127.0.0.1:{agent['port']}", token_env="ARM_TOKEN"
+    )
+    sent: list[int] = []
+    AgentClient(entry).upload(path, sha256, lambda done, total: sent.append(done))
+    assert sent and sent[-1] == len(data) and min(sent) > half, "resumed, not restarted"
+    record = AgentClient(entry).deploy(sha256)
+    assert record["state"] == "active" and record["model_version"] == "2"

@@ -61,6 +61,9 @@ class DeviceConfig(BaseModel):
     """Pace the gate and the health check to the control rate (off: back to back)."""
     health_ticks: int = Field(default=30, ge=1)
     """Control ticks of the health check after activation."""
+    shadow_health: bool = False
+    """Run the health check in shadow mode: observations in, actions computed, never sent to
+    the robot (what a real arm wants; the simulated one may move)."""
     lock_file: Path | None = None
     """Robot-busy lock: while this file exists, a verified version is staged, not activated."""
     tls_cert: Path | None = None

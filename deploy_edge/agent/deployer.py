@@ -69,7 +69,7 @@ from deploy_edge.release import (
 from deploy_edge.runtime import ControlLoop, Tick
 from robo_pipe.errors import InputError, RoboPipeError
 from robo_pipe.records import Record, RecordError
-from robots.interface import Robot
+from robots.interface import Robot, RobotObservation
 
 STEPS = ("verify", "extract", "engine", "parity", "gate", "activate", "health", "commit")
 CRASH_ENV = "ROBO_PIPE_AGENT_CRASH_AT"
@@ -235,6 +235,31 @@ class _Run:
 
     def started(self, name: str) -> bool:
         return any(s.name == name for s in self.deployment.steps)
+
+
+class ShadowRobot(Robot):
+    """A robot whose actions are computed but never sent: it observes through ``robot`` and
+    keeps the last action (the health check's shadow mode on a real arm)."""
+
+    def __init__(self, robot: Robot) -> None:
+        self.robot, self.spec = robot, robot.spec
+        self.last_action: np.ndarray | None = None
+
+    def connect(self) -> None:
+        self.robot.connect()
+
+    def observe(self) -> RobotObservation:
+        return self.robot.observe()
+
+    def act(self, action: np.ndarray) -> None:
+        self.last_action = np.asarray(action)  # held, not sent
+
+    def stop(self) -> None:
+        self.robot.stop()
+
+    @property
+    def is_connected(self) -> bool:
+        return self.robot.is_connected
 
 
 class Deployer:
@@ -461,7 +486,8 @@ class Deployer:
         )
 
     def _health(self, run: _Run) -> None:
-        ticks, _ = self._control(self.config.instruction, self.config.health_ticks)
+        shadow = self.config.shadow_health
+        ticks, _ = self._control(self.config.instruction, self.config.health_ticks, shadow=shadow)
         misses = sum(t.missed for t in ticks)
         errors = [t.error for t in ticks if t.error]
         if misses or errors:
@@ -474,13 +500,16 @@ class Deployer:
         run.detail = f"{len(ticks)} ticks, no miss, no error (max {worst:.2f} ms)"
 
     def _control(
-        self, instruction: str, max_ticks: int, until_done: bool = False
+        self, instruction: str, max_ticks: int, until_done: bool = False, shadow: bool = False
     ) -> tuple[list[Tick], Robot]:
         """Up to ``max_ticks`` control ticks of the active version on a fresh robot (until the
-        robot reports its episode done, with ``until_done``)."""
+        robot reports its episode done, with ``until_done``); with ``shadow`` the actions are
+        computed but not sent."""
         p = self.profile
         policy = ExportedPolicy(self.state_dir / "active", p.engine, p.precision, p.threads)
-        robot = self.driver(policy.cameras, policy.image_size)
+        robot: Robot = self.driver(policy.cameras, policy.image_size)
+        if shadow:
+            robot = ShadowRobot(robot)
         robot.connect()
         ticks: list[Tick] = []
         try:

@@ -225,6 +225,19 @@ def test_a_failing_health_check_rolls_back_to_the_previous_version(
     assert_only_release_1(deployer, state)
 
 
+def test_a_shadow_health_check_computes_actions_without_sending_them(
+    state: Path, keys: tuple[Path, Path], releases: Callable[..., Path]
+) -> None:
+    """The same failing servos, in shadow mode (a real arm's setting): nothing is sent, so the
+    health check sees only the policy and the version goes live."""
+    deployer = Deployer(device_config(state, keys[1], driver=FLAKY, shadow_health=True))
+    flaky_rp5.calls = 0
+    done = deployer.deploy(releases(2))
+    assert done.state == "active", done.reason
+    active = deployer.status().active
+    assert active is not None and active.release == 2
+
+
 def test_downgrades_and_expired_releases_need_force_and_are_recorded(
     state: Path, keys: tuple[Path, Path], releases: Callable[..., Path]
 ) -> None:
@@ -413,3 +426,62 @@ print(json.dumps(sorted({{name.split(".")[0] for name in sys.modules}})))
     loaded = set(json.loads(ran.stdout.strip().splitlines()[-1]))
     assert {"onnxruntime", "fastapi", "cryptography", "deploy_edge"} <= loaded
     assert not loaded & FORBIDDEN_ON_DEVICE, sorted(loaded & FORBIDDEN_ON_DEVICE)
+
+
+@pytest.mark.parametrize(
+    ("edit", "reason"),
+    [
+        ("drop_signature", "unsigned"),
+        ("edit_manifest", "bad-signature"),
+        ("bad_signature_bytes", "bad-signature"),
+        ("flip_payload_byte", "hash-mismatch"),
+        ("add_file", "extra-file"),
+        ("remove_file", "missing-file"),
+    ],
+)
+def test_a_tampered_release_is_refused_and_the_active_version_is_untouched(
+    state: Path,
+    keys: tuple[Path, Path],
+    releases: Callable[..., Path],
+    tmp_path: Path,
+    edit: str,
+    reason: str,
+) -> None:
+    """The signature matrix on a device running release 1: every tampered release of release
+    3 is refused at verify (or while its files are checked), with the reason, and release 1
+    stays active with its files intact."""
+    from tests.deploy_edge import test_release as tamper
+
+    tampered = tmp_path / "tampered.release"
+    shutil.copy(releases(3), tampered)
+    tamper._rewrite(tampered, getattr(tamper, f"_{edit}"))
+    deployer = Deployer(device_config(state, keys[1]))
+    done = deployer.deploy(tampered)
+    assert done.state == "refused" and f": {reason}: " in done.reason, done.reason
+    assert_only_release_1(deployer, state)
+
+
+def test_a_rotated_key_stops_releases_of_the_old_one(
+    state: Path,
+    releases: Callable[..., Path],
+    export_dir: Path,
+    tmp_path: Path,
+) -> None:
+    """After rotation the device trusts only the new key: the old key's release is refused,
+    one signed by the new key goes live."""
+    new_key, new_pub = generate_keypair(tmp_path / "new", "new")
+    deployer = Deployer(device_config(state, new_pub))
+    old = deployer.deploy(releases(2))
+    assert old.state == "refused" and "untrusted-key" in old.reason
+    assert_only_release_1(deployer, state)
+    fresh = tmp_path / "new.release"
+    write_release(
+        export_dir,
+        fresh,
+        load_private_key(new_key),
+        model_name="tiny",
+        model_version="2",
+        run_id="run-2",
+        release=2,
+    )
+    assert deployer.deploy(fresh).state == "active"

@@ -80,32 +80,32 @@ def signing(shared_home: Path) -> dict[str, Path]:
     return keys
 
 
-@pytest.fixture(scope="module")
-def agent(shared_home: Path, signing: dict[str, Path]) -> Iterator[dict[str, Any]]:
-    """A real agent (``robo-pipe edge-agent``) trusting the release key, and a devices file."""
+def start_agent(home: Path, state: Path, lock_file: Path | None = None) -> dict[str, Any]:
+    """A real agent (``robo-pipe edge-agent``) with its own state directory, trusting the
+    release key, and a devices file naming it ``dev-arm-01``."""
     port = free_port()
     device = {
         "name": "dev-arm-01",
         "listen": f"127.0.0.1:{port}",
-        "trusted_keys": [str(shared_home / "keys" / "release.pub")],
+        "trusted_keys": [str(home / "keys" / "release.pub")],
         "token_sha256": hashlib.sha256(TOKEN.encode()).hexdigest(),
         "target": "local-cpu",
-        "state_dir": str(shared_home / "agent-state"),
+        "state_dir": str(state / "agent-state"),
         "gate_steps": 30,
         "gate_warmup": 3,
         "pace": False,
         "health_ticks": 8,
+        **({"lock_file": str(lock_file)} if lock_file else {}),
     }
-    config = shared_home / "device.yaml"
+    config = state / "device.yaml"
     config.write_text(yaml.safe_dump(device))
-    devices = shared_home / "devices.yaml"
+    devices = state / "devices.yaml"
     entry = {"name": "dev-arm-01", "url": f"http://127.0.0.1:{port}", "token_env": "ARM_TOKEN"}
     devices.write_text(yaml.safe_dump({"devices": [entry]}))
-    env = {**os.environ, "ROBO_PIPE_HOME": str(shared_home)}
     process = subprocess.Popen(
         [sys.executable, "-m", "pipelines.cli", "edge-agent", "--config", str(config)],
         cwd=ROOT,
-        env=env,
+        env={**os.environ, "ROBO_PIPE_HOME": str(home)},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -117,15 +117,26 @@ def agent(shared_home: Path, signing: dict[str, Path]) -> Iterator[dict[str, Any
                 break
         assert process.poll() is None, process.stdout.read() if process.stdout else ""
         time.sleep(0.2)
-    yield {"devices": devices, "port": port, "process": process}
-    process.terminate()
-    process.wait(timeout=20)
+    return {"devices": devices, "port": port, "process": process}
 
 
-def deploy(agent: dict[str, Any], home: Path, *extra: str, token: str = TOKEN) -> Any:
+@pytest.fixture
+def agent(
+    registered: str, signing: dict[str, Path], shared_home: Path, tmp_path: Path
+) -> Iterator[dict[str, Any]]:
+    """A fresh agent for each test (tests run in any order)."""
+    started = start_agent(shared_home, tmp_path)
+    yield started
+    started["process"].terminate()
+    started["process"].wait(timeout=20)
+
+
+def deploy(
+    agent: dict[str, Any], home: Path, *extra: str, token: str = TOKEN, version: int = 1
+) -> Any:
     return robo_pipe(
         "deploy",
-        f"models:/{MODEL}/1",
+        f"models:/{MODEL}/{version}",
         "--target",
         "dev-arm-01",
         "--devices",
@@ -175,8 +186,10 @@ def test_deploy_makes_a_registry_version_the_devices_active_policy(
 def test_an_untrusted_key_is_refused_and_the_active_version_stays(
     registered: str, signing: dict[str, Path], agent: dict[str, Any], shared_home: Path
 ) -> None:
+    assert deploy(agent, shared_home, "--key", str(signing["release"])).returncode == 0
     before = status(agent)["active"]
-    refused = deploy(agent, shared_home, "--key", str(signing["stranger"]))
+    assert before["model_version"] == "1"
+    refused = deploy(agent, shared_home, "--key", str(signing["stranger"]), version=2)
     assert refused.returncode == 1, refused.stderr[-3000:]
     assert "untrusted" in refused.stderr and "refused" in refused.stderr
     assert status(agent)["active"] == before
@@ -230,3 +243,27 @@ def test_a_cut_upload_resumes_from_the_bytes_the_agent_has(
     assert sent and sent[-1] == len(data) and min(sent) > half, "resumed, not restarted"
     record = AgentClient(entry).deploy(sha256)
     assert record["state"] == "active" and record["model_version"] == "2"
+
+
+def test_the_robot_busy_lock_defers_activation_until_it_is_released(
+    registered: str, signing: dict[str, Path], shared_home: Path, tmp_path: Path
+) -> None:
+    """While the robot's software holds the lock the release is verified, gated and staged
+    (deploy exits 1: the device does not run it yet); it goes live once the lock is gone."""
+    lock = tmp_path / "robot-busy"
+    lock.touch()
+    started = start_agent(shared_home, tmp_path, lock_file=lock)
+    try:
+        staged = deploy(started, shared_home, "--key", str(signing["release"]))
+        assert staged.returncode == 1 and "staged" in staged.stderr, staged.stderr[-2000:]
+        assert status(started)["active"] is None and status(started)["staged"] is not None
+        lock.unlink()
+        deadline = time.monotonic() + 30
+        while status(started)["active"] is None:
+            assert time.monotonic() < deadline, "not activated after the lock was released"
+            time.sleep(0.5)
+        assert status(started)["active"]["model_version"] == "1"
+        assert status(started)["staged"] is None
+    finally:
+        started["process"].terminate()
+        started["process"].wait(timeout=20)

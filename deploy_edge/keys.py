@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from cryptography.hazmat.primitives import serialization
@@ -69,18 +70,7 @@ def generate_keypair(out_dir: Path, name: str = "robo-pipe") -> tuple[Path, Path
 def load_private_key(path: Path) -> Ed25519PrivateKey:
     """The Ed25519 private key in the PEM file ``path`` (unencrypted PKCS8, as
     :func:`generate_keypair` writes it); :class:`SigningKeyError` otherwise."""
-    data = _read(path)
-    try:
-        key = serialization.load_pem_private_key(data, password=None)
-    except TypeError as err:  # encrypted (a password is needed)
-        raise SigningKeyError(
-            f"{path}: encrypted private key ({err}); expected unencrypted"
-        ) from err
-    except ValueError as err:
-        hint = " (this is a public key; pass the .key file)" if b"PUBLIC KEY" in data else ""
-        raise SigningKeyError(f"{path}: not a PEM private key{hint}") from err
-    except Exception as err:  # cryptography raises UnsupportedAlgorithm for exotic keys
-        raise SigningKeyError(f"{path}: unsupported private key ({err})") from err
+    key = _load(path, "private", lambda data: serialization.load_pem_private_key(data, None))
     if not isinstance(key, Ed25519PrivateKey):
         raise SigningKeyError(f"{path}: a {type(key).__name__} key, expected an Ed25519 key")
     return key
@@ -89,17 +79,28 @@ def load_private_key(path: Path) -> Ed25519PrivateKey:
 def load_public_key(path: Path) -> Ed25519PublicKey:
     """The Ed25519 public key in the PEM file ``path`` (SubjectPublicKeyInfo, as
     :func:`generate_keypair` writes it); :class:`SigningKeyError` otherwise."""
-    data = _read(path)
-    try:
-        key = serialization.load_pem_public_key(data)
-    except ValueError as err:
-        hint = " (this is a private key; pass the .pub file)" if b"PRIVATE KEY" in data else ""
-        raise SigningKeyError(f"{path}: not a PEM public key{hint}") from err
-    except Exception as err:  # cryptography raises UnsupportedAlgorithm for exotic keys
-        raise SigningKeyError(f"{path}: unsupported public key ({err})") from err
+    key = _load(path, "public", serialization.load_pem_public_key)
     if not isinstance(key, Ed25519PublicKey):
         raise SigningKeyError(f"{path}: a {type(key).__name__} key, expected an Ed25519 key")
     return key
+
+
+def _load(path: Path, kind: str, parse: Callable[[bytes], object]) -> object:
+    """Parse the PEM key file ``path`` with ``parse``; every failure named by the file."""
+    data = _read(path)
+    other = "public" if kind == "private" else "private"
+    try:
+        return parse(data)
+    except TypeError as err:  # an encrypted private key (a password is needed)
+        raise SigningKeyError(
+            f"{path}: encrypted {kind} key ({err}); expected unencrypted"
+        ) from err
+    except ValueError as err:
+        wrong = f"{other.upper()} KEY".encode() in data
+        hint = f" (this is a {other} key; pass the .{'key' if kind == 'private' else 'pub'} file)"
+        raise SigningKeyError(f"{path}: not a PEM {kind} key{hint if wrong else ''}") from err
+    except Exception as err:  # cryptography raises UnsupportedAlgorithm for exotic keys
+        raise SigningKeyError(f"{path}: unsupported {kind} key ({err})") from err
 
 
 def key_id(public_key: Ed25519PublicKey) -> str:

@@ -137,6 +137,21 @@ def verdict(ms: np.ndarray, misses: int, budget_ms: float, allowed_misses: int) 
     }
 
 
+def target_loop(
+    policy: ExportedPolicy, robot: Robot, instruction: str, target: TargetProfile, pace: bool
+) -> ControlLoop:
+    """The control loop as ``target`` runs it: its rate (one period is a tick's deadline) and
+    the actions executed per inferred chunk."""
+    return ControlLoop(
+        policy,
+        robot,
+        instruction,
+        execute=min(target.execute, policy.chunk_len),
+        deadline_s=1.0 / target.control_hz,
+        pace=pace,
+    )
+
+
 def run_gate(
     export_dir: str | Path,
     robot: Robot,
@@ -156,14 +171,7 @@ def run_gate(
     budget = budget_ms if budget_ms is not None else target.budget_ms
     robot.connect()
     try:
-        loop = ControlLoop(
-            policy,
-            robot,
-            instruction,
-            execute=min(target.execute, policy.chunk_len),
-            deadline_s=1.0 / target.control_hz,
-            pace=pace,
-        )
+        loop = target_loop(policy, robot, instruction, target, pace)
         loop.run(warmup)
         ticks: list[Tick] = loop.run(steps)
     finally:

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import hashlib
 import json
 import os
 import shutil
@@ -58,15 +57,16 @@ from deploy_edge.agent.journal import (
 from deploy_edge.bundle import REFERENCE_FILE
 from deploy_edge.exported import ExportedPolicy
 from deploy_edge.keys import load_public_key
-from deploy_edge.latency import load_target, run_gate
+from deploy_edge.latency import load_target, run_gate, target_loop
 from deploy_edge.release import (
     Manifest,
     ReleaseError,
     check_policy,
     extract_release,
+    file_sha256,
     verify_release,
 )
-from deploy_edge.runtime import ControlLoop, Tick
+from deploy_edge.runtime import Tick
 from robo_pipe.errors import InputError, RoboPipeError
 from robo_pipe.records import Record, RecordError
 from robots.interface import Robot, RobotObservation
@@ -513,14 +513,7 @@ class Deployer:
         robot.connect()
         ticks: list[Tick] = []
         try:
-            loop = ControlLoop(
-                policy,
-                robot,
-                instruction,
-                execute=min(p.execute, policy.chunk_len),
-                deadline_s=1.0 / p.control_hz,
-                pace=self.config.pace,
-            )
+            loop = target_loop(policy, robot, instruction, p, self.config.pace)
             while len(ticks) < max_ticks and not (until_done and getattr(robot, "done", False)):
                 ticks += loop.run(1)
         finally:
@@ -602,7 +595,7 @@ class Deployer:
             self._append_history(old)
 
     def _start(self, release_file: Path, on_step: Callable[[Deployment], None] | None) -> _Run:
-        sha = _sha256(release_file) if release_file.is_file() else ""
+        sha = file_sha256(release_file) if release_file.is_file() else ""
         deployment = Deployment(_new_id(), sha, "", "", 0, "running", started_at=_now())
         run = _Run(self.journal, deployment, release_file, on_step, self._publish)
         run.begin()
@@ -810,14 +803,6 @@ def _now() -> str:
 
 def _dumps(data: dict[str, Any]) -> str:
     return json.dumps(data, separators=(",", ":")) + "\n"
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _remove(path: Path) -> None:

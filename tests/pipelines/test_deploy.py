@@ -20,20 +20,10 @@ import yaml
 
 from pipelines.services import free_port
 from tests.pipelines.test_cli import ROOT
+from tests.pipelines.test_flow import robo_pipe
 
 MODEL = "edge-policy"
 TOKEN = "s3cret-token-for-tests"
-
-
-def robo_pipe(*args: str, home: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pipelines.cli", *args],
-        cwd=ROOT,
-        env={**os.environ, "ROBO_PIPE_HOME": str(home), "COLUMNS": "200", **env},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@ devices file (YAML)::
 from __future__ import annotations
 
 import os
+import ssl
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -81,13 +82,25 @@ class AgentClient:
         if not token:
             raise DeviceError(f"device {device.name}: token variable {device.token_env} is not set")
         self.device = device
-        verify: Any = str(device.ca_cert) if device.ca_cert else True
+        verify: Any = True
+        if device.ca_cert is not None:  # a lab CA (or the agent's self-signed certificate)
+            verify = ssl.create_default_context(cafile=str(device.ca_cert))
         self.http = httpx.Client(
             base_url=device.url,
             headers={"Authorization": f"Bearer {token}"},
             timeout=timeout_s,
             verify=verify,
         )
+
+    def close(self) -> None:
+        """Close the connection to the agent."""
+        self.http.close()
+
+    def __enter__(self) -> AgentClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def _request(self, method: str, path: str, **kwargs: Any) -> Any:
         import httpx

@@ -90,32 +90,25 @@ def deploy_release(
     the device now runs the new version."""
     from deploy_edge.agent.deployer import Deployment
     from deploy_edge.client import AgentClient
-
-    client = AgentClient(device)
-    client.health()
     from deploy_edge.release import file_sha256
 
-    sha256 = file_sha256(release)
-    size = release.stat().st_size
-    listener.started("upload", size, "bytes")
-    client.upload(
-        release,
-        sha256,
-        lambda sent, total: listener.advanced(
-            "upload", sent, f"{sent / 1e6:.1f} / {total / 1e6:.1f} MB"
-        ),
-    )
-    listener.finished("upload", f"{size / 1e6:.1f} MB", reused=False)
+    sha256, size = file_sha256(release), release.stat().st_size
     shown: set[str] = set()
 
-    def on_status(status: dict[str, object]) -> None:
+    def on_upload(sent: int, total: int) -> None:
+        listener.advanced("upload", sent, f"{sent / 1e6:.1f} / {total / 1e6:.1f} MB")
+
+    def on_status(status: dict[str, object]) -> None:  # each agent step once, as it ends
         running = status.get("running")
-        if not isinstance(running, dict):
-            return
-        for step in running.get("steps", []):
+        for step in running.get("steps", []) if isinstance(running, dict) else []:
             if step["name"] not in shown:
                 shown.add(step["name"])
                 verdict = "ok" if step["ok"] else f"FAILED: {step['detail']}"
                 listener.finished(step["name"], f"{verdict} ({step['seconds']:.1f} s)", False)
 
-    return Deployment.from_json(client.deploy(sha256, force, on_status))
+    with AgentClient(device) as client:
+        client.health()
+        listener.started("upload", size, "bytes")
+        client.upload(release, sha256, on_upload)
+        listener.finished("upload", f"{size / 1e6:.1f} MB", reused=False)
+        return Deployment.from_json(client.deploy(sha256, force, on_status))

@@ -40,6 +40,8 @@ from robo_pipe.errors import RoboPipeError
 
 UPLOADS_DIR = "uploads"
 LOCK_POLL_S = 1.0
+GRACE_S = 5
+"""On SIGTERM, open connections get this long to finish before the agent exits."""
 
 
 class DeployRequest(BaseModel):
@@ -175,6 +177,7 @@ def serve(config: DeviceConfig) -> None:
             ssl_certfile=str(config.tls_cert) if config.tls_cert else None,
             ssl_keyfile=str(config.tls_key) if config.tls_key else None,
             log_level="warning",
+            timeout_graceful_shutdown=GRACE_S,
         )
     finally:
         stop.set()

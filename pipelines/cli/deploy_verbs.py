@@ -97,7 +97,6 @@ def edge_agent(
     robo-pipe deploy, verifies, builds, gates and activates them, and rolls back on failure.
     Ctrl-C or SIGTERM stops it."""
     from deploy_edge.agent.config import load_device_config
-
     from deploy_edge.agent.service import serve
 
     device = load_device_config(config)
@@ -124,7 +123,8 @@ def deploy(
     from deploy_edge.client import AgentClient, load_device
 
     entry = load_device(devices, target)
-    AgentClient(entry).health()  # an unreachable device or a missing token: before any work
+    with AgentClient(entry) as client:  # an unreachable device or a missing token: before work
+        client.health()
     services()
     manifest, path = release.bundle_release(model, key or release.default_key())
     with live(json_out) as display:

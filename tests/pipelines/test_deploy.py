@@ -70,7 +70,9 @@ def signing(shared_home: Path) -> dict[str, Path]:
     return keys
 
 
-def start_agent(home: Path, state: Path, lock_file: Path | None = None) -> dict[str, Any]:
+def start_agent(
+    home: Path, state: Path, lock_file: Path | None = None, **extra: str
+) -> dict[str, Any]:
     """A real agent (``robo-pipe edge-agent``) with its own state directory, trusting the
     release key, and a devices file naming it ``dev-arm-01``."""
     port = free_port()
@@ -86,6 +88,7 @@ def start_agent(home: Path, state: Path, lock_file: Path | None = None) -> dict[
         "pace": False,
         "health_ticks": 8,
         **({"lock_file": str(lock_file)} if lock_file else {}),
+        **extra,
     }
     config = state / "device.yaml"
     config.write_text(yaml.safe_dump(device))
@@ -254,6 +257,72 @@ def test_the_robot_busy_lock_defers_activation_until_it_is_released(
             time.sleep(0.5)
         assert status(started)["active"]["model_version"] == "1"
         assert status(started)["staged"] is None
+    finally:
+        started["process"].terminate()
+        started["process"].wait(timeout=20)
+
+
+def self_signed_certificate(folder: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 signed by its own key (the agent's TLS in a lab)."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "dev-arm-01")])
+    now = datetime.datetime.now(datetime.UTC)
+    import ipaddress
+
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = folder / "agent.pem", folder / "agent.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return cert_path, key_path
+
+
+def test_an_agent_with_tls_is_reached_only_through_its_certificate(
+    registered: str, signing: dict[str, Path], shared_home: Path, tmp_path: Path
+) -> None:
+    from deploy_edge.client import AgentClient, DeviceEntry, DeviceError
+
+    cert, key = self_signed_certificate(tmp_path)
+    started = start_agent(shared_home, tmp_path, tls_cert=str(cert), tls_key=str(key))
+    try:
+        os.environ["ARM_TOKEN"] = TOKEN
+        url = f"https://127.0.0.1:{started['port']}"
+        trusted = DeviceEntry(name="dev-arm-01", url=url, token_env="ARM_TOKEN", ca_cert=cert)
+        with AgentClient(trusted) as client:
+            assert client.health()["device"] == "dev-arm-01"
+            assert client.status()["active"] is None
+        stranger = DeviceEntry(name="dev-arm-01", url=url, token_env="ARM_TOKEN")
+        with (
+            pytest.raises(DeviceError, match="CERTIFICATE_VERIFY_FAILED"),
+            AgentClient(stranger) as client,
+        ):
+            client.health()
     finally:
         started["process"].terminate()
         started["process"].wait(timeout=20)

@@ -79,6 +79,19 @@ class RegistryConfig(BaseModel):
     promotion: PromotionConfig = PromotionConfig()
 
 
+class DeployConfig(BaseModel):
+    """The pipeline's last stage: the new champion onto an edge device."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    local_agent: bool = False
+    """Deploy a newly promoted champion to a local edge agent on 127.0.0.1 (started for the
+    stage and stopped after it; its state, key and token under ``$ROBO_PIPE_HOME``), then run
+    one episode on it. Gate and health use the ``latency`` section's steps and pacing."""
+    episode_ticks: int = Field(default=100, ge=1, le=100_000)
+    """Control ticks of the episode run on the device after the deployment."""
+
+
 class ScheduleConfig(BaseModel):
     """One Prefect deployment ``robo-pipe serve`` registers and serves."""
 
@@ -136,6 +149,7 @@ class PipelineConfig(BaseModel):
     evaluate: EvalConfig = EvalConfig()
     latency: LatencyGateConfig = LatencyGateConfig()
     registry: RegistryConfig = RegistryConfig()
+    deploy: DeployConfig = DeployConfig()
     schedules: list[ScheduleConfig] = []
     """Deployments ``robo-pipe serve`` registers (e.g. a nightly retrain)."""
 

@@ -6,6 +6,7 @@ function and handing the next stage a small JSON record (paths and hashes, never
 
     collect -> pretrain (default VLA; cached) -> finetune -> export -> evaluate (the ONNX export,
     against the champion and the model fine-tuning started from) -> latency -> register
+    -> deploy (a new champion onto the local edge agent, with ``deploy.local_agent``)
 
 Resume: every stage's record is kept under ``$ROBO_PIPE_HOME/stages`` keyed on its inputs
 (:mod:`pipelines.resume`); re-running a failed or killed run with the same config reuses the
@@ -47,6 +48,7 @@ from pipelines.tasks import (
     STAGES,
     RunContext,
     collect_stage,
+    deploy_stage,
     evaluate_stage,
     export_stage,
     finetune_stage,
@@ -175,7 +177,12 @@ def train_simulate_deploy(
         evaluation = evaluate_stage(ctx, export, base)
         latency = latency_stage(ctx, export)
         registration = register_stage(ctx, dataset, checkpoint, export, evaluation, latency)
-        records = RunRecords(dataset, base, checkpoint, export, evaluation, latency, registration)
+        device = None
+        if cfg.deploy.local_agent and registration.promoted:  # only a new champion ships
+            device = deploy_stage(ctx, registration)
+        records = RunRecords(
+            dataset, base, checkpoint, export, evaluation, latency, registration, device
+        )
         result = _publish(ctx, services, mlrun, records)
     return result
 
@@ -222,6 +229,7 @@ def _publish(
         mlflow_run_id=mlrun.run_id,
         stages=dict(ctx.stage_runs),
         links=_links(services, mlrun, reg.name, reg.version),
+        device=records.device,
     )
     text = summary.markdown(result, records, images)
     registry.set_version_description(reg.name, reg.version, version_description(result))

@@ -116,4 +116,6 @@ def describe(stage: str, record: Any) -> str:
         return f"p99 {record.p99_ms:.2f} ms ({'pass' if record.passed else 'FAIL'})"
     if stage == "register":
         return f"v{record.version} {', '.join(record.aliases)}"
+    if stage == "deploy":
+        return f"{record.device}: v{record.model_version} {record.state}"
     return ""

@@ -47,6 +47,25 @@ class Registration(Record):
 
 
 @dataclass(frozen=True)
+class EdgeDeployment(Record):
+    """The deploy stage: the new champion on an edge device, and one episode run on it."""
+
+    device: str
+    model_version: str
+    state: str
+    """The agent's verdict: ``active`` when the device runs it (else refused, rolled_back)."""
+    reason: str
+    p99_ms: float | None
+    """The on-device latency gate's p99 (None if the gate did not run)."""
+    episode_success: bool | None
+    """Whether the episode run on the device succeeded (None: no episode ran)."""
+    episode_ticks: int
+    episode_p99_ms: float | None
+    state_dir: str
+    """The agent's state (slots, journal, history)."""
+
+
+@dataclass(frozen=True)
 class StageRun(Record):
     """How a stage went in one pipeline run."""
 
@@ -81,6 +100,8 @@ class PipelineResult(Record):
     stages: dict[str, StageRun] = field(default_factory=dict)
     links: dict[str, str] = field(default_factory=dict)
     """Prefect flow run, MLflow run and model version pages."""
+    device: EdgeDeployment | None = None
+    """Where the new champion was deployed (``deploy.local_agent``), if it was."""
 
 
 @dataclass(frozen=True)
@@ -107,3 +128,4 @@ class RunRecords:
     evaluation: Evaluation
     latency: LatencyReport
     registration: Registration
+    device: EdgeDeployment | None = None

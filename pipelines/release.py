@@ -22,6 +22,8 @@ if TYPE_CHECKING:
     from deploy_edge.agent.deployer import Deployment
     from deploy_edge.client import DeviceEntry
     from deploy_edge.release import Manifest
+    from pipelines.config import PipelineConfig
+    from pipelines.records import EdgeDeployment, Registration
 
 DEPLOY_STEPS = ("upload", "verify", "extract", "engine", "parity", "gate", "activate", "health")
 """What ``robo-pipe deploy`` shows, in order (the agent's steps after the upload)."""
@@ -112,3 +114,34 @@ def deploy_release(
         client.upload(release, sha256, on_upload)
         listener.finished("upload", f"{size / 1e6:.1f} MB", reused=False)
         return Deployment.from_json(client.deploy(sha256, force, on_status))
+
+
+def deploy_to_local_agent(
+    cfg: PipelineConfig, registration: Registration, listener: Listener = SILENT
+) -> EdgeDeployment:
+    """The pipeline's deploy stage: ``registration``'s version, signed with the home's key,
+    onto the local edge agent (:mod:`pipelines.local_agent`), then one episode on it."""
+    from deploy_edge.client import AgentClient
+    from pipelines.local_agent import agent_dir, running_local_agent, signing_key
+    from pipelines.records import EdgeDeployment
+
+    uri = f"models:/{registration.name}/{registration.version}"
+    _, path = bundle_release(uri, signing_key())
+    with running_local_agent(cfg) as device:
+        done = deploy_release(device, path, listener=listener)
+        episode = None
+        if done.state == "active":
+            listener.started("episode", cfg.deploy.episode_ticks, "ticks")
+            with AgentClient(device) as client:
+                episode = client.episode("touch the red cube", cfg.deploy.episode_ticks)
+    return EdgeDeployment(
+        device=device.name,
+        model_version=registration.version,
+        state=done.state,
+        reason=done.reason,
+        p99_ms=done.gate["p99_ms"] if done.gate else None,
+        episode_success=episode["success"] if episode else None,
+        episode_ticks=episode["ticks"] if episode else 0,
+        episode_p99_ms=episode["p99_ms"] if episode else None,
+        state_dir=str(agent_dir() / "state"),
+    )

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipelines.records import Evaluation, PipelineResult, RunRecords
+from pipelines.records import EdgeDeployment, Evaluation, PipelineResult, RunRecords
 from stages.finetune.checkpoints import read_metrics
 from stages.finetune.rl import rolling_success
 
@@ -62,6 +62,21 @@ def _training_result(ckpt: CheckpointRef) -> str:
             f"round's training-episode success {_pct(metrics.get('success_rate', float('nan')))}."
         )
     return f"{ckpt.step} steps, final action loss {metrics.get('action_loss', 0):.4f}."
+
+
+def _device_result(device: EdgeDeployment) -> str:
+    if device.state != "active":
+        return f"`{device.device}` {device.state} v{device.model_version}: {device.reason}"
+    gate = f"on-device p99 {device.p99_ms:.2f} ms" if device.p99_ms is not None else "no gate"
+    episode = (
+        f"one episode of {device.episode_ticks} ticks, p99 {device.episode_p99_ms:.2f} ms"
+        if device.episode_p99_ms is not None
+        else "no episode"
+    )
+    return (
+        f"`{device.device}` runs v{device.model_version} ({gate}; {episode}); its state: "
+        f"`{device.state_dir}`."
+    )
 
 
 def _pct(x: float) -> str:
@@ -193,6 +208,8 @@ def markdown(result: PipelineResult, records: RunRecords, images: dict[str, str]
     ]
     for stage, timing in result.stages.items():
         lines.append(f"| {stage} | {timing.seconds:.1f} | {'yes' if timing.reused else ''} |")
+    if records.device:
+        lines += ["", "## On the device", "", _device_result(records.device)]
     lines += ["", "## Registry and links", ""]
     lines.append(
         f"- Registered `models:/{result.model_name}/{reg.version}`, aliases "

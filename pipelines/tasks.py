@@ -21,7 +21,7 @@ from pipelines import registry, steps, tracking
 from pipelines.config import PipelineConfig
 from pipelines.home import home_dir
 from pipelines.progress import BROADCAST, describe
-from pipelines.records import Evaluation, Registration, StageRun
+from pipelines.records import EdgeDeployment, Evaluation, Registration, StageRun
 from pipelines.resume import StageRecords, stage_key
 from robo_pipe.records import Record
 
@@ -35,7 +35,7 @@ P = ParamSpec("P")
 T = TypeVar("T")
 R = TypeVar("R", bound=Record)
 
-STAGES = ("collect", "pretrain", "finetune", "export", "evaluate", "latency", "register")
+STAGES = ("collect", "pretrain", "finetune", "export", "evaluate", "latency", "register", "deploy")
 """The pipeline's stages, in order."""
 
 
@@ -364,3 +364,33 @@ def register_stage(
         run.log_metrics({f"gate_passed.{name}": float(g.passed) for name, g in r.gates.items()})
 
     return _run_stage(ctx, "register", inputs, Registration, run, intact, track)
+
+
+@stage_task("deploy")
+def deploy_stage(ctx: RunContext, registration: Registration) -> EdgeDeployment:
+    """The new champion onto the local edge agent (signed, verified, gated, activated and
+    health-checked on the device), then one episode on it."""
+    from pipelines.local_agent import agent_dir
+    from pipelines.release import deploy_to_local_agent
+
+    cfg = ctx.cfg
+    inputs = {
+        "version": f"{registration.name}/{registration.version}",
+        "source": registration.source,
+        "config": _sections(cfg, "latency", "deploy"),
+        "agent": str(agent_dir()),
+    }
+
+    def run() -> EdgeDeployment:
+        return deploy_to_local_agent(cfg, registration, BROADCAST)
+
+    def intact(r: EdgeDeployment) -> bool:  # the agent still runs that version
+        active = Path(r.state_dir) / "active"
+        return r.state == "active" and active.exists()
+
+    def track(run: tracking.TrackedRun, r: EdgeDeployment) -> None:
+        run.set_tags({"device": r.device, "device_state": r.state})
+        figures = {"device_p99_ms": r.p99_ms, "episode_p99_ms": r.episode_p99_ms}
+        run.log_metrics({k: v for k, v in figures.items() if v is not None})
+
+    return _run_stage(ctx, "deploy", inputs, EdgeDeployment, run, intact, track)

@@ -164,6 +164,16 @@ def show_pipeline_result(result: PipelineResult, seconds: float) -> None:
             f"(95% CI {result.ci95[0]:.1%} - {result.ci95[1]:.1%}); the model it started "
             f"from: {result.start_success_rate:.1%}"
         )
+    device = result.device
+    if device and device.state == "active":
+        console.print(
+            f"[green]device {device.device} runs v{device.model_version}[/]: on-device p99 "
+            f"{device.p99_ms or 0:.2f} ms; one episode of {device.episode_ticks} ticks, p99 "
+            f"{device.episode_p99_ms or 0:.2f} ms",
+            highlight=False,
+        )
+    elif device:
+        console.print(f"[red]device {device.device} {device.state}[/]: {device.reason}")
     console.print(f"pipeline took {seconds / 60:.1f} min; summary: {result.run_dir}/summary.md")
     for label, url in result.links.items():
         console.print(f"  {label}: {url}", highlight=False)

@@ -33,6 +33,7 @@ TINY = [
     "latency.steps=20",
     "latency.warmup=2",
     "latency.pace=false",
+    "deploy.episode_ticks=10",
     # A policy trained for 10 steps succeeds rarely: these tests are about the gates' plumbing.
     "registry.promotion.min_success=0.0",
 ]
@@ -104,6 +105,11 @@ def test_pipeline_registers_a_gated_champion(first_run: dict[str, Any]) -> None:
     from pipelines import registry
 
     assert first_run["promoted"] and first_run["version"] == "1"
+    device = first_run["device"]  # the demo ends on a device: the local edge agent
+    assert device["state"] == "active" and device["model_version"] == "1", device
+    assert device["episode_ticks"] == 10 and device["p99_ms"] is not None
+    active = Path(device["state_dir"]) / "active"
+    assert active.exists() and (active.resolve().parent / "manifest.json").is_file()
     assert set(first_run["aliases"]) == {"candidate", "champion"}
     assert all(g["passed"] for g in first_run["gates"].values())
     assert registry.champion_history(MODEL)[0] == "1", "the first version became champion"
@@ -130,6 +136,7 @@ def test_pipeline_registers_a_gated_champion(first_run: dict[str, Any]) -> None:
         "evaluate",
         "latency",
         "register",
+        "deploy",  # a new champion goes onto the local edge agent
     }
     assert len(client.get_metric_history(stages["finetune"].info.run_id, "action_loss")) >= 2
     assert "latency_p99_ms" in stages["latency"].data.metrics
@@ -210,6 +217,7 @@ def test_a_failed_gate_keeps_the_champion(
     result = gated_run
     assert not result["promoted"] and result["blocked_by"] == ["latency"]
     assert result["version"] != first_run["version"] and result["aliases"] == ["candidate"]
+    assert result["device"] is None and "deploy" not in result["stages"], "only champions ship"
     assert registry.champion(MODEL).version == first_run["version"]  # type: ignore[union-attr]
     comparison = result["gates"]["no regression vs champion"]
     assert f"vs v{first_run['version']}" in comparison["measured"], "on the champion's seeds"

@@ -8,7 +8,16 @@ uses to a real agent process (``python -m deploy_edge.agent``) on 127.0.0.1 with
 ``local-cpu`` profile and the simulated rp5. The gate runs paced at the control rate, as on
 the robot (``--quick``: 50 unpaced steps).
 
-Run: ``python benchmarks/deploy.py [--quick]``; the last line is ``key=value`` pairs.
+The fleet figure: the same policy registered in a temporary MLflow registry and rolled out
+with the ``deploy_fleet`` flow (a canary, then one wave of the rest) to 3 and to 8 local
+agents, the devices of the wave one at a time (``max_parallel=1``) and all at once; wall time
+of each rollout, after an untimed first rollout that warms every agent (and starts Prefect's
+temporary server). The fleet's agents gate 50 unpaced steps (``--quick``: 20) and check 10
+health ticks, so that the figure is about the rollout, not the control rate, against a budget
+none misses (the eight "devices" share this machine's cores).
+
+Run: ``python benchmarks/deploy.py [--quick] [--fleet-only]``; the last line is ``key=value``
+pairs.
 """
 
 from __future__ import annotations
@@ -24,10 +33,11 @@ from pathlib import Path
 
 import yaml
 
+from configs import targets_dir
 from deploy_edge.client import AgentClient, DeviceEntry
 from deploy_edge.keys import generate_keypair, load_private_key
 from deploy_edge.release import file_sha256, write_release
-from pipelines.config import CONFIG_DIR, load_config
+from pipelines.config import CONFIG_DIR, PipelineConfig, load_config
 from pipelines.services import free_port
 from stages.export import export
 from stages.policy.checkpoint import save_new_policy
@@ -46,8 +56,141 @@ def rss_mb(pid: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="50 unpaced gate steps")
+    parser.add_argument("--fleet-only", action="store_true", help="only the fleet figure")
     args = parser.parse_args()
     cfg = load_config(CONFIG_DIR / "demo.yaml")
+    figures = {} if args.fleet_only else single_agent(cfg, args.quick)
+    figures.update(fleet_figure(cfg, args.quick))
+    print(" ".join(f"{k}={v}" for k, v in figures.items()))
+
+
+def start_agent(
+    root: Path,
+    name: str,
+    public: Path,
+    gate_steps: int,
+    gate_warmup: int,
+    pace: bool,
+    health_ticks: int,
+    target: Path | None = None,
+) -> tuple[subprocess.Popen[bytes], DeviceEntry]:
+    """A real agent process on 127.0.0.1 trusting ``public`` (``target``: a profile file; by
+    default local-cpu), and its devices-file entry."""
+    port = free_port()
+    device = {
+        **({"target": str(target)} if target else {}),
+        "name": name,
+        "listen": f"127.0.0.1:{port}",
+        "trusted_keys": [str(public)],
+        "token_sha256": hashlib.sha256(TOKEN.encode()).hexdigest(),
+        "state_dir": str(root / name / "state"),
+        "gate_steps": gate_steps,
+        "gate_warmup": gate_warmup,
+        "pace": pace,
+        "health_ticks": health_ticks,
+    }
+    (root / name).mkdir(parents=True, exist_ok=True)
+    (root / name / "device.yaml").write_text(yaml.safe_dump(device))
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "deploy_edge.agent", "--config", str(root / name / "device.yaml")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    os.environ["BENCH_TOKEN"] = TOKEN
+    return agent, DeviceEntry(name=name, url=f"http://127.0.0.1:{port}", token_env="BENCH_TOKEN")
+
+
+def wait_healthy(entry: DeviceEntry, timeout_s: float = 120.0) -> AgentClient:
+    """A client of the agent once it answers."""
+    client = AgentClient(entry)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            client.health()
+            return client
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def fleet_figure(cfg: PipelineConfig, quick: bool) -> dict[str, str]:
+    """Wall time of a rollout to 3 and 8 agents: a wave's devices one at a time vs at once."""
+    sizes, modes = (3, 8), {"seq": 1, "conc": None}
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        os.environ["ROBO_PIPE_HOME"] = str(root / "home")
+        os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "CRITICAL")
+        from pipelines import registry, tracking
+        from pipelines.services import configure
+
+        configure()
+        from pipelines.fleet import deploy_fleet
+
+        checkpoint = save_new_policy(
+            cfg.policy, cfg.scene.cameras, cfg.scene.image_size, root / "ckpt"
+        )
+        bundle = Path(export(checkpoint, root / "export").path)
+        private, public = generate_keypair(root / "keys", "bench")
+        rollouts = 1 + len(sizes) * len(modes)  # the warm-up, then each measured one
+        run = tracking.TrackedRun.start("fleet-benchmark", "register")
+        for _ in range(rollouts):  # each rollout a newer version of the same bundle
+            registry.register_export(bundle, "bench-policy", run, {registry.TAG + "onnx_hash": "x"})
+        run.finish()
+        names = [f"bench-{i}" for i in range(max(sizes))]
+        # Eight "devices" share this machine's cores: a gate measured while the others run is
+        # not a device's latency, so the fleet's agents gate against a budget none misses.
+        lax = yaml.safe_load((targets_dir() / "local-cpu.yaml").read_text())
+        lax.update(name="bench-lax", budget_ms=10_000.0, allowed_misses=1_000)
+        (root / "lax.yaml").write_text(yaml.safe_dump(lax))
+        steps = 20 if quick else 50
+        started = [
+            start_agent(root / "agents", n, public, steps, 2, False, 10, root / "lax.yaml")
+            for n in names
+        ]
+        try:
+            for _, entry in started:
+                wait_healthy(entry).close()
+
+            def roll(version: int, count: int, parallel: int | None) -> float:
+                fleet = root / f"fleet-{count}.yaml"
+                devices = [e.model_dump(mode="json", exclude_none=True) for _, e in started]
+                rollout = {"canary": 1, "waves": [count - 1], "device_timeout_s": 1800}
+                fleet.write_text(yaml.safe_dump({"devices": devices[:count], "rollout": rollout}))
+                start = time.perf_counter()
+                result = deploy_fleet(
+                    f"models:/bench-policy/{version}",
+                    str(fleet),
+                    key=str(private),
+                    max_parallel=parallel,
+                )
+                seconds = time.perf_counter() - start
+                assert result.complete, result.to_json()
+                return seconds
+
+            roll(1, len(names), None)  # warm-up: every agent runs v1
+            timed: dict[str, float] = {}
+            version = 2
+            for count in sizes:
+                for mode, parallel in modes.items():
+                    timed[f"fleet{count}_{mode}_s"] = roll(version, count, parallel)
+                    version += 1
+        finally:
+            for agent, _ in started:
+                agent.terminate()
+            for agent, _ in started:
+                agent.wait(timeout=30)
+    for count in sizes:
+        seq, conc = timed[f"fleet{count}_seq_s"], timed[f"fleet{count}_conc_s"]
+        print(
+            f"fleet of {count}: canary + 1 wave, one device at a time {seq:.1f} s, the wave at "
+            f"once {conc:.1f} s ({seq / conc:.2f}x)"
+        )
+    return {k: f"{v:.1f}" for k, v in timed.items()}
+
+
+def single_agent(cfg: PipelineConfig, quick: bool) -> dict[str, str]:
+    """Release size, signing, upload and each agent step on one agent; its memory."""
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         checkpoint = save_new_policy(
@@ -68,37 +211,17 @@ def main() -> None:
         )
         sign_s = time.perf_counter() - start
         size_mb = release.stat().st_size / 1e6
-        port = free_port()
-        device = {
-            "name": "bench",
-            "listen": f"127.0.0.1:{port}",
-            "trusted_keys": [str(public)],
-            "token_sha256": hashlib.sha256(TOKEN.encode()).hexdigest(),
-            "state_dir": str(root / "state"),
-            "gate_steps": 50 if args.quick else cfg.latency.steps,
-            "gate_warmup": 5 if args.quick else cfg.latency.warmup,
-            "pace": not args.quick,
-            "health_ticks": 30,
-        }
-        (root / "device.yaml").write_text(yaml.safe_dump(device))
-        agent = subprocess.Popen(
-            [sys.executable, "-m", "deploy_edge.agent", "--config", str(root / "device.yaml")]
+        agent, entry = start_agent(
+            root,
+            "bench",
+            public,
+            50 if quick else cfg.latency.steps,
+            5 if quick else cfg.latency.warmup,
+            not quick,
+            30,
         )
         try:
-            os.environ["BENCH_TOKEN"] = TOKEN
-            entry = DeviceEntry(
-                name="bench", url=f"http://127.0.0.1:{port}", token_env="BENCH_TOKEN"
-            )
-            client = AgentClient(entry)
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    client.health()
-                    break
-                except Exception:
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.2)
+            client = wait_healthy(entry)
             idle_mb = rss_mb(agent.pid)
             sha256 = file_sha256(release)
             start = time.perf_counter()
@@ -121,7 +244,7 @@ def main() -> None:
         f"on-device gate: p50 {gate['p50_ms']:.2f} ms, p99 {gate['p99_ms']:.2f} ms; agent memory "
         f"{idle_mb:.0f} MB idle, {after_mb:.0f} MB serving"
     )
-    figures = {
+    return {
         "release_mb": f"{size_mb:.2f}",
         "sign_s": f"{sign_s:.2f}",
         "upload_s": f"{upload_s:.2f}",
@@ -131,7 +254,6 @@ def main() -> None:
         "agent_idle_mb": f"{idle_mb:.0f}",
         "agent_serving_mb": f"{after_mb:.0f}",
     }
-    print(" ".join(f"{k}={v}" for k, v in figures.items()))
 
 
 if __name__ == "__main__":

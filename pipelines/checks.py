@@ -13,11 +13,15 @@ from robo_pipe.errors import InputError
 
 
 def check_config(cfg: PipelineConfig) -> None:
-    """What a whole pipeline run needs beyond a valid config: the latency target profile and a
-    hub-vlm backbone on disk. Raises before any stage runs."""
+    """What a whole pipeline run needs beyond a valid config: the latency target profile, the
+    fleet file and its tokens, a hub-vlm backbone on disk. Raises before any stage runs."""
     from deploy_edge.latency import load_target
 
     load_target(cfg.latency.target)
+    if cfg.deploy.fleet:  # the rollout at the end must not fail on a typo after hours
+        from pipelines.fleet import check_tokens, load_selection
+
+        check_tokens(load_selection(cfg.deploy.fleet)[1])
     if cfg.policy.type == "hub-vlm" and cfg.policy.backbone:
         from stages.policy.hub_vla import resolve_backbone
 

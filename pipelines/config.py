@@ -90,6 +90,10 @@ class DeployConfig(BaseModel):
     one episode on it. Gate and health use the ``latency`` section's steps and pacing."""
     episode_ticks: int = Field(default=100, ge=1, le=100_000)
     """Control ticks of the episode run on the device after the deployment."""
+    fleet: str | None = None
+    """A fleet file: after the pipeline promotes a new champion, roll it out to that fleet
+    (canary, waves, abort threshold: the file's rollout policy), e.g. after the nightly
+    retrain. The devices' token variables must be set where the pipeline runs."""
 
 
 class ScheduleConfig(BaseModel):

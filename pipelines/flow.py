@@ -42,7 +42,7 @@ from prefect.context import get_run_context
 from pipelines import checks, reconcile, steps, summary, tracking
 from pipelines.config import PipelineConfig, load_config, save_resolved
 from pipelines.home import new_run_dir
-from pipelines.records import ChampionCheck, Evaluation, PipelineResult, RunRecords
+from pipelines.records import ChampionCheck, Evaluation, FleetResult, PipelineResult, RunRecords
 from pipelines.services import Services, check_services, configure
 from pipelines.tasks import (
     STAGES,
@@ -177,18 +177,27 @@ def train_simulate_deploy(
         evaluation = evaluate_stage(ctx, export, base)
         latency = latency_stage(ctx, export)
         registration = register_stage(ctx, dataset, checkpoint, export, evaluation, latency)
-        device = None
+        device = rollout = None
         if cfg.deploy.local_agent and registration.promoted:  # only a new champion ships
             device = deploy_stage(ctx, registration)
+        if cfg.deploy.fleet and registration.promoted:
+            from pipelines.fleet import deploy_fleet
+
+            uri = f"models:/{registration.name}/{registration.version}"
+            rollout = deploy_fleet(model_uri=uri, fleet=cfg.deploy.fleet)
         records = RunRecords(
             dataset, base, checkpoint, export, evaluation, latency, registration, device
         )
-        result = _publish(ctx, services, mlrun, records)
+        result = _publish(ctx, services, mlrun, records, rollout)
     return result
 
 
 def _publish(
-    ctx: RunContext, services: Services, mlrun: tracking.TrackedRun, records: RunRecords
+    ctx: RunContext,
+    services: Services,
+    mlrun: tracking.TrackedRun,
+    records: RunRecords,
+    rollout: FleetResult | None = None,
 ) -> PipelineResult:
     """The run's result record, summary markdown, plots, Prefect artifacts, MLflow metrics."""
     from pipelines import registry
@@ -230,6 +239,7 @@ def _publish(
         stages=dict(ctx.stage_runs),
         links=_links(services, mlrun, reg.name, reg.version),
         device=records.device,
+        rollout=rollout,
     )
     text = summary.markdown(result, records, images)
     registry.set_version_description(reg.name, reg.version, version_description(result))

@@ -102,6 +102,8 @@ class PipelineResult(Record):
     """Prefect flow run, MLflow run and model version pages."""
     device: EdgeDeployment | None = None
     """Where the new champion was deployed (``deploy.local_agent``), if it was."""
+    rollout: FleetResult | None = None
+    """Its rollout to ``deploy.fleet``, if the config names one."""
 
 
 @dataclass(frozen=True)
@@ -115,6 +117,84 @@ class ChampionCheck(Record):
     min_success: float
     passed: bool
     """Held-out success still reaches ``registry.promotion.min_success``."""
+
+
+@dataclass
+class DeviceRollout(Record):
+    """One device of a rollout: what it ran before, what it runs now, and why."""
+
+    device: str
+    wave: int
+    """0-based; with a canary, wave 0 is the canary."""
+    before: str | None
+    """``model:version`` the device ran before (None: nothing, or unknown when unreachable)."""
+    after: str | None
+    """``model:version`` it runs now."""
+    state: str
+    """``active`` (runs the new version), ``staged`` (waits for the robot-busy lock),
+    ``refused`` / ``rolled_back`` / ``interrupted`` (the agent's verdict; it runs ``before``),
+    ``unreachable``, ``failed`` (the request failed or timed out), ``reverted`` (it ran the new
+    version and the stopped rollout rolled it back), ``skipped`` (its wave never started),
+    ``planned`` (a dry run)."""
+    reason: str = ""
+    p99_ms: float | None = None
+    """On-device p99 of the latency gate."""
+    seconds: float = 0.0
+    deployment_id: str = ""
+    """The agent's record of the deployment (its history)."""
+    at: str = ""
+    """UTC time the device's deployment (or its rollback) ended."""
+
+
+@dataclass
+class FleetResult(Record):
+    """A fleet rollout (or its plan)."""
+
+    model_name: str
+    model_version: str
+    fleet: str
+    waves: list[list[str]]
+    devices: list[DeviceRollout]
+    canary: int = 0
+    """Devices of the canary wave (wave 0); 0: no canary."""
+    stopped_at_wave: int | None = None
+    """The wave whose failures stopped the rollout (None: it went through)."""
+    reason: str = ""
+    dry_run: bool = False
+    flow_run_id: str = ""
+    seconds: float = 0.0
+    at: str = ""
+
+    @property
+    def label(self) -> str:
+        """``model:version`` of the release."""
+        return f"{self.model_name}:{self.model_version}"
+
+    @property
+    def complete(self) -> bool:
+        """Whether every selected device runs the new version."""
+        return self.stopped_at_wave is None and all(d.state == "active" for d in self.devices)
+
+
+@dataclass
+class DeviceState(Record):
+    """What one device of a fleet runs (``robo-pipe fleet status``)."""
+
+    device: str
+    url: str
+    target: str
+    labels: dict[str, str]
+    reachable: bool
+    active: str | None = None
+    staged: str | None = None
+    previous: str | None = None
+    locked: bool = False
+    last_state: str | None = None
+    """State of the device's last deployment."""
+    last_version: str | None = None
+    gate: str | None = None
+    """Last gate result: ``passed, p99 1.23 ms`` or ``FAILED: <why>`` (None: no gate ran)."""
+    error: str = ""
 
 
 @dataclass(frozen=True)

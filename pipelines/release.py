@@ -10,9 +10,10 @@ activating itself (:mod:`deploy_edge.agent`).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pipelines import registry
 from pipelines.home import home_dir
@@ -85,11 +86,15 @@ def bundle_release(
 
 
 def deploy_release(
-    device: DeviceEntry, release: Path, force: bool = False, listener: Listener = SILENT
+    device: DeviceEntry,
+    release: Path,
+    force: bool = False,
+    listener: Listener = SILENT,
+    timeout_s: float = 1800.0,
 ) -> Deployment:
     """Upload ``release`` to ``device``'s agent (resuming a cut upload) and follow the agent's
-    steps to the end. The agent's record of the deployment: ``state`` is ``active`` only when
-    the device now runs the new version."""
+    steps to the end, all within ``timeout_s``. The agent's record of the deployment:
+    ``state`` is ``active`` only when the device now runs the new version."""
     from deploy_edge.agent.deployer import Deployment
     from deploy_edge.client import AgentClient
     from deploy_edge.release import file_sha256
@@ -100,20 +105,27 @@ def deploy_release(
     def on_upload(sent: int, total: int) -> None:
         listener.advanced("upload", sent, f"{sent / 1e6:.1f} / {total / 1e6:.1f} MB")
 
-    def on_status(status: dict[str, object]) -> None:  # each agent step once, as it ends
-        running = status.get("running")
-        for step in running.get("steps", []) if isinstance(running, dict) else []:
+    def show(steps: list[dict[str, Any]]) -> None:  # each agent step once, as it ends
+        for step in steps:
             if step["name"] not in shown:
                 shown.add(step["name"])
                 verdict = "ok" if step["ok"] else f"FAILED: {step['detail']}"
                 listener.finished(step["name"], f"{verdict} ({step['seconds']:.1f} s)", False)
 
-    with AgentClient(device) as client:
+    def on_status(status: dict[str, Any]) -> None:
+        running = status.get("running")
+        show(running.get("steps", []) if isinstance(running, dict) else [])
+
+    deadline = time.monotonic() + timeout_s
+    with AgentClient(device, timeout_s=min(30.0, timeout_s)) as client:
         client.health()
         listener.started("upload", size, "bytes")
         client.upload(release, sha256, on_upload)
         listener.finished("upload", f"{size / 1e6:.1f} MB", reused=False)
-        return Deployment.from_json(client.deploy(sha256, force, on_status))
+        left = max(1.0, deadline - time.monotonic())
+        record = client.deploy(sha256, force, on_status, timeout_s=left, poll_s=0.25)
+        show(record["steps"])  # the last steps end after the last poll
+        return Deployment.from_json(record)
 
 
 def deploy_to_local_agent(
@@ -134,6 +146,9 @@ def deploy_to_local_agent(
             listener.started("episode", cfg.deploy.episode_ticks, "ticks")
             with AgentClient(device) as client:
                 episode = client.episode("touch the red cube", cfg.deploy.episode_ticks)
+            success = {True: "success", False: "no success", None: "done"}[episode["success"]]
+            detail = f"{success} in {episode['ticks']} ticks, p99 {episode['p99_ms']:.2f} ms"
+            listener.finished("episode", detail, reused=False)
     return EdgeDeployment(
         device=device.name,
         model_version=registration.version,

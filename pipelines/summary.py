@@ -6,10 +6,17 @@ and an artifact of the MLflow run. Built from the typed stage records only.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipelines.records import EdgeDeployment, Evaluation, PipelineResult, RunRecords
+from pipelines.records import (
+    EdgeDeployment,
+    Evaluation,
+    FleetResult,
+    PipelineResult,
+    RunRecords,
+)
 from stages.finetune.checkpoints import read_metrics
 from stages.finetune.rl import rolling_success
 
@@ -219,4 +226,42 @@ def markdown(result: PipelineResult, records: RunRecords, images: dict[str, str]
         lines.append(f"- {label}: {url}")
     for name, url in images.items():
         lines += ["", f"### {name}", "", f"![{name}]({url})", "", f"{url}"]
+    return "\n".join(lines) + "\n"
+
+
+# -- fleet rollouts ------------------------------------------------------------------------------
+
+
+def fleet_artifact_key(model: str) -> str:
+    """The Prefect artifact key of ``model``'s rollout summaries."""
+    slug = re.sub(r"[^a-z0-9-]+", "-", model.lower()).strip("-") or "model"
+    return f"fleet-{slug}"
+
+
+def summary_markdown(result: FleetResult) -> str:
+    """The rollout as markdown: the verdict, then one table row per device."""
+    verdict = (
+        f"**stopped at wave {result.stopped_at_wave}**: {result.reason}; the devices it "
+        "updated were rolled back"
+        if result.stopped_at_wave is not None
+        else "**complete**: every device runs it"
+        if result.complete
+        else "**done**, not every device runs it"
+    )
+    lines = [
+        f"# Fleet rollout of {result.label}",
+        "",
+        f"Fleet `{result.fleet}`, {len(result.devices)} devices in {len(result.waves)} waves: "
+        f"{verdict} ({result.seconds:.1f} s).",
+        "",
+        "| device | wave | before | after | state | reason | on-device p99 |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in result.devices:
+        p99 = f"{row.p99_ms:.2f} ms" if row.p99_ms is not None else "-"
+        reason = row.reason.replace("|", "/").replace("\n", " ")
+        lines.append(
+            f"| {row.device} | {row.wave} | {row.before or '-'} | {row.after or '-'} | "
+            f"{row.state} | {reason} | {p99} |"
+        )
     return "\n".join(lines) + "\n"

@@ -1,21 +1,26 @@
 """The deploy verbs: ``keys`` (signing keys, device tokens), ``bundle`` (a signed release of a
 registry version), ``edge-agent`` (run the agent on a device), ``deploy`` (a version to a
-device)."""
+device, or rolled out to a fleet), ``fleet status`` (what each device of a fleet runs)."""
 
 from __future__ import annotations
 
 import hashlib
 import secrets
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from pipelines import release
-from pipelines.cli.common import console, emit_json, services
+from pipelines.cli.common import console, emit_json, quiet_prefect_console, services
 from pipelines.cli.display import live
 from pipelines.cli.options import JsonOpt
+from robo_pipe.errors import InputError
+
+if TYPE_CHECKING:
+    from pipelines import fleet as rollout_records
 
 keys = typer.Typer(help="Signing keys for releases, and bearer tokens for edge agents.")
 
@@ -106,10 +111,30 @@ def edge_agent(
 
 def deploy(
     model: ModelUriArg,
-    target: Annotated[str, typer.Option("--target", help="Device name in the devices file.")],
+    target: Annotated[
+        str | None, typer.Option("--target", help="Device name in the devices file.")
+    ] = None,
     devices: Annotated[
         Path, typer.Option(help="Devices file: name, url, token_env, target per device.")
     ] = Path("devices.yaml"),
+    fleet: Annotated[
+        Path | None,
+        typer.Option(help="Fleet file: devices with labels and the rollout policy (not --target)."),
+    ] = None,
+    canary: Annotated[
+        int | None, typer.Option(min=0, help="Fleet: devices of the canary wave (default: file's).")
+    ] = None,
+    max_failures: Annotated[
+        int | None,
+        typer.Option(min=0, help="Fleet: failures a wave may have before the rollout stops."),
+    ] = None,
+    select: Annotated[
+        list[str] | None,
+        typer.Option(help="Fleet: only devices with this label, label=value (repeatable: all)."),
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option(help="Fleet: print the waves and what each device runs; change nothing.")
+    ] = False,
     key: KeyOpt = None,
     force: Annotated[
         bool, typer.Option(help="Allow a downgrade or an expired release (recorded).")
@@ -119,9 +144,30 @@ def deploy(
     """Deploy a registry version to a device: build and sign the release (or reuse it), upload
     it, and follow the agent's steps (verify, extract, engine, parity, latency gate, activate,
     health). Exits 0 only when the device runs the new version, 1 when it refused or rolled
-    back (the reason is printed), 2 for bad input."""
+    back (the reason is printed), 2 for bad input.
+
+    With --fleet: roll it out to a fleet, a canary first, then waves (the devices of a wave at
+    once); a wave with more failures than allowed stops the rollout and the devices it updated
+    roll back to what they ran. Exits 0 only when every selected device runs the new version."""
     from deploy_edge.client import AgentClient, load_device
 
+    fleet_only = {
+        "--canary": canary,
+        "--max-failures": max_failures,
+        "--select": select or None,
+        "--dry-run": dry_run or None,
+    }
+    if (target is None) == (fleet is None):
+        raise InputError("deploy: give either --target DEVICE or --fleet FLEET.yaml (one of them)")
+    if fleet is not None:
+        _deploy_fleet(
+            model, fleet, canary, max_failures, select or [], dry_run, key, force, json_out
+        )
+        return
+    given = [name for name, value in fleet_only.items() if value is not None]
+    if given:
+        raise InputError(f"deploy: {', '.join(given)} only apply with --fleet")
+    assert target is not None
     entry = load_device(devices, target)
     with AgentClient(entry) as client:  # an unreachable device or a missing token: before work
         client.health()
@@ -151,9 +197,120 @@ def deploy(
     console.print(f"[green]{entry.name} runs {manifest.model_name} v{manifest.model_version}")
 
 
+_STATE_STYLE = {"active": "green", "reverted": "yellow", "staged": "yellow", "planned": "cyan"}
+
+
+def _deploy_fleet(
+    model: str,
+    fleet: Path,
+    canary: int | None,
+    max_failures: int | None,
+    select: list[str],
+    dry_run: bool,
+    key: Path | None,
+    force: bool,
+    json_out: bool,
+) -> None:
+    """``deploy --fleet``: the plan (``--dry-run``) or the rollout, and its table."""
+    quiet_prefect_console()
+    from pipelines import fleet as rollout
+    from pipelines import registry
+    from pipelines.progress import listening
+
+    _, chosen = rollout.load_selection(fleet, select)  # bad input: before any work
+    rollout.check_tokens(chosen)
+    services()
+    registry.get_version(*registry.parse_model_uri(model))
+    if dry_run:
+        result = rollout.plan(model, fleet, canary, select)
+    else:
+        with live(json_out) as display, listening(display):
+            result = rollout.deploy_fleet(
+                model_uri=model,
+                fleet=str(fleet),
+                canary=canary,
+                max_failures=max_failures,
+                select=select,
+                force=force,
+                key=str(key) if key else None,
+            )
+    show_rollout(result)
+    emit_json({**result.to_json(), "complete": result.complete}, json_out)
+    if result.dry_run:
+        return
+    if result.stopped_at_wave is not None:
+        console.print(
+            f"[red]rollout stopped[/] at {escape(result.reason)}; the devices it updated were "
+            "rolled back",
+            highlight=False,
+        )
+        raise typer.Exit(code=1)
+    if not result.complete:
+        console.print(f"[red]not every device runs {result.label}", highlight=False)
+        raise typer.Exit(code=1)
+    console.print(f"[green]every device runs {result.label}[/] ({result.seconds:.1f} s)")
+
+
+def show_rollout(result: rollout_records.FleetResult) -> None:
+    """One row per device: wave, before, after, state, reason, on-device p99."""
+    title = f"{'plan: ' if result.dry_run else ''}{result.label} to {result.fleet}"
+    table = Table(title=title)
+    for col in ("device", "wave", "before", "after", "state", "reason", "on-device p99"):
+        table.add_column(col)
+    for row in result.devices:
+        style = _STATE_STYLE.get(row.state, "red")
+        wave = f"{row.wave} (canary)" if row.wave == 0 and result.canary else str(row.wave)
+        table.add_row(
+            row.device,
+            wave,
+            row.before or "-",
+            row.after or "-",
+            f"[{style}]{row.state}",
+            escape(row.reason),
+            f"{row.p99_ms:.2f} ms" if row.p99_ms is not None else "-",
+        )
+    console.print(table)
+
+
+fleet_app = typer.Typer(help="Fleets of edge devices: what each one runs.", no_args_is_help=True)
+
+
+@fleet_app.command("status")
+def fleet_status(
+    fleet: Annotated[Path, typer.Argument(help="Fleet file (devices, labels, rollout policy).")],
+    select: Annotated[
+        list[str] | None,
+        typer.Option(help="Only devices with this label, label=value (repeatable: all)."),
+    ] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Each device's active and staged version, its last deployment and gate result, the
+    robot-busy lock, and whether it answers (an unreachable device says why)."""
+    from pipelines import fleet as rollout
+
+    states = rollout.fleet_status(fleet, select or [])
+    table = Table(title=f"fleet {fleet}")
+    for col in ("device", "reachable", "active", "staged", "last deployment", "last gate", "lock"):
+        table.add_column(col)
+    for s in states:
+        last = f"{s.last_version} {s.last_state}" if s.last_state else "-"
+        table.add_row(
+            s.device,
+            "[green]yes" if s.reachable else f"[red]no[/]: {escape(s.error)}",
+            s.active or "-",
+            s.staged or "-",
+            last,
+            escape(s.gate or "-"),
+            "locked" if s.locked else "-",
+        )
+    console.print(table)
+    emit_json([s.to_json() for s in states], json_out)
+
+
 def register(app: typer.Typer) -> None:
     """Add these verbs to ``app``."""
     app.add_typer(keys, name="keys")
     app.command("bundle")(bundle)
     app.command("edge-agent")(edge_agent)
     app.command("deploy")(deploy)
+    app.add_typer(fleet_app, name="fleet")

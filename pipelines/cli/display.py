@@ -168,12 +168,22 @@ def show_pipeline_result(result: PipelineResult, seconds: float) -> None:
     if device and device.state == "active":
         console.print(
             f"[green]device {device.device} runs v{device.model_version}[/]: on-device p99 "
-            f"{device.p99_ms or 0:.2f} ms; one episode of {device.episode_ticks} ticks, p99 "
-            f"{device.episode_p99_ms or 0:.2f} ms",
+            f"{device.p99_ms or 0:.2f} ms; one episode there: "
+            f"{'success' if device.episode_success else 'no success'} in "
+            f"{device.episode_ticks} ticks, p99 {device.episode_p99_ms or 0:.2f} ms",
             highlight=False,
         )
     elif device:
         console.print(f"[red]device {device.device} {device.state}[/]: {device.reason}")
+    if result.rollout:
+        rollout = result.rollout
+        running = sum(row.state == "active" for row in rollout.devices)
+        verdict = "[green]complete" if rollout.complete else f"[red]stopped: {rollout.reason}"
+        console.print(
+            f"fleet {rollout.fleet}: {verdict}[/] ({running} of {len(rollout.devices)} devices "
+            f"run v{rollout.model_version})",
+            highlight=False,
+        )
     console.print(f"pipeline took {seconds / 60:.1f} min; summary: {result.run_dir}/summary.md")
     for label, url in result.links.items():
         console.print(f"  {label}: {url}", highlight=False)

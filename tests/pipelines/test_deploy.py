@@ -71,7 +71,7 @@ def signing(shared_home: Path) -> dict[str, Path]:
 
 
 def start_agent(
-    home: Path, state: Path, lock_file: Path | None = None, **extra: str
+    home: Path, state: Path, lock_file: Path | None = None, **extra: Any
 ) -> dict[str, Any]:
     """A real agent (``robo-pipe edge-agent``) with its own state directory, trusting the
     release key, and a devices file naming it ``dev-arm-01``."""

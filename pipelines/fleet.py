@@ -1,0 +1,435 @@
+"""Fleet rollouts: a registry version onto many edge devices, a canary first, then waves.
+
+``deploy_fleet`` (a Prefect flow) builds and signs the release once, reads what every selected
+device runs, then deploys wave by wave (the plan of :func:`deploy_edge.fleet.plan_waves`): one
+``deploy_device`` task per device, the devices of a wave concurrently. A wave with more
+failures than the threshold (any failure of the canary; an unreachable device is a failure)
+stops the rollout, and every device this rollout updated is rolled back to the version it ran
+before (the agent's ``POST /rollback``: the previous slot becomes active again). The flow run
+publishes a markdown summary artifact, and the model version gets one set of tags per device
+(``robo_pipe.device.<name>.version/state/at/p99_ms``), so ``robo-pipe models show`` lists
+where a version runs.
+
+Per-device progress goes to this process's listeners (:func:`pipelines.progress.listening`):
+one row per device, named after it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+from prefect import flow, task
+from prefect.cache_policies import NO_CACHE
+from prefect.task_runners import ThreadPoolTaskRunner
+from rich.markup import escape
+
+from deploy_edge.fleet import (
+    FleetDevice,
+    FleetError,
+    FleetFile,
+    load_fleet,
+    plan_waves,
+    wave_failed,
+)
+from deploy_edge.fleet import select as select_devices
+from pipelines import registry, release
+from pipelines.progress import BROADCAST
+from pipelines.records import DeviceRollout, DeviceState, FleetResult
+from pipelines.summary import fleet_artifact_key, summary_markdown
+
+T = TypeVar("T")
+
+DEVICE_TAG = registry.TAG + "device."
+"""Prefix of the per-device tags on a model version: ``<prefix><device>.<field>``."""
+
+STEPS = (*release.DEPLOY_STEPS, "commit")
+"""The steps of one device's deployment (its progress bar)."""
+FLEET_WORKERS = 64
+"""Most devices of one wave deployed at once."""
+
+
+# -- helpers -------------------------------------------------------------------------------------
+
+
+def _label(slot: Any) -> str | None:
+    if not isinstance(slot, dict):
+        return None
+    return f"{slot['model_name']}:{slot['model_version']}"
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _each(devices: Sequence[FleetDevice], work: Callable[[FleetDevice], T]) -> list[T]:
+    """``work`` on every device at once (threads), results in device order."""
+    if not devices:
+        return []
+    with ThreadPoolExecutor(max_workers=min(FLEET_WORKERS, len(devices))) as pool:
+        return list(pool.map(work, devices))
+
+
+def check_tokens(devices: Sequence[FleetDevice]) -> None:
+    """Raise :class:`FleetError` naming every device whose token variable is not set."""
+    import os
+
+    missing = [f"{d.name} ({d.token_env})" for d in devices if not os.environ.get(d.token_env)]
+    if missing:
+        raise FleetError(f"token variables not set for: {', '.join(missing)}")
+
+
+def load_selection(
+    fleet: str | Path, selectors: Sequence[str] = ()
+) -> tuple[FleetFile, list[FleetDevice]]:
+    """The fleet file and the devices ``selectors`` pick (errors: :class:`FleetError`)."""
+    parsed = load_fleet(fleet)
+    return parsed, select_devices(parsed.devices, list(selectors))
+
+
+def read_status(device: FleetDevice, timeout_s: float = 10.0) -> dict[str, Any] | str:
+    """The agent's status answer, or why it could not be read."""
+    from deploy_edge.client import AgentClient, DeviceError
+
+    try:
+        with AgentClient(device, timeout_s=timeout_s) as client:
+            return client.status()
+    except DeviceError as err:
+        return str(err)
+
+
+def device_state(device: FleetDevice) -> DeviceState:
+    """What ``device`` runs, its staged version, lock, last deployment and gate result."""
+    found = read_status(device)
+    state = DeviceState(device.name, device.url, device.target, dict(device.labels), False)
+    if isinstance(found, str):
+        state.error = found
+        return state
+    state.reachable = True
+    state.active, state.staged = _label(found.get("active")), _label(found.get("staged"))
+    state.previous, state.locked = _label(found.get("previous")), bool(found.get("locked"))
+    last = found.get("last")
+    if isinstance(last, dict):
+        state.last_state = last.get("state")
+        state.last_version = f"{last.get('model_name')}:{last.get('model_version')}"
+        gate = next((s for s in last.get("steps", []) if s["name"] == "gate"), None)
+        if gate is not None:
+            p99 = (last.get("gate") or {}).get("p99_ms")
+            measured = f", p99 {p99:.2f} ms" if p99 is not None else ""
+            state.gate = f"passed{measured}" if gate["ok"] else f"FAILED: {gate['detail']}"
+    return state
+
+
+def fleet_status(fleet: str | Path, selectors: Sequence[str] = ()) -> list[DeviceState]:
+    """Every selected device's state, read at once (an unreachable one says why)."""
+    _, devices = load_selection(fleet, selectors)
+    check_tokens(devices)
+    return _each(devices, device_state)
+
+
+def _befores(devices: Sequence[FleetDevice]) -> dict[str, dict[str, Any] | str]:
+    answers = _each(devices, read_status)
+    return {d.name: a for d, a in zip(devices, answers, strict=True)}
+
+
+# -- one device ----------------------------------------------------------------------------------
+
+
+class _DeviceProgress:
+    """One device's upload and agent steps as progress of the row named after the device."""
+
+    def __init__(self, device: str) -> None:
+        self.device, self.done = device, 0
+
+    def started(self, stage: str, total: float | None, unit: str) -> None:
+        BROADCAST.advanced(self.device, 0, f"{stage} ...")
+
+    def advanced(self, stage: str, completed: float, detail: str) -> None:
+        BROADCAST.advanced(self.device, 0, f"{stage} {detail}")
+
+    def finished(self, stage: str, detail: str, reused: bool) -> None:
+        self.done += 1
+        BROADCAST.advanced(self.device, self.done, f"{stage}: {detail}")
+
+
+@task(name="deploy_device", cache_policy=NO_CACHE, persist_result=False, log_prints=True)
+def deploy_device(
+    device: FleetDevice,
+    wave: int,
+    release_file: str,
+    sha256: str,
+    new: str,
+    before: str | None,
+    force: bool = False,
+    timeout_s: float = 900.0,
+) -> DeviceRollout:
+    """The release onto one device of a wave. Never raises for the device's sake: an
+    unreachable device, a refusal, a rollback or a timeout is the returned row's state."""
+    from deploy_edge.client import AgentClient, DeviceError
+
+    start = time.perf_counter()
+    row = DeviceRollout(device.name, wave, before, before, "failed")
+    try:
+        with AgentClient(device, timeout_s=min(10.0, timeout_s)) as client:
+            client.health()
+    except DeviceError as err:
+        row.state, row.reason = "unreachable", str(err)
+    else:
+        if before == new:
+            row.state, row.reason = "active", "already ran this version"
+            BROADCAST.advanced(device.name, len(STEPS), "already runs it")
+        else:
+            try:
+                listener = _DeviceProgress(device.name)
+                done = release.deploy_release(
+                    device, Path(release_file), force, listener, timeout_s
+                ).to_json()
+            except DeviceError as err:
+                row.reason = str(err)
+            except Exception as err:  # one device's fault fails that device, not the rollout
+                row.reason = f"{type(err).__name__}: {err}"
+            else:
+                row.state, row.reason = str(done["state"]), str(done.get("reason") or "")
+                row.deployment_id = str(done.get("id", ""))
+                gate = done.get("gate") or {}
+                row.p99_ms = float(gate["p99_ms"]) if "p99_ms" in gate else None
+                if row.state == "active":
+                    row.after = new
+    row.seconds, row.at = time.perf_counter() - start, _now()
+    print(f"{device.name} (wave {wave}): {row.state}{': ' + row.reason if row.reason else ''}")
+    return row
+
+
+def _revert(device: FleetDevice, row: DeviceRollout, why: str) -> None:
+    """Roll ``device`` back to what it ran before this rollout (its previous slot)."""
+    from deploy_edge.client import AgentClient, DeviceError
+
+    try:
+        with AgentClient(device) as client:
+            client.rollback()
+            now = _label(client.status().get("active"))
+    except DeviceError as err:
+        row.reason = f"could not roll back: {err}"
+        return
+    row.after, row.state, row.at = now, "reverted", _now()
+    row.reason = f"rolled back to {now}: {why}"
+    if now != row.before:
+        row.reason += f" (it ran {row.before} before)"
+
+
+# -- the flow ------------------------------------------------------------------------------------
+
+
+def plan(
+    model_uri: str,
+    fleet: str | Path,
+    canary: int | None = None,
+    select_: Sequence[str] = (),
+) -> FleetResult:
+    """The rollout ``deploy_fleet`` would do, changing nothing: the waves, and what each
+    device runs now (an unreachable one says why)."""
+    name, ref = registry.parse_model_uri(model_uri)
+    info = registry.get_version(name, ref)
+    parsed, devices = load_selection(fleet, select_)
+    check_tokens(devices)
+    waves = plan_waves(devices, parsed.rollout, canary)
+    canary_size = len(waves[0]) if (parsed.rollout.canary if canary is None else canary) else 0
+    answers = _befores(devices)
+    rows = []
+    for number, wave in enumerate(waves):
+        for device in wave:
+            answer = answers[device.name]
+            before = _label(answer.get("active")) if isinstance(answer, dict) else None
+            reason = answer if isinstance(answer, str) else ""
+            rows.append(DeviceRollout(device.name, number, before, before, "planned", reason))
+    return FleetResult(
+        info.name,
+        info.version,
+        str(fleet),
+        [[d.name for d in w] for w in waves],
+        rows,
+        canary=canary_size,
+        dry_run=True,
+        at=_now(),
+    )
+
+
+@flow(
+    name="deploy_fleet",
+    log_prints=True,
+    persist_result=False,
+    task_runner=ThreadPoolTaskRunner(max_workers=FLEET_WORKERS),  # type: ignore[arg-type]
+)
+def deploy_fleet(
+    model_uri: str,
+    fleet: str,
+    canary: int | None = None,
+    max_failures: int | None = None,
+    select: list[str] | None = None,
+    force: bool = False,
+    key: str | None = None,
+    max_parallel: int | None = None,
+) -> FleetResult:
+    """Roll a registry version out to a fleet: the canary, then the waves (see the module
+    docstring).
+
+    Args:
+        model_uri: ``models:/<name>/<n>`` or ``models:/<name>@<alias>``.
+        fleet: fleet file (devices and rollout policy).
+        canary: devices of the canary wave (default: the fleet file's).
+        max_failures: failures a wave may have (default: the fleet file's rule).
+        select: ``label=value`` selectors (every one must match).
+        force: allow a downgrade or an expired release (the agent records it).
+        key: signing key (default ``$ROBO_PIPE_HOME/keys/robo-pipe.key``).
+        max_parallel: most devices of a wave deployed at once (default: the whole wave).
+    """
+    from prefect.context import get_run_context
+
+    from pipelines.services import check_services, configure
+
+    check_services(configure())
+    started, at = time.perf_counter(), _now()
+    parsed, devices = load_selection(fleet, select or [])
+    check_tokens(devices)
+    policy = parsed.rollout
+    waves = plan_waves(devices, policy, canary)
+    canary_size = len(waves[0]) if (policy.canary if canary is None else canary) else 0
+    manifest, release_file = release.bundle_release(
+        model_uri, Path(key) if key else release.default_key()
+    )
+    from deploy_edge.release import file_sha256
+
+    sha256, new = file_sha256(release_file), f"{manifest.model_name}:{manifest.model_version}"
+    answers = _befores(devices)
+    befores = {
+        n: _label(a.get("active")) if isinstance(a, dict) else None for n, a in answers.items()
+    }
+    for number, wave in enumerate(waves):
+        for device in wave:
+            BROADCAST.started(device.name, len(STEPS), "")
+            BROADCAST.advanced(device.name, 0, f"wave {number}: waiting")
+    rows: dict[str, DeviceRollout] = {}
+    stopped, why = None, ""
+    for number, wave in enumerate(waves):
+        if number and policy.pause_s:
+            print(f"pausing {policy.pause_s:g} s before wave {number}")
+            time.sleep(policy.pause_s)
+        step = max_parallel or len(wave)
+        for first in range(0, len(wave), step):
+            futures = [
+                deploy_device.with_options(task_run_name=f"{device.name}-wave{number}").submit(
+                    device,
+                    number,
+                    str(release_file),
+                    sha256,
+                    new,
+                    befores[device.name],
+                    force,
+                    policy.device_timeout_s,
+                )
+                for device in wave[first : first + step]
+            ]
+            for device, future in zip(wave[first : first + step], futures, strict=True):
+                rows[device.name] = row = future.result()
+                _show(row)
+        failed = [rows[d.name] for d in wave if rows[d.name].state not in ("active", "staged")]
+        is_canary = number == 0 and canary_size > 0
+        if wave_failed(len(failed), len(wave), policy, max_failures, canary=is_canary):
+            stopped = number
+            what = "canary" if is_canary else f"wave {number}"
+            names = ", ".join(r.device for r in failed)
+            why = f"{what}: {len(failed)} of {len(wave)} failed ({names})"
+            print(f"rollout stopped at {why}")
+            break
+    by_name = {d.name: d for d in devices}
+    if stopped is not None:
+        updated = [r for r in rows.values() if r.state == "active" and r.before != new]
+        _each(
+            [by_name[r.device] for r in updated],
+            lambda d: _revert(d, rows[d.name], f"the rollout stopped at {why}"),
+        )
+        for row in updated:
+            _show(row)
+    ordered = []
+    for number, wave in enumerate(waves):
+        for device in wave:
+            if device.name not in rows:
+                before = befores[device.name]
+                rows[device.name] = DeviceRollout(
+                    device.name, number, before, before, "skipped", "the rollout stopped first"
+                )
+                _show(rows[device.name])
+            ordered.append(rows[device.name])
+    flow_run = get_run_context().flow_run  # type: ignore[union-attr]
+    result = FleetResult(
+        manifest.model_name,
+        manifest.model_version,
+        str(fleet),
+        [[d.name for d in w] for w in waves],
+        ordered,
+        canary=canary_size,
+        stopped_at_wave=stopped,
+        reason=why,
+        flow_run_id=str(flow_run.id) if flow_run else "",
+        seconds=time.perf_counter() - started,
+        at=at,
+    )
+    record_rollout(result)
+    return result
+
+
+def record_rollout(result: FleetResult) -> None:
+    """The per-device tags on the model version (and on the version a device left), and the
+    flow run's summary artifact."""
+    from mlflow.exceptions import MlflowException
+    from prefect.artifacts import create_markdown_artifact
+
+    new = result.label
+    tags: dict[str, Any] = {}
+    for row in result.devices:
+        if row.state in ("skipped", "planned"):
+            continue
+        prefix = f"{DEVICE_TAG}{row.device}."
+        tags[prefix + "version"] = row.after or "none"
+        tags[prefix + "state"] = row.state
+        tags[prefix + "at"] = row.at or result.at
+        tags[prefix + "p99_ms"] = f"{row.p99_ms:.2f}" if row.p99_ms is not None else "-"
+        left = row.before
+        if row.state == "active" and left and left != new:
+            old_name, _, old_version = left.rpartition(":")
+            try:  # the version the device left no longer runs there
+                registry.set_version_tags(
+                    old_name,
+                    old_version,
+                    {
+                        prefix + "version": new,
+                        prefix + "state": "replaced",
+                        prefix + "at": result.at,
+                    },
+                )
+            except (registry.RegistryError, MlflowException) as err:
+                print(f"could not tag {left}: {err}")
+    registry.set_version_tags(result.model_name, result.model_version, tags)
+    create_markdown_artifact(
+        key=fleet_artifact_key(result.model_name),
+        markdown=summary_markdown(result),
+        description=f"fleet rollout of {new} ({result.fleet})",
+    )
+
+
+def _show(row: DeviceRollout) -> None:
+    """A device's end on its progress row: green when it runs the new version."""
+    p99 = f", p99 {row.p99_ms:.2f} ms" if row.p99_ms is not None else ""
+    text = f"{row.state} ({row.after or '-'}{p99})"
+    if row.state == "active":
+        BROADCAST.finished(row.device, text, reused=False)
+    else:
+        style = "yellow" if row.state in ("reverted", "staged", "skipped") else "red"
+        BROADCAST.advanced(row.device, 0, f"[{style}]{escape(f'{text}: {row.reason}')}")
+
+
+__all__ = ["deploy_device", "deploy_fleet", "device_state", "fleet_status", "plan"]

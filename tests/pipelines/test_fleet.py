@@ -1,0 +1,449 @@
+"""``robo-pipe deploy --fleet`` and ``robo-pipe fleet status`` through the CLI against real edge
+agents on 127.0.0.1 (each in its own state directory; one whose latency budget no machine
+meets, so it fails its gate), a device nobody listens for, a real Prefect test server and the
+SQLite MLflow registry: the canary stops a bad rollout, a failing wave rolls the updated
+devices back, an unreachable device is reported and counted, a dry run changes nothing, and
+the rollout is on record (model-version tags, one Prefect task run per device)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+import pytest
+import yaml
+
+from pipelines.services import free_port
+from tests.pipelines.test_deploy import MODEL, TOKEN, registered, start_agent
+from tests.pipelines.test_flow import robo_pipe
+
+__all__ = ["registered"]  # the module fixture: edge-policy v1 and v2
+
+TOKEN_ENV = "FLEET_TOKEN"
+AGENT: dict[str, Any] = {"gate_steps": 20, "gate_warmup": 2, "health_ticks": 5}
+"""Small agents: a short gate and health check (unpaced, as start_agent sets)."""
+
+
+@pytest.fixture
+def home_path(shared_home: Path) -> Path:
+    return shared_home
+
+
+@pytest.fixture(autouse=True)
+def services(robo_pipe_home: Path) -> None:
+    """MLflow in this process reads the shared home's registry, as the CLI does."""
+    from pipelines.services import configure
+
+    configure()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def prefect_server() -> Iterator[None]:
+    from prefect.testing.utilities import prefect_test_harness
+
+    os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+    with prefect_test_harness(server_startup_timeout=180):
+        yield
+
+
+@pytest.fixture(scope="module")
+def signing(shared_home: Path) -> Path:
+    """The release key pair agents trust (start_agent trusts ``keys/release.pub``)."""
+    from deploy_edge.keys import generate_keypair
+
+    private, _ = generate_keypair(shared_home / "keys", "release")
+    return private
+
+
+def target(folder: Path, fails: bool) -> Path:
+    """The local-cpu profile with a p99 budget no machine meets (every gate fails), or one
+    none misses (several agents share two busy cores: their gates must not fail by chance)."""
+    from configs import targets_dir
+
+    profile = yaml.safe_load((targets_dir() / "local-cpu.yaml").read_text())
+    if fails:
+        profile.update(name="tiny-budget", budget_ms=0.0001)
+    else:
+        profile.update(name="lax-budget", budget_ms=10_000.0, allowed_misses=1_000)
+    path = folder / f"{profile['name']}.yaml"
+    path.write_text(yaml.safe_dump(profile))
+    return path
+
+
+def start_fleet(
+    home: Path, root: Path, names: list[str], failing: tuple[str, ...] = ()
+) -> dict[str, dict[str, Any]]:
+    """A real agent per name, started at once, each in its own folder under ``root``."""
+
+    def one(name: str) -> dict[str, Any]:
+        folder = root / name
+        folder.mkdir(parents=True)
+        profile = target(folder, fails=name in failing)
+        return start_agent(home, folder, name=name, target=str(profile), **AGENT)
+
+    with ThreadPoolExecutor(len(names)) as pool:
+        return dict(zip(names, pool.map(one, names), strict=True))
+
+
+def stop_fleet(agents: dict[str, dict[str, Any]]) -> None:
+    for agent in agents.values():
+        agent["process"].terminate()
+    for agent in agents.values():
+        agent["process"].wait(timeout=20)
+
+
+def write_fleet(
+    path: Path,
+    agents: dict[str, dict[str, Any]],
+    order: list[str],
+    rollout: dict[str, Any] | None = None,
+    ghost: str | None = None,
+) -> Path:
+    """A fleet file with the agents in ``order`` (``ghost``: a device nobody listens for)."""
+    devices = []
+    for i, name in enumerate(order):
+        port = free_port() if name == ghost else agents[name]["port"]
+        devices.append(
+            {
+                "name": name,
+                "url": f"http://127.0.0.1:{port}",
+                "token_env": TOKEN_ENV,
+                "labels": {"site": "lab" if i % 2 == 0 else "plant", "robot": "rp5"},
+            }
+        )
+    path.write_text(yaml.safe_dump({"devices": devices, "rollout": rollout or {}}))
+    return path
+
+
+def cli(*args: str, home: Path) -> Any:
+    from prefect.settings import PREFECT_API_URL
+
+    return robo_pipe(
+        *args, home=home, PREFECT_API_URL=str(PREFECT_API_URL.value()), **{TOKEN_ENV: TOKEN}
+    )
+
+
+def rollout(fleet: Path, home: Path, key: Path, *extra: str, version: int = 2) -> Any:
+    return cli(
+        "deploy", f"models:/{MODEL}/{version}", "--fleet", str(fleet), "--key", str(key),
+        "--json", *extra, home=home,
+    )  # fmt: skip
+
+
+def record(done: Any) -> dict[str, Any]:
+    assert done.stdout.strip(), done.stderr[-3000:]
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def rows(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {r["device"]: r for r in result["devices"]}
+
+
+def active(agent: dict[str, Any]) -> str | None:
+    from tests.pipelines.test_deploy import status
+
+    slot = status(agent)["active"]
+    return f"{slot['model_name']}:{slot['model_version']}" if slot else None
+
+
+def put_on_v1(home: Path, key: Path, agents: dict[str, dict[str, Any]], names: list[str]) -> None:
+    """The baseline: ``names`` run v1 (deployed directly, all at once)."""
+    from deploy_edge.client import DeviceEntry
+    from pipelines.release import bundle_release, deploy_release
+
+    os.environ[TOKEN_ENV] = TOKEN
+    _, path = bundle_release(f"models:/{MODEL}/1", key)
+
+    def one(name: str) -> str:
+        url = f"http://127.0.0.1:{agents[name]['port']}"
+        return deploy_release(DeviceEntry(name=name, url=url, token_env=TOKEN_ENV), path).state
+
+    with ThreadPoolExecutor(len(names)) as pool:
+        assert list(pool.map(one, names)) == ["active"] * len(names)
+
+
+def task_runs(flow_run_id: str) -> list[Any]:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    with get_client(sync_client=True) as prefect:
+        flow_run = prefect.read_flow_run(UUID(flow_run_id))
+        assert flow_run.name and flow_run.state is not None and flow_run.state.is_completed()
+        found = prefect.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id]))
+        )
+    return list(found)
+
+
+@pytest.fixture(scope="module")
+def idle_fleet(
+    registered: str, signing: Path, shared_home: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, dict[str, Any]]]:
+    """Two agents the read-only tests share (a dry run, a rollout stopped before any deploy)."""
+    agents = start_fleet(shared_home, tmp_path_factory.mktemp("idle-fleet"), ["idle-a", "idle-b"])
+    yield agents
+    stop_fleet(agents)
+
+
+def test_a_rollout_reaches_every_device_and_is_on_record(
+    registered: str, signing: Path, shared_home: Path, tmp_path: Path
+) -> None:
+    """Canary, then a wave of two at once: every device runs v1; the model version's tags say
+    where it runs (`models show`), the flow run has one task run per device, `fleet status`
+    shows it; a device nobody listens for is reported (one failure allowed: not stopped)."""
+    from pipelines import registry
+
+    names = ["arm-a", "arm-b", "arm-c"]
+    agents = start_fleet(shared_home, tmp_path, names)
+    try:
+        fleet = write_fleet(
+            tmp_path / "fleet.yaml",
+            agents,
+            [*names, "ghost"],
+            {"canary": 1, "waves": [2], "max_failures": 1},
+            ghost="ghost",
+        )
+        done = rollout(fleet, shared_home, signing, version=1)
+        assert done.returncode == 1, done.stderr[-3000:]  # not every device: the ghost
+        result = record(done)
+        assert result["stopped_at_wave"] is None and result["waves"] == [
+            ["arm-a"],
+            ["arm-b", "arm-c", "ghost"],
+        ]
+        by_device = rows(result)
+        for name in names:
+            row = by_device[name]
+            assert row["state"] == "active" and row["after"] == f"{MODEL}:1", row
+            assert row["before"] is None and row["p99_ms"] > 0
+            assert active(agents[name]) == f"{MODEL}:1"
+        ghost = by_device["ghost"]
+        assert ghost["state"] == "unreachable" and "127.0.0.1" in ghost["reason"], ghost
+        assert "unreachable" in done.stderr and "not every device runs" in done.stderr
+        for column in ("device", "before", "after", "state", "reason", "on-device p99"):
+            assert column in done.stderr
+
+        tags = registry.get_version(MODEL, "1").tags
+        for name in names:
+            assert tags[f"robo_pipe.device.{name}.version"] == f"{MODEL}:1"
+            assert tags[f"robo_pipe.device.{name}.state"] == "active"
+            assert float(tags[f"robo_pipe.device.{name}.p99_ms"]) > 0
+            assert tags[f"robo_pipe.device.{name}.at"].endswith("Z")
+        assert tags["robo_pipe.device.ghost.state"] == "unreachable"
+        shown = cli("models", "show", f"{MODEL}/1", home=shared_home)
+        assert shown.returncode == 0 and "device.arm-b.state" in shown.stderr, shown.stderr
+
+        runs = task_runs(result["flow_run_id"])
+        assert sorted(t.name.rsplit("-wave", 1)[0] for t in runs) == [*names, "ghost"]
+        assert all(t.state is not None and t.state.is_completed() for t in runs)
+        from prefect.client.orchestration import get_client
+
+        with get_client(sync_client=True) as prefect:
+            artifacts = [
+                a for a in prefect.read_artifacts() if str(a.flow_run_id) == result["flow_run_id"]
+            ]
+        assert [a.key for a in artifacts] == [f"fleet-{MODEL}"]
+        assert "| arm-b |" in str(artifacts[0].data) and "unreachable" in str(artifacts[0].data)
+
+        status = cli("fleet", "status", str(fleet), "--json", home=shared_home)
+        assert status.returncode == 0, status.stderr[-3000:]
+        states = {s["device"]: s for s in json.loads(status.stdout.strip().splitlines()[-1])}
+        for name in names:
+            s = states[name]
+            assert s["reachable"] and s["active"] == f"{MODEL}:1" and s["staged"] is None
+            assert s["gate"].startswith("passed") and s["last_state"] == "active"
+            assert s["locked"] is False
+        assert not states["ghost"]["reachable"] and states["ghost"]["error"]
+    finally:
+        stop_fleet(agents)
+
+
+def test_a_failing_canary_stops_the_rollout_and_no_other_device_changes(
+    registered: str, signing: Path, shared_home: Path, tmp_path: Path
+) -> None:
+    names = ["slow-arm", "arm-d", "arm-e"]
+    agents = start_fleet(shared_home, tmp_path, names, failing=("slow-arm",))
+    try:
+        put_on_v1(shared_home, signing, agents, ["arm-d", "arm-e"])
+        fleet = write_fleet(tmp_path / "fleet.yaml", agents, names, {"waves": [1]})
+        done = rollout(fleet, shared_home, signing, "--canary", "1")
+        assert done.returncode == 1, done.stderr[-3000:]
+        result = record(done)
+        by_device = rows(result)
+        assert (
+            result["stopped_at_wave"] == 0
+            and "canary: 1 of 1 failed (slow-arm)" in (result["reason"])
+        )
+        canary = by_device["slow-arm"]
+        assert canary["state"] == "refused" and "gate" in canary["reason"], canary
+        assert "budget" in canary["reason"] and canary["after"] is None
+        for name in ("arm-d", "arm-e"):
+            assert by_device[name]["state"] == "skipped"
+            assert active(agents[name]) == f"{MODEL}:1", "no other device changed"
+        assert active(agents["slow-arm"]) is None
+        assert "rollout stopped" in done.stderr and "canary" in done.stderr
+        assert len(task_runs(result["flow_run_id"])) == 1, "only the canary was deployed"
+    finally:
+        stop_fleet(agents)
+
+
+def test_a_failing_wave_stops_and_rolls_back_the_devices_updated_before_it(
+    registered: str, signing: Path, shared_home: Path, tmp_path: Path
+) -> None:
+    """Canary arm-f passes; the next wave deploys arm-g and slow-arm at once, slow-arm fails
+    its gate, so with --max-failures 0 arm-f and arm-g go back to v1; arm-h never starts."""
+    from pipelines import registry
+
+    names = ["arm-f", "arm-g", "slow-arm", "arm-h"]
+    agents = start_fleet(shared_home, tmp_path, names, failing=("slow-arm",))
+    try:
+        put_on_v1(shared_home, signing, agents, ["arm-f", "arm-g", "arm-h"])
+        policy = {"canary": 1, "waves": [2, 1], "max_failures": 3}
+        fleet = write_fleet(tmp_path / "fleet.yaml", agents, names, policy)
+        done = rollout(fleet, shared_home, signing, "--max-failures", "0")
+        assert done.returncode == 1, done.stderr[-3000:]
+        result = record(done)
+        by_device = rows(result)
+        assert (
+            result["stopped_at_wave"] == 1
+            and "wave 1: 1 of 2 failed (slow-arm)" in (result["reason"])
+        )
+        for name in ("arm-f", "arm-g"):
+            row = by_device[name]
+            assert row["state"] == "reverted" and row["before"] == row["after"] == f"{MODEL}:1"
+            assert row["p99_ms"] > 0 and "rolled back" in row["reason"]
+            assert active(agents[name]) == f"{MODEL}:1"
+        assert by_device["slow-arm"]["state"] == "refused"
+        assert by_device["arm-h"]["state"] == "skipped" and active(agents["arm-h"]) == f"{MODEL}:1"
+        assert "rollout stopped" in done.stderr and "reverted" in done.stderr
+        tags = registry.get_version(MODEL, "2").tags
+        assert tags["robo_pipe.device.arm-f.state"] == "reverted"
+        assert tags["robo_pipe.device.arm-f.version"] == f"{MODEL}:1"
+        assert tags["robo_pipe.device.slow-arm.state"] == "refused"
+        assert "robo_pipe.device.arm-h.state" not in tags, "a device never reached: no tag"
+        assert len(task_runs(result["flow_run_id"])) == 3
+    finally:
+        stop_fleet(agents)
+
+
+def test_an_unreachable_canary_is_a_failure_that_stops_the_rollout(
+    registered: str, signing: Path, shared_home: Path, tmp_path: Path, idle_fleet: Any
+) -> None:
+    before = {name: active(agent) for name, agent in idle_fleet.items()}
+    fleet = write_fleet(
+        tmp_path / "fleet.yaml", idle_fleet, ["ghost", "idle-a", "idle-b"], ghost="ghost"
+    )
+    done = rollout(fleet, shared_home, signing, "--canary", "1", "--max-failures", "5")
+    assert done.returncode == 1, done.stderr[-3000:]
+    result = record(done)
+    by_device = rows(result)
+    assert result["stopped_at_wave"] == 0 and "(ghost)" in result["reason"]
+    assert by_device["ghost"]["state"] == "unreachable" and by_device["ghost"]["reason"]
+    assert {by_device[n]["state"] for n in idle_fleet} == {"skipped"}
+    assert {name: active(agent) for name, agent in idle_fleet.items()} == before
+
+
+def test_a_dry_run_prints_the_plan_and_changes_nothing(
+    registered: str, signing: Path, shared_home: Path, tmp_path: Path, idle_fleet: Any
+) -> None:
+    from tests.pipelines.test_deploy import status
+
+    before = {name: status(agent) for name, agent in idle_fleet.items()}
+    fleet = write_fleet(
+        tmp_path / "fleet.yaml",
+        idle_fleet,
+        ["idle-a", "idle-b", "ghost"],
+        {"canary": 1, "waves": ["50%"]},
+        ghost="ghost",
+    )
+    done = rollout(fleet, shared_home, signing, "--dry-run")
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = record(done)
+    assert result["dry_run"] and result["waves"] == [["idle-a"], ["idle-b", "ghost"]]
+    assert {r["state"] for r in result["devices"]} == {"planned"}
+    assert rows(result)["ghost"]["reason"], "an unreachable device says why"
+    assert "plan:" in done.stderr and "(canary)" in done.stderr
+    assert {name: status(agent) for name, agent in idle_fleet.items()} == before
+    selected = rollout(fleet, shared_home, signing, "--dry-run", "--select", "site=plant")
+    assert selected.returncode == 0 and [r["device"] for r in record(selected)["devices"]] == [
+        "idle-b"
+    ]
+
+
+def test_bad_input_is_refused_before_any_work(
+    registered: str, shared_home: Path, tmp_path: Path
+) -> None:
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(
+        yaml.safe_dump(
+            {
+                "devices": [{"name": "a", "url": "http://127.0.0.1:1", "token_env": TOKEN_ENV}],
+                "rollout": {"waves": ["ten"]},
+            }
+        )
+    )
+    uri = f"models:/{MODEL}/1"
+    both = cli("deploy", uri, "--fleet", str(fleet), "--target", "a", home=shared_home)
+    assert both.returncode == 2 and "either --target" in both.stderr
+    neither = cli("deploy", uri, home=shared_home)
+    assert neither.returncode == 2 and "either --target" in neither.stderr
+    stray = cli("deploy", uri, "--target", "a", "--canary", "1", home=shared_home)
+    assert stray.returncode == 2 and "--canary only apply with --fleet" in stray.stderr
+    invalid = cli("deploy", uri, "--fleet", str(fleet), home=shared_home)
+    assert invalid.returncode == 2 and "field 'rollout.waves'" in invalid.stderr
+    assert str(fleet) in invalid.stderr and "Traceback" not in invalid.stderr
+    status = cli("fleet", "status", str(fleet), home=shared_home)
+    assert status.returncode == 2 and "'ten'" in status.stderr
+
+
+def test_a_pipeline_whose_config_names_a_fleet_rolls_its_new_champion_out(
+    shared_home: Path, tmp_path: Path
+) -> None:
+    """``deploy.fleet`` (what a nightly retrain's config sets): the pipeline promotes a
+    champion, then rolls it out to the fleet, signed with the home's key."""
+    from pipelines.flow import train_simulate_deploy
+    from pipelines.local_agent import signing_key
+    from tests.pipelines.test_flow import CONFIG, TINY
+
+    public = signing_key().with_suffix(".pub")
+    names = ["night-a", "night-b"]
+    root = tmp_path / "agents"
+    root.mkdir()
+    agents = {}
+    try:
+        for name in names:
+            folder = root / name
+            folder.mkdir()
+            agents[name] = start_agent(
+                shared_home,
+                folder,
+                name=name,
+                target=str(target(folder, fails=False)),
+                trusted_keys=[str(public)],
+                **AGENT,
+            )
+        fleet = write_fleet(tmp_path / "fleet.yaml", agents, names, {"canary": 1})
+        os.environ[TOKEN_ENV] = TOKEN
+        result = train_simulate_deploy(
+            config=CONFIG,
+            overrides=[
+                *TINY,
+                "registry.model_name=nightly-policy",
+                "deploy.local_agent=false",
+                f"deploy.fleet={fleet}",
+            ],
+        )
+        assert result.promoted and result.rollout is not None, result
+        assert result.rollout.complete, result.rollout
+        assert {row.device: row.after for row in result.rollout.devices} == {
+            name: f"nightly-policy:{result.version}" for name in names
+        }
+        assert {name: active(agents[name]) for name in names} == {
+            name: f"nightly-policy:{result.version}" for name in names
+        }
+    finally:
+        stop_fleet(agents)

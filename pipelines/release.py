@@ -132,17 +132,32 @@ def deploy_to_local_agent(
     cfg: PipelineConfig, registration: Registration, listener: Listener = SILENT
 ) -> EdgeDeployment:
     """The pipeline's deploy stage: ``registration``'s version, signed with the home's key,
-    onto the local edge agent (:mod:`pipelines.local_agent`), then one episode on it."""
+    onto the local edge agent (:mod:`pipelines.local_agent`), then one episode on it. A device
+    that already runs this release keeps it (a re-run of the demo changes nothing there)."""
     from deploy_edge.client import AgentClient
+    from deploy_edge.release import file_sha256
     from pipelines.local_agent import agent_dir, running_local_agent, signing_key
     from pipelines.records import EdgeDeployment
 
     uri = f"models:/{registration.name}/{registration.version}"
     _, path = bundle_release(uri, signing_key())
     with running_local_agent(cfg) as device:
-        done = deploy_release(device, path, listener=listener)
+        with AgentClient(device) as client:
+            status = client.status()
+        active, last = status.get("active") or {}, status.get("last") or {}
+        if active.get("sha256") == file_sha256(path):  # already there: report its last gate
+            same = last.get("release_sha256") == active["sha256"]
+            state, reason, gate = (
+                "active",
+                "already runs this release",
+                last.get("gate") if same else None,
+            )
+            listener.finished("verify", "already runs this release", reused=True)
+        else:
+            done = deploy_release(device, path, listener=listener)
+            state, reason, gate = done.state, done.reason, done.gate
         episode = None
-        if done.state == "active":
+        if state == "active":
             listener.started("episode", cfg.deploy.episode_ticks, "ticks")
             with AgentClient(device) as client:
                 episode = client.episode("touch the red cube", cfg.deploy.episode_ticks)
@@ -152,9 +167,9 @@ def deploy_to_local_agent(
     return EdgeDeployment(
         device=device.name,
         model_version=registration.version,
-        state=done.state,
-        reason=done.reason,
-        p99_ms=done.gate["p99_ms"] if done.gate else None,
+        state=state,
+        reason=reason,
+        p99_ms=gate["p99_ms"] if gate else None,
         episode_success=episode["success"] if episode else None,
         episode_ticks=episode["ticks"] if episode else 0,
         episode_p99_ms=episode["p99_ms"] if episode else None,

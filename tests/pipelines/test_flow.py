@@ -537,3 +537,18 @@ def test_pipeline_finetune_stage_runs_rl_after_bc(first_run: dict[str, Any]) -> 
     run_dir = Path(result["run_dir"])
     assert "2 RL iterations" in (run_dir / "summary.md").read_text()
     assert (run_dir / "training_curves.png").is_file()
+
+
+def test_a_device_that_already_runs_the_champion_keeps_it(first_run: dict[str, Any]) -> None:
+    """Deploying the champion the local agent already runs (a re-run of the demo) changes
+    nothing there: reported active, and an episode still runs."""
+    from pipelines.config import load_config
+    from pipelines.records import Registration
+    from pipelines.release import deploy_to_local_agent
+
+    cfg = load_config(CONFIG, TINY)
+    champion = Registration(MODEL, first_run["version"], [], True, [], {}, "")
+    deploy_to_local_agent(cfg, champion)  # other tests' champions may have gone there since
+    again = deploy_to_local_agent(cfg, champion)
+    assert again.state == "active" and again.reason == "already runs this release", again
+    assert again.episode_ticks == 10 and again.model_version == first_run["version"]

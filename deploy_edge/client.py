@@ -145,15 +145,17 @@ class AgentClient:
     ) -> dict[str, Any]:
         """Start the deployment of the uploaded release and follow it to its end; returns the
         agent's record of it (state, every step, reason)."""
+        earlier = (self.status().get("last") or {}).get("id")  # not the answer we wait for
         self._request("POST", "/deployments", json={"sha256": sha256, "force": force})
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             status = self.status()
             if on_status:
                 on_status(status)
-            running, last = status.get("running"), status.get("last")
-            if running is None and last and last["release_sha256"] == sha256:
-                return dict(last)
+            last: dict[str, Any] = status.get("last") or {}
+            ended = status.get("running") is None and last.get("id") not in (None, earlier)
+            if ended and last["release_sha256"] == sha256:
+                return last
             time.sleep(poll_s)
         raise DeviceError(f"device {self.device.name}: no result after {timeout_s:.0f} s")
 

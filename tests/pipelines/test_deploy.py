@@ -174,6 +174,10 @@ def test_deploy_makes_a_registry_version_the_devices_active_policy(
         timeout=60,
     ).json()
     assert episode["version"] == f"{MODEL}:1" and episode["ticks"] == 5 and episode["errors"] == 0
+    # The same release again: the agent refuses it, and deploy reports that refusal (not the
+    # earlier deployment of the same release, still the agent's last record when it asks).
+    again = deploy(agent, shared_home, "--key", str(signing["release"]))
+    assert again.returncode == 1 and "already the active version" in again.stderr, again.stderr
 
 
 def test_an_untrusted_key_is_refused_and_the_active_version_stays(

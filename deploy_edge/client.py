@@ -167,7 +167,7 @@ class AgentClient:
         """Every deployment on the device, newest first."""
         return list(self._request("GET", "/history"))
 
-    def episode(self, instruction: str, max_ticks: int = 100) -> dict[str, Any]:
+    def episode(self, instruction: str | None = None, max_ticks: int = 100) -> dict[str, Any]:
         """Run the active policy for one episode on the device's robot."""
         body = {"instruction": instruction, "max_ticks": max_ticks}
         return dict(self._request("POST", "/episode", json=body))

@@ -143,15 +143,16 @@ def deploy_to_local_agent(
     _, path = bundle_release(uri, signing_key())
     with running_local_agent(cfg) as device:
         with AgentClient(device) as client:
-            status = client.status()
-        active, last = status.get("active") or {}, status.get("last") or {}
-        if active.get("sha256") == file_sha256(path):  # already there: report its last gate
-            same = last.get("release_sha256") == active["sha256"]
-            state, reason, gate = (
-                "active",
-                "already runs this release",
-                last.get("gate") if same else None,
-            )
+            active = client.status().get("active") or {}
+            history = client.history()
+        if active.get("sha256") == file_sha256(path):  # already there: report the gate it passed
+            went_live = [
+                d
+                for d in history
+                if d["release_sha256"] == active["sha256"] and d["state"] == "active"
+            ]
+            state, reason = "active", "already runs this release"
+            gate = went_live[0].get("gate") if went_live else None
             listener.finished("verify", "already runs this release", reused=True)
         else:
             done = deploy_release(device, path, listener=listener)
@@ -160,7 +161,7 @@ def deploy_to_local_agent(
         if state == "active":
             listener.started("episode", cfg.deploy.episode_ticks, "ticks")
             with AgentClient(device) as client:
-                episode = client.episode("touch the red cube", cfg.deploy.episode_ticks)
+                episode = client.episode(None, cfg.deploy.episode_ticks)  # the scene's task
             success = {True: "success", False: "no success", None: "done"}[episode["success"]]
             detail = f"{success} in {episode['ticks']} ticks, p99 {episode['p99_ms']:.2f} ms"
             listener.finished("episode", detail, reused=False)

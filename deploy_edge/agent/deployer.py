@@ -500,7 +500,11 @@ class Deployer:
         run.detail = f"{len(ticks)} ticks, no miss, no error (max {worst:.2f} ms)"
 
     def _control(
-        self, instruction: str, max_ticks: int, until_done: bool = False, shadow: bool = False
+        self,
+        instruction: str | None,
+        max_ticks: int,
+        until_done: bool = False,
+        shadow: bool = False,
     ) -> tuple[list[Tick], Robot]:
         """Up to ``max_ticks`` control ticks of the active version on a fresh robot (until the
         robot reports its episode done, with ``until_done``); with ``shadow`` the actions are
@@ -511,6 +515,8 @@ class Deployer:
         if shadow:
             robot = ShadowRobot(robot)
         robot.connect()
+        if not instruction:  # the scene's own task, when the driver poses one
+            instruction = getattr(robot, "instruction", None) or self.config.instruction
         ticks: list[Tick] = []
         try:
             loop = target_loop(policy, robot, instruction, p, self.config.pace)
@@ -712,9 +718,11 @@ class Deployer:
                 latest[deployment.id] = deployment
         return list(reversed(latest.values()))
 
-    def run_episode(self, instruction: str, max_ticks: int) -> EpisodeResult:
+    def run_episode(self, instruction: str | None, max_ticks: int) -> EpisodeResult:
         """One episode of the active version on the device's robot: until the robot says it is
-        done or ``max_ticks``. Versions switch only between episodes."""
+        done or ``max_ticks``. ``instruction`` None: the task the robot's scene poses (a driver
+        that has one, like the simulated rp5), else the config's. Versions switch only between
+        episodes."""
         if max_ticks < 1:
             raise InputError(f"max_ticks must be >= 1, got {max_ticks}")
         with self._lock:

@@ -54,7 +54,8 @@ class DeployRequest(BaseModel):
 class EpisodeRequest(BaseModel):
     """Body of ``POST /episode``."""
 
-    instruction: str
+    instruction: str | None = None
+    """None: the task the robot's scene poses (the simulated arm's), else the config's."""
     max_ticks: int = 100
 
 

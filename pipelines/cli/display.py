@@ -168,7 +168,8 @@ def show_pipeline_result(result: PipelineResult, seconds: float) -> None:
     if device and device.state == "active":
         console.print(
             f"[green]device {device.device} runs v{device.model_version}[/]: on-device p99 "
-            f"{device.p99_ms or 0:.2f} ms; one episode there: "
+            f"{f'{device.p99_ms:.2f} ms' if device.p99_ms is not None else 'not measured'}; "
+            "one episode there: "
             f"{'success' if device.episode_success else 'no success'} in "
             f"{device.episode_ticks} ticks, p99 {device.episode_p99_ms or 0:.2f} ms",
             highlight=False,

@@ -46,6 +46,7 @@ def test_help_lists_only_working_verbs(robo_pipe_home: Path) -> None:
         "bundle",
         "edge-agent",
         "deploy",
+        "fleet",
         "config",
         "robots",
         "scenes",

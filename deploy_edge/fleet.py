@@ -191,6 +191,14 @@ def wave_size(size: int | str, total: int) -> int:
     return max(1, math.ceil(total * share / 100 - 1e-9))
 
 
+def canary_size(
+    waves: Sequence[Sequence[FleetDevice]], policy: RolloutPolicy, canary_override: int | None
+) -> int:
+    """Devices in the canary wave (the first of ``waves``) of that plan; 0 without a canary."""
+    canary = policy.canary if canary_override is None else canary_override
+    return len(waves[0]) if canary and waves else 0
+
+
 def plan_waves(
     devices: Sequence[FleetDevice], policy: RolloutPolicy, canary_override: int | None = None
 ) -> list[list[FleetDevice]]:

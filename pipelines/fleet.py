@@ -32,6 +32,7 @@ from deploy_edge.fleet import (
     FleetDevice,
     FleetError,
     FleetFile,
+    canary_size,
     load_fleet,
     plan_waves,
     wave_failed,
@@ -237,7 +238,7 @@ def plan(
     parsed, devices = load_selection(fleet, select_)
     check_tokens(devices)
     waves = plan_waves(devices, parsed.rollout, canary)
-    canary_size = len(waves[0]) if (parsed.rollout.canary if canary is None else canary) else 0
+    canary_devices = canary_size(waves, parsed.rollout, canary)
     answers = _befores(devices)
     rows = []
     for number, wave in enumerate(waves):
@@ -252,7 +253,7 @@ def plan(
         str(fleet),
         [[d.name for d in w] for w in waves],
         rows,
-        canary=canary_size,
+        canary=canary_devices,
         dry_run=True,
         at=_now(),
     )
@@ -297,7 +298,7 @@ def deploy_fleet(
     check_tokens(devices)
     policy = parsed.rollout
     waves = plan_waves(devices, policy, canary)
-    canary_size = len(waves[0]) if (policy.canary if canary is None else canary) else 0
+    canary_devices = canary_size(waves, policy, canary)
     manifest, release_file = release.bundle_release(
         model_uri, Path(key) if key else release.default_key()
     )
@@ -337,7 +338,7 @@ def deploy_fleet(
                 rows[device.name] = row = future.result()
                 _show(row)
         failed = [rows[d.name] for d in wave if rows[d.name].state not in ("active", "staged")]
-        is_canary = number == 0 and canary_size > 0
+        is_canary = number == 0 and canary_devices > 0
         if wave_failed(len(failed), len(wave), policy, max_failures, canary=is_canary):
             stopped = number
             what = "canary" if is_canary else f"wave {number}"
@@ -371,7 +372,7 @@ def deploy_fleet(
         str(fleet),
         [[d.name for d in w] for w in waves],
         ordered,
-        canary=canary_size,
+        canary=canary_devices,
         stopped_at_wave=stopped,
         reason=why,
         flow_run_id=str(flow_run.id) if flow_run else "",

@@ -4,6 +4,10 @@ Conventions (aliases, not stages):
 
 - every exported policy the pipeline registers becomes a new version of the registered model
   ``registry.model_name``, aliased ``candidate``;
+- registering and moving ``champion`` happen under :func:`promotion_lock`, one per model name,
+  shared by every process of this home: so one export is never registered twice by two runs at
+  once, and a promotion is a compare-and-set (``pipelines.steps.register_version`` re-reads the
+  champion under the lock and re-compares a candidate that was evaluated against an older one);
 - ``champion`` moves to it only when every enforced promotion gate passed (the rules are
   :mod:`stages.register`); the registered model's tag ``robo_pipe.champion_history`` lists the
   champions in order, so ``rollback`` can restore the previous one;
@@ -14,12 +18,17 @@ Conventions (aliases, not stages):
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from filelock import FileLock
 
 from deploy_edge.bundle import IO_SPEC_FILE, IOSpec, TensorSpec, copy_bundle, read_io_spec
 from pipelines.home import home_dir
@@ -122,6 +131,17 @@ def get_version(name: str, ref: str) -> VersionInfo:
     except MlflowException:
         known = ", ".join(f"{v.version} {v.aliases}" for v in versions(name)) or "none"
         raise RegistryError(f"{name} has no version or alias {ref!r}; versions: {known}") from None
+
+
+@contextmanager
+def promotion_lock(name: str) -> Iterator[None]:
+    """Hold the registry lock of model ``name`` (an inter-process lock under the home; re-entrant
+    in this thread): registering versions and moving ``champion`` happen under it. With a
+    shared MLflow server it serialises the runs of this home, not other machines'."""
+    digest = hashlib.sha256(name.encode()).hexdigest()[:16]
+    path = home_dir("mlflow") / f".promotion-{digest}.lock"
+    with FileLock(path, is_singleton=True):
+        yield
 
 
 def champion(name: str) -> VersionInfo | None:
@@ -248,19 +268,27 @@ def champion_history(name: str) -> list[str]:
 
 
 def promote(name: str, version: str, reason: str) -> VersionInfo:
-    """Make ``version`` the champion of ``name`` and record it in the champion history."""
-    info = get_version(name, version)
-    mlflow_client = client()
-    mlflow_client.set_registered_model_alias(name, CHAMPION, info.version)
-    history = history_after_promotion(champion_history(name), info.version)
-    mlflow_client.set_registered_model_tag(name, HISTORY_TAG, json.dumps(history))
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    set_version_tags(name, info.version, {TAG + "promoted_at": stamp, TAG + "promoted_by": reason})
-    return get_version(name, info.version)
+    """Make ``version`` the champion of ``name`` and record it in the champion history (under
+    :func:`promotion_lock`: the alias and the history move together)."""
+    with promotion_lock(name):
+        info = get_version(name, version)
+        mlflow_client = client()
+        mlflow_client.set_registered_model_alias(name, CHAMPION, info.version)
+        history = history_after_promotion(champion_history(name), info.version)
+        mlflow_client.set_registered_model_tag(name, HISTORY_TAG, json.dumps(history))
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        tags = {TAG + "promoted_at": stamp, TAG + "promoted_by": reason}
+        set_version_tags(name, info.version, tags)
+        return get_version(name, info.version)
 
 
 def rollback(name: str) -> VersionInfo:
     """Give ``champion`` back to the previous champion of ``name``."""
+    with promotion_lock(name):
+        return _rollback(name)
+
+
+def _rollback(name: str) -> VersionInfo:
     current = champion(name)
     history = champion_history(name)
     if current is None:

@@ -80,6 +80,9 @@ def configure() -> Services:
     where everything is. Call before importing either."""
     _default("PREFECT_HOME", str(home_dir("prefect")))
     _default("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    # Prefect gives the temporary server it starts per run 20 s; on a cold machine a first
+    # start (imports, database) took longer, and the run failed before any stage.
+    _default("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
     _default("MLFLOW_DISABLE_TELEMETRY", "true")
     _default("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     _default("MLFLOW_TRACKING_URI", default_tracking_uri())
@@ -258,8 +261,14 @@ class LocalServers:
         self.processes: list[subprocess.Popen[bytes]] = []
 
     def start(self, timeout_s: float = 90.0) -> None:
-        """Start both servers and wait until they answer."""
+        """Start both servers (each home's database created first, once, under a lock) and
+        wait until they answer."""
+        from pipelines.stores import ensure_mlflow_store, ensure_prefect_store
+
         bin_dir = Path(sys.executable).parent
+        os.environ["PREFECT_HOME"] = str(home_dir("prefect"))
+        ensure_prefect_store()
+        ensure_mlflow_store(default_tracking_uri())
         env = {
             **os.environ,
             "PREFECT_HOME": str(home_dir("prefect")),

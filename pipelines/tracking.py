@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipelines.services import default_artifact_root, default_tracking_uri
+from pipelines.stores import ensure_mlflow_store
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -23,9 +24,11 @@ TAG = "robo_pipe."
 
 
 def client() -> MlflowClient:
-    """A client of the configured tracking store and registry."""
+    """A client of the configured tracking store and registry (an embedded SQLite store is
+    created, or finished migrating, first: once, under a lock; see :mod:`pipelines.stores`)."""
     from mlflow import MlflowClient
 
+    ensure_mlflow_store()
     return MlflowClient()
 
 
@@ -52,9 +55,18 @@ def experiment_id(mlflow_client: MlflowClient, name: str) -> str:
     found = mlflow_client.get_experiment_by_name(name)
     if found is not None:
         return str(found.experiment_id)
+    from mlflow.exceptions import MlflowException
+
     on_default_store = os.environ.get("MLFLOW_TRACKING_URI") == default_tracking_uri()
     location = f"{default_artifact_root()}/{name}" if on_default_store else None
-    return str(mlflow_client.create_experiment(name, artifact_location=location))
+    try:
+        return str(mlflow_client.create_experiment(name, artifact_location=location))
+    except MlflowException as err:
+        # Another run of the same config created it a moment ago: use theirs.
+        found = mlflow_client.get_experiment_by_name(name)
+        if err.error_code != "RESOURCE_ALREADY_EXISTS" or found is None:
+            raise
+        return str(found.experiment_id)
 
 
 @dataclass

@@ -32,13 +32,19 @@ def emit_json(record: Any, json_out: bool) -> None:
         print(json.dumps(record.to_json() if hasattr(record, "to_json") else record))
 
 
-def services() -> Services:
-    """Configure Prefect/MLflow for this home and check the configured servers answer."""
+def services(flows: bool = False) -> Services:
+    """Configure Prefect/MLflow for this home and check the configured servers answer. With
+    ``flows`` (a verb that runs Prefect flows) and no Prefect server configured, create the
+    home's Prefect database first, under a lock (:mod:`pipelines.stores`), so that the
+    temporary server each run starts never migrates it at the same time as another's."""
     from pipelines.services import check_services, configure, refresh_prefect_settings
+    from pipelines.stores import ensure_prefect_store
 
     found = configure()
     refresh_prefect_settings()  # loading the config may have imported Prefect already
     check_services(found)
+    if flows and found.prefect_api_url is None:
+        ensure_prefect_store()
     return found
 
 

@@ -219,7 +219,7 @@ def _deploy_fleet(
 
     _, chosen = rollout.load_selection(fleet, select)  # bad input: before any work
     rollout.check_tokens(chosen)
-    services()
+    services(flows=True)
     registry.get_version(*registry.parse_model_uri(model))
     if dry_run:
         result = rollout.plan(model, fleet, canary, select)

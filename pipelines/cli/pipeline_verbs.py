@@ -35,7 +35,7 @@ def run(
     checks.check_config(cfg)
     if not verbose:
         quiet_prefect_console()
-    found = services()
+    found = services(flows=True)
     if ray_address:
         from stages.ray_runtime import init_ray
 

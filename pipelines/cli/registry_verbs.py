@@ -104,7 +104,7 @@ def check(
     the hourly schedule runs it). Exits 1 if it fell below registry.promotion.min_success."""
     cfg = load(config, set_)
     quiet_prefect_console()
-    services()
+    services(flows=True)
     if registry.champion(cfg.model_name) is None:
         raise registry.RegistryError(f"{cfg.model_name} has no champion to check")
     from pipelines.flow import RegressionDetected, champion_regression

@@ -8,6 +8,7 @@ returns its own typed record.
 from __future__ import annotations
 
 import socket
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from pipelines.home import home_dir
 from pipelines.progress import BROADCAST, describe
 from pipelines.records import EdgeDeployment, Evaluation, Registration, StageRun
 from pipelines.resume import StageRecords, stage_key
+from robo_pipe.errors import RoboPipeError
 from robo_pipe.records import Record
 
 if TYPE_CHECKING:
@@ -53,18 +55,32 @@ class RunContext:
 
 
 def _transient(task: Any, task_run: Any, state: Any) -> bool:
-    """Retry only errors that may pass: lost connections, timeouts, dead Ray workers."""
-    error = state.result(raise_on_failure=False)
+    """Prefect's retry condition: see :func:`is_transient`."""
+    return is_transient(state.result(raise_on_failure=False))
+
+
+def is_transient(error: BaseException | None) -> bool:
+    """Whether a stage that failed with ``error`` may succeed if run again: lost connections,
+    timeouts, dead Ray workers, nodes or objects (by type, so subclasses count too). A user's
+    error (bad config, bad data: every :class:`RoboPipeError`) is never retried, nor is an
+    error raised inside a Ray task (Ray re-raises it as a ``RayTaskError`` that is also the
+    original error's type)."""
+    if error is None or isinstance(error, RoboPipeError):
+        return False
     if isinstance(error, ConnectionError | TimeoutError):
         return True
-    return type(error).__module__.startswith("ray.") and type(error).__name__ in (
-        "RayActorError",
-        "ActorDiedError",
-        "WorkerCrashedError",
-        "ObjectLostError",
-        "OwnerDiedError",
-        "NodeDiedError",
+    ray_exceptions = sys.modules.get("ray.exceptions")  # not imported: not a Ray error
+    if ray_exceptions is None or isinstance(error, ray_exceptions.RayTaskError):
+        return False
+    retryable = (
+        ray_exceptions.RayActorError,  # ActorDiedError, ActorUnavailableError
+        ray_exceptions.WorkerCrashedError,
+        ray_exceptions.ObjectLostError,  # OwnerDiedError, ObjectReconstructionFailedError
+        ray_exceptions.NodeDiedError,
+        ray_exceptions.LocalRayletDiedError,
+        ray_exceptions.OutOfMemoryError,
     )
+    return isinstance(error, retryable)
 
 
 def stage_task(name: str) -> Callable[[Callable[P, T]], Task[P, T]]:

@@ -1,0 +1,251 @@
+"""Promotion is a compare-and-set: a candidate evaluated against an older champion is compared
+again with the champion there is when it registers, on the same seeds, before ``champion``
+may move (a real SQLite MLflow registry; the episodes' outcomes are written as the evaluate
+stage writes them)."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+from pathlib import Path
+
+import pytest
+
+from pipelines import registry, tracking
+from pipelines.config import CONFIG_DIR, PipelineConfig, load_config
+from pipelines.records import Evaluation
+from pipelines.steps import EVAL_REPORT_TAG, EVAL_SUITE_TAG, register_version, suite_key
+from stages.evaluate import suite_variants
+from stages.evaluate.report import EvalReport, VariantRow
+from stages.register import GATE_TAG
+from stages.register.gates import NO_REGRESSION
+
+SETS = [
+    "scene.image_size=32",
+    "evaluate.episodes=10",
+    "evaluate.workers=0",
+    "evaluate.envs_per_worker=4",
+    "registry.promotion.min_success=0.0",
+]
+
+
+@pytest.fixture
+def cfg(robo_pipe_home: Path) -> PipelineConfig:
+    from pipelines.services import configure
+
+    configure()
+    return load_config(CONFIG_DIR / "demo.yaml", [*SETS, "registry.model_name=cas-policy"])
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny exported policy: every version below registers it (they differ by their tags)."""
+    import torch
+
+    from stages.export import export
+    from stages.policy.checkpoint import new_policy, save_policy
+    from tests.stages.tiny_models import TINY_POLICY
+
+    torch.manual_seed(0)
+    policy, _ = new_policy(TINY_POLICY, ["scene"], 32, 6, 6)
+    root = tmp_path_factory.mktemp("cas-export")
+    save_policy(policy, root / "ckpt", None)
+    return Path(export(root / "ckpt", root / "export").path)
+
+
+def report(cfg: PipelineConfig, wins: int, folder: Path) -> EvalReport:
+    """A report of the config's suite (its variants and ``eval`` seeds) with ``wins`` successes
+    per variant, written as the evaluate stage writes it."""
+    from sim_scenes.touch import episode_seeds
+
+    variants = suite_variants(cfg.scene, cfg.evaluate)
+    n = cfg.evaluate.episodes
+    seeds = episode_seeds(cfg.seed, n, "eval")
+    outcomes = [
+        {"variant": v, "index": i, "seed": s, "success": i < wins, "length": 20, "return": 0.0}
+        for v in variants
+        for i, s in enumerate(seeds)
+    ]
+    total = wins * len(variants)
+    folder.mkdir(parents=True)
+    made = EvalReport(
+        policy=str(folder),
+        episodes=n * len(variants),
+        successes=total,
+        success_rate=total / (n * len(variants)),
+        ci95=(0.0, 1.0),
+        rows=[VariantRow(v, n, wins, wins / n, (0.0, 1.0), 20.0) for v in variants],
+        env_steps_per_s=1.0,
+        episodes_per_s=1.0,
+        wall_s=1.0,
+        startup_s=0.0,
+        time_share={},
+        workers=0,
+        replacements=0,
+        seed=cfg.seed,
+        seeds=list(seeds),
+        outcomes=outcomes,
+        report=str(folder / "report.md"),
+    )
+    (folder / "report.md").write_text("# report\n")
+    (folder / "eval_report.json").write_text(json.dumps(made.to_json()))
+    return made
+
+
+def register_champion(
+    cfg: PipelineConfig, bundle: Path, onnx_hash: str, tags: dict[str, str]
+) -> str:
+    """A version promoted as another run would have promoted it."""
+    run = tracking.TrackedRun.start("cas-tests", "register")
+    info = registry.register_export(
+        bundle, cfg.model_name, run, {registry.TAG + "onnx_hash": onnx_hash, **tags}
+    )
+    run.finish()
+    return registry.promote(cfg.model_name, info.version, "test").version
+
+
+def stored_results(cfg: PipelineConfig, made: EvalReport) -> dict[str, str]:
+    return {
+        registry.TAG + EVAL_REPORT_TAG: str(Path(made.report).with_name("eval_report.json")),
+        registry.TAG + EVAL_SUITE_TAG: suite_key(cfg),
+    }
+
+
+def candidate_registers(
+    cfg: PipelineConfig, bundle: Path, onnx_hash: str, made: EvalReport, compared_with: str
+):  # type: ignore[no-untyped-def]
+    """``register_version`` of a candidate whose evaluation compared it with ``compared_with``
+    and passed (its record is compact, as the evaluate stage hands it on)."""
+    from dataclasses import replace
+
+    from deploy_edge.latency import LatencyReport
+    from stages.dataset.layout import DatasetRef
+    from stages.evaluate.report import Comparison
+    from stages.export import ExportRef
+    from stages.policy.checkpoint import CheckpointRef
+
+    passed = Comparison(
+        f"v{compared_with}", 0.0, (0.0, 1.0), made.success_rate, 9.0, 1.0, 0.95, True
+    )
+    evaluation = Evaluation(
+        candidate=replace(made, outcomes=[], seeds=[], comparison=passed),
+        champion_version=compared_with,
+    )
+    latency = LatencyReport.from_json(
+        {
+            "export": str(bundle),
+            "target": "host-cpu",
+            "passed": True,
+            "reasons": [],
+            "budget_ms": 100.0,
+            "allowed_misses": 0,
+            "steps": 10,
+            "warmup": 1,
+            "p50_ms": 1.0,
+            "p95_ms": 1.0,
+            "p99_ms": 1.0,
+            "max_ms": 1.0,
+            "mean_ms": 1.0,
+            "jitter_ms": 0.0,
+            "misses": 0,
+            "errors": 0,
+            "inference_ticks": 10,
+        }
+    )
+    dataset = DatasetRef(str(bundle), "d" * 64, 1, 1, 10.0, "rp5", "v", {})
+    checkpoint = CheckpointRef(str(bundle), "c" * 64, "default", "lora", 1, 1, 1)
+    export = ExportRef(str(bundle), str(bundle), onnx_hash, "", "", 0.0, {}, 18)
+    run = tracking.TrackedRun.start("cas-tests", "candidate")
+    try:
+        return register_version(cfg, dataset, checkpoint, export, evaluation, latency, run, "test")
+    finally:
+        run.finish()
+
+
+def test_a_candidate_compared_with_an_older_champion_is_compared_again(
+    cfg: PipelineConfig, bundle: Path, tmp_path: Path
+) -> None:
+    """v1 is champion; a candidate is evaluated against it (and passes); meanwhile another run
+    promotes v2, which succeeds every time. The candidate, half as good, must not replace v2."""
+    old = register_champion(cfg, bundle, "old", {})
+    strong = report(cfg, 10, tmp_path / "v2")
+    newer = register_champion(cfg, bundle, "newer", stored_results(cfg, strong))
+
+    weak = report(cfg, 5, tmp_path / "weak")
+    result = candidate_registers(cfg, bundle, "weak", weak, compared_with=old)
+
+    assert not result.promoted and result.blocked_by == [NO_REGRESSION]
+    assert f"vs v{newer}" in result.gates[NO_REGRESSION].measured
+    assert registry.champion(cfg.model_name).version == newer
+    tags = registry.get_version(cfg.model_name, result.version).tags
+    assert tags[GATE_TAG + NO_REGRESSION] == "failed"
+
+
+def test_a_candidate_as_good_as_the_newer_champion_replaces_it(
+    cfg: PipelineConfig, bundle: Path, tmp_path: Path
+) -> None:
+    old = register_champion(cfg, bundle, "old", {})
+    newer = register_champion(
+        cfg, bundle, "newer", stored_results(cfg, report(cfg, 6, tmp_path / "v2"))
+    )
+
+    result = candidate_registers(cfg, bundle, "good", report(cfg, 10, tmp_path / "good"), old)
+
+    assert result.promoted, result.gates
+    assert f"vs v{newer}" in result.gates[NO_REGRESSION].measured
+    assert registry.champion(cfg.model_name).version == result.version
+    assert registry.champion_history(cfg.model_name)[-2:] == [newer, result.version]
+
+
+def test_a_champion_without_stored_results_is_evaluated_on_the_same_seeds(
+    cfg: PipelineConfig, bundle: Path, tmp_path: Path
+) -> None:
+    """The newer champion was evaluated on another suite (no stored episodes that fit): it is
+    run now, on the candidate's seeds, and the candidate is held to it."""
+    old = register_champion(cfg, bundle, "old", {})
+    newer = register_champion(cfg, bundle, "newer", {})  # an untrained policy: fails every episode
+
+    result = candidate_registers(cfg, bundle, "lucky", report(cfg, 10, tmp_path / "lucky"), old)
+
+    assert result.promoted
+    assert f"vs v{newer}" in result.gates[NO_REGRESSION].measured
+    evaluated = tmp_path / f"champion-v{newer}" / "eval_report.json"
+    assert evaluated.is_file(), "the champion was evaluated on the candidate's suite"
+    champion_run = EvalReport.from_json(json.loads(evaluated.read_text()))
+    assert champion_run.seeds == report(cfg, 0, tmp_path / "seeds").seeds
+
+
+def _promote_concurrently(home: str, name: str, version: str, barrier: object) -> None:
+    os.environ["ROBO_PIPE_HOME"] = home
+    from pipelines.services import configure
+
+    configure()
+    barrier.wait()  # type: ignore[attr-defined]
+    for _ in range(5):
+        registry.promote(name, version, f"process {os.getpid()}")
+
+
+def test_concurrent_promotions_keep_alias_and_history_together(
+    cfg: PipelineConfig, bundle: Path, robo_pipe_home: Path
+) -> None:
+    """Two processes promoting different versions at once: the history's last entry is always
+    the version the alias points to (the alias and the history move under one lock)."""
+    first = register_champion(cfg, bundle, "one", {})
+    second = register_champion(cfg, bundle, "two", {})
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(2)
+    procs = [
+        ctx.Process(
+            target=_promote_concurrently, args=(str(robo_pipe_home), cfg.model_name, v, barrier)
+        )
+        for v in (first, second)
+    ]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(120)
+        assert proc.exitcode == 0
+    history = registry.champion_history(cfg.model_name)
+    assert history[-1] == registry.champion(cfg.model_name).version
+    assert sorted(history) == sorted([first, second])

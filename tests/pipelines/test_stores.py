@@ -1,0 +1,102 @@
+"""The embedded MLflow store: created once when several processes open a fresh home at the same
+moment, repaired when an interrupted migration left it half-migrated, and refused with what to
+do when it cannot be repaired."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sqlite3
+from contextlib import closing
+from pathlib import Path
+
+from tests.pipelines.test_flow import robo_pipe
+
+
+def _open_and_log(home: str, barrier: object) -> None:
+    os.environ["ROBO_PIPE_HOME"] = home
+    from pipelines import tracking
+    from pipelines.services import configure
+
+    configure()
+    barrier.wait()  # type: ignore[attr-defined]
+    run = tracking.TrackedRun.start("stores-test", f"process-{os.getpid()}")
+    run.log_metrics({"x": 1.0})
+    run.finish()
+
+
+def tables(db: Path) -> list[str]:
+    with closing(sqlite3.connect(db)) as conn:
+        return [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+
+
+def test_processes_opening_a_fresh_home_together_create_the_store_once(
+    robo_pipe_home: Path,
+) -> None:
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(4)
+    procs = [
+        ctx.Process(target=_open_and_log, args=(str(robo_pipe_home), barrier)) for _ in range(4)
+    ]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(180)
+    assert [p.exitcode for p in procs] == [0, 0, 0, 0]
+    db = robo_pipe_home / "mlflow" / "mlflow.db"
+    assert not [t for t in tables(db) if t.startswith("_alembic_tmp_")]
+    with closing(sqlite3.connect(db)) as conn:
+        runs = conn.execute("SELECT COUNT(*) FROM runs").fetchone()[0]
+        experiments = conn.execute(
+            "SELECT COUNT(*) FROM experiments WHERE name = 'stores-test'"
+        ).fetchone()[0]
+    assert (runs, experiments) == (4, 1)
+
+
+def half_migrated_store(db: Path) -> None:
+    """What two processes migrating one fresh store at once left behind: the schema stopped
+    one migration short of adding the workspace columns, and that migration's copy of
+    ``experiments`` (SQLite batch migrations copy a table, alter it, rename it back) is still
+    there. MLflow's own migration machinery builds it, as a crashed first start would."""
+    import sqlalchemy
+    from alembic import command
+    from alembic.script import ScriptDirectory
+    from mlflow.store.db.utils import _get_alembic_config
+    from mlflow.store.tracking.dbmodels.initial_models import Base as InitialBase
+
+    uri = f"sqlite:///{db}"
+    db.parent.mkdir(parents=True, exist_ok=True)
+    InitialBase.metadata.create_all(sqlalchemy.create_engine(uri))
+    config = _get_alembic_config(uri)
+    script = ScriptDirectory.from_config(config)
+    interrupted = next(r for r in script.walk_revisions() if r.revision == "1b5f0d9ad7c1")
+    command.upgrade(config, str(interrupted.down_revision))
+    with closing(sqlite3.connect(db)) as conn, conn:
+        sql = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'experiments'").fetchone()[0]
+        conn.execute(sql.replace("experiments", "_alembic_tmp_experiments", 1))
+
+
+def test_a_half_migrated_store_is_repaired(robo_pipe_home: Path) -> None:
+    db = robo_pipe_home / "mlflow" / "mlflow.db"
+    half_migrated_store(db)
+
+    listed = robo_pipe("models", "list", home=robo_pipe_home)
+
+    assert listed.returncode == 0, listed.stderr
+    assert "half-migrated" in listed.stderr and "_alembic_tmp_experiments" in listed.stderr
+    assert "_alembic_tmp_experiments" not in tables(db)
+    again = robo_pipe("models", "list", home=robo_pipe_home)
+    assert again.returncode == 0 and "half-migrated" not in again.stderr
+
+
+def test_a_store_beyond_repair_is_a_named_error(robo_pipe_home: Path) -> None:
+    db = robo_pipe_home / "mlflow" / "mlflow.db"
+    db.parent.mkdir(parents=True)
+    db.write_bytes(b"not a database" * 100)
+
+    listed = robo_pipe("models", "list", home=robo_pipe_home)
+
+    assert listed.returncode == 2, listed.stderr
+    assert str(db) in listed.stderr and f"mv {db}" in listed.stderr
+    assert "Traceback" not in listed.stderr
+    assert db.read_bytes() == b"not a database" * 100, "the file is left for the user to keep"

@@ -28,9 +28,11 @@ $(STAMP): pyproject.toml constraints.txt
 demo: setup
 	$(BIN)/robo-pipe run configs/demo.yaml
 
+# deptry ([tool.deptry] in pyproject.toml): every import is a declared dependency.
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/deptry .
 
 typecheck: setup
 	$(BIN)/mypy

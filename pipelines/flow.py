@@ -56,6 +56,7 @@ from pipelines.tasks import (
     pretrain_stage,
     register_stage,
 )
+from robo_pipe.locks import set_run_label
 from stages.provenance import code_version
 
 __all__ = ["STAGES", "champion_regression", "train_simulate_deploy"]
@@ -115,6 +116,7 @@ def _start(
     services = configure()
     check_services(services)
     flow_run = _flow_run()
+    set_run_label(flow_run.name)  # whoever waits for an output this run writes sees its name
     run_dir = new_run_dir(f"{cfg.name}-{kind}")
     save_resolved(cfg, run_dir / "config.yaml")
     mlrun = tracking.TrackedRun.start(

@@ -3,9 +3,10 @@
 Its files live under ``$ROBO_PIPE_HOME/edge/local-agent``: ``device.yaml``, the bearer token
 (``token``, mode 0600), the agent's state (slots, journal, history) in ``state/`` and its log in
 ``agent.log``. The signing key pair is the home's default (``$ROBO_PIPE_HOME/keys/robo-pipe.*``),
-made on first use. The agent runs only inside :func:`running_local_agent`; between runs its
-state stays, so ``robo-pipe edge-agent --config $ROBO_PIPE_HOME/edge/local-agent/device.yaml``
-serves the last deployed version again.
+made on first use. The agent runs only inside :func:`running_local_agent`, for one run of the
+home at a time (:mod:`robo_pipe.locks`); between runs its state stays, so ``robo-pipe
+edge-agent --config $ROBO_PIPE_HOME/edge/local-agent/device.yaml`` serves the last deployed
+version again.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from pipelines.config import PipelineConfig
 from pipelines.home import home_dir
 from pipelines.release import default_key
 from pipelines.services import free_port
+from robo_pipe.locks import StatusFn, output_lock
 
 NAME = "local-agent"
 TOKEN_ENV = "ROBO_PIPE_LOCAL_AGENT_TOKEN"
@@ -45,8 +47,9 @@ def signing_key() -> Path:
     from deploy_edge.keys import generate_keypair
 
     key = default_key()
-    if not key.is_file():
-        generate_keypair(key.parent, key.stem)
+    with output_lock(key, "keys"):  # two first runs at once must not make two key pairs
+        if not key.is_file():
+            generate_keypair(key.parent, key.stem)
     return key
 
 
@@ -80,37 +83,45 @@ def write_device_config(cfg: PipelineConfig, port: int) -> Path:
 
 
 @contextmanager
-def running_local_agent(cfg: PipelineConfig) -> Iterator[DeviceEntry]:
+def running_local_agent(
+    cfg: PipelineConfig, on_status: StatusFn | None = None
+) -> Iterator[DeviceEntry]:
     """Start the local agent, yield its devices-file entry (its token in this process's
-    environment), and stop it on the way out, whatever happened."""
-    port = free_port()
-    config = write_device_config(cfg, port)
-    os.environ[TOKEN_ENV] = _token()
-    entry = DeviceEntry(name=NAME, url=f"http://127.0.0.1:{port}", token_env=TOKEN_ENV)
-    with (agent_dir() / "agent.log").open("a") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "deploy_edge.agent", "--config", str(config)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            if process.poll() is not None:
-                raise DeviceError(f"the local edge agent exited; see {agent_dir() / 'agent.log'}")
-            try:
-                with AgentClient(entry, timeout_s=2.0) as client:
-                    client.health()
-                break
-            except DeviceError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
-        yield entry
-    finally:
-        process.terminate()
+    environment), and stop it on the way out, whatever happened.
+
+    Runs sharing the home take turns with the agent (its state, token and device.yaml): this
+    holds the agent folder's inter-process lock for the block; ``on_status`` is told when it
+    waits for another run's deploy."""
+    with output_lock(agent_dir(), "deploy", on_status):
+        port = free_port()
+        config = write_device_config(cfg, port)
+        os.environ[TOKEN_ENV] = _token()
+        entry = DeviceEntry(name=NAME, url=f"http://127.0.0.1:{port}", token_env=TOKEN_ENV)
+        with (agent_dir() / "agent.log").open("a") as log:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "deploy_edge.agent", "--config", str(config)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+            deadline = time.monotonic() + START_TIMEOUT_S
+            while True:
+                if process.poll() is not None:
+                    log_path = agent_dir() / "agent.log"
+                    raise DeviceError(f"the local edge agent exited; see {log_path}")
+                try:
+                    with AgentClient(entry, timeout_s=2.0) as client:
+                        client.health()
+                    break
+                except DeviceError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.2)
+            yield entry
+        finally:
+            process.terminate()
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()

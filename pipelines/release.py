@@ -138,10 +138,12 @@ def deploy_to_local_agent(
     from deploy_edge.release import file_sha256
     from pipelines.local_agent import agent_dir, running_local_agent, signing_key
     from pipelines.records import EdgeDeployment
+    from pipelines.steps import status_lines
 
     uri = f"models:/{registration.name}/{registration.version}"
     _, path = bundle_release(uri, signing_key())
-    with running_local_agent(cfg) as device:
+    # Runs sharing the home take turns with the agent: a second deploy waits, and says so.
+    with running_local_agent(cfg, status_lines("deploy", listener)) as device:
         with AgentClient(device) as client:
             active = client.status().get("active") or {}
             history = client.history()

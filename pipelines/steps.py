@@ -21,7 +21,9 @@ packages (and torch) are imported when a step runs, not when this module is impo
 
 from __future__ import annotations
 
+import sys
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -32,6 +34,7 @@ from pipelines.home import home_dir
 from pipelines.progress import SILENT, Listener, rl_detail, training_detail
 from pipelines.records import ChampionCheck, Evaluation, Registration
 from robo_pipe.errors import InputError
+from robo_pipe.locks import output_lock
 from stages.register import blocking_gates, gate_tags, meets_min_success, promotion_gates
 
 if TYPE_CHECKING:
@@ -84,6 +87,7 @@ def collect_dataset(
         ray_address,
         on_shard=on_shard,
         extra_provenance={"config": cfg.model_dump(mode="json"), "config_hash": cfg.config_hash()},
+        on_status=status_lines("collect", listener),
     )
 
 
@@ -109,7 +113,7 @@ def pretrain_base(
         home_dir("datasets"),
         ray_address,
         on_metrics=lambda m: listener.advanced("pretrain", m["step"], training_detail(m)),
-        on_status=lambda line: listener.advanced("pretrain", 0, line),
+        on_status=status_lines("pretrain", listener),
     )
 
 
@@ -146,6 +150,7 @@ def finetune_policy(
             ray_address=ray_address,
             on_metrics=lambda m: listener.advanced("finetune", m["step"], training_detail(m)),
             lineage={"config_hash": cfg.config_hash()},
+            on_status=status_lines("finetune", listener),
         )
     elif base is None:  # the config check refuses this; a caller passing no base is a bug
         raise AssertionError("RL from fresh adapters needs the default VLA's base")
@@ -182,6 +187,7 @@ def rl_finetune_from(
         on_metrics=lambda m: listener.advanced("finetune", m["step"], rl_detail(algo, m)),
         lineage={"config_hash": cfg.config_hash()},
         lora=cfg.policy.lora,
+        on_status=status_lines("finetune", listener),
     )
 
 
@@ -193,12 +199,14 @@ def export_checkpoint(
     listener: Listener = SILENT,
 ) -> ExportRef:
     """Export ``checkpoint`` to an ONNX bundle at ``out`` (parity checked on random inputs and,
-    with ``dataset``, on its frames), at ``cfg``'s robot's control rate."""
+    with ``dataset``, on its frames), at ``cfg``'s robot's control rate. One exporter per
+    ``out`` at a time: a run that waited for another gets that one's export back."""
     from robots.spec import get_robot
     from stages.export import export
 
     listener.started("export", None, "")
-    return export(checkpoint, out, get_robot(cfg.robot).control_hz, cfg.seed, dataset=dataset)
+    with output_lock(out, "export", status_lines("export", listener)):
+        return export(checkpoint, out, get_robot(cfg.robot).control_hz, cfg.seed, dataset=dataset)
 
 
 def evaluate_policy(
@@ -360,6 +368,18 @@ def evaluate_champion(
 
 
 # -- helpers -------------------------------------------------------------------------------------
+
+
+def status_lines(stage: str, listener: Listener) -> Callable[[str], None]:
+    """A stage's ``on_status``: each line (waiting for another run, taking over a dead one's
+    output, reusing it) becomes ``stage``'s status on ``listener`` and is printed to stderr, so
+    it stays in a verb's output and, inside a flow (``log_prints``), in the flow run's log."""
+
+    def report(line: str) -> None:
+        print(f"{stage}: {line}", file=sys.stderr)
+        listener.advanced(stage, 0, line)
+
+    return report
 
 
 class _Tally:

@@ -18,6 +18,7 @@ from pipelines.cli.options import DEMO_CONFIG, ConfigArg, ConfigOpt, JsonOpt, Ra
 from pipelines.config import save_resolved
 from pipelines.home import new_run_dir
 from robo_pipe.errors import InputError
+from robo_pipe.locks import set_run_label
 
 if TYPE_CHECKING:
     from stages.dataset.layout import DatasetRef
@@ -86,6 +87,7 @@ def collect(
     target = out or steps.default_dataset(cfg)
     checks.check_out_dir(target, "--out")
     run_dir = new_run_dir(f"{cfg.name}-collect")
+    set_run_label(run_dir.name)  # what another run waiting for this dataset is told
     save_resolved(cfg, run_dir / "config.yaml")
     start = time.perf_counter()
     with live(json_out) as display:
@@ -121,6 +123,7 @@ def pretrain(
         raise InputError(
             f"{config}: policy.type is {cfg.policy.type!r}; only the default VLA is pretrained"
         )
+    set_run_label("robo-pipe pretrain")  # it keeps no run folder
     start = time.perf_counter()
     with live(json_out) as display:
         base = display.step("pretrain", lambda show: steps.pretrain_base(cfg, show, ray_address))
@@ -162,6 +165,7 @@ def finetune(
         checks.check_dataset(dataset)  # before pretraining the base (minutes)
     checks.check_config(cfg)
     run_dir = new_run_dir(f"{cfg.name}-finetune")
+    set_run_label(run_dir.name)  # what another run waiting for these checkpoints is told
     save_resolved(cfg, run_dir / "config.yaml")
     start = time.perf_counter()
     with live(json_out) as display:
@@ -263,6 +267,7 @@ def export(
     checks.check_out_dir(target, "--out")
     if dataset is not None:
         checks.check_dataset(dataset)
+    set_run_label("robo-pipe export")  # it keeps no run folder
     start = time.perf_counter()
     with live(json_out) as display:
         ref = display.step(

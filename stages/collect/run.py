@@ -7,8 +7,10 @@
 Seeds come from the run's ``collect`` seed stream, split into shards of consecutive seeds. A
 worker that dies is replaced and its shard collected again (shards commit atomically: a dead
 worker leaves no half of one in the dataset). A re-run of the same command finds the shards
-already committed, collects only the missing ones and finalizes to the same bytes. A larger
-``episodes`` appends shards to an existing dataset.
+already committed, collects only the missing ones and finalizes to the same bytes; with none
+missing, a dataset already finalized from exactly those shards is returned untouched. A larger
+``episodes`` appends shards to an existing dataset. Processes sharing a dataset take turns
+(:mod:`robo_pipe.locks`): a second one waits, then reuses or extends what the first one left.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from robo_pipe.locks import StatusFn, output_lock
 from robots.spec import get_robot
 from sim_scenes.backends import make_env
 from sim_scenes.batched_env import BatchedObservation, StepResult
@@ -30,7 +33,13 @@ from sim_scenes.episodes import play_episodes
 from sim_scenes.touch import SceneError, episode_seeds, get_variant
 from stages.collect.config import CollectConfig
 from stages.collect.sources import make_source
-from stages.dataset.layout import STAGING_DIR, DatasetRef, content_hash
+from stages.dataset.layout import (
+    INFO_PATH,
+    PROVENANCE_PATH,
+    STAGING_DIR,
+    DatasetRef,
+    content_hash,
+)
 from stages.dataset.reader import open_dataset
 from stages.dataset.writer import (
     DatasetError,
@@ -238,8 +247,13 @@ def collect(
     ray_address: str | None = None,
     on_shard: Callable[[ShardResult], None] | None = None,
     extra_provenance: dict[str, Any] | None = None,
+    on_status: StatusFn | None = None,
 ) -> DatasetRef:
     """Collect ``config.episodes`` demonstrations into the v3 dataset at ``out``.
+
+    Under ``out``'s inter-process lock (:func:`robo_pipe.locks.output_lock`): a collection
+    another process is running is waited for and then reused (or resumed, if that process
+    died); ``on_status`` gets a line saying so, and one when the dataset is reused as it is.
 
     Raises:
         DatasetError: ``out`` holds other files or a different collection, or a committed shard
@@ -255,41 +269,74 @@ def collect(
     spec = get_robot(robot)
     identity = _identity(robot, scene, config, seed, spec.control_hz)
     out = Path(out).resolve()
-    _check_output_dir(out, identity)
-    staging = out / STAGING_DIR
-    staging.mkdir(parents=True, exist_ok=True)
-    (staging / IDENTITY_FILE).write_text(json.dumps(identity, indent=1))
-    discard_uncommitted(out)
+    # One collector per dataset at a time; a run that waited here finds what the other committed.
+    with output_lock(out, "collect", on_status):
+        _check_output_dir(out, identity)
+        staging = out / STAGING_DIR
+        staging.mkdir(parents=True, exist_ok=True)
+        if not (staging / IDENTITY_FILE).is_file():  # if there, it is this one (checked above)
+            (staging / IDENTITY_FILE).write_text(json.dumps(identity, indent=1))
+        discard_uncommitted(out)  # only the lock's holder writes shards: these are a dead run's
 
-    seeds = episode_seeds(seed, config.episodes, "collect")
-    shards, todo = plan_shards(
-        config.episodes, config.episodes_per_shard, set(committed_shards(out))
-    )
-    if shards[-1][1] > len(seeds):  # committed shards beyond this run's count
-        seeds = episode_seeds(seed, shards[-1][1], "collect")
-    args = (robot, scene.model_dump(), sim.model_dump(), config.model_dump())
-    if todo:
-        _run_shards(todo, seeds, staging, args, config, sim, ray_address, on_shard)
+        seeds = episode_seeds(seed, config.episodes, "collect")
+        committed = committed_shards(out)
+        shards, todo = plan_shards(config.episodes, config.episodes_per_shard, set(committed))
+        if not todo and _finalized_from(out, [committed[s].name for s in shards]):
+            # Finalizing again would rewrite files another run may be reading right now.
+            if on_status:
+                on_status(f"reusing the dataset at {out}: all {len(shards)} shards collected")
+            return _dataset_ref(out, robot, scene.variant, config.source)
+        if on_status and todo and len(todo) < len(shards):
+            on_status(
+                f"{len(shards) - len(todo)} of {len(shards)} shards already committed; "
+                f"collecting the other {len(todo)}"
+            )
+        if shards[-1][1] > len(seeds):  # committed shards beyond this run's count
+            seeds = episode_seeds(seed, shards[-1][1], "collect")
+        args = (robot, scene.model_dump(), sim.model_dump(), config.model_dump())
+        if todo:
+            _run_shards(todo, seeds, staging, args, config, sim, ray_address, on_shard)
 
-    paths = committed_shards(out)
-    schema = DatasetSchema(
-        robot=robot,
-        fps=spec.control_hz,
-        state_names=spec.state_names,
-        action_names=spec.action.names,
-        cameras=tuple(scene.cameras),
-        image_size=scene.image_size,
-        crf=config.video_crf,
-        env_state_names=TARGET_STATE_NAMES,
-    )
-    provenance = {
-        "collection": identity,
-        "collect": config.model_dump(),
-        "seed_stream": "collect",
-        "code_version": code_version(),
-        **(extra_provenance or {}),
-    }
-    finalize(out, [paths[s] for s in shards], schema, provenance)
+        paths = committed_shards(out)
+        schema = DatasetSchema(
+            robot=robot,
+            fps=spec.control_hz,
+            state_names=spec.state_names,
+            action_names=spec.action.names,
+            cameras=tuple(scene.cameras),
+            image_size=scene.image_size,
+            crf=config.video_crf,
+            env_state_names=TARGET_STATE_NAMES,
+        )
+        provenance = {
+            "collection": identity,
+            "collect": config.model_dump(),
+            "seed_stream": "collect",
+            "code_version": code_version(),
+            **(extra_provenance or {}),
+            "shards": [paths[s].name for s in shards],  # what a later run may reuse it as
+        }
+        finalize(out, [paths[s] for s in shards], schema, provenance)
+        return _dataset_ref(out, robot, scene.variant, config.source)
+
+
+def _finalized_from(out: Path, shards: list[str]) -> bool:
+    """Whether ``out`` is a finished dataset finalized from exactly ``shards`` (names, in order).
+
+    ``finalize`` removes ``info.json`` first and writes it last, so while it is there the
+    provenance beside it is that of the last complete finalize.
+    """
+    if not (out / INFO_PATH).is_file():
+        return False
+    try:
+        provenance = json.loads((out / PROVENANCE_PATH).read_text())
+    except (OSError, ValueError):
+        return False
+    return bool(provenance.get("shards") == shards)
+
+
+def _dataset_ref(out: Path, robot: str, variant: str, source: str) -> DatasetRef:
+    """The record of the finished dataset at ``out``."""
     dataset = open_dataset(out)
     return DatasetRef(
         path=str(out),
@@ -298,12 +345,12 @@ def collect(
         frames=dataset.num_frames,
         fps=dataset.fps,
         robot=robot,
-        variant=scene.variant,
+        variant=variant,
         features={
             k: {"dtype": f["dtype"], "shape": f["shape"]}
             for k, f in dataset.info["features"].items()
         },
-        source=config.source,
+        source=source,
         source_success_rate=float(dataset.provenance.get("source_success_rate", 0.0)),
     )
 

@@ -15,7 +15,9 @@ adapters), with rollout-worker and learner actors (:mod:`stages.finetune.rl`).
 ``pretrain`` and ``finetune`` run :func:`stages.finetune.bc.train_bc` on ``bc.workers`` Ray
 Train workers (DDP over gloo when more than one; ``workers: 0`` runs in this process).
 Re-running an interrupted stage with the same inputs resumes from its latest checkpoint; a
-finished one returns its record at once.
+finished one returns its record at once. Each trains under its output directory's inter-process
+lock (:mod:`robo_pipe.locks`): a second run of the same inputs waits, then reuses the first
+one's record, or resumes its checkpoints if that process died.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from robo_pipe.locks import StatusFn, output_lock
 from robots.spec import get_robot
 from sim_scenes.config import SceneConfig, SimConfig
 from sim_scenes.touch import available_variants
@@ -85,61 +88,64 @@ def pretrain(
     datasets_dir: Path,
     ray_address: str | None = None,
     on_metrics: MetricsFn | None = None,
-    on_status: Callable[[str], None] | None = None,
+    on_status: StatusFn | None = None,
 ) -> CheckpointRef:
     """Pretrain (or reuse) the base model for target variant ``scene.variant``; its
-    demonstrations go under ``datasets_dir``, the base under ``checkpoints_dir``."""
+    demonstrations go under ``datasets_dir``, the base under ``checkpoints_dir``. ``on_status``
+    gets progress lines, and one when this waits for, takes over or reuses another run's."""
     if policy.type != "default":
         raise ValueError(f"pretrain builds the default VLA; policy.type is {policy.type!r}")
     variants = pretrain_variants(scene.variant, config)
     spec = get_robot(robot)
     key = _key(robot, scene.cameras, scene.image_size, policy, config, variants, seed)
     out = checkpoints_dir / f"base-{key}"
-    cached = _finished(out)
-    if cached is not None:
-        return cached
-    datasets = []
-    for variant in variants:
-        if on_status:
-            on_status(f"collecting {config.episodes_per_variant} demonstrations on {variant}")
-        ref = collect(
-            robot,
-            scene.model_copy(update={"variant": variant}),
-            sim,
-            collect_config.model_copy(update={"episodes": config.episodes_per_variant}),
-            seed,
-            datasets_dir / f"pretrain-{variant}-{key}",
-            ray_address,
-        )
-        datasets.append(ref.path)
-    job = BCJob(
-        out=str(out),
-        datasets=datasets,
-        bc=config.bc.model_dump(),
-        seed=seed,
-        trainable="all",
-        policy=policy.model_dump(),
-        cameras=list(scene.cameras),
-        image_size=scene.image_size,
-        state_dim=len(spec.state_names),
-        action_dim=spec.action.dim,
-        lineage={
-            "stage": "pretrain",
-            "variants": variants,
-            "config": {
-                "robot": robot,
-                "scene": scene.model_dump(),
-                "collect": collect_config.model_dump(),
-                "policy": policy.model_dump(),
-                "pretrain": config.model_dump(),
+    with output_lock(out, "pretrain", on_status):  # one trainer per directory
+        cached = _finished(out, on_status)  # another run may have finished it while we waited
+        if cached is not None:
+            return cached
+        datasets = []
+        for variant in variants:
+            if on_status:
+                on_status(f"collecting {config.episodes_per_variant} demonstrations on {variant}")
+            ref = collect(
+                robot,
+                scene.model_copy(update={"variant": variant}),
+                sim,
+                collect_config.model_copy(update={"episodes": config.episodes_per_variant}),
+                seed,
+                datasets_dir / f"pretrain-{variant}-{key}",
+                ray_address,
+                on_status=on_status,
+            )
+            datasets.append(ref.path)
+        job = BCJob(
+            out=str(out),
+            datasets=datasets,
+            bc=config.bc.model_dump(),
+            seed=seed,
+            trainable="all",
+            policy=policy.model_dump(),
+            cameras=list(scene.cameras),
+            image_size=scene.image_size,
+            state_dim=len(spec.state_names),
+            action_dim=spec.action.dim,
+            lineage={
+                "stage": "pretrain",
+                "variants": variants,
+                "config": {
+                    "robot": robot,
+                    "scene": scene.model_dump(),
+                    "collect": collect_config.model_dump(),
+                    "policy": policy.model_dump(),
+                    "pretrain": config.model_dump(),
+                },
+                "config_hash": key,
+                "code_version": code_version(),
             },
-            "config_hash": key,
-            "code_version": code_version(),
-        },
-    )
-    if on_status:
-        on_status(f"pretraining the base on {', '.join(variants)}")
-    return _train(job, config.bc, ray_address, on_metrics)
+        )
+        if on_status:
+            on_status(f"pretraining the base on {', '.join(variants)}")
+        return _train(job, config.bc, ray_address, on_metrics)
 
 
 def finetune(
@@ -153,9 +159,11 @@ def finetune(
     ray_address: str | None = None,
     on_metrics: MetricsFn | None = None,
     lineage: dict[str, Any] | None = None,
+    on_status: StatusFn | None = None,
 ) -> CheckpointRef:
     """Fine-tune on ``dataset``: from ``base`` (the default VLA's pretrained checkpoint) or,
-    for ``policy.type: hub-vlm``, from the pretrained backbone (``base`` must be None)."""
+    for ``policy.type: hub-vlm``, from the pretrained backbone (``base`` must be None).
+    ``on_status``: a line when this waits for, takes over or reuses another run's training."""
     path = Path(dataset.path if isinstance(dataset, DatasetRef) else dataset).resolve()
     from stages.dataset.reader import open_dataset
 
@@ -173,37 +181,38 @@ def finetune(
     bc_settings = config.model_dump(include={"trainable", "bc"})
     key = _key(policy, bc_settings, data.content_hash(), start_from, seed)
     out = checkpoints_dir / f"{name}-finetune-{key}"
-    cached = _finished(out)
-    if cached is not None:
-        return cached
-    spec = get_robot(str(data.info.get("robot_type", "rp5")))
-    cameras = list(data.cameras)
-    if base is not None:  # the dataset must show the base what it was built to see
-        arch = read_policy_meta(base.path)["config"]
-        cameras = list(arch["cameras"])
-        seen = (image_size, len(spec.state_names), spec.action.dim)
-        wanted = (arch["image_size"], arch["state_dim"], arch["action_dim"])
-        if seen != wanted or not set(cameras) <= set(data.cameras):
-            raise DatasetError(
-                f"{path}: dataset (cameras {data.cameras}, image/state/action sizes {seen}) "
-                f"does not fit the base {base.path} (cameras {cameras}, sizes {wanted})"
-            )
-    job = BCJob(
-        out=str(out),
-        datasets=[str(path)],
-        bc=config.bc.model_dump(),
-        seed=seed,
-        trainable=config.trainable,
-        policy=policy.model_dump() if base is None else None,
-        cameras=cameras,
-        image_size=image_size,
-        state_dim=len(spec.state_names),
-        action_dim=spec.action.dim,
-        base_checkpoint=base.path if base else None,
-        lora=policy.lora.model_dump(),
-        lineage={"stage": "finetune", "code_version": code_version(), **(lineage or {})},
-    )
-    return _train(job, config.bc, ray_address, on_metrics)
+    with output_lock(out, "finetune", on_status):  # one trainer per directory
+        cached = _finished(out, on_status)  # another run may have finished it while we waited
+        if cached is not None:
+            return cached
+        spec = get_robot(str(data.info.get("robot_type", "rp5")))
+        cameras = list(data.cameras)
+        if base is not None:  # the dataset must show the base what it was built to see
+            arch = read_policy_meta(base.path)["config"]
+            cameras = list(arch["cameras"])
+            seen = (image_size, len(spec.state_names), spec.action.dim)
+            wanted = (arch["image_size"], arch["state_dim"], arch["action_dim"])
+            if seen != wanted or not set(cameras) <= set(data.cameras):
+                raise DatasetError(
+                    f"{path}: dataset (cameras {data.cameras}, image/state/action sizes {seen}) "
+                    f"does not fit the base {base.path} (cameras {cameras}, sizes {wanted})"
+                )
+        job = BCJob(
+            out=str(out),
+            datasets=[str(path)],
+            bc=config.bc.model_dump(),
+            seed=seed,
+            trainable=config.trainable,
+            policy=policy.model_dump() if base is None else None,
+            cameras=cameras,
+            image_size=image_size,
+            state_dim=len(spec.state_names),
+            action_dim=spec.action.dim,
+            base_checkpoint=base.path if base else None,
+            lora=policy.lora.model_dump(),
+            lineage={"stage": "finetune", "code_version": code_version(), **(lineage or {})},
+        )
+        return _train(job, config.bc, ray_address, on_metrics)
 
 
 def rl_finetune(
@@ -219,12 +228,14 @@ def rl_finetune(
     on_metrics: MetricsFn | None = None,
     lineage: dict[str, Any] | None = None,
     lora: LoraSettings | None = None,
+    on_status: StatusFn | None = None,
 ) -> CheckpointRef:
     """RL fine-tuning (``config.algo``: ppo or sac) in simulation on ``scene.variant``, from
     ``start``: a BC fine-tune, or a base checkpoint (then with fresh LoRA adapters). Output under
     ``checkpoints_dir/<name>-<algo>-<key>``; an interrupted run resumes from its latest learner
     checkpoint, a finished one returns its record at once. ``lora``: the adapters to add to a
-    base start (the policy config's)."""
+    base start (the policy config's). ``on_status``: a line when this waits for, takes over or
+    reuses another run's training."""
     from stages.finetune.rl import RLJob, train_rl
 
     if config.algo not in ("ppo", "sac"):
@@ -235,35 +246,36 @@ def rl_finetune(
     key = _key(start.content_hash, config.algo, config.trainable, config.rl, robot, scene, sim)
     key = _key(key, seed, lora)
     out = checkpoints_dir / f"{name}-{config.algo}-{key}"
-    cached = _finished(out)
-    if cached is not None:
-        return cached
-    out.mkdir(parents=True, exist_ok=True)
-    start_path = Path(start.path)
-    if start.trainable == "all" and config.trainable == "lora":
-        start_path = _fresh_adapters(start, lora, out / "start")
-    lineage = {
-        "stage": f"finetune-{config.algo}",
-        "start_checkpoint": start.path,
-        "start_hash": start.content_hash,
-        "code_version": code_version(),
-        **(lineage or {}),
-    }
-    job = RLJob(
-        out=str(out),
-        start_checkpoint=str(start_path),
-        algo=config.algo,
-        robot=robot,
-        scene=scene.model_dump(),
-        sim=sim.model_dump(),
-        rl=config.rl.model_dump(),
-        seed=seed,
-        lineage=lineage,
-    )
-    with _forwarding_metrics(out, on_metrics):
-        train_rl(job, ray_address)
-    ref = _record(out, lineage)
-    return replace(ref, dataset_hashes=start.dataset_hashes)
+    with output_lock(out, "finetune", on_status):  # one trainer per directory
+        cached = _finished(out, on_status)  # another run may have finished it while we waited
+        if cached is not None:  # the record on disk lacks the start's lineage, as below
+            return replace(cached, dataset_hashes=start.dataset_hashes)
+        out.mkdir(parents=True, exist_ok=True)
+        start_path = Path(start.path)
+        if start.trainable == "all" and config.trainable == "lora":
+            start_path = _fresh_adapters(start, lora, out / "start")
+        lineage = {
+            "stage": f"finetune-{config.algo}",
+            "start_checkpoint": start.path,
+            "start_hash": start.content_hash,
+            "code_version": code_version(),
+            **(lineage or {}),
+        }
+        job = RLJob(
+            out=str(out),
+            start_checkpoint=str(start_path),
+            algo=config.algo,
+            robot=robot,
+            scene=scene.model_dump(),
+            sim=sim.model_dump(),
+            rl=config.rl.model_dump(),
+            seed=seed,
+            lineage=lineage,
+        )
+        with _forwarding_metrics(out, on_metrics):
+            train_rl(job, ray_address)
+        ref = _record(out, lineage)
+        return replace(ref, dataset_hashes=start.dataset_hashes)
 
 
 def _fresh_adapters(base: CheckpointRef, lora: LoraSettings, out: Path) -> Path:
@@ -277,13 +289,16 @@ def _fresh_adapters(base: CheckpointRef, lora: LoraSettings, out: Path) -> Path:
     return out
 
 
-def _finished(out: Path) -> CheckpointRef | None:
-    """The record of a finished run at ``out`` if its checkpoint is intact, else None."""
+def _finished(out: Path, on_status: StatusFn | None = None) -> CheckpointRef | None:
+    """The record of a finished run at ``out`` if its checkpoint is intact (``on_status`` is
+    told it is reused), else None. Call it holding ``out``'s lock."""
     ref_path = out / REF_FILE
     if not ref_path.is_file():
         return None
     ref = CheckpointRef.from_json(json.loads(ref_path.read_text()))
     if Path(ref.path).is_dir() and checkpoint_hash(ref.path) == ref.content_hash:
+        if on_status:
+            on_status(f"reusing the finished checkpoint {ref.path}")
         return ref
     ref_path.unlink()  # damaged: train again (resuming from what is intact)
     return None

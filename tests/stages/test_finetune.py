@@ -232,3 +232,66 @@ def test_a_dataset_that_does_not_fit_the_base_is_refused(
     with pytest.raises(ValueError, match=r"does not fit the base .*base48"):
         finetune(tiny_dataset, TINY_POLICY, FinetuneConfig(), base, 0, tmp_path / "ckpt")
     assert not (tmp_path / "ckpt").exists(), "refused before any work"
+
+
+# Another process fine-tuning the same inputs (a teammate's run of the same config).
+TEAMMATE = """
+import json, sys
+from pathlib import Path
+from robo_pipe.locks import set_run_label
+from stages.finetune import FinetuneConfig, finetune
+from stages.policy.checkpoint import CheckpointRef
+from tests.stages.tiny_models import TINY_POLICY
+
+dataset, base, checkpoints, config = sys.argv[1:5]
+set_run_label("teammate")
+base_ref = CheckpointRef.from_json(json.loads(base))
+config_ = FinetuneConfig.model_validate_json(config)
+ref = finetune(dataset, TINY_POLICY, config_, base_ref, 0, Path(checkpoints), "tiny")
+print(json.dumps(ref.to_json()))
+"""
+
+
+def test_a_second_finetune_of_the_same_inputs_waits_and_reuses_the_first(
+    tiny_dataset: DatasetRef, tmp_path: Path
+) -> None:
+    policy, _ = new_policy(TINY_POLICY, ["scene"], 32, 6, 6)
+    digest = save_policy(policy, tmp_path / "base", None)
+    base = CheckpointRef(str(tmp_path / "base"), digest, "default", "all", 0, 1, 1)
+    bc = BCConfig(steps=20, batch_size=16, warmup_steps=2, checkpoint_every=10, workers=0)
+    config = FinetuneConfig(bc=bc)
+    checkpoints = tmp_path / "checkpoints"
+    args = [tiny_dataset.path, json.dumps(base.to_json()), str(checkpoints)]
+    teammate = subprocess.Popen(
+        [sys.executable, "-c", TEAMMATE, *args, config.model_dump_json()],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while not list(checkpoints.glob(".tiny-finetune-*.owner.json")):  # it holds the lock
+        assert teammate.poll() is None and time.monotonic() < deadline, "it never trained"
+        time.sleep(0.01)
+
+    lines: list[str] = []
+    seen: list[dict[str, float]] = []
+    ref = finetune(
+        tiny_dataset,
+        TINY_POLICY,
+        config,
+        base,
+        0,
+        checkpoints,
+        "tiny",
+        on_metrics=seen.append,
+        on_status=lines.append,
+    )
+    out, _ = teammate.communicate(timeout=120)
+    assert teammate.returncode == 0
+    first = CheckpointRef.from_json(json.loads(out.strip().splitlines()[-1]))
+    assert ref == first and seen == [], "the teammate's record, with no training here"
+    assert lines == [
+        f"waiting for run teammate (pid {teammate.pid}) to finish finetune of "
+        f"{Path(first.path).parent}",
+        f"reusing the finished checkpoint {first.path}",
+    ]

@@ -21,11 +21,6 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
             (or ``host:port``) joins an existing cluster, whose resources then apply.
         num_cpus: CPUs a local instance may use (default: all of this machine's).
     """
-    if not address:
-        # A local instance talks to itself on loopback only: without this Ray advertises the
-        # machine's network interface even when nothing outside will ever join. Ray reads the
-        # variable when it is first imported, so this module imports Ray only here.
-        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     import ray
 
     if ray.is_initialized():
@@ -40,6 +35,10 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
                 "running there, and reachable from this machine?"
             ) from err
     else:
+        # The local instance listens on this machine's addresses, not on loopback only: Ray
+        # 2.60 has no public setting for that (a node address of 127.0.0.1 is replaced by this
+        # machine's), only a private switch we do not use. What guards it is Ray's token
+        # authentication (RAY_AUTH_MODE), which a new local instance turns on by default.
         ray.init(
             # "local": a new instance even if `ray start` runs a cluster on this machine, which
             # ray.init() would otherwise join.

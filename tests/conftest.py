@@ -11,9 +11,6 @@ import pytest
 from robots.spec import RobotSpec, get_robot
 from stages.dataset.layout import DatasetRef
 
-# Local Ray stays on loopback (see stages/ray_runtime.py); set before anything imports Ray.
-os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-
 NUM_ENVS = 4
 """Environments per batched env in unit tests."""
 

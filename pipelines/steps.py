@@ -21,6 +21,7 @@ packages (and torch) are imported when a step runs, not when this module is impo
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from collections.abc import Callable
@@ -35,13 +36,13 @@ from pipelines.progress import SILENT, Listener, rl_detail, training_detail
 from pipelines.records import ChampionCheck, Evaluation, Registration
 from robo_pipe.errors import InputError
 from robo_pipe.locks import output_lock
-from stages.register import blocking_gates, gate_tags, meets_min_success, promotion_gates
+from stages.register import Gate, blocking_gates, gate_tags, meets_min_success, promotion_gates
 
 if TYPE_CHECKING:
     from deploy_edge.latency import LatencyReport
     from pipelines.tracking import TrackedRun
     from stages.dataset.layout import DatasetRef
-    from stages.evaluate.report import EvalReport
+    from stages.evaluate.report import Comparison, EvalReport
     from stages.export import ExportRef
     from stages.policy.checkpoint import CheckpointRef
 
@@ -244,12 +245,21 @@ def evaluate_candidate(
     if base is not None:
         start_out = out.with_name(f"{out.name}-start")
         start = _evaluate(cfg, Path(base.path), start_out, listener, None, ray_address, tally)
-    current = registry.champion(cfg.model_name)
     return Evaluation(
         candidate=_compact(candidate),
-        champion_version=current.version if current else None,
+        champion_version=champion.version if champion else _same_export_champion(cfg, export),
         start=_compact(start) if start else None,
     )
+
+
+def _same_export_champion(cfg: PipelineConfig, export: ExportRef) -> str | None:
+    """The champion's version if it is this very export (nothing to compare with), else None.
+    The version recorded is always the one the candidate was compared with: never a champion
+    that another run promoted while this one was evaluating."""
+    current = registry.champion(cfg.model_name)
+    if current and current.tags.get(registry.TAG + "onnx_hash") == export.onnx_hash:
+        return current.version
+    return None
 
 
 def measure_latency(
@@ -298,15 +308,16 @@ def register_version(
 ) -> Registration:
     """Register ``export`` as a version of ``cfg.model_name`` (alias ``candidate``; one version
     per export: a re-registered export gets its tags refreshed) with its lineage and every
-    gate's decision; move ``champion`` to it only if no enforced gate failed."""
+    gate's decision; move ``champion`` to it only if no enforced gate failed.
+
+    Promotion is a compare-and-set under the model's :func:`~pipelines.registry.promotion_lock`:
+    the champion is read again there, and if another run promoted a version since ``export``
+    was evaluated, the candidate is compared again with that one, on the same seeds (reusing
+    its stored episode results when it was evaluated on the same suite, else evaluating it
+    now), and the gates are decided again before the alias may move."""
     listener.started("register", None, "")
-    gates = promotion_gates(
-        cfg.registry.promotion,
-        evaluation.candidate,
-        evaluation.champion_version,
-        latency,
-        cfg.evaluate.gate_confidence,
-    )
+    candidate, compared_with = evaluation.candidate, evaluation.champion_version
+    gates = _gates(cfg, candidate, compared_with, latency)
     base = checkpoint.base
     tags = {
         registry.TAG + "dataset_hash": dataset.content_hash,
@@ -316,20 +327,40 @@ def register_version(
         registry.TAG + "onnx_hash": export.onnx_hash,
         registry.TAG + "config_hash": cfg.config_hash(),
         registry.TAG + "code_version": code,
-        registry.TAG + "success_rate": f"{evaluation.candidate.success_rate:.4f}",
+        registry.TAG + "success_rate": f"{candidate.success_rate:.4f}",
         registry.TAG + "latency_p99_ms": f"{latency.p99_ms:.3f}",
+        registry.TAG + EVAL_REPORT_TAG: str(_report_file(candidate)),
+        registry.TAG + EVAL_SUITE_TAG: suite_key(cfg),
         **gate_tags(gates),
     }
-    same = registry.find_export(cfg.model_name, export.onnx_hash)
-    if same is None:
-        info = registry.register_export(Path(export.path), cfg.model_name, run, tags)
-    else:
-        registry.set_version_tags(cfg.model_name, same.version, tags)
-        info = registry.set_alias(cfg.model_name, registry.CANDIDATE, same.version)
-    blocking = blocking_gates(gates)
-    if not blocking and registry.CHAMPION not in info.aliases:
-        reason = f"pipeline run {run.run_id}: all gates passed"
-        info = registry.promote(cfg.model_name, info.version, reason)
+    with registry.promotion_lock(cfg.model_name):
+        same = registry.find_export(cfg.model_name, export.onnx_hash)
+        if same is None:
+            info = registry.register_export(Path(export.path), cfg.model_name, run, tags)
+        else:
+            registry.set_version_tags(cfg.model_name, same.version, tags)
+            info = registry.set_alias(cfg.model_name, registry.CANDIDATE, same.version)
+        current = registry.champion(cfg.model_name)
+        while (
+            not blocking_gates(gates)
+            and current is not None
+            and current.version not in (compared_with, info.version)
+        ):  # the champion moved since the evaluation: compare with the one there is now
+            listener.advanced(
+                "register",
+                0,
+                f"champion is now v{current.version} (evaluated against "
+                f"{'v' + compared_with if compared_with else 'no champion'}): comparing again",
+            )
+            comparison = _recompare(cfg, candidate, current, run, listener)
+            candidate = replace(candidate, comparison=comparison)
+            compared_with = current.version
+            gates = _gates(cfg, candidate, compared_with, latency)
+            registry.set_version_tags(cfg.model_name, info.version, gate_tags(gates))
+        blocking = blocking_gates(gates)
+        if not blocking and registry.CHAMPION not in info.aliases:
+            reason = f"pipeline run {run.run_id}: all gates passed"
+            info = registry.promote(cfg.model_name, info.version, reason)
     return Registration(
         name=info.name,
         version=info.version,
@@ -339,6 +370,59 @@ def register_version(
         gates=gates,
         source=info.source,
     )
+
+
+EVAL_REPORT_TAG = "eval_report"
+"""Version tag (after the ``robo_pipe.`` prefix): the candidate's ``eval_report.json``, with
+every episode's outcome, so that a later candidate can be compared with it without running it
+again."""
+EVAL_SUITE_TAG = "eval_suite"
+"""Version tag: :func:`suite_key` of the suite that report covers."""
+
+
+def suite_key(cfg: PipelineConfig) -> str:
+    """What decides an evaluation's episodes (robot, scene, simulator, evaluate section, seed):
+    two reports with the same key ran the same episodes and may be compared."""
+    import hashlib
+
+    what = cfg.model_dump(include={"robot", "scene", "sim", "evaluate", "seed"}, mode="json")
+    return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _gates(
+    cfg: PipelineConfig, candidate: EvalReport, compared_with: str | None, latency: LatencyReport
+) -> dict[str, Gate]:
+    return promotion_gates(
+        cfg.registry.promotion, candidate, compared_with, latency, cfg.evaluate.gate_confidence
+    )
+
+
+def _report_file(report: EvalReport) -> Path:
+    """The ``eval_report.json`` written beside a report's markdown (it keeps the episodes)."""
+    return Path(report.report).with_name("eval_report.json")
+
+
+def _recompare(
+    cfg: PipelineConfig,
+    candidate: EvalReport,
+    champion: registry.VersionInfo,
+    run: TrackedRun,
+    listener: Listener,
+) -> Comparison:
+    """``candidate`` against ``champion`` on the same seeds: the champion's stored episode
+    results when it was evaluated on this suite, else a fresh evaluation of its export."""
+    from stages.evaluate.report import EvalReport, compare
+
+    full = EvalReport.from_json(json.loads(_report_file(candidate).read_text()))
+    stored = Path(champion.tags.get(registry.TAG + EVAL_REPORT_TAG, "/nonexistent"))
+    if champion.tags.get(registry.TAG + EVAL_SUITE_TAG) == suite_key(cfg) and stored.is_file():
+        baseline = EvalReport.from_json(json.loads(stored.read_text()))
+    else:
+        _, bundle = registry.fetch_export(cfg.model_name, champion.version)
+        out = Path(candidate.report).parent.with_name(f"champion-v{champion.version}")
+        baseline = evaluate_policy(cfg, bundle, out, listener)
+    comparison = compare(full, baseline, cfg.evaluate.gate_confidence)
+    return replace(comparison, baseline=f"v{champion.version}")
 
 
 def evaluate_champion(

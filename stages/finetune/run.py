@@ -181,22 +181,22 @@ def finetune(
     bc_settings = config.model_dump(include={"trainable", "bc"})
     key = _key(policy, bc_settings, data.content_hash(), start_from, seed)
     out = checkpoints_dir / f"{name}-finetune-{key}"
+    spec = get_robot(str(data.info.get("robot_type", "rp5")))
+    cameras = list(data.cameras)
+    if base is not None:  # the dataset must show the base what it was built to see
+        arch = read_policy_meta(base.path)["config"]
+        cameras = list(arch["cameras"])
+        seen = (image_size, len(spec.state_names), spec.action.dim)
+        wanted = (arch["image_size"], arch["state_dim"], arch["action_dim"])
+        if seen != wanted or not set(cameras) <= set(data.cameras):
+            raise DatasetError(
+                f"{path}: dataset (cameras {data.cameras}, image/state/action sizes {seen}) "
+                f"does not fit the base {base.path} (cameras {cameras}, sizes {wanted})"
+            )
     with output_lock(out, "finetune", on_status):  # one trainer per directory
         cached = _finished(out, on_status)  # another run may have finished it while we waited
         if cached is not None:
             return cached
-        spec = get_robot(str(data.info.get("robot_type", "rp5")))
-        cameras = list(data.cameras)
-        if base is not None:  # the dataset must show the base what it was built to see
-            arch = read_policy_meta(base.path)["config"]
-            cameras = list(arch["cameras"])
-            seen = (image_size, len(spec.state_names), spec.action.dim)
-            wanted = (arch["image_size"], arch["state_dim"], arch["action_dim"])
-            if seen != wanted or not set(cameras) <= set(data.cameras):
-                raise DatasetError(
-                    f"{path}: dataset (cameras {data.cameras}, image/state/action sizes {seen}) "
-                    f"does not fit the base {base.path} (cameras {cameras}, sizes {wanted})"
-                )
         job = BCJob(
             out=str(out),
             datasets=[str(path)],

@@ -94,12 +94,11 @@ class TrackedRun:
         return cls(run.info.run_id, exp)
 
     def log_params(self, params: dict[str, Any]) -> None:
-        """Log ``params`` flattened (``a.b.c``), values cut to MLflow's 6000 characters."""
+        """Log ``params`` flattened (``a.b.c``); MLflow cuts a value past its 6,000 characters."""
         from mlflow.entities import Param
 
-        items = [Param(k, v[:6000]) for k, v in flatten(params).items()]
-        for start in range(0, len(items), 100):  # MLflow's batch limit
-            client().log_batch(self.run_id, params=items[start : start + 100])
+        # log_batch sends as many requests as MLflow's per-request limits need.
+        client().log_batch(self.run_id, params=[Param(k, v) for k, v in flatten(params).items()])
 
     def log_metrics(self, metrics: dict[str, float], step: int = 0) -> None:
         """Log scalar metrics at ``step``."""
@@ -116,8 +115,7 @@ class TrackedRun:
             for key, value in record.items()
             if key not in (step_key, "time") and isinstance(value, int | float)
         ]
-        for start in range(0, len(metrics), 1000):
-            client().log_batch(self.run_id, metrics=metrics[start : start + 1000])
+        client().log_batch(self.run_id, metrics=metrics)
 
     def set_tags(self, tags: dict[str, Any]) -> None:
         """Set run tags (values as strings)."""

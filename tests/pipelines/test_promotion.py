@@ -14,7 +14,7 @@ import pytest
 
 from pipelines import registry, tracking
 from pipelines.config import CONFIG_DIR, PipelineConfig, load_config
-from pipelines.records import Evaluation
+from pipelines.records import Evaluation, Registration
 from pipelines.steps import EVAL_REPORT_TAG, EVAL_SUITE_TAG, register_version, suite_key
 from stages.evaluate import suite_variants
 from stages.evaluate.report import EvalReport, VariantRow
@@ -105,6 +105,12 @@ def register_champion(
     return registry.promote(cfg.model_name, info.version, "test").version
 
 
+def champion_version(cfg: PipelineConfig) -> str:
+    current = registry.champion(cfg.model_name)
+    assert current is not None, "the model has a champion"
+    return current.version
+
+
 def stored_results(cfg: PipelineConfig, made: EvalReport) -> dict[str, str]:
     return {
         registry.TAG + EVAL_REPORT_TAG: str(Path(made.report).with_name("eval_report.json")),
@@ -114,7 +120,7 @@ def stored_results(cfg: PipelineConfig, made: EvalReport) -> dict[str, str]:
 
 def candidate_registers(
     cfg: PipelineConfig, bundle: Path, onnx_hash: str, made: EvalReport, compared_with: str
-):  # type: ignore[no-untyped-def]
+) -> Registration:
     """``register_version`` of a candidate whose evaluation compared it with ``compared_with``
     and passed (its record is compact, as the evaluate stage hands it on)."""
     from dataclasses import replace
@@ -177,7 +183,7 @@ def test_a_candidate_compared_with_an_older_champion_is_compared_again(
 
     assert not result.promoted and result.blocked_by == [NO_REGRESSION]
     assert f"vs v{newer}" in result.gates[NO_REGRESSION].measured
-    assert registry.champion(cfg.model_name).version == newer
+    assert champion_version(cfg) == newer
     tags = registry.get_version(cfg.model_name, result.version).tags
     assert tags[GATE_TAG + NO_REGRESSION] == "failed"
 
@@ -194,7 +200,7 @@ def test_a_candidate_as_good_as_the_newer_champion_replaces_it(
 
     assert result.promoted, result.gates
     assert f"vs v{newer}" in result.gates[NO_REGRESSION].measured
-    assert registry.champion(cfg.model_name).version == result.version
+    assert champion_version(cfg) == result.version
     assert registry.champion_history(cfg.model_name)[-2:] == [newer, result.version]
 
 
@@ -247,5 +253,5 @@ def test_concurrent_promotions_keep_alias_and_history_together(
         proc.join(120)
         assert proc.exitcode == 0
     history = registry.champion_history(cfg.model_name)
-    assert history[-1] == registry.champion(cfg.model_name).version
+    assert history[-1] == champion_version(cfg)
     assert sorted(history) == sorted([first, second])

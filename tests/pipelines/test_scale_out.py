@@ -38,7 +38,6 @@ def ray_cluster() -> Iterator[tuple[str, dict[str, str]]]:
         **os.environ,
         "RAY_AUTH_MODE": "token",
         "RAY_AUTH_TOKEN": secrets.token_hex(16),
-        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
     }
     cmd = [str(BIN / "ray"), "start", "--head", "--block", "--node-ip-address=127.0.0.1"]
     cmd += [f"--port={port}", "--num-cpus=2", "--include-dashboard=false", "--disable-usage-stats"]

@@ -1,9 +1,10 @@
 """An exported policy on an engine: what the robot's computer runs. No training code.
 
 Reads an export bundle (:mod:`deploy_edge.bundle`, written by ``stages/export``): its I/O spec,
-the ONNX file, the tokenizer files. Tokenizes instructions with the ``tokenizers`` library,
-feeds the engine, returns the action chunk in robot units. Imports nothing from ``stages``: an
-edge device needs only numpy, ``tokenizers`` and its engine.
+the ONNX file, the tokenizer files, each verified against the bundle's checksums when it is
+opened. Tokenizes instructions with the ``tokenizers`` library, feeds the engine, returns the
+action chunk in robot units. Imports nothing from ``stages``: an edge device needs only numpy,
+``tokenizers`` and its engine.
 """
 
 from __future__ import annotations
@@ -18,7 +19,10 @@ from deploy_edge.bundle import (
     TOKENIZER_FILE,
     IOSpec,
     IOSpecError,
+    bundle_files,
+    model_files,
     read_io_spec,
+    verify_bundle,
 )
 from deploy_edge.engines import InferenceEngine, make_engine
 
@@ -26,7 +30,13 @@ __all__ = ["ExportedPolicy", "IOSpecError", "read_io_spec"]
 
 
 class ExportedPolicy:
-    """Observations -> action chunk through an engine (see module docstring)."""
+    """Observations -> action chunk through an engine (see module docstring).
+
+    Opening one verifies the bundle (:func:`deploy_edge.bundle.verify_bundle`; an
+    :class:`~robo_pipe.integrity.IntegrityError` names a file that differs and the check): the
+    model, its external data and the reference outputs before the engine reads them (and, for
+    TensorRT, builds a plan from them), the other files once the spec is known to agree with the
+    model. Each file is hashed once."""
 
     def __init__(
         self,
@@ -47,9 +57,12 @@ class ExportedPolicy:
         self.state_dim = spec.state_dim
         self.action_dim = spec.action_dim
         self.chunk_len = spec.chunk_len
-        reference = _load_reference(root)
         # The model file: policy.onnx, or what the spec names (a registry copy uses model.onnx).
         onnx_file = root / spec.onnx_file
+        # What the engine reads first; nothing is built from a file that differs.
+        first = [p.name for p in model_files(root, spec.onnx_file)] + [REFERENCE_FILE]
+        verify_bundle(root, only=first)
+        reference = _load_reference(root)
         self.engine: InferenceEngine = make_engine(onnx_file, engine, precision, threads, reference)
         declared = (spec.input_names, spec.output_names)
         actual = (self.engine.input_names, self.engine.output_names)
@@ -61,6 +74,10 @@ class ExportedPolicy:
         tokenizer_file = root / spec.tokenizer / TOKENIZER_FILE
         if not tokenizer_file.is_file():
             raise IOSpecError(f"{root}: tokenizer file {spec.tokenizer}/{TOKENIZER_FILE} missing")
+        # The rest after the spec-vs-model check, which names a hand-edited spec more precisely.
+        verify_bundle(
+            root, only=[p.as_posix() for p in bundle_files(root) if p.as_posix() not in first]
+        )
         self.tokenizer = Tokenizer.from_file(str(tokenizer_file))
         self.tokenizer.enable_padding(pad_id=spec.pad_id, length=spec.max_tokens)
         self.tokenizer.enable_truncation(max_length=spec.max_tokens)

@@ -51,6 +51,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from deploy_edge.bundle import IOSpec, IOSpecError, bundle_files, read_io_spec
 from deploy_edge.keys import key_id
 from robo_pipe.errors import InputError, RoboPipeError
+from robo_pipe.integrity import file_sha256
 from robo_pipe.records import Record, RecordError
 
 RELEASE_FORMAT = "robo-pipe-release"
@@ -431,15 +432,6 @@ class _HashingReader(io.RawIOBase):
 
     def hexdigest(self) -> str:
         return self._digest.hexdigest()
-
-
-def file_sha256(path: Path) -> str:
-    """Hex sha256 of a file's bytes (read in chunks: releases may be large)."""
-    digest = hashlib.sha256()
-    with path.open("rb") as data:
-        while chunk := data.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _utc(moment: datetime | None) -> datetime:

@@ -7,19 +7,24 @@
     <root>/data/chunk-XXX/file-XXX.parquet             per frame: state, action, indices, timestamp
     <root>/videos/<camera key>/chunk-XXX/file-XXX.mp4  camera frames, episodes back to back
     <root>/meta/robo_pipe.json                         provenance (config, seeds, code version)
+    <root>/meta/checksums.json                         size and sha256 of every file above
     <root>/.staging/                                   robo-pipe's committed shards (not part of v3)
 
 This matches what LeRobot 0.6's ``LeRobotDataset.create(...).finalize()`` writes (checked file
-by file), so ``LeRobotDataset(repo_id, root=<root>)`` loads it.
+by file), so ``LeRobotDataset(repo_id, root=<root>)`` loads it; robo-pipe's own two files sit
+under ``meta/``, where LeRobot ignores them. ``meta/checksums.json``
+(:mod:`robo_pipe.integrity`) is written just before ``meta/info.json``, the commit marker, and
+:func:`verify_dataset` checks every file against it when the dataset is opened.
 """
 
 from __future__ import annotations
 
-import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from robo_pipe.integrity import FileSum, file_sha256, tree_sha256, verify_checksums
 from robo_pipe.records import Record
 
 CODEBASE_VERSION = "v3.0"
@@ -29,6 +34,7 @@ INFO_PATH = "meta/info.json"
 STATS_PATH = "meta/stats.json"
 TASKS_PATH = "meta/tasks.parquet"
 PROVENANCE_PATH = "meta/robo_pipe.json"
+CHECKSUMS_PATH = "meta/checksums.json"
 STAGING_DIR = ".staging"
 DATA_PATH = "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
 VIDEO_PATH = "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4"
@@ -73,29 +79,42 @@ class DatasetRef(Record):
 
 
 def v3_files(root: Path) -> list[Path]:
-    """The files that make up the v3 dataset proper, sorted (no provenance, no staging)."""
+    """The files that make up the v3 dataset proper, sorted (no provenance, no checksums, no
+    staging)."""
+    own = {PROVENANCE_PATH, CHECKSUMS_PATH}
     files = []
     for top in ("meta", "data", "videos"):
         for path in sorted((root / top).rglob("*")):
-            if path.is_file() and path.relative_to(root).as_posix() != PROVENANCE_PATH:
+            if path.is_file() and path.relative_to(root).as_posix() not in own:
                 files.append(path)
     return files
 
 
-def content_hash(root: Path) -> str:
-    """sha256 over the relative paths and bytes of :func:`v3_files`."""
-    digest = hashlib.sha256()
+def dataset_files(root: Path) -> list[Path]:
+    """The files ``meta/checksums.json`` covers: :func:`v3_files` and the provenance."""
+    provenance = root / PROVENANCE_PATH
+    return v3_files(root) + ([provenance] if provenance.is_file() else [])
+
+
+def content_hash(root: Path, sums: Mapping[str, FileSum] | None = None) -> str:
+    """sha256 over the relative paths and bytes of :func:`v3_files`; from ``sums`` (verified
+    entries, see :func:`verify_dataset`) when given, instead of reading the files again."""
+    pairs = []
     for path in v3_files(root):
-        digest.update(path.relative_to(root).as_posix().encode())
-        digest.update(b"\0")
-        digest.update(file_sha256(path).encode())
-    return digest.hexdigest()
+        rel = path.relative_to(root).as_posix()
+        pairs.append((rel, sums[rel].sha256 if sums is not None else file_sha256(path)))
+    return tree_sha256(pairs)
 
 
-def file_sha256(path: Path) -> str:
-    """Hex sha256 of a file's bytes."""
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+VERIFY_FIX = (
+    "remove its meta/info.json and re-run robo-pipe collect with the same config and --out: it "
+    "finalizes the dataset again from its committed shards"
+)
+"""What to do about a dataset that fails verification (or predates checksums)."""
+
+
+def verify_dataset(root: Path) -> dict[str, FileSum]:
+    """Check every file of the dataset at ``root`` against ``meta/checksums.json`` (sizes, then
+    sha256, each file read once); return the verified entries. Raises
+    :class:`~robo_pipe.integrity.IntegrityError` naming the file and the check."""
+    return verify_checksums(root, dataset_files(root), CHECKSUMS_PATH, VERIFY_FIX)

@@ -1,9 +1,10 @@
 """Reading LeRobot v3 datasets with validation: every problem names the file and what is wrong.
 
-:func:`open_dataset` checks the schema and the counts before anything is used: info.json,
-tasks, the episodes index, every data file (readable, the rows the index says, the columns the
-features say) and every video file (readable, as many frames as the episodes it holds). Training
-(and anything else) then reads arrays through :class:`LeRobotDataset`.
+:func:`open_dataset` checks every file against ``meta/checksums.json`` (size and sha256, each
+file read once), then the schema and the counts before anything is used: info.json, tasks, the
+episodes index, every data file (readable, the rows the index says, the columns the features
+say) and every video file (readable, as many frames as the episodes it holds). Training (and
+anything else) then reads arrays through :class:`LeRobotDataset`.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from robo_pipe.integrity import FileSum
 from stages.dataset.layout import (
     ACTION_KEY,
     CODEBASE_VERSION,
@@ -29,6 +31,7 @@ from stages.dataset.layout import (
     TASKS_PATH,
     camera_key,
     content_hash,
+    verify_dataset,
 )
 from stages.dataset.video import VideoError, count_frames, decode_video
 from stages.dataset.writer import DatasetError, image_stats, numeric_stats, table_to_numpy
@@ -64,6 +67,8 @@ class LeRobotDataset:
     episodes: pd.DataFrame
     """One row per episode (meta/episodes), ordered by episode_index."""
     provenance: dict[str, Any]
+    checksums: dict[str, FileSum]
+    """The verified size and sha256 of every file (``meta/checksums.json``)."""
 
     @property
     def fps(self) -> float:
@@ -153,14 +158,17 @@ class LeRobotDataset:
         return problems
 
     def content_hash(self) -> str:
-        """sha256 of the v3 files (see :func:`stages.dataset.layout.content_hash`)."""
-        return content_hash(self.root)
+        """sha256 of the v3 files (see :func:`stages.dataset.layout.content_hash`), from the
+        digests verified when the dataset was opened (no second read)."""
+        return content_hash(self.root, self.checksums)
 
 
 def open_dataset(root: str | Path, check_videos: bool = True) -> LeRobotDataset:
     """Open and validate the dataset at ``root``.
 
     Raises:
+        IntegrityError: a file differs from ``meta/checksums.json`` (missing, unlisted, size,
+            sha256), or the dataset has no checksums; naming the file and the check.
         DatasetError: naming the file and the problem -- missing/incomplete metadata, wrong
             codebase version, unreadable or truncated parquet/video, counts that disagree.
     """
@@ -173,6 +181,7 @@ def open_dataset(root: str | Path, check_videos: bool = True) -> LeRobotDataset:
             f"{info_path}: missing: not a dataset, or an interrupted collection "
             "(re-run robo-pipe collect with the same config to finish it)"
         )
+    checksums = verify_dataset(root)  # before anything reads the files
     try:
         info = json.loads(info_path.read_text())
     except ValueError as err:
@@ -223,6 +232,7 @@ def open_dataset(root: str | Path, check_videos: bool = True) -> LeRobotDataset:
         tasks=tasks,
         episodes=episodes,
         provenance=_read_provenance(root),
+        checksums=checksums,
     )
     _check_data_files(dataset)
     if check_videos:

@@ -9,8 +9,13 @@ loses at most the shards in flight, and a re-run redoes exactly those.
 :func:`finalize` builds the v3 layout from the committed shards, in seed order, each shard
 becoming one data file, one video file per camera and one episodes file. It is a pure function
 of the shards, so an interrupted-and-resumed collection ends byte-identical to an uninterrupted
-one. ``meta/info.json`` is removed first and written last: a dataset whose finalize was
+one. ``meta/info.json`` is removed first and written last, just after ``meta/checksums.json``
+(the size and sha256 of every file, which the reader verifies): a dataset whose finalize was
 interrupted has no ``info.json`` and is refused by the reader until a re-run completes it.
+
+A full disk (or file size limit) while writing a shard or finalizing raises
+:class:`~robo_pipe.errors.OutOfSpaceError`: the half-written shard or file is removed, the
+committed shards stay, and a re-run resumes from them.
 """
 
 from __future__ import annotations
@@ -31,8 +36,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from robo_pipe.errors import RoboPipeError
+from robo_pipe.integrity import FileSum, file_sha256, file_sums, write_checksums, writing
 from stages.dataset.layout import (
     ACTION_KEY,
+    CHECKSUMS_PATH,
     CHUNKS_SIZE,
     CODEBASE_VERSION,
     DATA_PATH,
@@ -48,12 +55,19 @@ from stages.dataset.layout import (
     VIDEO_PATH,
     camera_key,
     chunk_file,
-    file_sha256,
+    dataset_files,
 )
 from stages.dataset.video import CODEC, GOP, PIX_FMT, encode_video
 
 SHARD_MANIFEST = "shard.json"
 FRAMES_FILE = "frames.parquet"
+SHARD_KEPT = "the shards committed before it are kept"
+"""What a full disk while writing a shard leaves (:class:`~robo_pipe.errors.OutOfSpaceError`)."""
+FINALIZE_KEPT = (
+    "the committed shards are kept; the dataset has no meta/info.json, so nothing takes it for "
+    "a finished one, until a re-run finalizes it from them"
+)
+"""What a full disk while finalizing leaves."""
 
 
 class DatasetError(RoboPipeError, ValueError):
@@ -133,59 +147,67 @@ def write_shard(
     """Write and atomically commit one shard; return its manifest."""
     final = staging / shard_name(start, end)
     tmp = staging / f"{final.name}.tmp-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir(parents=True)
     kept = [ep for ep in episodes if keep_failed or ep.solved]
     timings = dict(timings or {})
     cameras = sorted(episodes[0].images) if episodes else []
     histograms: dict[str, list[list[int]]] = {}
 
-    t0 = time.perf_counter()
-    for cam in cameras if kept else []:
-        frames = np.concatenate([ep.images[cam] for ep in kept])
-        encode_video(frames, tmp / f"{cam}.mp4", fps, crf)
-        histograms[cam] = [
-            np.bincount(frames[..., c].ravel(), minlength=256).tolist() for c in range(3)
-        ]
-    timings["encode"] = timings.get("encode", 0.0) + time.perf_counter() - t0
+    with writing(final, tmp, kept=SHARD_KEPT):  # a full disk: no half shard stays
+        tmp.mkdir(parents=True)
+        t0 = time.perf_counter()
+        for cam in cameras if kept else []:
+            frames = np.concatenate([ep.images[cam] for ep in kept])
+            encode_video(frames, tmp / f"{cam}.mp4", fps, crf)
+            histograms[cam] = [
+                np.bincount(frames[..., c].ravel(), minlength=256).tolist() for c in range(3)
+            ]
+        timings["encode"] = timings.get("encode", 0.0) + time.perf_counter() - t0
 
-    t0 = time.perf_counter()
-    if kept:
-        table = pa.table(
-            {
-                "episode": pa.array(np.repeat(np.arange(len(kept)), [ep.length for ep in kept])),
-                "frame_index": pa.array(np.concatenate([np.arange(ep.length) for ep in kept])),
-                STATE_KEY: _fixed_list(np.concatenate([ep.state for ep in kept])),
-                ACTION_KEY: _fixed_list(np.concatenate([ep.action for ep in kept])),
-                "next.reward": pa.array(
-                    np.concatenate([ep.reward for ep in kept]).astype(np.float32)
-                ),
-                "next.done": pa.array(np.concatenate([ep.done for ep in kept]).astype(bool)),
-                "next.success": pa.array(np.concatenate([ep.success for ep in kept]).astype(bool)),
-            }
+        t0 = time.perf_counter()
+        if kept:
+            table = pa.table(
+                {
+                    "episode": pa.array(
+                        np.repeat(np.arange(len(kept)), [ep.length for ep in kept])
+                    ),
+                    "frame_index": pa.array(np.concatenate([np.arange(ep.length) for ep in kept])),
+                    STATE_KEY: _fixed_list(np.concatenate([ep.state for ep in kept])),
+                    ACTION_KEY: _fixed_list(np.concatenate([ep.action for ep in kept])),
+                    "next.reward": pa.array(
+                        np.concatenate([ep.reward for ep in kept]).astype(np.float32)
+                    ),
+                    "next.done": pa.array(np.concatenate([ep.done for ep in kept]).astype(bool)),
+                    "next.success": pa.array(
+                        np.concatenate([ep.success for ep in kept]).astype(bool)
+                    ),
+                }
+            )
+            if kept[0].env_state is not None:
+                env_state = np.concatenate(
+                    [ep.env_state for ep in kept if ep.env_state is not None]
+                )
+                table = table.append_column(ENV_STATE_KEY, _fixed_list(env_state))
+            pq.write_table(table, tmp / FRAMES_FILE)
+        manifest = ShardManifest(
+            start=start,
+            end=end,
+            episodes=[
+                {
+                    "seed": ep.seed,
+                    "instruction": ep.instruction,
+                    "length": ep.length,
+                    "success": ep.solved,
+                    "kept": keep_failed or ep.solved,
+                }
+                for ep in episodes
+            ],
+            image_histograms=histograms,
+            files={p.name: file_sha256(p) for p in sorted(tmp.iterdir())},
+            timings=timings,
         )
-        if kept[0].env_state is not None:
-            env_state = np.concatenate([ep.env_state for ep in kept if ep.env_state is not None])
-            table = table.append_column(ENV_STATE_KEY, _fixed_list(env_state))
-        pq.write_table(table, tmp / FRAMES_FILE)
-    manifest = ShardManifest(
-        start=start,
-        end=end,
-        episodes=[
-            {
-                "seed": ep.seed,
-                "instruction": ep.instruction,
-                "length": ep.length,
-                "success": ep.solved,
-                "kept": keep_failed or ep.solved,
-            }
-            for ep in episodes
-        ],
-        image_histograms=histograms,
-        files={p.name: file_sha256(p) for p in sorted(tmp.iterdir())},
-        timings=timings,
-    )
-    timings["write"] = timings.get("write", 0.0) + time.perf_counter() - t0  # manifest's dict
-    _atomic_write_text(tmp / SHARD_MANIFEST, json.dumps(asdict(manifest), indent=1))
+        timings["write"] = timings.get("write", 0.0) + time.perf_counter() - t0  # manifest's dict
+        manifest_text = json.dumps(asdict(manifest), indent=1)
+        _atomic_write_text(tmp / SHARD_MANIFEST, manifest_text, SHARD_KEPT)
     try:
         os.rename(tmp, final)  # the commit
     except OSError:  # another worker committed the same shard first: keep theirs
@@ -210,17 +232,24 @@ def table_to_numpy(table: pa.Table) -> dict[str, np.ndarray]:
     return out
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+def _tmp_beside(path: Path) -> Path:
+    """A temporary name beside ``path`` (hidden, unique) to write it under before renaming."""
+    return path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
+
+
+def _atomic_write_text(path: Path, text: str, kept: str = FINALIZE_KEPT) -> None:
+    tmp = _tmp_beside(path)
+    with writing(path, tmp, kept=kept):
+        tmp.write_text(text)
+        os.replace(tmp, path)
 
 
 def _atomic_write_parquet(path: Path, table: pa.Table) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
-    pq.write_table(table, tmp)
-    os.replace(tmp, path)
+    tmp = _tmp_beside(path)
+    with writing(path, tmp, kept=FINALIZE_KEPT):
+        pq.write_table(table, tmp)
+        os.replace(tmp, path)
 
 
 def read_shard(path: Path) -> ShardManifest:
@@ -354,10 +383,13 @@ def finalize(
     """Build the v3 layout in ``root`` from ``shards`` (in seed order); return ``info``.
 
     Every shard is verified against its manifest before anything in ``root`` changes, so a
-    corrupt shard leaves an existing dataset untouched.
+    corrupt shard leaves an existing dataset untouched. ``meta/checksums.json`` lists every file
+    written, then ``meta/info.json`` is written last. A full disk raises
+    :class:`~robo_pipe.errors.OutOfSpaceError` and leaves no ``info.json``.
     """
     manifests = [read_shard(shard) for shard in shards]
     (root / INFO_PATH).unlink(missing_ok=True)  # the dataset is incomplete until info.json is back
+    video_sums: dict[str, FileSum] = {}  # the shards' own digests: videos are not hashed again
     tasks: dict[str, int] = {}
     episode_rows: list[dict[str, Any]] = []
     numeric: dict[str, list[np.ndarray]] = {}
@@ -417,7 +449,9 @@ def finalize(
         for cam in schema.cameras:
             video_path = root / VIDEO_PATH.format(video_key=camera_key(cam), **where)
             _link_into_place(shard / f"{cam}.mp4", video_path)
-            written.add(video_path.relative_to(root).as_posix())
+            rel = video_path.relative_to(root).as_posix()
+            written.add(rel)
+            video_sums[rel] = FileSum(video_path.stat().st_size, manifest.files[f"{cam}.mp4"])
             histograms[cam] += np.asarray(manifest.image_histograms[cam], dtype=np.int64)
 
         spans = video_spans([e["length"] for e in kept], schema.fps)
@@ -460,9 +494,10 @@ def finalize(
     task_frame = pd.DataFrame(
         {"task_index": list(tasks.values())}, index=pd.Index(list(tasks), name="task")
     )
-    tmp_tasks = root / f"meta/.tasks.tmp-{uuid.uuid4().hex[:8]}"
-    task_frame.to_parquet(tmp_tasks)
-    os.replace(tmp_tasks, root / TASKS_PATH)
+    tmp_tasks = _tmp_beside(root / TASKS_PATH)
+    with writing(root / TASKS_PATH, tmp_tasks, kept=FINALIZE_KEPT):
+        task_frame.to_parquet(tmp_tasks)
+        os.replace(tmp_tasks, root / TASKS_PATH)
 
     stats = {key: numeric_stats(np.concatenate(parts)) for key, parts in numeric.items()}
     for cam, hist in histograms.items():
@@ -492,19 +527,32 @@ def finalize(
         "robot_type": schema.robot,
         "splits": {"train": f"0:{n_episodes}"},
     }
-    _atomic_write_text(root / INFO_PATH, json.dumps(info, indent=4))
+    # The checksums cover info.json too, so it is written beside first and renamed in last.
+    info_path, tmp_info = root / INFO_PATH, _tmp_beside(root / INFO_PATH)
+    with writing(info_path, tmp_info, kept=FINALIZE_KEPT):
+        tmp_info.write_text(json.dumps(info, indent=4))
+        others = [
+            p
+            for p in dataset_files(root)
+            if p != tmp_info and p.relative_to(root).as_posix() not in video_sums
+        ]
+        sums = {**video_sums, **file_sums(root, others)}
+        sums[INFO_PATH] = FileSum(tmp_info.stat().st_size, file_sha256(tmp_info))
+        write_checksums(root, sums, CHECKSUMS_PATH)
+        os.replace(tmp_info, info_path)
     return info
 
 
 def _link_into_place(source: Path, target: Path) -> None:
     """Hard-link (or copy, across filesystems) ``source`` to ``target`` atomically."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.tmp-{uuid.uuid4().hex[:8]}")
-    try:
-        os.link(source, tmp)
-    except OSError:
-        shutil.copyfile(source, tmp)
-    os.replace(tmp, target)
+    tmp = _tmp_beside(target)
+    with writing(target, tmp, kept=FINALIZE_KEPT):
+        try:
+            os.link(source, tmp)
+        except OSError:
+            shutil.copyfile(source, tmp)
+        os.replace(tmp, target)
 
 
 def _remove_stale_files(root: Path, written: set[str]) -> None:
@@ -512,6 +560,8 @@ def _remove_stale_files(root: Path, written: set[str]) -> None:
         for path in (root / top).rglob("*"):
             if path.is_file() and path.relative_to(root).as_posix() not in written:
                 path.unlink()
+    for path in (root / "meta").glob(".*.tmp-*"):  # left by a run killed while writing one
+        path.unlink()
 
 
 def numeric_stats(values: np.ndarray) -> dict[str, list[float] | list[int]]:

@@ -5,9 +5,13 @@
     <out>/tokenizer/                          the policy's tokenizer files
     <out>/reference.npz                       reference inputs and torch outputs (parity checks)
     <out>/normalization.json                  the statistics the graph normalises with
+    <out>/checksums.json                      size and sha256 of every file above
 
 The bundle's layout and its I/O spec are owned by :mod:`deploy_edge.bundle`; this stage fills
-them in.
+them in. The checkpoint is verified against its checksums before anything is built, and the
+bundle is written beside ``out`` and renamed into place: a corrupt checkpoint, a failed parity
+check or a full disk leave ``out`` as it was. An ``out`` that already holds a verified export of
+this very checkpoint (same hash, rate and parity inputs) is returned as it is.
 
 The graph comes from the policy's ``as_onnx()`` wrapper through the dynamo exporter (opset 18+)
 with a dynamic batch axis. Parity against torch is measured on random inputs and reported.
@@ -15,12 +19,12 @@ with a dynamic batch axis. Parity against torch is measured on random inputs and
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
+import os
 import shutil
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -31,19 +35,26 @@ import torch
 
 from deploy_edge.bundle import (
     BATCH,
+    IO_SPEC_FILE,
     NORMALIZATION_FILE,
     ONNX_FILE,
     REFERENCE_FILE,
     TOKENIZER_DIR,
     IOSpec,
+    IOSpecError,
     TensorSpec,
     model_files,
+    model_hash,
+    read_io_spec,
+    verify_bundle,
+    write_bundle_checksums,
     write_io_spec,
 )
 from robo_pipe.errors import RoboPipeError
+from robo_pipe.integrity import FileSum, IntegrityError, file_sums, writing
 from robo_pipe.records import Record
 from stages.policy.base import OnnxPolicy, VLAPolicy
-from stages.policy.checkpoint import checkpoint_hash, load_policy
+from stages.policy.checkpoint import checkpoint_hash, load_policy, verify_checkpoint
 
 OPSET = 18
 PARITY_TOLERANCE = 1e-4
@@ -68,13 +79,12 @@ class ExportRef(Record):
     opset: int
 
 
-def onnx_hash(directory: Path) -> str:
-    """sha256 over ``policy.onnx`` and its external data file (names and bytes)."""
-    digest = hashlib.sha256()
-    for file in sorted(model_files(directory, ONNX_FILE)):
-        digest.update(file.name.encode())
-        digest.update(file.read_bytes())
-    return digest.hexdigest()
+def onnx_hash(directory: Path, sums: Mapping[str, FileSum] | None = None) -> str:
+    """sha256 over ``policy.onnx`` and its external data file (names and sha256s); from
+    ``sums`` (the bundle's verified entries) when given, instead of reading the files again."""
+    if sums is None:
+        sums = file_sums(directory, model_files(directory, ONNX_FILE))
+    return model_hash(sums, ONNX_FILE)
 
 
 class ExportError(RoboPipeError, RuntimeError):
@@ -91,100 +101,146 @@ def export(
 ) -> ExportRef:
     """Export ``checkpoint`` into ``out`` (written beside, then renamed into place).
 
-    Parity (largest |ONNX Runtime - torch| over the actions and stds, robot units) is measured
-    on random inputs and, given ``dataset``, on real frames of it; above ``tolerance`` the
-    export is refused and nothing replaces ``out``.
+    The checkpoint is verified first (:func:`~stages.policy.checkpoint.verify_checkpoint`): a
+    file that differs from its checksums raises :class:`~robo_pipe.integrity.IntegrityError`
+    before anything is written. When ``out`` already holds an export of this very checkpoint
+    (same hash, control rate and parity inputs, within ``tolerance``) that verifies, it is
+    returned as it is. Parity (largest |ONNX Runtime - torch| over the actions and stds, robot
+    units) is measured on random inputs and, given ``dataset``, on real frames of it; above
+    ``tolerance`` the export is refused and nothing replaces ``out``. A full disk raises
+    :class:`~robo_pipe.errors.OutOfSpaceError` and leaves ``out`` as it was.
     """
+    verified = verify_checkpoint(checkpoint)
+    source_hash = checkpoint_hash(checkpoint, verified)
+    out = Path(out)
+    parity_inputs = {"random", "dataset"} if dataset is not None else {"random"}
+    existing = _existing_export(out, source_hash, float(control_hz), parity_inputs, tolerance)
+    if existing is not None:
+        return existing
     import onnx
     import onnxruntime as ort
 
-    policy = load_policy(checkpoint).eval()
+    policy = load_policy(checkpoint, verified).eval()
     wrapper = policy.as_onnx().eval()
-    out = Path(out)
     staging = out.with_name(f".{out.name}.partial")
     shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    batch = torch.export.Dim("batch", min=1, max=1024)
-    example = wrapper.dummy_inputs(batch=2)
-    # The exporter's chatter (torchvision ops it skips, deprecations inside torch) is not ours.
-    with warnings.catch_warnings(), _quiet("torch.onnx", "torch.export"):
-        warnings.simplefilter("ignore", category=UserWarning)
-        warnings.simplefilter("ignore", category=FutureWarning)
-        torch.onnx.export(
-            wrapper,
-            example,
-            str(staging / ONNX_FILE),
-            input_names=wrapper.input_names,
-            output_names=wrapper.output_names,
-            # forward(*inputs): one varargs entry holding a shape spec per input
-            dynamic_shapes=(tuple({0: batch} for _ in example),),
-            opset_version=OPSET,
-            dynamo=True,
-            verbose=False,
-        )
-    onnx.checker.check_model(str(staging / ONNX_FILE))
-    policy.tokenizer.save(str(staging / TOKENIZER_DIR))
+    with writing(out, staging, kept=f"{out} is as it was"):
+        staging.mkdir(parents=True)
+        batch = torch.export.Dim("batch", min=1, max=1024)
+        example = wrapper.dummy_inputs(batch=2)
+        # The exporter's chatter (torchvision ops it skips, deprecations inside torch) is not ours.
+        with warnings.catch_warnings(), _quiet("torch.onnx", "torch.export"):
+            warnings.simplefilter("ignore", category=UserWarning)
+            warnings.simplefilter("ignore", category=FutureWarning)
+            torch.onnx.export(
+                wrapper,
+                example,
+                str(staging / ONNX_FILE),
+                input_names=wrapper.input_names,
+                output_names=wrapper.output_names,
+                # forward(*inputs): one varargs entry holding a shape spec per input
+                dynamic_shapes=(tuple({0: batch} for _ in example),),
+                opset_version=OPSET,
+                dynamo=True,
+                verbose=False,
+            )
+        onnx.checker.check_model(str(staging / ONNX_FILE))
+        policy.tokenizer.save(str(staging / TOKENIZER_DIR))
 
-    # Parity: random images and states with real instructions, and real dataset frames.
-    session = ort.InferenceSession(str(staging / ONNX_FILE), providers=["CPUExecutionProvider"])
-    inputs = _random_inputs(policy, seed)
-    outputs, error = _parity(wrapper, session, inputs)
-    parity = {"random": error}
-    if dataset is not None:
-        parity["dataset"] = _parity(wrapper, session, _dataset_inputs(policy, Path(dataset)))[1]
-    if max(parity.values()) > tolerance:
-        raise ExportError(
-            f"{checkpoint}: ONNX Runtime differs from torch by {max(parity.values()):.2e} "
-            f"(tolerance {tolerance:.0e}): {parity}"
-        )
-    reference: dict[str, Any] = {**inputs, **{f"expected_{k}": v for k, v in outputs.items()}}
-    np.savez(staging / REFERENCE_FILE, **reference)
+        # Parity: random images and states with real instructions, and real dataset frames.
+        session = ort.InferenceSession(str(staging / ONNX_FILE), providers=["CPUExecutionProvider"])
+        inputs = _random_inputs(policy, seed)
+        outputs, error = _parity(wrapper, session, inputs)
+        parity = {"random": error}
+        if dataset is not None:
+            parity["dataset"] = _parity(wrapper, session, _dataset_inputs(policy, Path(dataset)))[1]
+        if max(parity.values()) > tolerance:
+            raise ExportError(
+                f"{checkpoint}: ONNX Runtime differs from torch by {max(parity.values()):.2e} "
+                f"(tolerance {tolerance:.0e}): {parity}"
+            )
+        reference: dict[str, Any] = {**inputs, **{f"expected_{k}": v for k, v in outputs.items()}}
+        np.savez(staging / REFERENCE_FILE, **reference)
 
-    cfg = policy.cfg
-    side = cfg.image_size
-    spec = IOSpec(
-        policy_type=cfg.type,
-        inputs=(
-            *(_tensor(f"image_{c}", "uint8", (side, side, 3), "RGB") for c in cfg.cameras),
-            _tensor("state", "float32", (cfg.state_dim,), "rad (joints), m (gripper)"),
-            _tensor("tokens", "int64", (cfg.max_tokens,), "token ids"),
-            _tensor("token_mask", "int64", (cfg.max_tokens,), "1 = token, 0 = padding"),
-        ),
-        outputs=tuple(
-            _tensor(name, "float32", (cfg.chunk_len, cfg.action_dim), "rad (joint deltas), m")
-            for name in wrapper.output_names
-        ),
-        cameras=tuple(cfg.cameras),
-        image_size=cfg.image_size,
-        state_dim=cfg.state_dim,
-        action_dim=cfg.action_dim,
-        chunk_len=cfg.chunk_len,
-        max_tokens=cfg.max_tokens,
-        pad_id=int(policy.tokenizer([""])[0][0, -1]),  # what padding fills in
-        control_hz=float(control_hz),
-        tokenizer=TOKENIZER_DIR,
-        opset=OPSET,
-        checkpoint=str(Path(checkpoint).resolve()),
-        checkpoint_hash=checkpoint_hash(checkpoint),
-        parity_max_abs_error=max(parity.values()),
-        parity=parity,
-        onnx_file=ONNX_FILE,
-    )
-    write_io_spec(staging, spec)
-    # The statistics the graph normalises with (already inside it): for inspection on the edge.
-    (staging / NORMALIZATION_FILE).write_text(json.dumps(asdict(policy.normalizer), indent=1))
-    if out.exists():
-        shutil.rmtree(out)
-    staging.rename(out)
+        cfg = policy.cfg
+        side = cfg.image_size
+        spec = IOSpec(
+            policy_type=cfg.type,
+            inputs=(
+                *(_tensor(f"image_{c}", "uint8", (side, side, 3), "RGB") for c in cfg.cameras),
+                _tensor("state", "float32", (cfg.state_dim,), "rad (joints), m (gripper)"),
+                _tensor("tokens", "int64", (cfg.max_tokens,), "token ids"),
+                _tensor("token_mask", "int64", (cfg.max_tokens,), "1 = token, 0 = padding"),
+            ),
+            outputs=tuple(
+                _tensor(name, "float32", (cfg.chunk_len, cfg.action_dim), "rad (joint deltas), m")
+                for name in wrapper.output_names
+            ),
+            cameras=tuple(cfg.cameras),
+            image_size=cfg.image_size,
+            state_dim=cfg.state_dim,
+            action_dim=cfg.action_dim,
+            chunk_len=cfg.chunk_len,
+            max_tokens=cfg.max_tokens,
+            pad_id=int(policy.tokenizer([""])[0][0, -1]),  # what padding fills in
+            control_hz=float(control_hz),
+            tokenizer=TOKENIZER_DIR,
+            opset=OPSET,
+            checkpoint=str(Path(checkpoint).resolve()),
+            checkpoint_hash=source_hash,
+            parity_max_abs_error=max(parity.values()),
+            parity=parity,
+            onnx_file=ONNX_FILE,
+        )
+        write_io_spec(staging, spec)
+        # The statistics the graph normalises with (already inside it): for inspection on the edge.
+        (staging / NORMALIZATION_FILE).write_text(json.dumps(asdict(policy.normalizer), indent=1))
+        sums = write_bundle_checksums(staging)
+    if out.exists():  # the old export goes only once the new one is complete beside it
+        old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        out.rename(old)
+        staging.rename(out)
+        shutil.rmtree(old)
+    else:
+        staging.rename(out)
+    return _export_ref(out, spec, sums)
+
+
+def _existing_export(
+    out: Path, source_hash: str, control_hz: float, parity_inputs: set[str], tolerance: float
+) -> ExportRef | None:
+    """The export at ``out`` if it is a complete one of the checkpoint with ``source_hash``,
+    made for ``control_hz`` with parity measured on ``parity_inputs`` within ``tolerance``,
+    and verifies; None when there is none (or it must be made again)."""
+    if not (out / IO_SPEC_FILE).is_file():
+        return None
+    try:
+        spec = read_io_spec(out)
+        if (
+            spec.checkpoint_hash != source_hash
+            or spec.control_hz != control_hz
+            or set(spec.parity) != parity_inputs
+            or spec.parity_max_abs_error > tolerance
+            or spec.opset != OPSET
+            or spec.onnx_file != ONNX_FILE
+        ):
+            return None
+        sums = verify_bundle(out)
+    except (IOSpecError, IntegrityError):  # incomplete or changed: replaced by a fresh export
+        return None
+    return _export_ref(out, spec, sums)
+
+
+def _export_ref(out: Path, spec: IOSpec, sums: Mapping[str, FileSum]) -> ExportRef:
     return ExportRef(
         path=str(out),
         onnx=str(out / ONNX_FILE),
-        onnx_hash=onnx_hash(out),
+        onnx_hash=onnx_hash(out, sums),
         checkpoint=spec.checkpoint,
         checkpoint_hash=spec.checkpoint_hash,
         parity_max_abs_error=spec.parity_max_abs_error,
-        parity=dict(parity),
-        opset=OPSET,
+        parity=dict(spec.parity),
+        opset=spec.opset,
     )
 
 

@@ -1,14 +1,19 @@
 """A training run's directory: step checkpoints committed atomically, and the metrics log.
 
-    <out>/step-XXXXXXX/           a policy checkpoint (policy.json, model.safetensors, tokenizer/)
+    <out>/step-XXXXXXX/           a policy checkpoint (policy.json, model.safetensors, tokenizer/,
+                                  checksums.json)
           training/<file>.safetensors   what resuming needs: optimizer moments, torch RNG, heads
           training/state.json           the step and whatever else the trainer keeps as JSON
+          training/checksums.json       size and sha256 of the two files above
     <out>/metrics.jsonl           one JSON record per logged step
 
 BC (:mod:`stages.finetune.bc`) and the RL learner (:mod:`stages.finetune.learner`) both write
 here. A checkpoint is written into a staging directory and renamed into place, so
 :func:`latest_checkpoint` only ever sees complete ones; the newest ``KEEP_CHECKPOINTS`` stay.
-torch loads only when a checkpoint is written or read: reading metrics stays cheap.
+A full disk while writing one raises :class:`~robo_pipe.errors.OutOfSpaceError` and leaves the
+earlier ones as they were, so a re-run resumes from the latest. Both the policy and the training
+state are verified against their checksums when read. torch loads only when a checkpoint is
+written or read: reading metrics stays cheap.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ import json
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from robo_pipe.integrity import file_sums, verify_checksums, write_checksums, writing
 
 if TYPE_CHECKING:
     import torch
@@ -62,14 +69,15 @@ def commit_checkpoint(
     from stages.policy.checkpoint import save_policy
 
     staging = out / f".step-{step:07d}.partial"
-    shutil.rmtree(staging, ignore_errors=True)
-    save_policy(policy, staging, base, lineage)
-    (staging / TRAINING_DIR).mkdir()
-    save_file(
-        {"rng/torch": torch.get_rng_state(), **tensors}, str(staging / TRAINING_DIR / tensors_file)
-    )
-    (staging / TRAINING_DIR / STATE_FILE).write_text(json.dumps({"step": step, **state}))
     final = step_dir(out, step)
+    shutil.rmtree(staging, ignore_errors=True)
+    with writing(final, staging, kept="the earlier step checkpoints are kept"):
+        save_policy(policy, staging, base, lineage)
+        training = staging / TRAINING_DIR
+        training.mkdir()
+        save_file({"rng/torch": torch.get_rng_state(), **tensors}, str(training / tensors_file))
+        (training / STATE_FILE).write_text(json.dumps({"step": step, **state}))
+        write_checksums(training, file_sums(training, sorted(training.iterdir())))
     shutil.rmtree(final, ignore_errors=True)
     staging.rename(final)
     for old in sorted(out.glob("step-*"))[:-KEEP_CHECKPOINTS]:
@@ -81,12 +89,16 @@ def restore_training_state(
     directory: Path, tensors_file: str
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """What :func:`commit_checkpoint` wrote besides the policy: restores the torch RNG and
-    returns the other tensors and the state. Raises :class:`CheckpointError` if unreadable."""
+    returns the other tensors and the state, once verified against ``training/checksums.json``.
+    Raises :class:`~robo_pipe.integrity.IntegrityError` if they differ from it and
+    :class:`CheckpointError` if unreadable."""
     import torch
     from safetensors.torch import load_file
 
-    from stages.policy.checkpoint import CheckpointError
+    from stages.policy.checkpoint import VERIFY_FIX, CheckpointError
 
+    training = directory / TRAINING_DIR
+    verify_checksums(training, [p for p in training.glob("*") if p.is_file()], fix=VERIFY_FIX)
     try:
         tensors = load_file(str(directory / TRAINING_DIR / tensors_file))
         state: dict[str, Any] = json.loads((directory / TRAINING_DIR / STATE_FILE).read_text())

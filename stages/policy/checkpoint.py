@@ -8,19 +8,22 @@ A checkpoint is a directory::
     model.safetensors    only the tensors that train: everything for a pretrained base (or a
                          full fine-tune), LoRA adapters + heads for a LoRA fine-tune
     tokenizer/           the tokenizer files (shipped with the exported model too)
+    checksums.json       size and sha256 of each file above (:mod:`robo_pipe.integrity`)
 
-A LoRA checkpoint is meaningless without its base, so loading first loads the base -- a base
-checkpoint (``kind: checkpoint``) or a pretrained backbone (``kind: hub``) -- and refuses it if
-its hash differs from the one recorded. Loading then refuses missing, unexpected and mis-shaped
-tensors, naming them.
+Loading verifies every file against ``checksums.json`` before building anything (a flipped
+byte in the weights is refused, naming the file and the check). A LoRA checkpoint is
+meaningless without its base, so loading then loads the base -- a base checkpoint (``kind:
+checkpoint``, verified the same way, once) or a pretrained backbone (``kind: hub``) -- and
+refuses it if its hash differs from the one recorded. Loading then refuses missing, unexpected
+and mis-shaped tensors, naming them.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +33,16 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from robo_pipe.errors import RoboPipeError
+from robo_pipe.integrity import (
+    CHECKSUMS_FILE,
+    FileSum,
+    file_sha256,
+    file_sums,
+    tree_sha256,
+    verify_checksums,
+    write_checksums,
+    writing,
+)
 from robo_pipe.records import Record
 from stages.policy.base import Normalizer, VLAPolicy
 from stages.policy.config import LoraSettings, PolicyConfig, VLAConfig
@@ -47,6 +60,11 @@ FORMAT = "robo-pipe-policy/1"
 POLICY_FILE = "policy.json"
 WEIGHTS_FILE = "model.safetensors"
 TOKENIZER_DIR = "tokenizer"
+VERIFY_FIX = (
+    "the checkpoint is corrupt, was changed after it was saved, or predates checksums: "
+    "re-create it (re-run the command that wrote it)"
+)
+"""What to do about a checkpoint that fails verification."""
 
 
 class CheckpointError(RoboPipeError, ValueError):
@@ -115,15 +133,35 @@ def new_policy(
 # -- saving --------------------------------------------------------------------------------------
 
 
-def checkpoint_hash(directory: str | Path) -> str:
-    """sha256 over policy.json, the weights and the tokenizer files (names and bytes)."""
+def policy_files(directory: str | Path) -> list[Path]:
+    """The files that make up the policy, those present: policy.json, the weights, the
+    tokenizer files (not the checksums, nor a step checkpoint's training state)."""
     root = Path(directory)
-    files = [root / POLICY_FILE, root / WEIGHTS_FILE, *sorted((root / TOKENIZER_DIR).glob("*"))]
-    digest = hashlib.sha256()
-    for file in files:
-        digest.update(str(file.relative_to(root)).encode())
-        digest.update(file.read_bytes())
-    return digest.hexdigest()
+    tokenizer = sorted(p for p in (root / TOKENIZER_DIR).rglob("*") if p.is_file())
+    return [p for p in (root / POLICY_FILE, root / WEIGHTS_FILE) if p.is_file()] + tokenizer
+
+
+def checkpoint_hash(directory: str | Path, sums: Mapping[str, FileSum] | None = None) -> str:
+    """sha256 over policy.json, the weights and the tokenizer files (names and sha256s); from
+    ``sums`` (verified entries, see :func:`verify_checkpoint`) when given, instead of reading
+    the files again."""
+    root = Path(directory)
+    pairs = []
+    for file in policy_files(root):
+        rel = file.relative_to(root).as_posix()
+        pairs.append((rel, sums[rel].sha256 if sums is not None else file_sha256(file)))
+    return tree_sha256(pairs)
+
+
+def verify_checkpoint(directory: str | Path) -> dict[str, FileSum]:
+    """Check the checkpoint's files against its ``checksums.json`` (none missing or added, then
+    sizes, then sha256, each read once); return the verified entries. Raises
+    :class:`~robo_pipe.integrity.IntegrityError` naming the file and the check, or
+    :class:`CheckpointError` when ``directory`` is no checkpoint at all."""
+    root = Path(directory)
+    if not (root / POLICY_FILE).is_file():
+        raise CheckpointError(f"{root}: not a checkpoint (no {POLICY_FILE})")
+    return verify_checksums(root, policy_files(root), CHECKSUMS_FILE, VERIFY_FIX)
 
 
 def save_new_policy(
@@ -148,7 +186,9 @@ def save_policy(
     lineage: dict[str, Any] | None = None,
 ) -> str:
     """Write ``policy`` as a checkpoint at ``directory`` (atomically: a crash leaves either the
-    previous checkpoint or the new one, never half of one). Returns its :func:`checkpoint_hash`.
+    previous checkpoint or the new one, never half of one), with its ``checksums.json``.
+    Returns its :func:`checkpoint_hash`. A full disk raises
+    :class:`~robo_pipe.errors.OutOfSpaceError`; the previous checkpoint stays as it was.
     """
     directory = Path(directory)
     tensors = {n: t.contiguous() for n, t in policy.trainable_state().items()}
@@ -168,10 +208,13 @@ def save_policy(
     }
     tmp = directory.with_name(f".{directory.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    save_file(tensors, str(tmp / WEIGHTS_FILE))
-    policy.tokenizer.save(str(tmp / TOKENIZER_DIR))
-    (tmp / POLICY_FILE).write_text(json.dumps(meta, indent=1))
+    with writing(directory, tmp):
+        tmp.mkdir(parents=True)
+        save_file(tensors, str(tmp / WEIGHTS_FILE))
+        policy.tokenizer.save(str(tmp / TOKENIZER_DIR))
+        (tmp / POLICY_FILE).write_text(json.dumps(meta, indent=1))
+        sums = file_sums(tmp, policy_files(tmp))
+        write_checksums(tmp, sums)
     if directory.exists():
         old = directory.with_name(f".{directory.name}.old-{os.getpid()}")
         directory.rename(old)
@@ -179,7 +222,7 @@ def save_policy(
         shutil.rmtree(old)
     else:
         tmp.rename(directory)
-    return checkpoint_hash(directory)
+    return checkpoint_hash(directory, sums)
 
 
 # -- loading -------------------------------------------------------------------------------------
@@ -202,10 +245,22 @@ def read_policy_meta(directory: str | Path) -> dict[str, Any]:
     return meta
 
 
-def load_policy(directory: str | Path) -> VLAPolicy:
-    """Load a checkpoint written by :func:`save_policy`, with its base. Raises
-    :class:`CheckpointError` naming what is wrong (missing files, bad tensors, base hash)."""
+def load_policy(directory: str | Path, verified: Mapping[str, FileSum] | None = None) -> VLAPolicy:
+    """Load a checkpoint written by :func:`save_policy`, with its base.
+
+    Every file is first verified against ``checksums.json`` (:func:`verify_checkpoint`), unless
+    ``verified`` holds what that returned for this very directory (so a caller that needed the
+    hash first reads each file once). Raises :class:`~robo_pipe.integrity.IntegrityError` naming
+    a file that fails (and the check), and :class:`CheckpointError` naming what else is wrong
+    (missing files, bad tensors, base hash)."""
     root = Path(directory)
+    if verified is None:
+        verify_checkpoint(root)
+    return _load_verified(root)
+
+
+def _load_verified(root: Path) -> VLAPolicy:
+    """The checkpoint at ``root``, whose files were verified, on its base."""
     meta = read_policy_meta(root)
     try:
         cfg = VLAConfig.from_dict(meta["config"])
@@ -229,30 +284,39 @@ def _build_on_base(root: Path, cfg: VLAConfig, base: BaseRef | None) -> VLAPolic
             raise CheckpointError(f"{root}: a {cfg.type!r} checkpoint needs a base backbone")
         tokenizer = InstructionTokenizer.load(root / TOKENIZER_DIR, cfg.max_tokens)
         return DefaultVLA(cfg, tokenizer)
-    if not Path(base.path).exists():
-        raise CheckpointError(f"{root}: its base {base.kind} {base.path} does not exist")
+    check_base(root, base)
     if base.kind == "checkpoint":
-        actual = checkpoint_hash(base.path)
-        if actual != base.hash:
-            raise CheckpointError(
-                f"{root}: base checkpoint {base.path} has hash {actual[:12]}, but this "
-                f"checkpoint was trained on {base.hash[:12]}; refusing a different base"
-            )
-        policy = load_policy(base.path)
+        policy = _load_verified(Path(base.path))
         if policy.cfg != cfg:
             raise CheckpointError(f"{root}: architecture differs from its base {base.path}")
         return policy
-    if base.kind == "hub":
-        directory = Path(base.path)
-        actual = backbone_hash(directory)
-        if actual != base.hash:
-            raise CheckpointError(
-                f"{root}: backbone {directory} has hash {actual[:12]}, but this checkpoint "
-                f"was trained on {base.hash[:12]}; refusing a different base"
-            )
-        hub_tokenizer = HubTokenizer.load(root / TOKENIZER_DIR, cfg.max_tokens)
-        return HubVLA(cfg, hub_tokenizer, None, load_backbone(directory))
-    raise CheckpointError(f"{root}: unknown base kind {base.kind!r}")
+    hub_tokenizer = HubTokenizer.load(root / TOKENIZER_DIR, cfg.max_tokens)
+    return HubVLA(cfg, hub_tokenizer, None, load_backbone(Path(base.path)))
+
+
+def check_base(root: Path, base: BaseRef) -> dict[str, FileSum]:
+    """Check that ``base``, the base of the checkpoint at ``root``, is the one it was trained
+    on: a base checkpoint is verified against its checksums and its hash compared with the one
+    recorded (each file read once; returns its verified entries), a backbone's hash compared
+    (returns no entries). Raises :class:`CheckpointError` for a base that is missing or
+    different, :class:`~robo_pipe.integrity.IntegrityError` for one that fails verification."""
+    if not Path(base.path).exists():
+        raise CheckpointError(f"{root}: its base {base.kind} {base.path} does not exist")
+    if base.kind == "checkpoint":
+        sums = verify_checkpoint(base.path)
+        actual = checkpoint_hash(base.path, sums)
+        what = f"base checkpoint {base.path}"
+    elif base.kind == "hub":
+        sums, actual = {}, backbone_hash(Path(base.path))
+        what = f"backbone {base.path}"
+    else:
+        raise CheckpointError(f"{root}: unknown base kind {base.kind!r}")
+    if actual != base.hash:
+        raise CheckpointError(
+            f"{root}: {what} has hash {actual[:12]}, but this checkpoint was trained on "
+            f"{base.hash[:12]}; refusing a different base"
+        )
+    return sums
 
 
 def load_trainable(policy: VLAPolicy, weights: Path) -> None:

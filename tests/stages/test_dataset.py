@@ -1,14 +1,27 @@
-"""LeRobot v3 writing and reading: round trip, validation of corrupt files, statistics."""
+"""LeRobot v3 writing and reading: round trip, checksums and validation of corrupt files,
+statistics, a disk that fills up."""
 
 from __future__ import annotations
 
+import errno
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
-from stages.dataset.layout import INFO_PATH, STATS_PATH, content_hash
+from robo_pipe.errors import OutOfSpaceError
+from robo_pipe.integrity import IntegrityError, file_sums, write_checksums
+from stages.dataset import writer
+from stages.dataset.layout import (
+    CHECKSUMS_PATH,
+    INFO_PATH,
+    STATS_PATH,
+    content_hash,
+    dataset_files,
+)
 from stages.dataset.reader import open_dataset
 from stages.dataset.video import decode_video, encode_video
 from stages.dataset.writer import (
@@ -135,10 +148,27 @@ def test_finalize_is_deterministic(
     assert content_hash(root) == first
 
 
+def rewrite_checksums(root: Path) -> None:
+    """Record the dataset's files as they are now: what a writer with a bug would leave, so
+    that the structural checks behind the checksums are tested too."""
+    write_checksums(root, file_sums(root, dataset_files(root)), CHECKSUMS_PATH)
+
+
+def flip_byte(path: Path) -> None:
+    """Change one byte in the middle of ``path``; its size stays."""
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
 def test_truncated_data_file_is_named(synthetic: tuple[Path, list[EpisodeBuffer]]) -> None:
     root, _ = synthetic
     data = root / "data/chunk-000/file-001.parquet"
     data.write_bytes(data.read_bytes()[:100])
+    with pytest.raises(IntegrityError, match=r"file-001\.parquet: size check failed") as err:
+        open_dataset(root)
+    assert (err.value.path, err.value.check) == (data, "size")
+    rewrite_checksums(root)  # the structural check stays behind the checksums
     with pytest.raises(DatasetError, match=r"file-001\.parquet: unreadable parquet"):
         open_dataset(root)
 
@@ -147,8 +177,105 @@ def test_truncated_video_is_named(synthetic: tuple[Path, list[EpisodeBuffer]]) -
     root, _ = synthetic
     video = root / "videos/observation.images.scene/chunk-000/file-000.mp4"
     video.write_bytes(video.read_bytes()[: video.stat().st_size // 2])
+    with pytest.raises(IntegrityError, match=r"file-000\.mp4: size check failed"):
+        open_dataset(root)
+    rewrite_checksums(root)
     with pytest.raises(DatasetError, match=r"file-000\.mp4"):
         open_dataset(root)
+
+
+@pytest.mark.parametrize(
+    "rel",
+    [
+        "data/chunk-000/file-000.parquet",
+        "videos/observation.images.scene/chunk-000/file-001.mp4",
+        "meta/episodes/chunk-000/file-000.parquet",
+        INFO_PATH,
+        "meta/robo_pipe.json",
+    ],
+)
+def test_a_flipped_byte_in_any_dataset_file_is_refused_naming_it(
+    synthetic: tuple[Path, list[EpisodeBuffer]], rel: str
+) -> None:
+    root, _ = synthetic
+    flip_byte(root / rel)
+    with pytest.raises(
+        IntegrityError, match=r"sha256 check failed.*re-run robo-pipe collect"
+    ) as err:
+        open_dataset(root, check_videos=False)
+    assert (err.value.path, err.value.check) == (root / rel, "sha256")
+
+
+def test_a_missing_or_added_file_and_missing_checksums_are_refused(
+    synthetic: tuple[Path, list[EpisodeBuffer]],
+) -> None:
+    root, kept = synthetic
+    (root / "data/chunk-000/file-009.parquet").write_bytes(b"not part of it")
+    with pytest.raises(IntegrityError, match=r"file-009\.parquet: unlisted check failed"):
+        open_dataset(root)
+    (root / "data/chunk-000/file-009.parquet").unlink()
+    (root / "meta/tasks.parquet").unlink()
+    with pytest.raises(IntegrityError, match=r"tasks\.parquet: missing check failed"):
+        open_dataset(root)
+    (root / CHECKSUMS_PATH).unlink()
+    with pytest.raises(IntegrityError, match=r"no checksums.*re-run robo-pipe collect") as err:
+        open_dataset(root)
+    assert err.value.check == "checksums"
+    shards = committed_shards(root)  # what the message says: finalizing again repairs it
+    finalize(root, [shards[(0, 3)], shards[(3, 6)]], SCHEMA, {"note": "test"})
+    assert open_dataset(root).num_episodes == len(kept)
+
+
+def test_the_content_hash_comes_from_the_verified_digests(
+    synthetic: tuple[Path, list[EpisodeBuffer]],
+) -> None:
+    root, _ = synthetic
+    dataset = open_dataset(root)
+    assert set(dataset.checksums) == {p.relative_to(root).as_posix() for p in dataset_files(root)}
+    assert dataset.content_hash() == content_hash(root)
+
+
+def _fail_after_writing(real: Callable[..., Any], code: int) -> Callable[..., Any]:
+    """``real``, except that it then fails as a full disk does: part of the file is there."""
+
+    def fail(*args: Any, **kwargs: Any) -> None:
+        real(*args, **kwargs)
+        raise OSError(code, "No space left on device")
+
+    return fail
+
+
+def test_a_full_disk_while_finalizing_leaves_no_dataset_that_claims_to_be_complete(
+    synthetic: tuple[Path, list[EpisodeBuffer]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root, _ = synthetic
+    before = content_hash(root)
+    shards = committed_shards(root)
+    monkeypatch.setattr(writer.pq, "write_table", _fail_after_writing(writer.pq.write_table, 28))
+    with pytest.raises(OutOfSpaceError, match=r"file-000\.parquet: the disk is full") as err:
+        finalize(root, [shards[(0, 3)], shards[(3, 6)]], SCHEMA, {"note": "test"})
+    assert err.value.errno == errno.ENOSPC and "re-run the same command" in str(err.value)
+    assert not [p for p in root.rglob("*") if ".tmp-" in p.name], "no partial file is left"
+    assert not (root / INFO_PATH).exists()
+    with pytest.raises(DatasetError, match="interrupted collection"):
+        open_dataset(root)
+    monkeypatch.undo()  # space freed: the re-run finalizes from the same committed shards
+    finalize(root, [shards[(0, 3)], shards[(3, 6)]], SCHEMA, {"note": "test"})
+    assert content_hash(root) == before and open_dataset(root).num_episodes == 5
+
+
+def test_a_full_disk_while_writing_a_shard_keeps_the_committed_ones(
+    synthetic: tuple[Path, list[EpisodeBuffer]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root, _ = synthetic
+    staging = root / ".staging"
+    committed = {p.name: p.stat().st_mtime_ns for p in staging.iterdir()}
+    episodes = [synthetic_episode(np.random.default_rng(1), s, 4, True) for s in (6, 7)]
+    monkeypatch.setattr(writer, "encode_video", _fail_after_writing(writer.encode_video, 27))
+    with pytest.raises(OutOfSpaceError, match=r"shard-00000006-00000008.*the shards committed"):
+        write_shard(staging, 6, 8, episodes, keep_failed=False, fps=10.0, crf=0)
+    assert {p.name: p.stat().st_mtime_ns for p in staging.iterdir()} == committed
+    open_dataset(root)
 
 
 def test_missing_info_and_inconsistent_counts(synthetic: tuple[Path, list[EpisodeBuffer]]) -> None:
@@ -156,6 +283,9 @@ def test_missing_info_and_inconsistent_counts(synthetic: tuple[Path, list[Episod
     info = json.loads((root / INFO_PATH).read_text())
     info["total_frames"] += 1
     (root / INFO_PATH).write_text(json.dumps(info))
+    with pytest.raises(IntegrityError, match=r"info\.json: (size|sha256) check failed"):
+        open_dataset(root)
+    rewrite_checksums(root)
     with pytest.raises(DatasetError, match="total_frames"):
         open_dataset(root)
     (root / INFO_PATH).unlink()
@@ -168,6 +298,9 @@ def test_tampered_stats_are_detected(synthetic: tuple[Path, list[EpisodeBuffer]]
     stats = json.loads((root / STATS_PATH).read_text())
     stats["action"]["mean"][0] += 0.5
     (root / STATS_PATH).write_text(json.dumps(stats))
+    with pytest.raises(IntegrityError, match=r"stats\.json: (size|sha256) check failed"):
+        open_dataset(root)
+    rewrite_checksums(root)
     problems = open_dataset(root).compare_stats()
     assert any(p.startswith("action.mean") for p in problems)
 

@@ -1,17 +1,25 @@
-"""The export stage: parity on random and real dataset inputs, the I/O spec, refusal."""
+"""The export stage: parity on random and real dataset inputs, the I/O spec, refusal; its
+checksums, verified wherever an export is opened; reuse; a disk that fills up."""
 
 from __future__ import annotations
 
+import errno
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
 import pytest
 import torch
 
-from deploy_edge.bundle import read_io_spec
+from deploy_edge.bundle import copy_bundle, read_io_spec, verify_bundle
+from deploy_edge.exported import ExportedPolicy
+from robo_pipe.errors import OutOfSpaceError
+from robo_pipe.integrity import IntegrityError
 from stages.dataset.layout import DatasetRef
-from stages.export import ExportError, ExportRef, export
+from stages.export import ExportError, ExportRef, export, onnx_hash
+from stages.export import onnx as export_module
 from stages.policy.base import Normalizer
 from stages.policy.checkpoint import new_policy, save_policy
 from tests.stages.tiny_models import TINY_POLICY
@@ -123,3 +131,88 @@ def test_the_graph_normalises_state_and_denormalises_actions_with_real_statistic
         )
         skipped = policy.action_head(unnormalised).numpy() * action_std + action_mean
     assert np.abs(skipped - expected).max() > 1e-4, "the state's normalisation matters"
+
+
+def flip_byte(path: Path) -> None:
+    """Change one byte in the middle of ``path``; its size stays."""
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_a_flipped_checkpoint_is_refused_before_anything_is_written(
+    checkpoint: Path, tmp_path: Path
+) -> None:
+    flip_byte(checkpoint / "model.safetensors")
+    with pytest.raises(IntegrityError, match=r"model\.safetensors: sha256 check failed") as err:
+        export(checkpoint, tmp_path / "export")
+    assert err.value.check == "sha256"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"], "nothing written"
+
+
+def test_an_export_is_verified_wherever_it_is_opened(checkpoint: Path, tmp_path: Path) -> None:
+    ref = export(checkpoint, tmp_path / "export")
+    sums = verify_bundle(ref.path)
+    assert "checksums.json" not in sums and {"policy.onnx", "io_spec.json"} <= set(sums)
+    assert ref.onnx_hash == onnx_hash(Path(ref.path)) == onnx_hash(Path(ref.path), sums)
+    registry = tmp_path / "registry"  # a copy under another model name, as the registry's:
+    registry.mkdir()  # MLflow writes the model again, its external data inside
+    onnx.save(onnx.load(ref.onnx), str(registry / "model.onnx"))
+    copy_bundle(ref.path, registry, model_file="model.onnx")
+    assert "model.onnx" in verify_bundle(registry)
+    for bundle, model in ((Path(ref.path), "policy.onnx"), (registry, "model.onnx")):
+        flip_byte(bundle / model)
+        with pytest.raises(IntegrityError, match=rf"{model}: sha256 check failed") as err:
+            ExportedPolicy(bundle)
+        assert (err.value.path, err.value.check) == (bundle / model, "sha256")
+        with pytest.raises(IntegrityError, match="sha256 check failed"):
+            copy_bundle(bundle, tmp_path / "copy-of-a-bad-one")
+    flip_byte(registry / "model.onnx")
+    flip_byte(registry / "tokenizer" / "tokenizer.json")
+    with pytest.raises(IntegrityError, match=r"tokenizer\.json: sha256 check failed"):
+        ExportedPolicy(registry)
+
+
+def test_an_export_of_the_same_checkpoint_is_reused_and_a_changed_one_replaced(
+    checkpoint: Path, tmp_path: Path
+) -> None:
+    first = export(checkpoint, tmp_path / "export")
+    written = (tmp_path / "export" / "policy.onnx").stat().st_mtime_ns
+    assert export(checkpoint, tmp_path / "export") == first
+    assert (tmp_path / "export" / "policy.onnx").stat().st_mtime_ns == written, "not redone"
+    flip_byte(tmp_path / "export" / "reference.npz")  # an export that no longer verifies
+    again = export(checkpoint, tmp_path / "export")
+    assert again == first and verify_bundle(again.path)
+    torch.manual_seed(1)
+    other, _ = new_policy(TINY_POLICY, ["scene"], 32, 6, 6)
+    save_policy(other, checkpoint, None)
+    changed = export(checkpoint, tmp_path / "export")
+    assert changed.checkpoint_hash != first.checkpoint_hash
+    assert changed.onnx_hash != first.onnx_hash
+
+
+def _fail_after_writing(real: Callable[..., Any]) -> Callable[..., Any]:
+    """``real``, except that it then fails as a full disk does: part of the file is there."""
+
+    def fail(*args: Any, **kwargs: Any) -> None:
+        real(*args, **kwargs)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    return fail
+
+
+def test_a_full_disk_while_exporting_leaves_the_previous_export(
+    checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = export(checkpoint, tmp_path / "export")
+    torch.manual_seed(1)
+    other, _ = new_policy(TINY_POLICY, ["scene"], 32, 6, 6)
+    save_policy(other, checkpoint, None)
+    monkeypatch.setattr(export_module.np, "savez", _fail_after_writing(np.savez))
+    with pytest.raises(OutOfSpaceError, match=r"export: the disk is full.*export is as it was"):
+        export(checkpoint, tmp_path / "export")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "export"], "no partial one"
+    assert read_io_spec(tmp_path / "export").checkpoint_hash == first.checkpoint_hash
+    verify_bundle(tmp_path / "export")
+    monkeypatch.undo()  # space freed: the same command exports
+    assert export(checkpoint, tmp_path / "export").checkpoint_hash != first.checkpoint_hash

@@ -1,17 +1,30 @@
-"""The policy interface: default VLA and hub-VLM types, LoRA, checkpoints, the export wrapper."""
+"""The policy interface: default VLA and hub-VLM types, LoRA, checkpoints (verified on every
+load, written whole or not at all), the export wrapper."""
 
 from __future__ import annotations
 
+import errno
 import json
 import shutil
+from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+import robo_pipe.integrity
+from robo_pipe.errors import OutOfSpaceError
+from robo_pipe.integrity import IntegrityError, file_sums, write_checksums
 from sim_scenes.batched_env import BatchedObservation
+from stages.finetune.checkpoints import (
+    commit_checkpoint,
+    latest_checkpoint,
+    restore_training_state,
+)
+from stages.policy import checkpoint
 from stages.policy.base import Normalizer, VLAPolicy
 from stages.policy.checkpoint import (
     BaseRef,
@@ -19,7 +32,9 @@ from stages.policy.checkpoint import (
     checkpoint_hash,
     load_policy,
     new_policy,
+    policy_files,
     save_policy,
+    verify_checkpoint,
 )
 from stages.policy.config import LoraSettings, PolicyConfig
 from stages.policy.tokenizer import InstructionTokenizer, task_family_corpus
@@ -179,7 +194,20 @@ def _rewrite_weights(path: Path, edit: str) -> str:
     elif edit == "misshaped":
         tensors[name] = torch.zeros(1, 1)
     save_file(tensors, str(weights))
+    rewrite_checksums(path)  # the tensor checks stay behind the checksums
     return name
+
+
+def rewrite_checksums(path: Path) -> None:
+    """Record the checkpoint's files as they are now (what a writer with a bug would leave)."""
+    write_checksums(path, file_sums(path, policy_files(path)))
+
+
+def flip_byte(path: Path) -> None:
+    """Change one byte in the middle of ``path``; its size stays."""
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
 
 
 @pytest.mark.parametrize(
@@ -201,22 +229,115 @@ def test_corrupt_files_and_a_changed_base_are_refused(lora_checkpoint: Path) -> 
     weights = lora_checkpoint / "model.safetensors"
     good = weights.read_bytes()
     weights.write_bytes(good[: len(good) // 2])
+    with pytest.raises(IntegrityError, match=r"model\.safetensors: size check failed"):
+        load_policy(lora_checkpoint)
+    rewrite_checksums(lora_checkpoint)
     with pytest.raises(CheckpointError, match="unreadable safetensors"):
         load_policy(lora_checkpoint)
     weights.write_bytes(good)
+    rewrite_checksums(lora_checkpoint)
 
-    base_weights = lora_checkpoint.parent / "base" / "model.safetensors"
-    tensors = load_file(str(base_weights))
+    base = lora_checkpoint.parent / "base"
+    tensors = load_file(str(base / "model.safetensors"))
     tensors["action_head.bias"] += 1.0
-    save_file(tensors, str(base_weights))
+    save_file(tensors, str(base / "model.safetensors"))
+    with pytest.raises(IntegrityError, match=r"base/model\.safetensors: sha256 check failed"):
+        load_policy(lora_checkpoint)
+    rewrite_checksums(base)  # a consistent, but different, base
     with pytest.raises(CheckpointError, match="refusing a different base"):
         load_policy(lora_checkpoint)
 
     (lora_checkpoint / "policy.json").write_text("{not json")
+    with pytest.raises(IntegrityError, match=r"policy\.json: size check failed"):
+        load_policy(lora_checkpoint)
+    rewrite_checksums(lora_checkpoint)
     with pytest.raises(CheckpointError, match="not valid JSON"):
         load_policy(lora_checkpoint)
     with pytest.raises(CheckpointError, match="not a checkpoint"):
         load_policy(lora_checkpoint.parent)
+
+
+def test_a_flipped_byte_in_the_weights_or_an_added_file_is_refused(
+    lora_checkpoint: Path,
+) -> None:
+    weights = lora_checkpoint / "model.safetensors"
+    flip_byte(weights)
+    with pytest.raises(IntegrityError, match=r"model\.safetensors: sha256 check failed") as err:
+        load_policy(lora_checkpoint)
+    assert (err.value.path, err.value.check) == (weights, "sha256")
+    assert "re-create it" in str(err.value)
+    flip_byte(weights)  # back as it was
+    (lora_checkpoint / "tokenizer" / "extra.json").write_text("{}")
+    with pytest.raises(IntegrityError, match=r"extra\.json: unlisted check failed"):
+        load_policy(lora_checkpoint)
+    (lora_checkpoint / "tokenizer" / "extra.json").unlink()
+    (lora_checkpoint / "checksums.json").unlink()
+    with pytest.raises(IntegrityError, match=r"checksums\.json: checksums check failed: no"):
+        load_policy(lora_checkpoint)
+
+
+def test_loading_a_lora_checkpoint_hashes_each_file_once(
+    lora_checkpoint: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    base = lora_checkpoint.parent / "base"
+    assert checkpoint_hash(base, verify_checkpoint(base)) == checkpoint_hash(base)
+    hashed: Counter[str] = Counter()
+    real = robo_pipe.integrity.file_sha256
+
+    def counting(path: Any) -> str:
+        hashed[str(path)] += 1
+        return real(path)
+
+    monkeypatch.setattr(robo_pipe.integrity, "file_sha256", counting)
+    load_policy(lora_checkpoint)
+    expected = {str(p) for root in (lora_checkpoint, base) for p in policy_files(root)}
+    assert set(hashed) == expected and set(hashed.values()) == {1}
+
+
+def test_a_full_disk_while_saving_keeps_the_previous_checkpoint(
+    lora_checkpoint: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    before = checkpoint_hash(lora_checkpoint, verify_checkpoint(lora_checkpoint))
+    policy = load_policy(lora_checkpoint)
+    meta = json.loads((lora_checkpoint / "policy.json").read_text())
+
+    def full(tensors: dict[str, torch.Tensor], filename: str) -> None:
+        Path(filename).write_bytes(b"\0" * 100)  # the part that fitted
+        # What safetensors (Rust) raises: no errno, only the OS error in its message.
+        raise RuntimeError("Error while serializing: I/O error: No space left (os error 28)")
+
+    monkeypatch.setattr(checkpoint, "save_file", full)
+    with pytest.raises(OutOfSpaceError, match=r"lora: the disk is full.*re-run") as err:
+        save_policy(policy, lora_checkpoint, BaseRef(**meta["base"]))
+    assert err.value.errno == errno.ENOSPC
+    assert checkpoint_hash(lora_checkpoint, verify_checkpoint(lora_checkpoint)) == before
+    assert sorted(p.name for p in lora_checkpoint.parent.iterdir()) == ["base", "lora"]
+
+
+def test_step_checkpoints_survive_a_full_disk_and_their_training_state_is_verified(
+    lora_checkpoint: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    policy = load_policy(lora_checkpoint)
+    meta = json.loads((lora_checkpoint / "policy.json").read_text())
+    base, out = BaseRef(**meta["base"]), lora_checkpoint.parent / "run"
+    out.mkdir()
+    first = commit_checkpoint(out, 1, policy, base, {}, {"m": torch.ones(3)}, "opt.safetensors", {})
+    real = checkpoint.save_policy
+
+    def full(*args: Any, **kwargs: Any) -> str:
+        real(*args, **kwargs)
+        raise OSError(errno.EDQUOT, "Disk quota exceeded")
+
+    monkeypatch.setattr(checkpoint, "save_policy", full)
+    with pytest.raises(OutOfSpaceError, match=r"step-0000002: the disk is full"):
+        commit_checkpoint(out, 2, policy, base, {}, {"m": torch.ones(3)}, "opt.safetensors", {})
+    assert sorted(p.name for p in out.iterdir()) == ["step-0000001"]
+    assert latest_checkpoint(out) == first
+    tensors, state = restore_training_state(first, "opt.safetensors")
+    assert state == {"step": 1} and torch.equal(tensors["m"], torch.ones(3))
+    flip_byte(first / "training" / "opt.safetensors")
+    with pytest.raises(IntegrityError, match=r"opt\.safetensors: sha256 check failed"):
+        restore_training_state(first, "opt.safetensors")
 
 
 def test_saving_over_a_checkpoint_is_atomic(lora_checkpoint: Path) -> None:

@@ -156,6 +156,9 @@ class _DeviceProgress:
         self.done += 1
         BROADCAST.advanced(self.device, self.done, f"{stage}: {detail}")
 
+    def said(self, stage: str, line: str) -> None:
+        BROADCAST.said(self.device, f"{stage}: {line}")
+
 
 @task(name="deploy_device", cache_policy=NO_CACHE, persist_result=False, log_prints=True)
 def deploy_device(

@@ -29,6 +29,10 @@ class Listener(Protocol):
         """``stage`` completed; ``detail`` describes its record (:func:`describe`);
         ``reused``: the record came from an earlier run."""
 
+    def said(self, stage: str, line: str) -> None:
+        """A line worth keeping in the output, not only as the live status: e.g. ``waiting
+        for run <run> (pid N) to finish collect of <path>``, or taking over a dead run's."""
+
 
 class Silent:
     """A listener that drops everything (a step called without one)."""
@@ -40,6 +44,9 @@ class Silent:
         """Ignored."""
 
     def finished(self, stage: str, detail: str, reused: bool) -> None:
+        """Ignored."""
+
+    def said(self, stage: str, line: str) -> None:
         """Ignored."""
 
 
@@ -64,6 +71,13 @@ class Broadcast:
     def finished(self, stage: str, detail: str, reused: bool) -> None:
         for listener in self.listeners:
             listener.finished(stage, detail, reused)
+
+    def said(self, stage: str, line: str) -> None:
+        """Forwarded, and printed: inside a Prefect task (``log_prints``) the line goes to the
+        flow run's log, so a served run that waited for another says so there too."""
+        print(f"{stage}: {line}")
+        for listener in self.listeners:
+            listener.said(stage, line)
 
 
 BROADCAST = Broadcast()

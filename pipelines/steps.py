@@ -22,7 +22,6 @@ packages (and torch) are imported when a step runs, not when this module is impo
 from __future__ import annotations
 
 import json
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -456,12 +455,11 @@ def evaluate_champion(
 
 def status_lines(stage: str, listener: Listener) -> Callable[[str], None]:
     """A stage's ``on_status``: each line (waiting for another run, taking over a dead one's
-    output, reusing it) becomes ``stage``'s status on ``listener`` and is printed to stderr, so
-    it stays in a verb's output and, inside a flow (``log_prints``), in the flow run's log."""
+    output, reusing it) is said on ``listener``: a verb's display prints it, and inside a flow
+    the Prefect tasks' listener puts it in the flow run's log."""
 
     def report(line: str) -> None:
-        print(f"{stage}: {line}", file=sys.stderr)
-        listener.advanced(stage, 0, line)
+        listener.said(stage, line)
 
     return report
 

@@ -54,6 +54,12 @@ class StageDisplay:
         note = " (reused from an earlier run)" if reused else ""
         self.progress.update(row, total=total, completed=total, detail=f"[green]{detail}{note}")
 
+    def said(self, stage: str, line: str) -> None:
+        """Print ``line`` above the rows (it stays when the live display is gone) and show it
+        as ``stage``'s status."""
+        self.progress.console.print(f"{stage}: {line}", highlight=False, soft_wrap=True)
+        self.advanced(stage, 0, line)
+
     def step(self, stage: str, run: Callable[[Listener], T]) -> T:
         """Run one step with its progress on this display; returns its record."""
         record = run(self)

@@ -33,6 +33,9 @@ class Recorder:
     def finished(self, stage: str, detail: str, reused: bool) -> None:
         self.events.append(("finished", stage, detail))
 
+    def said(self, stage: str, line: str) -> None:
+        self.events.append(("said", stage, line))
+
 
 def test_progress_reaches_the_listeners_of_the_block_only() -> None:
     from pipelines.progress import BROADCAST

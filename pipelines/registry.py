@@ -30,7 +30,14 @@ from typing import TYPE_CHECKING, Any
 
 from filelock import FileLock
 
-from deploy_edge.bundle import IO_SPEC_FILE, IOSpec, TensorSpec, copy_bundle, read_io_spec
+from deploy_edge.bundle import (
+    IO_SPEC_FILE,
+    IOSpec,
+    TensorSpec,
+    copy_bundle,
+    read_io_spec,
+    verify_bundle,
+)
 from pipelines.home import home_dir
 from pipelines.tracking import TAG, TrackedRun, client
 from robo_pipe.errors import RoboPipeError
@@ -175,7 +182,8 @@ def register_export(
     description: str = "",
 ) -> VersionInfo:
     """Register the export at ``export_dir`` as a new version of ``name`` (created if missing),
-    logged under ``run``'s artifacts, with ``tags``; alias it ``candidate``."""
+    logged under ``run``'s artifacts, with ``tags``; alias it ``candidate``. The export is
+    verified against its checksums first, and the registered copy gets its own."""
     import mlflow.onnx
     import onnx
     from mlflow.exceptions import MlflowException
@@ -184,6 +192,7 @@ def register_export(
     staging = home_dir("exports") / f".register-{run.run_id}"
     shutil.rmtree(staging, ignore_errors=True)
     spec = read_io_spec(export_dir)
+    verified = verify_bundle(export_dir)  # before anything is read from it
     model = onnx.load(str(export_dir / spec.onnx_file))  # with its external data
     mlflow.onnx.save_model(
         model,
@@ -193,7 +202,8 @@ def register_export(
         save_as_external_data=model.ByteSize() > 1_500_000_000,  # protobuf's 2 GB limit
         metadata={"robo_pipe_io_spec": IO_SPEC_FILE, **tags},
     )
-    copy_bundle(export_dir, staging, model_file=MLFLOW_MODEL_FILE)  # the rest of the bundle
+    # The rest of the bundle, and checksums that hash the model as MLflow wrote it.
+    copy_bundle(export_dir, staging, model_file=MLFLOW_MODEL_FILE, verified=verified)
     run.log_artifact(staging, MODEL_DIR)
     shutil.rmtree(staging)
     try:
@@ -311,7 +321,8 @@ def _rollback(name: str) -> VersionInfo:
 def fetch_export(name: str, ref: str) -> tuple[VersionInfo, Path]:
     """Download version ``ref`` (number or alias) of ``name`` into
     ``$ROBO_PIPE_HOME/exports/registry/<name>/<version>`` (once) and return it with the
-    directory, which the edge runtime and evaluation load like any export."""
+    directory, which the edge runtime and evaluation load like any export (verifying it when
+    they open it). A download that does not verify is refused, not kept."""
     import mlflow.artifacts
 
     info = get_version(name, ref)
@@ -322,6 +333,6 @@ def fetch_export(name: str, ref: str) -> tuple[VersionInfo, Path]:
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     mlflow.artifacts.download_artifacts(f"models:/{name}/{info.version}", dst_path=str(staging))
-    read_io_spec(staging)  # a registry copy that is not a bundle is refused, not kept
+    verify_bundle(staging)  # a registry copy that is not a bundle, or differs, is not kept
     staging.rename(target)
     return info, target

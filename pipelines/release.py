@@ -48,7 +48,9 @@ def bundle_release(
     sha256, the I/O spec, ``targets``, ``budget_ms``, expiry) and the release number for
     anti-rollback, which is the registry version number (a newer version is a newer release).
     An earlier release of the same version with the same key is reused while it verifies and
-    has not expired."""
+    has not expired; a new one is signed only over a bundle that verifies against its checksums
+    (:func:`deploy_edge.bundle.verify_bundle`)."""
+    from deploy_edge.bundle import verify_bundle
     from deploy_edge.keys import key_id, load_private_key
     from deploy_edge.release import (
         ReleaseError,
@@ -70,6 +72,7 @@ def bundle_release(
                 return manifest, target
         except ReleaseError:
             pass  # expired or not ours: sign it again
+    verify_bundle(export_dir)  # never sign a registry copy that changed since it was fetched
     manifest = write_release(
         export_dir,
         target,

@@ -13,7 +13,14 @@ import sys
 
 import typer
 
-from pipelines.cli import catalog, deploy_verbs, pipeline_verbs, registry_verbs, stage_verbs
+from pipelines.cli import (
+    catalog,
+    deploy_verbs,
+    pipeline_verbs,
+    registry_verbs,
+    stage_verbs,
+    verify_verbs,
+)
 from pipelines.cli.common import console
 from robo_pipe.errors import RoboPipeError
 
@@ -29,7 +36,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-for verbs in (stage_verbs, pipeline_verbs, registry_verbs, deploy_verbs, catalog):
+for verbs in (stage_verbs, pipeline_verbs, registry_verbs, deploy_verbs, verify_verbs, catalog):
     verbs.register(app)
 
 

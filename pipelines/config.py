@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from configs import config_dir
 from robo_pipe.errors import RoboPipeError
+from robo_pipe.names import slug
 from robots.spec import available_robots, get_robot
 from sim_scenes.config import SceneConfig, SimConfig
 from stages.collect.config import CollectConfig
@@ -138,7 +139,8 @@ class PipelineConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     name: str = Field(min_length=1)
-    """Run name, used in run directories and, later, registry model names."""
+    """Run name, as you like it (``Demo.v2 arm``): shown as typed; its :attr:`slug` names run
+    folders, datasets, checkpoints, Prefect artifacts and the default registry model."""
     seed: int = Field(default=0, ge=0, lt=2**31)
     """Root seed; every random choice of the run derives from it."""
     robot: str = "rp5"
@@ -164,10 +166,22 @@ class PipelineConfig(BaseModel):
             raise ValueError(f"unknown robot; valid choices: {', '.join(available_robots())}")
         return name
 
+    @field_validator("name")
+    @classmethod
+    def _has_a_slug(cls, name: str) -> str:
+        if not slug(name):
+            raise ValueError(f"{name!r} has no letter or digit to name files and keys after")
+        return name
+
+    @property
+    def slug(self) -> str:
+        """:attr:`name` as keys and file names take it (``Demo.v2 arm`` -> ``demo-v2-arm``)."""
+        return slug(self.name)
+
     @property
     def model_name(self) -> str:
-        """The registered model name (``registry.model_name`` or ``<name>-policy``)."""
-        return self.registry.model_name or f"{self.name}-policy"
+        """The registered model name (``registry.model_name`` or ``<slug>-policy``)."""
+        return self.registry.model_name or f"{self.slug}-policy"
 
     def dataset_name(self) -> str:
         """The collected dataset's folder under ``$ROBO_PIPE_HOME/datasets``:
@@ -176,7 +190,7 @@ class PipelineConfig(BaseModel):
         what = self.model_dump(include={"robot", "scene", "seed"}, mode="json")
         what["collect"] = self.collect.model_dump(mode="json", exclude={"episodes"})
         digest = hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:8]
-        return f"{self.name}-{self.scene.variant}-{digest}"
+        return f"{self.slug}-{self.scene.variant}-{digest}"
 
     def config_hash(self) -> str:
         """sha256 of the canonical JSON of the resolved config (first 16 hex digits)."""

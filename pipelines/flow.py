@@ -259,7 +259,7 @@ def _publish(
         }
     )
     mlrun.set_tags({"model_version": f"{reg.name}/{reg.version}"})
-    slug = cfg.name.lower().replace("_", "-")
+    slug = cfg.slug
     create_markdown_artifact(
         text, key=f"{slug}-pipeline-summary", description="pipeline run summary"
     )
@@ -332,7 +332,7 @@ def champion_regression(
         mlrun.log_metrics({"success_rate": report.success_rate, "success_ci95_low": report.ci95[0]})
         mlrun.set_tags({"model_version": f"{check.model_name}/{check.version}"})
         mlrun.log_artifact(run_dir / "evaluate", "evaluate")
-        slug = cfg.name.lower().replace("_", "-")
+        slug = cfg.slug
         create_table_artifact(
             summary.evaluation_table(Evaluation(candidate=report, champion_version=check.version)),
             key=f"{slug}-champion-regression",

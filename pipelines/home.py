@@ -21,6 +21,8 @@ import secrets
 import time
 from pathlib import Path
 
+from robo_pipe.names import slug
+
 SUBDIRS = (
     "runs",
     "datasets",
@@ -50,8 +52,8 @@ def home_dir(kind: str) -> Path:
 
 
 def new_run_dir(name: str) -> Path:
-    """A fresh ``runs/<UTC time>-<name>-<random>`` directory."""
+    """A fresh ``runs/<UTC time>-<slug of name>-<random>`` directory."""
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    path = home_dir("runs") / f"{stamp}-{name}-{secrets.token_hex(3)}"
+    path = home_dir("runs") / f"{stamp}-{slug(name)}-{secrets.token_hex(3)}"
     path.mkdir(parents=True)
     return path

@@ -6,7 +6,6 @@ and an artifact of the MLflow run. Built from the typed stage records only.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +16,7 @@ from pipelines.records import (
     PipelineResult,
     RunRecords,
 )
+from robo_pipe.names import slug
 from stages.finetune.checkpoints import read_metrics
 from stages.finetune.rl import rolling_success
 
@@ -234,8 +234,7 @@ def markdown(result: PipelineResult, records: RunRecords, images: dict[str, str]
 
 def fleet_artifact_key(model: str) -> str:
     """The Prefect artifact key of ``model``'s rollout summaries."""
-    slug = re.sub(r"[^a-z0-9-]+", "-", model.lower()).strip("-") or "model"
-    return f"fleet-{slug}"
+    return f"fleet-{slug(model) or 'model'}"
 
 
 def summary_markdown(result: FleetResult) -> str:

@@ -1,2 +1,3 @@
-"""robo-pipe's kernel: what every layer may import (errors, typed records). No dependencies
-beyond the standard library; the edge runtime (``deploy_edge``) imports it too."""
+"""robo-pipe's kernel: what every layer may import (errors, typed records, output locks, name
+slugs). Besides the standard library it needs only ``filelock`` and ``python-slugify``; the edge
+runtime (``deploy_edge``) imports it too."""

@@ -136,3 +136,25 @@ def test_demo_schedules_and_dataset_names() -> None:
     other = load_config(CONFIG_DIR / "demo.yaml", ["seed=3"])
     assert more.dataset_name() == cfg.dataset_name(), "more episodes append to the same dataset"
     assert other.dataset_name() != cfg.dataset_name(), "another seed collects another dataset"
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [("Demo.v2 arm", "demo-v2-arm"), ("Greifer Ärm", "greifer-arm"), ("pick_place", "pick-place")],
+)
+def test_any_name_becomes_one_slug_for_files_keys_and_models(
+    tmp_path: Path, name: str, expected: str
+) -> None:
+    """A name as a user types it: kept for display, its slug everywhere a backend is strict
+    (Prefect artifact keys allow lowercase letters, digits and dashes only)."""
+    cfg = load_config(write(tmp_path, f"name: {name}\n"))
+    assert cfg.name == name and cfg.slug == expected
+    assert cfg.model_name == f"{expected}-policy"
+    assert cfg.dataset_name().startswith(f"{expected}-")
+    assert re.fullmatch(r"[a-z0-9-]+", cfg.slug)
+
+
+def test_a_name_without_letters_or_digits_is_refused() -> None:
+    assert "name" in problems(DEMO, ("name=...",)) and "no letter or digit" in problems(
+        DEMO, ("name=...",)
+    )

@@ -88,6 +88,8 @@ def verify(
 
 def _verify(path: Path) -> tuple[str, dict[str, FileSum], list[str]]:
     """Detect what ``path`` is and verify it: (kind, verified entries, other checks made)."""
+    if not path.exists():
+        raise InputError(f"{path}: no such file or directory")
     root = path.parent if path.suffix == ".onnx" else path
     if (root / "meta" / "info.json").is_file() or (root / "meta" / "checksums.json").is_file():
         from stages.dataset.reader import open_dataset

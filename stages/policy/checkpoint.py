@@ -61,8 +61,8 @@ POLICY_FILE = "policy.json"
 WEIGHTS_FILE = "model.safetensors"
 TOKENIZER_DIR = "tokenizer"
 VERIFY_FIX = (
-    "the checkpoint is corrupt, was changed after it was saved, or predates checksums: "
-    "re-create it (re-run the command that wrote it)"
+    "the checkpoint is corrupt, was changed after it was saved, or predates checksums: delete "
+    "it and re-create it (re-run the command that wrote it)"
 )
 """What to do about a checkpoint that fails verification."""
 

@@ -12,6 +12,7 @@ import resource
 import shutil
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -97,13 +98,37 @@ def copy_exported(exported: Path, tmp_path: Path) -> tuple[Path, Path]:
     return tmp_path / "ckpt", tmp_path / "export"
 
 
+def sign_release(export: Path, out: Path) -> Path:
+    """``export`` signed into the release file ``out`` with a new key."""
+    from deploy_edge.keys import generate_keypair, load_private_key
+    from deploy_edge.release import write_release
+
+    private, _ = generate_keypair(out.parent / "keys")
+    write_release(
+        export,
+        out,
+        load_private_key(private),
+        model_name="policy",
+        model_version="1",
+        run_id="run",
+        release=1,
+    )
+    return out
+
+
 def test_verify_and_every_stage_refuse_a_flipped_byte_in_any_artifact(
     robo_pipe_home: Path, tmp_path: Path, tiny_dataset: DatasetRef, exported: Path
 ) -> None:
     dataset = tmp_path / "ds"
     shutil.copytree(tiny_dataset.path, dataset)
     checkpoint, export = copy_exported(exported, tmp_path)
-    artifacts = {"dataset": dataset, "checkpoint": checkpoint, "export": export}
+    release = sign_release(export, tmp_path / "policy.release")
+    artifacts = {
+        "dataset": dataset,
+        "checkpoint": checkpoint,
+        "export": export,
+        "release": release,
+    }
 
     ok = cli("verify", *map(str, artifacts.values()), "--json", home=robo_pipe_home)
     assert ok.returncode == 0, ok.stderr
@@ -118,8 +143,19 @@ def test_verify_and_every_stage_refuse_a_flipped_byte_in_any_artifact(
     }
     for path in flipped.values():
         flip_byte(path)
+    with tarfile.open(release) as tar:  # a byte of the model inside the release
+        member = tar.getmember("bundle/policy.onnx")
+    with release.open("r+b") as f:
+        f.seek(member.offset_data + member.size // 2)
+        byte = f.read(1)[0]
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte ^ 0xFF]))
     bad = cli("verify", *map(str, artifacts.values()), home=robo_pipe_home)
-    refused(bad, *(f"{path}: sha256 check failed" for path in flipped.values()))
+    refused(
+        bad,
+        *(f"{path}: sha256 check failed" for path in flipped.values()),
+        f"{release}: bundle file 'policy.onnx' has sha256",
+    )
 
     # Each stage refuses it when it opens it, before it writes anything.
     out = tmp_path / "from-a-flipped-checkpoint"

@@ -52,6 +52,10 @@ MLFLOW_MODEL_FILE = "model.onnx"
 CANDIDATE = "candidate"
 CHAMPION = "champion"
 HISTORY_TAG = TAG + "champion_history"
+PROMOTED_OVER = "promoted_over"
+"""Version tag (after ``robo_pipe.``): the champion a promotion replaced (empty: none)."""
+PROMOTED_ON = "promoted_on"
+"""Version tag: JSON, gate -> ``"passed: <measured>"`` as they stood when it was promoted."""
 MODEL_DIR = "policy"
 """Artifact path of the registered model inside the pipeline's MLflow run."""
 PIP_REQUIREMENTS = ["onnxruntime", "tokenizers", "numpy"]
@@ -279,15 +283,28 @@ def champion_history(name: str) -> list[str]:
 
 def promote(name: str, version: str, reason: str) -> VersionInfo:
     """Make ``version`` the champion of ``name`` and record it in the champion history (under
-    :func:`promotion_lock`: the alias and the history move together)."""
+    :func:`promotion_lock`: the alias and the history move together). The version keeps a
+    record of this promotion that later re-registrations of its export do not touch: the
+    champion it replaced (``promoted_over``, empty for the first) and the gates it had passed
+    (``promoted_on``: gate -> ``passed``/``failed`` and what was measured)."""
     with promotion_lock(name):
         info = get_version(name, version)
+        previous = champion(name)
         mlflow_client = client()
         mlflow_client.set_registered_model_alias(name, CHAMPION, info.version)
         history = history_after_promotion(champion_history(name), info.version)
         mlflow_client.set_registered_model_tag(name, HISTORY_TAG, json.dumps(history))
         stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        tags = {TAG + "promoted_at": stamp, TAG + "promoted_by": reason}
+        gates = {
+            gate: f"{'passed' if g.passed else 'failed'}: {g.measured}"
+            for gate, g in info.gates.items()
+        }
+        tags = {
+            TAG + "promoted_at": stamp,
+            TAG + "promoted_by": reason,
+            TAG + PROMOTED_OVER: previous.version if previous else "",
+            TAG + PROMOTED_ON: json.dumps(gates),
+        }
         set_version_tags(name, info.version, tags)
         return get_version(name, info.version)
 

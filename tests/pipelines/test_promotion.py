@@ -202,6 +202,9 @@ def test_a_candidate_as_good_as_the_newer_champion_replaces_it(
     assert f"vs v{newer}" in result.gates[NO_REGRESSION].measured
     assert champion_version(cfg) == result.version
     assert registry.champion_history(cfg.model_name)[-2:] == [newer, result.version]
+    tags = registry.get_version(cfg.model_name, result.version).tags
+    assert tags[registry.TAG + registry.PROMOTED_OVER] == newer
+    assert f"vs v{newer}" in json.loads(tags[registry.TAG + registry.PROMOTED_ON])[NO_REGRESSION]
 
 
 def test_a_champion_without_stored_results_is_evaluated_on_the_same_seeds(

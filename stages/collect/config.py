@@ -21,7 +21,12 @@ class CollectConfig(BaseModel):
     envs_per_worker: int = Field(default=16, ge=1, le=4096)
     """Batched environments per worker."""
     episodes_per_shard: int = Field(default=100, ge=1, le=100_000)
-    """Episodes committed together: the unit of atomic writes, resume and data files."""
+    """Episodes committed together: the unit of atomic writes, resume and data files, and what
+    a restarted worker collects again."""
+    max_worker_restarts: int = Field(default=3, ge=0, le=1000)
+    """Times Ray restarts each worker whose process dies (killed, out of memory); the shard it
+    was collecting is collected again. One more death stops the collect with
+    ``WorkersDiedError`` (committed shards stay: the same command resumes)."""
     keep_failed: bool = False
     """Keep episodes the source failed (default: drop them, but count them in the metadata)."""
     video_crf: int = Field(default=0, ge=0, le=51)

@@ -5,8 +5,9 @@
     DatasetRef ◄── content hash ◄── finalize (v3 layout, stats, provenance) ◄─────────┘
 
 Seeds come from the run's ``collect`` seed stream, split into shards of consecutive seeds. A
-worker that dies is replaced and its shard collected again (shards commit atomically: a dead
-worker leaves no half of one in the dataset). A re-run of the same command finds the shards
+worker that dies is restarted by Ray and its shard collected again (shards commit atomically: a
+dead worker leaves no half of one in the dataset; the same seeds give the same episodes), up to
+``collect.max_worker_restarts`` times per worker. A re-run of the same command finds the shards
 already committed, collects only the missing ones and finalizes to the same bytes; with none
 missing, a dataset already finalized from exactly those shards is returned untouched. A larger
 ``episodes`` appends shards to an existing dataset. Processes sharing a dataset take turns
@@ -16,6 +17,7 @@ missing, a dataset already finalized from exactly those shards is returned untou
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -51,6 +53,7 @@ from stages.dataset.writer import (
     write_shard,
 )
 from stages.provenance import code_version
+from stages.worker_pool import PoolWorker
 
 TARGET_STATE_NAMES = ("target.x", "target.y", "target.z")
 """``observation.environment_state``: the named object's centre (m, robot base frame)."""
@@ -68,12 +71,14 @@ class ShardResult:
     solved: int
     kept_frames: int
     timings: dict[str, float]
+    pid: int
+    """The process that collected it (a pool notices a restarted worker by it)."""
 
 
-class CollectWorker:
+class CollectWorker(PoolWorker):
     """One batched simulator plus a demonstration source; collects and commits shards.
 
-    Runs in-process (``workers: 0``) or as a Ray actor (``ray.remote(CollectWorker)``).
+    Runs in-process (``workers: 0``) or as a Ray actor (:func:`stages.worker_pool.restartable`).
     """
 
     def __init__(
@@ -166,6 +171,7 @@ class CollectWorker:
             solved=sum(ep.solved for ep in episodes),
             kept_frames=sum(e["length"] for e in manifest.kept),
             timings=manifest.timings,
+            pid=os.getpid(),
         )
 
     def close(self) -> None:
@@ -253,12 +259,14 @@ def collect(
 
     Under ``out``'s inter-process lock (:func:`robo_pipe.locks.output_lock`): a collection
     another process is running is waited for and then reused (or resumed, if that process
-    died); ``on_status`` gets a line saying so, and one when the dataset is reused as it is.
+    died); ``on_status`` gets a line saying so, one when the dataset is reused as it is, and
+    one for each worker that died and was restarted (which shard it collected again).
 
     Raises:
         DatasetError: ``out`` holds other files or a different collection, or a committed shard
             is corrupt.
         SceneError: ``scene.variant`` is held out for evaluation.
+        WorkersDiedError: a worker died more than ``config.max_worker_restarts`` times.
     """
     variant = get_variant(scene.variant)
     if variant.split != "train":
@@ -295,7 +303,7 @@ def collect(
             seeds = episode_seeds(seed, shards[-1][1], "collect")
         args = (robot, scene.model_dump(), sim.model_dump(), config.model_dump())
         if todo:
-            _run_shards(todo, seeds, staging, args, config, sim, ray_address, on_shard)
+            _run_shards(todo, seeds, staging, args, config, sim, ray_address, on_shard, on_status)
 
         paths = committed_shards(out)
         schema = DatasetSchema(
@@ -364,7 +372,9 @@ def _run_shards(
     sim: SimConfig,
     ray_address: str | None,
     on_shard: Callable[[ShardResult], None] | None,
+    on_status: StatusFn | None,
 ) -> None:
+    """Collect and commit the ``todo`` shards: in this process, or on restartable Ray actors."""
     jobs = [(s, e, seeds[s:e], str(staging)) for s, e in todo]
     if config.workers == 0:
         worker = CollectWorker(*args, num_threads=sim.num_threads)
@@ -378,19 +388,24 @@ def _run_shards(
         return
 
     from stages.ray_runtime import init_ray
-    from stages.worker_pool import MAX_REPLACEMENTS, WorkerPool
+    from stages.worker_pool import WorkerPool, restartable
 
     init_ray(ray_address, num_cpus=None)  # before `import ray`: it picks the network address
-    import ray
-
-    remote_worker: Any = ray.remote(num_cpus=1, max_restarts=0)(CollectWorker)
+    remote_worker = restartable(CollectWorker, 1, config.max_worker_restarts)
     pool = WorkerPool(
         lambda _: remote_worker.remote(*args, num_threads=1),
         min(config.workers, len(jobs)),
-        MAX_REPLACEMENTS,
+        "collect worker",
+        "collect.max_worker_restarts",
+        config.max_worker_restarts,
+        on_status,
     )
     try:
-        for _, result in pool.map_unordered(jobs, lambda w, job: w.collect_shard.remote(*job)):
+        for _, result in pool.map_unordered(
+            jobs,
+            lambda w, job: w.collect_shard.remote(*job),
+            lambda job: f"shard {job[0]}-{job[1]}",
+        ):
             if on_shard:
                 on_shard(result)
     finally:

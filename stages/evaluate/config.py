@@ -21,7 +21,11 @@ class EvalConfig(BaseModel):
     envs_per_worker: int = Field(default=16, ge=1, le=4096)
     """Environments each worker steps together (one batched inference per step)."""
     episodes_per_shard: int = Field(default=25, ge=1, le=100_000)
-    """Episodes per unit of work: what a replaced worker re-runs."""
+    """Episodes per unit of work: what a restarted worker plays again."""
+    max_worker_restarts: int = Field(default=3, ge=0, le=1000)
+    """Times Ray restarts each worker whose process dies (killed, out of memory); the shard it
+    was playing is played again (same seeds, same outcomes). One more death stops the
+    evaluation with ``WorkersDiedError``."""
     record_episodes: int = Field(default=2, ge=0, le=64)
     """Episodes per variant kept as frame strips (the first successes and failures)."""
     gate_confidence: float = Field(default=0.95, gt=0.5, lt=1.0)

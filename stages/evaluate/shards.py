@@ -6,7 +6,8 @@
               inference: one call per control step for all its environments)
     for each finished shard: merge its episodes by (variant, seed index) -- a shard re-run after
               its worker died cannot count an episode twice
-    a worker that dies is replaced and its shard re-run; results never depend on which worker
+    a worker that dies is restarted by Ray and its shard played again (up to
+    ``evaluate.max_worker_restarts`` times per worker); results never depend on which worker
     ran a shard or how many environments it had (see ``sim_scenes.episodes``)
 
 The policy executes the first action of each predicted chunk and predicts again next step
@@ -24,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from robo_pipe.locks import StatusFn
 from robots.spec import get_robot
 from sim_scenes.backends import make_env
 from sim_scenes.batched_env import BatchedEnv, BatchedObservation
@@ -32,6 +34,7 @@ from sim_scenes.episodes import play_episodes
 from sim_scenes.touch import SceneError, episode_seeds, heldout_variants
 from stages.evaluate.config import EvalConfig
 from stages.evaluate.policies import PolicySpecError, load_acting_policy
+from stages.worker_pool import PoolWorker, Ready
 
 
 @dataclass(frozen=True)
@@ -70,7 +73,7 @@ class ShardOutcome:
     timings: dict[str, float] = field(default_factory=dict)
     """Seconds in simulate / render / inference."""
     pid: int = 0
-    """Process that ran it (lets tests kill a worker)."""
+    """Process that ran it (a pool notices a restarted worker by it)."""
 
 
 def suite_variants(scene: SceneConfig, config: EvalConfig) -> list[str]:
@@ -89,7 +92,7 @@ def plan_shards(variants: list[str], seeds: list[int], per_shard: int) -> list[S
     ]
 
 
-class EvalWorker:
+class EvalWorker(PoolWorker):
     """A policy copy plus one batched environment per variant (a Ray actor, or in-process)."""
 
     def __init__(
@@ -121,13 +124,13 @@ class EvalWorker:
             )
         return self.envs[variant]
 
-    def warm(self, variants: list[str]) -> int:
+    def warm(self, variants: list[str]) -> Ready:
         """Build every variant's simulator and run the policy once, so start-up is not timed
-        as evaluation; returns the process id."""
+        as evaluation."""
         for variant in variants:
             env = self._env(variant)
             self.policy.predict_chunk(env.reset([0] * env.num_envs))
-        return os.getpid()
+        return Ready(os.getpid())
 
     def run(self, shard: Shard) -> ShardOutcome:
         """Play the shard's episodes."""
@@ -199,13 +202,16 @@ def run_suite(
     seed: int,
     ray_address: str | None = None,
     on_shard: Callable[[ShardOutcome], None] | None = None,
+    on_status: StatusFn | None = None,
 ) -> tuple[list[ShardOutcome], dict[str, Any]]:
     """Evaluate every (variant, seed) of the suite once; returns the shard outcomes (in plan
-    order) and run facts (wall time, workers, replacements).
+    order) and run facts (wall time, workers, replacements: workers restarted). ``on_status``
+    gets a line for each worker that died and was restarted (which shard it played again).
 
     Raises:
         SceneError / PolicySpecError: an empty suite, unknown variants, a policy that does not
             fit the robot -- all before any episode runs.
+        WorkersDiedError: a worker died more than ``config.max_worker_restarts`` times.
     """
     variants = suite_variants(scene, config)
     seeds = episode_seeds(seed, config.episodes, "eval")
@@ -231,7 +237,7 @@ def run_suite(
         replacements = 0
     else:
         outcomes, replacements, startup = _run_on_ray(
-            shards, variants, args, config.workers, ray_address, on_shard
+            shards, variants, args, config, ray_address, on_shard, on_status
         )
     facts = {
         "wall_s": time.perf_counter() - start,
@@ -248,30 +254,40 @@ def _run_on_ray(
     shards: list[Shard],
     variants: list[str],
     args: tuple[str, str, dict[str, Any], dict[str, Any], int],
-    workers: int,
+    config: EvalConfig,
     ray_address: str | None,
     on_shard: Callable[[ShardOutcome], None] | None,
+    on_status: StatusFn | None,
 ) -> tuple[dict[tuple[str, int], ShardOutcome], int, float]:
     from stages.ray_runtime import init_ray
-    from stages.worker_pool import MAX_REPLACEMENTS, WorkerPool
+    from stages.worker_pool import WorkerPool, restartable
 
     init_ray(ray_address)  # before importing ray (see stages/ray_runtime.py)
-    import ray
-
-    remote_worker: Any = ray.remote(num_cpus=1, max_restarts=0)(EvalWorker)
+    remote_worker = restartable(EvalWorker, 1, config.max_worker_restarts)
     start = time.perf_counter()
-    # A replacement warms up on its first shard.
     pool = WorkerPool(
-        lambda _: remote_worker.remote(*args), min(workers, len(shards)), MAX_REPLACEMENTS
+        lambda _: remote_worker.remote(*args),
+        min(config.workers, len(shards)),
+        "evaluate worker",
+        "evaluate.max_worker_restarts",
+        config.max_worker_restarts,
+        on_status,
     )
     outcomes: dict[tuple[str, int], ShardOutcome] = {}
     try:
-        ray.get([worker.warm.remote(variants) for worker in pool.workers])
+        # A worker restarted later warms up on its first shard.
+        pool.gather(pool.call_each(lambda w: w.warm.remote(variants)), "its warm-up")
         startup = time.perf_counter() - start
-        for shard, result in pool.map_unordered(shards, lambda w, shard: w.run.remote(shard)):
+        for shard, result in pool.map_unordered(
+            shards,
+            lambda w, shard: w.run.remote(shard),
+            lambda shard: (
+                f"{shard.variant} episodes {shard.start}-{shard.start + len(shard.seeds)}"
+            ),
+        ):
             outcomes[(shard.variant, shard.start)] = result
             if on_shard:
                 on_shard(result)
     finally:
         pool.close()
-    return outcomes, pool.replacements, startup
+    return outcomes, pool.restarts, startup

@@ -144,8 +144,11 @@ class RLConfig(BaseModel):
     sync_dtype: Literal["float16", "float32"] = "float16"
     """Precision of the weights sent to workers. The learner keeps float32 master weights;
     float16 halves the bytes per sync (rollouts in reduced precision, as RLinf does)."""
-    max_worker_restarts: int = Field(default=3, ge=0)
-    """Dead rollout workers replaced before the run gives up."""
+    max_worker_restarts: int = Field(default=3, ge=0, le=1000)
+    """Times Ray restarts each actor whose process dies (killed, out of memory): a rollout
+    worker plays its rollout again; the learner goes back to its last checkpoint and the
+    iterations since are done again. One more death stops the run with ``WorkersDiedError``
+    (the same command resumes from the last checkpoint)."""
     checkpoint_every: int = Field(default=10, ge=1)
     """Iterations between learner checkpoints (a re-run resumes from the latest)."""
     ppo: PPOConfig = PPOConfig()

@@ -1,8 +1,9 @@
 """The RL learner: the policy being trained, the frozen start policy, and PPO or SAC state.
 
-It runs as one Ray actor (see :mod:`stages.finetune.rl`). After each update it hands out only
-the parameters RL trains (LoRA adapters, action head, log-std) as numpy arrays in the sync
-precision; the workers load them in place.
+It runs as one Ray actor (see :mod:`stages.finetune.rl`); Ray restarts it if its process dies,
+and its constructor then continues from the latest checkpoint, as a re-run does. After each
+update it hands out only the parameters RL trains (LoRA adapters, action head, log-std) as
+numpy arrays in the sync precision; the workers load them in place.
 
 A learner checkpoint is a policy checkpoint (``step-XXXXXXX/`` with ``policy.json``, the
 adapters and heads in ``model.safetensors``, the tokenizer: exportable and evaluable as is)
@@ -13,6 +14,7 @@ saved; a resumed SAC run refills it before updating again.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -75,12 +77,14 @@ class Learner:
             self.restore(latest)
 
     def state(self) -> dict[str, Any]:
-        """Where training stands: iteration, and the sizes weight sync is judged by."""
+        """Where training stands: iteration, the sizes weight sync is judged by, and the
+        process (a restarted learner has a new one, and is at its last checkpoint)."""
         dtype = np.dtype(self.cfg.sync_dtype)
         sync_bytes = sum(p.numel() for p in self.params.values()) * dtype.itemsize
         full = sum(p.numel() for n, p in self.policy.named_parameters() if "lora_" not in n)
         return {
             "iteration": self.iteration,
+            "pid": os.getpid(),
             "sync_bytes": sync_bytes,
             "full_model_bytes": full * 4,
             "synced_params": sum(p.numel() for p in self.params.values()),

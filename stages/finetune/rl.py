@@ -3,21 +3,23 @@
     learner  = Learner actor (policy, frozen start policy, PPO or SAC, optimizer state)
     workers  = N RolloutWorker actors (batched simulator + policy copy, inference only)
     for iteration in start..iterations:
-        rollouts = every worker plays steps_per_env decisions      (a dead worker is replaced)
+        rollouts = every worker plays steps_per_env decisions with the synced weights
         update   = learner trains on them                         (SAC: overlapped with the
                                                                    next round's rollouts)
         sync     = learner's trainable weights -> object store -> every worker
         every checkpoint_every: learner checkpoint (a re-run resumes from the latest)
 
 Both actors are plain classes (:mod:`stages.finetune.rollout`, :mod:`stages.finetune.learner`)
-wrapped with ``ray.remote`` here. Each iteration appends a record to ``metrics.jsonl`` (success
-of the episodes finished in the round, return, losses, seconds in rollout / learning / sync,
-bytes per sync) and the run ends by drawing ``learning_curves.png``.
+that Ray restarts when their process dies, up to ``rl.max_worker_restarts`` times each. A
+restarted rollout worker plays its rollout again (the call carries the weights to play with);
+a restarted learner is back at its last checkpoint, so the loop goes back there too and does
+the iterations since again. Each iteration appends a record to ``metrics.jsonl`` (success of
+the episodes finished in the round, return, losses, seconds in rollout / learning / sync, bytes
+per sync, restarts) and the run ends by drawing ``learning_curves.png``.
 """
 
 from __future__ import annotations
 
-import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,16 +28,19 @@ from typing import Any
 
 import numpy as np
 
+from robo_pipe.locks import StatusFn
 from stages.finetune.checkpoints import latest_checkpoint, log_metrics, read_metrics
 from stages.finetune.config import RLConfig
 from stages.finetune.learner import Learner
 from stages.finetune.rollout import Rollout, RolloutWorker
 from stages.ray_runtime import RayClusterError
-from stages.worker_pool import WorkerPool
+from stages.worker_pool import WorkerPool, WorkersDiedError, restartable
 
 CURVES_FILE = "learning_curves.png"
 ROLLING_EPISODES = 100
 """Episodes the plotted training success averages over."""
+LIMIT = "finetune.rl.max_worker_restarts"
+"""The config field that bounds the restarts of every RL actor."""
 
 
 @dataclass
@@ -63,6 +68,10 @@ class RLRun:
 
     learner: Any
     iteration: int = 0
+    weights: Any = None
+    """The synced weights of ``iteration`` (an object-store reference) rollouts play with."""
+    learner_restarts: int = 0
+    """Times the learner died and was restarted from its last checkpoint."""
     pool: WorkerPool = field(init=False)
     """The rollout workers."""
 
@@ -73,25 +82,39 @@ class RLRun:
 
     @property
     def replacements(self) -> int:
-        """Rollout workers that died and were replaced."""
-        return self.pool.replacements
+        """Rollout workers that died and were restarted."""
+        return self.pool.restarts
 
 
-class LearnerLost(RuntimeError):
-    """The learner actor died; re-running resumes from its last checkpoint."""
+class _LearnerRestarted(Exception):
+    """The learner died and Ray restarted it at its last checkpoint (caught in train_rl)."""
+
+    def __init__(self, state: dict[str, Any]) -> None:
+        super().__init__(f"the learner restarted at iteration {state['iteration']}")
+        self.state = state
 
 
 def train_rl(
     job: RLJob,
     ray_address: str | None = None,
     on_iteration: Callable[[RLRun], None] | None = None,
+    on_status: StatusFn | None = None,
 ) -> Path:
-    """Run (or resume) RL fine-tuning to ``rl.iterations``; returns the final checkpoint."""
+    """Run (or resume) RL fine-tuning to ``rl.iterations``; returns the final checkpoint.
+
+    ``on_status`` gets a line for each actor that died and was restarted, and what was done
+    again.
+
+    Raises:
+        RayClusterError: the cluster has fewer CPUs than the actors ask for.
+        WorkersDiedError: an actor died more than ``rl.max_worker_restarts`` times; re-running
+            resumes from the learner's last checkpoint.
+    """
     from stages.ray_runtime import init_ray
 
     init_ray(ray_address)  # before importing ray (see stages/ray_runtime.py)
     import ray
-    from ray.exceptions import RayActorError
+    from ray.exceptions import RayActorError, RayTaskError
 
     cfg = RLConfig(**job.rl)
     settings = cfg.ppo if job.algo == "ppo" else cfg.sac
@@ -106,19 +129,23 @@ def train_rl(
             f"workers {cfg.workers} x worker_cpus {cfg.worker_cpus:g}) but the Ray cluster has "
             f"{available:g}: lower them, or pass --ray-address of a larger cluster"
         )
-    learner_cls: Any = ray.remote(num_cpus=cfg.learner_cpus, max_restarts=0)(Learner)
-    worker_cls: Any = ray.remote(num_cpus=cfg.worker_cpus, max_restarts=0)(RolloutWorker)
+    # The learner's calls are not run again by Ray (no max_task_retries): a restarted learner
+    # is at its last checkpoint, not where the call was made, so this loop goes back there.
+    learner_cls: Any = ray.remote(num_cpus=cfg.learner_cpus, max_restarts=cfg.max_worker_restarts)(
+        Learner
+    )
+    worker_cls = restartable(RolloutWorker, cfg.worker_cpus, cfg.max_worker_restarts)
     threads = max(1, int(cfg.worker_cpus))
     learner = learner_cls.remote(
         job.start_checkpoint, job.algo, job.rl, job.seed, job.out, max(1, int(cfg.learner_cpus))
     )
-    sizes = ray.get(learner.state.remote())
+    # Waits out a restart should the learner die while starting (it starts the same way again).
+    sizes = ray.get(learner.state.options(max_task_retries=-1).remote())
+    learner_pid = sizes["pid"]
     run = RLRun(learner, iteration=sizes["iteration"])
-    # A replacement worker gets fresh seeds: it does not replay the dead one's.
-    generation = itertools.count(1)
 
     def new_worker(slot: int) -> Any:
-        worker = worker_cls.remote(
+        return worker_cls.remote(
             job.start_checkpoint,
             job.robot,
             job.scene,
@@ -127,90 +154,150 @@ def train_rl(
             cfg.horizon,
             cfg.gamma,
             job.seed + 1000 * run.iteration,
-            slot + 1000 * next(generation),
+            slot,
             threads,
         )
-        # the learner's current weights, before its first rollout (an actor runs calls in order)
-        worker.set_weights.remote(learner.weights.remote(), run.iteration)
-        return worker
-
-    def sync() -> float:
-        tick = time.perf_counter()
-        weights = learner.weights.remote()  # stays in the object store; workers read it there
-        ray.get([w.set_weights.remote(weights, run.iteration) for w in run.workers])
-        return time.perf_counter() - tick
-
-    def launch() -> list[Any]:
-        return run.pool.call_each(lambda w: w.rollout.remote(settings.steps_per_env))
 
     def learner_call(ref: Any) -> Any:
+        """``ray.get`` of a learner call; a learner that died raises :class:`_LearnerRestarted`
+        once Ray has restarted it, or :class:`WorkersDiedError` when Ray gave up on it."""
         try:
             return ray.get(ref)
         except RayActorError as err:
-            raise LearnerLost(
-                f"the learner died at iteration {run.iteration}: re-run to resume from its "
-                f"last checkpoint under {out}"
-            ) from err
+            if isinstance(err, RayTaskError) or err.actor_init_failed:
+                raise  # its own code failed: not a death
+            try:  # waits for the restart to finish
+                state = ray.get(learner.state.options(max_task_retries=-1).remote())
+            except RayActorError:
+                deaths = cfg.max_worker_restarts + 1
+                raise WorkersDiedError(
+                    f"the RL learner died {deaths} time{'s' * (deaths > 1)}, the last time at "
+                    f"iteration {run.iteration}: Ray restarts it at most {LIMIT} = "
+                    f"{cfg.max_worker_restarts} times. Raise {LIMIT} to allow more, or find what "
+                    f"kills it (out of memory?); re-running resumes from its last checkpoint "
+                    f"under {out}"
+                ) from err
+            raise _LearnerRestarted(state) from err
 
-    run.pool = WorkerPool(new_worker, cfg.workers, cfg.max_worker_restarts)
+    def fetch_weights() -> Any:
+        """The learner's current trainable weights in the object store. Fetched here once, so
+        that a dead learner is noticed by this loop rather than by the workers reading them."""
+        weights = learner.weights.remote()
+        learner_call(weights)
+        return weights
+
+    def sync() -> float:
+        tick = time.perf_counter()
+        run.weights = fetch_weights()  # stays in the object store; workers read it there
+        loads = run.pool.call_each(lambda w: w.set_weights.remote(run.weights, run.iteration))
+        run.pool.gather(loads, f"its weight sync of iteration {run.iteration}")
+        return time.perf_counter() - tick
+
+    def sync_async() -> float:
+        """Off-policy sync: queue the new weights behind each worker's running rollout (they
+        take effect for its next one) without waiting for it to finish."""
+        tick = time.perf_counter()
+        run.weights = fetch_weights()
+        for worker in run.workers:
+            worker.set_weights.remote(run.weights, run.iteration)
+        return time.perf_counter() - tick
+
+    def launch() -> list[Any]:
+        weights, version = run.weights, run.iteration
+        return run.pool.call_each(
+            lambda w: w.rollout.remote(settings.steps_per_env, weights, version)
+        )
+
+    run.pool = WorkerPool(
+        new_worker, cfg.workers, "RL rollout worker", LIMIT, cfg.max_worker_restarts, on_status
+    )
     start_time = time.perf_counter()
-    env_steps = _last(out, "env_steps")
+    env_steps = _logged(out, "env_steps", run.iteration)
+    pending: list[Any] = []
     try:
-        pending = launch()
-        last_saved = run.iteration
         while run.iteration < cfg.iterations:
-            tick = time.perf_counter()
-            rollouts: list[Rollout] = run.pool.gather(pending)
-            rollout_s = time.perf_counter() - tick
-            tick = time.perf_counter()
-            update = learner.update.remote(rollouts)
-            if off_policy:  # the next round plays while the learner trains on this one
-                pending = launch()
-            metrics = learner_call(update)
-            learn_s = time.perf_counter() - tick
-            run.iteration += 1
-            sync_s = sync() if not off_policy else _sync_async(learner, run)
-            if not off_policy:
-                pending = launch()
-            round_steps = sum(r.env_steps for r in rollouts)
-            env_steps += round_steps
-            wall = rollout_s + learn_s + sync_s
-            success = [s for r in rollouts for s in r.success]
-            record = {
-                "step": run.iteration,
-                "env_steps": env_steps,
-                "episodes": len(success),
-                "success_rate": float(np.mean(success)) if success else float("nan"),
-                "return_mean": float(np.mean([x for r in rollouts for x in r.episode_return]))
-                if success
-                else float("nan"),
-                **metrics,
-                "rollout_s": rollout_s,
-                "learn_s": learn_s,
-                "sync_s": sync_s,
-                "env_steps_per_s": round_steps / wall,
-                "updates_per_s": metrics.get("updates", 0.0) / wall,
-                "simulate_s": max(r.seconds["simulate"] for r in rollouts),
-                "inference_s": max(r.seconds["inference"] for r in rollouts),
-                "sync_bytes": sizes["sync_bytes"],
-                "full_model_bytes": sizes["full_model_bytes"],
-                "replacements": run.replacements,
-                "time": time.time(),
-            }
-            log_metrics(out, record)
-            if on_iteration:
-                on_iteration(run)
-            out_of_time = (
-                cfg.time_budget_s is not None
-                and time.perf_counter() - start_time > cfg.time_budget_s
-            )
-            if run.iteration % cfg.checkpoint_every == 0 or run.iteration == cfg.iterations:
-                learner_call(learner.checkpoint.remote(job.lineage))
-                last_saved = run.iteration
-            if out_of_time:
-                break
-        if last_saved != run.iteration:
-            learner_call(learner.checkpoint.remote(job.lineage))
+            try:
+                if not pending:  # the first round, or the first since the learner restarted
+                    run.weights = fetch_weights()
+                    pending = launch()
+                tick = time.perf_counter()
+                rollouts: list[Rollout] = run.pool.gather(
+                    pending, f"its rollout of iteration {run.iteration + 1}"
+                )
+                pending = []
+                rollout_s = time.perf_counter() - tick
+                tick = time.perf_counter()
+                update = learner.update.remote(rollouts)
+                if off_policy:  # the next round plays while the learner trains on this one
+                    pending = launch()
+                metrics = learner_call(update)
+                learn_s = time.perf_counter() - tick
+                run.iteration += 1
+                sync_s = sync_async() if off_policy else sync()
+                if not off_policy:
+                    pending = launch()
+                round_steps = sum(r.env_steps for r in rollouts)
+                env_steps += round_steps
+                wall = rollout_s + learn_s + sync_s
+                success = [s for r in rollouts for s in r.success]
+                record = {
+                    "step": run.iteration,
+                    "env_steps": env_steps,
+                    "episodes": len(success),
+                    "success_rate": float(np.mean(success)) if success else float("nan"),
+                    "return_mean": float(np.mean([x for r in rollouts for x in r.episode_return]))
+                    if success
+                    else float("nan"),
+                    **metrics,
+                    "rollout_s": rollout_s,
+                    "learn_s": learn_s,
+                    "sync_s": sync_s,
+                    "env_steps_per_s": round_steps / wall,
+                    "updates_per_s": metrics.get("updates", 0.0) / wall,
+                    "simulate_s": max(r.seconds["simulate"] for r in rollouts),
+                    "inference_s": max(r.seconds["inference"] for r in rollouts),
+                    "sync_bytes": sizes["sync_bytes"],
+                    "full_model_bytes": sizes["full_model_bytes"],
+                    "replacements": run.replacements,
+                    "learner_restarts": run.learner_restarts,
+                    "time": time.time(),
+                }
+                log_metrics(out, record)
+                if on_iteration:
+                    on_iteration(run)
+                out_of_time = (
+                    cfg.time_budget_s is not None
+                    and time.perf_counter() - start_time > cfg.time_budget_s
+                )
+                if (
+                    run.iteration % cfg.checkpoint_every == 0
+                    or run.iteration == cfg.iterations
+                    or out_of_time  # stopping early: what was trained is kept
+                ):
+                    learner_call(learner.checkpoint.remote(job.lineage))
+                if out_of_time:
+                    break
+            except _LearnerRestarted as restarted:
+                # The round played for the lost iterations (SAC's next one) is dropped.
+                if pending:
+                    run.pool.gather(pending, "its dropped rollout")
+                pending = []
+                back_to = restarted.state["iteration"]
+                run.learner_restarts += 1
+                if on_status:
+                    since = f"its checkpoint of iteration {back_to}" if back_to else "the start"
+                    again = ""
+                    if run.iteration == back_to + 1:
+                        again = f"; iteration {run.iteration} is done again"
+                    elif run.iteration > back_to:
+                        again = f"; iterations {back_to + 1}-{run.iteration} are done again"
+                    on_status(
+                        f"RL learner (pid {learner_pid}) died after iteration {run.iteration}; "
+                        f"restarted as pid {restarted.state['pid']} from {since}{again}"
+                    )
+                learner_pid = restarted.state["pid"]
+                run.iteration = back_to
+                env_steps = _logged(out, "env_steps", back_to)
     finally:
         run.pool.close()
         ray.kill(learner)
@@ -220,19 +307,10 @@ def train_rl(
     return latest
 
 
-def _sync_async(learner: Any, run: RLRun) -> float:
-    """Off-policy sync: queue the new weights behind each worker's running rollout (they take
-    effect for its next one) without waiting for it to finish."""
-    tick = time.perf_counter()
-    weights = learner.weights.remote()
-    for worker in run.workers:
-        worker.set_weights.remote(weights, run.iteration)
-    return time.perf_counter() - tick
-
-
-def _last(out: Path, key: str) -> int:
-    records = read_metrics(out)
-    return int(records[-1].get(key, 0)) if records else 0
+def _logged(out: Path, key: str, step: int) -> int:
+    """``key`` of the metrics record of iteration ``step`` (0 before the first)."""
+    records = [r for r in read_metrics(out) if r["step"] == step]
+    return int(records[0].get(key, 0)) if records else 0
 
 
 def rolling_success(records: list[dict[str, Any]]) -> list[float]:

@@ -1,9 +1,11 @@
 """Rollout workers for RL fine-tuning: a batched simulator plus a policy copy in inference mode.
 
 Each worker (a Ray actor, see :mod:`stages.finetune.rl`) keeps its environments running across
-rounds. Per control decision it samples an action chunk from the policy's Gaussian, executes
-the first ``horizon`` actions (one by default, as evaluation and the edge runtime do), and
-records what the learner needs. Rewards are computed here from the scene config's reward terms
+rounds. A rollout call carries the synced weights it is to play with, so a worker that Ray
+restarted (from its constructor: the start policy) plays the call it runs again with them. Per
+control decision it samples an action chunk from the policy's Gaussian, executes the first
+``horizon`` actions (one by default, as evaluation and the edge runtime do), and records what
+the learner needs. Rewards are computed here from the scene config's reward terms
 (:meth:`sim_scenes.config.SceneConfig.reward_terms`), not taken from the simulator.
 
 RL works in the policy's *normalised* action units (the Gaussian's own space): log-probabilities,
@@ -27,6 +29,7 @@ from sim_scenes.batched_env import BatchedObservation
 from sim_scenes.config import SceneConfig, SimConfig
 from stages.policy.base import PolicyOutput, VLAPolicy
 from stages.policy.checkpoint import load_policy
+from stages.worker_pool import PoolWorker, Ready
 
 SYNC_EXCLUDE = ("target_head",)
 """Trainable tensors RL neither trains nor sends: the auxiliary head only shapes BC."""
@@ -92,6 +95,8 @@ class Rollout:
     """Which synced weights acted."""
     seconds: dict[str, float] = field(default_factory=dict)
     """``simulate`` and ``inference`` time of the round."""
+    pid: int = 0
+    """The process that played it (a pool notices a restarted worker by it)."""
 
     def observations(self, index: Any) -> dict[str, Any]:
         """Keyword arguments of :meth:`VLAPolicy.forward` for ``obs[index]`` (any numpy index
@@ -127,7 +132,7 @@ def chunk_transition(
     return reward, solved, ended & ~solved
 
 
-class RolloutWorker:
+class RolloutWorker(PoolWorker):
     """Environments of the scene's training variant plus a policy copy (no optimizer)."""
 
     def __init__(
@@ -162,25 +167,32 @@ class RolloutWorker:
         self.horizon, self.gamma = horizon, gamma
         rng = np.random.default_rng([seed, worker_id])
         self.obs = self.env.reset([int(s) for s in rng.integers(0, 2**31 - 1, num_envs)])
-        self.version = 0
+        self.version = -1
+        """Which synced weights it holds; -1: none yet (the start checkpoint's own)."""
 
-    def pid(self) -> int:
-        return os.getpid()
-
-    def set_weights(self, weights: dict[str, np.ndarray], version: int) -> int:
-        """Load synced trainable parameters (any float dtype) in place; returns ``version``."""
+    def set_weights(self, weights: dict[str, np.ndarray], version: int) -> Ready:
+        """Load synced trainable parameters (any float dtype) in place."""
         with torch.no_grad():
             for name, array in weights.items():
                 self.params[name].copy_(torch.from_numpy(array))
         self.version = version
-        return version
+        return Ready(os.getpid())
 
     def weights(self) -> dict[str, np.ndarray]:
         """The trainable parameters as they are now (tests compare them with the learner's)."""
         return {n: p.detach().numpy().copy() for n, p in self.params.items()}
 
-    def rollout(self, steps: int) -> Rollout:
-        """Take ``steps`` decisions in every environment, continuing the running episodes."""
+    def rollout(
+        self, steps: int, weights: dict[str, np.ndarray] | None = None, version: int = 0
+    ) -> Rollout:
+        """Take ``steps`` decisions in every environment, continuing the running episodes.
+
+        With ``weights``: play with these synced weights (``version``), loaded first unless
+        they are the ones held. The driver always passes them: Ray may run the call again on a
+        restarted worker, which holds none, and retried calls may run out of order.
+        """
+        if weights is not None and version != self.version:
+            self.set_weights(weights, version)
         obs_list: list[BatchedObservation] = [self.obs]
         actions, logps, rewards, terminated, truncated = [], [], [], [], []
         success: list[bool] = []
@@ -246,6 +258,7 @@ class RolloutWorker:
             env_steps=steps * self.env.num_envs * self.horizon,
             weights_version=self.version,
             seconds={"simulate": simulate, "inference": inference},
+            pid=os.getpid(),
         )
 
     def close(self) -> None:

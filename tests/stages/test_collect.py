@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -21,11 +22,12 @@ from sim_scenes.batched_env import BatchedObservation, StepResult
 from sim_scenes.episodes import play_episodes
 from sim_scenes.expert import ScriptedExpert
 from sim_scenes.touch import OBJECT_HALF_HEIGHT, SceneError, get_variant, sample_layout
-from stages.collect import collect
+from stages.collect import ShardResult, collect
 from stages.collect.run import plan_shards
 from stages.dataset.layout import DatasetRef, content_hash
 from stages.dataset.reader import open_dataset
 from stages.dataset.writer import DatasetError
+from stages.worker_pool import WorkersDiedError
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = [
@@ -93,6 +95,31 @@ def test_ray_workers_produce_the_same_dataset(tmp_path: Path) -> None:
     local = run_collect(tmp_path / "local")
     distributed = run_collect(tmp_path / "ray", "collect.workers=2")
     assert distributed.content_hash == local.content_hash
+
+
+def test_a_worker_dead_once_too_often_stops_the_collect_and_a_rerun_resumes(
+    tmp_path: Path,
+) -> None:
+    """Ray restarts a worker ``collect.max_worker_restarts`` times; here none: the first death
+    is a named error saying which worker, on which shard, and what raises the limit."""
+    killed: list[int] = []
+
+    def kill_once(result: ShardResult) -> None:
+        if not killed:  # that worker has just been handed its next shard
+            killed.append(result.pid)
+            os.kill(result.pid, signal.SIGKILL)
+
+    cfg = load_config(CONFIG_DIR / "demo.yaml", [*TINY, "collect.workers=2"])
+    no_restarts = cfg.collect.model_copy(update={"max_worker_restarts": 0})
+    with pytest.raises(WorkersDiedError) as raised:
+        out = tmp_path / "ds"
+        collect(cfg.robot, cfg.scene, cfg.sim, no_restarts, cfg.seed, out, on_shard=kill_once)
+    message = str(raised.value)
+    assert re.search(r"collect worker [12] of 2 died 1 time, the last time on shard \d+-", message)
+    assert "collect.max_worker_restarts = 0" in message
+    resumed = run_collect(tmp_path / "ds", "collect.workers=2")
+    assert resumed.episodes == 10
+    assert resumed.content_hash == run_collect(tmp_path / "clean").content_hash
 
 
 def test_appending_keeps_existing_episodes(tmp_path: Path) -> None:

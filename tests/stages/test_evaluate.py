@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from stages.evaluate.report import VariantRow, compare
 from stages.evaluate.shards import run_suite
 from stages.export import export
 from stages.policy.checkpoint import new_policy, save_policy
+from stages.worker_pool import WorkersDiedError
 from tests.stages.tiny_models import TINY_POLICY
 
 CFG = load_config(CONFIG_DIR / "demo.yaml", ["scene.image_size=32"])
@@ -135,7 +137,7 @@ def test_compare_fails_only_a_candidate_worse_at_the_confidence() -> None:
         compare(suite_report(160), other_suite, confidence=0.95)
 
 
-def test_a_killed_worker_is_replaced_and_no_episode_counts_twice(
+def test_a_killed_worker_is_restarted_and_no_episode_counts_twice(
     tiny_checkpoint: Path, tmp_path: Path
 ) -> None:
     config = SMALL.model_copy(update={"workers": 2, "episodes": 9})
@@ -143,18 +145,35 @@ def test_a_killed_worker_is_replaced_and_no_episode_counts_twice(
         tiny_checkpoint, tmp_path / "reference", config.model_copy(update={"workers": 0})
     )
     killed: list[int] = []
+    lines: list[str] = []
 
     def kill_once(outcome: ShardOutcome) -> None:
         if not killed:  # that worker has just been handed its next shard
             killed.append(outcome.pid)
             os.kill(outcome.pid, signal.SIGKILL)
 
-    report = run(tiny_checkpoint, tmp_path / "killed", config, on_shard=kill_once)
-    assert killed and report.replacements >= 1
+    report = run(
+        tiny_checkpoint, tmp_path / "killed", config, on_shard=kill_once, on_status=lines.append
+    )
+    assert killed and report.replacements == 1
     assert report.episodes == 18
     keys = [(o["variant"], o["index"]) for o in report.outcomes]
     assert len(set(keys)) == len(keys)
     assert report.outcomes == reference.outcomes
+    said = rf"^evaluate worker [12] of 2 \(pid {killed[0]}\) died; restarted as pid \d+, which "
+    assert [line for line in lines if re.match(said + r"redid touch-mixed-\w+ episodes", line)]
+
+
+def test_a_worker_dead_once_too_often_stops_the_evaluation(
+    tiny_checkpoint: Path, tmp_path: Path
+) -> None:
+    config = SMALL.model_copy(update={"workers": 2, "max_worker_restarts": 0})
+
+    def kill(outcome: ShardOutcome) -> None:
+        os.kill(outcome.pid, signal.SIGKILL)
+
+    with pytest.raises(WorkersDiedError, match=r"evaluate.max_worker_restarts = 0 times"):
+        run(tiny_checkpoint, tmp_path / "killed", config, on_shard=kill)
 
 
 def test_bad_suites_and_policies_are_refused_before_any_work(

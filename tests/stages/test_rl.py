@@ -1,10 +1,14 @@
 """RL fine-tuning: the known properties of PPO's and SAC's pieces, the learner's updates on real
-rollouts, and the Ray run: weight sync, a dead rollout worker replaced, a dead learner resumed."""
+rollouts, and the Ray run: weight sync, a killed rollout worker restarted, a killed learner
+resumed from its checkpoint, and the named error when Ray may restart no more."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import os
+import re
+import signal
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +19,7 @@ from robots.spec import RobotSpec
 from sim_scenes.config import RewardConfig, SceneConfig, SimConfig
 from stages.finetune.config import PPOConfig, RLConfig, SACConfig
 from stages.finetune.ppo import PPO, clipped_objective, gae
-from stages.finetune.rl import LearnerLost, RLJob, RLRun, train_rl
+from stages.finetune.rl import RLJob, RLRun, train_rl
 from stages.finetune.rollout import Rollout, RolloutWorker, chunk_transition, rl_parameters
 from stages.finetune.sac import (
     SAC,
@@ -32,6 +36,7 @@ from stages.policy.checkpoint import (
     read_policy_meta,
     save_policy,
 )
+from stages.worker_pool import WorkersDiedError
 from tests.stages.tiny_models import TINY_POLICY
 
 SCENE = SceneConfig(image_size=32, reward=RewardConfig(progress_weight=2.0))
@@ -366,27 +371,39 @@ def job(start: str, out: Path, algo: str, **rl: object) -> RLJob:
     )
 
 
-def test_ppo_on_ray_syncs_weights_and_replaces_a_dead_worker(
+def test_ppo_on_ray_syncs_weights_and_restarts_a_killed_worker(
     start: str, tmp_path: Path, ray_local: None
 ) -> None:
     import ray
 
     checks: list[bool] = []
+    lines: list[str] = []
 
     def on_iteration(run: RLRun) -> None:
-        if run.iteration == 1:
-            ray.kill(run.workers[0])  # its next rollout fails: replaced, training goes on
+        if run.iteration == 1:  # its rollout of iteration 2 is under way: played again
+            pid = run.pool.pids[0]
+            assert pid is not None, "seen in the first round"
+            os.kill(pid, signal.SIGKILL)
         if run.iteration == 3:
             learner = ray.get(run.learner.weights.remote())
             for w in run.workers:
                 theirs = ray.get(w.weights.remote())
                 checks.append(all(np.array_equal(learner[n], theirs[n]) for n in learner))
 
-    final = train_rl(job(start, tmp_path, "ppo", sync_dtype="float32"), on_iteration=on_iteration)
+    final = train_rl(
+        job(start, tmp_path, "ppo", sync_dtype="float32"),
+        on_iteration=on_iteration,
+        on_status=lines.append,
+    )
     assert checks == [True, True], "after a sync every worker holds the learner's parameters"
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2, 3, 4]
     assert records[-1]["replacements"] == 1
+    assert len(lines) == 1 and re.match(
+        r"RL rollout worker 1 of 2 \(pid \d+\) died; restarted as pid \d+, which redid its "
+        r"rollout of iteration 2$",
+        lines[0],
+    ), lines
     assert records[0]["sync_bytes"] < records[0]["full_model_bytes"]
     assert final.name == "step-0000004" and (tmp_path / "learning_curves.png").is_file()
     meta = read_policy_meta(final)
@@ -400,24 +417,52 @@ def test_ppo_on_ray_syncs_weights_and_replaces_a_dead_worker(
     assert changed and all(not n.startswith("target_head") for n in changed)
 
 
-def test_sac_learner_killed_then_rerun_resumes_from_its_checkpoint(
-    start: str, tmp_path: Path, ray_local: None
-) -> None:
+def kill_learner_at(iteration: int) -> Callable[[RLRun], None]:
+    """An ``on_iteration`` that kills the learner's process (``kill -9``) after ``iteration``,
+    once."""
     import ray
 
-    def kill_learner(run: RLRun) -> None:
-        if run.iteration == 3:
-            ray.kill(run.learner)
+    done: list[int] = []
 
-    with pytest.raises(LearnerLost, match="re-run to resume"):
-        train_rl(job(start, tmp_path, "sac"), on_iteration=kill_learner)
+    def kill(run: RLRun) -> None:
+        if run.iteration == iteration and not done:
+            done.append(ray.get(run.learner.state.remote())["pid"])
+            os.kill(done[0], signal.SIGKILL)
+
+    return kill
+
+
+def test_sac_learner_killed_is_restarted_from_its_checkpoint(
+    start: str, tmp_path: Path, ray_local: None
+) -> None:
+    lines: list[str] = []
+    final = train_rl(
+        job(start, tmp_path, "sac"), on_iteration=kill_learner_at(3), on_status=lines.append
+    )
+    steps = [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 3, 4], "iteration 3 was done again from the checkpoint of 2"
+    assert final.name == "step-0000004"
+    state = json.loads((final / "training" / "state.json").read_text())
+    assert state["step"] == 4 and state["algo"]["updates"] > 0
+    assert len(lines) == 1 and re.match(
+        r"RL learner \(pid \d+\) died after iteration 3; restarted as pid \d+ from its "
+        r"checkpoint of iteration 2; iteration 3 is done again$",
+        lines[0],
+    ), lines
+
+
+def test_a_learner_dead_once_too_often_is_named_and_a_rerun_resumes(
+    start: str, tmp_path: Path, ray_local: None
+) -> None:
+    with pytest.raises(WorkersDiedError, match=r"finetune.rl.max_worker_restarts = 0 times"):
+        train_rl(
+            job(start, tmp_path, "sac", max_worker_restarts=0), on_iteration=kill_learner_at(3)
+        )
     assert (tmp_path / "step-0000002").is_dir() and not (tmp_path / "step-0000004").exists()
     final = train_rl(job(start, tmp_path, "sac"))
     steps = [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3, 3, 4], "the re-run continued after iteration 2, not from scratch"
     assert final.name == "step-0000004"
-    state = json.loads((final / "training" / "state.json").read_text())
-    assert state["step"] == 4 and state["algo"]["updates"] > 0
 
 
 def test_asking_for_more_cpus_than_the_cluster_has_is_named(

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from robo_pipe.integrity import IntegrityError
 from robo_pipe.locks import StatusFn, output_lock
 from robots.spec import get_robot
 from sim_scenes.backends import make_env
@@ -40,7 +41,6 @@ from stages.dataset.layout import (
     PROVENANCE_PATH,
     STAGING_DIR,
     DatasetRef,
-    content_hash,
 )
 from stages.dataset.reader import open_dataset
 from stages.dataset.writer import (
@@ -290,10 +290,19 @@ def collect(
         committed = committed_shards(out)
         shards, todo = plan_shards(config.episodes, config.episodes_per_shard, set(committed))
         if not todo and _finalized_from(out, [committed[s].name for s in shards]):
-            # Finalizing again would rewrite files another run may be reading right now.
-            if on_status:
-                on_status(f"reusing the dataset at {out}: all {len(shards)} shards collected")
-            return _dataset_ref(out, robot, scene.variant, config.source)
+            # Finalizing again would rewrite files another run may be reading right now, so a
+            # finished dataset that verifies is returned as it is; one that does not (a flipped
+            # byte, a lost file) is finalized again from its committed shards, which are the
+            # source of truth and carry their own manifests.
+            try:
+                ref = _dataset_ref(out, robot, scene.variant, config.source)
+            except (DatasetError, IntegrityError) as err:
+                if on_status:
+                    on_status(f"the dataset at {out} fails its checks ({err}); rebuilding it")
+            else:
+                if on_status:
+                    on_status(f"reusing the dataset at {out}: all {len(shards)} shards collected")
+                return ref
         if on_status and todo and len(todo) < len(shards):
             on_status(
                 f"{len(shards) - len(todo)} of {len(shards)} shards already committed; "
@@ -348,7 +357,7 @@ def _dataset_ref(out: Path, robot: str, variant: str, source: str) -> DatasetRef
     dataset = open_dataset(out)
     return DatasetRef(
         path=str(out),
-        content_hash=content_hash(out),
+        content_hash=dataset.content_hash(),
         episodes=dataset.num_episodes,
         frames=dataset.num_frames,
         fps=dataset.fps,

@@ -217,6 +217,26 @@ def test_collect_on_a_full_disk_keeps_what_it_had_and_resumes(
     assert (shard.stat().st_ino, (shard / "scene.mp4").stat().st_mtime_ns) == committed
 
 
+def test_collect_rebuilds_a_finished_dataset_that_fails_its_checks(
+    robo_pipe_home: Path, tmp_path: Path
+) -> None:
+    """A finished dataset is reused as it is only if it verifies: one with a flipped byte is
+    finalized again from its committed shards (the source of truth), to the same content."""
+    out = tmp_path / "ds"
+    collect = ["collect", "configs/demo.yaml", *SMALL_COLLECT, "--out", str(out), "--json"]
+    first = cli(*collect, "--episodes", "4", home=robo_pipe_home)
+    assert first.returncode == 0, first.stderr
+    flip_byte(out / "data/chunk-000/file-000.parquet")
+
+    again = cli(*collect, "--episodes", "4", home=robo_pipe_home)
+
+    assert again.returncode == 0, again.stderr
+    assert "fails its checks" in again.stderr and "rebuilding it" in again.stderr
+    hashes = [json.loads(r.stdout.splitlines()[-1])["content_hash"] for r in (first, again)]
+    assert hashes[0] == hashes[1]
+    assert cli("verify", str(out), home=robo_pipe_home).returncode == 0
+
+
 def test_export_on_a_full_disk_keeps_the_previous_export_and_resumes(
     robo_pipe_home: Path, tmp_path: Path, exported: Path
 ) -> None:

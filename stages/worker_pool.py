@@ -13,12 +13,13 @@
 
 A pool notices a restart by the process id: every result a worker returns carries the ``pid``
 of the process that made it, so a result from a new pid means the old process died after that
-worker's previous result, and this call ran (again) on its successor. A call's work is
-only counted once because its result only exists once: a dead process's partial work never
-reached the caller (collect commits a shard atomically; evaluation returns its episodes).
+worker's previous result, and this call ran (again) on its successor. A call's work counts
+once because its result exists once: a dead process's partial work never reached the caller
+(collect commits a shard atomically; evaluation returns its episodes).
 
-``ray.util.ActorPool`` is not used: it re-raises a dead actor's error without saying which
-actor it was, and has no one-call-per-worker round for RL.
+``ray.util.ActorPool`` is not used: it does not say which actor returned a result (what
+noticing a restart needs) nor which one Ray gave up on, and it has no one-call-per-worker round
+for RL.
 
 Start Ray (:func:`stages.ray_runtime.init_ray`) before making a pool.
 """
@@ -45,7 +46,6 @@ class FromProcess(Protocol):
 
 
 T = TypeVar("T")
-R = TypeVar("R", bound=FromProcess)
 
 
 @dataclass(frozen=True)

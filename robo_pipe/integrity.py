@@ -25,12 +25,12 @@ import hashlib
 import json
 import os
 import shutil
-import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from robo_pipe.atomic import temporary_path
 from robo_pipe.errors import OutOfSpaceError, RoboPipeError, out_of_space_errno
 
 CHECKSUMS_FILE = "checksums.json"
@@ -94,7 +94,7 @@ def write_checksums(
         "format": FORMAT,
         "files": {rel: {"size": s.size, "sha256": s.sha256} for rel, s in sorted(sums.items())},
     }
-    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
+    tmp = temporary_path(path)
     try:
         tmp.write_text(json.dumps(data, indent=1) + "\n")
         os.replace(tmp, path)

@@ -9,9 +9,10 @@
 
 The bundle's layout and its I/O spec are owned by :mod:`deploy_edge.bundle`; this stage fills
 them in. The checkpoint is verified against its checksums before anything is built, and the
-bundle is written beside ``out`` and renamed into place: a corrupt checkpoint, a failed parity
-check or a full disk leave ``out`` as it was. An ``out`` that already holds a verified export of
-this very checkpoint (same hash, rate and parity inputs) is returned as it is.
+bundle is written beside ``out``, synced and swapped in (:func:`~robo_pipe.atomic.replace_dir`):
+a corrupt checkpoint, a failed parity check, a full disk or a kill leave ``out`` as it was. An
+``out`` that already holds a verified export of this very checkpoint (same hash, rate and parity
+inputs) is returned as it is.
 
 The graph comes from the policy's ``as_onnx()`` wrapper through the dynamo exporter (opset 18+)
 with a dynamic batch axis. Parity against torch is measured on random inputs and reported.
@@ -21,8 +22,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import shutil
 import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -50,6 +49,7 @@ from deploy_edge.bundle import (
     write_bundle_checksums,
     write_io_spec,
 )
+from robo_pipe.atomic import discard_dead_temporaries, replace_dir, temporary_path
 from robo_pipe.errors import RoboPipeError
 from robo_pipe.integrity import FileSum, IntegrityError, file_sums, writing
 from robo_pipe.records import Record
@@ -122,8 +122,8 @@ def export(
 
     policy = load_policy(checkpoint, verified).eval()
     wrapper = policy.as_onnx().eval()
-    staging = out.with_name(f".{out.name}.partial")
-    shutil.rmtree(staging, ignore_errors=True)
+    discard_dead_temporaries(out.parent, of=out.name)  # killed exports' (never a live one's)
+    staging = temporary_path(out)
     with writing(out, staging, kept=f"{out} is as it was"):
         staging.mkdir(parents=True)
         batch = torch.export.Dim("batch", min=1, max=1024)
@@ -196,13 +196,8 @@ def export(
         # The statistics the graph normalises with (already inside it): for inspection on the edge.
         (staging / NORMALIZATION_FILE).write_text(json.dumps(asdict(policy.normalizer), indent=1))
         sums = write_bundle_checksums(staging)
-    if out.exists():  # the old export goes only once the new one is complete beside it
-        old = out.with_name(f".{out.name}.old-{os.getpid()}")
-        out.rename(old)
-        staging.rename(out)
-        shutil.rmtree(old)
-    else:
-        staging.rename(out)
+        # Synced and swapped in: the old export stays whole at ``out`` until the new one is.
+        replace_dir(staging, out)
     return _export_ref(out, spec, sums)
 
 

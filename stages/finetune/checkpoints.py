@@ -8,8 +8,10 @@
     <out>/metrics.jsonl           one JSON record per logged step
 
 BC (:mod:`stages.finetune.bc`) and the RL learner (:mod:`stages.finetune.learner`) both write
-here. A checkpoint is written into a staging directory and renamed into place, so
-:func:`latest_checkpoint` only ever sees complete ones; the newest ``KEEP_CHECKPOINTS`` stay.
+here. A checkpoint is written into a staging directory (a temporary naming its writer's pid),
+synced and renamed into place (:func:`~robo_pipe.atomic.replace_dir`), so
+:func:`latest_checkpoint` only ever sees complete ones, even after a power cut; the newest
+``KEEP_CHECKPOINTS`` stay.
 A full disk while writing one raises :class:`~robo_pipe.errors.OutOfSpaceError` and leaves the
 earlier ones as they were, so a re-run resumes from the latest. Both the policy and the training
 state are verified against their checksums when read. torch loads only when a checkpoint is
@@ -19,10 +21,15 @@ written or read: reading metrics stays cheap.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from robo_pipe.atomic import (
+    discard_dead_temporaries,
+    remove_dir,
+    replace_dir,
+    temporary_path,
+)
 from robo_pipe.integrity import file_sums, verify_checksums, write_checksums, writing
 
 if TYPE_CHECKING:
@@ -68,9 +75,9 @@ def commit_checkpoint(
 
     from stages.policy.checkpoint import save_policy
 
-    staging = out / f".step-{step:07d}.partial"
     final = step_dir(out, step)
-    shutil.rmtree(staging, ignore_errors=True)
+    discard_dead_temporaries(out)  # killed commits' staging directories (never a live one's)
+    staging = temporary_path(final)
     with writing(final, staging, kept="the earlier step checkpoints are kept"):
         save_policy(policy, staging, base, lineage)
         training = staging / TRAINING_DIR
@@ -78,10 +85,9 @@ def commit_checkpoint(
         save_file({"rng/torch": torch.get_rng_state(), **tensors}, str(training / tensors_file))
         (training / STATE_FILE).write_text(json.dumps({"step": step, **state}))
         write_checksums(training, file_sums(training, sorted(training.iterdir())))
-    shutil.rmtree(final, ignore_errors=True)
-    staging.rename(final)
+        replace_dir(staging, final)
     for old in sorted(out.glob("step-*"))[:-KEEP_CHECKPOINTS]:
-        shutil.rmtree(old, ignore_errors=True)
+        remove_dir(old)  # renamed away first: never half a step checkpoint under its name
     return final
 
 

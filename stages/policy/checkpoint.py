@@ -21,8 +21,6 @@ and mis-shaped tensors, naming them.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +30,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from robo_pipe.atomic import discard_dead_temporaries, replace_dir, temporary_path
 from robo_pipe.errors import RoboPipeError
 from robo_pipe.integrity import (
     CHECKSUMS_FILE,
@@ -185,8 +184,9 @@ def save_policy(
     base: BaseRef | None,
     lineage: dict[str, Any] | None = None,
 ) -> str:
-    """Write ``policy`` as a checkpoint at ``directory`` (atomically: a crash leaves either the
-    previous checkpoint or the new one, never half of one), with its ``checksums.json``.
+    """Write ``policy`` as a checkpoint at ``directory`` (atomically: a kill or a power cut at
+    any moment leaves either the previous checkpoint or the new one there, never half of one,
+    nor none: :func:`~robo_pipe.atomic.replace_dir`), with its ``checksums.json``.
     Returns its :func:`checkpoint_hash`. A full disk raises
     :class:`~robo_pipe.errors.OutOfSpaceError`; the previous checkpoint stays as it was.
     """
@@ -206,8 +206,10 @@ def save_policy(
         "tensors": {n: list(t.shape) for n, t in tensors.items()},
         "lineage": lineage or {},
     }
-    tmp = directory.with_name(f".{directory.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
+    # Written complete beside the old checkpoint, synced, then swapped in: at every moment the
+    # path holds a whole checkpoint. Leftovers of killed saves go first (never a live one's).
+    discard_dead_temporaries(directory.parent, of=directory.name)
+    tmp = temporary_path(directory)
     with writing(directory, tmp):
         tmp.mkdir(parents=True)
         save_file(tensors, str(tmp / WEIGHTS_FILE))
@@ -215,13 +217,7 @@ def save_policy(
         (tmp / POLICY_FILE).write_text(json.dumps(meta, indent=1))
         sums = file_sums(tmp, policy_files(tmp))
         write_checksums(tmp, sums)
-    if directory.exists():
-        old = directory.with_name(f".{directory.name}.old-{os.getpid()}")
-        directory.rename(old)
-        tmp.rename(directory)
-        shutil.rmtree(old)
-    else:
-        tmp.rename(directory)
+        replace_dir(tmp, directory)
     return checkpoint_hash(directory, sums)
 
 

@@ -1,21 +1,24 @@
 """Writing LeRobot v3 datasets: atomic shards in staging, then a deterministic finalize.
 
 A *shard* is a block of consecutive episode seeds collected by one worker. It is written into a
-temporary directory under ``<root>/.staging`` and committed by renaming that directory (atomic
-on POSIX), with ``shard.json`` -- its manifest, holding the sha256 of every file -- written
-last. A shard is therefore either wholly there or not at all: killing collection at any moment
-loses at most the shards in flight, and a re-run redoes exactly those.
+temporary directory under ``<root>/.staging`` (named after its writer's pid and host), fsynced
+and committed by renaming that directory (atomic on POSIX), with ``shard.json`` -- its
+manifest, holding the sha256 of every file -- written last. A shard is therefore either wholly
+there or not at all: killing collection at any moment loses at most the shards in flight, and a
+re-run redoes exactly those. Clean-up removes only the temporaries of dead writers.
 
 :func:`finalize` builds the v3 layout from the committed shards, in seed order, each shard
 becoming one data file, one video file per camera and one episodes file. It is a pure function
 of the shards, so an interrupted-and-resumed collection ends byte-identical to an uninterrupted
-one. ``meta/info.json`` is removed first and written last, just after ``meta/checksums.json``
-(the size and sha256 of every file, which the reader verifies): a dataset whose finalize was
-interrupted has no ``info.json`` and is refused by the reader until a re-run completes it.
+one. The new dataset is built whole beside ``root`` (``meta/checksums.json``, the size and sha256
+of every file, then ``meta/info.json`` last), with ``.staging`` mirrored into it by hard links,
+then fsynced and swapped in (:func:`~robo_pipe.atomic.replace_dir`): a re-finalize (more
+episodes appended) killed at any moment leaves the previous complete dataset loadable, and the
+committed shards are kept either way.
 
 A full disk (or file size limit) while writing a shard or finalizing raises
-:class:`~robo_pipe.errors.OutOfSpaceError`: the half-written shard or file is removed, the
-committed shards stay, and a re-run resumes from them.
+:class:`~robo_pipe.errors.OutOfSpaceError`: the half-written shard or dataset is removed, the
+committed shards and the previous dataset stay, and a re-run resumes from them.
 """
 
 from __future__ import annotations
@@ -24,7 +27,6 @@ import json
 import os
 import shutil
 import time
-import uuid
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -35,6 +37,13 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from robo_pipe.atomic import (
+    discard_dead_temporaries,
+    fsync_dir,
+    fsync_tree,
+    replace_dir,
+    temporary_path,
+)
 from robo_pipe.errors import RoboPipeError
 from robo_pipe.integrity import FileSum, file_sha256, file_sums, write_checksums, writing
 from stages.dataset.layout import (
@@ -64,8 +73,7 @@ FRAMES_FILE = "frames.parquet"
 SHARD_KEPT = "the shards committed before it are kept"
 """What a full disk while writing a shard leaves (:class:`~robo_pipe.errors.OutOfSpaceError`)."""
 FINALIZE_KEPT = (
-    "the committed shards are kept; the dataset has no meta/info.json, so nothing takes it for "
-    "a finished one, until a re-run finalizes it from them"
+    "the committed shards and the previous dataset (if any) are kept; a re-run finalizes from them"
 )
 """What a full disk while finalizing leaves."""
 
@@ -146,7 +154,7 @@ def write_shard(
 ) -> ShardManifest:
     """Write and atomically commit one shard; return its manifest."""
     final = staging / shard_name(start, end)
-    tmp = staging / f"{final.name}.tmp-{uuid.uuid4().hex[:8]}"
+    tmp = temporary_path(final)
     kept = [ep for ep in episodes if keep_failed or ep.solved]
     timings = dict(timings or {})
     cameras = sorted(episodes[0].images) if episodes else []
@@ -207,11 +215,14 @@ def write_shard(
         )
         timings["write"] = timings.get("write", 0.0) + time.perf_counter() - t0  # manifest's dict
         manifest_text = json.dumps(asdict(manifest), indent=1)
-        _atomic_write_text(tmp / SHARD_MANIFEST, manifest_text, SHARD_KEPT)
+        _write_text(tmp / SHARD_MANIFEST, manifest_text, SHARD_KEPT)
+    fsync_tree(tmp)  # durable before it is committed: no renamed shard with empty files
     try:
         os.rename(tmp, final)  # the commit
     except OSError:  # another worker committed the same shard first: keep theirs
         shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        fsync_dir(staging)
     return manifest
 
 
@@ -232,21 +243,18 @@ def table_to_numpy(table: pa.Table) -> dict[str, np.ndarray]:
     return out
 
 
-def _tmp_beside(path: Path) -> Path:
-    """A temporary name beside ``path`` (hidden, unique) to write it under before renaming."""
-    return path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
-
-
-def _atomic_write_text(path: Path, text: str, kept: str = FINALIZE_KEPT) -> None:
-    tmp = _tmp_beside(path)
+def _write_text(path: Path, text: str, kept: str = FINALIZE_KEPT) -> None:
+    """Write ``path`` whole or not at all (a full disk is named with this file)."""
+    tmp = temporary_path(path)
     with writing(path, tmp, kept=kept):
         tmp.write_text(text)
         os.replace(tmp, path)
 
 
-def _atomic_write_parquet(path: Path, table: pa.Table) -> None:
+def _write_parquet(path: Path, table: pa.Table) -> None:
+    """Write ``path`` whole or not at all (a full disk is named with this file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _tmp_beside(path)
+    tmp = temporary_path(path)
     with writing(path, tmp, kept=FINALIZE_KEPT):
         pq.write_table(table, tmp)
         os.replace(tmp, path)
@@ -282,15 +290,11 @@ def committed_shards(root: Path) -> dict[tuple[int, int], Path]:
 
 
 def discard_uncommitted(root: Path) -> int:
-    """Delete half-written shard directories left by a killed run; return how many."""
-    staging = root / STAGING_DIR
-    removed = 0
-    if staging.is_dir():
-        for path in staging.iterdir():
-            if ".tmp-" in path.name:
-                shutil.rmtree(path, ignore_errors=True)
-                removed += 1
-    return removed
+    """Delete the half-written shards and datasets that killed runs left (in ``.staging`` and
+    beside ``root``); return how many. Only a dead writer's: a temporary whose name says its
+    pid is alive (or is another host's) is left alone, whoever calls this."""
+    dead = discard_dead_temporaries(root / STAGING_DIR)
+    return len(dead) + len(discard_dead_temporaries(root.parent, of=root.name))
 
 
 @dataclass(frozen=True)
@@ -380,15 +384,42 @@ def finalize(
     schema: DatasetSchema,
     provenance: dict[str, Any],
 ) -> dict[str, Any]:
-    """Build the v3 layout in ``root`` from ``shards`` (in seed order); return ``info``.
+    """Build the v3 layout of ``root`` from ``shards`` (in seed order); return ``info``.
 
-    Every shard is verified against its manifest before anything in ``root`` changes, so a
-    corrupt shard leaves an existing dataset untouched. ``meta/checksums.json`` lists every file
-    written, then ``meta/info.json`` is written last. A full disk raises
-    :class:`~robo_pipe.errors.OutOfSpaceError` and leaves no ``info.json``.
+    Every shard is verified against its manifest first, so a corrupt shard leaves an existing
+    dataset untouched. The new dataset is built whole beside ``root`` (``meta/checksums.json``
+    listing every file, then ``meta/info.json``), ``root``'s ``.staging`` mirrored into it by
+    hard links (the committed shards survive the swap; no other process writes there while the
+    caller holds the dataset's output lock), then fsynced and swapped in: at every moment
+    ``root`` holds the previous complete dataset or the new one. A full disk raises
+    :class:`~robo_pipe.errors.OutOfSpaceError` and leaves ``root`` as it was.
     """
     manifests = [read_shard(shard) for shard in shards]
-    (root / INFO_PATH).unlink(missing_ok=True)  # the dataset is incomplete until info.json is back
+    if not any(manifest.kept for manifest in manifests):
+        attempted = sum(len(manifest.episodes) for manifest in manifests)
+        raise DatasetError(
+            f"{root}: no episodes to write ({attempted} attempted, none kept); "
+            "keep failed episodes with collect.keep_failed=true"
+        )
+    discard_dead_temporaries(root.parent, of=root.name)  # killed finalizes' (never a live one's)
+    tree = temporary_path(root)
+    with writing(root, tree, kept=FINALIZE_KEPT):
+        tree.mkdir()
+        info = _build(tree, shards, manifests, schema, provenance)
+        _mirror_staging(root / STAGING_DIR, tree / STAGING_DIR)
+        replace_dir(tree, root)
+    return info
+
+
+def _build(
+    tree: Path,
+    shards: Sequence[Path],
+    manifests: Sequence[ShardManifest],
+    schema: DatasetSchema,
+    provenance: dict[str, Any],
+) -> dict[str, Any]:
+    """Write the v3 files of a dataset of ``shards`` (verified: ``manifests``) into the empty
+    directory ``tree``; return ``info``."""
     video_sums: dict[str, FileSum] = {}  # the shards' own digests: videos are not hashed again
     tasks: dict[str, int] = {}
     episode_rows: list[dict[str, Any]] = []
@@ -399,7 +430,6 @@ def finalize(
     attempted = solved = 0
     seeds: list[int] = []
     n_episodes = n_frames = file_number = 0
-    written: set[str] = set()
 
     for shard, manifest in zip(shards, manifests, strict=True):
         attempted += len(manifest.episodes)
@@ -438,19 +468,17 @@ def finalize(
         }
         data = pa.table(columns)
         where = chunk_file(file_number)
-        data_path = root / DATA_PATH.format(**where)
-        _atomic_write_parquet(data_path, data)
-        written.add(data_path.relative_to(root).as_posix())
+        data_path = tree / DATA_PATH.format(**where)
+        _write_parquet(data_path, data)
         for key, values in table_to_numpy(data).items():
             numeric.setdefault(key, []).append(
                 np.asarray(values, dtype=np.float64).reshape(len(values), -1)
             )
 
         for cam in schema.cameras:
-            video_path = root / VIDEO_PATH.format(video_key=camera_key(cam), **where)
+            video_path = tree / VIDEO_PATH.format(video_key=camera_key(cam), **where)
             _link_into_place(shard / f"{cam}.mp4", video_path)
-            rel = video_path.relative_to(root).as_posix()
-            written.add(rel)
+            rel = video_path.relative_to(tree).as_posix()
             video_sums[rel] = FileSum(video_path.stat().st_size, manifest.files[f"{cam}.mp4"])
             histograms[cam] += np.asarray(manifest.image_histograms[cam], dtype=np.int64)
 
@@ -475,34 +503,26 @@ def finalize(
             row["meta/episodes/file_index"] = where["file_index"]
             episode_rows.append(row)
             start_frame += e["length"]
-        episodes_path = root / EPISODES_PATH.format(**where)
-        _atomic_write_parquet(
+        episodes_path = tree / EPISODES_PATH.format(**where)
+        _write_parquet(
             episodes_path, pa.Table.from_pylist(episode_rows[n_episodes : n_episodes + len(kept)])
         )
-        written.add(episodes_path.relative_to(root).as_posix())
         n_episodes += len(kept)
         n_frames += frames.num_rows
         file_number += 1
 
-    if n_episodes == 0:
-        raise DatasetError(
-            f"{root}: no episodes to write ({attempted} attempted, {solved} solved); "
-            "keep failed episodes with collect.keep_failed=true"
-        )
-    _remove_stale_files(root, written)
-
     task_frame = pd.DataFrame(
         {"task_index": list(tasks.values())}, index=pd.Index(list(tasks), name="task")
     )
-    tmp_tasks = _tmp_beside(root / TASKS_PATH)
-    with writing(root / TASKS_PATH, tmp_tasks, kept=FINALIZE_KEPT):
+    tmp_tasks = temporary_path(tree / TASKS_PATH)
+    with writing(tree / TASKS_PATH, tmp_tasks, kept=FINALIZE_KEPT):
         task_frame.to_parquet(tmp_tasks)
-        os.replace(tmp_tasks, root / TASKS_PATH)
+        os.replace(tmp_tasks, tree / TASKS_PATH)
 
     stats = {key: numeric_stats(np.concatenate(parts)) for key, parts in numeric.items()}
     for cam, hist in histograms.items():
         stats[camera_key(cam)] = image_stats(hist, schema.image_size**2)
-    _atomic_write_text(root / STATS_PATH, json.dumps(stats, indent=1))
+    _write_text(tree / STATS_PATH, json.dumps(stats, indent=1))
 
     full_provenance = {
         **provenance,
@@ -511,7 +531,7 @@ def finalize(
         "source_success_rate": solved / attempted if attempted else 0.0,
         "episode_seeds": seeds,
     }
-    _atomic_write_text(root / PROVENANCE_PATH, json.dumps(full_provenance, indent=1))
+    _write_text(tree / PROVENANCE_PATH, json.dumps(full_provenance, indent=1))
     info = {
         "codebase_version": CODEBASE_VERSION,
         "fps": schema.fps,
@@ -528,40 +548,49 @@ def finalize(
         "splits": {"train": f"0:{n_episodes}"},
     }
     # The checksums cover info.json too, so it is written beside first and renamed in last.
-    info_path, tmp_info = root / INFO_PATH, _tmp_beside(root / INFO_PATH)
+    info_path, tmp_info = tree / INFO_PATH, temporary_path(tree / INFO_PATH)
     with writing(info_path, tmp_info, kept=FINALIZE_KEPT):
         tmp_info.write_text(json.dumps(info, indent=4))
         others = [
             p
-            for p in dataset_files(root)
-            if p != tmp_info and p.relative_to(root).as_posix() not in video_sums
+            for p in dataset_files(tree)
+            if p != tmp_info and p.relative_to(tree).as_posix() not in video_sums
         ]
-        sums = {**video_sums, **file_sums(root, others)}
+        sums = {**video_sums, **file_sums(tree, others)}
         sums[INFO_PATH] = FileSum(tmp_info.stat().st_size, file_sha256(tmp_info))
-        write_checksums(root, sums, CHECKSUMS_PATH)
+        write_checksums(tree, sums, CHECKSUMS_PATH)
         os.replace(tmp_info, info_path)
     return info
 
 
+def _mirror_staging(staging: Path, copy: Path) -> None:
+    """Recreate ``staging`` at ``copy``: its directories, and its files as hard links (copies
+    across filesystems), all but the temporaries being written (a shard is immutable once
+    committed, so a link is as good as the file)."""
+    if not staging.is_dir():
+        return
+    for folder, dirs, files in os.walk(staging):
+        dirs[:] = [d for d in dirs if ".tmp-" not in d]
+        here = copy / Path(folder).relative_to(staging)
+        here.mkdir(parents=True, exist_ok=True)
+        for name in files:
+            if ".tmp-" not in name:
+                _link(Path(folder, name), here / name)
+
+
 def _link_into_place(source: Path, target: Path) -> None:
-    """Hard-link (or copy, across filesystems) ``source`` to ``target`` atomically."""
+    """Hard-link (or copy, across filesystems) ``source`` to ``target`` in the new tree."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _tmp_beside(target)
-    with writing(target, tmp, kept=FINALIZE_KEPT):
-        try:
-            os.link(source, tmp)
-        except OSError:
-            shutil.copyfile(source, tmp)
-        os.replace(tmp, target)
+    with writing(target, target, kept=FINALIZE_KEPT):  # a full disk is named with this file
+        _link(source, target)
 
 
-def _remove_stale_files(root: Path, written: set[str]) -> None:
-    for top in ("data", "videos", "meta/episodes"):
-        for path in (root / top).rglob("*"):
-            if path.is_file() and path.relative_to(root).as_posix() not in written:
-                path.unlink()
-    for path in (root / "meta").glob(".*.tmp-*"):  # left by a run killed while writing one
-        path.unlink()
+def _link(source: Path, target: Path) -> None:
+    """Hard-link ``source`` to ``target``, or copy it where a link is impossible."""
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copyfile(source, target)
 
 
 def numeric_stats(values: np.ndarray) -> dict[str, list[float] | list[int]]:

@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -168,15 +169,22 @@ def test_a_removal_never_leaves_half_an_output_under_its_name(tmp_path: Path) ->
     assert not target.exists() and not os.listdir(tmp_path)
 
 
-@pytest.fixture()
-def live_pid() -> Iterator[int]:
-    """A process of this host that stays alive during the test."""
+@contextmanager
+def live_process() -> Iterator[int]:
+    """The pid of a process of this host that stays alive inside the block."""
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         yield child.pid
     finally:
         child.kill()
         child.wait()
+
+
+@pytest.fixture()
+def live_pid() -> Iterator[int]:
+    """A process of this host that stays alive during the test."""
+    with live_process() as pid:
+        yield pid
 
 
 def dead_pid() -> int:
@@ -186,9 +194,7 @@ def dead_pid() -> int:
     return child.pid
 
 
-def test_clean_up_removes_only_temporaries_of_dead_processes(
-    tmp_path: Path, live_pid: int
-) -> None:
+def test_clean_up_removes_only_temporaries_of_dead_processes(tmp_path: Path, live_pid: int) -> None:
     host, other = socket.gethostname(), "another-host.example"
     dead = dead_pid()
     names = {

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import errno
 import json
+import os
+import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -34,6 +36,7 @@ from stages.dataset.writer import (
     video_spans,
     write_shard,
 )
+from tests.robo_pipe.test_atomic import dead_pid, kill_at_every_step, live_process
 
 SCHEMA = DatasetSchema(
     robot="rp5",
@@ -245,7 +248,7 @@ def _fail_after_writing(real: Callable[..., Any], code: int) -> Callable[..., An
     return fail
 
 
-def test_a_full_disk_while_finalizing_leaves_no_dataset_that_claims_to_be_complete(
+def test_a_full_disk_while_finalizing_keeps_the_previous_dataset(
     synthetic: tuple[Path, list[EpisodeBuffer]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     root, _ = synthetic
@@ -255,10 +258,8 @@ def test_a_full_disk_while_finalizing_leaves_no_dataset_that_claims_to_be_comple
     with pytest.raises(OutOfSpaceError, match=r"file-000\.parquet: the disk is full") as err:
         finalize(root, [shards[(0, 3)], shards[(3, 6)]], SCHEMA, {"note": "test"})
     assert err.value.errno == errno.ENOSPC and "re-run the same command" in str(err.value)
-    assert not [p for p in root.rglob("*") if ".tmp-" in p.name], "no partial file is left"
-    assert not (root / INFO_PATH).exists()
-    with pytest.raises(DatasetError, match="interrupted collection"):
-        open_dataset(root)
+    assert not [p for p in root.parent.rglob("*") if ".tmp-" in p.name], "no partial file left"
+    assert content_hash(open_dataset(root).root) == before, "the previous dataset, whole"
     monkeypatch.undo()  # space freed: the re-run finalizes from the same committed shards
     finalize(root, [shards[(0, 3)], shards[(3, 6)]], SCHEMA, {"note": "test"})
     assert content_hash(root) == before and open_dataset(root).num_episodes == 5
@@ -327,3 +328,43 @@ def test_video_codec_round_trip_is_exact_enough(tmp_path: Path) -> None:
     decoded = decode_video(tmp_path / "a.mp4")
     assert decoded.shape == frames.shape
     assert np.abs(decoded.astype(int) - frames).max() <= 3
+
+
+def test_a_finalize_killed_at_any_step_leaves_a_complete_dataset_and_the_shards(
+    synthetic: tuple[Path, list[EpisodeBuffer]],
+) -> None:
+    """Appending a shard re-finalizes; a kill before any file operation of it (forked child,
+    SIGKILL) leaves the previous dataset or the new one, complete, and every committed shard."""
+    root, episodes = synthetic
+    more = [synthetic_episode(np.random.default_rng(2), s, 4, True) for s in (6, 7)]
+    write_shard(root / ".staging", 6, 8, more, keep_failed=False, fps=10.0, crf=0)
+    shards = committed_shards(root)
+    staging = sorted(p.relative_to(root).as_posix() for p in (root / ".staging").rglob("*"))
+    seen: set[int] = set()
+
+    def check(step: int) -> None:
+        dataset = open_dataset(root)  # verified against its checksums
+        seen.add(dataset.num_episodes)
+        assert dataset.content_hash() == content_hash(root)
+        now = sorted(p.relative_to(root).as_posix() for p in (root / ".staging").rglob("*"))
+        assert now == staging, f"step {step}: the staging area survives"
+        writer.discard_uncommitted(root)  # the killed child's temporaries
+        assert sorted(os.listdir(root.parent)) == ["ds"], f"step {step}"
+
+    kills = kill_at_every_step(
+        lambda: finalize(root, [shards[k] for k in sorted(shards)], SCHEMA, {}), check
+    )
+    assert kills > 20 and seen == {len(episodes), len(episodes) + 2}
+
+
+def test_clean_up_spares_a_live_writers_shard(synthetic: tuple[Path, list[EpisodeBuffer]]) -> None:
+    root, _ = synthetic
+    staging, host = root / ".staging", socket.gethostname()
+    with live_process() as pid:
+        live = staging / f".shard-00000006-00000008.tmp-{pid}@{host}.0123abcd"
+        dead = staging / f".shard-00000008-00000010.tmp-{dead_pid()}@{host}.0123abcd"
+        for path in (live, dead):
+            path.mkdir()
+            (path / "frames.parquet").write_bytes(b"half")
+        assert writer.discard_uncommitted(root) == 1
+        assert live.is_dir() and not dead.exists()

@@ -90,13 +90,27 @@ def resolve_backbone(backbone: str) -> Path:
 
 
 def backbone_hash(directory: Path) -> str:
-    """sha256 over the backbone's config and weight files (names and bytes)."""
-    digest = hashlib.sha256()
-    for file in sorted(directory.iterdir()):
-        if file.suffix in {".json", ".safetensors"} and file.is_file():
+    """sha256 over the backbone's config and weight files (names and bytes), streamed. A
+    backbone is hashed once per process: again only when a file's size or mtime changed (it is
+    large, and building, loading and keying a fine-tune each ask for its hash)."""
+    files = sorted(
+        f for f in directory.iterdir() if f.suffix in {".json", ".safetensors"} and f.is_file()
+    )
+    stamp = tuple((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files)
+    key = (str(directory.resolve()), stamp)
+    if key not in _BACKBONE_HASHES:
+        digest = hashlib.sha256()
+        for file in files:
             digest.update(file.name.encode())
-            digest.update(file.read_bytes())
-    return digest.hexdigest()
+            with file.open("rb") as stream:
+                for block in iter(lambda: stream.read(1 << 20), b""):
+                    digest.update(block)
+        _BACKBONE_HASHES[key] = digest.hexdigest()
+    return _BACKBONE_HASHES[key]
+
+
+_BACKBONE_HASHES: dict[tuple[str, tuple[tuple[str, int, int], ...]], str] = {}
+""":func:`backbone_hash` by directory and its files' (name, size, mtime)."""
 
 
 def load_backbone(directory: Path) -> Any:

@@ -4,6 +4,10 @@ checksums, verified wherever an export is opened; reuse; a disk that fills up.""
 from __future__ import annotations
 
 import errno
+import os
+import random
+import signal
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,6 +19,7 @@ import torch
 
 from deploy_edge.bundle import copy_bundle, read_io_spec, verify_bundle
 from deploy_edge.exported import ExportedPolicy
+from robo_pipe.atomic import discard_dead_temporaries
 from robo_pipe.errors import OutOfSpaceError
 from robo_pipe.integrity import IntegrityError
 from stages.dataset.layout import DatasetRef
@@ -216,3 +221,36 @@ def test_a_full_disk_while_exporting_leaves_the_previous_export(
     verify_bundle(tmp_path / "export")
     monkeypatch.undo()  # space freed: the same command exports
     assert export(checkpoint, tmp_path / "export").checkpoint_hash != first.checkpoint_hash
+
+
+def test_an_export_killed_at_random_moments_leaves_a_whole_export(
+    checkpoint: Path, tmp_path: Path
+) -> None:
+    """A child exports the other of two checkpoints over ``out``; SIGKILLed after a random
+    delay (seeded) 4 times, ``out`` always verifies as the export of one of them."""
+    other = tmp_path / "other"
+    torch.manual_seed(1)
+    save_policy(new_policy(TINY_POLICY, ["scene"], 32, 6, 6)[0], other, None)
+    out = tmp_path / "export"
+    started = time.perf_counter()
+    sources = {export(source, out).checkpoint_hash: source for source in (checkpoint, other)}
+    seconds = (time.perf_counter() - started) / 2
+    interrupted = 0
+    rng = random.Random(25)
+    for _ in range(4):
+        there = read_io_spec(out).checkpoint_hash
+        (source,) = (path for digest, path in sources.items() if digest != there)
+        pid = os.fork()
+        if pid == 0:
+            try:
+                export(source, out)
+            finally:
+                os._exit(0)
+        time.sleep(rng.uniform(0.2, 1.0) * seconds)
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        assert read_io_spec(out).checkpoint_hash in sources
+        verify_bundle(out)
+        interrupted += bool(discard_dead_temporaries(tmp_path))
+        assert sorted(os.listdir(tmp_path)) == ["ckpt", "export", "other"]
+    assert interrupted >= 2, f"only {interrupted} of 4 kills hit an export under way"

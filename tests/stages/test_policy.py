@@ -4,8 +4,13 @@ load, written whole or not at all), the export wrapper."""
 from __future__ import annotations
 
 import errno
+import itertools
 import json
+import os
+import random
 import shutil
+import signal
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -16,6 +21,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import robo_pipe.integrity
+from robo_pipe.atomic import discard_dead_temporaries
 from robo_pipe.errors import OutOfSpaceError
 from robo_pipe.integrity import IntegrityError, file_sums, write_checksums
 from sim_scenes.batched_env import BatchedObservation
@@ -38,6 +44,7 @@ from stages.policy.checkpoint import (
 )
 from stages.policy.config import LoraSettings, PolicyConfig
 from stages.policy.tokenizer import InstructionTokenizer, task_family_corpus
+from tests.robo_pipe.test_atomic import kill_at_every_step
 from tests.stages.tiny_models import TINY_POLICY, save_tiny_idefics3
 
 SIZE = 32
@@ -392,3 +399,68 @@ def test_hub_vlm_loads_a_local_backbone_with_lora(tmp_path: Path) -> None:
     (backbone / "config.json").write_text(json.dumps(config_json, indent=4))
     with pytest.raises(CheckpointError, match="refusing a different base"):
         load_policy(tmp_path / "ckpt")
+
+
+def test_a_backbone_is_hashed_once_per_process_until_a_file_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import hashlib
+
+    from stages.policy import hub_vla
+
+    backbone = save_tiny_idefics3(tmp_path / "tiny-smolvlm")
+    digests: list[object] = []
+    real = hashlib.sha256
+
+    def counted() -> object:
+        digests.append(real())
+        return digests[-1]
+
+    monkeypatch.setattr(hub_vla.hashlib, "sha256", counted)
+    first = hub_vla.backbone_hash(backbone)
+    assert hub_vla.backbone_hash(backbone) == first and len(digests) == 1
+    config = backbone / "config.json"
+    config.write_text(config.read_text() + " ")  # same content, one more byte
+    assert hub_vla.backbone_hash(backbone) != first and len(digests) == 2
+
+
+def test_a_save_killed_at_any_moment_leaves_a_whole_checkpoint(tmp_path: Path) -> None:
+    """A child saves two different policies in turn to one path, over and over; SIGKILLed after
+    a random delay (seeded), 25 times, then before each file operation of one save, the path
+    always loads, verified, as one of the two."""
+    first, second = tiny(), tiny()
+    with torch.no_grad():
+        next(second.parameters()).add_(1.0)
+    path = tmp_path / "ckpt"
+    hashes = {save_policy(policy, path, None) for policy in (first, second)}
+    assert len(hashes) == 2
+    interrupted: list[bool] = []  # per kill: whether a save was under way (left a temporary)
+
+    def check(step: int) -> None:
+        loaded = load_policy(path)  # verified against its checksums, or it raises
+        assert checkpoint_hash(path) in hashes, f"step {step}"
+        assert any(
+            all(torch.equal(a, b) for a, b in zip(loaded.parameters(), p.parameters(), strict=True))
+            for p in (first, second)
+        )
+        interrupted.append(bool(discard_dead_temporaries(tmp_path)))  # the killed child's
+        assert os.listdir(tmp_path) == ["ckpt"], f"step {step}: {os.listdir(tmp_path)}"
+
+    def save_forever() -> None:
+        for turn in itertools.count():
+            save_policy((first, second)[turn % 2], path, None)
+
+    rng = random.Random(25)
+    for kill in range(25):
+        pid = os.fork()
+        if pid == 0:
+            try:
+                save_forever()
+            finally:
+                os._exit(0)
+        time.sleep(rng.uniform(0.0, 0.1))  # a few saves' worth: any point of one
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        check(kill)
+    assert sum(interrupted) >= 10, f"only {sum(interrupted)} of 25 kills hit a save under way"
+    assert kill_at_every_step(lambda: save_policy(second, path, None), check) >= 10

@@ -185,10 +185,14 @@ class PipelineConfig(BaseModel):
 
     def dataset_name(self) -> str:
         """The collected dataset's folder under ``$ROBO_PIPE_HOME/datasets``:
-        ``<name>-<variant>-<key>``, the key hashing everything that decides its content except
-        the episode count (so a larger ``collect.episodes`` appends to the same dataset)."""
+        ``<slug>-<variant>-<key>``, the key hashing everything that decides its content except
+        the episode count (so a larger ``collect.episodes`` appends to the same dataset) and
+        the workers."""
         what = self.model_dump(include={"robot", "scene", "seed"}, mode="json")
-        what["collect"] = self.collect.model_dump(mode="json", exclude={"episodes"})
+        # Neither how many episodes nor how they are spread over workers (and how often a dead
+        # one is restarted) changes the episodes of a seed.
+        ignored = {"episodes", "workers", "max_worker_restarts"}
+        what["collect"] = self.collect.model_dump(mode="json", exclude=ignored)
         digest = hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:8]
         return f"{self.slug}-{self.scene.variant}-{digest}"
 

@@ -508,6 +508,7 @@ def _evaluate(
         baseline=baseline,
         ray_address=ray_address,
         on_shard=on_shard,
+        on_status=status_lines("evaluate", listener),
     )
 
 

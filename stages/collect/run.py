@@ -340,8 +340,8 @@ def collect(
 def _finalized_from(out: Path, shards: list[str]) -> bool:
     """Whether ``out`` is a finished dataset finalized from exactly ``shards`` (names, in order).
 
-    ``finalize`` removes ``info.json`` first and writes it last, so while it is there the
-    provenance beside it is that of the last complete finalize.
+    ``finalize`` swaps a complete new tree in at once, so the provenance beside ``info.json``
+    is always that of the dataset there.
     """
     if not (out / INFO_PATH).is_file():
         return False

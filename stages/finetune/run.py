@@ -273,7 +273,7 @@ def rl_finetune(
             lineage=lineage,
         )
         with _forwarding_metrics(out, on_metrics):
-            train_rl(job, ray_address)
+            train_rl(job, ray_address, on_status=on_status)
         ref = _record(out, lineage)
         return replace(ref, dataset_hashes=start.dataset_hashes)
 

@@ -161,7 +161,7 @@ def test_verify_and_every_stage_refuse_a_flipped_byte_in_any_artifact(
     out = tmp_path / "from-a-flipped-checkpoint"
     made = cli("export", str(checkpoint), "--out", str(out), home=robo_pipe_home)
     refused(made, f"{flipped['checkpoint']}: sha256 check failed")
-    assert not out.exists() and not list(tmp_path.glob("*.partial")), "nothing written"
+    assert not out.exists() and not list(tmp_path.glob(".*.tmp-*")), "nothing written"
     flip_byte(flipped["checkpoint"])  # as it was; the dataset still has its flipped byte
     with_data = ["export", str(checkpoint), "--out", str(out), "--dataset", str(dataset)]
     refused(cli(*with_data, home=robo_pipe_home), f"{flipped['dataset']}: sha256 check failed")
@@ -202,7 +202,8 @@ def test_collect_on_a_full_disk_keeps_what_it_had_and_resumes(
     first = cli(*collect, "--episodes", "4", home=robo_pipe_home)
     assert first.returncode == 0, first.stderr
     shard = out / ".staging" / "shard-00000000-00000004"
-    committed = shard.stat().st_ino, (shard / "scene.mp4").stat().st_mtime_ns
+    video = shard / "scene.mp4"  # its directory is linked anew by each finalize; its files not
+    committed = video.stat().st_ino, video.stat().st_mtime_ns
 
     full = cli(*collect, "--episodes", "8", home=robo_pipe_home, limit=LIMIT)
     refused(full, "the disk is full", "shard-00000004-00000008", "re-run the same command")
@@ -214,7 +215,7 @@ def test_collect_on_a_full_disk_keeps_what_it_had_and_resumes(
     assert resumed.returncode == 0, resumed.stderr
     assert "1 of 2 shards already committed" in resumed.stderr
     assert json.loads(resumed.stdout.splitlines()[-1])["episodes"] == 8
-    assert (shard.stat().st_ino, (shard / "scene.mp4").stat().st_mtime_ns) == committed
+    assert (video.stat().st_ino, video.stat().st_mtime_ns) == committed, "not collected again"
 
 
 def test_collect_rebuilds_a_finished_dataset_that_fails_its_checks(
@@ -249,7 +250,7 @@ def test_export_on_a_full_disk_keeps_the_previous_export_and_resumes(
     again = ["export", str(checkpoint), "--out", str(out), "--json"]
     full = cli(*again, home=robo_pipe_home, limit=LIMIT)
     refused(full, "the disk is full", f"{out} is as it was", "re-run the same command")
-    assert not list(tmp_path.glob("*.partial")), "no partial export"
+    assert not list(tmp_path.glob(".*.tmp-*")), "no partial export"
     verify_bundle(out)
     assert read_io_spec(out).checkpoint_hash == previous.checkpoint_hash
 

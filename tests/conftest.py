@@ -70,3 +70,20 @@ def tiny_dataset(tmp_path_factory: pytest.TempPathFactory) -> DatasetRef:
     cfg = load_config(CONFIG_DIR / "demo.yaml", overrides)
     out = tmp_path_factory.mktemp("tiny-dataset") / "ds"
     return collect(cfg.robot, cfg.scene, cfg.sim, cfg.collect, cfg.seed, out)
+
+
+@pytest.fixture(scope="session")
+def export_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny exported policy (32 px scene camera, rp5's sizes), made once: its checkpoint is
+    ``export_dir.parent / "ckpt"``. Tests that change either copy it first."""
+    import torch
+
+    from stages.export import export
+    from stages.policy.checkpoint import new_policy, save_policy
+    from tests.stages.tiny_models import TINY_POLICY
+
+    torch.manual_seed(0)
+    policy, _ = new_policy(TINY_POLICY, ["scene"], 32, 6, 6)
+    root = tmp_path_factory.mktemp("export")
+    save_policy(policy, root / "ckpt", None)
+    return Path(export(root / "ckpt", root / "export").path)

@@ -27,23 +27,14 @@ TOKEN = "s3cret-token-for-tests"
 
 
 @pytest.fixture(scope="module")
-def registered(shared_home: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
+def registered(shared_home: Path, export_dir: Path) -> str:
     """A tiny exported policy registered as ``edge-policy`` v1 (and v2, the same export)."""
-    import torch
-
     from pipelines import registry, tracking
     from pipelines.services import configure
-    from stages.export import export
-    from stages.policy.checkpoint import new_policy, save_policy
-    from tests.stages.tiny_models import TINY_POLICY
 
     os.environ["ROBO_PIPE_HOME"] = str(shared_home)
     configure()
-    torch.manual_seed(0)
-    policy, _ = new_policy(TINY_POLICY, ["scene"], 32, 6, 6)
-    root = tmp_path_factory.mktemp("edge-export")
-    save_policy(policy, root / "ckpt", None)
-    bundle = Path(export(root / "ckpt", root / "export").path)
+    bundle = export_dir
     for _ in range(2):  # v2: a newer release of the same bundle
         run = tracking.TrackedRun.start("edge-tests", "register")
         registry.register_export(bundle, MODEL, run, {registry.TAG + "onnx_hash": "x"})

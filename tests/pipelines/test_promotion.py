@@ -38,20 +38,10 @@ def cfg(robo_pipe_home: Path) -> PipelineConfig:
     return load_config(CONFIG_DIR / "demo.yaml", [*SETS, "registry.model_name=cas-policy"])
 
 
-@pytest.fixture(scope="module")
-def bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
+@pytest.fixture
+def bundle(export_dir: Path) -> Path:
     """A tiny exported policy: every version below registers it (they differ by their tags)."""
-    import torch
-
-    from stages.export import export
-    from stages.policy.checkpoint import new_policy, save_policy
-    from tests.stages.tiny_models import TINY_POLICY
-
-    torch.manual_seed(0)
-    policy, _ = new_policy(TINY_POLICY, ["scene"], 32, 6, 6)
-    root = tmp_path_factory.mktemp("cas-export")
-    save_policy(policy, root / "ckpt", None)
-    return Path(export(root / "ckpt", root / "export").path)
+    return export_dir
 
 
 def report(cfg: PipelineConfig, wins: int, folder: Path) -> EvalReport:

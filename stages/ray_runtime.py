@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 
@@ -46,6 +47,9 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
             num_cpus=num_cpus or os.cpu_count(),
             include_dashboard=False,
             log_to_driver=False,
+            # Ray's own notes on starting (its address, that token authentication is on) are
+            # not the user's business on a local instance; its errors still show.
+            logging_level=logging.ERROR,
         )
 
 

@@ -30,7 +30,13 @@ from robo_pipe.atomic import (
     replace_dir,
     temporary_path,
 )
-from robo_pipe.integrity import file_sums, verify_checksums, write_checksums, writing
+from robo_pipe.integrity import (
+    CHECKSUMS_FILE,
+    file_sums,
+    verify_checksums,
+    write_checksums,
+    writing,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -52,8 +58,14 @@ def step_dir(out: Path, step: int) -> Path:
 
 def latest_checkpoint(out: Path) -> Path | None:
     """The newest complete step checkpoint under ``out`` (half-written ones never qualify:
-    :func:`commit_checkpoint` renames a finished directory into place)."""
-    steps = sorted(p for p in out.glob("step-*") if (p / TRAINING_DIR / STATE_FILE).is_file())
+    :func:`commit_checkpoint` renames a finished directory into place). One without checksums
+    was written by a robo-pipe before they existed and cannot be verified: training starts
+    again rather than resume from it (or fail on it)."""
+    steps = sorted(
+        p
+        for p in out.glob("step-*")
+        if (p / TRAINING_DIR / STATE_FILE).is_file() and (p / CHECKSUMS_FILE).is_file()
+    )
     return steps[-1] if steps else None
 
 

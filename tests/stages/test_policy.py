@@ -345,6 +345,8 @@ def test_step_checkpoints_survive_a_full_disk_and_their_training_state_is_verifi
     flip_byte(first / "training" / "opt.safetensors")
     with pytest.raises(IntegrityError, match=r"opt\.safetensors: sha256 check failed"):
         restore_training_state(first, "opt.safetensors")
+    (first / "checksums.json").unlink()  # as a robo-pipe before checksums wrote it
+    assert latest_checkpoint(out) is None, "training starts again rather than fail on it"
 
 
 def test_saving_over_a_checkpoint_is_atomic(lora_checkpoint: Path) -> None:

@@ -155,7 +155,8 @@ def _sections(cfg: PipelineConfig, *names: str) -> dict[str, Any]:
 @stage_task("collect")
 def collect_stage(ctx: RunContext) -> DatasetRef:
     """Demonstrations of the target task into a LeRobot v3 dataset (resumable)."""
-    from stages.dataset.layout import DatasetRef, content_hash
+    from stages.dataset.layout import DatasetRef
+    from stages.dataset.reader import open_dataset
 
     cfg, target = ctx.cfg, steps.default_dataset(ctx.cfg)
     inputs = {
@@ -176,9 +177,13 @@ def collect_stage(ctx: RunContext) -> DatasetRef:
     def run() -> DatasetRef:
         return steps.collect_dataset(cfg, BROADCAST, target, ctx.ray_address)
 
-    return _run_stage(
-        ctx, "collect", inputs, DatasetRef, run, _path_hash_matches(content_hash), track
-    )
+    def intact(r: DatasetRef) -> bool:
+        # Verified against its checksums, as training will open it: a dataset that fails them
+        # (or has none: an older robo-pipe's) is collected again, which rebuilds it from its
+        # committed shards.
+        return open_dataset(r.path, check_videos=False).content_hash() == r.content_hash
+
+    return _run_stage(ctx, "collect", inputs, DatasetRef, run, intact, track)
 
 
 def _track_training(run: tracking.TrackedRun, r: CheckpointRef) -> None:

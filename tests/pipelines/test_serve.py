@@ -383,7 +383,9 @@ def test_served_deployments_run_scheduled_and_manual_runs_then_sigterm_stops_eve
     phases["SIGTERM to exit"] = stopped_in
     print(", ".join(f"{phase} {seconds:.1f} s" for phase, seconds in phases.items()))
     assert serving.proc.returncode == 0 and "stopped" in output, output[-3000:]
-    assert stopped_in < 20, f"serve took {stopped_in:.1f} s to stop"
+    # A bound on hanging, not a speed figure: about 10 s on a quiet machine (README), 22 s was
+    # seen with a `make demo` sharing the 2 cores; the phases printed above are the figures.
+    assert stopped_in < 60, f"serve took {stopped_in:.1f} s to stop"
     assert "temporary server" not in output.lower(), "every run used serve's own server"
     ports = [int(url.rsplit(":", 1)[1].split("/")[0]) for url in (api, servers["mlflow_ui"])]
     assert all(_port_free(port) for port in ports), f"a server still holds one of {ports}"

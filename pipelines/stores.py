@@ -20,6 +20,7 @@ wait, then find it ready.
 
 from __future__ import annotations
 
+import logging
 import os
 import sqlite3
 import subprocess
@@ -75,6 +76,8 @@ def _open_mlflow_store(uri: str) -> None:
     both; on an existing one it checks the schema version."""
     from mlflow import MlflowClient
 
+    # MLflow's notes on creating its tables are not the user's business; failures still raise.
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
     mlflow_client = MlflowClient(tracking_uri=uri, registry_uri=uri)
     mlflow_client.search_experiments(max_results=1)
     mlflow_client.search_registered_models(max_results=1)

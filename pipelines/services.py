@@ -261,14 +261,16 @@ class LocalServers:
         self.processes: list[subprocess.Popen[bytes]] = []
 
     def start(self, timeout_s: float = 90.0) -> None:
-        """Start both servers (each home's database created first, once, under a lock) and
+        """Start both servers (the Prefect database created first, once, under a lock) and
         wait until they answer."""
-        from pipelines.stores import ensure_mlflow_store, ensure_prefect_store
+        from pipelines.stores import ensure_prefect_store
 
         bin_dir = Path(sys.executable).parent
         os.environ["PREFECT_HOME"] = str(home_dir("prefect"))
+        # The Prefect database in a child process, under the home's lock. The MLflow server
+        # creates its own store: opening it here would load MLflow into this process, whose
+        # threads then kept it alive after SIGTERM.
         ensure_prefect_store()
-        ensure_mlflow_store(default_tracking_uri())
         env = {
             **os.environ,
             "PREFECT_HOME": str(home_dir("prefect")),

@@ -75,6 +75,24 @@ def timed(run: Callable[[], Any]) -> tuple[float, Any]:
     return time.perf_counter() - start, result
 
 
+def undisturbed_then_killed(
+    clean_run: Callable[[Any], Any], killed_run: Callable[[Any], Any]
+) -> dict[str, Any]:
+    """Time ``clean_run(on_shard)`` (measuring the shards), then ``killed_run(on_shard)`` with
+    one worker killed halfway; both results must match."""
+    clock = ShardClock()
+    clean_s, clean = timed(lambda: clean_run(clock))
+    killer = HalfwayKiller(clock.shards, clock.shard_s)
+    killed_s, killed = timed(lambda: killed_run(killer))
+    assert killer.killed is not None
+    return {
+        "undisturbed_s": clean_s,
+        "killed_s": killed_s,
+        "shard_s": clock.shard_s,
+        "same": killed == clean,
+    }
+
+
 def bench_collect(cfg: PipelineConfig, episodes: int, tmp: Path) -> dict[str, Any]:
     """A 2-worker collect of ``episodes`` in the config's shards, undisturbed and with a worker
     killed."""
@@ -86,17 +104,10 @@ def bench_collect(cfg: PipelineConfig, episodes: int, tmp: Path) -> dict[str, An
         )
         return ref.content_hash
 
-    clock = ShardClock()
-    clean_s, clean = timed(lambda: collect_into(tmp / "clean", clock))
-    killer = HalfwayKiller(clock.shards, clock.shard_s)
-    killed_s, killed = timed(lambda: collect_into(tmp / "killed", killer))
-    assert killer.killed is not None
-    return {
-        "undisturbed_s": clean_s,
-        "killed_s": killed_s,
-        "shard_s": clock.shard_s,
-        "same": killed == clean,
-    }
+    return undisturbed_then_killed(
+        lambda on_shard: collect_into(tmp / "clean", on_shard),
+        lambda on_shard: collect_into(tmp / "killed", on_shard),
+    )
 
 
 def bench_evaluate(cfg: PipelineConfig, episodes: int, tmp: Path) -> dict[str, Any]:
@@ -111,17 +122,7 @@ def bench_evaluate(cfg: PipelineConfig, episodes: int, tmp: Path) -> dict[str, A
         )
         return [episode for shard in shards for episode in shard.episodes]
 
-    clock = ShardClock()
-    clean_s, clean = timed(lambda: evaluate(clock))
-    killer = HalfwayKiller(clock.shards, clock.shard_s)
-    killed_s, killed = timed(lambda: evaluate(killer))
-    assert killer.killed is not None
-    return {
-        "undisturbed_s": clean_s,
-        "killed_s": killed_s,
-        "shard_s": clock.shard_s,
-        "same": killed == clean,
-    }
+    return undisturbed_then_killed(evaluate, evaluate)
 
 
 def main() -> None:

@@ -7,7 +7,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup system-deps demo test test-each-file lint typecheck bench clean lerobot-env lerobot-compat mutation
+.PHONY: setup system-deps demo test test-each-file lint typecheck bench clean lerobot-env lerobot-compat mutation isaaclab-env
 
 setup: system-deps $(STAMP)
 
@@ -94,3 +94,19 @@ lerobot-env: $(LEROBOT_VENV)/.installed
 
 lerobot-compat: setup lerobot-env
 	ROBO_PIPE_LEROBOT_PYTHON=$(LEROBOT_VENV)/bin/python $(BIN)/pytest tests/stages/test_collect.py -k lerobot -v
+
+# Isaac Lab 3 (the `isaaclab` simulator backend) needs Python 3.12 and pins its own torch, so it
+# lives in its own environment, built once per machine outside the checkout like LeRobot's
+# (~2.5 min and ~8 GB the first time). robo-pipe runs it as a worker process
+# (sim_scenes/isaaclab/); its first start compiles Warp kernels (~2 min), cached in ~/.cache/warp.
+ISAACLAB_VERSION := 3.0.0
+ISAACLAB_VENV ?= $(HOME)/.cache/robo-pipe/isaaclab-$(ISAACLAB_VERSION)
+
+$(ISAACLAB_VENV)/.installed:
+	$(LEROBOT_PY) -m venv $(ISAACLAB_VENV)
+	$(ISAACLAB_VENV)/bin/pip install --quiet --upgrade pip
+	# mujoco-usd-converter 0.6.1: newer ones need a newer mujoco than Isaac Lab pins.
+	$(ISAACLAB_VENV)/bin/pip install --quiet 'isaaclab==$(ISAACLAB_VERSION)' 'mujoco-usd-converter==0.6.1'
+	@touch $@
+
+isaaclab-env: $(ISAACLAB_VENV)/.installed

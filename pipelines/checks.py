@@ -14,10 +14,12 @@ from robo_pipe.errors import InputError
 
 def check_config(cfg: PipelineConfig) -> None:
     """What a whole pipeline run needs beyond a valid config: the latency target profile, the
-    fleet file and its tokens, a hub-vlm backbone on disk. Raises before any stage runs."""
+    fleet file and its tokens, a hub-vlm backbone on disk, the Isaac Lab environment when the
+    simulator is Isaac Lab. Raises before any stage runs."""
     from deploy_edge.latency import load_target
 
     load_target(cfg.latency.target)
+    check_simulator(cfg)
     if cfg.deploy.fleet:  # the rollout at the end must not fail on a typo after hours
         from pipelines.fleet import check_tokens, load_selection
 
@@ -26,6 +28,14 @@ def check_config(cfg: PipelineConfig) -> None:
         from stages.policy.hub_vla import resolve_backbone
 
         resolve_backbone(cfg.policy.backbone)
+
+
+def check_simulator(cfg: PipelineConfig) -> None:
+    """The configured simulator backend can start: Isaac Lab needs its own environment."""
+    if cfg.sim.backend == "isaaclab":
+        from sim_scenes.isaaclab.env import isaaclab_python
+
+        isaaclab_python()
 
 
 def check_out_dir(path: Path, what: str) -> None:

@@ -36,6 +36,19 @@ def make_env(
             autoreset=autoreset,
             retarget=retarget,
         )
+    if sim.backend == "isaaclab":
+        from sim_scenes.isaaclab.client import IsaacLabBatchedEnv
+
+        return IsaacLabBatchedEnv(
+            robot,
+            get_variant(scene.variant),
+            num_envs=sim.num_envs if num_envs is None else num_envs,
+            cameras=tuple(scene.cameras) if cameras is None else cameras,
+            image_size=scene.image_size,
+            device=sim.device,
+            autoreset=autoreset,
+            retarget=retarget,
+        )
     raise SceneError(
         f"unknown simulator backend {sim.backend!r}; valid choices: {', '.join(BACKENDS)}"
     )

@@ -9,8 +9,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from sim_scenes.touch import RewardTerms, available_variants, get_variant
 
-BACKENDS = ("mujoco",)
-"""Simulator backends this installation can build (Isaac Lab joins when installed)."""
+BACKENDS = ("mujoco", "isaaclab")
+"""Simulator backends: MuJoCo (built in) and Isaac Lab 3 on Newton (``make isaaclab-env``)."""
 
 
 class RewardConfig(BaseModel):
@@ -62,9 +62,12 @@ class SimConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
-    backend: Literal["mujoco"] = "mujoco"
-    """Simulator backend."""
+    backend: Literal["mujoco", "isaaclab"] = "mujoco"
+    """Simulator backend: ``mujoco`` (built in) or ``isaaclab`` (Isaac Lab 3 on Newton, in its
+    own environment: ``make isaaclab-env``)."""
     num_envs: int = Field(default=16, ge=1, le=4096)
     """Environments stepped together in one process."""
     num_threads: int = Field(default=2, ge=1, le=256)
-    """Physics threads for the batched rollout."""
+    """Physics threads for the batched rollout (MuJoCo; Warp's CPU kernels run on one)."""
+    device: str = Field(default="cpu", pattern=r"^(cpu|cuda(:\d+)?)$")
+    """Where the ``isaaclab`` backend simulates and renders: ``cpu`` or ``cuda[:K]``."""

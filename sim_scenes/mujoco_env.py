@@ -30,16 +30,11 @@ from sim_scenes.touch import (
     apply_layout,
     build_scene,
     index_scene,
+    next_episode_seed,
     sample_layout,
 )
 
 _STATE_SPEC = mujoco.mjtState.mjSTATE_FULLPHYSICS
-
-
-def next_episode_seed(seed: int, episode: int) -> int:
-    """Seed of an environment's ``episode``-th autoreset after it was reset with ``seed``."""
-    ss = np.random.SeedSequence(entropy=seed, spawn_key=(episode,))
-    return int(ss.generate_state(1, dtype=np.uint32)[0])
 
 
 class MujocoBatchedEnv(BatchedEnv):

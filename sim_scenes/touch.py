@@ -258,6 +258,12 @@ def episode_seeds(root_seed: int, count: int, purpose: str) -> list[int]:
     return seeds
 
 
+def next_episode_seed(seed: int, episode: int) -> int:
+    """Seed of an environment's ``episode``-th autoreset after it was reset with ``seed``."""
+    ss = np.random.SeedSequence(entropy=seed, spawn_key=(episode,))
+    return int(ss.generate_state(1, dtype=np.uint32)[0])
+
+
 def sample_layout(
     variant: SceneVariant, robot: RobotSpec, seed: int, retarget: int = 0
 ) -> EpisodeLayout:

@@ -40,6 +40,7 @@ def demo(
     from pipelines.demo import run_demo
 
     cfg = load(config, set_, **{"demo.episodes": episodes})
+    checks.check_simulator(cfg)
     run_dir = new_run_dir(cfg.name)
     with live(json_out) as display:
         display.started("demo", cfg.demo.episodes, "episodes")
@@ -86,6 +87,7 @@ def collect(
     cfg = load(config, set_, **{"collect.episodes": episodes})
     target = out or steps.default_dataset(cfg)
     checks.check_out_dir(target, "--out")
+    checks.check_simulator(cfg)
     run_dir = new_run_dir(f"{cfg.name}-collect")
     set_run_label(run_dir.name)  # what another run waiting for this dataset is told
     save_resolved(cfg, run_dir / "config.yaml")
@@ -232,6 +234,7 @@ def evaluate(
     against = checks.resolve_policy(baseline) if baseline else None
     for path in filter(None, (candidate, against)):
         checks.check_policy(cfg, path)
+    checks.check_simulator(cfg)
     run_dir = new_run_dir(f"{cfg.name}-evaluate")
     save_resolved(cfg, run_dir / "config.yaml")
     with live(json_out) as display:

@@ -1,0 +1,259 @@
+"""The Isaac Lab backend behind :class:`~sim_scenes.batched_env.BatchedEnv` (``sim.backend:
+isaaclab``).
+
+Isaac Lab needs Python 3.12 and its own torch, so it cannot load into robo-pipe's environment.
+:class:`IsaacLabBatchedEnv` starts :mod:`sim_scenes.isaaclab.worker` in the Isaac Lab
+environment (``make isaaclab-env``) and forwards every call over a socket pair
+(:mod:`sim_scenes.isaaclab.protocol`). Callers see the same interface, units and seeds as the
+MuJoCo backend; the episode bookkeeping (lengths, returns, which episodes ended) is kept here.
+
+The worker's own output (Isaac Lab's and Warp's logs) goes to a log file whose tail is quoted
+when the worker fails. The worker exits when this side closes, and also when this process dies
+(it reads end-of-file on the socket).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Sequence
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from robots.spec import RobotSpec
+from sim_scenes.batched_env import BatchedEnv, BatchedObservation, EpisodeSummary, StepResult
+from sim_scenes.isaaclab.env import isaaclab_python
+from sim_scenes.isaaclab.protocol import receive, send
+from sim_scenes.touch import SceneError, SceneVariant
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+START_TIMEOUT_S = 600.0
+"""Seconds to wait for the worker's env: the first start on a machine compiles Warp's kernels
+(~2 min on 2 cores, cached in ``~/.cache/warp`` afterwards); later starts take ~10 s."""
+
+
+class IsaacLabWorkerError(RuntimeError):
+    """The Isaac Lab worker failed; the message carries its traceback and log tail."""
+
+
+class IsaacLabBatchedEnv(BatchedEnv):
+    """The touch task on Isaac Lab 3 (Newton physics), N environments in a worker process.
+
+    Args:
+        robot: the robot to simulate.
+        variant: the scene distribution episodes are drawn from.
+        num_envs: N >= 1.
+        cameras: cameras rendered each step (subset of ``robot.cameras``); ``()`` for physics only.
+        image_size: square image side in pixels.
+        device: where Isaac Lab simulates and renders: ``cpu`` or ``cuda:K``.
+        autoreset: reset finished environments inside ``step`` (see :class:`BatchedEnv`).
+        retarget: name another object of the same scene (:func:`sim_scenes.touch.sample_layout`).
+    """
+
+    def __init__(
+        self,
+        robot: RobotSpec,
+        variant: SceneVariant,
+        num_envs: int,
+        cameras: Sequence[str] = ("scene",),
+        image_size: int = 64,
+        device: str = "cpu",
+        autoreset: bool = True,
+        retarget: int = 0,
+    ) -> None:
+        if num_envs < 1:
+            raise SceneError(f"num_envs must be >= 1, got {num_envs}")
+        known = [c.name for c in robot.cameras]
+        for cam in cameras:
+            if cam not in known:
+                raise SceneError(
+                    f"unknown camera {cam!r} for robot {robot.name!r}; valid choices: "
+                    f"{', '.join(known)}"
+                )
+        python = isaaclab_python()
+        self.robot = robot
+        self.variant = variant
+        self.num_envs = num_envs
+        self.cameras = tuple(cameras)
+        self.image_size = image_size
+        self.autoreset = autoreset
+        self.timings = {"simulate": 0.0, "render": 0.0}
+        """Seconds in the worker's physics and rendering together (``simulate``): Isaac Lab
+        renders inside its step; ``render`` stays 0 on this backend."""
+        self.start_seconds = 0.0
+        """Seconds the worker took to build the env (Warp kernels, USD, Newton model)."""
+        self._steps = np.zeros(num_envs, np.int64)
+        self._return = np.zeros(num_envs, np.float32)
+        self._seeds = np.zeros(num_envs, np.int64)
+
+        self._keep_log = False
+        self._log = tempfile.NamedTemporaryFile(  # noqa: SIM115 - lives as long as the worker
+            prefix="robo-pipe-isaaclab-", suffix=".log", delete=False
+        )
+        parent_sock, child_sock = socket.socketpair()
+        env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1"}
+        try:
+            self._proc: subprocess.Popen[bytes] | None = subprocess.Popen(
+                [str(python), "-m", "sim_scenes.isaaclab.worker", "--fd", str(child_sock.fileno())],
+                pass_fds=(child_sock.fileno(),),
+                cwd=REPO_ROOT,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=self._log,
+                stderr=subprocess.STDOUT,
+            )
+        finally:
+            child_sock.close()
+        self._conn: Connection | None = Connection(parent_sock.detach())
+        try:
+            send(
+                self._conn,
+                "init",
+                robot=robot.name,
+                variant=variant.name,
+                num_envs=num_envs,
+                cameras=list(self.cameras),
+                image_size=image_size,
+                device=device,
+                retarget=retarget,
+                autoreset=autoreset,
+            )
+            self.start_seconds = float(self._call_reply(START_TIMEOUT_S, "ready")["seconds"])
+        except BaseException:
+            self.close()
+            raise
+
+    # -- talking to the worker -------------------------------------------------------------
+
+    def _call_reply(self, timeout: float | None, expect: str) -> dict[str, Any]:
+        conn, proc = self._conn, self._proc
+        if conn is None or proc is None:
+            raise SceneError("the Isaac Lab env is closed")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not conn.poll(1.0):  # the worker may die without closing the socket cleanly
+            if proc.poll() is not None:
+                raise IsaacLabWorkerError(self._failure(f"exited with code {proc.returncode}"))
+            if deadline is not None and time.monotonic() > deadline:
+                raise IsaacLabWorkerError(self._failure(f"did not answer within {timeout:.0f} s"))
+        try:
+            op, fields = receive(conn)
+        except EOFError:
+            proc.wait(timeout=30)
+            raise IsaacLabWorkerError(
+                self._failure(f"exited with code {proc.returncode}")
+            ) from None
+        if op == "error":
+            raise IsaacLabWorkerError(self._failure("failed", fields["traceback"]))
+        if op != expect:
+            raise IsaacLabWorkerError(self._failure(f"answered {op!r}, expected {expect!r}"))
+        return fields
+
+    def _request(self, op: str, expect: str, **fields: Any) -> dict[str, Any]:
+        if self._conn is None:
+            raise SceneError("the Isaac Lab env is closed")
+        send(self._conn, op, **fields)
+        return self._call_reply(None, expect)
+
+    def _failure(self, what: str, traceback: str = "") -> str:
+        self._keep_log = True  # the message points at it
+        self._log.flush()
+        tail = Path(self._log.name).read_text(errors="replace")[-4000:]
+        return (
+            f"Isaac Lab worker {what}.\n{traceback}\n--- worker log {self._log.name} (tail) ---\n"
+            f"{tail}"
+        )
+
+    # -- BatchedEnv --------------------------------------------------------------------------
+
+    def _observation(self, fields: dict[str, Any]) -> BatchedObservation:
+        return BatchedObservation(
+            images={c: fields[f"image:{c}"] for c in self.cameras},
+            state=fields["state"],
+            instruction=list(fields["instructions"]),
+        )
+
+    def reset(self, seeds: Sequence[int]) -> BatchedObservation:
+        if len(seeds) != self.num_envs:
+            raise SceneError(f"reset needs {self.num_envs} seeds (one per env), got {len(seeds)}")
+        return self.reset_envs(range(self.num_envs), seeds)
+
+    def reset_envs(self, env_ids: Sequence[int], seeds: Sequence[int]) -> BatchedObservation:
+        if len(env_ids) != len(seeds):
+            raise SceneError(f"reset_envs got {len(env_ids)} env ids but {len(seeds)} seeds")
+        ids = np.asarray(env_ids, np.int64)
+        tick = time.perf_counter()
+        fields = self._request("reset", "obs", env_ids=ids, seeds=np.asarray(seeds, np.int64))
+        self.timings["simulate"] += time.perf_counter() - tick
+        self._steps[ids], self._return[ids] = 0, 0.0
+        self._seeds[:] = fields["seeds"]
+        return self._observation(fields)
+
+    def step(self, actions: np.ndarray) -> StepResult:
+        actions = np.asarray(actions, dtype=np.float32)
+        if actions.shape != (self.num_envs, self.robot.action.dim):
+            raise SceneError(
+                f"actions must have shape ({self.num_envs}, {self.robot.action.dim}), "
+                f"got {actions.shape}"
+            )
+        tick = time.perf_counter()
+        fields = self._request("step", "obs", actions=actions)
+        self.timings["simulate"] += time.perf_counter() - tick
+        terminated, truncated = fields["terminated"], fields["truncated"]
+        self._steps += 1
+        self._return += fields["reward"]
+        done = np.flatnonzero(terminated | truncated)
+        final = EpisodeSummary(
+            env_ids=done,
+            seeds=self._seeds[done].copy(),
+            success=fields["success"][done],
+            length=self._steps[done].copy(),
+            episode_return=self._return[done].copy(),
+        )
+        if self.autoreset:
+            self._steps[done], self._return[done] = 0, 0.0
+        self._seeds[:] = fields["seeds"]
+        return StepResult(
+            obs=self._observation(fields),
+            reward=fields["reward"],
+            terminated=terminated,
+            truncated=truncated,
+            success=fields["success"],
+            final=final,
+            info={
+                "tcp_target_distance": fields["distance"],
+                "tcp_target_distance_before": fields["distance_before"],
+            },
+        )
+
+    def privileged(self) -> dict[str, np.ndarray]:
+        return self._request("privileged", "privileged")
+
+    def close(self) -> None:
+        conn, proc, self._conn, self._proc = self._conn, self._proc, None, None
+        if conn is not None:
+            try:
+                send(conn, "close")
+                if conn.poll(30):
+                    receive(conn)
+            except (OSError, EOFError):
+                pass
+            conn.close()
+        if proc is not None:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self._log.close()
+        if not self._keep_log:
+            Path(self._log.name).unlink(missing_ok=True)
+
+    def __del__(self) -> None:
+        if getattr(self, "_proc", None) is not None:
+            self.close()

@@ -37,10 +37,12 @@ lint: setup
 typecheck: setup
 	$(BIN)/mypy
 
-# LeRobot's own reader checks a freshly collected dataset in every test run; `make test` sets
-# ROBO_PIPE_LEROBOT_PYTHON, so that test fails (never skips) when the environment is missing.
-test: lint typecheck lerobot-env
-	ROBO_PIPE_LEROBOT_PYTHON=$(LEROBOT_VENV)/bin/python $(BIN)/pytest
+# LeRobot's own reader checks a freshly collected dataset in every test run, and the Isaac Lab
+# backend runs on CPU (tests marked isaaclab); `make test` builds both environments (once per
+# machine) and names them, so those tests fail (never skip) when an environment is missing.
+test: lint typecheck lerobot-env isaaclab-env
+	ROBO_PIPE_LEROBOT_PYTHON=$(LEROBOT_VENV)/bin/python \
+	ROBO_PIPE_ISAACLAB_PYTHON=$(ISAACLAB_VENV)/bin/python $(BIN)/pytest
 
 # Each test file on its own (the suite also runs in random order: pytest-randomly prints its
 # seed; rerun an order with `pytest -p randomly --randomly-seed=N`). Slow: a Prefect server

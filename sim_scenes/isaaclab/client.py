@@ -112,9 +112,10 @@ class IsaacLabBatchedEnv(BatchedEnv):
             child_sock.close()
         self._conn: Connection | None = Connection(parent_sock.detach())
         try:
-            send(
-                self._conn,
+            ready = self._request(
                 "init",
+                "ready",
+                timeout=START_TIMEOUT_S,
                 robot=robot.name,
                 variant=variant.name,
                 num_envs=num_envs,
@@ -124,7 +125,7 @@ class IsaacLabBatchedEnv(BatchedEnv):
                 retarget=retarget,
                 autoreset=autoreset,
             )
-            self.start_seconds = float(self._call_reply(START_TIMEOUT_S, "ready")["seconds"])
+            self.start_seconds = float(ready["seconds"])
         except BaseException:
             self.close()
             raise
@@ -143,7 +144,7 @@ class IsaacLabBatchedEnv(BatchedEnv):
                 raise IsaacLabWorkerError(self._failure(f"did not answer within {timeout:.0f} s"))
         try:
             op, fields = receive(conn)
-        except EOFError:
+        except (EOFError, OSError):
             proc.wait(timeout=30)
             raise IsaacLabWorkerError(
                 self._failure(f"exited with code {proc.returncode}")
@@ -154,11 +155,17 @@ class IsaacLabBatchedEnv(BatchedEnv):
             raise IsaacLabWorkerError(self._failure(f"answered {op!r}, expected {expect!r}"))
         return fields
 
-    def _request(self, op: str, expect: str, **fields: Any) -> dict[str, Any]:
+    def _request(
+        self, op: str, expect: str, timeout: float | None = None, **fields: Any
+    ) -> dict[str, Any]:
+        """Send ``op`` and wait (up to ``timeout`` s, or for ever) for the ``expect`` reply."""
         if self._conn is None:
             raise SceneError("the Isaac Lab env is closed")
-        send(self._conn, op, **fields)
-        return self._call_reply(None, expect)
+        try:
+            send(self._conn, op, **fields)
+        except OSError:  # the worker is gone: say why
+            return self._call_reply(0.0, expect)
+        return self._call_reply(timeout, expect)
 
     def _failure(self, what: str, traceback: str = "") -> str:
         self._keep_log = True  # the message points at it

@@ -50,6 +50,7 @@ from isaaclab_newton.physics import MJWarpSolverCfg, NewtonCfg
 from isaaclab_newton.renderers import NewtonWarpRendererCfg
 
 from robots.spec import RobotSpec, get_robot
+from sim_scenes.isaaclab.assets import srgb_to_linear
 from sim_scenes.touch import (
     COLOURS,
     OBJECT_HALF_HEIGHT,
@@ -132,7 +133,10 @@ def _object_cfg(colour: str, shape: str, slot: int) -> RigidObjectCfg:
         mass_props=sim_utils.MassPropertiesCfg(mass=0.05),
         collision_props=sim_utils.CollisionPropertiesCfg(),
         physics_material=sim_utils.RigidBodyMaterialCfg(static_friction=1.0, dynamic_friction=1.0),
-        visual_material=sim_utils.PreviewSurfaceCfg(diffuse_color=COLOURS[colour], roughness=1.0),
+        # MJCF colours are display (sRGB) values, USD's are linear: the renderer re-encodes them
+        visual_material=sim_utils.PreviewSurfaceCfg(
+            diffuse_color=srgb_to_linear(COLOURS[colour]), roughness=1.0
+        ),
     )
     if shape == "cube":
         spawn = sim_utils.CuboidCfg(size=(2 * h, 2 * h, 2 * h), **common)
@@ -162,7 +166,9 @@ class TouchSceneCfg(InteractiveSceneCfg):
         spawn=sim_utils.CuboidCfg(
             size=(2 * TABLE_HALF_SIZE, 2 * TABLE_HALF_SIZE, 0.05),
             collision_props=sim_utils.CollisionPropertiesCfg(),
-            visual_material=sim_utils.PreviewSurfaceCfg(diffuse_color=TABLE_COLOUR, roughness=1.0),
+            visual_material=sim_utils.PreviewSurfaceCfg(
+                diffuse_color=srgb_to_linear(TABLE_COLOUR), roughness=1.0
+            ),
         ),
         init_state=AssetBaseCfg.InitialStateCfg(pos=(0.0, 0.0, -0.025)),
     )
@@ -316,6 +322,9 @@ class TouchEnv(DirectRLEnv):
         self._target_object = torch.zeros(self.num_envs, dtype=torch.long, device=dev)
         self._hold = torch.zeros(self.num_envs, dtype=torch.long, device=dev)
         self.distance = torch.zeros(self.num_envs, device=dev)
+        """tcp to named object, m: after the last step, or at the start of a new episode."""
+        self.step_distance = torch.zeros(self.num_envs, device=dev)
+        """tcp to named object after the last step, m, even for envs that reset since."""
         self.distance_before = torch.zeros(self.num_envs, device=dev)
         self.success = torch.zeros(self.num_envs, dtype=torch.bool, device=dev)
         self.seeds = np.zeros(self.num_envs, np.int64)
@@ -405,6 +414,7 @@ class TouchEnv(DirectRLEnv):
         distance = torch.linalg.norm(self.tcp_pos() - self.target_pos(), dim=1)
         self.distance_before = self.distance.clone()
         self.distance = distance
+        self.step_distance = distance.clone()  # a reset in this step moves self.distance on
         self._hold = torch.where(distance < criterion.radius, self._hold + 1, 0)
         self.success = self._hold >= criterion.hold_steps
         truncated = ~self.success & (self.episode_length_buf >= self.variant.episode_steps)
@@ -479,7 +489,6 @@ class TouchEnv(DirectRLEnv):
             body_velocities=torch.zeros(n, len(self.pairs), 6, device=self.device), env_ids=ids
         )
         self._hold[ids] = 0
-        self.success[ids] = False
         # distance at the episode's start, for the first step's progress term
         self.scene.write_data_to_sim()
         self.sim.forward()

@@ -86,7 +86,7 @@ def serve(conn: Connection) -> None:
                             terminated=terminated.cpu().numpy(),
                             truncated=truncated.cpu().numpy(),
                             success=env.success.cpu().numpy(),
-                            distance=env.distance.cpu().numpy().astype(np.float32),
+                            distance=env.step_distance.cpu().numpy().astype(np.float32),
                             distance_before=env.distance_before.cpu().numpy().astype(np.float32),
                         )
                     elif op == "privileged":

@@ -14,6 +14,7 @@ import sys
 import typer
 
 from pipelines.cli import (
+    assets_verbs,
     catalog,
     deploy_verbs,
     pipeline_verbs,
@@ -36,7 +37,15 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-for verbs in (stage_verbs, pipeline_verbs, registry_verbs, deploy_verbs, verify_verbs, catalog):
+for verbs in (
+    stage_verbs,
+    pipeline_verbs,
+    registry_verbs,
+    deploy_verbs,
+    verify_verbs,
+    assets_verbs,
+    catalog,
+):
     verbs.register(app)
 
 

@@ -48,6 +48,7 @@ def test_help_lists_only_working_verbs(robo_pipe_home: Path) -> None:
         "deploy",
         "fleet",
         "verify",
+        "assets",
         "config",
         "robots",
         "scenes",

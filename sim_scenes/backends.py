@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from robots.spec import RobotSpec
 from sim_scenes.batched_env import BatchedEnv
 from sim_scenes.config import BACKENDS, SceneConfig, SimConfig
@@ -23,32 +25,22 @@ def make_env(
     ``cameras`` overrides ``scene.cameras``; pass ``()`` for physics only. ``retarget`` names
     another object of each scene (see :func:`sim_scenes.touch.sample_layout`).
     """
+    variant = get_variant(scene.variant)
+    common: dict[str, Any] = {
+        "num_envs": sim.num_envs if num_envs is None else num_envs,
+        "cameras": tuple(scene.cameras) if cameras is None else cameras,
+        "image_size": scene.image_size,
+        "autoreset": autoreset,
+        "retarget": retarget,
+    }
     if sim.backend == "mujoco":
         from sim_scenes.mujoco_env import MujocoBatchedEnv
 
-        return MujocoBatchedEnv(
-            robot,
-            get_variant(scene.variant),
-            num_envs=sim.num_envs if num_envs is None else num_envs,
-            cameras=tuple(scene.cameras) if cameras is None else cameras,
-            image_size=scene.image_size,
-            num_threads=sim.num_threads,
-            autoreset=autoreset,
-            retarget=retarget,
-        )
+        return MujocoBatchedEnv(robot, variant, num_threads=sim.num_threads, **common)
     if sim.backend == "isaaclab":
         from sim_scenes.isaaclab.client import IsaacLabBatchedEnv
 
-        return IsaacLabBatchedEnv(
-            robot,
-            get_variant(scene.variant),
-            num_envs=sim.num_envs if num_envs is None else num_envs,
-            cameras=tuple(scene.cameras) if cameras is None else cameras,
-            image_size=scene.image_size,
-            device=sim.device,
-            autoreset=autoreset,
-            retarget=retarget,
-        )
+        return IsaacLabBatchedEnv(robot, variant, device=sim.device, **common)
     raise SceneError(
         f"unknown simulator backend {sim.backend!r}; valid choices: {', '.join(BACKENDS)}"
     )

@@ -19,6 +19,7 @@ from typing import Self
 import numpy as np
 
 from robots.spec import RobotSpec
+from sim_scenes.touch import SceneError
 
 
 @dataclass
@@ -74,6 +75,23 @@ class StepResult:
     success: np.ndarray
     final: EpisodeSummary
     info: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+def check_env_args(
+    robot: RobotSpec, num_envs: int, cameras: Sequence[str], image_size: int
+) -> None:
+    """Refuse a batch size, camera name or image size no backend can use (:class:`SceneError`)."""
+    if num_envs < 1:
+        raise SceneError(f"num_envs must be >= 1, got {num_envs}")
+    if image_size < 8:
+        raise SceneError(f"image_size must be >= 8 pixels, got {image_size}")
+    known = [c.name for c in robot.cameras]
+    for cam in cameras:
+        if cam not in known:
+            raise SceneError(
+                f"unknown camera {cam!r} for robot {robot.name!r}; valid choices: "
+                f"{', '.join(known)}"
+            )
 
 
 class BatchedEnv(abc.ABC):

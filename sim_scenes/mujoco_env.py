@@ -20,7 +20,13 @@ import numpy as np
 from mujoco import rollout
 
 from robots.spec import RobotSpec
-from sim_scenes.batched_env import BatchedEnv, BatchedObservation, EpisodeSummary, StepResult
+from sim_scenes.batched_env import (
+    BatchedEnv,
+    BatchedObservation,
+    EpisodeSummary,
+    StepResult,
+    check_env_args,
+)
 from sim_scenes.rendering import BatchedRenderer
 from sim_scenes.touch import (
     EpisodeLayout,
@@ -62,19 +68,9 @@ class MujocoBatchedEnv(BatchedEnv):
         autoreset: bool = True,
         retarget: int = 0,
     ) -> None:
-        if num_envs < 1:
-            raise SceneError(f"num_envs must be >= 1, got {num_envs}")
+        check_env_args(robot, num_envs, cameras, image_size)
         if num_threads < 1:
             raise SceneError(f"num_threads must be >= 1, got {num_threads}")
-        if image_size < 8:
-            raise SceneError(f"image_size must be >= 8 pixels, got {image_size}")
-        known = [c.name for c in robot.cameras]
-        for cam in cameras:
-            if cam not in known:
-                raise SceneError(
-                    f"unknown camera {cam!r} for robot {robot.name!r}; valid choices: "
-                    f"{', '.join(known)}"
-                )
         self.robot = robot
         self.variant = variant
         self.num_envs = num_envs

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -87,3 +87,26 @@ def export_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("export")
     save_policy(policy, root / "ckpt", None)
     return Path(export(root / "ckpt", root / "export").path)
+
+
+def _has_isaaclab() -> bool:
+    from sim_scenes.isaaclab.env import IsaacLabMissingError, isaaclab_python
+
+    try:
+        isaaclab_python()
+    except IsaacLabMissingError:
+        return False
+    return True
+
+
+def needs_isaaclab(test: Callable[..., None]) -> Callable[..., None]:
+    """Mark ``test`` ``isaaclab`` and skip it, naming ``make isaaclab-env``, where that
+    environment is missing; ``make test`` sets ``ROBO_PIPE_ISAACLAB_PYTHON``, and then a missing
+    environment fails the test instead."""
+    from sim_scenes.isaaclab.env import ENV_VAR
+
+    skip = pytest.mark.skipif(
+        not _has_isaaclab() and ENV_VAR not in os.environ,
+        reason="no Isaac Lab environment: create it with `make isaaclab-env`",
+    )
+    return pytest.mark.isaaclab(skip(test))

@@ -27,7 +27,13 @@ from typing import Any
 import numpy as np
 
 from robots.spec import RobotSpec
-from sim_scenes.batched_env import BatchedEnv, BatchedObservation, EpisodeSummary, StepResult
+from sim_scenes.batched_env import (
+    BatchedEnv,
+    BatchedObservation,
+    EpisodeSummary,
+    StepResult,
+    check_env_args,
+)
 from sim_scenes.isaaclab.env import isaaclab_python
 from sim_scenes.isaaclab.protocol import receive, send
 from sim_scenes.touch import SceneError, SceneVariant
@@ -67,15 +73,7 @@ class IsaacLabBatchedEnv(BatchedEnv):
         autoreset: bool = True,
         retarget: int = 0,
     ) -> None:
-        if num_envs < 1:
-            raise SceneError(f"num_envs must be >= 1, got {num_envs}")
-        known = [c.name for c in robot.cameras]
-        for cam in cameras:
-            if cam not in known:
-                raise SceneError(
-                    f"unknown camera {cam!r} for robot {robot.name!r}; valid choices: "
-                    f"{', '.join(known)}"
-                )
+        check_env_args(robot, num_envs, cameras, image_size)
         python = isaaclab_python()
         self.robot = robot
         self.variant = variant

@@ -22,25 +22,12 @@ import pytest
 
 from sim_scenes.isaaclab.assets import srgb_to_linear
 from sim_scenes.isaaclab.env import ENV_VAR, IsaacLabMissingError, isaaclab_python
+from tests.conftest import needs_isaaclab
 
 ROOT = Path(__file__).resolve().parents[2]
 MJCF = ROOT / "robots" / "rp5" / "rp5.xml"
 COMMITTED = ROOT / "robots" / "rp5" / "usd"
 """The committed USD, which the tests only read."""
-
-
-def _has_isaaclab() -> bool:
-    try:
-        isaaclab_python()
-    except IsaacLabMissingError:
-        return False
-    return True
-
-
-needs_isaaclab = pytest.mark.skipif(
-    not _has_isaaclab() and ENV_VAR not in os.environ,
-    reason="no Isaac Lab environment: create it with `make isaaclab-env`",
-)
 
 
 def in_isaaclab(code: str, *args: object) -> Any:
@@ -121,7 +108,6 @@ def test_build_without_the_environment_is_a_user_error(tmp_path: Path) -> None:
 # --- in the Isaac Lab environment ----------------------------------------------------------
 
 
-@pytest.mark.isaaclab
 @needs_isaaclab
 def test_build_reproduces_the_committed_usd_byte_for_byte(tmp_path: Path) -> None:
     out = tmp_path / "usd"
@@ -137,7 +123,6 @@ def test_build_reproduces_the_committed_usd_byte_for_byte(tmp_path: Path) -> Non
     assert [p.name for p in tmp_path.iterdir()] == ["usd"]  # no temporary left beside it
 
 
-@pytest.mark.isaaclab
 @needs_isaaclab
 def test_a_refused_build_leaves_the_previous_output(tmp_path: Path) -> None:
     out = tmp_path / "usd"
@@ -166,7 +151,6 @@ print(json.dumps(check_joints(Path(sys.argv[1]), Path(sys.argv[2]))))
 """
 
 
-@pytest.mark.isaaclab
 @needs_isaaclab
 def test_check_joints_finds_no_problem_in_the_committed_usd() -> None:
     assert in_isaaclab(CHECK_JOINTS, MJCF, COMMITTED / "rp5.usda") == []
@@ -203,7 +187,6 @@ BROKEN_JOINTS = {
 }
 
 
-@pytest.mark.isaaclab
 @needs_isaaclab
 @pytest.mark.parametrize("broken", BROKEN_JOINTS)
 def test_check_joints_finds_a_joint_that_differs_from_mujoco(tmp_path: Path, broken: str) -> None:
@@ -264,7 +247,6 @@ def committed() -> dict[str, Any]:
     return in_isaaclab(DESCRIBE, COMMITTED / "rp5.usda")
 
 
-@pytest.mark.isaaclab
 @needs_isaaclab
 def test_gravity_compensation_is_where_newton_reads_it(
     committed: dict[str, Any], mjcf_model: mujoco.MjModel
@@ -278,7 +260,6 @@ def test_gravity_compensation_is_where_newton_reads_it(
     assert committed["gravcomp"] == expected  # Newton's MuJoCo solver gets them
 
 
-@pytest.mark.isaaclab
 @needs_isaaclab
 def test_colours_are_linear_and_render_as_the_mjcf_says(
     committed: dict[str, Any], mjcf_model: mujoco.MjModel
@@ -299,7 +280,6 @@ def test_colours_are_linear_and_render_as_the_mjcf_says(
         assert colour == pytest.approx(rgb[geom], abs=1e-5), geom
 
 
-@pytest.mark.isaaclab
 @needs_isaaclab
 def test_sites_and_guides_are_not_drawn(
     committed: dict[str, Any], mjcf_model: mujoco.MjModel
@@ -315,7 +295,6 @@ def test_sites_and_guides_are_not_drawn(
     assert {s["name"] for s in committed["shapes"]} == visible
 
 
-@pytest.mark.isaaclab
 @needs_isaaclab
 def test_joint_limits_are_as_stiff_as_mujocos(
     committed: dict[str, Any], mjcf_model: mujoco.MjModel

@@ -27,26 +27,13 @@ from sim_scenes.config import SceneConfig, SimConfig
 from sim_scenes.episodes import play_episodes
 from sim_scenes.expert import ScriptedExpert
 from sim_scenes.isaaclab.client import IsaacLabWorkerError
-from sim_scenes.isaaclab.env import ENV_VAR, IsaacLabMissingError, isaaclab_python
+from sim_scenes.isaaclab.env import ENV_VAR
 from sim_scenes.mujoco_env import MujocoBatchedEnv
 from sim_scenes.touch import COLOURS, episode_seeds, get_variant, next_episode_seed
+from tests.conftest import needs_isaaclab
 
 ROOT = Path(__file__).resolve().parents[2]
 SEEDS = [1, 2, 3, 4]
-
-
-def _has_isaaclab() -> bool:
-    try:
-        isaaclab_python()
-    except IsaacLabMissingError:
-        return False
-    return True
-
-
-needs_isaaclab = pytest.mark.skipif(
-    not _has_isaaclab() and ENV_VAR not in os.environ,
-    reason="no Isaac Lab environment: create it with `make isaaclab-env`",
-)
 
 
 def isaac(rp5: RobotSpec, n: int, cameras: tuple[str, ...], autoreset: bool) -> BatchedEnv:
@@ -61,7 +48,6 @@ def camera_env(rp5: RobotSpec) -> Iterator[BatchedEnv]:
         yield env
 
 
-@pytest.mark.isaaclab
 @needs_isaaclab
 def test_same_scene_state_and_instruction_as_mujoco(rp5: RobotSpec, camera_env: BatchedEnv) -> None:
     obs = camera_env.reset(SEEDS)
@@ -75,7 +61,6 @@ def test_same_scene_state_and_instruction_as_mujoco(rp5: RobotSpec, camera_env: 
         np.testing.assert_allclose(got[key], truth[key], atol=1e-4, err_msg=key)
 
 
-@pytest.mark.isaaclab
 @needs_isaaclab
 def test_cameras_render_the_named_object(camera_env: BatchedEnv) -> None:
     obs = camera_env.reset(SEEDS)
@@ -93,7 +78,6 @@ def test_cameras_render_the_named_object(camera_env: BatchedEnv) -> None:
     assert not np.array_equal(obs.images["wrist"][0], obs.images["wrist"][1])
 
 
-@pytest.mark.isaaclab
 @needs_isaaclab
 def test_same_seeds_and_actions_give_identical_observations(
     rp5: RobotSpec, camera_env: BatchedEnv
@@ -114,7 +98,6 @@ def test_same_seeds_and_actions_give_identical_observations(
     assert not np.array_equal(runs[0][0][0], runs[0][0][-1]), "the arm never moved"
 
 
-@pytest.mark.isaaclab
 @needs_isaaclab
 def test_scripted_expert_solves_the_same_episodes_in_the_same_steps(rp5: RobotSpec) -> None:
     """Physics agree: the expert's episodes end alike on both engines (servo gains, gravity
@@ -131,7 +114,6 @@ def test_scripted_expert_solves_the_same_episodes_in_the_same_steps(rp5: RobotSp
     assert all(abs(a - b) <= 1 for a, b in lengths), lengths
 
 
-@pytest.mark.isaaclab
 @needs_isaaclab
 def test_autoreset_starts_the_next_seeded_episode_like_mujoco(rp5: RobotSpec) -> None:
     expert = ScriptedExpert(rp5)
@@ -154,7 +136,6 @@ def test_autoreset_starts_the_next_seeded_episode_like_mujoco(rp5: RobotSpec) ->
     np.testing.assert_allclose(result.obs.state[env_id], expected.state[0], atol=1e-5)
 
 
-@pytest.mark.isaaclab
 @needs_isaaclab
 def test_evaluate_verb_runs_an_export_on_isaaclab(export_dir: Path, tmp_path: Path) -> None:
     result = subprocess.run(

@@ -54,6 +54,7 @@ from sim_scenes.isaaclab.assets import srgb_to_linear
 from sim_scenes.touch import (
     COLOURS,
     OBJECT_HALF_HEIGHT,
+    SceneError,
     SceneVariant,
     get_variant,
     next_episode_seed,
@@ -68,8 +69,6 @@ TABLE_HALF_SIZE = 1.5
 """m; the MuJoCo table is a plane of this half-size."""
 PARK_X = 1.2
 """m; unused objects rest here, behind the scene camera, out of every camera's view."""
-TCP_OFFSET = (0.0, 0.0, 0.085)
-"""The MJCF's ``tcp`` site in its body's frame, m (USD conversion drops sites)."""
 
 
 def robot_usd(robot: RobotSpec) -> Path:
@@ -83,9 +82,8 @@ def object_pairs(variant: SceneVariant) -> list[tuple[str, str]]:
     return sorted(pairs)
 
 
-def _servo_gains(robot: RobotSpec) -> dict[str, tuple[float, float, float]]:
+def _servo_gains(model: mujoco.MjModel) -> dict[str, tuple[float, float, float]]:
     """Joint name -> (kp, kv, force limit) of the MJCF's position actuators."""
-    model = mujoco.MjModel.from_xml_path(str(robot.definition.mjcf))
     gains = {}
     for i in range(model.nu):
         joint = mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_JOINT, model.actuator_trnid[i, 0])
@@ -95,15 +93,15 @@ def _servo_gains(robot: RobotSpec) -> dict[str, tuple[float, float, float]]:
     return gains
 
 
-def _camera_offset(robot: RobotSpec, name: str) -> tuple[str, CameraCfg.OffsetCfg, float]:
+def _camera_offset(model: mujoco.MjModel, name: str) -> tuple[str, CameraCfg.OffsetCfg, float]:
     """(parent body, pose in that body in the OpenGL convention, vertical fov in degrees) of an
     MJCF camera: MuJoCo cameras look along -z with +y up, which is USD's (OpenGL) convention."""
-    model = mujoco.MjModel.from_xml_path(str(robot.definition.mjcf))
     cam = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_CAMERA, name)
     body_id = int(model.cam_bodyid[cam])
     if body_id == 0:  # a work-cell camera: ride on the fixed root link, which sits at the origin
         body_id = 1
-        assert not model.body_pos[1].any() and model.body_quat[1][0] == 1.0, "root link moved"
+        if model.body_pos[1].any() or model.body_quat[1][0] != 1.0:
+            raise SceneError(f"camera {name!r}: the robot's root link is not at the origin")
     body = mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_BODY, body_id)
     w, x, y, z = (float(v) for v in model.cam_quat[cam])
     pos = tuple(float(v) for v in model.cam_pos[cam])
@@ -111,9 +109,8 @@ def _camera_offset(robot: RobotSpec, name: str) -> tuple[str, CameraCfg.OffsetCf
     return body, offset, float(model.cam_fovy[cam])
 
 
-def _body_paths(robot: RobotSpec) -> dict[str, str]:
+def _body_paths(model: mujoco.MjModel) -> dict[str, str]:
     """MJCF body name -> its prim path below the robot prim (the converter nests bodies)."""
-    model = mujoco.MjModel.from_xml_path(str(robot.definition.mjcf))
     paths: dict[str, str] = {}
     for b in range(1, model.nbody):
         name = mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_BODY, b)
@@ -124,6 +121,16 @@ def _body_paths(robot: RobotSpec) -> dict[str, str]:
             else f"Geometry/{name}"
         )
     return paths
+
+
+def _tcp_frame(robot: RobotSpec) -> tuple[str, tuple[float, float, float]]:
+    """(body, position in that body, m) of the MJCF's tool-centre-point site (USD has no sites,
+    so the task computes the tcp from its body's pose)."""
+    model = robot.load_model()
+    site = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_SITE, robot.definition.tcp_site)
+    body = mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_BODY, model.site_bodyid[site])
+    x, y, z = (float(v) for v in model.site_pos[site])
+    return body, (x, y, z)
 
 
 def _object_cfg(colour: str, shape: str, slot: int) -> RigidObjectCfg:
@@ -229,7 +236,8 @@ def make_touch_cfg(
     cfg.observation_space = len(robot.state_names)
     cfg.scene.num_envs = num_envs
 
-    gains = _servo_gains(robot)
+    model = robot.load_model()
+    gains = _servo_gains(model)
     joints = [j.name for j in (*robot.arm, *robot.gripper)]
     cfg.scene.robot = ArticulationCfg(
         prim_path="{ENV_REGEX_NS}/Robot",
@@ -262,10 +270,10 @@ def make_touch_cfg(
             f"{c}_{s}": _object_cfg(c, s, slot) for slot, (c, s) in enumerate(object_pairs(spec))
         }
     )
-    paths = _body_paths(robot)
+    paths = _body_paths(model)
     paths_root = next(iter(paths))
     for name in cameras:
-        body, offset, fovy = _camera_offset(robot, name)
+        body, offset, fovy = _camera_offset(model, name)
         focal = 24.0  # mm; the aperture sets the field of view
         aperture = 2 * focal * math.tan(math.radians(fovy) / 2)
         setattr(
@@ -312,7 +320,9 @@ class TouchEnv(DirectRLEnv):
         n_arm = len(self.robot_spec.arm)
         self._arm_ids = [self.robot.find_joints(j.name)[0][0] for j in self.robot_spec.arm]
         self._finger_ids = [self.robot.find_joints(j.name)[0][0] for j in self.robot_spec.gripper]
-        self._hand_id = self.robot.find_bodies(self._tcp_body())[0][0]
+        tcp_body, tcp_offset = _tcp_frame(self.robot_spec)
+        self._hand_id = self.robot.find_bodies(tcp_body)[0][0]
+        self._tcp_offset = torch.tensor(tcp_offset, device=self.device).expand(self.num_envs, 3)
         dev = self.device
         self._joint_low = torch.tensor([j.low for j in self.robot_spec.arm], device=dev)
         self._joint_high = torch.tensor([j.high for j in self.robot_spec.arm], device=dev)
@@ -334,13 +344,6 @@ class TouchEnv(DirectRLEnv):
         self._reset_seeds = np.zeros(self.num_envs, np.int64)
         self._episode_count = np.zeros(self.num_envs, np.int64)
         self._stepping = False
-
-    def _tcp_body(self) -> str:
-        model = mujoco.MjModel.from_xml_path(str(self.robot_spec.definition.mjcf))
-        site = mujoco.mj_name2id(
-            model, mujoco.mjtObj.mjOBJ_SITE, self.robot_spec.definition.tcp_site
-        )
-        return mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_BODY, model.site_bodyid[site])
 
     # -- seeds and layouts ---------------------------------------------------------------------
 
@@ -366,8 +369,7 @@ class TouchEnv(DirectRLEnv):
     def tcp_pos(self) -> torch.Tensor:
         """Tool centre point, (N, 3) m, relative to each environment's origin."""
         pose = self.robot.data.body_link_pose_w.torch[:, self._hand_id]
-        offset = torch.tensor(TCP_OFFSET, device=self.device).expand(self.num_envs, 3)
-        return pose[:, :3] + quat_apply(pose[:, 3:7], offset) - self.scene.env_origins
+        return pose[:, :3] + quat_apply(pose[:, 3:7], self._tcp_offset) - self.scene.env_origins
 
     def target_pos(self) -> torch.Tensor:
         """Centre of each environment's named object, (N, 3) m, relative to its origin."""

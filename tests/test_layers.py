@@ -27,6 +27,12 @@ KEPT_OUT = {
     "robots": {"prefect", "mlflow", "torch"},
     "deploy_edge": {"prefect", "mlflow"},  # torch: only the TensorRT engine's CUDA buffers
 }
+ISAACLAB_ONLY = {"sim_scenes/isaaclab/touch_env.py", "sim_scenes/isaaclab/worker.py"}
+"""Modules that run only in the Isaac Lab environment (its worker process): they import Isaac
+Lab and its torch, so the third-party rule (KEPT_OUT) does not apply to them; the rule between
+our packages does."""
+ISAACLAB_STACK = {"isaaclab", "isaaclab_newton", "isaaclab_tasks", "newton", "warp", "pxr"}
+"""Packages of the Isaac Lab environment, absent from the main one."""
 
 
 def imported_packages(path: Path) -> set[str]:
@@ -47,7 +53,8 @@ def test_each_package_imports_only_what_its_layer_allows(package: str) -> None:
     for path in sorted((ROOT / package).rglob("*.py")):
         imported = imported_packages(path)
         wrong = (imported & OURS) - allowed
-        wrong |= imported & KEPT_OUT.get(package, set())
+        if str(path.relative_to(ROOT)) not in ISAACLAB_ONLY:
+            wrong |= imported & KEPT_OUT.get(package, set())
         if wrong:
             broken[str(path.relative_to(ROOT))] = sorted(wrong)
     assert not broken, f"imports across the layers: {broken}"
@@ -57,3 +64,26 @@ def test_the_checker_sees_a_forbidden_import(tmp_path: Path) -> None:
     sample = tmp_path / "sample.py"
     sample.write_text("from prefect import flow\nimport pipelines.steps\nfrom . import x\n")
     assert imported_packages(sample) == {"prefect", "pipelines"}
+
+
+def test_the_main_environment_never_imports_isaac_lab() -> None:
+    """Only the worker's modules import Isaac Lab's stack at module level, and no module the
+    main environment loads imports those (the backend talks to them over a socket)."""
+    worker_modules = {p.removesuffix(".py").replace("/", ".") for p in ISAACLAB_ONLY}
+    broken = {}
+    for folder in [*MAY_IMPORT, "tests", "benchmarks"]:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            if str(path.relative_to(ROOT)) in ISAACLAB_ONLY:
+                continue
+            tree = ast.parse(path.read_text(), str(path))
+            top_level = set()
+            for node in tree.body:  # function-level imports run only where they are called
+                if isinstance(node, ast.Import):
+                    top_level |= {alias.name for alias in node.names}
+                elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                    top_level.add(node.module)
+            wrong = {m for m in top_level if m.split(".")[0] in ISAACLAB_STACK}
+            wrong |= top_level & worker_modules
+            if wrong:
+                broken[str(path.relative_to(ROOT))] = sorted(wrong)
+    assert not broken, f"Isaac Lab imported outside its worker: {broken}"

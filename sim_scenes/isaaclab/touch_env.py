@@ -241,11 +241,9 @@ def make_touch_cfg(
     joints = [j.name for j in (*robot.arm, *robot.gripper)]
     cfg.scene.robot = ArticulationCfg(
         prim_path="{ENV_REGEX_NS}/Robot",
-        spawn=sim_utils.UsdFileCfg(
-            usd_path=str(robot_usd(robot)),
-            # The MJCF's links carry gravcomp="1": an ideal gravity-compensating controller.
-            rigid_props=sim_utils.RigidBodyPropertiesCfg(disable_gravity=True),
-        ),
+        # Gravity compensation (the MJCF's gravcomp="1") is in the USD: mjc:gravcomp, which
+        # Newton's MuJoCo solver reads (it ignores PhysX's disable_gravity).
+        spawn=sim_utils.UsdFileCfg(usd_path=str(robot_usd(robot))),
         init_state=ArticulationCfg.InitialStateCfg(
             joint_pos={
                 **dict(zip([j.name for j in robot.arm], robot.definition.home_arm, strict=True)),
@@ -502,5 +500,6 @@ gym.register(
     id=TASK_ID,
     entry_point=f"{__name__}:TouchEnv",
     disable_env_checker=True,
-    kwargs={"env_cfg_entry_point": f"{__name__}:TouchEnvCfg"},
+    # make_touch_cfg, not TouchEnvCfg: the bare class has no robot, objects or cameras
+    kwargs={"env_cfg_entry_point": f"{__name__}:make_touch_cfg"},
 )

@@ -27,7 +27,7 @@ from sim_scenes.config import SceneConfig, SimConfig
 from sim_scenes.episodes import play_episodes
 from sim_scenes.expert import ScriptedExpert
 from sim_scenes.isaaclab.client import IsaacLabWorkerError
-from sim_scenes.isaaclab.env import ENV_VAR
+from sim_scenes.isaaclab.env import ENV_VAR, isaaclab_python
 from sim_scenes.mujoco_env import MujocoBatchedEnv
 from sim_scenes.touch import COLOURS, episode_seeds, get_variant, next_episode_seed
 from tests.conftest import needs_isaaclab
@@ -203,3 +203,25 @@ def test_a_worker_that_dies_is_reported_with_its_log(
     with pytest.raises(IsaacLabWorkerError, match="exited with code 3") as err:
         isaac(rp5, 2, (), autoreset=False)
     assert "kernel cache is corrupt" in str(err.value)
+
+
+@needs_isaaclab
+def test_the_registered_task_builds_a_complete_config() -> None:
+    """Isaac Lab's own tools (``parse_env_cfg``, ``gym.make``) get robot, objects and cameras."""
+    code = (
+        "from isaaclab_tasks.utils.parse_cfg import load_cfg_from_registry\n"
+        "import sim_scenes.isaaclab.touch_env as t\n"
+        "cfg = load_cfg_from_registry(t.TASK_ID, 'env_cfg_entry_point')\n"
+        "print(cfg.scene.robot.prim_path, len(cfg.scene.objects.rigid_objects), "
+        "cfg.scene.camera_scene.width, cfg.decimation)\n"
+    )
+    result = subprocess.run(
+        [str(isaaclab_python()), "-c", code],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().splitlines()[-1] == "{ENV_REGEX_NS}/Robot 8 64 10"

@@ -311,7 +311,7 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
                 f"{', '.join(known)}"
             ]
         )
-    rl_from_base = config.finetune.algo in ("ppo", "sac") and config.finetune.warm_start == "none"
+    rl_from_base = config.finetune.is_rl and config.finetune.warm_start == "none"
     if rl_from_base and config.policy.type != "default":
         raise ConfigError(
             [

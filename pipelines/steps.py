@@ -7,7 +7,7 @@ stage logic of their own::
 
     collect_dataset(cfg) -> DatasetRef
     pretrain_base(cfg) -> CheckpointRef | None            (the default VLA's base; cached)
-    finetune_policy(cfg, dataset, base) -> CheckpointRef  (BC, then PPO/SAC if configured)
+    finetune_policy(cfg, dataset, base) -> CheckpointRef  (BC, then PPO/SAC/GRPO if configured)
     export_checkpoint(cfg, checkpoint, out) -> ExportRef
     evaluate_policy(cfg, policy, out) -> EvalReport        (one suite, optional baseline)
     evaluate_candidate(cfg, export, base, champion, out) -> Evaluation  (the pipeline's)
@@ -119,7 +119,7 @@ def pretrain_base(
 
 def needs_dataset(cfg: PipelineConfig) -> bool:
     """Whether fine-tuning reads demonstrations (not for RL from the base's fresh adapters)."""
-    return not (cfg.finetune.algo in ("ppo", "sac") and cfg.finetune.warm_start == "none")
+    return not (cfg.finetune.is_rl and cfg.finetune.warm_start == "none")
 
 
 def finetune_policy(
@@ -130,7 +130,7 @@ def finetune_policy(
     ray_address: str | None = None,
 ) -> CheckpointRef:
     """Fine-tune as ``cfg.finetune`` says: behaviour cloning of ``base`` (or of a hub-vlm
-    backbone) on ``dataset``, then PPO or SAC in simulation when ``algo`` is ppo or sac; with
+    backbone) on ``dataset``, then RL in simulation when ``algo`` is ppo, sac or grpo; with
     ``warm_start: none`` RL starts from ``base`` with fresh adapters and ``dataset`` is unused.
     Each part is cached and resumable."""
     from stages.finetune import finetune
@@ -156,7 +156,7 @@ def finetune_policy(
         raise AssertionError("RL from fresh adapters needs the default VLA's base")
     else:
         start = base
-    if cfg.finetune.algo not in ("ppo", "sac"):
+    if not cfg.finetune.is_rl:
         return start
     return rl_finetune_from(cfg, start, listener, ray_address)
 
@@ -168,7 +168,7 @@ def rl_finetune_from(
     ray_address: str | None = None,
     checkpoints: Path | None = None,
 ) -> CheckpointRef:
-    """PPO or SAC (``cfg.finetune.algo``) in simulation from ``start`` (a BC fine-tune, or a
+    """PPO, SAC or GRPO (``cfg.finetune.algo``) in simulation from ``start`` (a BC fine-tune, or a
     base with fresh adapters), under ``checkpoints`` (default the home's); cached, resumable."""
     from stages.finetune import rl_finetune
 

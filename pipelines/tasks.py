@@ -223,11 +223,11 @@ def finetune_stage(
     ctx: RunContext, dataset: DatasetRef, base: CheckpointRef | None
 ) -> CheckpointRef:
     """LoRA (or full) behaviour cloning of the base on the target task's dataset, then RL in
-    simulation when ``finetune.algo`` is ppo or sac."""
+    simulation when ``finetune.algo`` is ppo, sac or grpo."""
     from stages.policy.checkpoint import CheckpointRef
 
     cfg = ctx.cfg
-    rl = cfg.finetune.algo in ("ppo", "sac")
+    rl = cfg.finetune.is_rl
     sections = ("policy", "finetune", "seed") + (("robot", "scene", "sim") if rl else ())
     inputs = {
         "dataset": dataset.content_hash,

@@ -140,8 +140,8 @@ def finetune(
     algo: Annotated[
         str | None,
         typer.Option(
-            help="bc, ppo or sac (overrides finetune.algo). ppo/sac: RL in simulation after the "
-            "BC warm start, or from the base with finetune.warm_start: none."
+            help="bc, ppo, sac or grpo (overrides finetune.algo). ppo/sac/grpo: RL in simulation "
+            "after the BC warm start, or from the base with finetune.warm_start: none."
         ),
     ] = None,
     dataset: Annotated[
@@ -153,14 +153,15 @@ def finetune(
     ray_address: RayAddressOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Fine-tune the policy: behaviour cloning on demonstrations, then optionally RL (PPO/SAC).
+    """Fine-tune the policy: behaviour cloning on demonstrations, then optionally RL (PPO/SAC/GRPO).
 
     policy.type default: freezes the pretrained base (pretrained first if missing) and trains
     LoRA adapters + heads (finetune.trainable: lora) or everything (all). policy.type hub-vlm:
     LoRA on the pretrained backbone at policy.backbone. BC runs on finetune.bc.workers Ray
-    Train workers. With --algo ppo or sac, RL runs on finetune.rl.workers rollout-worker actors
-    and one learner actor, syncing only the trainable weights; it writes learning_curves.png
-    beside its checkpoints. An interrupted run resumes from its latest checkpoint when re-run.
+    Train workers. With --algo ppo, sac or grpo, RL runs on finetune.rl.workers rollout-worker
+    actors and one learner actor, syncing only the trainable weights; it writes
+    learning_curves.png beside its checkpoints. An interrupted run resumes from its latest
+    checkpoint when re-run.
     """
     cfg = load(config, set_, **{"finetune.algo": algo})
     if dataset is not None and steps.needs_dataset(cfg):
@@ -185,7 +186,7 @@ def finetune(
             "finetune", lambda show: steps.finetune_policy(cfg, data, base, show, ray_address)
         )
     (run_dir / "checkpoint_ref.json").write_text(json.dumps(ref.to_json(), indent=2))
-    rl = cfg.finetune.algo in ("ppo", "sac")
+    rl = cfg.finetune.is_rl
     title = f"{cfg.finetune.algo.upper()}-fine-tuned policy" if rl else "fine-tuned policy"
     show_checkpoint(title, ref, time.perf_counter() - start)
     if rl:

@@ -1,12 +1,14 @@
 """The interface of an RL algorithm, as the learner (:mod:`stages.finetune.learner`) uses it.
 
-PPO (:mod:`stages.finetune.ppo`) and SAC (:mod:`stages.finetune.sac`) implement it. An
+PPO (:mod:`stages.finetune.ppo`), SAC (:mod:`stages.finetune.sac`) and GRPO
+(:mod:`stages.finetune.grpo`) implement it. An
 algorithm is built as ``Algorithm(policy, reference, params, settings, gamma, horizon, seed)``:
 the policy being trained, the frozen start policy (the KL anchor), the parameters RL trains
 (:func:`stages.finetune.rollout.rl_parameters`), its config section (``PPOConfig`` /
 ``SACConfig``), the discount per control step, the actions executed per decision, and the seed
 of its sampling RNG. It owns its own heads (value head, critics) and optimizers; the learner
-checkpoints them through :meth:`RLAlgorithm.modules` and :meth:`RLAlgorithm.optimizers`.
+checkpoints them through :meth:`RLAlgorithm.modules` and :meth:`RLAlgorithm.optimizers`, and
+sends the rollout workers the ones they act with (:meth:`RLAlgorithm.acting_modules`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from stages.finetune.rollout import Rollout
+    from stages.finetune.rollout import GroupRollout, Rollout  # noqa: F401 (docs)
 
 
 class RLAlgorithm(Protocol):
@@ -27,16 +29,22 @@ class RLAlgorithm(Protocol):
     rng: np.random.Generator
     """Draws minibatches / replay samples; saved with each checkpoint (a resume continues it)."""
 
-    def update(self, batch: Rollout) -> dict[str, float]:
-        """Train on one round: ``batch`` is every worker's rollout side by side, ``T``
-        decisions x ``N`` environments (observations ``(T + 1, N, ...)``, actions
+    def update(self, batch: Any) -> dict[str, float]:
+        """Train on one round. PPO and SAC: a :class:`Rollout`, every worker's side by side,
+        ``T`` decisions x ``N`` environments (observations ``(T + 1, N, ...)``, actions
         ``(T, N, horizon, action_dim)`` in normalised units, rewards ``(T, N)`` discounted
-        within each executed chunk). Returns the update's metrics (losses, ``updates``: gradient
+        within each executed chunk). GRPO: a :class:`GroupRollout`, whole episodes in groups
+        that share a reset seed. Returns the update's metrics (losses, ``updates``: gradient
         steps taken), averaged over its gradient steps."""
         ...
 
     def modules(self) -> dict[str, nn.Module]:
         """What a learner checkpoint saves besides the policy (value head, critics), by name."""
+        ...
+
+    def acting_modules(self) -> dict[str, nn.Module]:
+        """Modules the rollout workers run beside the policy, by name, synced with it (PPO:
+        the value head, so the workers record each state's value as they play)."""
         ...
 
     def optimizers(self) -> dict[str, torch.optim.Optimizer]:

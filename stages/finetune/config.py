@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from sim_scenes.touch import available_variants
 
@@ -116,6 +116,32 @@ class SACConfig(BaseModel):
     """Weight of KL(policy || frozen starting policy)."""
 
 
+class GRPOConfig(BaseModel):
+    """Group relative policy optimisation (RLinf's and SimpleVLA-RL's algorithm for VLAs):
+    groups of episodes from one reset seed, each episode's advantage its outcome against its
+    group's, a clipped ratio, no critic."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    group_size: int = Field(default=8, ge=2, le=1024)
+    """Episodes played from the same reset seed (same scene, same instruction)."""
+    groups_per_worker: int = Field(default=4, ge=1, le=100_000)
+    """Groups each rollout worker plays per round (on ``envs_per_worker`` environments)."""
+    epochs: int = Field(default=1, ge=1, le=100)
+    """Passes over each round's decisions."""
+    minibatch_size: int = Field(default=256, ge=1, le=1_000_000)
+    """Decisions per gradient step."""
+    lr: float = Field(default=1e-4, gt=0, le=1.0)
+    """Learning rate of the policy's adapters and heads (Adam)."""
+    clip: float = Field(default=0.2, gt=0, le=1.0)
+    """Lower clip range of the probability ratio (1 - clip)."""
+    clip_high: float = Field(default=0.28, gt=0, le=1.0)
+    """Upper clip range (1 + clip_high): higher than ``clip`` lets rare good actions grow
+    (DAPO's clip-higher, as SimpleVLA-RL uses)."""
+    kl_coef: float = Field(default=0.0, ge=0)
+    """Weight of KL(policy || frozen starting policy); SimpleVLA-RL and DAPO use none."""
+
+
 class RLConfig(BaseModel):
     """RL fine-tuning on Ray: rollout-worker actors and one learner actor (``finetune.rl``)."""
 
@@ -135,7 +161,11 @@ class RLConfig(BaseModel):
     at least 1). The default fits 2 workers and the learner on 2 cores: PPO's rollouts and
     updates alternate, so they do not compete."""
     learner_cpus: float = Field(default=1.0, gt=0)
-    """Ray CPUs reserved for the learner (also its torch threads)."""
+    """Ray CPUs reserved for the learner."""
+    learner_threads: int | None = Field(default=None, ge=1, le=1024)
+    """Torch threads of the learner. Default: every core of its node for PPO and GRPO, whose
+    rollouts and updates alternate (the rollout workers' cores are idle while it learns), and
+    ``learner_cpus`` rounded down for SAC, whose rollouts run during its updates."""
     gamma: float = Field(default=0.98, gt=0, le=1.0)
     """Discount per control step."""
     horizon: int = Field(default=1, ge=1, le=64)
@@ -153,6 +183,29 @@ class RLConfig(BaseModel):
     """Iterations between learner checkpoints (a re-run resumes from the latest)."""
     ppo: PPOConfig = PPOConfig()
     sac: SACConfig = SACConfig()
+    grpo: GRPOConfig = GRPOConfig()
+
+    def settings(self, algo: str) -> PPOConfig | SACConfig | GRPOConfig:
+        """The section of algorithm ``algo``."""
+        if algo == "ppo":
+            return self.ppo
+        if algo == "sac":
+            return self.sac
+        if algo == "grpo":
+            return self.grpo
+        raise ValueError(f"unknown RL algorithm {algo!r}; valid choices: {', '.join(RL_ALGOS)}")
+
+    def learner_torch_threads(self, algo: str, cores: int) -> int:
+        """Torch threads of the learner on a node with ``cores`` cores (``learner_threads``)."""
+        if self.learner_threads is not None:
+            return self.learner_threads
+        return cores if algo in ON_POLICY else max(1, int(self.learner_cpus))
+
+
+RL_ALGOS = ("ppo", "sac", "grpo")
+"""``finetune.algo`` values that run RL in simulation after (or instead of) BC."""
+ON_POLICY = ("ppo", "grpo")
+"""Algorithms whose rollouts and updates alternate (the learner waits for fresh rollouts)."""
 
 
 class FinetuneConfig(BaseModel):
@@ -160,12 +213,26 @@ class FinetuneConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
-    algo: Literal["bc", "ppo", "sac"] = "bc"
-    """``bc``: behaviour cloning only. ``ppo`` / ``sac``: RL in simulation after the BC warm
-    start (or instead of it, with ``warm_start: none``)."""
+    algo: Literal["bc", "ppo", "sac", "grpo"] = "bc"
+    """``bc``: behaviour cloning only. ``ppo`` / ``sac`` / ``grpo``: RL in simulation after the
+    BC warm start (or instead of it, with ``warm_start: none``)."""
     warm_start: Literal["bc", "none"] = "bc"
     """RL only: start from the BC fine-tune (``bc``) or from the base with fresh adapters."""
     trainable: Literal["lora", "all"] = "lora"
     """``lora``: freeze the base, train LoRA adapters + heads; ``all``: full fine-tuning."""
     bc: BCConfig = BCConfig()
     rl: RLConfig = RLConfig()
+
+    @property
+    def is_rl(self) -> bool:
+        """RL in simulation runs (after or instead of BC)."""
+        return self.algo in RL_ALGOS
+
+    @model_validator(mode="after")
+    def _grpo_acts_every_step(self) -> FinetuneConfig:
+        if self.algo == "grpo" and self.rl.horizon != 1:
+            raise ValueError(
+                "finetune.algo grpo scores whole episodes and re-plans every control step: "
+                f"finetune.rl.horizon must be 1, got {self.rl.horizon}"
+            )
+        return self

@@ -1,9 +1,11 @@
-"""The RL learner: the policy being trained, the frozen start policy, and PPO or SAC state.
+"""The RL learner: the policy being trained, the frozen start policy, and the algorithm's state
+(PPO, SAC or GRPO).
 
 It runs as one Ray actor (see :mod:`stages.finetune.rl`); Ray restarts it if its process dies,
 and its constructor then continues from the latest checkpoint, as a re-run does. After each
-update it hands out only the parameters RL trains (LoRA adapters, action head, log-std) as
-numpy arrays in the sync precision; the workers load them in place.
+update it hands out only the parameters RL trains (LoRA adapters, action head, log-std) and
+the algorithm's acting modules (PPO's value head) as numpy arrays in the sync precision; the
+workers load them in place.
 
 A learner checkpoint is a policy checkpoint (``step-XXXXXXX/`` with ``policy.json``, the
 adapters and heads in ``model.safetensors``, the tokenizer: exportable and evaluable as is)
@@ -30,12 +32,19 @@ from stages.finetune.checkpoints import (
     restore_training_state,
 )
 from stages.finetune.config import RLConfig
+from stages.finetune.grpo import GRPO
 from stages.finetune.ppo import PPO
-from stages.finetune.rollout import Rollout, concat_rollouts, rl_parameters
+from stages.finetune.rollout import (
+    GroupRollout,
+    Rollout,
+    concat_groups,
+    concat_rollouts,
+    rl_parameters,
+)
 from stages.finetune.sac import SAC
 from stages.policy.checkpoint import BaseRef, load_policy, load_trainable, read_policy_meta
 
-ALGORITHMS: dict[str, Callable[..., RLAlgorithm]] = {"ppo": PPO, "sac": SAC}
+ALGORITHMS: dict[str, Callable[..., RLAlgorithm]] = {"ppo": PPO, "sac": SAC, "grpo": GRPO}
 LEARNER_FILE = "learner.safetensors"
 """In a step checkpoint's ``training/``: the algorithm's modules and optimizer moments."""
 
@@ -50,23 +59,21 @@ class Learner:
         rl: dict[str, Any],
         seed: int,
         out: str,
-        threads: int = 1,
     ) -> None:
-        torch.set_num_threads(threads)
-        torch.manual_seed(seed)
         self.cfg = RLConfig(**rl)
+        torch.set_num_threads(self.cfg.learner_torch_threads(algo, os.cpu_count() or 1))
+        torch.manual_seed(seed)
         self.out = Path(out)
         self.policy = load_policy(start_checkpoint)
         self.reference = load_policy(start_checkpoint).eval().requires_grad_(False)
         meta = read_policy_meta(start_checkpoint)
         self.base = BaseRef.from_json(meta["base"]) if meta.get("base") else None
         self.params = rl_parameters(self.policy)
-        settings = self.cfg.ppo if algo == "ppo" else self.cfg.sac
         self.algo = ALGORITHMS[algo](
             self.policy,
             self.reference,
             self.params,
-            settings,
+            self.cfg.settings(algo),
             self.cfg.gamma,
             self.cfg.horizon,
             seed,
@@ -80,26 +87,40 @@ class Learner:
         """Where training stands: iteration, the sizes weight sync is judged by, and the
         process (a restarted learner has a new one, and is at its last checkpoint)."""
         dtype = np.dtype(self.cfg.sync_dtype)
-        sync_bytes = sum(p.numel() for p in self.params.values()) * dtype.itemsize
+        synced = sum(p.numel() for p in self._synced().values())
         full = sum(p.numel() for n, p in self.policy.named_parameters() if "lora_" not in n)
         return {
             "iteration": self.iteration,
             "pid": os.getpid(),
-            "sync_bytes": sync_bytes,
+            "sync_bytes": synced * dtype.itemsize,
             "full_model_bytes": full * 4,
-            "synced_params": sum(p.numel() for p in self.params.values()),
+            "synced_params": synced,
             "full_params": full,
+            "threads": torch.get_num_threads(),
         }
 
-    def weights(self) -> dict[str, np.ndarray]:
-        """The trainable parameters in the sync precision (what workers load)."""
-        dtype = np.dtype(self.cfg.sync_dtype)
-        return {n: p.detach().numpy().astype(dtype) for n, p in self.params.items()}
+    def _synced(self) -> dict[str, torch.Tensor]:
+        """What the workers act with: the trainable parameters, then the acting modules'
+        parameters as ``<module>/<name>``."""
+        synced: dict[str, torch.Tensor] = dict(self.params)
+        for module_name, module in self.algo.acting_modules().items():
+            for name, param in module.named_parameters():
+                synced[f"{module_name}/{name}"] = param
+        return synced
 
-    def update(self, rollouts: list[Rollout]) -> dict[str, float]:
+    def weights(self) -> dict[str, np.ndarray]:
+        """What the workers act with, in the sync precision (what workers load)."""
+        dtype = np.dtype(self.cfg.sync_dtype)
+        return {n: p.detach().numpy().astype(dtype) for n, p in self._synced().items()}
+
+    def update(self, rollouts: list[Rollout] | list[GroupRollout]) -> dict[str, float]:
         """One algorithm update on the round's rollouts; returns its metrics."""
         tick = time.perf_counter()
-        metrics = self.algo.update(concat_rollouts(rollouts))
+        if isinstance(rollouts[0], GroupRollout):
+            batch: Rollout | GroupRollout = concat_groups(rollouts)
+        else:
+            batch = concat_rollouts(rollouts)
+        metrics = self.algo.update(batch)
         self.iteration += 1
         return metrics | {"learn_compute_s": time.perf_counter() - tick}
 

@@ -2,8 +2,9 @@
 
 One update, on the rollouts of every worker (``T`` decisions x ``N`` environments)::
 
-    no grad:  V(obs[0..T]) from the value head on the policy's features
-              the frozen start policy's Gaussians on obs[0..T-1]
+    recorded by the workers while playing (the learner runs no forward pass without gradients):
+              V(obs[0..T]) from their synced copy of the value head
+              the frozen start policy's means on obs[0..T-1] (when kl_coef > 0)
     advantages, returns = gae(rewards, V, terminated, truncated, gamma ** horizon, lambda)
     for each epoch, for each minibatch of decisions:
         ratio  = exp(log pi(a|s) - log pi_old(a|s))
@@ -28,28 +29,14 @@ from torch.distributions import kl_divergence
 
 from stages.finetune.algorithm import RLAlgorithm
 from stages.finetune.config import PPOConfig
+from stages.finetune.heads import ValueHead
 from stages.finetune.rollout import (
     Rollout,
     chunk_distribution,
     flatten_observations,
-    forward_in_batches,
     pooled_features,
 )
 from stages.policy.base import VLAPolicy
-
-
-class ValueHead(nn.Module):
-    """Features ``(B, d)`` -> state value ``(B,)``."""
-
-    def __init__(self, width: int, hidden: int = 128) -> None:
-        super().__init__()
-        self.net = nn.Sequential(
-            nn.Linear(width, hidden), nn.Tanh(), nn.Linear(hidden, hidden), nn.Tanh()
-        )
-        self.out = nn.Linear(hidden, 1)
-
-    def forward(self, features: torch.Tensor) -> torch.Tensor:
-        return self.out(self.net(features)).squeeze(-1)
 
 
 def gae(
@@ -79,14 +66,20 @@ def gae(
 
 
 def clipped_objective(
-    logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, clip: float
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    clip: float,
+    clip_high: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """PPO's clipped surrogate loss (to minimise) and the fraction of clipped ratios."""
+    """PPO's clipped surrogate loss (to minimise) and the fraction of clipped ratios. The
+    ratio is clipped to ``[1 - clip, 1 + clip_high]`` (``clip_high`` defaults to ``clip``)."""
+    high = clip if clip_high is None else clip_high
     ratio = (logp - old_logp).exp()
     unclipped = ratio * advantages
-    clipped = ratio.clamp(1.0 - clip, 1.0 + clip) * advantages
+    clipped = ratio.clamp(1.0 - clip, 1.0 + high) * advantages
     loss = -torch.minimum(unclipped, clipped).mean()
-    return loss, ((ratio - 1.0).abs() > clip).float().mean()
+    return loss, ((ratio < 1.0 - clip) | (ratio > 1.0 + high)).float().mean()
 
 
 class PPO(RLAlgorithm):
@@ -120,6 +113,10 @@ class PPO(RLAlgorithm):
         """What a learner checkpoint saves besides the policy."""
         return {"value": self.value}
 
+    def acting_modules(self) -> dict[str, nn.Module]:
+        """The value head: the workers value the states they visit with a synced copy."""
+        return {"value": self.value}
+
     def advantages(self, batch: Rollout, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """GAE over the round's decisions, ``values`` ``(T + 1, N)``: a decision spans
         ``horizon`` control steps (its reward is already discounted inside the chunk), so
@@ -134,17 +131,20 @@ class PPO(RLAlgorithm):
         )
 
     def update(self, batch: Rollout) -> dict[str, float]:
+        if batch.value is None:
+            raise ValueError("PPO needs the workers' state values (a worker with value_head)")
+        if self.cfg.kl_coef > 0 and batch.ref_mean is None:
+            raise ValueError("kl_coef > 0 needs the start policy's means (a kl_anchor worker)")
         steps, envs = batch.reward.shape
-        obs_index = np.arange((steps + 1) * envs)
-        outs = forward_in_batches(self.policy, batch, obs_index)
-        with torch.no_grad():
-            values = torch.cat([self.value(pooled_features(o)) for o in outs]).numpy()
-        values = values.reshape(steps + 1, envs)
+        values = batch.value
         advantages, returns = self.advantages(batch, values)
         decisions = np.arange(steps * envs)
-        ref_outs = forward_in_batches(self.reference, batch, decisions)
-        ref_mean = torch.cat([o.mean[:, : self.horizon] for o in ref_outs])
-        ref_log_std = ref_outs[0].log_std
+        ref_mean = (
+            torch.as_tensor(batch.ref_mean.reshape(steps * envs, *batch.ref_mean.shape[2:]))
+            if batch.ref_mean is not None
+            else None
+        )
+        ref_log_std = self.reference.log_std.detach()
         flat = flatten_observations(batch)
         actions = torch.as_tensor(batch.actions.reshape(steps * envs, *batch.actions.shape[2:]))
         old_logp = torch.as_tensor(batch.logp.reshape(-1))
@@ -167,10 +167,12 @@ class PPO(RLAlgorithm):
                 )
                 value_loss = ((self.value(pooled_features(out)) - ret[index]) ** 2).mean()
                 entropy = dist.entropy().sum(dim=(1, 2)).mean()
-                ref = torch.distributions.Normal(
-                    ref_mean[index], ref_log_std.exp().expand_as(ref_mean[index])
-                )
-                kl_ref = kl_divergence(dist, ref).sum(dim=(1, 2)).mean()
+                kl_ref = torch.zeros(())
+                if ref_mean is not None:
+                    ref = torch.distributions.Normal(
+                        ref_mean[index], ref_log_std.exp().expand_as(ref_mean[index])
+                    )
+                    kl_ref = kl_divergence(dist, ref).sum(dim=(1, 2)).mean()
                 loss = (
                     policy_loss
                     + self.cfg.value_coef * value_loss

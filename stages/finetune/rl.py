@@ -1,9 +1,11 @@
 """RL fine-tuning on Ray: rollout-worker actors and one learner actor, LoRA-only weight sync.
 
-    learner  = Learner actor (policy, frozen start policy, PPO or SAC, optimizer state)
+    learner  = Learner actor (policy, frozen start policy, PPO, SAC or GRPO, optimizer state)
     workers  = N RolloutWorker actors (batched simulator + policy copy, inference only)
     for iteration in start..iterations:
         rollouts = every worker plays steps_per_env decisions with the synced weights
+                   (GRPO: groups_per_worker groups of group_size whole episodes, each group
+                   from one reset seed drawn for this iteration and worker)
         update   = learner trains on them                         (SAC: overlapped with the
                                                                    next round's rollouts)
         sync     = learner's trainable weights -> object store -> every worker
@@ -30,9 +32,9 @@ import numpy as np
 
 from robo_pipe.locks import StatusFn
 from stages.finetune.checkpoints import latest_checkpoint, log_metrics, read_metrics
-from stages.finetune.config import RLConfig
+from stages.finetune.config import ON_POLICY, GRPOConfig, RLConfig
 from stages.finetune.learner import Learner
-from stages.finetune.rollout import Rollout, RolloutWorker
+from stages.finetune.rollout import GroupRollout, Rollout, RolloutWorker
 from stages.ray_runtime import RayClusterError
 from stages.worker_pool import WorkerPool, WorkersDiedError, restartable
 
@@ -52,7 +54,7 @@ class RLJob:
     start_checkpoint: str
     """The policy RL starts from (the BC fine-tune, or the base with fresh adapters)."""
     algo: str
-    """``ppo`` or ``sac``."""
+    """``ppo``, ``sac`` or ``grpo``."""
     robot: str
     scene: dict[str, Any]
     sim: dict[str, Any]
@@ -117,8 +119,8 @@ def train_rl(
     from ray.exceptions import RayActorError, RayTaskError
 
     cfg = RLConfig(**job.rl)
-    settings = cfg.ppo if job.algo == "ppo" else cfg.sac
-    off_policy = job.algo == "sac"
+    settings = cfg.settings(job.algo)
+    off_policy = job.algo not in ON_POLICY
     out = Path(job.out)
     out.mkdir(parents=True, exist_ok=True)
     wanted = cfg.learner_cpus + cfg.workers * cfg.worker_cpus
@@ -136,9 +138,7 @@ def train_rl(
     )
     worker_cls = restartable(RolloutWorker, cfg.worker_cpus, cfg.max_worker_restarts)
     threads = max(1, int(cfg.worker_cpus))
-    learner = learner_cls.remote(
-        job.start_checkpoint, job.algo, job.rl, job.seed, job.out, max(1, int(cfg.learner_cpus))
-    )
+    learner = learner_cls.remote(job.start_checkpoint, job.algo, job.rl, job.seed, job.out)
     # Waits out a restart should the learner die while starting (it starts the same way again).
     sizes = ray.get(learner.state.options(max_task_retries=-1).remote())
     learner_pid = sizes["pid"]
@@ -156,6 +156,9 @@ def train_rl(
             job.seed + 1000 * run.iteration,
             slot,
             threads,
+            kl_anchor=job.algo != "sac" and settings.kl_coef > 0,  # SAC's learner computes it
+            value_head=job.algo == "ppo",
+            episodic=job.algo == "grpo",
         )
 
     def learner_call(ref: Any) -> Any:
@@ -204,6 +207,16 @@ def train_rl(
 
     def launch() -> list[Any]:
         weights, version = run.weights, run.iteration
+        if isinstance(settings, GRPOConfig):
+            return [
+                worker.play_groups.remote(
+                    group_seeds(job.seed, version, slot, settings.groups_per_worker),
+                    settings.group_size,
+                    weights,
+                    version,
+                )
+                for slot, worker in enumerate(run.workers)
+            ]
         return run.pool.call_each(
             lambda w: w.rollout.remote(settings.steps_per_env, weights, version)
         )
@@ -221,7 +234,7 @@ def train_rl(
                     run.weights = fetch_weights()
                     pending = launch()
                 tick = time.perf_counter()
-                rollouts: list[Rollout] = run.pool.gather(
+                rollouts: list[Rollout | GroupRollout] = run.pool.gather(
                     pending, f"its rollout of iteration {run.iteration + 1}"
                 )
                 pending = []
@@ -239,7 +252,7 @@ def train_rl(
                 round_steps = sum(r.env_steps for r in rollouts)
                 env_steps += round_steps
                 wall = rollout_s + learn_s + sync_s
-                success = [s for r in rollouts for s in r.success]
+                success = [bool(s) for r in rollouts for s in r.success]
                 record = {
                     "step": run.iteration,
                     "env_steps": env_steps,
@@ -307,6 +320,13 @@ def train_rl(
     return latest
 
 
+def group_seeds(seed: int, iteration: int, slot: int, groups: int) -> list[int]:
+    """The reset seeds of the GRPO groups worker ``slot`` plays in round ``iteration``: the
+    same for a worker that Ray restarted, or a resumed run."""
+    rng = np.random.default_rng([seed, iteration, slot, 0x6772706F])  # "grpo"
+    return [int(s) for s in rng.integers(0, 2**31 - 1, groups)]
+
+
 def _logged(out: Path, key: str, step: int) -> int:
     """``key`` of the metrics record of iteration ``step`` (0 before the first)."""
     records = [r for r in read_metrics(out) if r["step"] == step]
@@ -340,8 +360,11 @@ def plot_learning_curves(out: Path, algo: str) -> Path | None:
     import matplotlib.pyplot as plt
 
     steps = [r["env_steps"] for r in records]
-    losses = ["policy_loss", "value_loss", "kl_ref"] if algo == "ppo" else ["critic_loss"]
-    losses += ["actor_loss", "kl_ref"] if algo == "sac" else []
+    losses = {
+        "ppo": ["policy_loss", "value_loss", "kl_ref"],
+        "sac": ["critic_loss", "actor_loss", "kl_ref"],
+        "grpo": ["policy_loss", "approx_kl", "kl_ref"],
+    }[algo]
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
     axes[0].plot(steps, [r["success_rate"] for r in records], ".", alpha=0.3, label="per round")
     axes[0].plot(steps, rolling_success(records), label=f"last {ROLLING_EPISODES} episodes")

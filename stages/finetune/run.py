@@ -9,7 +9,7 @@ result (robot, cameras, policy, pretraining config, seed): later runs reuse it.
 ``trainable: all``) on the target task's dataset; a ``hub-vlm`` policy starts from its
 pretrained backbone instead. Output under ``$ROBO_PIPE_HOME/checkpoints/<name>-finetune-<key>``.
 
-``rl_finetune``: PPO or SAC in simulation from a BC fine-tune (or the base with fresh
+``rl_finetune``: PPO, SAC or GRPO in simulation from a BC fine-tune (or the base with fresh
 adapters), with rollout-worker and learner actors (:mod:`stages.finetune.rl`).
 
 ``pretrain`` and ``finetune`` run :func:`stages.finetune.bc.train_bc` on ``bc.workers`` Ray
@@ -230,7 +230,7 @@ def rl_finetune(
     lora: LoraSettings | None = None,
     on_status: StatusFn | None = None,
 ) -> CheckpointRef:
-    """RL fine-tuning (``config.algo``: ppo or sac) in simulation on ``scene.variant``, from
+    """RL fine-tuning (``config.algo``: ppo, sac or grpo) in simulation on ``scene.variant``, from
     ``start``: a BC fine-tune, or a base checkpoint (then with fresh LoRA adapters). Output under
     ``checkpoints_dir/<name>-<algo>-<key>``; an interrupted run resumes from its latest learner
     checkpoint, a finished one returns its record at once. ``lora``: the adapters to add to a
@@ -238,8 +238,10 @@ def rl_finetune(
     reuses another run's training."""
     from stages.finetune.rl import RLJob, train_rl
 
-    if config.algo not in ("ppo", "sac"):
-        raise ValueError(f"RL fine-tuning needs finetune.algo ppo or sac, not {config.algo!r}")
+    if not config.is_rl:
+        raise ValueError(
+            f"RL fine-tuning needs finetune.algo ppo, sac or grpo, not {config.algo!r}"
+        )
     if checkpoint_hash(start.path) != start.content_hash:
         raise CheckpointError(f"{start.path}: checkpoint changed since it was recorded")
     lora = lora or LoraSettings()

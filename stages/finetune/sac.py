@@ -203,6 +203,9 @@ class SAC(RLAlgorithm):
         """What a learner checkpoint saves besides the policy (the buffer is not saved)."""
         return {"critics": self.critics, "target": self.target}
 
+    def acting_modules(self) -> dict[str, nn.Module]:
+        return {}
+
     def update(self, batch: Rollout) -> dict[str, float]:
         added = self.buffer.add(batch)
         metrics: dict[str, float] = {"buffer": float(len(self.buffer)), "stored": float(added)}

@@ -1,4 +1,4 @@
-"""RL fine-tuning: the known properties of PPO's and SAC's pieces, the learner's updates on real
+"""RL fine-tuning: the known properties of PPO's, SAC's and GRPO's pieces, the learner's updates on real
 rollouts, and the Ray run: weight sync, a killed rollout worker restarted, a killed learner
 resumed from its checkpoint, and the named error when Ray may restart no more."""
 
@@ -17,10 +17,17 @@ import torch
 
 from robots.spec import RobotSpec
 from sim_scenes.config import RewardConfig, SceneConfig, SimConfig
-from stages.finetune.config import PPOConfig, RLConfig, SACConfig
+from stages.finetune.config import FinetuneConfig, GRPOConfig, PPOConfig, RLConfig, SACConfig
+from stages.finetune.grpo import GRPO, group_advantages
 from stages.finetune.ppo import PPO, clipped_objective, gae
 from stages.finetune.rl import RLJob, RLRun, train_rl
-from stages.finetune.rollout import Rollout, RolloutWorker, chunk_transition, rl_parameters
+from stages.finetune.rollout import (
+    Rollout,
+    RolloutWorker,
+    chunk_distribution,
+    chunk_transition,
+    rl_parameters,
+)
 from stages.finetune.sac import (
     SAC,
     ReplayBuffer,
@@ -57,9 +64,12 @@ def start(tmp_path_factory: pytest.TempPathFactory, rp5: RobotSpec) -> str:
     return str(root / "lora")
 
 
-def worker(start: str, envs: int = 3, horizon: int = 1) -> RolloutWorker:
+def worker(start: str, envs: int = 3, horizon: int = 1, **kinds: bool) -> RolloutWorker:
+    """A rollout worker of the tiny policy; ``kinds``: ``kl_anchor``, ``value_head`` (both on
+    by default: what PPO's workers run), ``episodic``."""
+    kinds = {"kl_anchor": True, "value_head": True} | kinds
     return RolloutWorker(
-        start, "rp5", SCENE.model_dump(), SIM.model_dump(), envs, horizon, 0.98, 0, 0
+        start, "rp5", SCENE.model_dump(), SIM.model_dump(), envs, horizon, 0.98, 0, 0, **kinds
     )
 
 
@@ -338,6 +348,97 @@ def test_replay_buffer_samples_only_filled_slots() -> None:
     assert sample["obs"]["state"].shape == (500, 6)
 
 
+# -- GRPO ------------------------------------------------------------------------------------
+
+
+def test_grpo_advantages_within_a_group_sum_to_zero() -> None:
+    outcomes = np.array([1, 0, 0, 0, 1, 1, 0, 1, 1, 1, 1, 1, 0, 0, 0, 0], np.float32)
+    groups = np.repeat(np.arange(4), 4)
+    advantages, kept = group_advantages(outcomes, groups)
+    # group 0: mean 0.25, std sqrt(0.1875): 0.75 / 0.4330 = 1.732, -0.25 / 0.4330 = -0.577
+    np.testing.assert_allclose(advantages[:4], [1.7320, -0.5773, -0.5773, -0.5773], atol=1e-3)
+    assert kept.tolist() == [True] * 8 + [False] * 8, "all-success and all-failure: dropped"
+    assert not advantages[8:].any()
+    rng = np.random.default_rng(0)
+    groups = rng.integers(0, 5, 200)
+    advantages, _ = group_advantages(rng.random(200), groups)
+    for g in range(5):
+        assert abs(advantages[groups == g].sum()) < 1e-4
+
+
+def test_a_zero_advantage_gives_no_gradient() -> None:
+    logp = torch.randn(8, requires_grad=True)
+    loss, _ = clipped_objective(logp, logp.detach() + 0.3, torch.zeros(8), 0.2, 0.28)
+    loss.backward()
+    assert logp.grad is not None and not logp.grad.any()
+
+
+def test_clip_high_lets_a_good_action_grow_further_than_clip() -> None:
+    logp = torch.log(torch.tensor([1.25])).requires_grad_()
+    _, symmetric = clipped_objective(logp, torch.zeros(1), torch.ones(1), 0.2)
+    loss, higher = clipped_objective(logp, torch.zeros(1), torch.ones(1), 0.2, 0.28)
+    loss.backward()
+    assert symmetric.item() == 1.0 and higher.item() == 0.0
+    assert logp.grad is not None and logp.grad.item() < 0, "ratio 1.25 < 1.28: still pushed up"
+
+
+def test_play_groups_plays_every_seed_group_size_times(start: str) -> None:
+    w = worker(start, envs=3, episodic=True, value_head=False, kl_anchor=False)
+    try:
+        batch = w.play_groups([11, 12], group_size=2)
+    finally:
+        w.close()
+    assert batch.group.tolist() == [0, 0, 1, 1] and batch.success.shape == (4,)
+    lengths = np.bincount(batch.episode, minlength=4)
+    assert lengths.sum() == batch.env_steps == len(batch.logp) == len(batch.actions)
+    assert all(1 <= n <= 50 for n in lengths)
+    first = [int(np.flatnonzero(batch.episode == e)[0]) for e in range(4)]
+    same_seed = [
+        np.array_equal(batch.images["scene"][first[a]], batch.images["scene"][first[b]])
+        for a, b in ((0, 1), (2, 3), (0, 2))
+    ]
+    assert same_seed == [True, True, False], "a group starts from one scene, groups differ"
+    assert batch.ref_mean is None and batch.actions.shape[1:] == (1, 6)
+
+
+def test_grpo_pushes_up_the_successful_episode_and_ignores_identical_outcomes(
+    start: str,
+) -> None:
+    w = worker(start, envs=4, episodic=True, value_head=False, kl_anchor=False)
+    try:
+        batch = w.play_groups([21, 22], group_size=2)
+    finally:
+        w.close()
+    policy, reference = load_policy(start), load_policy(start).requires_grad_(False)
+    params = rl_parameters(policy)
+    grpo = GRPO(policy, reference, params, GRPOConfig(lr=1e-3, minibatch_size=1000), 0.98, 1, 0)
+    before = {n: p.detach().clone() for n, p in params.items()}
+    batch.success[:] = [True, True, False, False]  # each group all-success or all-failure
+    metrics = grpo.update(batch)
+    assert metrics["updates"] == 0 and metrics["groups_kept"] == 0
+    assert all(torch.equal(before[n], p) for n, p in params.items()), "no signal, no step"
+
+    def episode_logp() -> np.ndarray:
+        with torch.no_grad():
+            out = policy(**batch.observations(np.arange(len(batch.logp))))
+            logp = chunk_distribution(out, 1).log_prob(torch.as_tensor(batch.actions))
+        per_decision = logp.sum(dim=(1, 2)).numpy()
+        return np.array([per_decision[batch.episode == e].mean() for e in range(4)])
+
+    batch.success[:] = [True, False, False, False]  # group 0 mixed, group 1 all-failure
+    start_logp = episode_logp()
+    metrics = grpo.update(batch)
+    change = episode_logp() - start_logp
+    assert metrics["updates"] == 1 and metrics["groups_kept"] == 1
+    assert change[0] > 0 > change[1], f"success pushed up, failure down: {change}"
+    assert metrics["decisions_kept"] == np.isin(batch.episode, [0, 1]).sum()
+
+
+def test_grpo_needs_one_action_per_decision() -> None:
+    with pytest.raises(ValueError, match="horizon must be 1"):
+        FinetuneConfig.model_validate({"algo": "grpo", "rl": {"horizon": 2}})
+
+
 # -- on Ray ----------------------------------------------------------------------------------
 
 
@@ -378,6 +479,7 @@ def test_ppo_on_ray_syncs_weights_and_restarts_a_killed_worker(
 
     checks: list[bool] = []
     lines: list[str] = []
+    policy_bytes: list[int] = []
 
     def on_iteration(run: RLRun) -> None:
         if run.iteration == 1:  # its rollout of iteration 2 is under way: played again
@@ -386,6 +488,10 @@ def test_ppo_on_ray_syncs_weights_and_restarts_a_killed_worker(
             os.kill(pid, signal.SIGKILL)
         if run.iteration == 3:
             learner = ray.get(run.learner.weights.remote())
+            assert any(n.startswith("value/") for n in learner), "PPO's workers value states"
+            policy_bytes.append(
+                sum(a.nbytes for n, a in learner.items() if not n.startswith("value/"))
+            )
             for w in run.workers:
                 theirs = ray.get(w.weights.remote())
                 checks.append(all(np.array_equal(learner[n], theirs[n]) for n in learner))
@@ -404,7 +510,7 @@ def test_ppo_on_ray_syncs_weights_and_restarts_a_killed_worker(
         r"rollout of iteration 2$",
         lines[0],
     ), lines
-    assert records[0]["sync_bytes"] < records[0]["full_model_bytes"]
+    assert policy_bytes[0] < records[0]["full_model_bytes"], "the policy syncs only adapters"
     assert final.name == "step-0000004" and (tmp_path / "learning_curves.png").is_file()
     meta = read_policy_meta(final)
     assert meta["trainable"] == "lora" and meta["lineage"]["step"] == 4
@@ -415,6 +521,30 @@ def test_ppo_on_ray_syncs_weights_and_restarts_a_killed_worker(
         if not torch.equal(p, before.trainable_state()[n])
     ]
     assert changed and all(not n.startswith("target_head") for n in changed)
+
+
+def test_grpo_on_ray_plays_groups_and_its_learner_uses_every_core(
+    start: str, tmp_path: Path, ray_local: None
+) -> None:
+    import ray
+
+    threads: list[int] = []
+
+    def on_iteration(run: RLRun) -> None:
+        threads.append(ray.get(run.learner.state.remote())["threads"])
+
+    grpo = {"group_size": 2, "groups_per_worker": 1, "minibatch_size": 32}
+    final = train_rl(
+        job(start, tmp_path, "grpo", iterations=2, grpo=grpo), on_iteration=on_iteration
+    )
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2]
+    assert all(r["episodes"] == 4 and r["groups"] == 2 for r in records), "2 workers x 1 x 2"
+    assert all(
+        4 <= r["env_steps"] - p <= 200 for r, p in zip(records, [0, records[0]["env_steps"]])
+    )
+    assert threads == [os.cpu_count()] * 2, "on-policy: the learner takes the idle cores"
+    assert final.name == "step-0000002" and (tmp_path / "learning_curves.png").is_file()
 
 
 def kill_learner_at(iteration: int) -> Callable[[RLRun], None]:

@@ -188,7 +188,9 @@ class PipelineConfig(BaseModel):
         ``<slug>-<variant>-<key>``, the key hashing everything that decides its content except
         the episode count (so a larger ``collect.episodes`` appends to the same dataset) and
         the workers."""
-        what = self.model_dump(include={"robot", "scene", "seed"}, mode="json")
+        what = self.model_dump(include={"robot", "seed"}, mode="json")
+        what["scene"] = self.scene.model_dump(mode="json", exclude={"success", "episode_steps"})
+        what.update(self.scene.task_overrides())  # absent when unset: older keys stay valid
         # Neither how many episodes nor how they are spread over workers (and how often a dead
         # one is restarted) changes the episodes of a seed.
         ignored = {"episodes", "workers", "max_worker_restarts"}

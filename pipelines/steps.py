@@ -271,14 +271,13 @@ def measure_latency(
     from deploy_edge.latency import load_target, run_gate
     from robots.spec import get_robot
     from sim_scenes.sim_robot import SimulatedRobot
-    from sim_scenes.touch import get_variant
 
     gate = cfg.latency
     profile = load_target(gate.target)
     spec = read_io_spec(export)
     robot = SimulatedRobot(
         get_robot(cfg.robot),
-        get_variant(cfg.scene.variant),
+        cfg.scene.task(),
         seed=cfg.seed,
         cameras=tuple(spec.cameras),
         image_size=spec.image_size,
@@ -384,7 +383,9 @@ def suite_key(cfg: PipelineConfig) -> str:
     two reports with the same key ran the same episodes and may be compared."""
     import hashlib
 
-    what = cfg.model_dump(include={"robot", "scene", "sim", "evaluate", "seed"}, mode="json")
+    what = cfg.model_dump(include={"robot", "sim", "evaluate", "seed"}, mode="json")
+    what["scene"] = cfg.scene.model_dump(mode="json", exclude={"success", "episode_steps"})
+    what.update(cfg.scene.task_overrides())  # absent when unset: older keys stay valid
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -7,7 +7,7 @@ from typing import Any
 from robots.spec import RobotSpec
 from sim_scenes.batched_env import BatchedEnv
 from sim_scenes.config import BACKENDS, SceneConfig, SimConfig
-from sim_scenes.touch import SceneError, get_variant
+from sim_scenes.touch import SceneError
 
 
 def make_env(
@@ -25,7 +25,7 @@ def make_env(
     ``cameras`` overrides ``scene.cameras``; pass ``()`` for physics only. ``retarget`` names
     another object of each scene (see :func:`sim_scenes.touch.sample_layout`).
     """
-    variant = get_variant(scene.variant)
+    variant = scene.task()
     common: dict[str, Any] = {
         "num_envs": sim.num_envs if num_envs is None else num_envs,
         "cameras": tuple(scene.cameras) if cameras is None else cameras,

@@ -64,8 +64,12 @@ class StepResult:
         truncated: bool ``(N,)``: the episode hit its step limit.
         success: bool ``(N,)``: solved on this step (equals ``terminated`` for the touch task).
         final: summaries of the episodes that ended on this step.
-        info: per-env extras; the MuJoCo backend reports ``tcp_target_distance`` and
-            ``tcp_target_distance_before`` (m, after and before the step; what rewards use).
+        info: per-env extras, float ``(N,)`` in m: ``tcp_target_distance`` and
+            ``tcp_target_distance_before`` (tool centre point to the named object's centre,
+            after and before the step; what rewards use) and ``tcp_distractor_distance``
+            (to the nearest other object's centre after the step, inf if there is none; what
+            tells a wrong-object failure from a near miss). Backends that do not report one
+            leave it out.
     """
 
     obs: BatchedObservation

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from sim_scenes.touch import RewardTerms, available_variants, get_variant
+from sim_scenes.touch import (
+    RewardTerms,
+    SceneVariant,
+    available_variants,
+    get_variant,
+)
 
 BACKENDS = ("mujoco", "isaaclab")
 """Simulator backends: MuJoCo (built in) and Isaac Lab 3 on Newton (``make isaaclab-env``)."""
@@ -28,6 +33,19 @@ class RewardConfig(BaseModel):
     """Per metre the tool centre point moved closer to the target during a step."""
 
 
+class SuccessConfig(BaseModel):
+    """When an episode counts as solved (:class:`sim_scenes.touch.SuccessCriterion`); a field
+    left unset keeps the scene variant's own value."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    radius: float | None = Field(default=None, gt=0.0, le=0.5)
+    """m, tool centre point to the named object's centre. The objects are 5 cm across, so
+    the tool centre point resting on one is about 3 cm from its centre."""
+    hold_steps: int | None = Field(default=None, ge=1, le=100)
+    """Consecutive control steps inside ``radius``."""
+
+
 class SceneConfig(BaseModel):
     """Which task variant to simulate and what the policy sees."""
 
@@ -41,6 +59,30 @@ class SceneConfig(BaseModel):
     """Square image side, pixels."""
     reward: RewardConfig = RewardConfig()
     """Reward weights for RL fine-tuning (unset: the variant's)."""
+    success: SuccessConfig = SuccessConfig()
+    """A stricter (or looser) success criterion than the variant's (unset: the variant's).
+    It applies to everything simulated: demonstrations, RL and evaluation."""
+    episode_steps: int | None = Field(default=None, ge=1, le=10_000)
+    """Control steps before an episode is cut (unset: the variant's, 50 = 5 s at 10 Hz)."""
+
+    def task(self, variant: str | None = None) -> SceneVariant:
+        """The scene variant (``variant``, default this config's) with this config's success
+        criterion and episode length applied: what every backend simulates."""
+        spec = get_variant(variant or self.variant)
+        criterion = {k: v for k, v in self.success.model_dump().items() if v is not None}
+        steps = self.episode_steps or spec.episode_steps
+        return replace(spec, success=replace(spec.success, **criterion), episode_steps=steps)
+
+    def task_overrides(self) -> dict[str, Any]:
+        """The success and episode-length overrides that are set, as JSON (empty by default):
+        what a cache key must add so that scenes of the variant's own task keep their keys."""
+        overrides: dict[str, Any] = {}
+        success = self.success.model_dump(exclude_none=True)
+        if success:
+            overrides["success"] = success
+        if self.episode_steps is not None:
+            overrides["episode_steps"] = self.episode_steps
+        return overrides
 
     def reward_terms(self) -> RewardTerms:
         """The variant's reward terms with this config's overrides applied."""

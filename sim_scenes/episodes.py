@@ -7,6 +7,7 @@ seeds give the same per-episode results whatever the batch size.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -36,6 +37,11 @@ class EpisodeRecord:
     instruction: str
     frames: list[np.ndarray] = field(default_factory=list)
     """Camera frames (uint8 HWC) per step, for recorded episodes only."""
+    closest_target_distance: float = math.nan
+    """m: the tool centre point's closest approach to the named object's centre over the
+    episode (nan: the backend does not report distances)."""
+    closest_distractor_distance: float = math.nan
+    """m: its closest approach to any other object's centre (inf: no other object)."""
 
 
 def play_episodes(
@@ -80,11 +86,19 @@ def play_episodes(
                 frames[slot[e]].append(o.images[camera][e].copy())
 
     keep_frames(obs, range(n))
+    closest: dict[int, tuple[float, float]] = {}  # seed index -> (target, distractor), m
     while len(records) < len(seeds):
         actions = act(env, obs)
         result = env.step(actions)
         if on_step is not None:
             on_step(list(slot), obs, actions, result)
+        if "tcp_target_distance" in result.info:  # a backend that reports distances
+            target = result.info["tcp_target_distance"]
+            distractor = result.info.get("tcp_distractor_distance", np.full(n, np.nan))
+            for e, i in enumerate(slot):
+                if i >= 0:
+                    was = closest.get(i, (math.inf, math.inf))
+                    closest[i] = (_closer(was[0], target[e]), _closer(was[1], distractor[e]))
         obs = result.obs
         keep_frames(obs, range(n))  # for envs that just finished: their episode's last frame
         restart_envs, restart_seeds = [], []
@@ -99,6 +113,8 @@ def play_episodes(
                     episode_return=float(result.final.episode_return[k]),
                     instruction=instructions[i],
                     frames=frames.pop(i, []),
+                    closest_target_distance=closest.get(i, (math.nan,))[0],
+                    closest_distractor_distance=closest.get(i, (math.nan, math.nan))[1],
                 )
                 records[i] = rec
                 if on_episode is not None:
@@ -113,3 +129,8 @@ def play_episodes(
                     instructions[slot[e]] = obs.instruction[e]
             keep_frames(obs, restart_envs)
     return [records[i] for i in range(len(seeds))]
+
+
+def _closer(a: float, b: float) -> float:
+    """The smaller distance; nan (not reported) stays nan."""
+    return math.nan if math.isnan(a) or math.isnan(b) else min(a, float(b))

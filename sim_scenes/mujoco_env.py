@@ -29,6 +29,7 @@ from sim_scenes.batched_env import (
 )
 from sim_scenes.rendering import BatchedRenderer
 from sim_scenes.touch import (
+    MAX_OBJECTS,
     EpisodeLayout,
     SceneError,
     SceneIndex,
@@ -121,6 +122,9 @@ class MujocoBatchedEnv(BatchedEnv):
         self._reset_seeds = np.zeros(num_envs, np.int64)
         self._episode_count = np.zeros(num_envs, np.int64)
         self._target_columns = np.zeros((num_envs, 3), np.int64)  # state columns of target xyz
+        # state columns of the other slots' xyz, and which of them hold an object (not parked)
+        self._other_columns = np.zeros((num_envs, (MAX_OBJECTS - 1) * 3), np.int64)
+        self._other_present = np.zeros((num_envs, MAX_OBJECTS - 1), bool)
         self._steps = np.zeros(num_envs, np.int64)
         self._hold = np.zeros(num_envs, np.int64)
         self._return = np.zeros(num_envs, np.float32)
@@ -142,6 +146,10 @@ class MujocoBatchedEnv(BatchedEnv):
         self._seeds[env] = seed
         adr = self._index.object_qpos[layout.target]
         self._target_columns[env] = self._qpos_slice.start + adr + np.arange(3)
+        others = [slot for slot in range(MAX_OBJECTS) if slot != layout.target]
+        columns = self._index.object_qpos[others][:, None] + np.arange(3)
+        self._other_columns[env] = self._qpos_slice.start + columns.reshape(-1)
+        self._other_present[env] = [slot < len(layout.objects) for slot in others]
         self._distance[env] = np.linalg.norm(self._tcp[env] - data.qpos[adr : adr + 3])
         self._steps[env] = 0
         self._hold[env] = 0
@@ -173,6 +181,12 @@ class MujocoBatchedEnv(BatchedEnv):
     def _target_pos(self) -> np.ndarray:
         """Centre of each environment's named object, (N, 3) m, read from the physics state."""
         return np.take_along_axis(self._state, self._target_columns, axis=1)
+
+    def _distractor_distance(self) -> np.ndarray:
+        """Tcp to the nearest object that is not the named one, (N,) m (inf: none)."""
+        others = np.take_along_axis(self._state, self._other_columns, axis=1)
+        gaps = np.linalg.norm(others.reshape(self.num_envs, -1, 3) - self._tcp[:, None], axis=2)
+        return np.where(self._other_present, gaps, np.inf).min(axis=1)
 
     def step(self, actions: np.ndarray) -> StepResult:
         start = time.perf_counter()
@@ -222,6 +236,7 @@ class MujocoBatchedEnv(BatchedEnv):
         terminated = success.copy()
         truncated = ~terminated & (self._steps >= self.variant.episode_steps)
         done = np.flatnonzero(terminated | truncated)
+        distractor = self._distractor_distance()  # before an autoreset moves the objects
         final = EpisodeSummary(
             env_ids=done,
             seeds=self._seeds[done],
@@ -242,7 +257,11 @@ class MujocoBatchedEnv(BatchedEnv):
             truncated=truncated,
             success=success,
             final=final,
-            info={"tcp_target_distance": distance, "tcp_target_distance_before": distance_before},
+            info={
+                "tcp_target_distance": distance,
+                "tcp_target_distance_before": distance_before,
+                "tcp_distractor_distance": distractor,
+            },
         )
 
     # -- observation -------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import gymnasium as gym
@@ -191,6 +192,12 @@ class TouchEnvCfg(DirectRLEnvCfg):
     cameras: tuple[str, ...] = ("scene",)
     image_size: int = 64
     retarget: int = 0
+    success_radius: float | None = None
+    """m; None: the variant's (the scene config's ``success.radius``)."""
+    hold_steps: int | None = None
+    """None: the variant's (the scene config's ``success.hold_steps``)."""
+    episode_steps: int | None = None
+    """None: the variant's (the scene config's ``episode_steps``)."""
     autoreset: bool = True
     """Reset finished environments inside ``step`` (Isaac Lab's way); False leaves them in their
     final state until :meth:`TouchEnv.reset_envs`."""
@@ -212,6 +219,18 @@ class TouchEnvCfg(DirectRLEnvCfg):
     scene: TouchSceneCfg = TouchSceneCfg(num_envs=16, env_spacing=4.0, replicate_physics=True)
 
 
+def task_variant(cfg: TouchEnvCfg) -> SceneVariant:
+    """The config's scene variant with its success criterion and episode length applied."""
+    spec = get_variant(cfg.variant)
+    success = replace(
+        spec.success,
+        radius=spec.success.radius if cfg.success_radius is None else cfg.success_radius,
+        hold_steps=spec.success.hold_steps if cfg.hold_steps is None else cfg.hold_steps,
+    )
+    steps = spec.episode_steps if cfg.episode_steps is None else cfg.episode_steps
+    return replace(spec, success=success, episode_steps=steps)
+
+
 def make_touch_cfg(
     robot_name: str = "rp5",
     variant: str = "touch-mixed",
@@ -221,12 +240,21 @@ def make_touch_cfg(
     device: str = "cpu",
     retarget: int = 0,
     autoreset: bool = True,
+    success_radius: float | None = None,
+    hold_steps: int | None = None,
+    episode_steps: int | None = None,
 ) -> TouchEnvCfg:
-    """The task's config for a robot, scene variant, batch size, cameras and device."""
+    """The task's config for a robot, scene variant, batch size, cameras and device; the
+    success criterion and episode length override the variant's where given."""
     robot = get_robot(robot_name)
-    spec = get_variant(variant)
     cfg = TouchEnvCfg(robot_name=robot_name, variant=variant, cameras=tuple(cameras))
     cfg.image_size, cfg.retarget, cfg.autoreset = image_size, retarget, autoreset
+    cfg.success_radius, cfg.hold_steps, cfg.episode_steps = (
+        success_radius,
+        hold_steps,
+        episode_steps,
+    )
+    spec = task_variant(cfg)
     cfg.sim.dt = robot.definition.physics_timestep
     cfg.sim.device = device
     cfg.sim.physics.use_cuda_graph = device.startswith("cuda")
@@ -311,7 +339,7 @@ class TouchEnv(DirectRLEnv):
     def __init__(self, cfg: TouchEnvCfg, render_mode: str | None = None, **kwargs: object) -> None:
         super().__init__(cfg, render_mode, **kwargs)
         self.robot_spec = get_robot(cfg.robot_name)
-        self.variant = get_variant(cfg.variant)
+        self.variant = task_variant(cfg)
         self.robot = self.scene["robot"]
         self.objects = self.scene["objects"]
         self.pairs = object_pairs(self.variant)

@@ -47,6 +47,9 @@ def serve(conn: Connection) -> None:
     cfg = make_touch_cfg(
         robot_name=init["robot"],
         variant=init["variant"],
+        success_radius=init["success_radius"],
+        hold_steps=init["hold_steps"],
+        episode_steps=init["episode_steps"],
         num_envs=init["num_envs"],
         cameras=init["cameras"],
         image_size=init["image_size"],

@@ -216,6 +216,7 @@ def _identity(
         "source": collect.source,
         "keep_failed": collect.keep_failed,
         "video_crf": collect.video_crf,
+        **scene.task_overrides(),  # a stricter success or a shorter episode changes episodes
     }
 
 

@@ -4,6 +4,7 @@ recorded episodes, and the comparison gate against a baseline; markdown and PNG 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from robo_pipe.records import Record
+from stages.evaluate.failures import FAILURE_MODES, breakdown
 from stages.evaluate.shards import EpisodeOutcome, ShardOutcome
 from stages.statistics import two_proportion_test, wilson_interval
 
@@ -25,6 +27,9 @@ class VariantRow(Record):
     success_rate: float
     ci95: tuple[float, float]
     mean_length: float
+    failures: dict[str, float] = field(default_factory=dict)
+    """Failed episodes by mode (:mod:`stages.evaluate.failures`) and the near misses' median
+    closest approach, cm (``near_miss_median_cm``)."""
 
 
 @dataclass
@@ -75,6 +80,8 @@ class EvalReport(Record):
     comparison: Comparison | None = None
     report: str = ""
     plot: str = ""
+    failures: dict[str, float] = field(default_factory=dict)
+    """Failed episodes of the whole suite by mode, as in :attr:`VariantRow.failures`."""
 
     def successes_by_episode(self) -> dict[tuple[str, int], bool]:
         """(variant, seed index) -> success."""
@@ -101,6 +108,7 @@ def summarize(
                 wins / len(mine),
                 wilson_interval(wins, len(mine)),
                 float(np.mean([e.length for e in mine])),
+                _failures(mine),
             )
         )
     wins = sum(e.success for e in episodes)
@@ -128,7 +136,12 @@ def summarize(
         seed=seed,
         seeds=list(facts["seeds"]),
         outcomes=[asdict(e) for e in episodes],
+        failures=_failures(episodes),
     )
+
+
+def _failures(episodes: list[EpisodeOutcome]) -> dict[str, float]:
+    return breakdown([e.failure for e in episodes], [e.closest_target_distance for e in episodes])
 
 
 def compare(candidate: EvalReport, baseline: EvalReport, confidence: float) -> Comparison:
@@ -180,6 +193,27 @@ def markdown(report: EvalReport) -> str:
             f"| {r.variant} | {r.episodes} | {r.successes} | {r.success_rate:.1%} | "
             f"{r.ci95[0]:.1%}–{r.ci95[1]:.1%} | {r.mean_length:.1f} |"
         )
+    if report.failures:
+        lines += [
+            "",
+            "## Why episodes failed",
+            "",
+            "Closest approaches of the tool centre point (`stages/evaluate/failures.py`): the "
+            "wrong object (grounding), a near miss (execution: reached the object, not inside "
+            "the success radius), a timeout (away from every object when time ran out).",
+            "",
+            "| variant | failures | wrong object | near miss | near miss: median closest "
+            "| timeout |",
+            "|---|---:|---:|---:|---:|---:|",
+        ]
+        for name, f in [(r.variant, r.failures) for r in report.rows] + [("all", report.failures)]:
+            failed = int(sum(f.get(m, 0) for m in FAILURE_MODES))
+            median = f.get("near_miss_median_cm", math.nan)
+            closest = "–" if math.isnan(median) else f"{median:.1f} cm"
+            lines.append(
+                f"| {name} | {failed} | {int(f.get('wrong_object', 0))} | "
+                f"{int(f.get('near_miss', 0))} | {closest} | {int(f.get('timeout', 0))} |"
+            )
     if report.comparison:
         c = report.comparison
         verdict = "PASSED" if c.passed else "FAILED"

@@ -16,6 +16,7 @@ The policy executes the first action of each predicted chunk and predicts again 
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Callable
@@ -33,6 +34,7 @@ from sim_scenes.config import SceneConfig, SimConfig
 from sim_scenes.episodes import play_episodes
 from sim_scenes.touch import SceneError, episode_seeds, heldout_variants
 from stages.evaluate.config import EvalConfig
+from stages.evaluate.failures import failure_mode
 from stages.evaluate.policies import PolicySpecError, load_acting_policy
 from stages.worker_pool import PoolWorker, Ready
 
@@ -60,6 +62,12 @@ class EpisodeOutcome:
     length: int
     episode_return: float
     instruction: str
+    closest_target_distance: float = math.nan
+    """m: closest approach of the tool centre point to the named object (nan: not reported)."""
+    closest_distractor_distance: float = math.nan
+    """m: closest approach to any other object (inf: none; nan: not reported)."""
+    failure: str = ""
+    """Why it failed (:data:`stages.evaluate.failures.FAILURE_MODES`); ``""`` if solved."""
 
 
 @dataclass
@@ -150,6 +158,7 @@ class EvalWorker(PoolWorker):
         )
         timings = {k: env.timings[k] - before.get(k, 0.0) for k in env.timings}
         timings["inference"] = inference
+        radius = self.scene.task(shard.variant).success.radius
         return ShardOutcome(
             shard=shard,
             episodes=[
@@ -161,6 +170,11 @@ class EvalWorker(PoolWorker):
                     r.length,
                     r.episode_return,
                     r.instruction,
+                    r.closest_target_distance,
+                    r.closest_distractor_distance,
+                    failure_mode(
+                        r.success, r.closest_target_distance, r.closest_distractor_distance, radius
+                    ),
                 )
                 for r in records
             ],

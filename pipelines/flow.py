@@ -176,7 +176,7 @@ def train_simulate_deploy(
         base = pretrain_stage(ctx) if cfg.policy.type == "default" else None  # hub-vlm: none
         checkpoint = finetune_stage(ctx, dataset, base)
         export = export_stage(ctx, checkpoint, dataset)
-        evaluation = evaluate_stage(ctx, export, base)
+        evaluation = evaluate_stage(ctx, export, base, checkpoint)
         latency = latency_stage(ctx, export)
         registration = register_stage(ctx, dataset, checkpoint, export, evaluation, latency)
         device = rollout = None
@@ -212,6 +212,7 @@ def _publish(
     )
     plots = {
         "training curves": curves,
+        "RL learning curves": Path(records.checkpoint.path).parent / "learning_curves.png",
         "evaluation": Path(cand.plot),
         "latency": Path(latency.histogram),
     }
@@ -236,6 +237,10 @@ def _publish(
         success_rate=cand.success_rate,
         ci95=cand.ci95,
         start_success_rate=evaluation.start.success_rate if evaluation.start else None,
+        warm_start_ci95=evaluation.warm_start.ci95 if evaluation.warm_start else None,
+        warm_start_success_rate=(
+            evaluation.warm_start.success_rate if evaluation.warm_start else None
+        ),
         latency_p99_ms=latency.p99_ms,
         mlflow_run_id=mlrun.run_id,
         stages=dict(ctx.stage_runs),

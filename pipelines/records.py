@@ -28,6 +28,8 @@ class Evaluation(Record):
     """The champion when the candidate was evaluated (None: no champion yet)."""
     start: EvalReport | None = None
     """The base fine-tuning started from, on the same suite (None for a hub-vlm policy)."""
+    warm_start: EvalReport | None = None
+    """RL fine-tuning only: the BC fine-tune RL started from, on the same suite and seeds."""
 
 
 @dataclass(frozen=True)
@@ -104,6 +106,10 @@ class PipelineResult(Record):
     """Where the new champion was deployed (``deploy.local_agent``), if it was."""
     rollout: FleetResult | None = None
     """Its rollout to ``deploy.fleet``, if the config names one."""
+    warm_start_success_rate: float | None = None
+    """RL after BC only: the BC warm start's held-out success (the same seeds)."""
+    warm_start_ci95: tuple[float, float] | None = None
+    """RL after BC only: its 95% interval."""
 
 
 @dataclass(frozen=True)

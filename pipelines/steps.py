@@ -231,23 +231,31 @@ def evaluate_candidate(
     out: Path,
     listener: Listener = SILENT,
     ray_address: str | None = None,
+    warm_start: Path | None = None,
 ) -> Evaluation:
     """The pipeline's evaluation: the export on the held-out suite against ``champion``'s
     export on the same seeds (the no-regression gate), and the model fine-tuning started from
-    (``base``), on the same suite. Per-episode lists are dropped from the records."""
+    (``base``) and, after RL, the BC fine-tune RL started from (``warm_start``), on the same
+    suite. Per-episode lists are dropped from the records."""
     baseline = registry.fetch_export(cfg.model_name, champion.version)[1] if champion else None
-    policies = 1 + (baseline is not None) + (base is not None)
+    starts = {"start": base.path if base else None, "warm-start": warm_start}
+    policies = 1 + (baseline is not None) + sum(p is not None for p in starts.values())
     listener.started("evaluate", policies * _suite_episodes(cfg), "episodes")
     tally = _Tally()
     candidate = _evaluate(cfg, Path(export.path), out, listener, baseline, ray_address, tally)
-    start = None
-    if base is not None:
-        start_out = out.with_name(f"{out.name}-start")
-        start = _evaluate(cfg, Path(base.path), start_out, listener, None, ray_address, tally)
+    reports: dict[str, EvalReport | None] = {}
+    for name, path in starts.items():
+        where = out.with_name(f"{out.name}-{name}")
+        reports[name] = (
+            _compact(_evaluate(cfg, Path(path), where, listener, None, ray_address, tally))
+            if path is not None
+            else None
+        )
     return Evaluation(
         candidate=_compact(candidate),
         champion_version=champion.version if champion else _same_export_champion(cfg, export),
-        start=_compact(start) if start else None,
+        start=reports["start"],
+        warm_start=reports["warm-start"],
     )
 
 

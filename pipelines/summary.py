@@ -6,6 +6,7 @@ and an artifact of the MLflow run. Built from the typed stage records only.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +23,7 @@ from stages.finetune.rl import rolling_success
 
 if TYPE_CHECKING:
     from deploy_edge.latency import LatencyReport
+    from stages.evaluate.report import EvalReport
     from stages.policy.checkpoint import CheckpointRef
 
 
@@ -86,6 +88,17 @@ def _device_result(device: EdgeDeployment) -> str:
     )
 
 
+def failure_counts(report: EvalReport) -> str:
+    """``wrong object 3, near miss 12 (median closest 4.8 cm), timeout 1`` of a report."""
+    f = report.failures
+    median = f.get("near_miss_median_cm", math.nan)
+    closest = "" if math.isnan(median) else f" (median closest {median:.1f} cm)"
+    return (
+        f"wrong object {int(f.get('wrong_object', 0))}, near miss "
+        f"{int(f.get('near_miss', 0))}{closest}, timeout {int(f.get('timeout', 0))}"
+    )
+
+
 def _pct(x: float) -> str:
     return f"{100 * x:.1f}%"
 
@@ -97,7 +110,12 @@ def _ci(ci: list[float] | tuple[float, float]) -> str:
 def evaluation_table(evaluation: Evaluation) -> list[dict[str, Any]]:
     """One row per (policy, variant) with success and its 95% interval: the table artifact."""
     rows = []
-    for role, report in (("candidate", evaluation.candidate), ("start", evaluation.start)):
+    roles = (
+        ("candidate", evaluation.candidate),
+        ("BC warm start", evaluation.warm_start),
+        ("start", evaluation.start),
+    )
+    for role, report in roles:
         if report is None:
             continue
         lines = [(r.variant, r.episodes, r.success_rate, r.ci95) for r in report.rows]
@@ -162,12 +180,29 @@ def markdown(result: PipelineResult, records: RunRecords, images: dict[str, str]
         f"| {r['policy']} | {r['variant']} | {r['episodes']} | {r['success']} | {r['95% CI']} |"
         for r in evaluation_table(evaluation)
     ]
-    start = evaluation.start
+    start, warm = evaluation.start, evaluation.warm_start
     if start:
         lines += [
             "",
             f"Fine-tuning took held-out success from {_pct(start.success_rate)} (the model it "
             f"started from) to {_pct(cand.success_rate)}.",
+        ]
+    if warm:
+        overlap = cand.ci95[0] <= warm.ci95[1] and warm.ci95[0] <= cand.ci95[1]
+        lines += [
+            "",
+            f"RL in simulation took it from {_pct(warm.success_rate)} ({_ci(warm.ci95)}, the BC "
+            f"warm start) to {_pct(cand.success_rate)} ({_ci(cand.ci95)}): "
+            f"{100 * (cand.success_rate - warm.success_rate):+.1f} points on the same seeds; "
+            f"the 95% intervals {'overlap' if overlap else 'do not overlap'}.",
+        ]
+    failures = [(role, r) for role, r in (("candidate", cand), ("BC warm start", warm)) if r]
+    if any(r.failures for _, r in failures):
+        lines += [
+            "",
+            "Why episodes failed: "
+            + "; ".join(f"{role}: {failure_counts(r)}" for role, r in failures if r.failures)
+            + ".",
         ]
     if cand.comparison:
         c = cand.comparison

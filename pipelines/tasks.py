@@ -273,24 +273,30 @@ def export_stage(ctx: RunContext, checkpoint: CheckpointRef, dataset: DatasetRef
 
 
 @stage_task("evaluate")
-def evaluate_stage(ctx: RunContext, export: ExportRef, base: CheckpointRef | None) -> Evaluation:
+def evaluate_stage(
+    ctx: RunContext, export: ExportRef, base: CheckpointRef | None, checkpoint: CheckpointRef
+) -> Evaluation:
     """The exported policy on the held-out suite through ONNX Runtime, on the same seeds as the
-    current champion (the regression gate) and as the model fine-tuning started from."""
+    current champion (the regression gate), as the model fine-tuning started from and, after
+    RL from a BC warm start, as that warm start (``checkpoint`` is the fine-tune)."""
     cfg = ctx.cfg
     champion = registry.champion_to_beat(cfg.model_name, export.onnx_hash)
+    rl_after_bc = cfg.finetune.is_rl and cfg.finetune.warm_start == "bc"
+    warm_start = Path(checkpoint.start_checkpoint) if rl_after_bc else None
     inputs = {
         "export": export.onnx_hash,
         "champion": champion.tags.get(tracking.TAG + "onnx_hash", champion.version)
         if champion
         else None,
         "start": base.content_hash if base else None,
+        "warm_start": str(warm_start) if warm_start else None,
         "config": _sections(cfg, "robot", "scene", "sim", "evaluate", "seed"),
     }
 
     def run() -> Evaluation:
         out = ctx.run_dir / "evaluate"
         return steps.evaluate_candidate(
-            cfg, export, base, champion, out, BROADCAST, ctx.ray_address
+            cfg, export, base, champion, out, BROADCAST, ctx.ray_address, warm_start
         )
 
     def track(run: tracking.TrackedRun, r: Evaluation) -> None:
@@ -305,11 +311,13 @@ def evaluate_stage(ctx: RunContext, export: ExportRef, base: CheckpointRef | Non
         metrics.update({f"success_rate.{row.variant}": row.success_rate for row in c.rows})
         if r.start:
             metrics["start_success_rate"] = r.start.success_rate
+        if r.warm_start:
+            metrics["warm_start_success_rate"] = r.warm_start.success_rate
         if c.comparison:
             metrics["champion_success_rate"] = c.comparison.baseline_success_rate
             metrics["champion_p_value"] = c.comparison.p_value
         run.log_metrics(metrics)
-        for report in filter(None, (c, r.start)):
+        for report in filter(None, (c, r.start, r.warm_start)):
             folder = Path(report.report).parent
             run.log_artifact(folder, folder.name)
 

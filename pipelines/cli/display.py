@@ -170,6 +170,14 @@ def show_pipeline_result(result: PipelineResult, seconds: float) -> None:
             f"(95% CI {result.ci95[0]:.1%} - {result.ci95[1]:.1%}); the model it started "
             f"from: {result.start_success_rate:.1%}"
         )
+    if result.warm_start_success_rate is not None and result.warm_start_ci95 is not None:
+        low, high = result.warm_start_ci95
+        console.print(
+            f"RL took held-out success from {result.warm_start_success_rate:.1%} "
+            f"(95% CI {low:.1%} - {high:.1%}, its BC warm start) to {result.success_rate:.1%} "
+            f"({result.success_rate - result.warm_start_success_rate:+.1%} points; intervals "
+            f"{'overlap' if result.ci95[0] <= high else 'do not overlap'})"
+        )
     device = result.device
     if device and device.state == "active":
         console.print(

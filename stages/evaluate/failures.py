@@ -17,8 +17,6 @@ slowly, so the breakdown says where RL can help.
 
 from __future__ import annotations
 
-import math
-
 NEAR_MISS_MARGIN = 0.03
 """m beyond the success radius that still counts as reaching the object (the objects are 5 cm
 across: the tool centre point resting on one is about 3 cm from its centre)."""
@@ -45,11 +43,11 @@ def failure_mode(
 
 
 def breakdown(modes: list[str], closest: list[float]) -> dict[str, float]:
-    """Counts of each failure mode among ``modes`` (one per episode, ``""`` = success), and the
-    median closest approach of the near misses in cm (``near_miss_median_cm``, nan if none)."""
+    """Counts of each failure mode among ``modes`` (one per episode, ``""`` = success), and,
+    when there are near misses, their median closest approach in cm (``near_miss_median_cm``)."""
     counts: dict[str, float] = {m: float(modes.count(m)) for m in FAILURE_MODES}
     near = sorted(c for m, c in zip(modes, closest, strict=True) if m == "near_miss")
-    middle = len(near) // 2
-    median = (near[middle] + near[~middle]) / 2 if near else math.nan
-    counts["near_miss_median_cm"] = 100 * median
+    if near:
+        middle = len(near) // 2
+        counts["near_miss_median_cm"] = 100 * (near[middle] + near[~middle]) / 2
     return counts

@@ -342,6 +342,7 @@ def _record(out: Path, lineage: dict[str, Any]) -> CheckpointRef:
         config_hash=str(lineage.get("config_hash", "")),
         code_version=str(lineage.get("code_version", "")),
         metrics={k: float(v) for k, v in (metrics[-1] if metrics else {}).items() if k != "time"},
+        start_checkpoint=str(lineage.get("start_checkpoint", "")),
     )
     (out / REF_FILE).write_text(json.dumps(ref.to_json(), indent=1))
     return ref

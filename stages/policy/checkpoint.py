@@ -100,6 +100,9 @@ class CheckpointRef(Record):
     config_hash: str = ""
     code_version: str = ""
     metrics: dict[str, float] = field(default_factory=dict)
+    start_checkpoint: str = ""
+    """RL fine-tuning only: the checkpoint RL started from (its BC warm start, or the base with
+    fresh adapters); empty for behaviour cloning."""
 
 
 # -- building ------------------------------------------------------------------------------------

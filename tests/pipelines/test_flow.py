@@ -61,9 +61,10 @@ def prefect_server() -> Iterator[None]:
         yield
 
 
-def run_pipeline(*extra: str, home: Path | None = None) -> dict[str, Any]:
-    """The flow in this process; ``home``: point it (and in-process MLflow) at that home first,
-    as module-scoped fixtures must (they start before the per-test home fixture)."""
+def run_pipeline(*extra: str, home: Path | None = None, config: str = CONFIG) -> dict[str, Any]:
+    """The flow in this process on ``config``; ``home``: point it (and in-process MLflow) at
+    that home first, as module-scoped fixtures must (they start before the per-test home
+    fixture)."""
     from pipelines.flow import train_simulate_deploy
     from pipelines.services import configure
 
@@ -71,7 +72,7 @@ def run_pipeline(*extra: str, home: Path | None = None) -> dict[str, Any]:
         os.environ["ROBO_PIPE_HOME"] = str(home)
         configure()
 
-    return train_simulate_deploy(config=CONFIG, overrides=[*TINY, *extra]).to_json()
+    return train_simulate_deploy(config=config, overrides=[*TINY, *extra]).to_json()
 
 
 @pytest.fixture(scope="module")
@@ -511,32 +512,51 @@ def test_finetune_cli_runs_bc_then_ppo(first_run: dict[str, Any], shared_home: P
     assert bad.returncode == 2 and "finetune.algo" in bad.stderr and "dqn" in bad.stderr
 
 
-def test_pipeline_finetune_stage_runs_rl_after_bc(first_run: dict[str, Any]) -> None:
-    """With finetune.algo: sac the pipeline's finetune stage hands on the RL checkpoint, and
-    MLflow gets its learning curves (registered under its own name: no champion moves)."""
+def test_rl_demo_pipeline_reports_the_bc_warm_start_beside_the_rl_result(
+    first_run: dict[str, Any],
+) -> None:
+    """configs/rl-demo.yaml, tiny: collect, BC, then RL (its algorithm, a few iterations) in the
+    pipeline's finetune stage; the evaluation puts the BC warm start beside the RL result on the
+    same seeds, with the failure breakdown, and MLflow gets the RL learning curves."""
     from mlflow import MlflowClient
 
-    sac = [
-        "finetune.algo=sac",
+    from pipelines.config import load_config
+
+    rl_demo = str(CONFIG_DIR / "rl-demo.yaml")
+    algo = load_config(rl_demo).finetune.algo
+    assert algo in ("ppo", "grpo", "sac")
+    result = run_pipeline(
         *RL_TINY,
-        "finetune.rl.sac.learning_starts=4",
-        "registry.model_name=demo-policy-sac",
-    ]
-    result = run_pipeline(*sac, "finetune.rl.sac.batch_size=4")
-    assert "-sac-" in result["checkpoint"]
+        "finetune.rl.grpo.group_size=2",
+        "finetune.rl.grpo.groups_per_worker=1",
+        "deploy.local_agent=false",
+        config=rl_demo,
+    )
+    assert f"-{algo}-" in result["checkpoint"]
+    assert result["warm_start_success_rate"] is not None and len(result["warm_start_ci95"]) == 2
     client = MlflowClient()
     parent = client.get_run(result["mlflow_run_id"])
+    assert parent.data.metrics["warm_start_success_rate"] == result["warm_start_success_rate"]
     children = client.search_runs(
         [parent.info.experiment_id],
         filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'",
     )
     finetune = next(r for r in children if r.data.tags["robo_pipe.stage"] == "finetune")
-    assert len(client.get_metric_history(finetune.info.run_id, "critic_loss")) == 2
-    plots = {a.path for a in client.list_artifacts(finetune.info.run_id, "plots")}
-    assert "plots/learning_curves.png" in plots
-    run_dir = Path(result["run_dir"])
-    assert "2 RL iterations" in (run_dir / "summary.md").read_text()
-    assert (run_dir / "training_curves.png").is_file()
+    assert len(client.get_metric_history(finetune.info.run_id, "env_steps_per_s")) == 2
+    assert "plots/learning_curves.png" in {
+        a.path for a in client.list_artifacts(finetune.info.run_id, "plots")
+    }
+    assert "plots/learning_curves.png" in {
+        a.path for a in client.list_artifacts(parent.info.run_id, "plots")
+    }
+    summary_md = (Path(result["run_dir"]) / "summary.md").read_text()
+    assert "2 RL iterations" in summary_md
+    assert "| BC warm start | all |" in summary_md and "RL in simulation took it from" in summary_md
+    assert "Why episodes failed: candidate: wrong object" in summary_md
+    report = json.loads(
+        (Path(result["run_dir"]) / "evaluate-warm-start" / "eval_report.json").read_text()
+    )
+    assert set(report["failures"]) >= {"wrong_object", "near_miss", "timeout"}
 
 
 def test_a_device_that_already_runs_the_champion_keeps_it(first_run: dict[str, Any]) -> None:

@@ -1,13 +1,22 @@
-"""The batched MuJoCo backend: determinism, batching, autoreset, rendering, bad input."""
+"""The batched MuJoCo backend: determinism, batching, autoreset, rendering, bad input, the
+distances it reports, and the task overrides of the scene config."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
+from pydantic import ValidationError
 
 from robots.spec import RobotSpec
+from sim_scenes.backends import make_env
+from sim_scenes.batched_env import BatchedEnv, BatchedObservation, StepResult
+from sim_scenes.config import SceneConfig, SimConfig, SuccessConfig
+from sim_scenes.episodes import EpisodeRecord, play_episodes
+from sim_scenes.expert import ScriptedExpert
 from sim_scenes.mujoco_env import MujocoBatchedEnv
-from sim_scenes.touch import SceneError, get_variant
+from sim_scenes.touch import OBJECT_HALF_HEIGHT, SceneError, get_variant
 from tests.conftest import NUM_ENVS
 
 VARIANT = get_variant("touch-mixed")
@@ -114,3 +123,82 @@ def test_unknown_camera_and_bad_shapes_are_rejected(rp5: RobotSpec) -> None:
         env.reset([1, 2])
         with pytest.raises(SceneError, match=r"actions must have shape \(2, 6\)"):
             env.step(np.zeros((2, 5)))
+
+
+def test_the_distance_to_the_nearest_other_object_is_reported(rp5: RobotSpec) -> None:
+    rng = np.random.default_rng(3)
+    with MujocoBatchedEnv(rp5, VARIANT, 3, cameras=(), autoreset=False) as env:
+        env.reset([21, 22, 23])
+        for _ in range(4):
+            result = env.step(random_actions(rp5, rng, 3))
+        tcp = env.privileged()["tcp_pos"]
+        for e, layout in enumerate(env.layouts):
+            others = [
+                np.linalg.norm(tcp[e] - np.array([*o.xy, OBJECT_HALF_HEIGHT]))
+                for k, o in enumerate(layout.objects)
+                if k != layout.target
+            ]
+            assert len(others) == 2, "touch-mixed: three objects, two of them distractors"
+            # objects rest where the layout put them (a random arm may nudge one slightly)
+            assert result.info["tcp_distractor_distance"][e] == pytest.approx(min(others), abs=2e-3)
+
+
+def test_play_episodes_keeps_each_episodes_closest_approaches(rp5: RobotSpec) -> None:
+    rng = np.random.default_rng(4)
+    seen: dict[int, list[tuple[float, float]]] = {}
+
+    def act(env: BatchedEnv, obs: BatchedObservation) -> np.ndarray:
+        return random_actions(rp5, rng, env.num_envs)
+
+    def on_step(slots: list[int], obs: object, actions: object, result: StepResult) -> None:
+        for e, i in enumerate(slots):
+            if i >= 0:
+                seen.setdefault(i, []).append(
+                    (
+                        float(result.info["tcp_target_distance"][e]),
+                        float(result.info["tcp_distractor_distance"][e]),
+                    )
+                )
+
+    short = replace(VARIANT, episode_steps=6)  # 2 envs play 5 episodes: every env restarts
+    with MujocoBatchedEnv(rp5, short, 2, cameras=(), autoreset=False) as env:
+        records = play_episodes(env, act, [31, 32, 33, 34, 35], on_step=on_step)
+    for r in records:
+        target, distractor = zip(*seen[r.index], strict=True)
+        assert len(target) == r.length
+        assert r.closest_target_distance == min(target)
+        assert r.closest_distractor_distance == min(distractor)
+
+
+def test_the_scene_config_overrides_the_success_radius_hold_and_episode_length(
+    rp5: RobotSpec,
+) -> None:
+    seeds = [41, 42, 43, 44]
+
+    def expert_episodes(scene: SceneConfig) -> list[EpisodeRecord]:
+        env = make_env(
+            rp5, scene, SimConfig(num_threads=1), num_envs=4, cameras=(), autoreset=False
+        )
+        with env:
+            return play_episodes(env, ScriptedExpert(rp5), seeds)
+
+    default = expert_episodes(SceneConfig())
+    strict = expert_episodes(SceneConfig(success=SuccessConfig(radius=0.035, hold_steps=4)))
+    cut = expert_episodes(SceneConfig(episode_steps=3))
+    assert all(r.success for r in default)
+    assert all(s.length >= d.length + 2 for s, d in zip(strict, default, strict=True)), (
+        "closer and held longer takes the expert longer"
+    )
+    assert all(r.closest_target_distance < 0.035 for r in strict if r.success)
+    assert [r.length for r in cut] == [3] * 4 and not any(r.success for r in cut)
+    assert SceneConfig().task_overrides() == {}, "unset: cache keys as before"
+    assert SceneConfig(episode_steps=3).task() == replace(VARIANT, episode_steps=3)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("success", {"radius": 0.0}), ("success", {"hold_steps": 0}), ("episode_steps", 0)],
+)
+def test_impossible_task_overrides_are_refused(field: str, value: object) -> None:
+    with pytest.raises(ValidationError, match=field):
+        SceneConfig.model_validate({field: value})

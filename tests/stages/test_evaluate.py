@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import re
 import signal
@@ -13,6 +15,7 @@ import torch
 from pipelines.config import CONFIG_DIR, load_config
 from sim_scenes.touch import SceneError
 from stages.evaluate import EvalConfig, EvalReport, ShardOutcome, evaluate
+from stages.evaluate.failures import FAILURE_MODES, breakdown, failure_mode
 from stages.evaluate.policies import PolicySpecError
 from stages.evaluate.report import VariantRow, compare
 from stages.evaluate.shards import run_suite
@@ -195,3 +198,59 @@ def test_bad_suites_and_policies_are_refused_before_any_work(
     empty = SMALL.model_copy(update={"episodes": 0})  # model_copy skips validation
     with pytest.raises(SceneError, match="no episodes"):
         run_suite(tiny_checkpoint, CFG.robot, CFG.scene, CFG.sim, empty, 0)
+
+
+# -- why episodes failed -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("success", "target", "distractor", "mode"),
+    [
+        (True, 0.03, 0.02, ""),  # solved wins over everything
+        (False, 0.20, 0.04, "wrong_object"),  # went to another object
+        (False, 0.20, 0.075, "wrong_object"),  # exactly at radius + margin of it
+        (False, 0.20, 0.076, "timeout"),  # nearer a distractor, but never reached it
+        (False, 0.05, 0.30, "near_miss"),
+        (False, 0.075, 0.30, "near_miss"),  # exactly at radius + margin of the target
+        (False, 0.076, 0.30, "timeout"),
+        (False, 0.05, 0.06, "near_miss"),  # reached both: the target more closely
+        (False, 0.05, math.inf, "near_miss"),  # no other object on the table
+        (False, 0.30, math.nan, "timeout"),  # distractors not reported: never wrong_object
+    ],
+)
+def test_failure_modes_on_hand_made_episodes(
+    success: bool, target: float, distractor: float, mode: str
+) -> None:
+    assert failure_mode(success, target, distractor, radius=0.045) == mode
+
+
+def test_the_breakdown_counts_modes_and_the_near_misses_median() -> None:
+    modes = ["", "near_miss", "near_miss", "near_miss", "wrong_object", "timeout", ""]
+    closest = [0.02, 0.05, 0.07, 0.06, 0.3, 0.2, 0.03]
+    counts = breakdown(modes, closest)
+    assert {k: counts[k] for k in FAILURE_MODES} == {
+        "wrong_object": 1,
+        "near_miss": 3,
+        "timeout": 1,
+    }
+    assert counts["near_miss_median_cm"] == pytest.approx(6.0)
+    assert "near_miss_median_cm" not in breakdown(["", "timeout"], [0.01, 0.3])
+
+
+def test_every_report_says_why_episodes_failed(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    report = run(tiny_checkpoint, tmp_path)
+    episodes = report.outcomes
+    assert all(o["failure"] in ("", *FAILURE_MODES) for o in episodes)
+    assert all((o["failure"] == "") == o["success"] for o in episodes)
+    assert all(0.0 < o["closest_target_distance"] < 1.0 for o in episodes)
+    failed = sum(report.failures[m] for m in FAILURE_MODES)
+    assert failed == report.episodes - report.successes
+    assert sum(sum(r.failures[m] for m in FAILURE_MODES) for r in report.rows) == failed
+    assert "## Why episodes failed" in Path(report.report).read_text()
+    again = EvalReport.from_json(json.loads(Path(tmp_path / "eval_report.json").read_text()))
+    assert again.failures == report.failures
+    older = report.to_json()
+    del older["failures"]
+    for row in older["rows"]:
+        del row["failures"]
+    assert EvalReport.from_json(older).failures == {}, "reports from before the breakdown load"

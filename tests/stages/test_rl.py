@@ -1,6 +1,7 @@
-"""RL fine-tuning: the known properties of PPO's, SAC's and GRPO's pieces, the learner's updates on real
-rollouts, and the Ray run: weight sync, a killed rollout worker restarted, a killed learner
-resumed from its checkpoint, and the named error when Ray may restart no more."""
+"""RL fine-tuning: the known properties of PPO's, SAC's and GRPO's pieces, the learner's
+updates on real rollouts, and the Ray run: weight sync, a killed rollout worker restarted, a
+killed learner resumed from its checkpoint, and the named error when Ray may restart no
+more."""
 
 from __future__ import annotations
 
@@ -541,7 +542,8 @@ def test_grpo_on_ray_plays_groups_and_its_learner_uses_every_core(
     assert [r["step"] for r in records] == [1, 2]
     assert all(r["episodes"] == 4 and r["groups"] == 2 for r in records), "2 workers x 1 x 2"
     assert all(
-        4 <= r["env_steps"] - p <= 200 for r, p in zip(records, [0, records[0]["env_steps"]])
+        4 <= r["env_steps"] - p <= 200
+        for r, p in zip(records, [0, records[0]["env_steps"]], strict=True)
     )
     assert threads == [os.cpu_count()] * 2, "on-policy: the learner takes the idle cores"
     assert final.name == "step-0000002" and (tmp_path / "learning_curves.png").is_file()

@@ -236,6 +236,7 @@ class IsaacLabBatchedEnv(BatchedEnv):
             info={
                 "tcp_target_distance": fields["distance"],
                 "tcp_target_distance_before": fields["distance_before"],
+                "tcp_distractor_distance": fields["distractor"],
             },
         )
 

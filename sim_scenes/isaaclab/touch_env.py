@@ -361,6 +361,10 @@ class TouchEnv(DirectRLEnv):
         """tcp to named object, m: after the last step, or at the start of a new episode."""
         self.step_distance = torch.zeros(self.num_envs, device=dev)
         """tcp to named object after the last step, m, even for envs that reset since."""
+        self.step_distractor_distance = torch.full((self.num_envs,), math.inf, device=dev)
+        """tcp to the nearest other object on the table after the last step, m (inf: none)."""
+        self._on_table = torch.zeros(self.num_envs, len(self.pairs), dtype=torch.bool, device=dev)
+        """Which objects each environment's layout placed (the others are parked)."""
         self.distance_before = torch.zeros(self.num_envs, device=dev)
         self.success = torch.zeros(self.num_envs, dtype=torch.bool, device=dev)
         self.seeds = np.zeros(self.num_envs, np.int64)
@@ -403,6 +407,17 @@ class TouchEnv(DirectRLEnv):
         picked = poses[torch.arange(self.num_envs, device=self.device), self._target_object]
         return picked[:, :3] - self.scene.env_origins
 
+    def distractor_distance(self) -> torch.Tensor:
+        """Tool centre point to the nearest object on the table that is not the named one,
+        (N,) m (inf when there is none)."""
+        centres = (
+            self.objects.data.body_link_pose_w.torch[..., :3] - self.scene.env_origins[:, None]
+        )
+        gaps = torch.linalg.norm(centres - self.tcp_pos()[:, None], dim=2)
+        others = self._on_table.clone()
+        others[torch.arange(self.num_envs, device=self.device), self._target_object] = False
+        return torch.where(others, gaps, torch.full_like(gaps, math.inf)).min(dim=1).values
+
     def arm_qpos(self) -> torch.Tensor:
         """Arm joint positions, (N, n_arm) rad."""
         return self.robot.data.joint_pos.torch[:, self._arm_ids]
@@ -443,6 +458,7 @@ class TouchEnv(DirectRLEnv):
         self.distance_before = self.distance.clone()
         self.distance = distance
         self.step_distance = distance.clone()  # a reset in this step moves self.distance on
+        self.step_distractor_distance = self.distractor_distance()
         self._hold = torch.where(distance < criterion.radius, self._hold + 1, 0)
         self.success = self._hold >= criterion.hold_steps
         truncated = ~self.success & (self.episode_length_buf >= self.variant.episode_steps)
@@ -480,8 +496,10 @@ class TouchEnv(DirectRLEnv):
             self.seeds[env] = seed
             self.instructions[env] = layout.instruction
             joint_pos[row, self._arm_ids] = torch.tensor(layout.arm_qpos, device=self.device)
+            self._on_table[env] = False
             for k, obj in enumerate(layout.objects):
                 slot = self.pairs.index((obj.colour, obj.shape))
+                self._on_table[env, slot] = True
                 half = obj.yaw / 2
                 object_poses[row, slot] = torch.tensor(
                     [

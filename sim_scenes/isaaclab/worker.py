@@ -90,6 +90,9 @@ def serve(conn: Connection) -> None:
                             truncated=truncated.cpu().numpy(),
                             success=env.success.cpu().numpy(),
                             distance=env.step_distance.cpu().numpy().astype(np.float32),
+                            distractor=env.step_distractor_distance.cpu()
+                            .numpy()
+                            .astype(np.float32),
                             distance_before=env.distance_before.cpu().numpy().astype(np.float32),
                         )
                     elif op == "privileged":

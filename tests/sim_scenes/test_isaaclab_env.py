@@ -23,7 +23,7 @@ import pytest
 from robots.spec import RobotSpec
 from sim_scenes.backends import make_env
 from sim_scenes.batched_env import BatchedEnv
-from sim_scenes.config import SceneConfig, SimConfig
+from sim_scenes.config import SceneConfig, SimConfig, SuccessConfig
 from sim_scenes.episodes import play_episodes
 from sim_scenes.expert import ScriptedExpert
 from sim_scenes.isaaclab.client import IsaacLabWorkerError
@@ -36,9 +36,15 @@ ROOT = Path(__file__).resolve().parents[2]
 SEEDS = [1, 2, 3, 4]
 
 
-def isaac(rp5: RobotSpec, n: int, cameras: tuple[str, ...], autoreset: bool) -> BatchedEnv:
+def isaac(
+    rp5: RobotSpec,
+    n: int,
+    cameras: tuple[str, ...],
+    autoreset: bool,
+    scene: SceneConfig | None = None,
+) -> BatchedEnv:
     sim = SimConfig(backend="isaaclab", num_envs=n)
-    return make_env(rp5, SceneConfig(), sim, cameras=cameras, autoreset=autoreset)
+    return make_env(rp5, scene or SceneConfig(), sim, cameras=cameras, autoreset=autoreset)
 
 
 @pytest.fixture(scope="module")
@@ -110,8 +116,30 @@ def test_scripted_expert_solves_the_same_episodes_in_the_same_steps(rp5: RobotSp
     with MujocoBatchedEnv(rp5, variant, 8, cameras=(), autoreset=False) as env:
         mujoco_records = play_episodes(env, expert, seeds)
     assert all(r.success for r in isaac_records)
-    lengths = [(a.length, b.length) for a, b in zip(isaac_records, mujoco_records, strict=True)]
-    assert all(abs(a - b) <= 1 for a, b in lengths), lengths
+    pairs = list(zip(isaac_records, mujoco_records, strict=True))
+    assert all(abs(a.length - b.length) <= 1 for a, b in pairs), pairs
+    for a, b in pairs:  # the distances the failure breakdown reads agree too
+        assert abs(a.closest_target_distance - b.closest_target_distance) < 0.01
+        assert abs(a.closest_distractor_distance - b.closest_distractor_distance) < 0.01
+
+
+@needs_isaaclab
+def test_the_scene_configs_task_overrides_reach_isaac_lab(rp5: RobotSpec) -> None:
+    """A tighter radius held longer, and a shorter episode, as on MuJoCo (whose episodes of
+    the variant's own task the expert test above matches to a step)."""
+    seeds = episode_seeds(0, 4, "eval")
+    expert = ScriptedExpert(rp5)
+    strict = SceneConfig(success=SuccessConfig(radius=0.035, hold_steps=4))
+    with MujocoBatchedEnv(rp5, strict.task(), 4, cameras=(), autoreset=False) as env:
+        on_mujoco = play_episodes(env, expert, seeds)
+    with isaac(rp5, 4, (), autoreset=False, scene=strict) as env:
+        tighter = play_episodes(env, expert, seeds)
+    with isaac(rp5, 4, (), autoreset=False, scene=SceneConfig(episode_steps=3)) as env:
+        cut = play_episodes(env, expert, seeds)
+    assert all(r.success for r in tighter)
+    assert all(abs(a.length - b.length) <= 1 for a, b in zip(tighter, on_mujoco, strict=True))
+    assert all(r.closest_target_distance < 0.035 for r in tighter)
+    assert [r.length for r in cut] == [3] * 4 and not any(r.success for r in cut)
 
 
 @needs_isaaclab

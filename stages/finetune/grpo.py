@@ -30,7 +30,7 @@ from torch.distributions import Normal, kl_divergence
 
 from stages.finetune.algorithm import RLAlgorithm
 from stages.finetune.config import GRPOConfig
-from stages.finetune.ppo import clipped_objective
+from stages.finetune.ppo import clipped_objective, minibatches
 from stages.finetune.rollout import GroupRollout, chunk_distribution
 from stages.policy.base import VLAPolicy
 
@@ -104,42 +104,38 @@ class GRPO(RLAlgorithm):
         ref_mean = torch.as_tensor(batch.ref_mean) if batch.ref_mean is not None else None
         sums: dict[str, float] = {}
         count = 0
-        for _ in range(self.cfg.epochs):
-            for mb in np.array_split(
-                self.rng.permutation(decisions),
-                max(1, len(decisions) // self.cfg.minibatch_size),
-            ):
-                index = torch.as_tensor(mb)
-                dist = chunk_distribution(self.policy(**batch.observations(mb)), 1)
-                logp = dist.log_prob(actions[index]).sum(dim=(1, 2))
-                policy_loss, clip_frac = clipped_objective(
-                    logp, old_logp[index], adv[index], self.cfg.clip, self.cfg.clip_high
+        for mb in minibatches(decisions, self.cfg.minibatch_size, self.cfg.epochs, self.rng):
+            index = torch.as_tensor(mb)
+            dist = chunk_distribution(self.policy(**batch.observations(mb)), 1)
+            logp = dist.log_prob(actions[index]).sum(dim=(1, 2))
+            policy_loss, clip_frac = clipped_objective(
+                logp, old_logp[index], adv[index], self.cfg.clip, self.cfg.clip_high
+            )
+            kl_ref = torch.zeros(())
+            if ref_mean is not None and self.cfg.kl_coef > 0:
+                anchor = Normal(
+                    ref_mean[index],
+                    self.reference.log_std.detach().exp().expand_as(ref_mean[index]),
                 )
-                kl_ref = torch.zeros(())
-                if ref_mean is not None and self.cfg.kl_coef > 0:
-                    anchor = Normal(
-                        ref_mean[index],
-                        self.reference.log_std.detach().exp().expand_as(ref_mean[index]),
-                    )
-                    kl_ref = kl_divergence(dist, anchor).sum(dim=(1, 2)).mean()
-                loss = policy_loss + self.cfg.kl_coef * kl_ref
-                self.optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                grad_norm = nn.utils.clip_grad_norm_(list(self.params.values()), 1.0)
-                self.optimizer.step()
-                with torch.no_grad():
-                    log_ratio = old_logp[index] - logp
-                    approx_kl = (log_ratio.exp() - 1 - log_ratio).mean()
-                for key, value in (
-                    ("policy_loss", policy_loss.item()),
-                    ("kl_ref", kl_ref.item()),
-                    ("approx_kl", approx_kl.item()),
-                    ("clip_frac", clip_frac.item()),
-                    ("grad_norm", grad_norm.item()),
-                    ("entropy", dist.entropy().sum(dim=(1, 2)).mean().item()),
-                ):
-                    sums[key] = sums.get(key, 0.0) + value
-                count += 1
+                kl_ref = kl_divergence(dist, anchor).sum(dim=(1, 2)).mean()
+            loss = policy_loss + self.cfg.kl_coef * kl_ref
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = nn.utils.clip_grad_norm_(list(self.params.values()), 1.0)
+            self.optimizer.step()
+            with torch.no_grad():
+                log_ratio = old_logp[index] - logp
+                approx_kl = (log_ratio.exp() - 1 - log_ratio).mean()
+            for key, value in (
+                ("policy_loss", policy_loss.item()),
+                ("kl_ref", kl_ref.item()),
+                ("approx_kl", approx_kl.item()),
+                ("clip_frac", clip_frac.item()),
+                ("grad_norm", grad_norm.item()),
+                ("entropy", dist.entropy().sum(dim=(1, 2)).mean().item()),
+            ):
+                sums[key] = sums.get(key, 0.0) + value
+            count += 1
         return metrics | {k: v / count for k, v in sums.items()} | {"updates": float(count)}
 
     def extra_state(self) -> dict[str, Any]:

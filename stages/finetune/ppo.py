@@ -20,6 +20,7 @@ adapters, so a poor value estimate cannot damage what BC taught.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -80,6 +81,15 @@ def clipped_objective(
     clipped = ratio.clamp(1.0 - clip, 1.0 + high) * advantages
     loss = -torch.minimum(unclipped, clipped).mean()
     return loss, ((ratio < 1.0 - clip) | (ratio > 1.0 + high)).float().mean()
+
+
+def minibatches(
+    indices: np.ndarray, size: int, epochs: int, rng: np.random.Generator
+) -> Iterator[np.ndarray]:
+    """``epochs`` passes over ``indices``, each shuffled and split into minibatches of about
+    ``size`` (at least one per pass)."""
+    for _ in range(epochs):
+        yield from np.array_split(rng.permutation(indices), max(1, len(indices) // size))
 
 
 class PPO(RLAlgorithm):
@@ -153,50 +163,46 @@ class PPO(RLAlgorithm):
         ret = torch.as_tensor(returns.reshape(-1))
         sums: dict[str, float] = {}
         count = 0
-        for _ in range(self.cfg.epochs):
-            for mb in np.array_split(
-                self.rng.permutation(decisions),
-                max(1, len(decisions) // self.cfg.minibatch_size),
+        for mb in minibatches(decisions, self.cfg.minibatch_size, self.cfg.epochs, self.rng):
+            index = torch.as_tensor(mb)
+            out = self.policy(**flat.observations(mb))
+            dist = chunk_distribution(out, self.horizon)
+            logp = dist.log_prob(actions[index]).sum(dim=(1, 2))
+            policy_loss, clip_frac = clipped_objective(
+                logp, old_logp[index], adv[index], self.cfg.clip
+            )
+            value_loss = ((self.value(pooled_features(out)) - ret[index]) ** 2).mean()
+            entropy = dist.entropy().sum(dim=(1, 2)).mean()
+            kl_ref = torch.zeros(())
+            if ref_mean is not None:
+                ref = torch.distributions.Normal(
+                    ref_mean[index], ref_log_std.exp().expand_as(ref_mean[index])
+                )
+                kl_ref = kl_divergence(dist, ref).sum(dim=(1, 2)).mean()
+            loss = (
+                policy_loss
+                + self.cfg.value_coef * value_loss
+                - self.cfg.entropy_coef * entropy
+                + self.cfg.kl_coef * kl_ref
+            )
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = nn.utils.clip_grad_norm_(list(self.params.values()), 1.0)
+            nn.utils.clip_grad_norm_(list(self.value.parameters()), 1.0)
+            self.optimizer.step()
+            with torch.no_grad():
+                approx_kl = (old_logp[index] - logp).exp() - 1 - (old_logp[index] - logp)
+            for key, value in (
+                ("policy_loss", policy_loss.item()),
+                ("value_loss", value_loss.item()),
+                ("entropy", entropy.item()),
+                ("kl_ref", kl_ref.item()),
+                ("approx_kl", approx_kl.mean().item()),
+                ("clip_frac", clip_frac.item()),
+                ("grad_norm", grad_norm.item()),
             ):
-                index = torch.as_tensor(mb)
-                out = self.policy(**flat.observations(mb))
-                dist = chunk_distribution(out, self.horizon)
-                logp = dist.log_prob(actions[index]).sum(dim=(1, 2))
-                policy_loss, clip_frac = clipped_objective(
-                    logp, old_logp[index], adv[index], self.cfg.clip
-                )
-                value_loss = ((self.value(pooled_features(out)) - ret[index]) ** 2).mean()
-                entropy = dist.entropy().sum(dim=(1, 2)).mean()
-                kl_ref = torch.zeros(())
-                if ref_mean is not None:
-                    ref = torch.distributions.Normal(
-                        ref_mean[index], ref_log_std.exp().expand_as(ref_mean[index])
-                    )
-                    kl_ref = kl_divergence(dist, ref).sum(dim=(1, 2)).mean()
-                loss = (
-                    policy_loss
-                    + self.cfg.value_coef * value_loss
-                    - self.cfg.entropy_coef * entropy
-                    + self.cfg.kl_coef * kl_ref
-                )
-                self.optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                grad_norm = nn.utils.clip_grad_norm_(list(self.params.values()), 1.0)
-                nn.utils.clip_grad_norm_(list(self.value.parameters()), 1.0)
-                self.optimizer.step()
-                with torch.no_grad():
-                    approx_kl = (old_logp[index] - logp).exp() - 1 - (old_logp[index] - logp)
-                for key, value in (
-                    ("policy_loss", policy_loss.item()),
-                    ("value_loss", value_loss.item()),
-                    ("entropy", entropy.item()),
-                    ("kl_ref", kl_ref.item()),
-                    ("approx_kl", approx_kl.mean().item()),
-                    ("clip_frac", clip_frac.item()),
-                    ("grad_norm", grad_norm.item()),
-                ):
-                    sums[key] = sums.get(key, 0.0) + value
-                count += 1
+                sums[key] = sums.get(key, 0.0) + value
+            count += 1
         metrics = {k: v / count for k, v in sums.items()}
         explained = 1.0 - np.var(returns - values[:steps]) / (np.var(returns) + 1e-8)
         metrics.update(updates=float(count), explained_variance=float(explained))

@@ -221,6 +221,14 @@ def train_rl(
             lambda w: w.rollout.remote(settings.steps_per_env, weights, version)
         )
 
+    def out_of_rounds(done: int) -> bool:
+        """No round follows the one that leaves ``done`` iterations done: the last iteration,
+        or the time budget is spent."""
+        budget = cfg.time_budget_s
+        return done >= cfg.iterations or (
+            budget is not None and time.perf_counter() - start_time > budget
+        )
+
     run.pool = WorkerPool(
         new_worker, cfg.workers, "RL rollout worker", LIMIT, cfg.max_worker_restarts, on_status
     )
@@ -241,13 +249,16 @@ def train_rl(
                 rollout_s = time.perf_counter() - tick
                 tick = time.perf_counter()
                 update = learner.update.remote(rollouts)
-                if off_policy:  # the next round plays while the learner trains on this one
-                    pending = launch()
+                # The next round is launched only if it will be used: one left running at the
+                # end would be killed with the workers (and Ray would say so, loudly).
+                if off_policy and not out_of_rounds(run.iteration + 1):
+                    pending = launch()  # it plays while the learner trains on this round
                 metrics = learner_call(update)
                 learn_s = time.perf_counter() - tick
                 run.iteration += 1
+                last = out_of_rounds(run.iteration)
                 sync_s = sync_async() if off_policy else sync()
-                if not off_policy:
+                if not off_policy and not last:
                     pending = launch()
                 round_steps = sum(r.env_steps for r in rollouts)
                 env_steps += round_steps
@@ -278,17 +289,11 @@ def train_rl(
                 log_metrics(out, record)
                 if on_iteration:
                     on_iteration(run)
-                out_of_time = (
-                    cfg.time_budget_s is not None
-                    and time.perf_counter() - start_time > cfg.time_budget_s
-                )
                 if (
-                    run.iteration % cfg.checkpoint_every == 0
-                    or run.iteration == cfg.iterations
-                    or out_of_time  # stopping early: what was trained is kept
-                ):
+                    run.iteration % cfg.checkpoint_every == 0 or last
+                ):  # last: what was trained is kept
                     learner_call(learner.checkpoint.remote(job.lineage))
-                if out_of_time:
+                if last:
                     break
             except _LearnerRestarted as restarted:
                 # The round played for the lost iterations (SAC's next one) is dropped.

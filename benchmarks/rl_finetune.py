@@ -15,7 +15,7 @@ the learner the bottleneck?
    intervals overlap, and the failure breakdown (wrong object / near miss / timeout) before
    and after. Learning curves are saved as ``learning_curves.png`` beside each run.
 
-Run: ``python benchmarks/rl_finetune.py [--minutes 25] [--algos ppo grpo sac]`` (about
+Run: ``python benchmarks/rl_finetune.py [--minutes 12] [--algos ppo grpo sac]`` (about
 ``len(algos) x (minutes + 3)`` minutes once the base is cached); ``--quick`` runs a few-minute
 smoke version of every part. The last line is ``key=value`` pairs.
 """
@@ -121,15 +121,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", type=Path, default=CONFIG_DIR / "rl-demo.yaml")
     parser.add_argument("--algos", nargs="+", default=list(ALGOS), choices=ALGOS)
-    parser.add_argument("--minutes", type=float, default=25.0, help="RL wall time per algorithm")
+    parser.add_argument("--minutes", type=float, default=12.0, help="RL wall time per algorithm")
     parser.add_argument("--start", type=Path, help="start from this checkpoint instead of BC")
     parser.add_argument("--skip-throughput", action="store_true")
     parser.add_argument("--set", dest="sets", action="append", default=[], help="KEY=VALUE")
     parser.add_argument("--quick", action="store_true", help="a few-minute smoke version")
     args = parser.parse_args()
     sets = list(args.sets)
-    if args.quick:
-        sets += ["evaluate.episodes=10", "collect.episodes=40", "finetune.bc.steps=60"]
+    if args.quick:  # its own small dataset and BC start (name), the base is shared
+        sets += [
+            "name=rl-bench-quick",
+            "evaluate.episodes=10",
+            "collect.episodes=40",
+            "finetune.bc.steps=60",
+        ]
         args.minutes = 0.5
     cfg = load_config(args.config, sets)
     start = ref_of(args.start) if args.start else bc_start(cfg)

@@ -32,8 +32,8 @@ from typing import Any
 from pipelines import steps
 from pipelines.config import CONFIG_DIR, PipelineConfig, load_config
 from pipelines.home import home_dir
-from pipelines.summary import failure_counts
 from stages.evaluate import evaluate
+from stages.evaluate.failures import breakdown_line
 from stages.evaluate.report import EvalReport
 from stages.finetune import FinetuneConfig
 from stages.finetune.checkpoints import read_metrics
@@ -200,7 +200,7 @@ def main() -> None:
     for label, report in reports.items():
         print(
             f"  {label:<11} {report.episodes - report.successes:>4} failed: "
-            f"{failure_counts(report)}"
+            f"{breakdown_line(report.failures)}"
         )
     for algo in args.algos:
         separated = reports[algo].ci95[0] > base.ci95[1]

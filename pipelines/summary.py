@@ -6,7 +6,6 @@ and an artifact of the MLflow run. Built from the typed stage records only.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,12 +17,12 @@ from pipelines.records import (
     RunRecords,
 )
 from robo_pipe.names import slug
+from stages.evaluate.failures import breakdown_line
 from stages.finetune.checkpoints import read_metrics
 from stages.finetune.rl import rolling_success
 
 if TYPE_CHECKING:
     from deploy_edge.latency import LatencyReport
-    from stages.evaluate.report import EvalReport
     from stages.policy.checkpoint import CheckpointRef
 
 
@@ -85,17 +84,6 @@ def _device_result(device: EdgeDeployment) -> str:
     return (
         f"`{device.device}` runs v{device.model_version} ({gate}; {episode}); its state: "
         f"`{device.state_dir}`."
-    )
-
-
-def failure_counts(report: EvalReport) -> str:
-    """``wrong object 3, near miss 12 (median closest 4.8 cm), timeout 1`` of a report."""
-    f = report.failures
-    median = f.get("near_miss_median_cm", math.nan)
-    closest = "" if math.isnan(median) else f" (median closest {median:.1f} cm)"
-    return (
-        f"wrong object {int(f.get('wrong_object', 0))}, near miss "
-        f"{int(f.get('near_miss', 0))}{closest}, timeout {int(f.get('timeout', 0))}"
     )
 
 
@@ -201,7 +189,9 @@ def markdown(result: PipelineResult, records: RunRecords, images: dict[str, str]
         lines += [
             "",
             "Why episodes failed: "
-            + "; ".join(f"{role}: {failure_counts(r)}" for role, r in failures if r.failures)
+            + "; ".join(
+                f"{role}: {breakdown_line(r.failures)}" for role, r in failures if r.failures
+            )
             + ".",
         ]
     if cand.comparison:

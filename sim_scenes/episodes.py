@@ -42,6 +42,8 @@ class EpisodeRecord:
     episode (nan: the backend does not report distances)."""
     closest_distractor_distance: float = math.nan
     """m: its closest approach to any other object's centre (inf: no other object)."""
+    final_target_distance: float = math.nan
+    """m: tool centre point to the named object's centre after the episode's last step."""
 
 
 def play_episodes(
@@ -86,7 +88,10 @@ def play_episodes(
                 frames[slot[e]].append(o.images[camera][e].copy())
 
     keep_frames(obs, range(n))
-    closest: dict[int, tuple[float, float]] = {}  # seed index -> (target, distractor), m
+    # seed index -> (closest target, closest distractor, latest target), m; keyed by episode,
+    # not env, so an env that restarts starts its new episode's minimum afresh
+    distances: dict[int, tuple[float, float, float]] = {}
+    unreported = (math.nan, math.nan, math.nan)  # a backend that reports no distances
     while len(records) < len(seeds):
         actions = act(env, obs)
         result = env.step(actions)
@@ -97,14 +102,19 @@ def play_episodes(
             distractor = result.info.get("tcp_distractor_distance", np.full(n, np.nan))
             for e, i in enumerate(slot):
                 if i >= 0:
-                    was = closest.get(i, (math.inf, math.inf))
-                    closest[i] = (_closer(was[0], target[e]), _closer(was[1], distractor[e]))
+                    was = distances.get(i, (math.inf, math.inf, math.nan))
+                    distances[i] = (
+                        _closer(was[0], target[e]),
+                        _closer(was[1], distractor[e]),
+                        float(target[e]),
+                    )
         obs = result.obs
         keep_frames(obs, range(n))  # for envs that just finished: their episode's last frame
         restart_envs, restart_seeds = [], []
         for k, e in enumerate(result.final.env_ids):
             i = slot[e]
             if i >= 0:
+                closest_target, closest_distractor, final_target = distances.pop(i, unreported)
                 rec = EpisodeRecord(
                     index=i,
                     seed=int(seeds[i]),
@@ -113,8 +123,9 @@ def play_episodes(
                     episode_return=float(result.final.episode_return[k]),
                     instruction=instructions[i],
                     frames=frames.pop(i, []),
-                    closest_target_distance=closest.get(i, (math.nan,))[0],
-                    closest_distractor_distance=closest.get(i, (math.nan, math.nan))[1],
+                    closest_target_distance=closest_target,
+                    closest_distractor_distance=closest_distractor,
+                    final_target_distance=final_target,
                 )
                 records[i] = rec
                 if on_episode is not None:

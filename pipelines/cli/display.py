@@ -12,6 +12,7 @@ from rich.table import Table
 
 from pipelines.cli.common import console
 from pipelines.progress import Listener, describe
+from stages.evaluate.failures import breakdown_line
 
 if TYPE_CHECKING:
     from deploy_edge.latency import LatencyReport
@@ -120,6 +121,8 @@ def show_evaluation(title: str, report: EvalReport) -> None:
     ci = f"{report.ci95[0]:.1%} - {report.ci95[1]:.1%}"
     table.add_row("all", str(report.episodes), f"{report.success_rate:.1%}", ci, "")
     console.print(table)
+    if report.failures:
+        console.print(f"why episodes failed: {breakdown_line(report.failures)}", highlight=False)
     if report.comparison:
         c = report.comparison
         verdict = "[green]passed" if c.passed else "[red]FAILED"

@@ -44,10 +44,27 @@ def failure_mode(
 
 def breakdown(modes: list[str], closest: list[float]) -> dict[str, float]:
     """Counts of each failure mode among ``modes`` (one per episode, ``""`` = success), and,
-    when there are near misses, their median closest approach in cm (``near_miss_median_cm``)."""
+    when there are near misses, the median and the largest of their closest approaches to the
+    named object (``closest``, m) in cm: ``near_miss_median_cm``, ``near_miss_max_cm``."""
     counts: dict[str, float] = {m: float(modes.count(m)) for m in FAILURE_MODES}
     near = sorted(c for m, c in zip(modes, closest, strict=True) if m == "near_miss")
     if near:
         middle = len(near) // 2
         counts["near_miss_median_cm"] = 100 * (near[middle] + near[~middle]) / 2
+        counts["near_miss_max_cm"] = 100 * near[-1]
     return counts
+
+
+def breakdown_line(counts: dict[str, float]) -> str:
+    """A :func:`breakdown` in one line: ``wrong object 3, near miss 12 (closest: median 4.8 cm,
+    max 7.2 cm), timeout 1``."""
+    near = f"near miss {int(counts.get('near_miss', 0))}"
+    if "near_miss_median_cm" in counts:
+        near += f" (closest: median {counts['near_miss_median_cm']:.1f} cm"
+        if "near_miss_max_cm" in counts:
+            near += f", max {counts['near_miss_max_cm']:.1f} cm"
+        near += ")"
+    return (
+        f"wrong object {int(counts.get('wrong_object', 0))}, {near}, "
+        f"timeout {int(counts.get('timeout', 0))}"
+    )

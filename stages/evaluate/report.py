@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from robo_pipe.records import Record
-from stages.evaluate.failures import FAILURE_MODES, breakdown
+from stages.evaluate.failures import breakdown
 from stages.evaluate.shards import EpisodeOutcome, ShardOutcome
 from stages.statistics import two_proportion_test, wilson_interval
 
@@ -29,7 +29,8 @@ class VariantRow(Record):
     mean_length: float
     failures: dict[str, float] = field(default_factory=dict)
     """Failed episodes by mode (:mod:`stages.evaluate.failures`) and the near misses' median
-    closest approach, cm (``near_miss_median_cm``)."""
+    and largest closest approach, cm (``near_miss_median_cm``, ``near_miss_max_cm``; absent
+    without near misses). Empty in reports written before the breakdown existed."""
 
 
 @dataclass
@@ -74,7 +75,9 @@ class EvalReport(Record):
     seeds: list[int]
     """The seeds used, the same for every variant (``eval`` stream of ``seed``)."""
     outcomes: list[dict[str, Any]] = field(default_factory=list)
-    """Per episode: variant, index, seed, success, length, return, instruction."""
+    """Per episode: variant, index, seed, success, length, return, instruction, the closest
+    approaches to the named object and to any other object and the final distance to the
+    named object (m), and the failure mode (``""`` if solved)."""
     recordings: list[str] = field(default_factory=list)
     """Frame-strip PNGs of recorded successes and failures."""
     comparison: Comparison | None = None
@@ -202,16 +205,18 @@ def markdown(report: EvalReport) -> str:
             "wrong object (grounding), a near miss (execution: reached the object, not inside "
             "the success radius), a timeout (away from every object when time ran out).",
             "",
-            "| variant | failures | wrong object | near miss | near miss: median closest "
-            "| timeout |",
+            "| variant | successes | wrong object | near miss | near miss: closest, median "
+            "(max) | timeout |",
             "|---|---:|---:|---:|---:|---:|",
         ]
-        for name, f in [(r.variant, r.failures) for r in report.rows] + [("all", report.failures)]:
-            failed = int(sum(f.get(m, 0) for m in FAILURE_MODES))
+        rows = [(r.variant, r.successes, r.failures) for r in report.rows]
+        for name, wins, f in [*rows, ("all", report.successes, report.failures)]:
             median = f.get("near_miss_median_cm", math.nan)
+            most = f.get("near_miss_max_cm", math.nan)
             closest = "–" if math.isnan(median) else f"{median:.1f} cm"
+            closest += "" if math.isnan(most) else f" ({most:.1f} cm)"
             lines.append(
-                f"| {name} | {failed} | {int(f.get('wrong_object', 0))} | "
+                f"| {name} | {wins} | {int(f.get('wrong_object', 0))} | "
                 f"{int(f.get('near_miss', 0))} | {closest} | {int(f.get('timeout', 0))} |"
             )
     if report.comparison:
@@ -243,6 +248,8 @@ def markdown(report: EvalReport) -> str:
 
 
 def _plot(report: EvalReport, path: Path) -> Path:
+    """Success per variant with its interval and, when the report has the failure breakdown,
+    beside it every variant's episodes stacked by outcome."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -257,7 +264,10 @@ def _plot(report: EvalReport, path: Path) -> Path:
             [hi - p for p, (_, hi) in zip(rates, cis, strict=True)],
         ]
     )
-    fig, ax = plt.subplots(figsize=(1.6 * len(names) + 2, 3.5))
+    panels = 2 if report.failures else 1
+    width = 1.6 * len(names) + 2
+    fig, axes = plt.subplots(1, panels, figsize=(width + (panels - 1) * (width + 1.5), 3.5))
+    ax = axes[0] if panels == 2 else axes
     ax.bar(names, rates, yerr=errors, capsize=6, color=["#4c72b0"] * len(report.rows) + ["#55a868"])
     if report.comparison:
         ax.axhline(report.comparison.baseline_success_rate, ls="--", c="grey", label="baseline")
@@ -265,10 +275,43 @@ def _plot(report: EvalReport, path: Path) -> Path:
     ax.set_ylim(0, 1.05)
     ax.set_ylabel("success rate (95% Wilson CI)")
     ax.set_title(f"{Path(report.policy).name}: {report.episodes} episodes")
+    if panels == 2:
+        _plot_outcomes(axes[1], report, names)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+OUTCOME_COLOURS = {
+    "success": "#55a868",
+    "near_miss": "#dd8452",
+    "wrong_object": "#c44e52",
+    "timeout": "#8c8c8c",
+}
+"""Colours of the outcome panel: solved, then execution, grounding and other failures."""
+
+
+def _plot_outcomes(ax: Any, report: EvalReport, names: list[str]) -> None:
+    """Each variant's episodes (and all of them) as one bar stacked by outcome, as shares."""
+    rows = [(r.episodes, r.successes, r.failures) for r in report.rows]
+    rows.append((report.episodes, report.successes, report.failures))
+    bottom = np.zeros(len(names))
+    for outcome, colour in OUTCOME_COLOURS.items():
+        share = np.array(
+            [
+                (wins if outcome == "success" else f.get(outcome, 0.0)) / max(n, 1)
+                for n, wins, f in rows
+            ]
+        )
+        label = outcome.replace("_", " ")
+        ax.bar(names, share, bottom=bottom, color=colour, label=label)
+        bottom += share
+    ax.set_ylim(0, 1.05)
+    ax.set_ylabel("share of episodes")
+    ax.set_title("outcomes (why episodes failed)")
+    handles, labels = ax.get_legend_handles_labels()  # listed top to bottom, as stacked
+    ax.legend(handles[::-1], labels[::-1], loc="upper left", bbox_to_anchor=(1.0, 1.0))
 
 
 def _write_strips(shards: list[ShardOutcome], out: Path, keep: int) -> list[str]:

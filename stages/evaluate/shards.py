@@ -66,6 +66,8 @@ class EpisodeOutcome:
     """m: closest approach of the tool centre point to the named object (nan: not reported)."""
     closest_distractor_distance: float = math.nan
     """m: closest approach to any other object (inf: none; nan: not reported)."""
+    final_target_distance: float = math.nan
+    """m: tool centre point to the named object after the last step (nan: not reported)."""
     failure: str = ""
     """Why it failed (:data:`stages.evaluate.failures.FAILURE_MODES`); ``""`` if solved."""
 
@@ -170,9 +172,10 @@ class EvalWorker(PoolWorker):
                     r.length,
                     r.episode_return,
                     r.instruction,
-                    r.closest_target_distance,
-                    r.closest_distractor_distance,
-                    failure_mode(
+                    closest_target_distance=r.closest_target_distance,
+                    closest_distractor_distance=r.closest_distractor_distance,
+                    final_target_distance=r.final_target_distance,
+                    failure=failure_mode(
                         r.success, r.closest_target_distance, r.closest_distractor_distance, radius
                     ),
                 )

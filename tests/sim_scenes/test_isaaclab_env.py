@@ -121,6 +121,7 @@ def test_scripted_expert_solves_the_same_episodes_in_the_same_steps(rp5: RobotSp
     for a, b in pairs:  # the distances the failure breakdown reads agree too
         assert abs(a.closest_target_distance - b.closest_target_distance) < 0.01
         assert abs(a.closest_distractor_distance - b.closest_distractor_distance) < 0.01
+        assert abs(a.final_target_distance - b.final_target_distance) < 0.01
 
 
 @needs_isaaclab

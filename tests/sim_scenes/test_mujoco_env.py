@@ -168,6 +168,31 @@ def test_play_episodes_keeps_each_episodes_closest_approaches(rp5: RobotSpec) ->
         assert len(target) == r.length
         assert r.closest_target_distance == min(target)
         assert r.closest_distractor_distance == min(distractor)
+        assert r.final_target_distance == target[-1]
+
+
+def test_the_tcp_on_its_target_is_farther_from_every_other_object(rp5: RobotSpec) -> None:
+    # Objects stand at least min_separation apart, so a tcp d from the target's centre is at
+    # least min_separation - d from any other: a solved episode is never a wrong-object one.
+    solved: list[tuple[float, float]] = []
+
+    def on_step(slots: list[int], obs: object, actions: object, result: StepResult) -> None:
+        for e in np.flatnonzero(result.success):
+            if slots[e] >= 0:
+                solved.append(
+                    (
+                        float(result.info["tcp_target_distance"][e]),
+                        float(result.info["tcp_distractor_distance"][e]),
+                    )
+                )
+
+    with MujocoBatchedEnv(rp5, VARIANT, 2, cameras=(), autoreset=False) as env:
+        records = play_episodes(env, ScriptedExpert(rp5), [51, 52], on_step=on_step)
+    assert len(solved) == 2 and all(r.success for r in records)
+    for target, distractor in solved:
+        assert target < VARIANT.success.radius
+        assert distractor >= VARIANT.min_separation - target - 2e-3  # objects nudged by the arm
+    assert all(r.closest_distractor_distance > r.closest_target_distance for r in records)
 
 
 def test_the_scene_config_overrides_the_success_radius_hold_and_episode_length(
@@ -196,9 +221,18 @@ def test_the_scene_config_overrides_the_success_radius_hold_and_episode_length(
 
 
 @pytest.mark.parametrize(
-    ("field", "value"),
-    [("success", {"radius": 0.0}), ("success", {"hold_steps": 0}), ("episode_steps", 0)],
+    ("overrides", "field"),
+    [
+        ({"success": {"radius": 0.0}}, "success.radius"),
+        ({"success": {"radius": 0.6}}, "success.radius"),
+        ({"success": {"hold_steps": 0}}, "success.hold_steps"),
+        ({"success": {"hold_steps": 101}}, "success.hold_steps"),
+        ({"success": {"hold_steps": 2.0}}, "success.hold_steps"),  # strict: no float to int
+        ({"success": {"tolerance": 0.05}}, "success.tolerance"),  # not a field
+        ({"episode_steps": 0}, "episode_steps"),
+        ({"episode_steps": 10_001}, "episode_steps"),
+    ],
 )
-def test_impossible_task_overrides_are_refused(field: str, value: object) -> None:
-    with pytest.raises(ValidationError, match=field):
-        SceneConfig.model_validate({field: value})
+def test_impossible_task_overrides_are_refused(overrides: dict[str, object], field: str) -> None:
+    with pytest.raises(ValidationError, match=rf"(?m)^{field}$"):
+        SceneConfig.model_validate(overrides)

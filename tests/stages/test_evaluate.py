@@ -13,9 +13,14 @@ import pytest
 import torch
 
 from pipelines.config import CONFIG_DIR, load_config
+from robots.spec import RobotSpec
+from sim_scenes.backends import make_env
+from sim_scenes.config import SceneConfig, SimConfig, SuccessConfig
+from sim_scenes.episodes import play_episodes
+from sim_scenes.expert import ScriptedExpert
 from sim_scenes.touch import SceneError
 from stages.evaluate import EvalConfig, EvalReport, ShardOutcome, evaluate
-from stages.evaluate.failures import FAILURE_MODES, breakdown, failure_mode
+from stages.evaluate.failures import FAILURE_MODES, breakdown, breakdown_line, failure_mode
 from stages.evaluate.policies import PolicySpecError
 from stages.evaluate.report import VariantRow, compare
 from stages.evaluate.shards import run_suite
@@ -234,7 +239,30 @@ def test_the_breakdown_counts_modes_and_the_near_misses_median() -> None:
         "timeout": 1,
     }
     assert counts["near_miss_median_cm"] == pytest.approx(6.0)
-    assert "near_miss_median_cm" not in breakdown(["", "timeout"], [0.01, 0.3])
+    assert counts["near_miss_max_cm"] == pytest.approx(7.0)
+    assert breakdown_line(counts) == (
+        "wrong object 1, near miss 3 (closest: median 6.0 cm, max 7.0 cm), timeout 1"
+    )
+    none = breakdown(["", "timeout"], [0.01, 0.3])
+    assert "near_miss_median_cm" not in none and "near_miss_max_cm" not in none
+    assert breakdown_line(none) == "wrong object 0, near miss 0, timeout 1"
+
+
+def test_an_expert_held_to_a_radius_it_cannot_reach_nearly_misses(rp5: RobotSpec) -> None:
+    # The expert presses on the named object (~2.8 cm from its centre): held to 1 cm it goes
+    # to the right object every time and runs out of time there, which is a near miss.
+    scene = SceneConfig(success=SuccessConfig(radius=0.01, hold_steps=3))
+    env = make_env(rp5, scene, SimConfig(num_threads=1), num_envs=3, cameras=(), autoreset=False)
+    with env:
+        records = play_episodes(env, ScriptedExpert(rp5), [61, 62, 63])
+    radius = scene.task().success.radius
+    modes = [
+        failure_mode(r.success, r.closest_target_distance, r.closest_distractor_distance, radius)
+        for r in records
+    ]
+    assert modes == ["near_miss"] * 3
+    assert all(r.length == 50 for r in records)
+    assert all(r.closest_target_distance <= r.final_target_distance for r in records)
 
 
 def test_every_report_says_why_episodes_failed(tiny_checkpoint: Path, tmp_path: Path) -> None:
@@ -243,10 +271,13 @@ def test_every_report_says_why_episodes_failed(tiny_checkpoint: Path, tmp_path: 
     assert all(o["failure"] in ("", *FAILURE_MODES) for o in episodes)
     assert all((o["failure"] == "") == o["success"] for o in episodes)
     assert all(0.0 < o["closest_target_distance"] < 1.0 for o in episodes)
+    assert all(o["closest_target_distance"] <= o["final_target_distance"] for o in episodes)
     failed = sum(report.failures[m] for m in FAILURE_MODES)
     assert failed == report.episodes - report.successes
     assert sum(sum(r.failures[m] for m in FAILURE_MODES) for r in report.rows) == failed
-    assert "## Why episodes failed" in Path(report.report).read_text()
+    text = Path(report.report).read_text()
+    assert "## Why episodes failed" in text
+    assert f"| all | {report.successes} | {int(report.failures['wrong_object'])} |" in text
     again = EvalReport.from_json(json.loads(Path(tmp_path / "eval_report.json").read_text()))
     assert again.failures == report.failures
     older = report.to_json()

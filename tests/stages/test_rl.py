@@ -20,13 +20,17 @@ from robots.spec import RobotSpec
 from sim_scenes.config import RewardConfig, SceneConfig, SimConfig
 from stages.finetune.config import FinetuneConfig, GRPOConfig, PPOConfig, RLConfig, SACConfig
 from stages.finetune.grpo import GRPO, group_advantages
+from stages.finetune.heads import ValueHead
 from stages.finetune.ppo import PPO, clipped_objective, gae
 from stages.finetune.rl import RLJob, RLRun, train_rl
 from stages.finetune.rollout import (
+    VALUE_PREFIX,
     Rollout,
     RolloutWorker,
     chunk_distribution,
     chunk_transition,
+    flatten_observations,
+    pooled_features,
     rl_parameters,
 )
 from stages.finetune.sac import (
@@ -272,6 +276,32 @@ def test_rollouts_carry_chunks_rewards_and_episode_ends(start: str) -> None:
     assert r.env_steps == 30 * 2 * 2
     assert (r.terminated | r.truncated).sum() >= 2 and len(r.success) >= 2
     assert np.all(r.reward[~r.terminated] < 1.0), "the success bonus only on solved decisions"
+
+
+def test_workers_record_the_values_and_anchor_means_of_the_states_they_visit(start: str) -> None:
+    """What the learner no longer recomputes: V(obs[t]) for t = 0..T from the synced value head
+    and the start policy's means at obs[t] for t < T, as the learner would compute them."""
+    w = worker(start, envs=2)
+    try:
+        synced = {n: a + 0.01 for n, a in w.weights().items()}  # not the constructor's weights
+        r = w.rollout(5, synced, version=1)
+    finally:
+        w.close()
+    flat = flatten_observations(r)
+    policy, value = load_policy(start).eval(), ValueHead(TINY_POLICY.d_model)
+    params = dict(policy.named_parameters()) | {
+        VALUE_PREFIX + n: p for n, p in value.named_parameters()
+    }
+    reference = load_policy(start).eval()
+    with torch.no_grad():
+        for name, array in synced.items():
+            params[name].copy_(torch.from_numpy(array))
+        out = policy(**flat.observations(np.arange(6 * 2)))
+        expected_value = value(pooled_features(out)).numpy().reshape(6, 2)
+        anchor = reference(**flat.observations(np.arange(5 * 2))).mean[:, :1].numpy()
+    assert r.value is not None and r.ref_mean is not None
+    np.testing.assert_allclose(r.value, expected_value, atol=1e-5)
+    np.testing.assert_allclose(r.ref_mean, anchor.reshape(5, 2, 1, 6), atol=1e-5)
 
 
 def test_ppo_value_loss_falls_on_a_fixed_batch(start: str) -> None:

@@ -444,6 +444,12 @@ class RolloutWorker(PoolWorker):
         self.env.close()
 
 
+def _joined(arrays: list[np.ndarray | None], axis: int) -> np.ndarray | None:
+    """``arrays`` concatenated along ``axis``; None when a worker recorded none."""
+    present = [a for a in arrays if a is not None]
+    return np.concatenate(present, axis=axis) if len(present) == len(arrays) else None
+
+
 def concat_groups(rollouts: list[GroupRollout]) -> GroupRollout:
     """Workers' group rounds as one: decisions concatenated, episode and group numbers made
     unique across workers."""
@@ -451,7 +457,6 @@ def concat_groups(rollouts: list[GroupRollout]) -> GroupRollout:
     group_offsets = np.cumsum(
         [0] + [int(r.group.max()) + 1 if len(r.group) else 0 for r in rollouts]
     )
-    refs = [r.ref_mean for r in rollouts]
     return GroupRollout(
         images={c: np.concatenate([r.images[c] for r in rollouts]) for c in rollouts[0].images},
         state=np.concatenate([r.state for r in rollouts]),
@@ -465,7 +470,7 @@ def concat_groups(rollouts: list[GroupRollout]) -> GroupRollout:
         group=np.concatenate([r.group + o for r, o in zip(rollouts, group_offsets, strict=False)]),
         success=np.concatenate([r.success for r in rollouts]),
         episode_return=np.concatenate([r.episode_return for r in rollouts]),
-        ref_mean=None if any(r is None for r in refs) else np.concatenate(refs),  # type: ignore[arg-type]
+        ref_mean=_joined([r.ref_mean for r in rollouts], axis=0),
         env_steps=sum(r.env_steps for r in rollouts),
         weights_version=min(r.weights_version for r in rollouts),
         seconds={k: max(r.seconds.get(k, 0.0) for r in rollouts) for k in rollouts[0].seconds},
@@ -489,8 +494,8 @@ def concat_rollouts(rollouts: list[Rollout]) -> Rollout:
         reward=cat([r.reward for r in rollouts]),
         terminated=cat([r.terminated for r in rollouts]),
         truncated=cat([r.truncated for r in rollouts]),
-        value=None if first.value is None else cat([r.value for r in rollouts]),  # type: ignore[misc]
-        ref_mean=None if first.ref_mean is None else cat([r.ref_mean for r in rollouts]),  # type: ignore[misc]
+        value=_joined([r.value for r in rollouts], axis=1),
+        ref_mean=_joined([r.ref_mean for r in rollouts], axis=1),
         success=[s for r in rollouts for s in r.success],
         episode_return=[x for r in rollouts for x in r.episode_return],
         env_steps=sum(r.env_steps for r in rollouts),

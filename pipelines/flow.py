@@ -43,7 +43,7 @@ from pipelines import checks, reconcile, steps, summary, tracking
 from pipelines.config import PipelineConfig, load_config, save_resolved
 from pipelines.home import new_run_dir
 from pipelines.records import ChampionCheck, Evaluation, FleetResult, PipelineResult, RunRecords
-from pipelines.services import Services, check_services, configure
+from pipelines.services import Services, check_services, configure, join_cluster
 from pipelines.tasks import (
     STAGES,
     RunContext,
@@ -106,15 +106,17 @@ def _closing(mlrun: tracking.TrackedRun, lock: reconcile.RunLock) -> Iterator[No
 
 
 def _start(
-    config: str, overrides: list[str] | None, kind: str, flow_name: str
+    config: str, overrides: list[str] | None, kind: str, flow_name: str, ray_address: str | None
 ) -> tuple[PipelineConfig, Services, Path, tracking.TrackedRun, reconcile.RunLock]:
-    """Load and validate the config (before any stage), check the services, open the run
-    folder and the MLflow run, take this run's liveness lock (release it when the run ends) and
-    mark earlier runs whose process died as crashed."""
+    """Load and validate the config (before any stage), check the services and the Ray cluster
+    (if one is named: it answers, accepts us and shares the home), open the run folder and the
+    MLflow run, take this run's liveness lock (release it when the run ends) and mark earlier
+    runs whose process died as crashed."""
     cfg = load_config(config, overrides or [])
     checks.check_config(cfg)
     services = configure()
     check_services(services)
+    join_cluster(ray_address)
     flow_run = _flow_run()
     set_run_label(flow_run.name)  # whoever waits for an output this run writes sees its name
     run_dir = new_run_dir(f"{cfg.name}-{kind}")
@@ -164,14 +166,10 @@ def train_simulate_deploy(
         ray_address: an existing Ray cluster (default: local Ray).
     """
     cfg, services, run_dir, mlrun, lock = _start(
-        config, overrides, "pipeline", "train_simulate_deploy"
+        config, overrides, "pipeline", "train_simulate_deploy", ray_address
     )
     ctx = RunContext(cfg, run_dir, mlrun.run_id, ray_address, code_version())
     with _closing(mlrun, lock):
-        if ray_address:
-            from stages.ray_runtime import init_ray
-
-            init_ray(ray_address)  # an unreachable cluster fails here, before any stage
         dataset = collect_stage(ctx)
         base = pretrain_stage(ctx) if cfg.policy.type == "default" else None  # hub-vlm: none
         checkpoint = finetune_stage(ctx, dataset, base)
@@ -330,7 +328,9 @@ def champion_regression(
 ) -> ChampionCheck:
     """Evaluate the current champion on the held-out suite; fail if it fell below the
     promotion threshold (a simulator or dependency change can break a model that passed)."""
-    cfg, _, run_dir, mlrun, lock = _start(config, overrides, "regression", "champion_regression")
+    cfg, _, run_dir, mlrun, lock = _start(
+        config, overrides, "regression", "champion_regression", ray_address
+    )
     with _closing(mlrun, lock):
         check = steps.evaluate_champion(cfg, run_dir / "evaluate", ray_address=ray_address)
         report = check.evaluation

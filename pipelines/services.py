@@ -20,6 +20,7 @@ there, and every run ``robo-pipe serve`` started ended Cancelled.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
@@ -54,7 +55,8 @@ class Services:
     home: str
     mlflow_tracking_uri: str
     mlflow_ui: str | None
-    """The MLflow UI serving that store, when one is known (``robo-pipe ui``)."""
+    """The MLflow UI serving that store, when one is known: the tracking server itself, or
+    for the embedded store the UI of a running ``robo-pipe ui``."""
     prefect_api_url: str | None
     """None: a temporary local Prefect server per process (ephemeral mode)."""
     prefect_ui: str | None
@@ -90,11 +92,17 @@ def configure() -> Services:
     if ui:
         _default("PREFECT_API_URL", ui["prefect_api_url"])
     api = os.environ.get("PREFECT_API_URL") or None
-    prefect_ui = api.removesuffix("/api") if api else None
+    # PREFECT_UI_URL: where the UI is when it is not the API's server without /api (Cloud).
+    prefect_ui = os.environ.get("PREFECT_UI_URL") or (api.removesuffix("/api") if api else None)
+    tracking_uri = os.environ["MLFLOW_TRACKING_URI"]
+    if urlparse(tracking_uri).scheme in ("http", "https"):
+        mlflow_ui: str | None = tracking_uri.rstrip("/")  # a tracking server is its own UI
+    else:
+        mlflow_ui = ui["mlflow_ui"] if ui and _is_default_store() else None
     return Services(
         home=str(robo_pipe_home()),
-        mlflow_tracking_uri=os.environ["MLFLOW_TRACKING_URI"],
-        mlflow_ui=ui["mlflow_ui"] if ui and _is_default_store() else None,
+        mlflow_tracking_uri=tracking_uri,
+        mlflow_ui=mlflow_ui,
         prefect_api_url=api,
         prefect_ui=prefect_ui,
         prefect_home=os.environ["PREFECT_HOME"],
@@ -144,6 +152,7 @@ def check_services(services: Services) -> None:
     scheme = urlparse(uri).scheme
     if scheme in ("http", "https"):
         _check_http(f"{uri.rstrip('/')}/health", "MLflow tracking server", "MLFLOW_TRACKING_URI")
+        _check_mlflow_login(uri.rstrip("/"))
     elif scheme == "sqlite":
         parent = Path(uri.removeprefix("sqlite:///")).parent
         if not parent.is_dir() or not os.access(parent, os.W_OK):
@@ -164,6 +173,60 @@ def _check_http(url: str, what: str, variable: str) -> None:
             f"cannot reach the {what} at {url.rsplit('/', 1)[0]} ({reason}); is it running? "
             f"(set by {variable})"
         ) from None
+
+
+_joined: set[tuple[str, str]] = set()
+
+
+def join_cluster(address: str | None) -> None:
+    """Join the Ray cluster at ``address`` (nothing if None: stages start a local Ray) and
+    check, once per process and home, that each of its nodes shares the home with this machine
+    (:func:`stages.ray_runtime.check_shared_storage`): the stages hand each other files there.
+    Raises :class:`stages.ray_runtime.RayClusterError` (a named error) otherwise."""
+    if not address:
+        return
+    from stages.ray_runtime import check_shared_storage, init_ray
+
+    home = robo_pipe_home()
+    init_ray(address)
+    if (address, str(home)) not in _joined:
+        check_shared_storage(home)
+        _joined.add((address, str(home)))
+
+
+def _check_mlflow_login(uri: str) -> None:
+    """Raise :class:`ServiceError` if the MLflow server at ``uri`` refuses this process's
+    credentials (``MLFLOW_TRACKING_USERNAME``/``_PASSWORD`` for MLflow's basic auth, or
+    ``MLFLOW_TRACKING_TOKEN``), as the MLflow client sends them: one read-only API call."""
+    request = urllib.request.Request(f"{uri}/api/2.0/mlflow/experiments/search?max_results=1")
+    user = os.environ.get("MLFLOW_TRACKING_USERNAME")
+    token = os.environ.get("MLFLOW_TRACKING_TOKEN")
+    if user:
+        login = f"{user}:{os.environ.get('MLFLOW_TRACKING_PASSWORD', '')}".encode()
+        request.add_header("Authorization", f"Basic {base64.b64encode(login).decode()}")
+    elif token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=10):
+            return
+    except urllib.error.HTTPError as err:
+        if err.code == 401 and user:
+            why = (
+                f"refused the login of MLFLOW_TRACKING_USERNAME={user!r} (HTTP 401): check "
+                "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD"
+            )
+        elif err.code == 401:
+            why = (
+                "needs a login (HTTP 401): set MLFLOW_TRACKING_USERNAME and "
+                "MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN)"
+            )
+        elif err.code == 403:
+            why = f"does not let {user or 'this client'} read experiments (HTTP 403)"
+        else:
+            return  # the server's own business; the MLflow client reports it if it matters
+    except (urllib.error.URLError, OSError, TimeoutError):
+        return  # /health answered a moment ago; a real outage shows in the first MLflow call
+    raise ServiceError(f"the MLflow tracking server at {uri} {why}")
 
 
 def healthy(url: str) -> bool:

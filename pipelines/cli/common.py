@@ -32,12 +32,19 @@ def emit_json(record: Any, json_out: bool) -> None:
         print(json.dumps(record.to_json() if hasattr(record, "to_json") else record))
 
 
-def services(flows: bool = False) -> Services:
+def services(flows: bool = False, ray_address: str | None = None) -> Services:
     """Configure Prefect/MLflow for this home and check the configured servers answer. With
     ``flows`` (a verb that runs Prefect flows) and no Prefect server configured, create the
     home's Prefect database first, under a lock (:mod:`pipelines.stores`), so that the
-    temporary server each run starts never migrates it at the same time as another's."""
-    from pipelines.services import check_services, configure, refresh_prefect_settings
+    temporary server each run starts never migrates it at the same time as another's. With
+    ``ray_address``, join that Ray cluster and check its nodes share the home
+    (:func:`pipelines.services.join_cluster`)."""
+    from pipelines.services import (
+        check_services,
+        configure,
+        join_cluster,
+        refresh_prefect_settings,
+    )
     from pipelines.stores import ensure_prefect_store
 
     found = configure()
@@ -45,6 +52,7 @@ def services(flows: bool = False) -> Services:
     check_services(found)
     if flows and found.prefect_api_url is None:
         ensure_prefect_store()
+    join_cluster(ray_address)
     return found
 
 

@@ -17,6 +17,7 @@ from stages.evaluate.failures import breakdown_line
 if TYPE_CHECKING:
     from deploy_edge.latency import LatencyReport
     from pipelines.records import PipelineResult
+    from pipelines.services import Services
     from stages.evaluate.report import EvalReport
     from stages.policy.checkpoint import CheckpointRef
 
@@ -148,8 +149,9 @@ def show_latency(report: LatencyReport) -> None:
     )
 
 
-def show_pipeline_result(result: PipelineResult, seconds: float) -> None:
-    """The registered version, its gates, how far fine-tuning moved it, where to look."""
+def show_pipeline_result(result: PipelineResult, seconds: float, services: Services) -> None:
+    """The registered version, its gates, how far fine-tuning moved it, where to look (the
+    links point to ``services``' UIs)."""
     table = Table(title=f"gates for {result.model_name} v{result.version}")
     for col in ("gate", "result", "measured", "required"):
         table.add_column(col)
@@ -205,4 +207,12 @@ def show_pipeline_result(result: PipelineResult, seconds: float) -> None:
     console.print(f"pipeline took {seconds / 60:.1f} min; summary: {result.run_dir}/summary.md")
     for label, url in result.links.items():
         console.print(f"  {label}: {url}", highlight=False)
-    console.print("  (the UIs answer while `robo-pipe ui` runs)", style="dim")
+    local = [
+        name
+        for name, ui in (("MLflow", services.mlflow_ui), ("Prefect", services.prefect_ui))
+        if not ui
+    ]
+    if local:  # no server of that kind was configured or running: the links are robo-pipe ui's
+        console.print(
+            f"  (the {' and '.join(local)} links answer while `robo-pipe ui` runs)", style="dim"
+        )

@@ -35,11 +35,7 @@ def run(
     checks.check_config(cfg)
     if not verbose:
         quiet_prefect_console()
-    found = services(flows=True)
-    if ray_address:
-        from stages.ray_runtime import init_ray
-
-        init_ray(ray_address)
+    found = services(flows=True, ray_address=ray_address)
     console.print(
         f"pipeline [bold]{cfg.name}[/] (config hash {cfg.config_hash()}): Prefect "
         f"{found.prefect_api_url or 'temporary local server (robo-pipe ui shows its runs)'}, "
@@ -66,7 +62,7 @@ def run(
             "resume (--verbose shows the full log)"
         )
         raise
-    show_pipeline_result(result, time.perf_counter() - start)
+    show_pipeline_result(result, time.perf_counter() - start, found)
     emit_json(result, json_out)
 
 
@@ -175,12 +171,12 @@ def info(json_out: JsonOpt = False) -> None:
     table = Table(show_header=False, title="robo-pipe")
     table.add_row("home ($ROBO_PIPE_HOME)", found.home)
     table.add_row("MLflow tracking URI", found.mlflow_tracking_uri)
-    table.add_row("MLflow UI", found.mlflow_ui or "not running (robo-pipe ui)")
+    table.add_row("MLflow UI", found.mlflow_ui or "not running (robo-pipe ui starts one)")
     table.add_row(
         "Prefect API",
         found.prefect_api_url or "temporary local server per run (no PREFECT_API_URL)",
     )
-    table.add_row("Prefect UI", found.prefect_ui or "not running (robo-pipe ui)")
+    table.add_row("Prefect UI", found.prefect_ui or "not running (robo-pipe ui starts one)")
     table.add_row("Prefect home", found.prefect_home)
     console.print(table)
     emit_json(found.to_json(), json_out)

@@ -17,6 +17,7 @@ from pipelines.cli.display import live, show_checkpoint, show_evaluation, show_l
 from pipelines.cli.options import DEMO_CONFIG, ConfigArg, ConfigOpt, JsonOpt, RayAddressOpt, SetOpt
 from pipelines.config import save_resolved
 from pipelines.home import new_run_dir
+from pipelines.services import join_cluster
 from robo_pipe.errors import InputError
 from robo_pipe.locks import set_run_label
 
@@ -88,6 +89,7 @@ def collect(
     target = out or steps.default_dataset(cfg)
     checks.check_out_dir(target, "--out")
     checks.check_simulator(cfg)
+    join_cluster(ray_address)
     run_dir = new_run_dir(f"{cfg.name}-collect")
     set_run_label(run_dir.name)  # what another run waiting for this dataset is told
     save_resolved(cfg, run_dir / "config.yaml")
@@ -125,6 +127,7 @@ def pretrain(
         raise InputError(
             f"{config}: policy.type is {cfg.policy.type!r}; only the default VLA is pretrained"
         )
+    join_cluster(ray_address)
     set_run_label("robo-pipe pretrain")  # it keeps no run folder
     start = time.perf_counter()
     with live(json_out) as display:
@@ -167,6 +170,7 @@ def finetune(
     if dataset is not None and steps.needs_dataset(cfg):
         checks.check_dataset(dataset)  # before pretraining the base (minutes)
     checks.check_config(cfg)
+    join_cluster(ray_address)
     run_dir = new_run_dir(f"{cfg.name}-finetune")
     set_run_label(run_dir.name)  # what another run waiting for these checkpoints is told
     save_resolved(cfg, run_dir / "config.yaml")
@@ -236,6 +240,7 @@ def evaluate(
     for path in filter(None, (candidate, against)):
         checks.check_policy(cfg, path)
     checks.check_simulator(cfg)
+    join_cluster(ray_address)
     run_dir = new_run_dir(f"{cfg.name}-evaluate")
     save_resolved(cfg, run_dir / "config.yaml")
     with live(json_out) as display:

@@ -44,6 +44,7 @@ from stages.dataset.layout import (
 )
 from stages.dataset.reader import open_dataset
 from stages.dataset.writer import (
+    SHARD_MANIFEST,
     DatasetError,
     DatasetSchema,
     EpisodeBuffer,
@@ -53,6 +54,7 @@ from stages.dataset.writer import (
     write_shard,
 )
 from stages.provenance import code_version
+from stages.ray_runtime import node_id
 from stages.worker_pool import PoolWorker
 
 TARGET_STATE_NAMES = ("target.x", "target.y", "target.z")
@@ -73,6 +75,8 @@ class ShardResult:
     timings: dict[str, float]
     pid: int
     """The process that collected it (a pool notices a restarted worker by it)."""
+    node: str = ""
+    """The Ray node it was collected on (``""``: in this process, ``workers: 0``)."""
 
 
 class CollectWorker(PoolWorker):
@@ -163,6 +167,7 @@ class CollectWorker(PoolWorker):
             self.robot.control_hz,
             self.collect.video_crf,
             timings,
+            node_id(),
         )
         return ShardResult(
             start=start,
@@ -172,11 +177,26 @@ class CollectWorker(PoolWorker):
             kept_frames=sum(e["length"] for e in manifest.kept),
             timings=manifest.timings,
             pid=os.getpid(),
+            node=manifest.node,
         )
 
     def close(self) -> None:
         """Release the simulator."""
         self.env.close()
+
+
+def _episodes_per_node(shards: list[Path]) -> dict[str, int]:
+    """Attempted episodes per Ray node that collected them (``""``: not on Ray), from the
+    committed shards' manifests (checked against their files by ``finalize``)."""
+    nodes: dict[str, int] = {}
+    for shard in shards:
+        try:
+            manifest = json.loads((shard / SHARD_MANIFEST).read_text())
+            node, episodes = str(manifest.get("node", "")), len(manifest["episodes"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # a damaged manifest: finalize names it
+        nodes[node] = nodes.get(node, 0) + episodes
+    return nodes
 
 
 def plan_shards(
@@ -333,6 +353,7 @@ def collect(
             "code_version": code_version(),
             **(extra_provenance or {}),
             "shards": [paths[s].name for s in shards],  # what a later run may reuse it as
+            "collected_on": _episodes_per_node([paths[s] for s in shards]),
         }
         finalize(out, [paths[s] for s in shards], schema, provenance)
         return _dataset_ref(out, robot, scene.variant, config.source)

@@ -130,6 +130,8 @@ class ShardManifest:
     """File name -> sha256."""
     timings: dict[str, float] = field(default_factory=dict)
     """Seconds spent per phase (simulate, render, source, encode, write)."""
+    node: str = ""
+    """The Ray node that collected it (``""``: the collecting process was not a Ray worker)."""
 
     @property
     def kept(self) -> list[dict[str, Any]]:
@@ -151,6 +153,7 @@ def write_shard(
     fps: float,
     crf: int,
     timings: dict[str, float] | None = None,
+    node: str = "",
 ) -> ShardManifest:
     """Write and atomically commit one shard; return its manifest."""
     final = staging / shard_name(start, end)
@@ -212,6 +215,7 @@ def write_shard(
             image_histograms=histograms,
             files={p.name: file_sha256(p) for p in sorted(tmp.iterdir())},
             timings=timings,
+            node=node,
         )
         timings["write"] = timings.get("write", 0.0) + time.perf_counter() - t0  # manifest's dict
         manifest_text = json.dumps(asdict(manifest), indent=1)

@@ -85,6 +85,8 @@ class EvalReport(Record):
     plot: str = ""
     failures: dict[str, float] = field(default_factory=dict)
     """Failed episodes of the whole suite by mode, as in :attr:`VariantRow.failures`."""
+    nodes: dict[str, int] = field(default_factory=dict)
+    """Episodes per Ray node that played them (``""``: this process, ``workers: 0``)."""
 
     def successes_by_episode(self) -> dict[tuple[str, int], bool]:
         """(variant, seed index) -> success."""
@@ -140,7 +142,15 @@ def summarize(
         seeds=list(facts["seeds"]),
         outcomes=[asdict(e) for e in episodes],
         failures=_failures(episodes),
+        nodes=_episodes_per_node(shards),
     )
+
+
+def _episodes_per_node(shards: list[ShardOutcome]) -> dict[str, int]:
+    nodes: dict[str, int] = {}
+    for shard in shards:
+        nodes[shard.node] = nodes.get(shard.node, 0) + len(shard.episodes)
+    return nodes
 
 
 def _failures(episodes: list[EpisodeOutcome]) -> dict[str, float]:

@@ -36,6 +36,7 @@ from sim_scenes.touch import SceneError, episode_seeds, heldout_variants
 from stages.evaluate.config import EvalConfig
 from stages.evaluate.failures import failure_mode
 from stages.evaluate.policies import PolicySpecError, load_acting_policy
+from stages.ray_runtime import node_id
 from stages.worker_pool import PoolWorker, Ready
 
 
@@ -84,6 +85,8 @@ class ShardOutcome:
     """Seconds in simulate / render / inference."""
     pid: int = 0
     """Process that ran it (a pool notices a restarted worker by it)."""
+    node: str = ""
+    """The Ray node it ran on (``""``: in this process, ``workers: 0``)."""
 
 
 def suite_variants(scene: SceneConfig, config: EvalConfig) -> list[str]:
@@ -184,6 +187,7 @@ class EvalWorker(PoolWorker):
             frames={shard.start + r.index: np.stack(r.frames) for r in records if r.frames},
             timings=timings,
             pid=os.getpid(),
+            node=node_id(),
         )
 
     def close(self) -> None:

@@ -58,6 +58,8 @@ from stages.provenance import code_version
 
 REF_FILE = "checkpoint_ref.json"
 """Written when a training run finishes: its :class:`CheckpointRef`."""
+WORKERS_DIR = ".workers"
+"""Under a training run's folder: one file per Ray Train worker rank naming its Ray node."""
 
 MetricsFn = Callable[[dict[str, float]], None]
 
@@ -329,6 +331,7 @@ def _record(out: Path, lineage: dict[str, Any]) -> CheckpointRef:
     policy = load_policy(latest)
     trainable, total = policy.parameter_counts()
     metrics = read_metrics(out)
+    ranks = sorted((out / WORKERS_DIR).glob("rank-*"), key=lambda p: int(p.name[5:]))
     ref = CheckpointRef(
         path=str(latest),
         content_hash=checkpoint_hash(latest),
@@ -343,6 +346,7 @@ def _record(out: Path, lineage: dict[str, Any]) -> CheckpointRef:
         code_version=str(lineage.get("code_version", "")),
         metrics={k: float(v) for k, v in (metrics[-1] if metrics else {}).items() if k != "time"},
         start_checkpoint=str(lineage.get("start_checkpoint", "")),
+        worker_nodes=[p.read_text() for p in ranks],
     )
     (out / REF_FILE).write_text(json.dumps(ref.to_json(), indent=1))
     return ref
@@ -376,11 +380,19 @@ def _watch_metrics(out: Path, on_metrics: MetricsFn | None, stop: threading.Even
 
 
 def _ray_train_loop(config: dict[str, Any]) -> None:
-    """Ray Train's ``train_loop_per_worker``: the BC loop with this worker's rank."""
+    """Ray Train's ``train_loop_per_worker``: the BC loop with this worker's rank (which node
+    it runs on goes to ``out/.workers/rank-<r>``, read into the checkpoint's record)."""
     import ray.train
 
+    from stages.ray_runtime import node_id
+
     ctx = ray.train.get_context()
-    train_bc(BCJob(**config), ctx.get_world_rank(), ctx.get_world_size())
+    job = BCJob(**config)
+    rank = ctx.get_world_rank()
+    workers = Path(job.out) / WORKERS_DIR
+    workers.mkdir(parents=True, exist_ok=True)
+    (workers / f"rank-{rank}").write_text(node_id())
+    train_bc(job, rank, ctx.get_world_size())
 
 
 def _fit_on_ray_train(job: BCJob, workers: int, ray_address: str | None) -> None:

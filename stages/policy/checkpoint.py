@@ -103,6 +103,9 @@ class CheckpointRef(Record):
     start_checkpoint: str = ""
     """RL fine-tuning only: the checkpoint RL started from (its BC warm start, or the base with
     fresh adapters); empty for behaviour cloning."""
+    worker_nodes: list[str] = field(default_factory=list)
+    """Behaviour cloning on Ray Train: the Ray node of each training worker, by rank (the
+    latest attempt's); empty when it trained in one process."""
 
 
 # -- building ------------------------------------------------------------------------------------

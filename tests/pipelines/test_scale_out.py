@@ -1,12 +1,12 @@
-"""The pipeline against separately started services: a Ray cluster from `ray start --head` and
-the Prefect server (+ MLflow UI) of `robo-pipe ui`; then `robo-pipe serve` registers a scheduled
-deployment whose scheduled run executes. Everything runs through the CLI in subprocesses."""
+"""The pipeline against the Prefect server (+ MLflow UI) of a running `robo-pipe ui`, found
+without configuration; then `robo-pipe serve` registers a scheduled deployment whose scheduled
+run executes. Everything runs through the CLI in subprocesses. (Servers started by hand and a
+two-node Ray cluster: tests/pipelines/test_cluster.py.)"""
 
 from __future__ import annotations
 
 import json
 import os
-import secrets
 import signal
 import subprocess
 import sys
@@ -22,43 +22,11 @@ from pipelines.services import free_port, healthy
 from tests.pipelines.test_flow import CONFIG, MODEL, TINY
 
 ROOT = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
 
 
 @pytest.fixture(scope="module")
 def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("scale-out") / "home"
-
-
-@pytest.fixture(scope="module")
-def ray_cluster() -> Iterator[tuple[str, dict[str, str]]]:
-    """A one-node Ray cluster on 127.0.0.1 with token auth; its address and client env."""
-    port = free_port()
-    env = {
-        **os.environ,
-        "RAY_AUTH_MODE": "token",
-        "RAY_AUTH_TOKEN": secrets.token_hex(16),
-    }
-    cmd = [str(BIN / "ray"), "start", "--head", "--block", "--node-ip-address=127.0.0.1"]
-    cmd += [f"--port={port}", "--num-cpus=2", "--include-dashboard=false", "--disable-usage-stats"]
-    head = subprocess.Popen(
-        cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
-    )
-    address = f"127.0.0.1:{port}"
-    probe = "import ray, sys; ray.init(address=sys.argv[1]); print(ray.cluster_resources()['CPU'])"
-    for _ in range(60):
-        ready = subprocess.run(
-            [sys.executable, "-c", probe, address], env=env, capture_output=True, text=True
-        )
-        if ready.returncode == 0:
-            break
-        time.sleep(1)
-    else:
-        os.killpg(head.pid, signal.SIGTERM)
-        pytest.fail(f"ray start --head did not come up: {ready.stderr[-2000:]}")
-    yield address, env
-    os.killpg(head.pid, signal.SIGTERM)  # --block: the head takes its node's processes down
-    head.wait(timeout=60)
 
 
 @pytest.fixture(scope="module")
@@ -106,26 +74,26 @@ def robo_pipe(*args: str, home: Path, env: dict[str, str]) -> subprocess.Complet
     )
 
 
-def test_pipeline_on_a_ray_cluster_and_a_prefect_server_then_a_scheduled_run(
-    home: Path, ray_cluster: tuple[str, dict[str, str]], servers: dict[str, str]
+def test_pipeline_on_the_servers_of_robo_pipe_ui_then_a_scheduled_run(
+    home: Path, servers: dict[str, str]
 ) -> None:
-    address, env = ray_cluster
+    env = dict(os.environ)
     assert healthy(servers["mlflow_ui"]), "the MLflow UI answers"
     info = robo_pipe("info", "--json", home=home, env={**env, "PREFECT_API_URL": ""})
     found = json.loads(info.stdout.strip().splitlines()[-1])
     assert found["prefect_api_url"] == servers["prefect_api_url"], "robo-pipe ui is discovered"
     assert found["mlflow_tracking_uri"].startswith("sqlite:///") and found["mlflow_ui"]
 
-    # Collection and evaluation on Ray workers of the cluster, reported to the Prefect server.
-    on_ray = ["collect.workers=1", "evaluate.workers=1"]
-    sets = [arg for s in [*TINY, *on_ray] for arg in ("--set", s)]
-    api = {**env, "PREFECT_API_URL": servers["prefect_api_url"]}
-    run = robo_pipe("run", CONFIG, *sets, "--ray-address", address, "--json", home=home, env=api)
+    # No PREFECT_API_URL: the run finds the running `robo-pipe ui` and reports to its server.
+    sets = [arg for s in TINY for arg in ("--set", s)]
+    run = robo_pipe("run", CONFIG, *sets, "--json", home=home, env={**env, "PREFECT_API_URL": ""})
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(run.stdout.strip().splitlines()[-1])
     assert result["promoted"] and result["links"]["Prefect flow run"].startswith(
         servers["prefect_ui"]
     )
+    assert result["links"]["MLflow run"].startswith(servers["mlflow_ui"])
+    assert "robo-pipe ui` runs" not in run.stdout, "both UIs were running"
 
     from prefect.client.orchestration import get_client
     from prefect.settings import PREFECT_API_URL, temporary_settings

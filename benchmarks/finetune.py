@@ -3,8 +3,9 @@ the instruction matters.
 
 1. Pretrains the base for the demo config (cached under $ROBO_PIPE_HOME after the first run)
    and collects the target task's dataset (touch-mixed).
-2. Throughput: short LoRA runs with 1 and 2 Ray Train workers (DDP), samples/s after warm-up,
-   the 2-vs-1 scaling ratio and each run's peak worker memory.
+2. Throughput: short runs with 1 and 2 Ray Train workers (DDP), samples/s after warm-up, the
+   2-vs-1 scaling ratio and each run's peak worker memory; LoRA, and every parameter trained
+   (what pretraining and ``trainable: all`` do: DDP all-reduces every gradient).
 3. Success, closed loop in the simulator on held-out seeds (the ``eval`` seed stream, never
    used for training data) of the target task: the base before fine-tuning, LoRA fine-tuning
    and full fine-tuning (the same steps), with 95% Wilson intervals and trainable/total
@@ -79,28 +80,29 @@ def main() -> None:
         home_dir("datasets") / cfg.dataset_name(),
     )
 
-    # -- throughput: 1 vs 2 Ray Train workers -----------------------------------------------
+    # -- throughput: 1 vs 2 Ray Train workers, LoRA and every parameter ----------------------
     steps = 120 if args.quick else 300
-    throughput = {}
+    throughput: dict[tuple[str, int], tuple[float, float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for workers in (1, 2):
-            bc = cfg.finetune.bc.model_copy(
-                update={"steps": steps, "workers": workers, "log_every": 20}
-            )
-            ref = finetune(
-                dataset,
-                cfg.policy,
-                FinetuneConfig(bc=bc),
-                base,
-                cfg.seed,
-                Path(tmp),
-                name=f"throughput-{workers}",
-            )
-            logged = read_metrics(Path(ref.path).parent)[2:]  # skip warm-up records
-            throughput[workers] = (
-                float(np.mean([m["samples_per_s"] for m in logged])),
-                max(m["peak_rss_mb"] for m in logged),
-            )
+        for trainable in ("lora", "all"):
+            for workers in (1, 2):
+                bc = cfg.finetune.bc.model_copy(
+                    update={"steps": steps, "workers": workers, "log_every": 20}
+                )
+                ref = finetune(
+                    dataset,
+                    cfg.policy,
+                    FinetuneConfig(trainable=trainable, bc=bc),
+                    base,
+                    cfg.seed,
+                    Path(tmp),
+                    name=f"throughput-{trainable}-{workers}",
+                )
+                logged = read_metrics(Path(ref.path).parent)[2:]  # skip warm-up records
+                throughput[trainable, workers] = (
+                    float(np.mean([m["samples_per_s"] for m in logged])),
+                    max(m["peak_rss_mb"] for m in logged),
+                )
 
     # -- LoRA vs full fine-tuning, base, instruction ----------------------------------------
     results = {}
@@ -127,11 +129,12 @@ def main() -> None:
     print(
         f"\nfine-tuning on {cfg.scene.variant}: {dataset.episodes} demos, {dataset.frames} frames"
     )
-    print(f"{'Ray Train workers':<20} {'samples/s':>10} {'peak worker RSS':>16}")
-    for workers, (sps, rss) in throughput.items():
-        print(f"{workers:<20} {sps:>10,.0f} {rss:>13,.0f} MB")
-    scaling = throughput[2][0] / throughput[1][0]
-    print(f"scaling 2 vs 1 workers: {scaling:.2f}x")
+    print(f"{'trained':<8} {'Ray Train workers':<18} {'samples/s':>10} {'peak worker RSS':>16}")
+    for (trainable, workers), (sps, rss) in throughput.items():
+        print(f"{trainable:<8} {workers:<18} {sps:>10,.0f} {rss:>13,.0f} MB")
+    scaling = throughput["lora", 2][0] / throughput["lora", 1][0]
+    scaling_all = throughput["all", 2][0] / throughput["all", 1][0]
+    print(f"scaling 2 vs 1 workers: LoRA {scaling:.2f}x, every parameter {scaling_all:.2f}x")
     print(f"\n{episodes} held-out episodes (eval seeds) of {cfg.scene.variant}")
     print(f"{'policy':<34} {'success':>7}  {'95% interval':<16} trainable / total params")
     for label, (rate, policy_ref) in rates.items():
@@ -142,7 +145,9 @@ def main() -> None:
     share = lora.trainable_params / lora.total_params
     print(
         f"lora_vs_full_gap_points={100 * gap:.1f} lora_trainable_share={share:.3f} "
-        f"scaling_2v1={scaling:.2f} lora_success={rates['LoRA fine-tuned'][0]:.3f} "
+        f"scaling_2v1={scaling:.2f} scaling_all_2v1={scaling_all:.2f} "
+        f"lora_sps_1={throughput['lora', 1][0]:.0f} all_sps_1={throughput['all', 1][0]:.0f} "
+        f"lora_success={rates['LoRA fine-tuned'][0]:.3f} "
         f"base_success={rates['base (before fine-tuning)'][0]:.3f}"
     )
 

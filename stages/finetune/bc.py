@@ -169,6 +169,11 @@ def bc_loss(
         xy = policy.normalize_target(torch.as_tensor(batch["target_xy"]))
         aux_loss = ((out.target_xy - xy) ** 2).mean()
         loss = loss + aux_weight * aux_loss
+    else:
+        # No target to supervise the auxiliary head with (a dataset without the objects'
+        # positions): a zero-weighted term still gives it a (zero) gradient, which DDP requires
+        # of every trainable parameter when two or more workers train.
+        loss = loss + 0.0 * out.target_xy.sum()
     return loss, action_loss, aux_loss
 
 

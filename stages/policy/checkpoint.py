@@ -321,14 +321,23 @@ def check_base(root: Path, base: BaseRef) -> dict[str, FileSum]:
     return sums
 
 
+LEGACY_UNUSED_TENSORS = ("transformer.embeddings.word_embeddings.weight",)
+"""Parameters that the default VLA no longer has because they never trained (see
+:class:`~stages.policy.vla.DefaultVLA`): checkpoints written before hold them; loading drops
+exactly these, and is strict about everything else."""
+
+
 def load_trainable(policy: VLAPolicy, weights: Path) -> None:
-    """Load ``weights`` into the parameters of ``policy`` that train, strictly."""
+    """Load ``weights`` into the parameters of ``policy`` that train, strictly (apart from the
+    :data:`LEGACY_UNUSED_TENSORS` of older checkpoints)."""
     if not weights.is_file():
         raise CheckpointError(f"{weights}: missing")
     try:
         tensors = load_file(str(weights))
     except (SafetensorError, OSError) as err:
         raise CheckpointError(f"{weights}: unreadable safetensors file ({err})") from err
+    for name in LEGACY_UNUSED_TENSORS:
+        tensors.pop(name, None)
     expected = dict(policy.trainable_state())
     missing = sorted(set(expected) - set(tensors))
     unexpected = sorted(set(tensors) - set(expected))

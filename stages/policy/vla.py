@@ -112,6 +112,11 @@ class DefaultVLA(VLAPolicy):
             ),
             add_pooling_layer=False,
         )
+        # BERT's word-embedding table: the stack is fed embeddings (``inputs_embeds``), so the
+        # table never gets a gradient, and DDP refuses a parameter that never does (training on
+        # two or more workers with every parameter trainable). Checkpoints written before it
+        # was removed still load (``checkpoint.LEGACY_UNUSED_TENSORS``).
+        del self.transformer.embeddings.word_embeddings
 
     def lora_targets(self, settings: LoraSettings) -> str:
         if settings.vision:

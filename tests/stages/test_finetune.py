@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -24,10 +25,13 @@ from stages.finetune.checkpoints import latest_checkpoint, read_metrics
 from stages.finetune.config import BCConfig
 from stages.finetune.data import chunk_targets, load_bc_data, merge_stats
 from stages.policy.checkpoint import (
+    LEGACY_UNUSED_TENSORS,
     BaseRef,
+    CheckpointError,
     CheckpointRef,
     checkpoint_hash,
     load_policy,
+    load_trainable,
     new_policy,
     save_policy,
 )
@@ -159,9 +163,57 @@ def test_killed_training_resumes_at_the_same_step_and_state(
         np.testing.assert_array_equal(opt_a[name].numpy(), opt_b[name].numpy(), err_msg=name)
 
 
-def test_pretrain_then_lora_finetune_on_ray_train_with_two_workers(
+@pytest.mark.parametrize("with_target", [True, False])
+@pytest.mark.parametrize("trainable", ["all", "lora"])
+@pytest.mark.parametrize("kind", ["default", "hub-vlm"])
+def test_every_trainable_parameter_receives_a_gradient(
+    kind: str, trainable: str, with_target: bool, tiny_dataset: DatasetRef, tmp_path: Path
+) -> None:
+    """DDP's rule: with two or more workers, a trainable parameter that gets no gradient from
+    the BC loss stops training (BERT's word embeddings once did, as parameter 22)."""
+    if kind == "default":
+        policy = TINY_POLICY
+    else:
+        policy = PolicyConfig(
+            type="hub-vlm", backbone=str(save_tiny_idefics3(tmp_path / "vlm")), chunk_len=3
+        )
+    job = replace(tiny_job(tmp_path, tiny_dataset), trainable=trainable, policy=policy.model_dump())
+    data = load_bc_data(job.datasets, tuple(job.cameras), policy.chunk_len)
+    if not with_target:  # a dataset without observation.environment_state
+        data = replace(data, target_xy=None)
+    model, _ = build_policy(job, data)
+    tokens, mask = (torch.as_tensor(a) for a in model.tokenizer(data.instructions))
+    batch = data.batch(np.arange(8), np.random.default_rng(0), 0)
+    aux_weight = 0.5 if with_target else 0.0  # as train_bc sets it
+    loss, _, _ = bc_loss(model, model, batch, tokens, mask, aux_weight)
+    loss.backward()
+    trainable_params = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable_params
+    assert not [n for n, p in trainable_params.items() if p.grad is None]
+
+
+def test_a_checkpoint_saved_with_the_unused_word_embeddings_still_loads(tmp_path: Path) -> None:
+    """Bases pretrained before the default VLA dropped BERT's word-embedding table hold it:
+    loading drops exactly that tensor and stays strict about any other."""
+    from safetensors.torch import save_file
+
+    policy, _ = new_policy(TINY_POLICY, ["scene"], 32, 6, 6)
+    old = {name: t.clone() + 1.0 for name, t in policy.trainable_state().items()}
+    old[LEGACY_UNUSED_TENSORS[0]] = torch.zeros(1, TINY_POLICY.d_model)
+    save_file(old, str(tmp_path / "old.safetensors"))
+    save_file({**old, "stray": torch.zeros(1)}, str(tmp_path / "stray.safetensors"))
+    load_trainable(policy, tmp_path / "old.safetensors")
+    state = policy.trainable_state()
+    assert all(torch.equal(state[n], old[n]) for n in state)
+    with pytest.raises(CheckpointError, match="unexpected tensors: stray"):
+        load_trainable(policy, tmp_path / "stray.safetensors")
+
+
+def test_pretrain_then_lora_and_full_finetune_on_ray_train_with_two_workers(
     tiny_dataset: DatasetRef, tmp_path: Path
 ) -> None:
+    """Two DDP workers for every trainable setting: pretraining and full fine-tuning train
+    every parameter, LoRA the adapters and heads."""
     cfg = load_config(CONFIG_DIR / "demo.yaml", [*TINY, "collect.episodes_per_shard=4"])
     bc = BCConfig(steps=20, batch_size=16, warmup_steps=2, checkpoint_every=10, log_every=5)
     seen: list[float] = []
@@ -173,7 +225,7 @@ def test_pretrain_then_lora_finetune_on_ray_train_with_two_workers(
             cfg.sim,
             cfg.collect,
             TINY_POLICY,
-            PretrainConfig(episodes_per_variant=4, bc=bc.model_copy(update={"workers": 0})),
+            PretrainConfig(episodes_per_variant=4, bc=bc.model_copy(update={"workers": 2})),
             seed=0,
             checkpoints_dir=tmp_path / "checkpoints",
             datasets_dir=tmp_path / "datasets",
@@ -208,6 +260,22 @@ def test_pretrain_then_lora_finetune_on_ray_train_with_two_workers(
     policy = load_policy(ref.path)
     assert policy.lora is not None
     assert policy.parameter_counts() == (ref.trainable_params, ref.total_params)
+    assert len(ref.worker_nodes) == 2 and all(ref.worker_nodes), "each rank's Ray node"
+
+    full = finetune(
+        tiny_dataset,
+        TINY_POLICY,
+        FinetuneConfig(trainable="all", bc=bc.model_copy(update={"workers": 2, "steps": 10})),
+        base,
+        seed=0,
+        checkpoints_dir=tmp_path / "checkpoints",
+        name="tiny-full",
+    )
+    assert full.trainable == "all" and full.step == 10
+    assert full.trainable_params == full.total_params
+    moved = load_file(str(Path(full.path) / "model.safetensors"))
+    start = load_file(str(Path(base.path) / "model.safetensors"))
+    assert all(not torch.equal(moved[n], start[n]) for n in start), "every parameter trained"
 
 
 def test_hub_vlm_finetunes_lora_on_its_backbone(tiny_dataset: DatasetRef, tmp_path: Path) -> None:

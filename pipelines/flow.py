@@ -236,6 +236,7 @@ def _publish(
         ci95=cand.ci95,
         start_success_rate=evaluation.start.success_rate if evaluation.start else None,
         warm_start_ci95=evaluation.warm_start.ci95 if evaluation.warm_start else None,
+        comparison=evaluation.candidate.comparison,
         warm_start_success_rate=(
             evaluation.warm_start.success_rate if evaluation.warm_start else None
         ),
@@ -345,15 +346,14 @@ def champion_regression(
         )
         create_markdown_artifact(
             f"# Champion regression check: {check.model_name} v{check.version}\n\n"
-            f"Held-out success {report.success_rate:.1%} "
-            f"(95% CI {report.ci95[0]:.1%} - {report.ci95[1]:.1%}) over {report.episodes} "
-            f"episodes; required {check.min_success:.0%}: "
+            f"Held-out success: {check.measured} over {report.episodes} episodes; required "
+            f"{check.required}: "
             f"**{'ok' if check.passed else 'REGRESSED'}**.\n\nReport: `{report.report}`\n",
             key=f"{slug}-champion-regression-summary",
         )
         if not check.passed:
             raise RegressionDetected(
                 f"champion {check.model_name} v{check.version}: held-out success "
-                f"{report.success_rate:.1%} < {check.min_success:.0%}"
+                f"{check.measured}, required {check.required}"
             )
     return check

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from robo_pipe.records import Record
-from stages.evaluate.report import EvalReport
+from stages.evaluate.report import Comparison, EvalReport
 from stages.register import Gate
 
 if TYPE_CHECKING:  # the checkpoint module imports torch
@@ -110,6 +110,10 @@ class PipelineResult(Record):
     """RL after BC only: the BC warm start's held-out success (the same seeds)."""
     warm_start_ci95: tuple[float, float] | None = None
     """RL after BC only: its 95% interval."""
+    comparison: Comparison | None = None
+    """Against the champion on the same seeds (the no-regression gate's evidence): the paired
+    table, the test, its p-value against the boundary, where a sequential comparison stopped;
+    None without a champion."""
 
 
 @dataclass(frozen=True)
@@ -123,6 +127,10 @@ class ChampionCheck(Record):
     min_success: float
     passed: bool
     """Held-out success still reaches ``registry.promotion.min_success``."""
+    measured: str = ""
+    """What was compared with the bar, for people (as the held-out gate says it)."""
+    required: str = ""
+    """The bar and what it is compared with, e.g. ``>= 70% (lower end of the 95% CI)``."""
 
 
 @dataclass

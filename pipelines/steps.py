@@ -36,6 +36,7 @@ from pipelines.records import ChampionCheck, Evaluation, Registration
 from robo_pipe.errors import InputError
 from robo_pipe.locks import output_lock
 from stages.register import Gate, blocking_gates, gate_tags, meets_min_success, promotion_gates
+from stages.register.gates import held_out_text
 
 if TYPE_CHECKING:
     from deploy_edge.latency import LatencyReport
@@ -223,6 +224,58 @@ def evaluate_policy(
     return _evaluate(cfg, policy, out, listener, baseline, ray_address, _Tally())
 
 
+OUTCOMES_TAG = "outcomes"
+"""Version tags (after the ``robo_pipe.`` prefix): ``outcomes.<variant>`` = the version's
+per-seed outcomes on the held-out suite (:func:`stages.evaluate.sequential.encode_outcomes`),
+valid while ``outcomes_key`` equals :func:`outcomes_key` of the config comparing with it."""
+TAG_LIMIT = 5000
+"""Characters MLflow keeps in a model version tag's value: seeds beyond are not stored."""
+
+
+def outcomes_key(cfg: PipelineConfig) -> str:
+    """What decides each held-out seed's episode, whatever ``evaluate.episodes`` is: robot,
+    scene and task, simulator and its version, the suite's variants, the seed, and
+    robo-pipe's code version (its git commit, or its release). Stored outcomes are reused
+    only under the same key: a change of any of these evaluates the champion again."""
+    import hashlib
+
+    from sim_scenes.backends import simulator_version
+    from stages.evaluate import suite_variants
+    from stages.provenance import code_version
+
+    what = cfg.model_dump(include={"robot", "sim", "seed"}, mode="json")
+    what["scene"] = cfg.scene.model_dump(mode="json")
+    what["variants"] = suite_variants(cfg.scene, cfg.evaluate)
+    what["versions"] = [simulator_version(cfg.sim), code_version()]
+    return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def stored_outcomes(cfg: PipelineConfig, version: registry.VersionInfo) -> dict[str, str]:
+    """``version``'s stored per-seed outcomes on ``cfg``'s suite (encoded), or none when they
+    were stored under another :func:`outcomes_key`."""
+    tags = version.tags
+    if tags.get(registry.TAG + OUTCOMES_TAG + "_key") != outcomes_key(cfg):
+        return {}
+    prefix = registry.TAG + OUTCOMES_TAG + "."
+    return {k[len(prefix) :]: v for k, v in tags.items() if k.startswith(prefix)}
+
+
+def outcome_tags(cfg: PipelineConfig, encoded: dict[str, str]) -> dict[str, str]:
+    """The tags that store ``encoded`` outcomes on a version (see :data:`OUTCOMES_TAG`)."""
+    tags = {registry.TAG + OUTCOMES_TAG + "_key": outcomes_key(cfg)}
+    for variant, chars in encoded.items():
+        tags[registry.TAG + OUTCOMES_TAG + "." + variant] = chars[:TAG_LIMIT]
+    return tags
+
+
+def _merged(old: dict[str, str], new: dict[str, str]) -> dict[str, str]:
+    """Stored outcomes extended by new ones (each seed's outcome is the same wherever it was
+    played, so either may fill a gap)."""
+    from stages.evaluate.sequential import decode_outcomes, encode_outcomes
+
+    return encode_outcomes({**decode_outcomes(old), **decode_outcomes(new)})
+
+
 def evaluate_candidate(
     cfg: PipelineConfig,
     export: ExportRef,
@@ -238,11 +291,17 @@ def evaluate_candidate(
     (``base``) and, after RL, the BC fine-tune RL started from (``warm_start``), on the same
     suite. Per-episode lists are dropped from the records."""
     baseline = registry.fetch_export(cfg.model_name, champion.version)[1] if champion else None
+    stored = stored_outcomes(cfg, champion) if champion else {}
     starts = {"start": base.path if base else None, "warm-start": warm_start}
     policies = 1 + (baseline is not None) + sum(p is not None for p in starts.values())
     listener.started("evaluate", policies * _suite_episodes(cfg), "episodes")
     tally = _Tally()
-    candidate = _evaluate(cfg, Path(export.path), out, listener, baseline, ray_address, tally)
+    candidate = _evaluate(
+        cfg, Path(export.path), out, listener, baseline, ray_address, tally, stored
+    )
+    if champion is not None and candidate.baseline_outcomes:  # kept for the next candidate
+        merged = _merged(stored, candidate.baseline_outcomes)
+        registry.set_version_tags(cfg.model_name, champion.version, outcome_tags(cfg, merged))
     reports: dict[str, EvalReport | None] = {}
     for name, path in starts.items():
         where = out.with_name(f"{out.name}-{name}")
@@ -338,6 +397,8 @@ def register_version(
         registry.TAG + EVAL_REPORT_TAG: str(_report_file(candidate)),
         registry.TAG + EVAL_SUITE_TAG: suite_key(cfg),
         **gate_tags(gates),
+        **comparison_tags(candidate.comparison),
+        **outcome_tags(cfg, _own_outcomes(candidate)),
     }
     with registry.promotion_lock(cfg.model_name):
         same = registry.find_export(cfg.model_name, export.onnx_hash)
@@ -362,7 +423,9 @@ def register_version(
             candidate = replace(candidate, comparison=comparison)
             compared_with = current.version
             gates = _gates(cfg, candidate, compared_with, latency)
-            registry.set_version_tags(cfg.model_name, info.version, gate_tags(gates))
+            registry.set_version_tags(
+                cfg.model_name, info.version, {**gate_tags(gates), **comparison_tags(comparison)}
+            )
         blocking = blocking_gates(gates)
         if not blocking and registry.CHAMPION not in info.aliases:
             reason = f"pipeline run {run.run_id}: all gates passed"
@@ -397,6 +460,46 @@ def suite_key(cfg: PipelineConfig) -> str:
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
 
 
+COMPARISON_TAG = "comparison."
+"""Version tags (after the ``robo_pipe.`` prefix) with the comparison against the champion:
+``comparison.test``, ``.candidate_only``, ``.baseline_only``, ``.p_value``, ``.boundary``,
+``.decision``, ``.seeds`` (per variant, of ``.max_seeds``), ``.look``,
+``.detectable_regression``."""
+
+
+def comparison_tags(comparison: Comparison | None) -> dict[str, str]:
+    """The comparison's figures as version tags (none without a comparison)."""
+    if comparison is None:
+        return {}
+    c = comparison
+    figures = {
+        "test": c.test,
+        "candidate_only": c.discordant["candidate_only"],
+        "baseline_only": c.discordant["baseline_only"],
+        "p_value": f"{c.p_value:.6g}",
+        "boundary": f"{c.boundary:.6g}",
+        "decision": c.decision,
+        "seeds": c.seeds,
+        "max_seeds": c.max_seeds,
+        "look": f"{c.look} of {len(c.looks)}",
+        "detectable_regression": f"{c.detectable_regression:.4f}",
+    }
+    return {registry.TAG + COMPARISON_TAG + k: str(v) for k, v in figures.items()}
+
+
+def _own_outcomes(report: EvalReport) -> dict[str, str]:
+    """A candidate's per-seed outcomes, from its full ``eval_report.json`` (the record passed
+    between stages has no per-episode lists)."""
+    from stages.evaluate.report import EvalReport
+    from stages.evaluate.sequential import encode_outcomes
+
+    path = _report_file(report)
+    if not path.is_file():
+        return {}
+    full = EvalReport.from_json(json.loads(path.read_text()))
+    return encode_outcomes(full.successes_by_episode())
+
+
 def _gates(
     cfg: PipelineConfig, candidate: EvalReport, compared_with: str | None, latency: LatencyReport
 ) -> dict[str, Gate]:
@@ -429,7 +532,9 @@ def _recompare(
         _, bundle = registry.fetch_export(cfg.model_name, champion.version)
         out = Path(candidate.report).parent.with_name(f"champion-v{champion.version}")
         baseline = evaluate_policy(cfg, bundle, out, listener)
-    comparison = compare(full, baseline, cfg.evaluate.gate_confidence)
+    comparison = compare(
+        full, baseline, cfg.evaluate.gate_confidence, cfg.registry.promotion.margin
+    )
     return replace(comparison, baseline=f"v{champion.version}")
 
 
@@ -450,12 +555,15 @@ def evaluate_champion(
         },
     )
     policy = cfg.registry.promotion
+    measured, required = held_out_text(report, policy)
     return ChampionCheck(
         model_name=info.name,
         version=info.version,
         evaluation=_compact(report),
         min_success=policy.min_success,
-        passed=meets_min_success(report.success_rate, policy),
+        measured=measured,
+        required=required,
+        passed=meets_min_success(report, policy),
     )
 
 
@@ -495,8 +603,10 @@ def _evaluate(
     baseline: Path | None,
     ray_address: str | None,
     tally: _Tally,
+    baseline_outcomes: dict[str, str] | None = None,
 ) -> EvalReport:
     from stages.evaluate import ShardOutcome, evaluate
+    from stages.evaluate.sequential import decode_outcomes
 
     def on_shard(outcome: ShardOutcome) -> None:
         tally.done += len(outcome.episodes)
@@ -518,10 +628,12 @@ def _evaluate(
         ray_address=ray_address,
         on_shard=on_shard,
         on_status=status_lines("evaluate", listener),
+        baseline_outcomes=decode_outcomes(baseline_outcomes or {}),
+        margin=cfg.registry.promotion.margin,
     )
 
 
 def _compact(report: EvalReport) -> EvalReport:
     """A report without its per-episode lists (records stay small; the report files keep
     them)."""
-    return replace(report, outcomes=[], seeds=[])
+    return replace(report, outcomes=[], seeds=[], baseline_outcomes={})

@@ -18,6 +18,7 @@ from pipelines.records import (
 )
 from robo_pipe.names import slug
 from stages.evaluate.failures import breakdown_line
+from stages.evaluate.report import comparison_markdown
 from stages.finetune.checkpoints import read_metrics
 from stages.finetune.rl import rolling_success
 
@@ -195,13 +196,7 @@ def markdown(result: PipelineResult, records: RunRecords, images: dict[str, str]
             + ".",
         ]
     if cand.comparison:
-        c = cand.comparison
-        lines += [
-            "",
-            f"Against the champion ({c.baseline}): {_pct(c.baseline_success_rate)} on the "
-            f"same seeds, difference {100 * c.difference:+.1f} points, one-sided p = "
-            f"{c.p_value:.4f}: {'not worse' if c.passed else 'WORSE'}.",
-        ]
+        lines += comparison_markdown(cand.comparison)
     lines += [
         "",
         "## Latency gate (whole control step on this machine)",

@@ -316,6 +316,12 @@ def evaluate_stage(
         if c.comparison:
             metrics["champion_success_rate"] = c.comparison.baseline_success_rate
             metrics["champion_p_value"] = c.comparison.p_value
+            metrics["champion_discordant_candidate_only"] = c.comparison.discordant[
+                "candidate_only"
+            ]
+            metrics["champion_discordant_baseline_only"] = c.comparison.discordant["baseline_only"]
+            metrics["comparison_seeds_per_variant"] = c.comparison.seeds
+            metrics["comparison_detectable_regression"] = c.comparison.detectable_regression
         run.log_metrics(metrics)
         for report in filter(None, (c, r.start, r.warm_start)):
             folder = Path(report.report).parent

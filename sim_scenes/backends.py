@@ -44,3 +44,18 @@ def make_env(
     raise SceneError(
         f"unknown simulator backend {sim.backend!r}; valid choices: {', '.join(BACKENDS)}"
     )
+
+
+def simulator_version(sim: SimConfig) -> str:
+    """The simulator ``sim`` names and its version (part of what decides an episode)."""
+    if sim.backend == "mujoco":
+        import mujoco
+
+        return f"mujoco=={mujoco.__version__}"
+    if sim.backend == "isaaclab":
+        from sim_scenes.isaaclab.env import isaaclab_python
+
+        return f"isaaclab:{isaaclab_python().parent.parent}"  # its folder names the release
+    raise SceneError(
+        f"unknown simulator backend {sim.backend!r}; valid choices: {', '.join(BACKENDS)}"
+    )

@@ -13,6 +13,7 @@ from rich.table import Table
 from pipelines.cli.common import console
 from pipelines.progress import Listener, describe
 from stages.evaluate.failures import breakdown_line
+from stages.evaluate.report import comparison_line
 
 if TYPE_CHECKING:
     from deploy_edge.latency import LatencyReport
@@ -127,10 +128,7 @@ def show_evaluation(title: str, report: EvalReport) -> None:
     if report.comparison:
         c = report.comparison
         verdict = "[green]passed" if c.passed else "[red]FAILED"
-        console.print(
-            f"gate vs {c.baseline}: {verdict}[/] (baseline {c.baseline_success_rate:.1%}, "
-            f"difference {c.difference:+.1%}, one-sided p = {c.p_value:.4f})"
-        )
+        console.print(f"gate: {verdict}[/]: {comparison_line(c)}", highlight=False)
     console.print(
         f"{report.env_steps_per_s:,.0f} env-steps/s, {report.episodes_per_s:.1f} episodes/s; "
         f"report: {report.report}"

@@ -116,11 +116,9 @@ def check(
     except RegressionDetected as err:
         console.print(f"[red]regression:[/] {err}", highlight=False)
         raise typer.Exit(code=1) from None
-    report = result.evaluation
     console.print(
         f"[green]champion {result.model_name} v{result.version} holds[/]: held-out "
-        f"success {report.success_rate:.1%} (95% CI {report.ci95[0]:.1%} - "
-        f"{report.ci95[1]:.1%}), required {result.min_success:.0%}",
+        f"success {result.measured}, required {result.required}",
         highlight=False,
     )
     emit_json(result, json_out)

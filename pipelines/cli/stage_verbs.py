@@ -212,7 +212,7 @@ def evaluate(
         str | None,
         typer.Option(
             help="Evaluate this policy (path or models:/ URI) on the same seeds and gate on the "
-            "difference."
+            "difference: exit 1 if the policy is worse."
         ),
     ] = None,
     episodes: Annotated[
@@ -229,6 +229,10 @@ def evaluate(
     run on the same seeds and the gate fails only if the policy is worse at
     evaluate.gate_confidence. Writes report.md, success.png, frame strips and
     eval_report.json into a new $ROBO_PIPE_HOME/runs/ folder.
+
+    Exit codes: 0 the policy is not worse than --baseline (or there is no --baseline); 1
+    blocked: worse than --baseline on the same seeds (the report and --json record are still
+    written); 2 bad input (config, policy path or models:/ URI).
     """
     cfg = load(config, set_, **{"evaluate.episodes": episodes, "seed": seed})
     if policy.startswith("models:") or (baseline or "").startswith("models:"):
@@ -250,6 +254,14 @@ def evaluate(
         )
     show_evaluation(f"evaluation of {policy}", report)
     emit_json(report, json_out)
+    if report.comparison is not None and not report.comparison.passed:
+        console.print(
+            f"[red]blocked:[/] {policy} is worse than the baseline {baseline} on the same seeds "
+            f"({report.comparison.difference:+.1%} success at "
+            f"{report.comparison.confidence:.0%} confidence): exit code 1",
+            highlight=False,
+        )
+        raise typer.Exit(code=1)
 
 
 def export(

@@ -2,9 +2,35 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from sim_scenes.touch import available_variants
+
+
+class SequentialConfig(BaseModel):
+    """Sequential comparison with a baseline (``evaluate.sequential``): the candidate and the
+    baseline play batches of the same seeds, and after each batch boundaries fixed before the
+    first decide "worse", "not worse" or "continue" (:mod:`stages.evaluate.sequential`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    enabled: bool | None = None
+    """None (default): on whenever there is a baseline (a champion); False: every seed, one
+    test (the fixed design)."""
+    looks: int = Field(default=10, ge=1, le=100)
+    """Looks (batches) up to the maximum, ``evaluate.episodes`` seeds per variant."""
+    spending: Literal["pocock", "obrien-fleming"] = "pocock"
+    """Lan-DeMets error spending over the looks: Pocock-type stops earlier on average,
+    O'Brien-Fleming-type keeps more of the error rate for the last look."""
+    regression: float = Field(default=0.05, gt=0.0, le=1.0)
+    """The regression (success-rate points, 0..1) the comparison must not miss: "not worse"
+    is decided early only once a regression this large is ruled out."""
+    power: float = Field(default=0.8, gt=0.5, lt=1.0)
+    """Chance of catching a regression of ``regression`` (the miss rate is 1 - power), when
+    ``evaluate.episodes`` is enough for it; the report says what the seeds used could
+    detect."""
 
 
 class EvalConfig(BaseModel):
@@ -15,7 +41,8 @@ class EvalConfig(BaseModel):
     variants: list[str] | None = None
     """Scene variants of the suite; default: the held-out variants of ``scene.variant``."""
     episodes: int = Field(default=100, ge=1, le=1_000_000)
-    """Episodes per variant (seeds from the run's ``eval`` seed stream)."""
+    """Episodes per variant (seeds from the run's ``eval`` seed stream); with a baseline and
+    sequential comparison, the maximum."""
     workers: int = Field(default=2, ge=0, le=1024)
     """Ray workers (one batched simulator + policy copy each); 0 evaluates in-process."""
     envs_per_worker: int = Field(default=16, ge=1, le=4096)
@@ -30,7 +57,9 @@ class EvalConfig(BaseModel):
     """Episodes per variant kept as frame strips (the first successes and failures)."""
     gate_confidence: float = Field(default=0.95, gt=0.5, lt=1.0)
     """A candidate fails the gate only if it is worse than the baseline at this confidence
-    (one-sided two-proportion test)."""
+    (one-sided exact McNemar test on the shared seeds): the false-block rate is 1 - this,
+    over all looks of a sequential comparison."""
+    sequential: SequentialConfig = SequentialConfig()
 
     @field_validator("variants")
     @classmethod

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -13,8 +14,18 @@ import numpy as np
 
 from robo_pipe.records import Record
 from stages.evaluate.failures import breakdown
+from stages.evaluate.sequential import (
+    Decision,
+    PairedTable,
+    SequentialPlan,
+    decide,
+    detectable,
+    p_value,
+    paired_table,
+    plan_looks,
+)
 from stages.evaluate.shards import EpisodeOutcome, ShardOutcome
-from stages.statistics import two_proportion_test, wilson_interval
+from stages.statistics import paired_difference_interval, wilson_interval
 
 
 @dataclass
@@ -35,19 +46,65 @@ class VariantRow(Record):
 
 @dataclass
 class Comparison(Record):
-    """Candidate against baseline on the same seeds (one-sided two-proportion test)."""
+    """Candidate against baseline on the same seeds: paired, and sequential when planned so
+    (:mod:`stages.evaluate.sequential`)."""
 
     baseline: str
     baseline_success_rate: float
+    """On the seeds the comparison used."""
     baseline_ci95: tuple[float, float]
     difference: float
-    """Candidate minus baseline success rate."""
-    z: float
+    """Candidate minus baseline success rate on those seeds."""
+    difference_ci95: tuple[float, float]
+    """Newcombe's paired 95% interval for :attr:`difference`."""
+    test: str
+    """``exact McNemar`` (one-sided, on the discordant seeds), or with a margin ``Newcombe
+    paired interval``."""
+    concordant: dict[str, int]
+    """Seeds both solved (``both``) and both failed (``neither``)."""
+    discordant: dict[str, int]
+    """Seeds only the candidate solved (``candidate_only``) and only the baseline solved
+    (``baseline_only``): the evidence."""
     p_value: float
-    """P(a difference this low | the candidate is not worse): small means worse."""
+    """The nominal one-sided exact McNemar p-value on the discordant counts where the
+    comparison stopped: small means the candidate is worse."""
+    boundary: float
+    """The nominal level that p-value was held against at that look (the configured error
+    rate itself in a fixed design)."""
     confidence: float
+    """1 - the false-block rate over all looks."""
+    margin: float
+    """Regressions up to this (success-rate points) were tolerated."""
+    decision: str
+    """``worse`` or ``not worse``."""
+    reason: str
+    """Why the comparison stopped where it did."""
+    seeds: int
+    """Seeds per variant both policies were compared on."""
+    max_seeds: int
+    """The plan's maximum (``evaluate.episodes``)."""
+    look: int
+    """The look (1-based) that decided."""
+    looks: list[int]
+    """The plan: seeds per variant at each look (one entry: the fixed design)."""
+    detectable_regression: float
+    """The smallest regression (success-rate points) a test at :attr:`boundary` on these
+    seeds catches with 80% power, at the discordance observed: what "not worse" can vouch
+    for."""
     passed: bool
-    """False only when the candidate is worse at ``confidence``."""
+    """False only when the candidate is worse (by more than the margin)."""
+    baseline_reused: int = 0
+    """Baseline episodes taken from its stored outcomes instead of being played again."""
+
+    @property
+    def table(self) -> PairedTable:
+        """The 2x2 table of the compared seeds."""
+        return PairedTable(
+            self.concordant["both"],
+            self.discordant["candidate_only"],
+            self.discordant["baseline_only"],
+            self.concordant["neither"],
+        )
 
 
 @dataclass
@@ -87,6 +144,9 @@ class EvalReport(Record):
     """Failed episodes of the whole suite by mode, as in :attr:`VariantRow.failures`."""
     nodes: dict[str, int] = field(default_factory=dict)
     """Episodes per Ray node that played them (``""``: this process, ``workers: 0``)."""
+    baseline_outcomes: dict[str, str] = field(default_factory=dict)
+    """With a comparison: the baseline's outcomes on the seeds compared, played or reused
+    (:func:`stages.evaluate.sequential.encode_outcomes`), to be stored with it."""
 
     def successes_by_episode(self) -> dict[tuple[str, int], bool]:
         """(variant, seed index) -> success."""
@@ -157,25 +217,68 @@ def _failures(episodes: list[EpisodeOutcome]) -> dict[str, float]:
     return breakdown([e.failure for e in episodes], [e.closest_target_distance for e in episodes])
 
 
-def compare(candidate: EvalReport, baseline: EvalReport, confidence: float) -> Comparison:
-    """The gate: does the candidate do worse than the baseline on the same seeds?"""
-    if candidate.seeds != baseline.seeds or [r.variant for r in candidate.rows] != [
-        r.variant for r in baseline.rows
-    ]:
-        raise ValueError("candidate and baseline were not evaluated on the same suite and seeds")
-    diff, z, p_value = two_proportion_test(
-        candidate.successes, candidate.episodes, baseline.successes, baseline.episodes
-    )
+def compare_outcomes(
+    candidate: Mapping[tuple[str, int], bool],
+    baseline: Mapping[tuple[str, int], bool],
+    plan: SequentialPlan,
+    look: int,
+    decision: Decision,
+    reason: str,
+    baseline_name: str,
+    baseline_reused: int = 0,
+) -> Comparison:
+    """The comparison record of ``candidate`` and ``baseline`` outcomes ((variant, seed index)
+    -> solved) on the seeds both played, decided at ``look`` of ``plan``."""
+    if decision == "continue":
+        raise ValueError("a comparison is recorded once it decided")
+    table = paired_table(candidate, baseline)
+    wins = table.both + table.baseline_only
+    boundary = plan.block_levels[look]
     return Comparison(
-        baseline=baseline.policy,
-        baseline_success_rate=baseline.success_rate,
-        baseline_ci95=baseline.ci95,
-        difference=diff,
-        z=z,
-        p_value=p_value,
-        confidence=confidence,
-        passed=p_value >= 1.0 - confidence,
+        baseline=baseline_name,
+        baseline_success_rate=wins / max(table.seeds, 1),
+        baseline_ci95=wilson_interval(wins, table.seeds),
+        difference=table.difference,
+        difference_ci95=paired_difference_interval(
+            table.both, table.candidate_only, table.baseline_only, table.neither, 0.95
+        ),
+        test="exact McNemar" if plan.margin <= 0 else "Newcombe paired interval",
+        concordant={"both": table.both, "neither": table.neither},
+        discordant={
+            "candidate_only": table.candidate_only,
+            "baseline_only": table.baseline_only,
+        },
+        p_value=p_value(table),
+        boundary=boundary,
+        confidence=1 - plan.false_block,
+        margin=plan.margin,
+        decision=decision,
+        reason=reason,
+        seeds=plan.looks[look],
+        max_seeds=plan.looks[-1],
+        look=look + 1,
+        looks=plan.looks,
+        detectable_regression=detectable(table, boundary),
+        passed=decision != "worse",
+        baseline_reused=baseline_reused,
     )
+
+
+def compare(
+    candidate: EvalReport, baseline: EvalReport, confidence: float, margin: float = 0.0
+) -> Comparison:
+    """The fixed-design gate on two finished reports: is the candidate worse than the baseline
+    on the candidate's seeds (the baseline must have played every one of them)?"""
+    if [r.variant for r in candidate.rows] != [r.variant for r in baseline.rows] or (
+        baseline.seeds[: len(candidate.seeds)] != candidate.seeds
+    ):
+        raise ValueError("candidate and baseline were not evaluated on the same suite and seeds")
+    mine = candidate.successes_by_episode()
+    theirs = {k: v for k, v in baseline.successes_by_episode().items() if k in mine}
+    seeds = len(candidate.seeds)
+    plan = plan_looks(seeds, 1, 1 - confidence, 0.2, max(margin, 0.05), margin, "pocock")
+    decision, reason = decide(plan, 0, paired_table(mine, theirs))
+    return compare_outcomes(mine, theirs, plan, 0, decision, reason, baseline.policy)
 
 
 def write_report(report: EvalReport, shards: list[ShardOutcome], out: Path, keep: int) -> None:
@@ -230,17 +333,7 @@ def markdown(report: EvalReport) -> str:
                 f"{int(f.get('near_miss', 0))} | {closest} | {int(f.get('timeout', 0))} |"
             )
     if report.comparison:
-        c = report.comparison
-        verdict = "PASSED" if c.passed else "FAILED"
-        lines += [
-            "",
-            f"## Gate against `{c.baseline}`: {verdict}",
-            "",
-            f"Baseline {c.baseline_success_rate:.1%} (95% CI {c.baseline_ci95[0]:.1%}–"
-            f"{c.baseline_ci95[1]:.1%}); difference {c.difference:+.1%}, z = {c.z:.2f}, "
-            f"one-sided p = {c.p_value:.4f}. The candidate fails only if it is worse at "
-            f"{c.confidence:.0%} confidence (p < {1 - c.confidence:.2f}).",
-        ]
+        lines += comparison_markdown(report.comparison)
     shares = ", ".join(f"{k} {v:.0%}" for k, v in sorted(report.time_share.items()))
     lines += [
         "",
@@ -255,6 +348,60 @@ def markdown(report: EvalReport) -> str:
         lines += ["", "## Recorded episodes", ""]
         lines += [f"![{Path(p).stem}]({Path(p).name})" for p in report.recordings]
     return "\n".join(lines) + "\n"
+
+
+def comparison_line(c: Comparison) -> str:
+    """The comparison in one line (the CLI, logs): decision, discordant seeds, p-value against
+    its boundary, where it stopped and what it could detect."""
+    return (
+        f"{c.decision} than {c.baseline}: difference {c.difference:+.1%} on "
+        f"{c.table.seeds} paired episodes (candidate only {c.discordant['candidate_only']}, "
+        f"baseline only {c.discordant['baseline_only']}); {c.test} one-sided p = "
+        f"{c.p_value:.4f} vs boundary {c.boundary:.4g}; look {c.look} of {len(c.looks)}, "
+        f"{c.seeds} of {c.max_seeds} seeds per variant; catches a regression of "
+        f"{c.detectable_regression:.1%} with 80% power"
+    )
+
+
+def comparison_markdown(c: Comparison) -> list[str]:
+    """The gate section: the paired table, the test, the one-sided p-value against its
+    boundary, the decision and what the seeds used could detect."""
+    verdict = "PASSED" if c.passed else "FAILED"
+    t = c.table
+    low, high = c.difference_ci95
+    design = (
+        f"sequential, {len(c.looks)} looks at {', '.join(map(str, c.looks))} seeds per variant"
+        if len(c.looks) > 1
+        else "fixed design"
+    )
+    lines = [
+        "",
+        f"## Gate against `{c.baseline}`: {verdict} ({c.decision})",
+        "",
+        f"Both policies on the same {c.seeds} seeds per variant ({t.seeds} episodes each; "
+        f"{design}; stopped at look {c.look}: {c.reason}).",
+        "",
+        "| | baseline solved | baseline failed |",
+        "|---|---:|---:|",
+        f"| **candidate solved** | {t.both} | {t.candidate_only} |",
+        f"| **candidate failed** | {t.baseline_only} | {t.neither} |",
+        "",
+        f"Candidate {c.baseline_success_rate + c.difference:.1%}, baseline "
+        f"{c.baseline_success_rate:.1%}: difference {c.difference:+.1%} (95% CI {low:+.1%} to "
+        f"{high:+.1%}, Newcombe's paired interval). {c.test}, one-sided: p = {c.p_value:.4f} "
+        f"against the boundary {c.boundary:.4g} (false-block rate {1 - c.confidence:.0%} over "
+        f"all looks"
+        + (f"; regressions up to {c.margin:.1%} tolerated" if c.margin > 0 else "")
+        + ").",
+        f"These seeds catch a regression of {c.detectable_regression:.1%} or more with 80% "
+        "power; a smaller one can pass unseen.",
+    ]
+    if c.baseline_reused:
+        lines.append(
+            f"{c.baseline_reused} of the baseline's episodes were its stored outcomes (not "
+            "played again)."
+        )
+    return lines
 
 
 def _plot(report: EvalReport, path: Path) -> Path:

@@ -2,19 +2,48 @@
 
 suite    = scene variants x seeds, sharded over Ray workers   (:mod:`stages.evaluate.shards`)
 report   = success with 95% Wilson intervals, per-variant rows (:mod:`stages.evaluate.report`)
-baseline = the same suite and seeds; the gate fails only if the policy is worse
+baseline = the same seeds, paired: both policies play batches of seeds until the plan's
+           boundaries decide "worse" or "not worse" (:mod:`stages.evaluate.sequential`);
+           the baseline's stored outcomes are reused instead of playing those seeds again
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from robo_pipe.locks import StatusFn
 from sim_scenes.config import SceneConfig, SimConfig
+from sim_scenes.touch import episode_seeds
 from stages.evaluate.config import EvalConfig
-from stages.evaluate.report import EvalReport, compare, summarize, write_report
-from stages.evaluate.shards import ShardOutcome, check_policy_fits, run_suite
+from stages.evaluate.report import EvalReport, compare_outcomes, summarize, write_report
+from stages.evaluate.sequential import (
+    Decision,
+    SequentialPlan,
+    decide,
+    encode_outcomes,
+    paired_table,
+    plan_looks,
+)
+from stages.evaluate.shards import ShardOutcome, Suite, plan_shards
+
+Outcomes = Mapping[tuple[str, int], bool]
+"""(variant, seed index) -> solved."""
+
+
+def comparison_plan(config: EvalConfig, margin: float = 0.0) -> SequentialPlan:
+    """The looks and boundaries of a comparison with a baseline, from ``evaluate``'s settings
+    (one look when ``sequential.enabled`` is False) and the promotion ``margin``."""
+    seq = config.sequential
+    return plan_looks(
+        config.episodes,
+        seq.looks if seq.enabled is not False else 1,
+        1 - config.gate_confidence,
+        1 - seq.power,
+        seq.regression,
+        margin,
+        seq.spending,
+    )
 
 
 def evaluate(
@@ -29,27 +58,82 @@ def evaluate(
     ray_address: str | None = None,
     on_shard: Callable[[ShardOutcome], None] | None = None,
     on_status: StatusFn | None = None,
+    baseline_outcomes: Outcomes | None = None,
+    margin: float = 0.0,
 ) -> EvalReport:
     """Evaluate ``policy`` (checkpoint directory or exported ONNX) on the suite; with a
-    ``baseline``, evaluate it on the same seeds and gate on the difference. Writes
-    ``report.md``, ``success.png``, frame strips and ``eval_report.json`` into ``out``.
-    ``on_status`` gets a line for each worker that died and was restarted.
+    ``baseline``, compare the two on the same seeds (sequentially unless
+    ``config.sequential.enabled`` is False), reusing ``baseline_outcomes`` (the baseline's
+    stored results on this suite) instead of playing those seeds again. Writes ``report.md``,
+    ``success.png``, frame strips and ``eval_report.json`` into ``out``. ``on_status`` gets a
+    line for each worker that died and was restarted.
 
     Raises:
+        SceneError / PolicySpecError: a suite or policy that does not fit, before any work.
         WorkersDiedError: a worker died more than ``config.max_worker_restarts`` times.
     """
-    if baseline is not None:
-        check_policy_fits(baseline, robot)  # both refused before any work
-    shards, facts = run_suite(
-        policy, robot, scene, sim, config, seed, ray_address, on_shard, on_status
-    )
-    report = summarize(str(policy), shards, facts, seed)
-    if baseline is not None:
-        base_shards, base_facts = run_suite(
-            baseline, robot, scene, sim, config, seed, ray_address, on_shard, on_status
-        )
-        report.comparison = compare(
-            report, summarize(str(baseline), base_shards, base_facts, seed), config.gate_confidence
-        )
+    seeds = episode_seeds(seed, config.episodes, "eval")
+    plan = comparison_plan(config, margin) if baseline is not None else None  # checked first
+    policies = [policy] if baseline is None else [policy, baseline]
+    with Suite(policies, robot, scene, sim, config, ray_address, on_shard, on_status) as suite:
+        if baseline is None or plan is None:
+            shards = suite.play(plan_shards(suite.variants, seeds, config.episodes_per_shard))
+            report = summarize(str(policy), shards, suite.facts(seeds), seed)
+        else:
+            shards, played, reused, look, decision, reason = _compare(
+                suite, plan, seeds, config.episodes_per_shard, dict(baseline_outcomes or {})
+            )
+            used = plan.looks[look]
+            report = summarize(str(policy), shards, suite.facts(seeds[:used]), seed)
+            candidate = report.successes_by_episode()
+            report.comparison = compare_outcomes(
+                candidate, played, plan, look, decision, reason, str(baseline), reused
+            )
+            report.baseline_outcomes = encode_outcomes(played)
     write_report(report, shards, out, config.record_episodes)
     return report
+
+
+def _compare(
+    suite: Suite, plan: SequentialPlan, seeds: list[int], per_shard: int, stored: dict
+) -> tuple[list[ShardOutcome], dict[tuple[str, int], bool], int, int, Decision, str]:
+    """Play batches of seeds, candidate and baseline (the baseline only where ``stored`` has
+    no outcome), until the plan decides. Returns the candidate's shards, the baseline's
+    outcomes on the seeds used, how many of them were stored, the deciding look (0-based),
+    the decision and why."""
+    shards: list[ShardOutcome] = []
+    baseline: dict[tuple[str, int], bool] = {}
+    reused, done = 0, 0
+    for look, upto in enumerate(plan.looks):
+        batch = range(done, upto)
+        work = plan_shards(suite.variants, seeds, per_shard, batch, policy=0)
+        for variant in suite.variants:
+            for run in _runs([i for i in batch if (variant, i) not in stored]):
+                work += plan_shards([variant], seeds, per_shard, run, policy=1)
+        for result in suite.play(work):
+            if result.shard.policy == 0:
+                shards.append(result)
+            else:
+                baseline.update({(e.variant, e.index): e.success for e in result.episodes})
+        for variant in suite.variants:
+            for i in batch:
+                if (variant, i) in stored:
+                    baseline[variant, i] = stored[variant, i]
+                    reused += 1
+        candidate = {(e.variant, e.index): e.success for s in shards for e in s.episodes}
+        decision, reason = decide(plan, look, paired_table(candidate, baseline))
+        done = upto
+        if decision != "continue":
+            return shards, baseline, reused, look, decision, reason
+    raise AssertionError("the last look always decides")
+
+
+def _runs(indices: list[int]) -> list[range]:
+    """Consecutive runs of sorted ``indices`` as ranges: [3, 4, 5, 9] -> [3:6, 9:10]."""
+    runs: list[range] = []
+    for i in indices:
+        if runs and runs[-1].stop == i:
+            runs[-1] = range(runs[-1].start, i + 1)
+        else:
+            runs.append(range(i, i + 1))
+    return runs

@@ -42,7 +42,7 @@ from stages.worker_pool import PoolWorker, Ready
 
 @dataclass(frozen=True)
 class Shard:
-    """A run of consecutive seeds of one variant."""
+    """A run of consecutive seeds of one variant, for one of the workers' policies."""
 
     variant: str
     start: int
@@ -50,6 +50,8 @@ class Shard:
     seeds: list[int]
     record: bool
     """Keep every episode's frames (to pick the recorded successes and failures from)."""
+    policy: int = 0
+    """Which of the workers' policies plays it (0: the candidate, 1: the baseline)."""
 
 
 @dataclass
@@ -95,65 +97,82 @@ def suite_variants(scene: SceneConfig, config: EvalConfig) -> list[str]:
     return list(variants)
 
 
-def plan_shards(variants: list[str], seeds: list[int], per_shard: int) -> list[Shard]:
-    """Every (variant, seed) exactly once, in shards of ``per_shard``; each variant's first
-    shard is the recorded one."""
+def plan_shards(
+    variants: list[str],
+    seeds: list[int],
+    per_shard: int,
+    indices: range | None = None,
+    policy: int = 0,
+) -> list[Shard]:
+    """Every (variant, seed) of ``indices`` (default: all of ``seeds``) exactly once, in
+    shards of up to ``per_shard``, for ``policy``; the candidate's (policy 0) shard of each
+    variant from seed 0 is the recorded one."""
+    indices = indices if indices is not None else range(len(seeds))
+    record = policy == 0  # frame strips show the candidate
     return [
-        Shard(v, start, seeds[start : start + per_shard], record=start == 0)
+        Shard(v, start, seeds[start:end], record and start == 0, policy)
         for v in variants
-        for start in range(0, len(seeds), per_shard)
+        for start in range(indices.start, indices.stop, per_shard)
+        for end in [min(start + per_shard, indices.stop)]
     ]
 
 
 class EvalWorker(PoolWorker):
-    """A policy copy plus one batched environment per variant (a Ray actor, or in-process)."""
+    """Policy copies (the candidate and, in a comparison, the baseline) plus one batched
+    environment per variant and camera setup (a Ray actor, or in-process)."""
 
     def __init__(
         self,
-        policy_path: str,
+        policy_paths: list[str],
         robot: str,
         scene: dict[str, Any],
         sim: dict[str, Any],
         num_envs: int,
         threads: int = 1,
     ) -> None:
-        self.policy = load_acting_policy(policy_path, threads)
+        self.policies = [load_acting_policy(path, threads) for path in policy_paths]
         self.robot = get_robot(robot)
-        self.scene = SceneConfig(**scene).model_copy(
-            update={"cameras": list(self.policy.cameras), "image_size": self.policy.image_size}
-        )
+        self.scene = SceneConfig(**scene)
         self.sim = SimConfig(**sim).model_copy(update={"num_threads": threads})
         self.num_envs = num_envs
-        self.envs: dict[str, BatchedEnv] = {}
+        self.envs: dict[tuple[str, tuple[str, ...], int], BatchedEnv] = {}
 
-    def _env(self, variant: str) -> BatchedEnv:
-        if variant not in self.envs:
-            self.envs[variant] = make_env(
+    def _env(self, policy: int, variant: str) -> BatchedEnv:
+        """The variant's simulator rendering what ``policy`` sees (shared by policies that see
+        the same cameras at the same size)."""
+        cameras, size = tuple(self.policies[policy].cameras), self.policies[policy].image_size
+        key = (variant, cameras, size)
+        if key not in self.envs:
+            self.envs[key] = make_env(
                 self.robot,
-                self.scene.model_copy(update={"variant": variant}),
+                self.scene.model_copy(
+                    update={"variant": variant, "cameras": list(cameras), "image_size": size}
+                ),
                 self.sim,
                 num_envs=self.num_envs,
                 autoreset=False,
             )
-        return self.envs[variant]
+        return self.envs[key]
 
     def warm(self, variants: list[str]) -> Ready:
-        """Build every variant's simulator and run the policy once, so start-up is not timed
+        """Build every variant's simulators and run each policy once, so start-up is not timed
         as evaluation."""
-        for variant in variants:
-            env = self._env(variant)
-            self.policy.predict_chunk(env.reset([0] * env.num_envs))
+        for policy, acting in enumerate(self.policies):
+            for variant in variants:
+                env = self._env(policy, variant)
+                acting.predict_chunk(env.reset([0] * env.num_envs))
         return Ready(os.getpid())
 
     def run(self, shard: Shard) -> ShardOutcome:
         """Play the shard's episodes."""
-        env = self._env(shard.variant)
+        env = self._env(shard.policy, shard.variant)
+        policy = self.policies[shard.policy]
         inference = 0.0
 
         def act(_: BatchedEnv, obs: BatchedObservation) -> np.ndarray:
             nonlocal inference
             tick = time.perf_counter()
-            actions = self.policy.predict_chunk(obs)[:, 0]
+            actions = policy.predict_chunk(obs)[:, 0]
             inference += time.perf_counter() - tick
             return actions
 
@@ -214,6 +233,123 @@ def check_policy_fits(policy_path: str | Path, robot: str) -> None:
         raise PolicySpecError(f"{policy_path}: does not fit robot {robot!r}: {'; '.join(problems)}")
 
 
+class Suite:
+    """Workers holding the policies of one evaluation, kept for as many :meth:`play` calls as
+    it takes (a sequential comparison plays a batch per look): started on entering, closed on
+    leaving. ``policies[0]`` is the candidate; shards name the policy they are for.
+
+    Raises on entering:
+        SceneError / PolicySpecError: unknown variants, a policy that does not fit the robot.
+    """
+
+    def __init__(
+        self,
+        policies: list[str | Path],
+        robot: str,
+        scene: SceneConfig,
+        sim: SimConfig,
+        config: EvalConfig,
+        ray_address: str | None = None,
+        on_shard: Callable[[ShardOutcome], None] | None = None,
+        on_status: StatusFn | None = None,
+    ) -> None:
+        self.variants = suite_variants(scene, config)
+        most = (
+            len(policies)
+            * len(self.variants)
+            * math.ceil(config.episodes / config.episodes_per_shard)
+        )
+        self.workers = min(config.workers, most)  # never more workers than shards
+        for path in policies:
+            check_policy_fits(path, robot)
+        num_envs = min(config.envs_per_worker, config.episodes_per_shard, config.episodes)
+        self.args = (
+            [str(p) for p in policies],
+            robot,
+            scene.model_dump(),
+            sim.model_dump(),
+            num_envs,
+        )
+        self.config, self.ray_address, self.sim = config, ray_address, sim
+        self.on_shard, self.on_status = on_shard, on_status
+        self.startup_s = 0.0
+        self.start = time.perf_counter()
+        self._local: EvalWorker | None = None
+        self._pool: Any = None
+
+    def __enter__(self) -> Suite:
+        self.start = time.perf_counter()
+        if self.workers == 0:
+            self._local = EvalWorker(*self.args, threads=self.sim.num_threads)
+            self._local.warm(self.variants)
+        else:
+            from stages.ray_runtime import init_ray
+            from stages.worker_pool import WorkerPool, restartable
+
+            init_ray(self.ray_address)  # before importing ray (see stages/ray_runtime.py)
+            remote_worker = restartable(EvalWorker, 1, self.config.max_worker_restarts)
+            self._pool = WorkerPool(
+                lambda _: remote_worker.remote(*self.args),
+                self.workers,
+                "evaluate worker",
+                "evaluate.max_worker_restarts",
+                self.config.max_worker_restarts,
+                self.on_status,
+            )
+            # A worker restarted later warms up on its first shard.
+            self._pool.gather(
+                self._pool.call_each(lambda w: w.warm.remote(self.variants)), "its warm-up"
+            )
+        self.startup_s = time.perf_counter() - self.start
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        if self._local is not None:
+            self._local.close()
+        if self._pool is not None:
+            self._pool.close()
+
+    @property
+    def replacements(self) -> int:
+        """Workers Ray restarted so far."""
+        return self._pool.restarts if self._pool is not None else 0
+
+    def play(self, shards: list[Shard]) -> list[ShardOutcome]:
+        """Play every shard once; outcomes in the order of ``shards``."""
+        outcomes: dict[int, ShardOutcome] = {}
+        if self._local is not None:
+            for i, shard in enumerate(shards):
+                outcomes[i] = result = self._local.run(shard)
+                if self.on_shard:
+                    self.on_shard(result)
+        else:
+            numbered = list(enumerate(shards))
+            for (i, _), result in self._pool.map_unordered(
+                numbered,
+                lambda w, item: w.run.remote(item[1]),
+                lambda item: (
+                    f"{item[1].variant} episodes {item[1].start}-"
+                    f"{item[1].start + len(item[1].seeds)}"
+                ),
+            ):
+                outcomes[i] = result
+                if self.on_shard:
+                    self.on_shard(result)
+        return [outcomes[i] for i in range(len(shards))]
+
+    def facts(self, seeds: list[int]) -> dict[str, Any]:
+        """What the report says of this run: wall and start-up time, workers, restarts, the
+        variants and the ``seeds`` played."""
+        return {
+            "wall_s": time.perf_counter() - self.start,
+            "startup_s": self.startup_s,
+            "workers": self.config.workers,
+            "replacements": self.replacements,
+            "variants": self.variants,
+            "seeds": seeds,
+        }
+
+
 def run_suite(
     policy_path: str | Path,
     robot: str,
@@ -234,81 +370,9 @@ def run_suite(
             fit the robot -- all before any episode runs.
         WorkersDiedError: a worker died more than ``config.max_worker_restarts`` times.
     """
-    variants = suite_variants(scene, config)
     seeds = episode_seeds(seed, config.episodes, "eval")
     if not seeds:
         raise SceneError("the evaluation suite has no episodes")
-    check_policy_fits(policy_path, robot)
-    shards = plan_shards(variants, seeds, config.episodes_per_shard)
-    num_envs = min(config.envs_per_worker, config.episodes_per_shard, len(seeds))
-    args = (str(policy_path), robot, scene.model_dump(), sim.model_dump(), num_envs)
-    start = time.perf_counter()
-    if config.workers == 0:
-        worker = EvalWorker(*args, threads=sim.num_threads)
-        outcomes = {}
-        try:
-            worker.warm(variants)
-            startup = time.perf_counter() - start
-            for shard in shards:
-                outcomes[(shard.variant, shard.start)] = result = worker.run(shard)
-                if on_shard:
-                    on_shard(result)
-        finally:
-            worker.close()
-        replacements = 0
-    else:
-        outcomes, replacements, startup = _run_on_ray(
-            shards, variants, args, config, ray_address, on_shard, on_status
-        )
-    facts = {
-        "wall_s": time.perf_counter() - start,
-        "startup_s": startup,
-        "workers": config.workers,
-        "replacements": replacements,
-        "variants": variants,
-        "seeds": seeds,
-    }
-    return [outcomes[(s.variant, s.start)] for s in shards], facts
-
-
-def _run_on_ray(
-    shards: list[Shard],
-    variants: list[str],
-    args: tuple[str, str, dict[str, Any], dict[str, Any], int],
-    config: EvalConfig,
-    ray_address: str | None,
-    on_shard: Callable[[ShardOutcome], None] | None,
-    on_status: StatusFn | None,
-) -> tuple[dict[tuple[str, int], ShardOutcome], int, float]:
-    from stages.ray_runtime import init_ray
-    from stages.worker_pool import WorkerPool, restartable
-
-    init_ray(ray_address)  # before importing ray (see stages/ray_runtime.py)
-    remote_worker = restartable(EvalWorker, 1, config.max_worker_restarts)
-    start = time.perf_counter()
-    pool = WorkerPool(
-        lambda _: remote_worker.remote(*args),
-        min(config.workers, len(shards)),
-        "evaluate worker",
-        "evaluate.max_worker_restarts",
-        config.max_worker_restarts,
-        on_status,
-    )
-    outcomes: dict[tuple[str, int], ShardOutcome] = {}
-    try:
-        # A worker restarted later warms up on its first shard.
-        pool.gather(pool.call_each(lambda w: w.warm.remote(variants)), "its warm-up")
-        startup = time.perf_counter() - start
-        for shard, result in pool.map_unordered(
-            shards,
-            lambda w, shard: w.run.remote(shard),
-            lambda shard: (
-                f"{shard.variant} episodes {shard.start}-{shard.start + len(shard.seeds)}"
-            ),
-        ):
-            outcomes[(shard.variant, shard.start)] = result
-            if on_shard:
-                on_shard(result)
-    finally:
-        pool.close()
-    return outcomes, pool.restarts, startup
+    with Suite([policy_path], robot, scene, sim, config, ray_address, on_shard, on_status) as suite:
+        shards = plan_shards(suite.variants, seeds, config.episodes_per_shard)
+        return suite.play(shards), suite.facts(seeds)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -12,8 +14,16 @@ class PromotionConfig(BaseModel):
 
     min_success: float = Field(default=0.7, ge=0.0, le=1.0)
     """Held-out success rate (all evaluated variants together) the candidate must reach."""
+    min_success_on: Literal["lower_bound", "estimate"] = "lower_bound"
+    """What ``min_success`` is compared with: the lower end of the 95% Wilson interval (the
+    default: a policy passes only when the episodes show it reaches the bar) or the point
+    estimate (passes a policy just below the bar about half the time)."""
     no_regression: bool = True
     """The candidate must not be worse than the current champion on the same seeds
-    (``evaluate.gate_confidence``, one-sided two-proportion test)."""
+    (``evaluate.gate_confidence``, one-sided exact McNemar test on the discordant seeds)."""
+    margin: float = Field(default=0.0, ge=0.0, lt=1.0)
+    """Regressions up to this many success-rate points (0..1) are tolerated: the candidate is
+    blocked only when Newcombe's paired interval puts the difference below ``-margin``
+    (0: exact McNemar)."""
     latency: bool = True
     """The latency gate must pass."""

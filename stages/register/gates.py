@@ -2,7 +2,8 @@
 
 Three gates, decided on the evaluate and latency stages' records:
 
-- ``held-out success``: success on the held-out suite >= ``min_success`` (always enforced);
+- ``held-out success``: success on the held-out suite >= ``min_success`` (always enforced):
+  the lower end of its 95% Wilson interval, or the point estimate (``min_success_on``);
 - ``no regression vs champion``: not worse than the current champion on the same seeds at
   ``evaluate.gate_confidence`` (enforced if ``no_regression``);
 - ``latency``: the latency gate passed on the target (enforced if ``latency``).
@@ -39,9 +40,10 @@ class Gate(Record):
     enforced: bool
     """Whether a failure keeps the version from ``champion`` (``registry.promotion``)."""
     measured: str
-    """What was measured, for people: e.g. ``"65.0% (95% CI 60.0% - 80.0%)"``."""
+    """What was measured, for people: e.g. ``"lower end 60.0% (estimate 65.0%, 95% CI 60.0% -
+    80.0%)"``."""
     required: str
-    """The threshold, for people: e.g. ``">= 70%"``."""
+    """The threshold, for people: e.g. ``">= 70% (lower end of the 95% CI)"``."""
 
 
 class Comparison(Protocol):
@@ -53,12 +55,20 @@ class Comparison(Protocol):
     p_value: float
 
 
-class HeldOutResult(Protocol):
-    """What the gates read of the candidate's evaluation (an ``EvalReport``)."""
+class SuccessEstimate(Protocol):
+    """A held-out success rate and its 95% Wilson interval (an ``EvalReport``)."""
 
-    success_rate: float
-    """0..1."""
-    ci95: tuple[float, float]
+    @property
+    def success_rate(self) -> float:
+        """0..1."""
+
+    @property
+    def ci95(self) -> tuple[float, float]:
+        """(low, high), 0..1."""
+
+
+class HeldOutResult(SuccessEstimate, Protocol):
+    """What the gates read of the candidate's evaluation (an ``EvalReport``)."""
 
     @property
     def comparison(self) -> Comparison | None:
@@ -76,9 +86,28 @@ class LatencyResult(Protocol):
     allowed_misses: int
 
 
-def meets_min_success(success_rate: float, policy: PromotionConfig) -> bool:
-    """Whether a held-out success rate (0..1) reaches ``policy.min_success`` (inclusive)."""
-    return success_rate >= policy.min_success
+def compared_success(result: SuccessEstimate, policy: PromotionConfig) -> float:
+    """What ``policy.min_success`` is compared with (``policy.min_success_on``): the lower end
+    of the 95% interval, or the point estimate."""
+    return result.ci95[0] if policy.min_success_on == "lower_bound" else result.success_rate
+
+
+def meets_min_success(result: SuccessEstimate, policy: PromotionConfig) -> bool:
+    """Whether a held-out result reaches ``policy.min_success`` (inclusive) on what
+    ``policy.min_success_on`` names: by default the lower end of its 95% interval, so a
+    policy passes only when its episodes show it reaches the bar."""
+    return compared_success(result, policy) >= policy.min_success
+
+
+def held_out_text(result: SuccessEstimate, policy: PromotionConfig) -> tuple[str, str]:
+    """The held-out gate's ``measured`` and ``required``, naming what is compared."""
+    low, high = result.ci95
+    interval = f"95% CI {low:.1%} - {high:.1%}"
+    if policy.min_success_on == "lower_bound":
+        measured = f"lower end {low:.1%} (estimate {result.success_rate:.1%}, {interval})"
+        return measured, f">= {policy.min_success:.0%} (lower end of the 95% CI)"
+    measured = f"estimate {result.success_rate:.1%} ({interval})"
+    return measured, f">= {policy.min_success:.0%} (point estimate)"
 
 
 def promotion_gates(
@@ -91,7 +120,6 @@ def promotion_gates(
     """Every gate's decision, in order (see the module docstring). ``champion_version``: the
     champion when the candidate was evaluated (None: there was none); without a comparison
     the candidate is that champion's own export."""
-    low, high = candidate.ci95
     comparison = candidate.comparison
     if comparison is not None:
         vs = f"{comparison.difference:+.1%} vs v{champion_version}, p = {comparison.p_value:.3f}"
@@ -99,12 +127,13 @@ def promotion_gates(
         vs = f"is champion v{champion_version} (same export)"
     else:
         vs = "no champion yet"
+    measured, required = held_out_text(candidate, policy)
     return {
         HELD_OUT: Gate(
-            passed=meets_min_success(candidate.success_rate, policy),
+            passed=meets_min_success(candidate, policy),
             enforced=True,
-            measured=f"{candidate.success_rate:.1%} (95% CI {low:.1%} - {high:.1%})",
-            required=f">= {policy.min_success:.0%}",
+            measured=measured,
+            required=required,
         ),
         NO_REGRESSION: Gate(
             passed=comparison is None or bool(comparison.passed),

@@ -244,3 +244,54 @@ def test_a_bug_shows_its_traceback_and_exits_1(robo_pipe_home: Path) -> None:
     )
     assert result.returncode == 1
     assert "Traceback" in result.stderr and "KeyError: 'episode_index'" in result.stderr
+
+
+def test_evaluate_exits_1_when_the_policy_is_worse_than_its_baseline(
+    robo_pipe_home: Path, export_dir: Path, tmp_path: Path
+) -> None:
+    """`robo-pipe evaluate --baseline`: a blocked comparison fails the command. Success here is
+    the tool centre point held within 30 cm of the target for 30 steps: a policy that keeps the
+    arm still solves every seed, the tiny random export drives it away on every one. Against
+    its baseline it is blocked (exit 1, still with its record); against itself it is not."""
+    import torch
+
+    from stages.policy.checkpoint import new_policy, save_policy
+    from tests.stages.tiny_models import TINY_POLICY
+
+    still, _ = new_policy(TINY_POLICY, ["scene"], 32, 6, 6)
+    with torch.no_grad():  # zero actions: the arm holds its start pose
+        still.action_head.weight.zero_()
+        still.action_head.bias.zero_()
+    save_policy(still, tmp_path / "still", None)
+    sets = [
+        "scene.image_size=32",
+        "scene.success.radius=0.3",
+        "scene.success.hold_steps=30",
+        "scene.episode_steps=35",
+        "evaluate.workers=0",
+        "evaluate.envs_per_worker=6",
+    ]
+    args = ["--episodes", "6", *(arg for s in sets for arg in ("--set", s)), "--json"]
+
+    worse = robo_pipe(
+        "evaluate",
+        str(export_dir),
+        "--baseline",
+        str(tmp_path / "still"),
+        *args,
+        home=robo_pipe_home,
+    )
+    assert worse.returncode == 1, worse.stderr[-3000:]
+    report = json.loads(worse.stdout.strip().splitlines()[-1])
+    assert report["success_rate"] == 0.0 and report["comparison"]["baseline_success_rate"] == 1.0
+    assert not report["comparison"]["passed"]
+    shown = " ".join(worse.stderr.split())
+    assert f"blocked: {export_dir} is worse than the baseline {tmp_path / 'still'}" in shown
+    assert "exit code 1" in shown and "Traceback" not in shown
+
+    same = robo_pipe(
+        "evaluate", str(export_dir), "--baseline", str(export_dir), *args, home=robo_pipe_home
+    )
+    assert same.returncode == 0, same.stderr[-3000:]
+    assert json.loads(same.stdout.strip().splitlines()[-1])["comparison"]["passed"]
+    assert "blocked" not in same.stderr

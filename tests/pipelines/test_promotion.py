@@ -117,13 +117,13 @@ def candidate_registers(
 
     from deploy_edge.latency import LatencyReport
     from stages.dataset.layout import DatasetRef
-    from stages.evaluate.report import Comparison
+    from stages.evaluate.report import compare_outcomes
+    from stages.evaluate.sequential import plan_looks
     from stages.export import ExportRef
     from stages.policy.checkpoint import CheckpointRef
 
-    passed = Comparison(
-        f"v{compared_with}", 0.0, (0.0, 1.0), made.success_rate, 9.0, 1.0, 0.95, True
-    )
+    plan = plan_looks(1, 1, 0.05, 0.2, 0.05, 0.0, "pocock")
+    passed = compare_outcomes({}, {}, plan, 0, "not worse", "", f"v{compared_with}")
     evaluation = Evaluation(
         candidate=replace(made, outcomes=[], seeds=[], comparison=passed),
         champion_version=compared_with,

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from pipelines.records import ChampionCheck, Evaluation, PipelineResult, Registration, StageRun
 from pipelines.resume import StageRecords
-from stages.evaluate.report import Comparison
+from stages.evaluate.report import Comparison, compare_outcomes
+from stages.evaluate.sequential import plan_looks
 from stages.register import Gate
 from tests.stages.test_evaluate import suite_report
 
@@ -25,7 +26,8 @@ def roundtrip(record: object) -> object:
 
 def test_pipeline_records_round_trip_with_their_types() -> None:
     candidate = suite_report(180)
-    candidate.comparison = Comparison("champion", 0.9, (0.85, 0.94), 0.0, 0.0, 0.5, 0.95, True)
+    plan = plan_looks(1, 1, 0.05, 0.2, 0.05, 0.0, "pocock")
+    candidate.comparison = compare_outcomes({}, {}, plan, 0, "not worse", "", "champion")
     evaluation = Evaluation(candidate=candidate, champion_version="3", start=suite_report(90))
     back = roundtrip(evaluation)
     assert back == evaluation and isinstance(back, Evaluation)

@@ -20,17 +20,25 @@ from sim_scenes.episodes import play_episodes
 from sim_scenes.expert import ScriptedExpert
 from sim_scenes.touch import SceneError
 from stages.evaluate import EvalConfig, EvalReport, ShardOutcome, evaluate
+from stages.evaluate.config import SequentialConfig
 from stages.evaluate.failures import FAILURE_MODES, breakdown, breakdown_line, failure_mode
 from stages.evaluate.policies import PolicySpecError
 from stages.evaluate.report import VariantRow, compare
 from stages.evaluate.shards import run_suite
 from stages.export import export
 from stages.policy.checkpoint import new_policy, save_policy
+from stages.statistics import two_proportion_test
 from stages.worker_pool import WorkersDiedError
 from tests.stages.tiny_models import TINY_POLICY
 
 CFG = load_config(CONFIG_DIR / "demo.yaml", ["scene.image_size=32"])
-SMALL = EvalConfig(episodes=6, workers=0, envs_per_worker=4, episodes_per_shard=3)
+SMALL = EvalConfig(
+    episodes=6,
+    workers=0,
+    envs_per_worker=4,
+    episodes_per_shard=3,
+    sequential=SequentialConfig(looks=2),  # a look per shard: batches as wide as the envs
+)
 
 
 @pytest.fixture(scope="session")
@@ -90,17 +98,27 @@ def test_gate_accepts_an_identical_policy_on_the_same_seeds(
     assert "Gate against" in (tmp_path / "same" / "report.md").read_text()
 
 
-def suite_report(successes: int, episodes: int = 200, seeds: list[int] | None = None) -> EvalReport:
-    """A report of ``successes`` in ``episodes`` on two variants and seeds 0..99 (no files)."""
-    rows = [
-        VariantRow(v, episodes // 2, 0, 0.0, (0.0, 1.0), 10.0)
-        for v in ("touch-mixed-clutter", "touch-mixed-shifted")
-    ]
-    return EvalReport(
+VARIANTS = ("touch-mixed-clutter", "touch-mixed-shifted")
+
+
+def suite_report(
+    successes: int,
+    episodes: int = 200,
+    seeds: list[int] | None = None,
+    solved: set[tuple[str, int]] | None = None,
+) -> EvalReport:
+    """A report of ``episodes`` on two variants and seeds 0..episodes/2-1 (no files): the
+    episodes in ``solved`` succeed, by default the first ``successes`` in (variant, seed index)
+    order."""
+    per_variant = episodes // 2
+    keys = [(v, i) for v in VARIANTS for i in range(per_variant)]
+    solved = set(keys[:successes]) if solved is None else solved
+    rows = [VariantRow(v, per_variant, 0, 0.0, (0.0, 1.0), 10.0) for v in VARIANTS]
+    report = EvalReport(
         "policy",
         episodes,
-        successes,
-        successes / episodes,
+        len(solved),
+        len(solved) / episodes,
         (0.0, 1.0),
         rows,
         1.0,
@@ -111,29 +129,51 @@ def suite_report(successes: int, episodes: int = 200, seeds: list[int] | None = 
         0,
         0,
         0,
-        seeds if seeds is not None else list(range(100)),
+        seeds if seeds is not None else list(range(per_variant)),
     )
+    report.outcomes = [{"variant": v, "index": i, "success": (v, i) in solved} for v, i in keys]
+    return report
 
 
-def test_compare_fails_only_a_candidate_worse_at_the_confidence() -> None:
-    """The gate on hand-made reports: 10% against 90% fails, 88% against 90% is noise, and a
-    borderline difference fails at 95% but not at 99% confidence."""
-    worse = compare(suite_report(20), suite_report(180), confidence=0.95)
-    assert not worse.passed and worse.p_value < 1e-6 and worse.difference == pytest.approx(-0.8)
-    assert worse.baseline == "policy" and worse.baseline_success_rate == 0.9
-    assert worse.confidence == 0.95 and worse.z < -10
+def test_the_gate_pairs_the_seeds_exact_mcnemar_on_the_discordant_ones() -> None:
+    """The issue's worked example: on 200 shared seeds the champion solves 160, the candidate
+    148; the candidate fails 16 seeds the champion solved and solves 4 it failed. The pooled
+    z-test (the old gate) passes it (p = 0.077); the exact McNemar test on the 20 discordant
+    seeds blocks it (p = 0.0059)."""
+    keys = [(v, i) for v in VARIANTS for i in range(100)]
+    champion = set(keys[:160])
+    candidate = set(keys[:144]) | set(keys[160:164])  # fails 144..159, solves 160..163
+    worse = compare(suite_report(0, solved=candidate), suite_report(0, solved=champion), 0.95)
+    assert worse.test == "exact McNemar" and worse.decision == "worse" and not worse.passed
+    assert worse.discordant == {"candidate_only": 4, "baseline_only": 16}
+    assert worse.concordant == {"both": 144, "neither": 36}
+    assert worse.p_value == pytest.approx(0.0059, abs=1e-4)
+    assert worse.boundary == pytest.approx(0.05)
+    assert worse.difference == pytest.approx(-0.06) and worse.baseline_success_rate == 0.8
+    assert two_proportion_test(148, 200, 160, 200)[2] == pytest.approx(0.077, abs=1e-3)
+    # the same rates, seeds nested (the candidate solves a subset of the champion's): worse
+    nested = compare(suite_report(148), suite_report(0, solved=champion), 0.95)
+    assert nested.discordant == {"candidate_only": 0, "baseline_only": 12} and not nested.passed
+    # the discordant seeds split evenly between the two: no evidence of a regression
+    even = set(keys[:154]) | set(keys[160:166])  # 6 each way
+    assert compare(suite_report(0, solved=even), suite_report(0, solved=champion), 0.95).passed
+
+
+def test_identical_outcomes_pass_and_a_margin_tolerates_a_small_regression() -> None:
+    same = compare(suite_report(180), suite_report(180), confidence=0.95)
+    assert same.passed and same.p_value == 1.0 and same.discordant["baseline_only"] == 0
+    assert same.detectable_regression > 0.0
+    # 176 vs 180 on nested seeds: 4 discordant, all the baseline's: p = 0.5**4 = 0.0625
     slightly = compare(suite_report(176), suite_report(180), confidence=0.95)
-    assert slightly.passed, "a difference within noise does not fail the gate"
-    assert slightly.difference == pytest.approx(-0.02) and slightly.baseline_ci95 == (0.0, 1.0)
-    # 165 vs 180 of 200: pooled 0.8625, se 0.0344, z = -2.18, one-sided p = 0.0147: a
-    # regression at 95% confidence, not at 99%
-    borderline = compare(suite_report(165), suite_report(180), confidence=0.95)
-    assert borderline.p_value == pytest.approx(0.0147, abs=1e-4) and not borderline.passed
-    assert borderline.z == pytest.approx(-2.1779, abs=1e-4)
-    assert compare(suite_report(165), suite_report(180), confidence=0.99).passed
-    assert compare(suite_report(180), suite_report(180), confidence=0.95).passed
-    # equal rates give p = 0.5 exactly: the bar 1 - confidence = 0.5 is met (inclusive)
-    assert compare(suite_report(90), suite_report(90), confidence=0.5).passed
+    assert slightly.passed and slightly.p_value == pytest.approx(0.0625)
+    assert not compare(suite_report(176), suite_report(180), confidence=0.9).passed
+    # 20 vs 180: worse, unless a margin of 90 points is tolerated
+    assert not compare(suite_report(20), suite_report(180), confidence=0.95).passed
+    tolerant = compare(suite_report(20), suite_report(180), 0.95, margin=0.9)
+    assert tolerant.passed and tolerant.test == "Newcombe paired interval"
+    strict = compare(suite_report(160), suite_report(180), 0.95, margin=0.02)
+    assert strict.difference == pytest.approx(-0.1) and not strict.passed
+    assert compare(suite_report(176), suite_report(180), 0.95, margin=0.05).passed
 
     # Only the same seeds make a comparison: another seed list or suite is refused.
     refused = r"^candidate and baseline were not evaluated on the same suite and seeds$"
@@ -143,6 +183,51 @@ def test_compare_fails_only_a_candidate_worse_at_the_confidence() -> None:
     other_suite.rows = other_suite.rows[:1]
     with pytest.raises(ValueError, match=refused):
         compare(suite_report(160), other_suite, confidence=0.95)
+
+
+def test_sequential_evaluation_stops_and_reuses_the_baselines_stored_outcomes(
+    tiny_checkpoint: Path, tmp_path: Path
+) -> None:
+    """The baseline's stored outcomes are used instead of playing those seeds: told that the
+    baseline solved every seed, the (failing) candidate is worse at the first look, and
+    nothing of the baseline was played; told nothing, the baseline (the same policy) plays
+    every seed the candidate plays, its outcomes come back to be stored, and identical
+    outcomes are never worse."""
+    config = SMALL.model_copy(update={"episodes": 12, "episodes_per_shard": 6})
+    short = CFG.scene.model_copy(update={"episode_steps": 15})  # failures time out sooner
+
+    def run_against(out: str, stored: dict[tuple[str, int], bool] | None = None) -> EvalReport:
+        return evaluate(
+            tiny_checkpoint,
+            CFG.robot,
+            short,
+            CFG.sim,
+            config,
+            0,
+            tmp_path / out,
+            baseline=tiny_checkpoint,
+            baseline_outcomes=stored,
+        )
+
+    stored = {(v, i): True for v in VARIANTS for i in range(12)}
+    worse = run_against("w", stored)
+    c = worse.comparison
+    assert c is not None and c.decision == "worse" and c.look == 1 and c.looks == [6, 12]
+    assert c.seeds == 6 and worse.episodes == 12 and len(worse.seeds) == 6
+    assert c.baseline_reused == 12 and c.discordant == {"candidate_only": 0, "baseline_only": 12}
+    assert c.p_value == pytest.approx(0.5**12) and c.p_value <= c.boundary
+    assert worse.baseline_outcomes == {v: "1" * 6 for v in VARIANTS}
+
+    same = run_against("s")
+    c = same.comparison
+    assert c is not None and c.passed and c.baseline_reused == 0 and c.p_value == 1.0
+    assert c.seeds in c.looks and same.episodes == 2 * c.seeds and same.successes == 0
+    assert same.baseline_outcomes == {v: "0" * c.seeds for v in VARIANTS}
+    report = (tmp_path / "s" / "report.md").read_text()
+    assert "| **candidate solved** | 0 | 0 |" in report and "80% power" in report
+    saved = json.loads((tmp_path / "s" / "eval_report.json").read_text())["comparison"]
+    assert saved["test"] == "exact McNemar" and saved["p_value"] == 1.0
+    assert saved["discordant"] == {"candidate_only": 0, "baseline_only": 0}
 
 
 def test_a_killed_worker_is_restarted_and_no_episode_counts_twice(

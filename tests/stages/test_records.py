@@ -10,12 +10,21 @@ import pytest
 
 from robo_pipe.records import Record
 from stages.dataset.layout import DatasetRef
-from stages.evaluate.report import Comparison, EvalReport, VariantRow
+from stages.evaluate.report import EvalReport, VariantRow, compare_outcomes
+from stages.evaluate.sequential import plan_looks
 from stages.policy.checkpoint import BaseRef, CheckpointRef
 
 BASE = BaseRef("checkpoint", "/ckpt/base/step-0000100", "ab" * 32)
 ROW = VariantRow("touch-cubes", 10, 7, 0.7, (0.397, 0.892), 31.5)
-COMPARISON = Comparison("/ckpt/champion", 0.6, (0.3, 0.85), 0.1, 0.45, 0.67, 0.95, True)
+COMPARISON = compare_outcomes(
+    {("touch-cubes", 0): True, ("touch-cubes", 1): False},
+    {("touch-cubes", 0): False, ("touch-cubes", 1): False},
+    plan_looks(2, 1, 0.05, 0.2, 0.05, 0.0, "pocock"),
+    0,
+    "not worse",
+    "reached the maximum",
+    "/ckpt/champion",
+)
 REPORT = EvalReport(
     policy="/ckpt/policy/step-0000200",
     episodes=20,

@@ -1,7 +1,8 @@
 """The register stage's rules on hand-made records: each promotion gate passes and fails at its
-boundary, an unenforced gate reports but does not block, the measured and required values are
-said; the gate tags read back to the same gates; a failed version is promoted only by force;
-the champion history moves forward on promotion and back on rollback."""
+boundary, the success bar is held against the lower end of the 95% interval unless the config
+says the estimate, an unenforced gate reports but does not block, the measured and required
+values are said; the gate tags read back to the same gates; a failed version is promoted only
+by force; the champion history moves forward on promotion and back on rollback."""
 
 from __future__ import annotations
 
@@ -24,15 +25,23 @@ from stages.register import (
     rollback_target,
 )
 from stages.register import promotion_gates as gates_of
+from stages.statistics import wilson_interval
+
+ON_ESTIMATE = "registry.promotion.min_success_on=estimate"
+"""For the tests of the other gates: :func:`evaluation`'s fixed 60-80% interval is below the
+70% bar, so they compare the point estimate and the held-out gate passes on it."""
 
 
 def evaluation(
-    success: float, comparison: dict[str, Any] | None = None, champion: str | None = None
+    success: float,
+    comparison: dict[str, Any] | None = None,
+    champion: str | None = None,
+    ci95: tuple[float, float] = (0.6, 0.8),
 ) -> tuple[SimpleNamespace, str | None]:
-    """What the evaluate stage hands on: the candidate's success (95% CI 60-80%, for the text)
-    and its comparison with the champion ``champion`` on the same seeds."""
+    """What the evaluate stage hands on: the candidate's success and its 95% interval (60-80%
+    unless given) and its comparison with the champion ``champion`` on the same seeds."""
     compared = SimpleNamespace(**comparison) if comparison else None
-    return SimpleNamespace(success_rate=success, ci95=(0.6, 0.8), comparison=compared), champion
+    return SimpleNamespace(success_rate=success, ci95=ci95, comparison=compared), champion
 
 
 def latency(passed: bool = True, p99: float = 2.5, misses: int = 0) -> SimpleNamespace:
@@ -57,31 +66,72 @@ def promotion_gates(
     return gates_of(cfg.registry.promotion, candidate, champion, lat, cfg.evaluate.gate_confidence)
 
 
+def held_out(success: float, low: float) -> SimpleNamespace:
+    return SimpleNamespace(success_rate=success, ci95=(low, 1.0))
+
+
 def test_min_success_is_inclusive() -> None:
-    policy = PromotionConfig(min_success=0.7)
-    assert meets_min_success(0.7, policy) and meets_min_success(0.71, policy)
-    assert not meets_min_success(0.6999, policy)
+    policy = PromotionConfig(min_success=0.7)  # on the lower bound by default
+    assert meets_min_success(held_out(0.8, 0.7), policy)
+    assert meets_min_success(held_out(0.8, 0.71), policy)
+    assert not meets_min_success(held_out(0.8, 0.6999), policy)
+    on_estimate = PromotionConfig(min_success=0.7, min_success_on="estimate")
+    assert meets_min_success(held_out(0.7, 0.5), on_estimate)
+    assert meets_min_success(held_out(0.71, 0.5), on_estimate)
+    assert not meets_min_success(held_out(0.6999, 0.5), on_estimate)
+
+
+def test_an_estimate_above_the_bar_on_few_episodes_is_blocked_unless_on_estimate() -> None:
+    """15 of 20 episodes: 75% clears a 70% bar, but the 95% interval reaches down to 53%."""
+    few = evaluation(0.75, ci95=wilson_interval(15, 20))
+    gate = promotion_gates(config(), few, latency())["held-out success"]
+    assert not gate.passed and gate.enforced
+    assert gate.measured == "lower end 53.1% (estimate 75.0%, 95% CI 53.1% - 88.8%)"
+    assert gate.required == ">= 70% (lower end of the 95% CI)"
+
+    gates = promotion_gates(config(ON_ESTIMATE), few, latency())
+    gate = gates["held-out success"]
+    assert gate.passed and blocking_gates(gates) == []
+    assert gate.measured == "estimate 75.0% (95% CI 53.1% - 88.8%)"
+    assert gate.required == ">= 70% (point estimate)"
+
+
+def test_a_lower_bound_above_the_bar_passes_by_default() -> None:
+    """190 of 200 episodes: the whole 95% interval (91.0% - 97.3%) is above 70%."""
+    many = evaluation(0.95, ci95=wilson_interval(190, 200))
+    gate = promotion_gates(config(), many, latency())["held-out success"]
+    assert gate.passed
+    assert gate.measured == "lower end 91.0% (estimate 95.0%, 95% CI 91.0% - 97.3%)"
 
 
 def test_every_gate_passes_and_nothing_blocks() -> None:
     worse_but_within_noise = {"passed": True, "difference": -0.02, "p_value": 0.31}
-    gates = promotion_gates(config(), evaluation(0.72, worse_but_within_noise, "3"), latency())
+    gates = promotion_gates(
+        config(ON_ESTIMATE), evaluation(0.72, worse_but_within_noise, "3"), latency()
+    )
     assert all(g.passed for g in gates.values()) and blocking_gates(gates) == []
     assert gates["no regression vs champion"].measured == "-2.0% vs v3, p = 0.310"
 
 
 def test_below_min_success_blocks_and_says_measured_and_required() -> None:
     gates = promotion_gates(config(), evaluation(0.65), latency())
-    held_out = gates["held-out success"]
-    assert not held_out.passed and held_out.enforced
-    assert held_out.measured == "65.0% (95% CI 60.0% - 80.0%)"
-    assert held_out.required == ">= 70%"
+    gate = gates["held-out success"]
+    assert not gate.passed and gate.enforced
+    assert gate.measured == "lower end 60.0% (estimate 65.0%, 95% CI 60.0% - 80.0%)"
+    assert gate.required == ">= 70% (lower end of the 95% CI)"
+    assert blocking_gates(gates) == ["held-out success"]
+
+    gates = promotion_gates(config(ON_ESTIMATE), evaluation(0.65), latency())
+    gate = gates["held-out success"]
+    assert not gate.passed and gate.enforced
+    assert gate.measured == "estimate 65.0% (95% CI 60.0% - 80.0%)"
+    assert gate.required == ">= 70% (point estimate)"
     assert blocking_gates(gates) == ["held-out success"]
 
 
 def test_a_regression_against_the_champion_blocks() -> None:
     regression = {"passed": False, "difference": -0.15, "p_value": 0.004}
-    gates = promotion_gates(config(), evaluation(0.75, regression, "2"), latency())
+    gates = promotion_gates(config(ON_ESTIMATE), evaluation(0.75, regression, "2"), latency())
     gate = gates["no regression vs champion"]
     assert not gate.passed and gate.measured == "-15.0% vs v2, p = 0.004"
     assert gate.required == "not worse at 95% confidence"
@@ -99,7 +149,9 @@ def test_without_a_comparison_there_is_no_regression(champion: str | None, measu
 
 
 def test_a_failed_latency_gate_blocks_with_its_figures() -> None:
-    gates = promotion_gates(config(), evaluation(0.9), latency(False, p99=123.456, misses=3))
+    gates = promotion_gates(
+        config(ON_ESTIMATE), evaluation(0.9), latency(False, p99=123.456, misses=3)
+    )
     gate = gates["latency"]
     assert not gate.passed
     assert gate.measured == "p99 123.46 ms, 3 misses on local-cpu"
@@ -127,7 +179,7 @@ def test_gate_tags_read_back_to_the_same_gates() -> None:
     gates = promotion_gates(cfg, evaluation(0.75, regression, "2"), latency(False))
     tags = gate_tags(gates)
     assert tags[GATE_TAG + "latency"] == "failed" and tags[GATE_TAG + "latency.enforced"] == "false"
-    assert tags[GATE_TAG + "held-out success.required"] == ">= 70%"
+    assert tags[GATE_TAG + "held-out success.required"] == ">= 70% (lower end of the 95% CI)"
     back = gates_from_tags({**tags, "robo_pipe.onnx_hash": "abc"})  # other tags are ignored
     assert back == dict(sorted(gates.items()))
 
@@ -144,12 +196,11 @@ def test_a_version_that_failed_a_gate_is_promoted_only_by_force() -> None:
     tags = gate_tags(gates)
     assert may_promote(tags, force=False) == (False, ["held-out success", "latency"])
     assert may_promote(tags, force=True) == (True, ["held-out success", "latency"])
-    passed = gate_tags(promotion_gates(config(), evaluation(0.9), latency()))
+    passed = gate_tags(promotion_gates(config(ON_ESTIMATE), evaluation(0.9), latency()))
     assert may_promote(passed, force=False) == (True, [])
     # an unenforced gate that failed still needs force: the version did fail it
-    lax = gate_tags(
-        promotion_gates(config("registry.promotion.latency=false"), evaluation(0.9), latency(False))
-    )
+    lax_cfg = config(ON_ESTIMATE, "registry.promotion.latency=false")
+    lax = gate_tags(promotion_gates(lax_cfg, evaluation(0.9), latency(False)))
     assert may_promote(lax, force=False) == (False, ["latency"])
 
 

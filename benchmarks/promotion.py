@@ -1,0 +1,405 @@
+"""Promotion decisions: error rates and seeds of the no-regression gate, paired and sequential,
+on simulated paired outcomes of a candidate and a champion played on the same seeds.
+
+Each seed's pair of outcomes is drawn with known success rates and a known correlation between
+the two policies (the phi coefficient of the 2x2 table; by default the one implied by
+:data:`DEFAULT_DISCORDANCE` at :data:`DEFAULT_CHAMPION_RATE`, or measured from two evaluation
+reports with ``--reports``). Measured, by Monte Carlo (seeded numpy) where an exact value
+is not at hand:
+
+a. False blocks: how often a candidate exactly as good as the champion is blocked, by the
+   fixed paired test (exact McNemar, one-sided 1 - ``evaluate.gate_confidence``) on 200 seeds
+   and by the default sequential plan (``evaluate.sequential``): both must stay within the
+   level (plus Monte-Carlo error).
+b. Power on 200 seeds: how often a 5-point regression is caught by the paired test against
+   the pooled two-proportion z-test (the old gate), both fixed at the same one-sided level
+   (and, for reference, by the default sequential plan with a maximum of 200 seeds).
+c. Seeds to a decision: the default sequential plan with a maximum of 1.2x the seeds the fixed
+   paired test needs for 80% power at a 5-point regression; its false-block rate and power,
+   the fixed design's seeds for the same power (exact McNemar power, computed exactly), and
+   ``sequential_episode_ratio`` = the sequential plan's mean seeds (average of the equal and
+   the 5-point-regression scenarios) / those fixed seeds. When it is above 0.6 the ratio is
+   also given for 20 looks and for O'Brien-Fleming spending.
+
+Run: ``python benchmarks/promotion.py [--quick] [--reports CANDIDATE.json CHAMPION.json]``
+(``--quick``: 2,000 repetitions, under a minute; the full run, 20,000, about a minute and a
+half on 2 cores). The correlation measured from two reports is the one to record in
+:data:`DEFAULT_DISCORDANCE` (and :data:`DEFAULT_SOURCE`). One variant is simulated: its seeds
+stand for all the variants' seeds of a suite. The last line is ``key=value`` pairs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+from scipy.stats import binom
+
+from stages.evaluate.config import EvalConfig, SequentialConfig
+from stages.evaluate.sequential import (
+    Decision,
+    PairedTable,
+    SequentialPlan,
+    decide,
+    paired_table,
+    plan_looks,
+)
+from stages.register.config import PromotionConfig
+from stages.statistics import mcnemar_p_value, two_proportion_test
+
+DEFAULT_CHAMPION_RATE = 0.8
+"""The champion's success rate of the simulated scenarios (``--rate`` overrides it)."""
+DEFAULT_DISCORDANCE = 0.12
+"""Share of the seeds on which two equally good policies have different outcomes, at
+:data:`DEFAULT_CHAMPION_RATE`: sets the correlation of the simulated outcomes."""
+DEFAULT_SOURCE: str | None = None
+"""Where :data:`DEFAULT_DISCORDANCE` was measured (two robo-pipe evaluation reports on the
+same seeds); None while it is an assumed value. Update the three constants together."""
+
+FIXED_SEEDS = 200
+"""Seeds of the fixed designs in (a) and (b): the issue's example."""
+INFLATION = 1.2
+"""The sequential plan's maximum over the fixed design's seeds for 80% power."""
+
+
+def phi_from_discordance(rate: float, discordance: float) -> float:
+    """The phi coefficient of two policies with the same success ``rate`` whose outcomes differ
+    on a share ``discordance`` of the seeds: ``1 - discordance / (2 rate (1 - rate))``."""
+    return 1 - discordance / (2 * rate * (1 - rate))
+
+
+def cells(candidate: float, baseline: float, phi: float) -> np.ndarray:
+    """Probabilities of (both solve, candidate only, baseline only, neither) on a seed, for
+    success rates ``candidate`` and ``baseline`` with correlation ``phi`` (clipped to the
+    largest correlation the rates allow)."""
+    spread = math.sqrt(candidate * (1 - candidate) * baseline * (1 - baseline))
+    both = candidate * baseline + phi * spread
+    both = min(min(candidate, baseline), max(max(0.0, candidate + baseline - 1), both))
+    probs = np.array([both, candidate - both, baseline - both, 1 - candidate - baseline + both])
+    return np.clip(probs, 0.0, 1.0) / np.clip(probs, 0.0, 1.0).sum()
+
+
+def measure(candidate_report: Path, champion_report: Path) -> tuple[PairedTable, float]:
+    """The paired table of two ``eval_report.json`` files on the same seeds, and its phi."""
+
+    def outcomes(path: Path) -> dict[tuple[str, int], bool]:
+        report = json.loads(path.read_text())
+        return {(o["variant"], int(o["index"])): bool(o["success"]) for o in report["outcomes"]}
+
+    table = paired_table(outcomes(candidate_report), outcomes(champion_report))
+    if table.seeds == 0:
+        raise SystemExit("the two reports share no (variant, seed index): not the same seeds")
+    margins = (
+        (table.both + table.candidate_only)
+        * (table.baseline_only + table.neither)
+        * (table.both + table.baseline_only)
+        * (table.candidate_only + table.neither)
+    )
+    if margins == 0:
+        raise SystemExit(f"a policy solved every seed or none: no correlation to measure ({table})")
+    cross = table.both * table.neither - table.candidate_only * table.baseline_only
+    return table, cross / math.sqrt(margins)
+
+
+# -- fixed designs ---------------------------------------------------------------------------------
+
+
+def critical_counts(max_discordant: int, level: float) -> np.ndarray:
+    """Per discordant count D = 0..max: the largest number of seeds won by the candidate that
+    exact McNemar still blocks at ``level`` (-1: none)."""
+    crit = np.full(max_discordant + 1, -1)
+    for d in range(1, max_discordant + 1):
+        crit[d] = int(np.sum(binom.cdf(np.arange(d + 1), d, 0.5) <= level)) - 1
+    return crit
+
+
+def fixed_power(seeds: int, probs: np.ndarray, crit: np.ndarray) -> float:
+    """Exact chance that the fixed exact McNemar test on ``seeds`` seeds blocks: the discordant
+    count D ~ Binomial(seeds, r), the candidate's wins among them ~ Binomial(D, q)."""
+    discordance = probs[1] + probs[2]
+    if discordance <= 0:
+        return 0.0
+    share = probs[1] / discordance
+    d = np.arange(seeds + 1)
+    return float(np.sum(binom.pmf(d, seeds, discordance) * binom.cdf(crit[d], d, share)))
+
+
+def seeds_for_power(power: float, probs: np.ndarray, crit: np.ndarray) -> int:
+    """The fewest seeds at which the fixed exact McNemar test reaches ``power`` (a scan: the
+    exact test's power is not monotone in the seeds)."""
+    for seeds in range(1, len(crit)):
+        if fixed_power(seeds, probs, crit) >= power:
+            return seeds
+    raise SystemExit(f"no fixed design up to {len(crit) - 1} seeds reaches power {power:.3f}")
+
+
+def simulate_fixed(
+    seeds: int, probs: np.ndarray, reps: int, level: float, rng: np.random.Generator
+) -> tuple[float, float]:
+    """Monte-Carlo blocking rates on ``seeds`` seeds, the same draws for both tests: (paired
+    exact McNemar, pooled two-proportion z-test)."""
+    tables = rng.multinomial(seeds, probs, size=reps)
+    paired_cache: dict[tuple[int, int], float] = {}
+    paired = pooled = 0
+    for both, candidate_only, baseline_only, _ in tables.tolist():
+        key = (candidate_only, baseline_only)
+        if key not in paired_cache:
+            paired_cache[key] = mcnemar_p_value(candidate_only, baseline_only)
+        paired += paired_cache[key] <= level
+        p_pooled = two_proportion_test(both + candidate_only, seeds, both + baseline_only, seeds)[2]
+        pooled += p_pooled <= level
+    return paired / reps, pooled / reps
+
+
+# -- sequential plans ------------------------------------------------------------------------------
+
+
+def default_plan(
+    max_seeds: int, looks: int | None = None, spending: str | None = None
+) -> SequentialPlan:
+    """The plan the evaluation stage makes with the default configuration."""
+    seq = SequentialConfig()
+    return plan_looks(
+        max_seeds,
+        looks or seq.looks,
+        1 - EvalConfig().gate_confidence,
+        1 - seq.power,
+        seq.regression,
+        PromotionConfig().margin,
+        spending or seq.spending,
+    )
+
+
+def simulate_sequential(
+    plan: SequentialPlan, probs: np.ndarray, reps: int, rng: np.random.Generator
+) -> tuple[float, float]:
+    """Monte Carlo: (share of runs decided "worse", mean seeds played to the decision)."""
+    batches = np.diff([0, *plan.looks])
+    tables = np.cumsum(
+        np.stack([rng.multinomial(int(b), probs, size=reps) for b in batches], axis=1), axis=1
+    )
+    decisions: dict[tuple[int, ...], Decision] = {}
+
+    def decision(look: int, counts: list[int]) -> Decision:
+        key = (look, *counts)
+        if key not in decisions:
+            decisions[key] = decide(plan, look, PairedTable(*counts))[0]
+        return decisions[key]
+
+    worse = 0
+    seeds = 0
+    for run in tables.tolist():
+        for look, counts in enumerate(run):
+            outcome = decision(look, counts)
+            if outcome != "continue":
+                worse += outcome == "worse"
+                seeds += plan.looks[look]
+                break
+    return worse / reps, seeds / reps
+
+
+def se(rate: float, reps: int) -> float:
+    """Monte-Carlo standard error of a rate."""
+    return math.sqrt(max(rate * (1 - rate), 1e-12) / reps)
+
+
+def compare(
+    label: str,
+    plan: SequentialPlan,
+    equal: np.ndarray,
+    worse: np.ndarray,
+    reps: int,
+    rng: np.random.Generator,
+    power_seeds: Callable[[float], int],
+) -> dict[str, float]:
+    """The sequential plan against the fixed design of the same power; prints a row."""
+    false_block, seeds_equal = simulate_sequential(plan, equal, reps, rng)
+    power, seeds_worse = simulate_sequential(plan, worse, reps, rng)
+    fixed = power_seeds(power)
+    mean = (seeds_equal + seeds_worse) / 2
+    ratio = mean / fixed
+    print(
+        f"{label:<28} {plan.looks[-1]:>5} {false_block:>7.3f} {power:>7.3f} {seeds_equal:>8.1f} "
+        f"{seeds_worse:>8.1f} {fixed:>7} {ratio:>7.3f}",
+        flush=True,
+    )
+    return {
+        "false_block": false_block,
+        "power": power,
+        "seeds_equal": seeds_equal,
+        "seeds_regression": seeds_worse,
+        "fixed": fixed,
+        "ratio": ratio,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="2,000 repetitions (CI speed)")
+    parser.add_argument("--reps", type=int, default=20_000, help="Monte-Carlo repetitions")
+    parser.add_argument(
+        "--reports",
+        nargs=2,
+        type=Path,
+        metavar=("CANDIDATE", "CHAMPION"),
+        help="two eval_report.json files of two policies on the same seeds: measure the "
+        "correlation (and the champion's rate) from them",
+    )
+    parser.add_argument("--rate", type=float, help="the champion's success rate")
+    parser.add_argument("--seed", type=int, default=24)
+    args = parser.parse_args()
+    reps = 2_000 if args.quick else args.reps
+    level = 1 - EvalConfig().gate_confidence
+    seq = SequentialConfig()
+    regression = seq.regression
+    rng = np.random.default_rng(args.seed)
+    start = time.perf_counter()
+
+    if args.reports:
+        table, phi = measure(*args.reports)
+        rate = (
+            args.rate if args.rate is not None else (table.both + table.baseline_only) / table.seeds
+        )
+        source = (
+            f"measured on {table.seeds} shared seeds of {args.reports[0].name} and "
+            f"{args.reports[1].name}: {table}, discordance {table.discordant / table.seeds:.3f}"
+        )
+    else:
+        rate = DEFAULT_CHAMPION_RATE if args.rate is None else args.rate
+        phi = phi_from_discordance(DEFAULT_CHAMPION_RATE, DEFAULT_DISCORDANCE)
+        source = (
+            f"measured on {DEFAULT_SOURCE}"
+            if DEFAULT_SOURCE
+            else "ASSUMED default, not yet measured on robo-pipe's evaluations "
+            "(measure it with --reports)"
+        )
+        source += (
+            f": discordance {DEFAULT_DISCORDANCE} at a champion rate of {DEFAULT_CHAMPION_RATE}"
+        )
+    if not regression < rate < 1:
+        raise SystemExit(f"the champion's rate must be in ({regression}, 1): {rate}")
+    equal = cells(rate, rate, phi)
+    worse = cells(rate - regression, rate, phi)
+    discordance = float(equal[1] + equal[2])
+    print(f"correlation phi = {phi:.3f} ({source})")
+    print(
+        f"champion {rate:.1%}; equal candidate: discordance {discordance:.3f}; "
+        f"{regression:.0%} regression: cells (both, candidate only, champion only, neither) = "
+        f"{np.round(worse, 4).tolist()}; one-sided level {level:g}; {reps:,} repetitions"
+    )
+    crit = critical_counts(5_000, level)
+
+    # -- (a), (b): fixed designs on 200 seeds ------------------------------------------------------
+    fixed_false_block, pooled_false_block = simulate_fixed(FIXED_SEEDS, equal, reps, level, rng)
+    paired_power, pooled_power = simulate_fixed(FIXED_SEEDS, worse, reps, level, rng)
+    plan_200 = default_plan(FIXED_SEEDS)
+    seq_false_block_200, seq_seeds_200 = simulate_sequential(plan_200, equal, reps, rng)
+    seq_power_200, seq_seeds_worse_200 = simulate_sequential(plan_200, worse, reps, rng)
+    print(f"\n(a) false blocks, equal policies (level {level:g}; MC standard error in brackets)")
+    print(
+        f"  fixed paired, {FIXED_SEEDS} seeds:        {fixed_false_block:.4f} "
+        f"[{se(fixed_false_block, reps):.4f}]  exact {fixed_power(FIXED_SEEDS, equal, crit):.4f}"
+    )
+    print(
+        f"  fixed pooled, {FIXED_SEEDS} seeds:        {pooled_false_block:.4f} "
+        f"[{se(pooled_false_block, reps):.4f}]"
+    )
+    print(
+        f"  sequential ({seq.looks} looks, {seq.spending}), max {FIXED_SEEDS}: "
+        f"{seq_false_block_200:.4f} [{se(seq_false_block_200, reps):.4f}]  "
+        f"mean seeds {seq_seeds_200:.1f}"
+    )
+    print(f"\n(b) power at a {regression:.0%} regression, fixed, {FIXED_SEEDS} seeds")
+    print(
+        f"  paired (exact McNemar):       {paired_power:.4f} [{se(paired_power, reps):.4f}]  "
+        f"exact {fixed_power(FIXED_SEEDS, worse, crit):.4f}"
+    )
+    print(f"  pooled (two-proportion z):    {pooled_power:.4f} [{se(pooled_power, reps):.4f}]")
+    print(
+        f"  sequential paired, max {FIXED_SEEDS}:   {seq_power_200:.4f} "
+        f"[{se(seq_power_200, reps):.4f}]  mean seeds {seq_seeds_worse_200:.1f}"
+    )
+
+    # -- (c): sequential against fixed at the same power -------------------------------------------
+    fixed_80 = seeds_for_power(seq.power, worse, crit)
+    max_seeds = math.ceil(INFLATION * fixed_80)
+    print(
+        f"\n(c) seeds to a decision; the fixed paired test needs {fixed_80} seeds for "
+        f"{seq.power:.0%} power; sequential maximum {max_seeds} ({INFLATION}x)"
+    )
+    print(
+        f"{'plan':<28} {'max':>5} {'f.block':>7} {'power':>7} {'s.equal':>8} {'s.regr':>8} "
+        f"{'fixed':>7} {'ratio':>7}"
+    )
+
+    def power_seeds(power: float) -> int:
+        return seeds_for_power(power, worse, crit)
+
+    main_row = compare(
+        f"{seq.looks} looks, {seq.spending} (default)",
+        default_plan(max_seeds),
+        equal,
+        worse,
+        reps,
+        rng,
+        power_seeds,
+    )
+    extra = {}
+    if main_row["ratio"] > 0.6:
+        for key, looks, spending in (
+            ("ratio_looks20", 20, seq.spending),
+            ("ratio_obf", seq.looks, "obrien-fleming"),
+            ("ratio_obf_looks20", 20, "obrien-fleming"),
+        ):
+            row = compare(
+                f"{looks} looks, {spending}",
+                default_plan(max_seeds, looks, spending),
+                equal,
+                worse,
+                reps,
+                rng,
+                power_seeds,
+            )
+            extra[key] = row["ratio"]
+    fixed_same = int(main_row["fixed"])
+    print(
+        f"  (fixed: the fewest seeds at which the fixed exact McNemar test has the sequential "
+        f"plan's power; its exact false-block rate there is "
+        f"{fixed_power(fixed_same, equal, crit):.4f})"
+    )
+    limit = level + 2 * se(level, reps)
+    for name, rate_ in (
+        ("fixed paired", fixed_false_block),
+        ("sequential (max 200)", seq_false_block_200),
+        ("sequential", main_row["false_block"]),
+    ):
+        verdict = "ok" if rate_ <= limit else "ABOVE the level"
+        print(
+            f"  false-block check, {name}: {rate_:.4f} vs {level:g} + 2 SE = {limit:.4f}: {verdict}"
+        )
+    print(f"done in {time.perf_counter() - start:.0f} s")
+    extras = " ".join(f"{k}={v:.3f}" for k, v in extra.items())
+    print(
+        f"false_block={main_row['false_block']:.4f} paired_power={paired_power:.4f} "
+        f"pooled_power={pooled_power:.4f} "
+        f"sequential_episode_ratio={main_row['ratio']:.3f} "
+        f"fixed_false_block={fixed_false_block:.4f} "
+        f"sequential_false_block_200={seq_false_block_200:.4f} "
+        f"sequential_power_200={seq_power_200:.4f} "
+        f"fixed_seeds={fixed_same} fixed_seeds_80={fixed_80} max_seeds={max_seeds} "
+        f"sequential_power={main_row['power']:.4f} "
+        f"sequential_mean_seeds_equal={main_row['seeds_equal']:.1f} "
+        f"sequential_mean_seeds_regression={main_row['seeds_regression']:.1f} "
+        f"correlation={phi:.3f} discordance={discordance:.3f} champion_rate={rate:.3f} "
+        f"reps={reps} assumed={int(not args.reports and DEFAULT_SOURCE is None)}"
+        + (f" {extras}" if extras else "")
+    )
+
+
+if __name__ == "__main__":
+    main()

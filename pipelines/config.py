@@ -303,6 +303,16 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
             problems.append(f"{source(loc)}: field '{loc}' = {value!r}: {msg}")
         raise ConfigError(problems) from err
     # Checks that need more than one field.
+    margin, regression = config.registry.promotion.margin, config.evaluate.sequential.regression
+    if margin >= regression:
+        raise ConfigError(
+            [
+                f"{source('registry.promotion.margin')}: field 'registry.promotion.margin' = "
+                f"{margin!r}: must be below evaluate.sequential.regression ({regression:g}): a "
+                "sequential comparison passes early only once a regression that large is ruled "
+                "out"
+            ]
+        )
     known = [c.name for c in get_robot(config.robot).cameras]
     unknown = [c for c in config.scene.cameras if c not in known]
     if unknown:

@@ -63,6 +63,19 @@ def test_unknown_camera_lists_the_robots_cameras(tmp_path: Path) -> None:
     assert "unknown camera 'top' for robot 'rp5'; valid choices: scene, wrist" in problems(path)
 
 
+def test_a_margin_at_or_above_the_regression_to_catch_is_refused(tmp_path: Path) -> None:
+    path = write(tmp_path, "name: x\nregistry:\n  promotion:\n    margin: 0.05\n")
+    assert (
+        "field 'registry.promotion.margin' = 0.05: must be below evaluate.sequential.regression "
+        "(0.05)"
+    ) in problems(path)
+    assert "--set 'registry.promotion.margin=0.2'" in problems(
+        DEMO, ("registry.promotion.margin=0.2",)
+    )
+    ok = ("registry.promotion.margin=0.02", "evaluate.sequential.regression=0.1")
+    assert load_config(DEMO, list(ok)).registry.promotion.margin == 0.02
+
+
 def test_missing_file_lists_shipped_configs(tmp_path: Path) -> None:
     msg = problems(tmp_path / "nope.yaml")
     assert "nope.yaml: config file not found" in msg

@@ -217,11 +217,13 @@ def evaluate_policy(
     listener: Listener = SILENT,
     baseline: Path | None = None,
     ray_address: str | None = None,
+    baseline_outcomes: dict[str, str] | None = None,
 ) -> EvalReport:
     """``policy`` (checkpoint or export) on ``cfg``'s evaluation suite; with ``baseline``, that
-    too on the same seeds, gated on the difference. Reports into ``out``."""
+    too on the same seeds (except those ``baseline_outcomes``, its stored outcomes, cover),
+    gated on the difference. Reports into ``out``."""
     listener.started("evaluate", _suite_episodes(cfg) * (2 if baseline else 1), "episodes")
-    return _evaluate(cfg, policy, out, listener, baseline, ray_address, _Tally())
+    return _evaluate(cfg, policy, out, listener, baseline, ray_address, _Tally(), baseline_outcomes)
 
 
 OUTCOMES_TAG = "outcomes"

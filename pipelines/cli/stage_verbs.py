@@ -226,8 +226,9 @@ def evaluate(
 
     The suite is evaluate.variants (default: the held-out variants of scene.variant) x
     evaluate.episodes seeds, sharded over evaluate.workers Ray workers. With --baseline both
-    run on the same seeds and the gate fails only if the policy is worse at
-    evaluate.gate_confidence. Writes report.md, success.png, frame strips and
+    play the same seeds, in batches until the sequential plan (evaluate.sequential) decides,
+    and the gate fails only if the policy is worse (exact McNemar test on the seeds where they
+    differ, at evaluate.gate_confidence). Writes report.md, success.png, frame strips and
     eval_report.json into a new $ROBO_PIPE_HOME/runs/ folder.
 
     Exit codes: 0 the policy is not worse than --baseline (or there is no --baseline); 1
@@ -247,10 +248,19 @@ def evaluate(
     join_cluster(ray_address)
     run_dir = new_run_dir(f"{cfg.name}-evaluate")
     save_resolved(cfg, run_dir / "config.yaml")
+    stored: dict[str, str] = {}
+    if (baseline or "").startswith("models:"):  # a registered baseline's stored outcomes
+        from pipelines import registry
+
+        stored = steps.stored_outcomes(
+            cfg, registry.get_version(*registry.parse_model_uri(baseline or ""))
+        )
     with live(json_out) as display:
         report = display.step(
             "evaluate",
-            lambda show: steps.evaluate_policy(cfg, candidate, run_dir, show, against, ray_address),
+            lambda show: steps.evaluate_policy(
+                cfg, candidate, run_dir, show, against, ray_address, stored
+            ),
         )
     show_evaluation(f"evaluation of {policy}", report)
     emit_json(report, json_out)

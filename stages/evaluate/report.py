@@ -222,18 +222,18 @@ def compare_outcomes(
     baseline: Mapping[tuple[str, int], bool],
     plan: SequentialPlan,
     look: int,
-    decision: Decision,
-    reason: str,
+    verdict: tuple[Decision, str, float],
     baseline_name: str,
     baseline_reused: int = 0,
 ) -> Comparison:
     """The comparison record of ``candidate`` and ``baseline`` outcomes ((variant, seed index)
-    -> solved) on the seeds both played, decided at ``look`` of ``plan``."""
+    -> solved) on the seeds both played, decided at ``look`` of ``plan``: ``verdict`` is what
+    :func:`~stages.evaluate.sequential.decide` said there (decision, why, block level)."""
+    decision, reason, boundary = verdict
     if decision == "continue":
         raise ValueError("a comparison is recorded once it decided")
     table = paired_table(candidate, baseline)
     wins = table.both + table.baseline_only
-    boundary = plan.block_levels[look]
     return Comparison(
         baseline=baseline_name,
         baseline_success_rate=wins / max(table.seeds, 1),
@@ -277,8 +277,8 @@ def compare(
     theirs = {k: v for k, v in baseline.successes_by_episode().items() if k in mine}
     seeds = len(candidate.seeds)
     plan = plan_looks(seeds, 1, 1 - confidence, 0.2, max(margin, 0.05), margin, "pocock")
-    decision, reason = decide(plan, 0, paired_table(mine, theirs))
-    return compare_outcomes(mine, theirs, plan, 0, decision, reason, baseline.policy)
+    verdict = decide(plan, [paired_table(mine, theirs)])
+    return compare_outcomes(mine, theirs, plan, 0, verdict, baseline.policy)
 
 
 def write_report(report: EvalReport, shards: list[ShardOutcome], out: Path, keep: int) -> None:

@@ -19,6 +19,7 @@ from stages.evaluate.config import EvalConfig
 from stages.evaluate.report import EvalReport, compare_outcomes, summarize, write_report
 from stages.evaluate.sequential import (
     Decision,
+    PairedTable,
     SequentialPlan,
     decide,
     encode_outcomes,
@@ -80,14 +81,14 @@ def evaluate(
             shards = suite.play(plan_shards(suite.variants, seeds, config.episodes_per_shard))
             report = summarize(str(policy), shards, suite.facts(seeds), seed)
         else:
-            shards, played, reused, look, decision, reason = _compare(
+            shards, played, reused, look, (decision, reason, boundary) = _compare(
                 suite, plan, seeds, config.episodes_per_shard, dict(baseline_outcomes or {})
             )
             used = plan.looks[look]
             report = summarize(str(policy), shards, suite.facts(seeds[:used]), seed)
             candidate = report.successes_by_episode()
             report.comparison = compare_outcomes(
-                candidate, played, plan, look, decision, reason, str(baseline), reused
+                candidate, played, plan, look, (decision, reason, boundary), str(baseline), reused
             )
             report.baseline_outcomes = encode_outcomes(played)
     write_report(report, shards, out, config.record_episodes)
@@ -96,12 +97,13 @@ def evaluate(
 
 def _compare(
     suite: Suite, plan: SequentialPlan, seeds: list[int], per_shard: int, stored: dict
-) -> tuple[list[ShardOutcome], dict[tuple[str, int], bool], int, int, Decision, str]:
+) -> tuple[list[ShardOutcome], dict[tuple[str, int], bool], int, int, tuple[Decision, str, float]]:
     """Play batches of seeds, candidate and baseline (the baseline only where ``stored`` has
     no outcome), until the plan decides. Returns the candidate's shards, the baseline's
     outcomes on the seeds used, how many of them were stored, the deciding look (0-based),
-    the decision and why."""
+    and the decision, why and the block level held against."""
     shards: list[ShardOutcome] = []
+    history: list[PairedTable] = []
     baseline: dict[tuple[str, int], bool] = {}
     reused, done = 0, 0
     for look, upto in enumerate(plan.looks):
@@ -121,10 +123,11 @@ def _compare(
                     baseline[variant, i] = stored[variant, i]
                     reused += 1
         candidate = {(e.variant, e.index): e.success for s in shards for e in s.episodes}
-        decision, reason = decide(plan, look, paired_table(candidate, baseline))
+        history.append(paired_table(candidate, baseline))
+        verdict = decide(plan, history)
         done = upto
-        if decision != "continue":
-            return shards, baseline, reused, look, decision, reason
+        if verdict[0] != "continue":
+            return shards, baseline, reused, look, verdict
     raise AssertionError("the last look always decides")
 
 

@@ -4,23 +4,27 @@
                baseline only, both failed (only the two discordant cells carry evidence)
     test     = exact McNemar on the discordant seeds (one-sided: is the candidate worse?);
                with a margin, Newcombe's paired interval against ``-margin`` instead
-    plan     = looks after batches of seeds, declared before the first batch: at look k the
-               candidate is "worse" if its p-value is at or below ``block_levels[k]`` (the
-               false-block rate, spent over the looks), "not worse" if the paired interval
-               rules out a regression of ``regression`` at ``pass_levels[k]`` (the miss
-               rate, spent likewise), else the next batch is played; the last look decides
-               "worse" or "not worse" on the block level alone
+    plan     = looks after batches of seeds and the error-spending rules, declared before the
+               first batch: at look k the candidate is "worse" if its exact McNemar p-value
+               is at or below the block level (the false-block rate spent exactly given the
+               discordant counts seen so far: :func:`block_level`),
+               "not worse" if the paired interval rules out a regression of ``regression``
+               at ``pass_levels[k]`` (the miss rate, spent over the looks), else the next
+               batch is played; the last look decides "worse" or "not worse" on the block
+               level alone
 
-The levels come from Lan-DeMets error spending (:func:`stages.statistics.nominal_levels`):
-both error rates hold over all looks together, whichever look stops. ``looks: 1`` is the
-fixed design: every seed, one test.
+Both error rates hold over all looks together, whichever look stops (Lan-DeMets spending,
+Pocock- or O'Brien-Fleming-type). ``looks: 1`` is the fixed design: every seed, one test.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
+
+import numpy as np
 
 from robo_pipe.records import Record
 from stages.statistics import (
@@ -28,6 +32,7 @@ from stages.statistics import (
     mcnemar_p_value,
     nominal_levels,
     paired_difference_interval,
+    spent,
 )
 
 Decision = Literal["worse", "not worse", "continue"]
@@ -81,7 +86,9 @@ class SequentialPlan(Record):
     looks: list[int]
     """Seeds per variant played by each look (cumulative; the last is the maximum)."""
     block_levels: list[float]
-    """Per look: "worse" when the one-sided p-value is at or below this."""
+    """Per look, with a margin: "worse" when the one-sided interval at this level puts the
+    difference below ``-margin`` (normal-theory Lan-DeMets levels). Without a margin the
+    exact McNemar p-value is held against :func:`block_level` instead."""
     pass_levels: list[float]
     """Per look: "not worse" when the one-sided interval at this level rules out a
     regression of :attr:`regression` (unused at the last look)."""
@@ -143,22 +150,82 @@ def rules_out(table: PairedTable, level: float, regression: float) -> bool:
     return _interval(table, level)[0] > -regression
 
 
-def decide(plan: SequentialPlan, look: int, table: PairedTable) -> tuple[Decision, str]:
-    """The decision at ``look`` (0-based) on the seeds played so far, and why."""
-    block = plan.block_levels[look]
+def block_level(plan: SequentialPlan, history: list[PairedTable]) -> float:
+    """The nominal level the exact McNemar p-value is held against at look ``len(history)``
+    (1-based), given the tables of every look so far (cumulative).
+
+    Without a margin the false-block rate is spent exactly, conditionally on the discordant
+    counts: when the policies are equally good, each discordant seed is a fair coin whichever
+    seeds were discordant, so the null distribution of the baseline's wins among them, over
+    the runs still going, is known exactly given how many seeds were discordant at each look.
+    At each look the critical count is the smallest whose tail mass is within what the
+    spending function allows by this look's share of the maximum seeds, less what earlier
+    looks spent (discreteness slack carries forward); runs that stopped earlier (blocked, or
+    passed: passes are binding, the gate acts on them) leave the distribution. So the level
+    depends on the discordant and tied counts seen, never on which policy won, and it may
+    rise or fall from look to look; it never exceeds ``false_block``. With a margin the
+    normal-theory level :attr:`SequentialPlan.block_levels` applies.
+
+    Raises:
+        ValueError: an empty history, more looks than planned, or discordant counts that
+            shrink from one look to the next (the tables are not cumulative)."""
+    from scipy.stats import binom
+
+    look = len(history) - 1
+    if not 0 <= look < len(plan.looks):
+        raise ValueError(f"a history of {len(history)} looks for a plan of {len(plan.looks)}")
+    counts = [t.discordant for t in history]
+    if any(b < a for a, b in itertools.pairwise(counts)):
+        raise ValueError(f"discordant counts must not shrink between looks: {counts}")
+    if plan.margin > 0:
+        return plan.block_levels[look]
+    if len(plan.looks) == 1:
+        return plan.false_block  # the fixed design: the exact test at the whole level
+    alive = np.ones(1)  # P(baseline wins b of the discordant seeds, still running) under "equal"
+    used, before = 0.0, 0
+    for k, table in enumerate(history):
+        d = table.discordant
+        alive = np.convolve(alive, binom.pmf(np.arange(d - before + 1), d - before, 0.5))
+        tail = np.append(np.cumsum(alive[::-1])[::-1], 0.0)  # [c] = P(b >= c, still running)
+        allowed = spent(plan.false_block, plan.looks[k] / plan.looks[-1], plan.spending) - used
+        critical = int(np.argmax(tail <= allowed + 1e-12))
+        alone = binom.sf(np.arange(d + 1) - 1, d, 0.5)  # [c] = P(b >= c) for this look alone
+        critical = max(critical, int(np.sum(alone > plan.false_block)))
+        if k == look:
+            return float(binom.sf(critical - 1, d, 0.5)) if critical <= d else 0.0
+        used += float(tail[critical])
+        alive = alive.copy()
+        alive[critical:] = 0.0
+        for b in range(d + 1):  # runs that passed here stop
+            if rules_out(
+                PairedTable(table.both, d - b, b, table.neither),
+                plan.pass_levels[k],
+                plan.regression,
+            ):
+                alive[b] = 0.0
+        before = d
+    raise AssertionError("unreachable: the loop returns at the last table")
+
+
+def decide(plan: SequentialPlan, history: list[PairedTable]) -> tuple[Decision, str, float]:
+    """The decision at look ``len(history)`` on the cumulative tables of every look so far,
+    why, and the block level the p-value was held against (:func:`block_level`)."""
+    look, table = len(history) - 1, history[-1]
+    block = block_level(plan, history)
     if is_worse(table, block, plan.margin):
         against = "p" if plan.margin <= 0 else f"the interval's upper end vs -{plan.margin:.1%}"
-        return "worse", f"{against} crossed the block boundary ({block:.4g}) at look {look + 1}"
+        why = f"{against} crossed the block boundary ({block:.4g}) at look {look + 1}"
+        return "worse", why, block
     if look == len(plan.looks) - 1:
-        return "not worse", f"reached the maximum ({plan.looks[-1]} seeds per variant)"
+        return "not worse", f"reached the maximum ({plan.looks[-1]} seeds per variant)", block
     level = plan.pass_levels[look]
     if rules_out(table, level, plan.regression):
-        return (
-            "not worse",
+        why = (
             f"a {plan.regression:.0%} regression ruled out (pass boundary {level:.4g}) "
-            f"at look {look + 1}",
+            f"at look {look + 1}"
         )
-    return "continue", ""
+        return "not worse", why, block
+    return "continue", "", block
 
 
 def detectable(table: PairedTable, level: float, power: float = 0.8) -> float:

@@ -437,6 +437,21 @@ def test_a_candidate_worse_than_the_champion_on_the_same_seeds_is_not_promoted(
     assert sum(v.count("1") for v in outcomes.values()) == round(
         regress_champion["success_rate"] * 80
     )
+    # `robo-pipe evaluate --baseline models:/...` compares with the stored outcomes too.
+    args = [a for o in [*TINY, *REGRESS] for a in ("--set", o)]
+    cli = robo_pipe(
+        "evaluate",
+        result["export"],
+        "--baseline",
+        f"models:/{name}@champion",
+        "--json",
+        *args,
+        home=Path(os.environ["ROBO_PIPE_HOME"]),
+    )
+    assert cli.returncode in (0, 1), cli.stderr[-3000:]  # the zeroing above is in-process
+    again = json.loads(cli.stdout)["comparison"]
+    assert again["baseline_reused"] == 2 * again["seeds"] > 0, "the champion was not played"
+    assert (cli.returncode == 1) == (again["decision"] == "worse")
 
 
 def test_champion_check_fails_when_the_champion_falls_below_the_bar(

@@ -123,7 +123,7 @@ def candidate_registers(
     from stages.policy.checkpoint import CheckpointRef
 
     plan = plan_looks(1, 1, 0.05, 0.2, 0.05, 0.0, "pocock")
-    passed = compare_outcomes({}, {}, plan, 0, "not worse", "", f"v{compared_with}")
+    passed = compare_outcomes({}, {}, plan, 0, ("not worse", "", 0.05), f"v{compared_with}")
     evaluation = Evaluation(
         candidate=replace(made, outcomes=[], seeds=[], comparison=passed),
         champion_version=compared_with,

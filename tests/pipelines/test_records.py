@@ -27,7 +27,7 @@ def roundtrip(record: object) -> object:
 def test_pipeline_records_round_trip_with_their_types() -> None:
     candidate = suite_report(180)
     plan = plan_looks(1, 1, 0.05, 0.2, 0.05, 0.0, "pocock")
-    candidate.comparison = compare_outcomes({}, {}, plan, 0, "not worse", "", "champion")
+    candidate.comparison = compare_outcomes({}, {}, plan, 0, ("not worse", "", 0.05), "champion")
     evaluation = Evaluation(candidate=candidate, champion_version="3", start=suite_report(90))
     back = roundtrip(evaluation)
     assert back == evaluation and isinstance(back, Evaluation)

@@ -21,8 +21,7 @@ COMPARISON = compare_outcomes(
     {("touch-cubes", 0): False, ("touch-cubes", 1): False},
     plan_looks(2, 1, 0.05, 0.2, 0.05, 0.0, "pocock"),
     0,
-    "not worse",
-    "reached the maximum",
+    ("not worse", "reached the maximum", 0.05),
     "/ckpt/champion",
 )
 REPORT = EvalReport(

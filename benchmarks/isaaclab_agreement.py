@@ -15,7 +15,6 @@ Run: ``python benchmarks/isaaclab_agreement.py [--quick] [--episodes N] [--polic
 from __future__ import annotations
 
 import argparse
-import math
 import time
 from pathlib import Path
 
@@ -32,12 +31,11 @@ from stages.statistics import wilson_interval
 
 
 def mcnemar_exact(only_a: int, only_b: int) -> float:
-    """Two-sided exact McNemar p-value from the discordant pair counts."""
+    """Two-sided exact McNemar p-value from the discordant pair counts (scipy's binomtest)."""
+    from scipy.stats import binomtest
+
     n = only_a + only_b
-    if n == 0:
-        return 1.0
-    tail = sum(math.comb(n, k) for k in range(min(only_a, only_b) + 1)) / 2**n
-    return min(1.0, 2 * tail)
+    return 1.0 if n == 0 else float(binomtest(only_a, n, 0.5).pvalue)
 
 
 def play(

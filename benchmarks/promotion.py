@@ -62,10 +62,14 @@ from stages.statistics import mcnemar_p_value, spent, two_proportion_test
 
 DEFAULT_CHAMPION_RATE = 0.8
 """The champion's success rate of the simulated scenarios (``--rate`` overrides it)."""
-DEFAULT_DISCORDANCE = 0.12
+DEFAULT_DISCORDANCE = 0.229
 """Share of the seeds on which two equally good policies have different outcomes, at
 :data:`DEFAULT_CHAMPION_RATE`: sets the correlation of the simulated outcomes."""
-DEFAULT_SOURCE: str | None = None
+DEFAULT_SOURCE: str | None = (
+    "two fine-tunes of the demo's VLA (LoRA: 80.0%, every parameter: 58.0%, held to a 3 cm "
+    "success radius) on the same 200 held-out seeds: 104 both, 12 and 56 one only, 28 neither, "
+    "phi 0.284"
+)
 """Where :data:`DEFAULT_DISCORDANCE` was measured (two robo-pipe evaluation reports on the
 same seeds); None while it is an assumed value. Update the three constants together."""
 

@@ -379,9 +379,10 @@ def register_version(
 
     Promotion is a compare-and-set under the model's :func:`~pipelines.registry.promotion_lock`:
     the champion is read again there, and if another run promoted a version since ``export``
-    was evaluated, the candidate is compared again with that one, on the same seeds (reusing
-    its stored episode results when it was evaluated on the same suite, else evaluating it
-    now), and the gates are decided again before the alias may move."""
+    was evaluated, the candidate is compared again with that one, on the same seeds (its
+    stored per-seed outcomes when they cover them, else a fresh evaluation of its export),
+    and the gates are decided again before the alias may move. The version is tagged with its
+    own per-seed outcomes (for the candidates after it) and the comparison's figures."""
     listener.started("register", None, "")
     candidate, compared_with = evaluation.candidate, evaluation.champion_version
     gates = _gates(cfg, candidate, compared_with, latency)
@@ -396,8 +397,6 @@ def register_version(
         registry.TAG + "code_version": code,
         registry.TAG + "success_rate": f"{candidate.success_rate:.4f}",
         registry.TAG + "latency_p99_ms": f"{latency.p99_ms:.3f}",
-        registry.TAG + EVAL_REPORT_TAG: str(_report_file(candidate)),
-        registry.TAG + EVAL_SUITE_TAG: suite_key(cfg),
         **gate_tags(gates),
         **comparison_tags(candidate.comparison),
         **outcome_tags(cfg, _own_outcomes(candidate)),
@@ -441,25 +440,6 @@ def register_version(
         gates=gates,
         source=info.source,
     )
-
-
-EVAL_REPORT_TAG = "eval_report"
-"""Version tag (after the ``robo_pipe.`` prefix): the candidate's ``eval_report.json``, with
-every episode's outcome, so that a later candidate can be compared with it without running it
-again."""
-EVAL_SUITE_TAG = "eval_suite"
-"""Version tag: :func:`suite_key` of the suite that report covers."""
-
-
-def suite_key(cfg: PipelineConfig) -> str:
-    """What decides an evaluation's episodes (robot, scene, simulator, evaluate section, seed):
-    two reports with the same key ran the same episodes and may be compared."""
-    import hashlib
-
-    what = cfg.model_dump(include={"robot", "sim", "evaluate", "seed"}, mode="json")
-    what["scene"] = cfg.scene.model_dump(mode="json", exclude={"success", "episode_steps"})
-    what.update(cfg.scene.task_overrides())  # absent when unset: older keys stay valid
-    return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
 
 
 COMPARISON_TAG = "comparison."
@@ -522,22 +502,22 @@ def _recompare(
     run: TrackedRun,
     listener: Listener,
 ) -> Comparison:
-    """``candidate`` against ``champion`` on the same seeds: the champion's stored episode
-    results when it was evaluated on this suite, else a fresh evaluation of its export."""
-    from stages.evaluate.report import EvalReport, compare
+    """``candidate`` against ``champion`` on the candidate's seeds: the champion's stored
+    per-seed outcomes when they cover them, else a fresh evaluation of its export."""
+    from stages.evaluate.report import EvalReport, compare, compare_fixed
+    from stages.evaluate.sequential import decode_outcomes
 
     full = EvalReport.from_json(json.loads(_report_file(candidate).read_text()))
-    stored = Path(champion.tags.get(registry.TAG + EVAL_REPORT_TAG, "/nonexistent"))
-    if champion.tags.get(registry.TAG + EVAL_SUITE_TAG) == suite_key(cfg) and stored.is_file():
-        baseline = EvalReport.from_json(json.loads(stored.read_text()))
-    else:
-        _, bundle = registry.fetch_export(cfg.model_name, champion.version)
-        out = Path(candidate.report).parent.with_name(f"champion-v{champion.version}")
-        baseline = evaluate_policy(cfg, bundle, out, listener)
-    comparison = compare(
-        full, baseline, cfg.evaluate.gate_confidence, cfg.registry.promotion.margin
-    )
-    return replace(comparison, baseline=f"v{champion.version}")
+    mine = full.successes_by_episode()
+    stored = decode_outcomes(stored_outcomes(cfg, champion))
+    confidence, margin = cfg.evaluate.gate_confidence, cfg.registry.promotion.margin
+    name = f"v{champion.version}"
+    if mine and mine.keys() <= stored.keys():
+        return compare_fixed(mine, stored, len(full.seeds), confidence, margin, name)
+    _, bundle = registry.fetch_export(cfg.model_name, champion.version)
+    out = Path(candidate.report).parent.with_name(f"champion-{name}")
+    baseline = evaluate_policy(cfg, bundle, out, listener)
+    return replace(compare(full, baseline, confidence, margin), baseline=name)
 
 
 def evaluate_champion(

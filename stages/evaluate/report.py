@@ -264,6 +264,24 @@ def compare_outcomes(
     )
 
 
+def compare_fixed(
+    candidate: Mapping[tuple[str, int], bool],
+    baseline: Mapping[tuple[str, int], bool],
+    seeds: int,
+    confidence: float,
+    margin: float,
+    baseline_name: str,
+) -> Comparison:
+    """The fixed-design gate on outcomes ((variant, seed index) -> solved): is the candidate
+    worse on its ``seeds`` seeds per variant? The baseline must have played every one."""
+    if not candidate.keys() <= baseline.keys():
+        raise ValueError("candidate and baseline were not evaluated on the same suite and seeds")
+    theirs = {k: baseline[k] for k in candidate}
+    plan = plan_looks(seeds, 1, 1 - confidence, 0.2, max(margin, 0.05), margin, "pocock")
+    verdict = decide(plan, [paired_table(candidate, theirs)])
+    return compare_outcomes(candidate, theirs, plan, 0, verdict, baseline_name)
+
+
 def compare(
     candidate: EvalReport, baseline: EvalReport, confidence: float, margin: float = 0.0
 ) -> Comparison:
@@ -273,12 +291,14 @@ def compare(
         baseline.seeds[: len(candidate.seeds)] != candidate.seeds
     ):
         raise ValueError("candidate and baseline were not evaluated on the same suite and seeds")
-    mine = candidate.successes_by_episode()
-    theirs = {k: v for k, v in baseline.successes_by_episode().items() if k in mine}
-    seeds = len(candidate.seeds)
-    plan = plan_looks(seeds, 1, 1 - confidence, 0.2, max(margin, 0.05), margin, "pocock")
-    verdict = decide(plan, [paired_table(mine, theirs)])
-    return compare_outcomes(mine, theirs, plan, 0, verdict, baseline.policy)
+    return compare_fixed(
+        candidate.successes_by_episode(),
+        baseline.successes_by_episode(),
+        len(candidate.seeds),
+        confidence,
+        margin,
+        baseline.policy,
+    )
 
 
 def write_report(report: EvalReport, shards: list[ShardOutcome], out: Path, keep: int) -> None:

@@ -238,7 +238,7 @@ class Suite:
     it takes (a sequential comparison plays a batch per look): started on entering, closed on
     leaving. ``policies[0]`` is the candidate; shards name the policy they are for.
 
-    Raises on entering:
+    Raises (when made, before any worker starts):
         SceneError / PolicySpecError: unknown variants, a policy that does not fit the robot.
     """
 

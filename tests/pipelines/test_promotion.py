@@ -15,9 +15,10 @@ import pytest
 from pipelines import registry, tracking
 from pipelines.config import CONFIG_DIR, PipelineConfig, load_config
 from pipelines.records import Evaluation, Registration
-from pipelines.steps import EVAL_REPORT_TAG, EVAL_SUITE_TAG, register_version, suite_key
+from pipelines.steps import outcome_tags, register_version
 from stages.evaluate import suite_variants
 from stages.evaluate.report import EvalReport, VariantRow
+from stages.evaluate.sequential import encode_outcomes
 from stages.register import GATE_TAG
 from stages.register.gates import NO_REGRESSION
 
@@ -102,10 +103,8 @@ def champion_version(cfg: PipelineConfig) -> str:
 
 
 def stored_results(cfg: PipelineConfig, made: EvalReport) -> dict[str, str]:
-    return {
-        registry.TAG + EVAL_REPORT_TAG: str(Path(made.report).with_name("eval_report.json")),
-        registry.TAG + EVAL_SUITE_TAG: suite_key(cfg),
-    }
+    """The per-seed outcome tags a version gets when it is registered."""
+    return outcome_tags(cfg, encode_outcomes(made.successes_by_episode()))
 
 
 def candidate_registers(
@@ -174,6 +173,7 @@ def test_a_candidate_compared_with_an_older_champion_is_compared_again(
     assert not result.promoted and result.blocked_by == [NO_REGRESSION]
     assert f"vs v{newer}" in result.gates[NO_REGRESSION].measured
     assert champion_version(cfg) == newer
+    assert not (tmp_path / f"champion-v{newer}").exists(), "its stored outcomes were used"
     tags = registry.get_version(cfg.model_name, result.version).tags
     assert tags[GATE_TAG + NO_REGRESSION] == "failed"
 

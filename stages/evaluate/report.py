@@ -88,9 +88,9 @@ class Comparison(Record):
     looks: list[int]
     """The plan: seeds per variant at each look (one entry: the fixed design)."""
     detectable_regression: float
-    """The smallest regression (success-rate points) a test at :attr:`boundary` on these
-    seeds catches with 80% power, at the discordance observed: what "not worse" can vouch
-    for."""
+    """The smallest regression (success-rate points) a fixed test at the false-block rate on
+    these seeds catches with 80% power, at the discordance observed: what "not worse" can
+    vouch for (a sequential look's own boundary is stricter)."""
     passed: bool
     """False only when the candidate is worse (by more than the margin)."""
     baseline_reused: int = 0
@@ -258,7 +258,7 @@ def compare_outcomes(
         max_seeds=plan.looks[-1],
         look=look + 1,
         looks=plan.looks,
-        detectable_regression=detectable(table, boundary),
+        detectable_regression=detectable(table, plan.false_block),
         passed=decision != "worse",
         baseline_reused=baseline_reused,
     )
@@ -377,10 +377,15 @@ def comparison_line(c: Comparison) -> str:
         f"{c.decision} than {c.baseline}: difference {c.difference:+.1%} on "
         f"{c.table.seeds} paired episodes (candidate only {c.discordant['candidate_only']}, "
         f"baseline only {c.discordant['baseline_only']}); {c.test} one-sided p = "
-        f"{c.p_value:.4f} vs boundary {c.boundary:.4g}; look {c.look} of {len(c.looks)}, "
-        f"{c.seeds} of {c.max_seeds} seeds per variant; catches a regression of "
-        f"{c.detectable_regression:.1%} with 80% power"
+        f"{c.p_value:.4f} vs boundary {_boundary(c.boundary)}; look {c.look} of "
+        f"{len(c.looks)}, {c.seeds} of {c.max_seeds} seeds per variant; catches a regression "
+        f"of {c.detectable_regression:.1%} with 80% power"
     )
+
+
+def _boundary(level: float) -> str:
+    """A block level for people: 0 means no count of discordant seeds could block yet."""
+    return f"{level:.4g}" if level > 0 else "0 (too few discordant seeds to block)"
 
 
 def comparison_markdown(c: Comparison) -> list[str]:
@@ -409,12 +414,13 @@ def comparison_markdown(c: Comparison) -> list[str]:
         f"Candidate {c.baseline_success_rate + c.difference:.1%}, baseline "
         f"{c.baseline_success_rate:.1%}: difference {c.difference:+.1%} (95% CI {low:+.1%} to "
         f"{high:+.1%}, Newcombe's paired interval). {c.test}, one-sided: p = {c.p_value:.4f} "
-        f"against the boundary {c.boundary:.4g} (false-block rate {1 - c.confidence:.0%} over "
+        f"against the boundary {_boundary(c.boundary)} (false-block rate "
+        f"{1 - c.confidence:.0%} over "
         f"all looks"
         + (f"; regressions up to {c.margin:.1%} tolerated" if c.margin > 0 else "")
         + ").",
-        f"These seeds catch a regression of {c.detectable_regression:.1%} or more with 80% "
-        "power; a smaller one can pass unseen.",
+        f"A fixed test on these seeds catches a regression of {c.detectable_regression:.1%} or "
+        "more with 80% power; a smaller one can pass unseen.",
     ]
     if c.baseline_reused:
         lines.append(

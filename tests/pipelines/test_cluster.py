@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from pipelines.services import free_port, healthy
+from tests.pipelines import test_scale_out as scale_out
 from tests.pipelines.test_flow import CONFIG, MODEL, TINY
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -175,14 +176,7 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory, logs: Path) -> Itera
 
 
 def robo_pipe(*args: str, home: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pipelines.cli", *args],
-        cwd=ROOT,
-        env={**env, "ROBO_PIPE_HOME": str(home), "COLUMNS": "200"},
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    return scale_out.robo_pipe(*args, home=home, env=env, timeout=900)  # a whole pipeline run
 
 
 def test_the_pipeline_on_a_two_node_cluster_with_remote_prefect_and_mlflow_servers(

@@ -63,14 +63,17 @@ def servers(home: Path) -> Iterator[dict[str, str]]:
     assert not state_file.exists()
 
 
-def robo_pipe(*args: str, home: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+def robo_pipe(
+    *args: str, home: Path, env: dict[str, str], timeout: float = 600
+) -> subprocess.CompletedProcess[str]:
+    """``robo-pipe ARGS`` in a subprocess with ``env`` and ``home`` as its ROBO_PIPE_HOME."""
     return subprocess.run(
         [sys.executable, "-m", "pipelines.cli", *args],
         cwd=ROOT,
         env={**env, "ROBO_PIPE_HOME": str(home), "COLUMNS": "200"},
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=timeout,
     )
 
 

@@ -15,7 +15,7 @@ import pytest
 from pipelines import registry, tracking
 from pipelines.config import CONFIG_DIR, PipelineConfig, load_config
 from pipelines.records import Evaluation, Registration
-from pipelines.steps import outcome_tags, register_version
+from pipelines.steps import outcome_tags, outcomes_key, register_version
 from stages.evaluate import suite_variants
 from stages.evaluate.report import EvalReport, VariantRow
 from stages.evaluate.sequential import encode_outcomes
@@ -213,6 +213,40 @@ def test_a_champion_without_stored_results_is_evaluated_on_the_same_seeds(
     assert evaluated.is_file(), "the champion was evaluated on the candidate's suite"
     champion_run = EvalReport.from_json(json.loads(evaluated.read_text()))
     assert champion_run.seeds == report(cfg, 0, tmp_path / "seeds").seeds
+
+
+def test_outcomes_stored_under_another_key_are_not_reused(
+    cfg: PipelineConfig, bundle: Path, tmp_path: Path
+) -> None:
+    """Outcomes stored under another key (another simulator, suite or robo-pipe version) are
+    ignored: the champion is evaluated again."""
+    old = register_champion(cfg, bundle, "old", {})
+    tags = stored_results(cfg, report(cfg, 10, tmp_path / "v2"))
+    tags[registry.TAG + "outcomes_key"] = "another-simulator-version"
+    newer = register_champion(cfg, bundle, "newer", tags)
+
+    result = candidate_registers(cfg, bundle, "lucky", report(cfg, 10, tmp_path / "lucky"), old)
+
+    assert result.promoted and f"vs v{newer}" in result.gates[NO_REGRESSION].measured
+    assert (tmp_path / f"champion-v{newer}" / "eval_report.json").is_file(), "evaluated again"
+
+
+def test_the_outcomes_key_follows_what_decides_an_episode(
+    cfg: PipelineConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """More episodes, workers or looks keep the key (the seeds' episodes are the same); another
+    seed, scene, simulator version or code version changes it."""
+    key = outcomes_key(cfg)
+    evaluate = cfg.evaluate.model_copy(update={"episodes": 50, "workers": 3})
+    assert outcomes_key(cfg.model_copy(update={"evaluate": evaluate})) == key
+    assert outcomes_key(cfg.model_copy(update={"seed": 1})) != key
+    tighter = cfg.scene.model_copy(update={"episode_steps": 20})
+    assert outcomes_key(cfg.model_copy(update={"scene": tighter})) != key
+    monkeypatch.setattr("sim_scenes.backends.simulator_version", lambda sim: "mujoco==0.0.1")
+    assert outcomes_key(cfg) != key
+    monkeypatch.undo()
+    monkeypatch.setattr("stages.provenance.code_version", lambda: "robo-pipe==9.9.9")
+    assert outcomes_key(cfg) != key
 
 
 def _promote_concurrently(home: str, name: str, version: str, barrier: object) -> None:

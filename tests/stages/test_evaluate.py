@@ -196,7 +196,10 @@ def test_sequential_evaluation_stops_and_reuses_the_baselines_stored_outcomes(
     config = SMALL.model_copy(update={"episodes": 12, "episodes_per_shard": 6})
     short = CFG.scene.model_copy(update={"episode_steps": 15})  # failures time out sooner
 
+    played: list[int] = []  # the policy of every shard played
+
     def run_against(out: str, stored: dict[tuple[str, int], bool] | None = None) -> EvalReport:
+        played.clear()
         return evaluate(
             tiny_checkpoint,
             CFG.robot,
@@ -206,6 +209,7 @@ def test_sequential_evaluation_stops_and_reuses_the_baselines_stored_outcomes(
             0,
             tmp_path / out,
             baseline=tiny_checkpoint,
+            on_shard=lambda shard: played.append(shard.shard.policy),
             baseline_outcomes=stored,
         )
 
@@ -217,12 +221,14 @@ def test_sequential_evaluation_stops_and_reuses_the_baselines_stored_outcomes(
     assert c.baseline_reused == 12 and c.discordant == {"candidate_only": 0, "baseline_only": 12}
     assert c.p_value == pytest.approx(0.5**12) and c.p_value <= c.boundary
     assert worse.baseline_outcomes == {v: "1" * 6 for v in VARIANTS}
+    assert played and set(played) == {0}, "the baseline played none of its stored seeds"
 
     same = run_against("s")
     c = same.comparison
     assert c is not None and c.passed and c.baseline_reused == 0 and c.p_value == 1.0
     assert c.seeds in c.looks and same.episodes == 2 * c.seeds and same.successes == 0
     assert same.baseline_outcomes == {v: "0" * c.seeds for v in VARIANTS}
+    assert played.count(1) == played.count(0) > 0, "without stored outcomes both play"
     report = (tmp_path / "s" / "report.md").read_text()
     assert "| **candidate solved** | 0 | 0 |" in report and "80% power" in report
     saved = json.loads((tmp_path / "s" / "eval_report.json").read_text())["comparison"]

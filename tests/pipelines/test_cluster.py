@@ -103,16 +103,27 @@ def _ray_node(address: str | None, env: dict[str, str], log: Path, port: int = 0
     return [str(BIN / "ray"), "start", f"--address={address}", *common]
 
 
+def _start_head(ray_env: dict[str, str], log: Path) -> tuple[str, subprocess.Popen[bytes]]:
+    """A Ray head node on a free port of 127.0.0.1, up and alone: its address and process
+    (stopped by the caller, also when this raises)."""
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    head = _start(_ray_node(None, ray_env, log, port), ray_env, log)
+    try:
+        _wait_for(lambda: _nodes(address, ray_env) == 1, "ray start --head", [head], log)
+    except BaseException:
+        _stop(head)
+        raise
+    return address, head
+
+
 @pytest.fixture(scope="module")
 def ray_cluster(ray_env: dict[str, str], logs: Path) -> Iterator[str]:
     """Two Ray nodes on this machine, one CPU each; the head's address."""
-    port = free_port()
-    address = f"127.0.0.1:{port}"
     log = logs / "ray.log"
-    head = _start(_ray_node(None, ray_env, log, port), ray_env, log)
+    address, head = _start_head(ray_env, log)
     worker = None
     try:
-        _wait_for(lambda: _nodes(address, ray_env) == 1, "ray start --head", [head], log)
         worker = _start(_ray_node(address, ray_env, log), ray_env, log)
         _wait_for(lambda: _nodes(address, ray_env) == 2, "the second node", [head, worker], log)
         yield address
@@ -283,13 +294,10 @@ def test_a_node_that_does_not_see_the_home_is_named_before_any_stage(
     empty tmpfs over the home (as a node without the NFS mount would have)."""
     home = tmp_path / "home"
     home.mkdir()
-    port = free_port()
-    address = f"127.0.0.1:{port}"
     log = logs / "ray-unshared.log"
-    head = _start(_ray_node(None, ray_env, log, port), ray_env, log)
+    address, head = _start_head(ray_env, log)
     lone = None
     try:
-        _wait_for(lambda: _nodes(address, ray_env) == 1, "ray start --head", [head], log)
         inner = " ".join(_ray_node(address, ray_env, log))
         mount = f"mount -t tmpfs none {home} && exec {inner}"
         cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c", mount]

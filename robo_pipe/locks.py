@@ -37,8 +37,9 @@ from filelock import FileLock, Timeout
 StatusFn = Callable[[str], None]
 """Receives one line for people: whom this process waits for, or whose output it takes over."""
 
-POLL_S = 0.5
-"""How often a waiting process tries the lock again (between tries Ctrl-C interrupts it)."""
+POLL_S = 0.1
+"""How often a waiting process tries the lock again and reads who holds it (between tries
+Ctrl-C interrupts it). Short, so that a holder of a second or less is still seen and named."""
 
 # A context variable, not a global: `robo-pipe serve` runs several flow runs in one process,
 # and each flow's tasks run in copies of its context.
@@ -102,7 +103,7 @@ def output_lock(
     named: Holder | None = None  # the holder last said to be waited for
     while True:
         try:
-            lock.acquire(timeout=POLL_S if waiting else 0, poll_interval=POLL_S)
+            lock.acquire(timeout=0)  # one try; the sleep below is the wait
             break
         except Timeout:  # held: say by whom (again when another run got it first), then wait
             holder = read_holder(owner_file)
@@ -111,6 +112,7 @@ def output_lock(
                 _say(on_status, f"waiting for {who} to finish {stage} of {path}")
                 named = holder
             waiting = True
+            time.sleep(POLL_S)
     try:
         dead = read_holder(owner_file)  # a clean release removes it: its holder died
         if dead is not None:

@@ -26,6 +26,9 @@ TINY_COLLECT = [
 ]
 
 
+EPISODES = 24  # the two collects' dataset size (see the first test)
+
+
 def start_collect(home: Path, episodes: int, log: Path) -> subprocess.Popen[bytes]:
     """``robo-pipe collect configs/demo.yaml --json`` on ``home``; stdout and stderr to
     ``log``.out and ``log``.err."""
@@ -64,13 +67,16 @@ def wait_until(condition: Callable[[], bool], what: str, timeout: float = 120) -
 def test_two_collects_of_one_config_take_turns_and_write_the_dataset_once(
     robo_pipe_home: Path, tmp_path: Path
 ) -> None:
-    dataset = dataset_dir(robo_pipe_home, 8)
+    # 24 episodes hold the lock for about a second: the waiter reads the holder every POLL_S,
+    # and a collect of 8 (0.3 s on a quiet machine) could finish between two of its reads, so
+    # the waiter would never see (or name) the run it waited for.
+    dataset = dataset_dir(robo_pipe_home, EPISODES)
     info = dataset / "meta/info.json"
     logs = [tmp_path / "first", tmp_path / "second"]
     # This test holds the dataset's lock until both have started and wait at it, so they race
     # for it from the same line (not from their start-up, which takes longer than collecting).
     with output_lock(dataset, "collect"):
-        procs = [start_collect(robo_pipe_home, 8, log) for log in logs]
+        procs = [start_collect(robo_pipe_home, EPISODES, log) for log in logs]
         wait_until(
             lambda: all("waiting for" in log.with_suffix(".err").read_text() for log in logs),
             "both collects wait",
@@ -85,7 +91,7 @@ def test_two_collects_of_one_config_take_turns_and_write_the_dataset_once(
     errs = [log.with_suffix(".err").read_text() for log in logs]
     assert [p.returncode for p in procs] == [0, 0], errs
     refs = [json.loads(out.strip().splitlines()[-1]) for out in outs]
-    assert refs[0]["content_hash"] == refs[1]["content_hash"] and refs[0]["episodes"] == 8
+    assert refs[0]["content_hash"] == refs[1]["content_hash"] and refs[0]["episodes"] == EPISODES
 
     reused = [i for i, err in enumerate(errs) if "collect: reusing the dataset" in err]
     assert len(reused) == 1, errs

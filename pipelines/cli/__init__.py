@@ -36,6 +36,9 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # Markdown: a docstring's single line breaks join into paragraphs that wrap to the
+    # terminal (Typer's "rich" mode keeps them, breaking every line twice at 80 columns).
+    rich_markup_mode="markdown",
 )
 for verbs in (
     stage_verbs,

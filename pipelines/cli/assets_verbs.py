@@ -36,13 +36,13 @@ def build(
     out: Annotated[
         Path | None,
         typer.Option(
-            help="Write the USD here instead of robots/<robot>/usd/ (the committed copy).",
+            help="Write the USD here instead of robots/ROBOT/usd/ (the committed copy).",
             show_default=False,
         ),
     ] = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Convert the robot's MJCF to the USD Isaac Lab loads (robots/<robot>/usd/<model>.usda and
+    """Convert the robot's MJCF to the USD Isaac Lab loads (robots/ROBOT/usd/MODEL.usda and
     Payload/), in the Isaac Lab environment (make isaaclab-env).
 
     The converter's output is fixed for Isaac Lab's Newton physics and renderer (gravity

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 keys = typer.Typer(help="Signing keys for releases, and bearer tokens for edge agents.")
 
 ModelUriArg = Annotated[
-    str, typer.Argument(help="Registry version: models:/<name>@<alias> or models:/<name>/<n>.")
+    str, typer.Argument(help="Registry version: models:/NAME@ALIAS or models:/NAME/VERSION.")
 ]
 KeyOpt = Annotated[
     Path | None,

@@ -35,7 +35,7 @@ def demo(
 ) -> None:
     """Watch the scripted expert solve the task: success rate, filmstrip PNG, GIF, report.
 
-    Writes into a new $ROBO_PIPE_HOME/runs/<id>-<name>/ folder: config.yaml (the resolved
+    Writes into a new $ROBO_PIPE_HOME/runs/ID-NAME/ folder: config.yaml (the resolved
     config), report.md, expert_filmstrip.png, expert_episodes.gif and result.json.
     """
     from pipelines.demo import run_demo
@@ -74,7 +74,7 @@ def collect(
     out: Annotated[
         Path | None,
         typer.Option(
-            help="Dataset directory (default $ROBO_PIPE_HOME/datasets/<name>-<variant>-<key>)."
+            help="Dataset directory (default $ROBO_PIPE_HOME/datasets/NAME-VARIANT-KEY)."
         ),
     ] = None,
     ray_address: RayAddressOpt = None,
@@ -119,7 +119,7 @@ def pretrain(
     The task family is every training scene variant except the target (scene.variant), or
     pretrain.variants. Collects pretrain.episodes_per_variant demonstrations per variant, then
     trains the full default VLA with behaviour cloning on Ray Train. The base is cached under
-    $ROBO_PIPE_HOME/checkpoints/base-<key>: running again with the same settings returns it at
+    $ROBO_PIPE_HOME/checkpoints/base-KEY: running again with the same settings returns it at
     once, and an interrupted run resumes from its latest checkpoint.
     """
     cfg = load(config, set_)
@@ -203,7 +203,7 @@ def evaluate(
         str,
         typer.Argument(
             help="Checkpoint directory, exported ONNX (directory or file), or a registry "
-            "version: models:/<name>@<alias> or models:/<name>/<version>."
+            "version: models:/NAME@ALIAS or models:/NAME/VERSION."
         ),
     ],
     config: ConfigOpt = DEMO_CONFIG,
@@ -277,7 +277,7 @@ def evaluate(
 def export(
     checkpoint: Annotated[Path, typer.Argument(help="Checkpoint directory (policy.json inside).")],
     out: Annotated[
-        Path | None, typer.Option(help="Export directory (default: <checkpoint>-export).")
+        Path | None, typer.Option(help="Export directory (default: CHECKPOINT-export).")
     ] = None,
     dataset: Annotated[
         Path | None,

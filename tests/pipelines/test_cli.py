@@ -55,6 +55,29 @@ def test_help_lists_only_working_verbs(robo_pipe_home: Path) -> None:
     }
 
 
+def test_help_paragraphs_wrap_to_the_terminal(robo_pipe_home: Path) -> None:
+    """At 80 columns a verb's description is wrapped as paragraphs, not broken again at each
+    of its docstring's line ends (Typer's rich mode kept those: "scene.variant) x" alone on a
+    line), and placeholders survive the markup (models:/NAME@ALIAS)."""
+    result = subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", "evaluate", "--help"],
+        cwd=ROOT,
+        env={**os.environ, "ROBO_PIPE_HOME": str(robo_pipe_home), "COLUMNS": "80"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    description = result.stdout.split("Usage:")[1].split("╭")[0]
+    lines = [line.strip() for line in description.splitlines()[1:]]  # after the usage line
+    paragraphs = "\n".join(lines).strip().split("\n\n")
+    assert len(paragraphs) >= 3, description
+    for paragraph in paragraphs:
+        rows = paragraph.splitlines()
+        assert all(len(row) >= 60 for row in rows[:-1]), rows  # full lines but the last
+    assert "models:/NAME@ALIAS" in result.stdout
+
+
 def test_demo_writes_report_images_and_json_record(robo_pipe_home: Path) -> None:
     result = robo_pipe(
         "demo",

@@ -612,6 +612,7 @@ def _evaluate(
         on_status=status_lines("evaluate", listener),
         baseline_outcomes=decode_outcomes(baseline_outcomes or {}),
         margin=cfg.registry.promotion.margin,
+        min_success=cfg.registry.promotion.min_success,
     )
 
 

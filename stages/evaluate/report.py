@@ -95,6 +95,9 @@ class Comparison(Record):
     """False only when the candidate is worse (by more than the margin)."""
     baseline_reused: int = 0
     """Baseline episodes taken from its stored outcomes instead of being played again."""
+    played_on: int = 0
+    """Seeds per variant the candidate played alone after the comparison decided "not worse",
+    while its held-out success was undecided against the success gate's bar."""
 
     @property
     def table(self) -> PairedTable:
@@ -225,10 +228,12 @@ def compare_outcomes(
     verdict: tuple[Decision, str, float],
     baseline_name: str,
     baseline_reused: int = 0,
+    played_on: int = 0,
 ) -> Comparison:
     """The comparison record of ``candidate`` and ``baseline`` outcomes ((variant, seed index)
     -> solved) on the seeds both played, decided at ``look`` of ``plan``: ``verdict`` is what
-    :func:`~stages.evaluate.sequential.decide` said there (decision, why, block level)."""
+    :func:`~stages.evaluate.sequential.decide` said there (decision, why, block level);
+    ``played_on``: see :attr:`Comparison.played_on`."""
     decision, reason, boundary = verdict
     if decision == "continue":
         raise ValueError("a comparison is recorded once it decided")
@@ -261,6 +266,7 @@ def compare_outcomes(
         detectable_regression=detectable(table, plan.false_block),
         passed=decision != "worse",
         baseline_reused=baseline_reused,
+        played_on=played_on,
     )
 
 
@@ -380,6 +386,7 @@ def comparison_line(c: Comparison) -> str:
         f"{c.p_value:.4f} vs boundary {_boundary(c.boundary)}; look {c.look} of "
         f"{len(c.looks)}, {c.seeds} of {c.max_seeds} seeds per variant; catches a regression "
         f"of {c.detectable_regression:.1%} with 80% power"
+        + (f"; the candidate played on {c.played_on} seeds per variant" if c.played_on else "")
     )
 
 
@@ -422,6 +429,12 @@ def comparison_markdown(c: Comparison) -> list[str]:
         f"A fixed test on these seeds catches a regression of {c.detectable_regression:.1%} or "
         "more with 80% power; a smaller one can pass unseen.",
     ]
+    if c.played_on:
+        lines.append(
+            f"The candidate alone played on {c.played_on} more seeds per variant (to "
+            f"{c.seeds + c.played_on}): its held-out success was still undecided against the "
+            "success gate's bar (the bar inside its 95% interval)."
+        )
     if c.baseline_reused:
         lines.append(
             f"{c.baseline_reused} of the baseline's episodes were its stored outcomes (not "

@@ -4,12 +4,15 @@ suite    = scene variants x seeds, sharded over Ray workers   (:mod:`stages.eval
 report   = success with 95% Wilson intervals, per-variant rows (:mod:`stages.evaluate.report`)
 baseline = the same seeds, paired: both policies play batches of seeds until the plan's
            boundaries decide "worse" or "not worse" (:mod:`stages.evaluate.sequential`);
-           the baseline's stored outcomes are reused instead of playing those seeds again
+           the baseline's stored outcomes are reused instead of playing those seeds again;
+           after "not worse" the candidate plays on alone while its success is undecided
+           against the success gate's bar (``min_success``)
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from robo_pipe.locks import StatusFn
@@ -25,6 +28,7 @@ from stages.evaluate.sequential import (
     encode_outcomes,
     paired_table,
     plan_looks,
+    success_undecided,
 )
 from stages.evaluate.shards import ShardOutcome, Suite, plan_shards
 
@@ -61,13 +65,17 @@ def evaluate(
     on_status: StatusFn | None = None,
     baseline_outcomes: Outcomes | None = None,
     margin: float = 0.0,
+    min_success: float | None = None,
 ) -> EvalReport:
     """Evaluate ``policy`` (checkpoint directory or exported ONNX) on the suite; with a
     ``baseline``, compare the two on the same seeds (sequentially unless
     ``config.sequential.enabled`` is False), reusing ``baseline_outcomes`` (the baseline's
-    stored results on this suite) instead of playing those seeds again. Writes ``report.md``,
-    ``success.png``, frame strips and ``eval_report.json`` into ``out``. ``on_status`` gets a
-    line for each worker that died and was restarted.
+    stored results on this suite) instead of playing those seeds again. When the comparison
+    stops early with "not worse", the candidate plays on alone while ``min_success`` (the
+    success gate's bar) lies inside its 95% interval, so that gate never decides on fewer
+    episodes than it needs. Writes ``report.md``, ``success.png``, frame strips and
+    ``eval_report.json`` into ``out``. ``on_status`` gets a line for each worker that died and
+    was restarted.
 
     Raises:
         SceneError / PolicySpecError: a suite or policy that does not fit, before any work.
@@ -81,33 +89,56 @@ def evaluate(
             shards = suite.play(plan_shards(suite.variants, seeds, config.episodes_per_shard))
             report = summarize(str(policy), shards, suite.facts(seeds), seed)
         else:
-            shards, played, reused, look, (decision, reason, boundary) = _compare(
-                suite, plan, seeds, config.episodes_per_shard, dict(baseline_outcomes or {})
-            )
-            used = plan.looks[look]
-            report = summarize(str(policy), shards, suite.facts(seeds[:used]), seed)
+            stored = dict(baseline_outcomes or {})
+            c = _compare(suite, plan, seeds, config.episodes_per_shard, stored, min_success)
+            report = summarize(str(policy), c.shards, suite.facts(seeds[: c.played]), seed)
             candidate = report.successes_by_episode()
+            played_on = c.played - plan.looks[c.look]
             report.comparison = compare_outcomes(
-                candidate, played, plan, look, (decision, reason, boundary), str(baseline), reused
+                candidate, c.baseline, plan, c.look, c.verdict, str(baseline), c.reused, played_on
             )
-            report.baseline_outcomes = encode_outcomes(played)
+            report.baseline_outcomes = encode_outcomes(c.baseline)
+            shards = c.shards
     write_report(report, shards, out, config.record_episodes)
     return report
 
 
+@dataclass
+class _Compared:
+    """What :func:`_compare` played and decided."""
+
+    shards: list[ShardOutcome]
+    """The candidate's."""
+    baseline: dict[tuple[str, int], bool]
+    """The baseline's outcomes on the seeds compared (played or stored)."""
+    reused: int
+    """Of those, how many were stored."""
+    look: int
+    """The look (0-based) that decided."""
+    verdict: tuple[Decision, str, float]
+    """:func:`~stages.evaluate.sequential.decide`'s answer there."""
+    played: int
+    """Seeds per variant the candidate played: the deciding look's, or more while its success
+    was undecided against the bar."""
+
+
 def _compare(
-    suite: Suite, plan: SequentialPlan, seeds: list[int], per_shard: int, stored: dict
-) -> tuple[list[ShardOutcome], dict[tuple[str, int], bool], int, int, tuple[Decision, str, float]]:
+    suite: Suite,
+    plan: SequentialPlan,
+    seeds: list[int],
+    per_shard: int,
+    stored: dict,
+    min_success: float | None,
+) -> _Compared:
     """Play batches of seeds, candidate and baseline (the baseline only where ``stored`` has
-    no outcome), until the plan decides. Returns the candidate's shards, the baseline's
-    outcomes on the seeds used, how many of them were stored, the deciding look (0-based),
-    and the decision, why and the block level held against."""
+    no outcome), until the plan decides; after "not worse", the candidate alone plays on
+    while ``min_success`` is undecided (:func:`success_undecided`)."""
     shards: list[ShardOutcome] = []
     history: list[PairedTable] = []
     baseline: dict[tuple[str, int], bool] = {}
     reused, done = 0, 0
-    for look, upto in enumerate(plan.looks):
-        batch = range(done, upto)
+    for upto in plan.looks:
+        batch, done = range(done, upto), upto
         work = plan_shards(suite.variants, seeds, per_shard, batch, policy=0)
         for variant in suite.variants:
             for run in _runs([i for i in batch if (variant, i) not in stored]):
@@ -125,10 +156,17 @@ def _compare(
         candidate = {(e.variant, e.index): e.success for s in shards for e in s.episodes}
         history.append(paired_table(candidate, baseline))
         verdict = decide(plan, history)
-        done = upto
         if verdict[0] != "continue":
-            return shards, baseline, reused, look, verdict
-    raise AssertionError("the last look always decides")
+            break
+    look = len(history) - 1
+    # The success gate may need more of the candidate's episodes than the comparison did.
+    for upto in plan.looks[look + 1 :] if verdict[0] == "not worse" else []:
+        episodes = [e.success for s in shards for e in s.episodes]
+        if not success_undecided(sum(episodes), len(episodes), min_success):
+            break
+        shards += suite.play(plan_shards(suite.variants, seeds, per_shard, range(done, upto)))
+        done = upto
+    return _Compared(shards, baseline, reused, look, verdict, done)
 
 
 def _runs(indices: list[int]) -> list[range]:

@@ -12,6 +12,9 @@
                at ``pass_levels[k]`` (the miss rate, spent over the looks), else the next
                batch is played; the last look decides "worse" or "not worse" on the block
                level alone
+success  = after "not worse" the candidate alone plays on, batch by batch, while the held-out
+           success gate's bar lies inside its 95% interval (:func:`success_undecided`): the
+           comparison needs fewer seeds than the gate's bar may
 
 Both error rates hold over all looks together, whichever look stops (Lan-DeMets spending,
 Pocock- or O'Brien-Fleming-type). ``looks: 1`` is the fixed design: every seed, one test.
@@ -33,6 +36,7 @@ from stages.statistics import (
     nominal_levels,
     paired_difference_interval,
     spent,
+    wilson_interval,
 )
 
 Decision = Literal["worse", "not worse", "continue"]
@@ -226,6 +230,17 @@ def decide(plan: SequentialPlan, history: list[PairedTable]) -> tuple[Decision, 
         )
         return "not worse", why, block
     return "continue", "", block
+
+
+def success_undecided(wins: int, episodes: int, bar: float | None) -> bool:
+    """Whether the held-out success gate could still go either way: ``bar`` (its
+    ``min_success``) lies inside the 95% Wilson interval of ``wins`` of ``episodes``, so more
+    episodes are needed before its lower end clears the bar or its upper end falls below
+    it. False without a bar."""
+    if bar is None:
+        return False
+    low, high = wilson_interval(wins, episodes)
+    return low < bar <= high
 
 
 def detectable(table: PairedTable, level: float, power: float = 0.8) -> float:

@@ -236,6 +236,60 @@ def test_sequential_evaluation_stops_and_reuses_the_baselines_stored_outcomes(
     assert saved["discordant"] == {"candidate_only": 0, "baseline_only": 0}
 
 
+def test_after_not_worse_the_candidate_plays_on_while_its_success_gate_is_undecided(
+    tiny_checkpoint: Path, tmp_path: Path
+) -> None:
+    """The (always failing) candidate against itself is "not worse" at the first look (6
+    seeds per variant: a 50% regression ruled out). Without a success bar it stops there; with
+    a bar of 10% its 0/12 (95% interval up to 24%) and 0/24 (14%) leave the gate undecided,
+    so it alone plays on to 18 seeds (0/36: up to 9.6%, below the bar) while the baseline
+    plays only the compared seeds. A "worse" candidate never plays on."""
+    config = SMALL.model_copy(
+        update={
+            "episodes": 24,
+            "episodes_per_shard": 6,
+            "sequential": SequentialConfig(looks=4, regression=0.5),
+        }
+    )
+    short = CFG.scene.model_copy(update={"episode_steps": 15})
+    played: dict[int, int] = {0: 0, 1: 0}  # episodes played, by policy
+
+    def run_with(out: str, bar: float | None, **kw: object) -> EvalReport:
+        played.update({0: 0, 1: 0})
+        return evaluate(
+            tiny_checkpoint,
+            CFG.robot,
+            short,
+            CFG.sim,
+            config,
+            0,
+            tmp_path / out,
+            baseline=tiny_checkpoint,
+            on_shard=lambda s: played.update({s.shard.policy: played[s.shard.policy] + 6}),
+            min_success=bar,
+            **kw,  # type: ignore[arg-type]
+        )
+
+    quick = run_with("quick", None)
+    c = quick.comparison
+    assert c is not None and c.decision == "not worse" and (c.look, c.seeds) == (1, 6)
+    assert c.played_on == 0 and quick.episodes == 12 and played == {0: 12, 1: 12}
+
+    on = run_with("on", 0.1)
+    c = on.comparison
+    assert c is not None and c.decision == "not worse" and (c.look, c.seeds) == (1, 6)
+    assert c.played_on == 12 and on.episodes == 36 and len(on.seeds) == 18
+    assert played == {0: 36, 1: 12}, "only the candidate plays on"
+    assert c.table.seeds == 12, "the comparison is the one decided at its look"
+    assert on.ci95[1] < 0.1
+    assert "played on 12 more seeds per variant (to 18)" in (tmp_path / "on/report.md").read_text()
+
+    stored = {(v, i): True for v in VARIANTS for i in range(24)}
+    worse = run_with("worse", 0.1, baseline_outcomes=stored)
+    c = worse.comparison
+    assert c is not None and c.decision == "worse" and c.played_on == 0 and worse.episodes == 12
+
+
 def test_a_killed_worker_is_restarted_and_no_episode_counts_twice(
     tiny_checkpoint: Path, tmp_path: Path
 ) -> None:

@@ -22,6 +22,7 @@ from stages.evaluate.sequential import (
     paired_table,
     plan_looks,
     rules_out,
+    success_undecided,
 )
 from stages.statistics import detectable_regression, two_proportion_test
 
@@ -193,6 +194,14 @@ def test_detectable_uses_the_observed_discordance() -> None:
     assert detectable(ISSUE, 0.05) == pytest.approx(detectable_regression(200, 0.1, 0.05, 0.8))
     assert detectable(ISSUE, 0.05, 0.9) > detectable(ISSUE, 0.05)
     assert detectable(PairedTable(0, 0, 0, 0), 0.05) == 1.0
+
+
+def test_the_success_gate_is_undecided_while_its_bar_is_inside_the_95_interval() -> None:
+    # 0/12: Wilson 95% upper end 3.84 / 15.84 = 0.2425; 19/20: lower end 0.7639
+    assert success_undecided(0, 12, 0.2) and not success_undecided(0, 12, 0.25)
+    assert not success_undecided(0, 36, 0.1), "0/36 reaches 0.0964 at most: below the bar"
+    assert success_undecided(19, 20, 0.77) and not success_undecided(19, 20, 0.76)
+    assert not success_undecided(0, 12, None) and not success_undecided(5, 12, 0.0)
 
 
 def test_block_level_of_a_one_look_plan_is_the_false_block_rate() -> None:

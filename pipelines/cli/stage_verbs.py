@@ -73,9 +73,7 @@ def collect(
     ] = None,
     out: Annotated[
         Path | None,
-        typer.Option(
-            help="Dataset directory (default $ROBO_PIPE_HOME/datasets/NAME-VARIANT-KEY)."
-        ),
+        typer.Option(help="Dataset directory (default $ROBO_PIPE_HOME/datasets/NAME-VARIANT-KEY)."),
     ] = None,
     ray_address: RayAddressOpt = None,
     json_out: JsonOpt = False,

@@ -446,7 +446,8 @@ COMPARISON_TAG = "comparison."
 """Version tags (after the ``robo_pipe.`` prefix) with the comparison against the champion:
 ``comparison.test``, ``.candidate_only``, ``.baseline_only``, ``.p_value``, ``.boundary``,
 ``.decision``, ``.seeds`` (per variant, of ``.max_seeds``), ``.look``,
-``.detectable_regression``."""
+``.detectable_regression``, ``.played_on`` (seeds per variant the candidate played alone for
+the success gate)."""
 
 
 def comparison_tags(comparison: Comparison | None) -> dict[str, str]:
@@ -465,6 +466,7 @@ def comparison_tags(comparison: Comparison | None) -> dict[str, str]:
         "max_seeds": c.max_seeds,
         "look": f"{c.look} of {len(c.looks)}",
         "detectable_regression": f"{c.detectable_regression:.4f}",
+        "played_on": c.played_on,
     }
     return {registry.TAG + COMPARISON_TAG + k: str(v) for k, v in figures.items()}
 

@@ -428,6 +428,7 @@ def test_a_candidate_worse_than_the_champion_on_the_same_seeds_is_not_promoted(
     assert float(tags[registry.TAG + "comparison.p_value"]) == pytest.approx(
         comparison["p_value"], rel=1e-5
     )
+    assert tags[registry.TAG + "comparison.played_on"] == "0", "a worse one never plays on"
     summary = flow_run_summary(result)
     assert "| no regression vs champion | FAIL |" in summary
     assert "| **candidate failed** |" in summary and "80% power" in summary

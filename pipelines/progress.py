@@ -9,7 +9,7 @@ their process (:func:`listening`), which is how ``robo-pipe run`` shows the flow
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Protocol
 
@@ -133,3 +133,14 @@ def describe(stage: str, record: Any) -> str:
     if stage == "deploy":
         return f"{record.device}: v{record.model_version} {record.state}"
     return ""
+
+
+def status_lines(stage: str, listener: Listener) -> Callable[[str], None]:
+    """A stage's ``on_status``: each line (waiting for another run, taking over a dead one's
+    output, reusing it) is said on ``listener``: a verb's display prints it, and inside a flow
+    the Prefect tasks' listener puts it in the flow run's log."""
+
+    def report(line: str) -> None:
+        listener.said(stage, line)
+
+    return report

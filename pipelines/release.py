@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipelines import registry
 from pipelines.home import home_dir
-from pipelines.progress import SILENT, Listener
+from pipelines.progress import SILENT, Listener, status_lines
 
 if TYPE_CHECKING:
     from deploy_edge.agent.deployer import Deployment
@@ -141,7 +141,6 @@ def deploy_to_local_agent(
     from deploy_edge.release import file_sha256
     from pipelines.local_agent import agent_dir, running_local_agent, signing_key
     from pipelines.records import EdgeDeployment
-    from pipelines.steps import status_lines
 
     uri = f"models:/{registration.name}/{registration.version}"
     _, path = bundle_release(uri, signing_key())

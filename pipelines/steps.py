@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -31,7 +30,7 @@ from typing import TYPE_CHECKING
 from pipelines import registry
 from pipelines.config import PipelineConfig
 from pipelines.home import home_dir
-from pipelines.progress import SILENT, Listener, rl_detail, training_detail
+from pipelines.progress import SILENT, Listener, rl_detail, status_lines, training_detail
 from pipelines.records import ChampionCheck, Evaluation, Registration
 from robo_pipe.errors import InputError
 from robo_pipe.locks import output_lock
@@ -552,17 +551,6 @@ def evaluate_champion(
 
 
 # -- helpers -------------------------------------------------------------------------------------
-
-
-def status_lines(stage: str, listener: Listener) -> Callable[[str], None]:
-    """A stage's ``on_status``: each line (waiting for another run, taking over a dead one's
-    output, reusing it) is said on ``listener``: a verb's display prints it, and inside a flow
-    the Prefect tasks' listener puts it in the flow run's log."""
-
-    def report(line: str) -> None:
-        listener.said(stage, line)
-
-    return report
 
 
 class _Tally:

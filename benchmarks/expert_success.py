@@ -17,8 +17,9 @@ import numpy as np
 from robots.spec import get_robot
 from sim_scenes.episodes import play_episodes
 from sim_scenes.expert import ScriptedExpert
-from sim_scenes.mujoco_env import MujocoBatchedEnv
-from sim_scenes.touch import VARIANTS, episode_seeds
+from sim_scenes.mujoco.mujoco_env import MujocoBatchedEnv
+from sim_scenes.seeds import episode_seeds
+from sim_scenes.touch import VARIANTS
 from stages.statistics import wilson_interval
 
 

@@ -32,7 +32,7 @@ from pipelines.steps import pretrain_base
 from robots.spec import get_robot
 from sim_scenes.backends import make_env
 from sim_scenes.episodes import play_episodes
-from sim_scenes.touch import episode_seeds
+from sim_scenes.seeds import episode_seeds
 from stages.collect import collect
 from stages.finetune import FinetuneConfig, finetune
 from stages.finetune.checkpoints import read_metrics

@@ -26,7 +26,8 @@ from sim_scenes.batched_env import BatchedEnv, BatchedObservation
 from sim_scenes.config import SceneConfig, SimConfig
 from sim_scenes.episodes import ActFn, play_episodes
 from sim_scenes.expert import ScriptedExpert
-from sim_scenes.touch import episode_seeds, heldout_variants
+from sim_scenes.seeds import episode_seeds
+from sim_scenes.touch import heldout_variants
 from stages.statistics import wilson_interval
 
 

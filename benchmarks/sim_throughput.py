@@ -30,8 +30,9 @@ import numpy as np
 from mujoco import rollout
 
 from robots.spec import RobotSpec, get_robot
-from sim_scenes.mujoco_env import MujocoBatchedEnv
-from sim_scenes.touch import episode_seeds, get_variant
+from sim_scenes.mujoco.mujoco_env import MujocoBatchedEnv
+from sim_scenes.seeds import episode_seeds
+from sim_scenes.touch import get_variant
 
 
 def random_actions(robot: RobotSpec, n: int, steps: int, seed: int = 0) -> np.ndarray:

@@ -1,4 +1,14 @@
-"""Task scenes and simulator backends behind one batched-environment interface."""
+"""Task scenes and simulator backends behind one batched-environment interface.
+
+- the task, the same on every backend: :mod:`~sim_scenes.touch` (vocabulary, variants, layouts,
+  success and reward), :mod:`~sim_scenes.seeds` (the seed streams episodes are drawn from),
+  :mod:`~sim_scenes.expert` (the scripted expert, on privileged ground truth);
+- the interface: :mod:`~sim_scenes.batched_env`, and :mod:`~sim_scenes.episodes` playing seeded
+  episodes on it;
+- the backends, one folder each (``mujoco/``, ``isaaclab/``), chosen by name in
+  :mod:`~sim_scenes.backends`; :mod:`~sim_scenes.sim_robot` puts any of them behind the
+  real-robot interface; :mod:`~sim_scenes.config` types the ``scene:`` and ``sim:`` sections.
+"""
 
 from sim_scenes.batched_env import BatchedEnv, BatchedObservation, EpisodeSummary, StepResult
 from sim_scenes.touch import (

@@ -1,13 +1,42 @@
-"""Build a batched environment from config, whichever simulator backend it names."""
+"""Simulator backends by name (``sim.backend``): the one place a backend is chosen.
+
+A backend is a folder under ``sim_scenes/`` holding a :class:`~sim_scenes.batched_env.BatchedEnv`
+subclass, which says how it is built from config (``from_config``), which simulator version
+decides its episodes (``simulator_version``) and whether it can start on this machine
+(``check_available``). :data:`BACKENDS` names each by its entry point, imported only when that
+backend is used: the config validates names without loading any simulator, and a MuJoCo run
+never imports the Isaac Lab client. Adding a backend is its folder plus one line here.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING
 
-from robots.spec import RobotSpec
-from sim_scenes.batched_env import BatchedEnv
-from sim_scenes.config import BACKENDS, SceneConfig, SimConfig
 from sim_scenes.touch import SceneError
+
+if TYPE_CHECKING:
+    from robots.spec import RobotSpec
+    from sim_scenes.batched_env import BatchedEnv
+    from sim_scenes.config import SceneConfig, SimConfig
+
+BACKENDS: dict[str, str] = {
+    "mujoco": "sim_scenes.mujoco.mujoco_env:MujocoBatchedEnv",
+    "isaaclab": "sim_scenes.isaaclab.client:IsaacLabBatchedEnv",
+}
+"""``sim.backend`` -> ``module:class`` of its batched env: MuJoCo (built in, the default) and
+Isaac Lab 3 on Newton (in its own environment, ``make isaaclab-env``)."""
+
+
+def backend_class(name: str) -> type[BatchedEnv]:
+    """The batched-env class of backend ``name``; unknown names list the valid choices."""
+    if name not in BACKENDS:
+        raise SceneError(
+            f"unknown simulator backend {name!r}; valid choices: {', '.join(BACKENDS)}"
+        )
+    module, _, cls = BACKENDS[name].partition(":")
+    backend: type[BatchedEnv] = getattr(importlib.import_module(module), cls)
+    return backend
 
 
 def make_env(
@@ -20,42 +49,30 @@ def make_env(
     autoreset: bool = True,
     retarget: int = 0,
 ) -> BatchedEnv:
-    """Create ``num_envs`` (default ``sim.num_envs``) environments of ``scene.variant``.
+    """Create ``num_envs`` (default ``sim.num_envs``) environments of ``scene.variant`` on the
+    backend ``sim`` names.
 
     ``cameras`` overrides ``scene.cameras``; pass ``()`` for physics only. ``retarget`` names
     another object of each scene (see :func:`sim_scenes.touch.sample_layout`).
     """
-    variant = scene.task()
-    common: dict[str, Any] = {
-        "num_envs": sim.num_envs if num_envs is None else num_envs,
-        "cameras": tuple(scene.cameras) if cameras is None else cameras,
-        "image_size": scene.image_size,
-        "autoreset": autoreset,
-        "retarget": retarget,
-    }
-    if sim.backend == "mujoco":
-        from sim_scenes.mujoco_env import MujocoBatchedEnv
-
-        return MujocoBatchedEnv(robot, variant, num_threads=sim.num_threads, **common)
-    if sim.backend == "isaaclab":
-        from sim_scenes.isaaclab.client import IsaacLabBatchedEnv
-
-        return IsaacLabBatchedEnv(robot, variant, device=sim.device, **common)
-    raise SceneError(
-        f"unknown simulator backend {sim.backend!r}; valid choices: {', '.join(BACKENDS)}"
+    return backend_class(sim.backend).from_config(
+        robot,
+        scene.task(),
+        sim,
+        num_envs=sim.num_envs if num_envs is None else num_envs,
+        cameras=tuple(scene.cameras) if cameras is None else cameras,
+        image_size=scene.image_size,
+        autoreset=autoreset,
+        retarget=retarget,
     )
 
 
 def simulator_version(sim: SimConfig) -> str:
     """The simulator ``sim`` names and its version (part of what decides an episode)."""
-    if sim.backend == "mujoco":
-        import mujoco
+    return backend_class(sim.backend).simulator_version(sim)
 
-        return f"mujoco=={mujoco.__version__}"
-    if sim.backend == "isaaclab":
-        from sim_scenes.isaaclab.env import isaaclab_python
 
-        return f"isaaclab:{isaaclab_python().parent.parent}"  # its folder names the release
-    raise SceneError(
-        f"unknown simulator backend {sim.backend!r}; valid choices: {', '.join(BACKENDS)}"
-    )
+def check_backend(sim: SimConfig) -> None:
+    """The backend ``sim`` names can start on this machine (Isaac Lab needs its own
+    environment); raises an error that says how to fix it otherwise."""
+    backend_class(sim.backend).check_available(sim)

@@ -1,5 +1,8 @@
 """The batched-environment interface every simulator backend implements.
 
+A backend is a :class:`BatchedEnv` subclass in a folder of its own (``sim_scenes/mujoco/``,
+``sim_scenes/isaaclab/``), chosen by name through :mod:`sim_scenes.backends`.
+
 N environments step in lock-step. Arrays are batched along the first axis (``N = num_envs``).
 Units follow :mod:`robots.spec`: actions are joint deltas in rad plus a gripper opening in m;
 state is joint positions in rad plus the gripper opening in m; images are uint8 RGB.
@@ -14,12 +17,15 @@ from __future__ import annotations
 import abc
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Self
+from typing import TYPE_CHECKING, Self
 
 import numpy as np
 
 from robots.spec import RobotSpec
-from sim_scenes.touch import SceneError
+from sim_scenes.touch import SceneError, SceneVariant
+
+if TYPE_CHECKING:
+    from sim_scenes.config import SimConfig
 
 
 @dataclass
@@ -81,32 +87,87 @@ class StepResult:
     info: dict[str, np.ndarray] = field(default_factory=dict)
 
 
-def check_env_args(
-    robot: RobotSpec, num_envs: int, cameras: Sequence[str], image_size: int
-) -> None:
-    """Refuse a batch size, camera name or image size no backend can use (:class:`SceneError`)."""
-    if num_envs < 1:
-        raise SceneError(f"num_envs must be >= 1, got {num_envs}")
-    if image_size < 8:
-        raise SceneError(f"image_size must be >= 8 pixels, got {image_size}")
-    known = [c.name for c in robot.cameras]
-    for cam in cameras:
-        if cam not in known:
-            raise SceneError(
-                f"unknown camera {cam!r} for robot {robot.name!r}; valid choices: "
-                f"{', '.join(known)}"
-            )
-
-
 class BatchedEnv(abc.ABC):
-    """N environments of one scene variant, stepped together at the robot's control rate."""
+    """N environments of one scene variant, stepped together at the robot's control rate.
 
-    robot: RobotSpec
-    num_envs: int
-    cameras: tuple[str, ...]
-    image_size: int
+    Args:
+        robot: the robot to simulate.
+        variant: the scene distribution episodes are drawn from (the task,
+            :class:`sim_scenes.touch.SceneVariant`).
+        num_envs: N >= 1.
+        cameras: cameras rendered each step (subset of ``robot.cameras``); ``()`` for physics
+            only.
+        image_size: square image side in pixels (>= 8).
+        autoreset: reset finished environments inside ``step`` (see the module docstring).
+
+    Raises:
+        SceneError: a batch size, camera name or image size no backend can use.
+    """
+
     timings: dict[str, float]
     """Cumulative seconds per phase (``simulate``, ``render``), for throughput breakdowns."""
+
+    def __init__(
+        self,
+        robot: RobotSpec,
+        variant: SceneVariant,
+        num_envs: int,
+        cameras: Sequence[str],
+        image_size: int,
+        autoreset: bool,
+    ) -> None:
+        if num_envs < 1:
+            raise SceneError(f"num_envs must be >= 1, got {num_envs}")
+        if image_size < 8:
+            raise SceneError(f"image_size must be >= 8 pixels, got {image_size}")
+        known = [c.name for c in robot.cameras]
+        for cam in cameras:
+            if cam not in known:
+                raise SceneError(
+                    f"unknown camera {cam!r} for robot {robot.name!r}; valid choices: "
+                    f"{', '.join(known)}"
+                )
+        self.robot = robot
+        self.variant = variant
+        self.num_envs = num_envs
+        self.cameras = tuple(cameras)
+        self.image_size = image_size
+        self.autoreset = autoreset
+        self.timings = {"simulate": 0.0, "render": 0.0}
+
+    # -- the backend, as the registry (sim_scenes.backends) sees it ----------------------------
+
+    @classmethod
+    @abc.abstractmethod
+    def from_config(
+        cls,
+        robot: RobotSpec,
+        variant: SceneVariant,
+        sim: SimConfig,
+        *,
+        num_envs: int,
+        cameras: Sequence[str],
+        image_size: int,
+        autoreset: bool,
+        retarget: int,
+    ) -> BatchedEnv:
+        """The backend's environments, with its own settings taken from ``sim`` (MuJoCo: its
+        physics threads; Isaac Lab: its device). ``retarget`` names another object of each
+        scene (:func:`sim_scenes.touch.sample_layout`)."""
+
+    @classmethod
+    @abc.abstractmethod
+    def simulator_version(cls, sim: SimConfig) -> str:
+        """The simulator and its version, e.g. ``mujoco==3.3.0``: part of what decides an
+        episode, so stored evaluation outcomes are keyed on it."""
+
+    @classmethod
+    @abc.abstractmethod
+    def check_available(cls, sim: SimConfig) -> None:
+        """Raise a :class:`~robo_pipe.errors.RoboPipeError` that says how to fix it when this
+        backend cannot start on this machine (checked before a run starts)."""
+
+    # -- the environments ------------------------------------------------------------------
 
     @abc.abstractmethod
     def reset(self, seeds: Sequence[int]) -> BatchedObservation:

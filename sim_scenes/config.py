@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from sim_scenes.backends import BACKENDS
 from sim_scenes.touch import (
     RewardTerms,
     SceneVariant,
     available_variants,
     get_variant,
 )
-
-BACKENDS = ("mujoco", "isaaclab")
-"""Simulator backends: MuJoCo (built in) and Isaac Lab 3 on Newton (``make isaaclab-env``)."""
 
 
 class RewardConfig(BaseModel):
@@ -104,12 +102,19 @@ class SimConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
-    backend: Literal["mujoco", "isaaclab"] = "mujoco"
-    """Simulator backend: ``mujoco`` (built in) or ``isaaclab`` (Isaac Lab 3 on Newton, in its
-    own environment: ``make isaaclab-env``)."""
+    backend: str = "mujoco"
+    """Simulator backend, one of :data:`sim_scenes.backends.BACKENDS`: ``mujoco`` (built in)
+    or ``isaaclab`` (Isaac Lab 3 on Newton, in its own environment: ``make isaaclab-env``)."""
     num_envs: int = Field(default=16, ge=1, le=4096)
     """Environments stepped together in one process."""
     num_threads: int = Field(default=2, ge=1, le=256)
     """Physics threads for the batched rollout (MuJoCo; Warp's CPU kernels run on one)."""
     device: str = Field(default="cpu", pattern=r"^(cpu|cuda(:\d+)?)$")
     """Where the ``isaaclab`` backend simulates and renders: ``cpu`` or ``cuda[:K]``."""
+
+    @field_validator("backend")
+    @classmethod
+    def _known_backend(cls, name: str) -> str:
+        if name not in BACKENDS:
+            raise ValueError(f"unknown simulator backend; valid choices: {', '.join(BACKENDS)}")
+        return name

@@ -1,7 +1,8 @@
 """The simulator standing in for a physical arm, through the real-robot interface.
 
 Code written against :class:`robots.Robot` (the control-loop runtime, the latency gate) runs
-unchanged on this and on a real driver: same action and state units, same camera names.
+unchanged on this and on a real driver: same action and state units, same camera names. The
+simulator is any backend (:mod:`sim_scenes.backends`); MuJoCo by default.
 """
 
 from __future__ import annotations
@@ -10,13 +11,19 @@ import numpy as np
 
 from robots.interface import Robot, RobotObservation
 from robots.spec import RobotSpec, get_robot
-from sim_scenes.batched_env import BatchedObservation
-from sim_scenes.mujoco_env import MujocoBatchedEnv
+from sim_scenes.backends import backend_class
+from sim_scenes.batched_env import BatchedEnv, BatchedObservation
+from sim_scenes.config import SimConfig
 from sim_scenes.touch import SceneError, SceneVariant, get_variant
+
+ONE_THREAD = SimConfig(num_threads=1)
+"""The default simulator: MuJoCo on one thread (one environment has nothing to share out)."""
 
 
 class SimulatedRobot(Robot):
-    """One MuJoCo environment of ``variant`` behind the :class:`Robot` interface.
+    """One environment of ``variant`` on the backend ``sim`` names (with its settings;
+    ``sim.num_envs`` does not apply: it is one environment), behind the :class:`Robot`
+    interface.
 
     Time is simulated: ``timestamp`` advances by one control period per ``act``. After the
     episode ends (success or step limit) the scene freezes: further actions are ignored, as a
@@ -30,11 +37,12 @@ class SimulatedRobot(Robot):
         seed: int = 0,
         cameras: tuple[str, ...] = ("scene", "wrist"),
         image_size: int = 64,
+        sim: SimConfig = ONE_THREAD,
     ) -> None:
         self.spec = spec
-        self._variant, self._seed = variant, seed
+        self._variant, self._seed, self._sim = variant, seed, sim
         self._cameras, self._image_size = cameras, image_size
-        self._env: MujocoBatchedEnv | None = None
+        self._env: BatchedEnv | None = None
         self._obs: BatchedObservation | None = None
         self._steps = 0
         self.done = False
@@ -55,14 +63,15 @@ class SimulatedRobot(Robot):
 
     def connect(self) -> None:
         if self._env is None:
-            self._env = MujocoBatchedEnv(
+            self._env = backend_class(self._sim.backend).from_config(
                 self.spec,
                 self._variant,
-                1,
+                self._sim,
+                num_envs=1,
                 cameras=self._cameras,
                 image_size=self._image_size,
-                num_threads=1,
                 autoreset=False,
+                retarget=0,
             )
         self._obs = self._env.reset([self._seed])
         self._steps, self.done, self.success = 0, False, False

@@ -4,12 +4,12 @@ A few coloured objects lie at random positions on the table in front of the arm;
 names one of them by colour *and* shape, and distractors may share either, so a policy has to
 look (where is it?) and read (which one?) to succeed.
 
-Everything random about an episode is drawn from its seed by :func:`sample_layout`, so a seed is
-a complete, reproducible description of a scene. The MJCF scene is the robot's own MJCF plus the
-table, lights and ``MAX_OBJECTS`` object slots, built once by :func:`build_scene`; a layout is
-applied per environment by changing colours, collision flags, light and camera positions on that
-environment's copy of the compiled model (:func:`apply_layout`), which keeps every copy the same
-"size signature" so one native batched rollout can step them all.
+This module is the task alone, the same on every simulator backend: its vocabulary (colours,
+shapes, instruction templates), its scene variants, the layout of an episode, and when an
+episode is solved and what it pays. Everything random about an episode is drawn from its seed
+by :func:`sample_layout`, so a seed is a complete, reproducible description of a scene; the
+seeds themselves come from :mod:`sim_scenes.seeds`. Each backend builds the scene its own way
+(MuJoCo: :mod:`sim_scenes.mujoco.touch_scene`; Isaac Lab: :mod:`sim_scenes.isaaclab.touch_env`).
 
 Units: metres, radians, seconds; positions are in the robot base frame (z up, table top at 0).
 """
@@ -17,16 +17,12 @@ Units: metres, radians, seconds; positions are in the robot base frame (z up, ta
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-import mujoco
 import numpy as np
 
 from robo_pipe.errors import RoboPipeError
 from robots.spec import RobotSpec
-
-MAX_OBJECTS = 4
-"""Object slots in the compiled scene; unused slots are parked out of sight."""
 
 COLOURS: dict[str, tuple[float, float, float]] = {
     "red": (0.85, 0.12, 0.10),
@@ -142,6 +138,16 @@ class SceneVariant:
 _ALL_COLOURS = tuple(COLOURS)
 _BASE = ("red", "green", "blue", "yellow")
 
+_MIXED = SceneVariant(
+    "touch-mixed",
+    "3 cubes and balls of 4 colours, always one of the target's colour in the other "
+    "shape: colour and shape both matter",
+    _BASE,
+    ("cube", "ball"),
+    (3, 3),
+    colour_twin=True,
+)
+
 VARIANTS: dict[str, SceneVariant] = {
     v.name: v
     for v in (
@@ -150,37 +156,25 @@ VARIANTS: dict[str, SceneVariant] = {
         SceneVariant(
             "touch-cylinders", "3 cylinders of 6 colours", _ALL_COLOURS, ("cylinder",), (3, 3)
         ),
-        SceneVariant(
-            "touch-mixed",
-            "3 cubes and balls of 4 colours, always one of the target's colour in the other "
-            "shape: colour and shape both matter",
-            _BASE,
-            ("cube", "ball"),
-            (3, 3),
-            colour_twin=True,
-        ),
-        SceneVariant(
-            "touch-mixed-clutter",
-            "held out: touch-mixed with a fourth object",
-            _BASE,
-            ("cube", "ball"),
-            (4, 4),
+        _MIXED,
+        # The held-out variants are touch-mixed with one thing changed.
+        replace(
+            _MIXED,
+            name="touch-mixed-clutter",
+            description="held out: touch-mixed with a fourth object",
+            num_objects=(4, 4),
             split="heldout",
             holdout_for="touch-mixed",
-            colour_twin=True,
         ),
-        SceneVariant(
-            "touch-mixed-shifted",
-            "held out: touch-mixed under stronger light and camera jitter",
-            _BASE,
-            ("cube", "ball"),
-            (3, 3),
+        replace(
+            _MIXED,
+            name="touch-mixed-shifted",
+            description="held out: touch-mixed under stronger light and camera jitter",
             split="heldout",
             holdout_for="touch-mixed",
             light_jitter=0.6,
             light_intensity=(0.4, 1.0),
             camera_jitter=0.02,
-            colour_twin=True,
         ),
     )
 }
@@ -236,34 +230,6 @@ class EpisodeLayout:
     """Scene camera displacement from its nominal position, m."""
 
 
-SEED_PURPOSES = ("collect", "eval", "demo", "benchmark")
-"""Independent seed streams: episodes for training data never reuse evaluation seeds."""
-
-
-def episode_seeds(root_seed: int, count: int, purpose: str) -> list[int]:
-    """``count`` episode seeds for ``purpose``, derived from the run's root seed.
-
-    Streams of different purposes are independent 64-bit hashes, so collection and evaluation
-    seeds do not collide (probability ~count^2 / 2^64), and a longer list extends a shorter one.
-    """
-    if purpose not in SEED_PURPOSES:
-        raise SceneError(
-            f"unknown seed purpose {purpose!r}; valid choices: {', '.join(SEED_PURPOSES)}"
-        )
-    key = SEED_PURPOSES.index(purpose)
-    seeds = []
-    for i in range(count):
-        words = np.random.SeedSequence(root_seed, spawn_key=(key, i)).generate_state(2)
-        seeds.append(int(words[0]) << 31 | int(words[1]) >> 1)  # 62-bit, fits int64
-    return seeds
-
-
-def next_episode_seed(seed: int, episode: int) -> int:
-    """Seed of an environment's ``episode``-th autoreset after it was reset with ``seed``."""
-    ss = np.random.SeedSequence(entropy=seed, spawn_key=(episode,))
-    return int(ss.generate_state(1, dtype=np.uint32)[0])
-
-
 def sample_layout(
     variant: SceneVariant, robot: RobotSpec, seed: int, retarget: int = 0
 ) -> EpisodeLayout:
@@ -277,7 +243,7 @@ def sample_layout(
     pairs = [(c, s) for c in variant.colours for s in variant.shapes]
     chosen = rng.choice(len(pairs), size=n, replace=False)
     positions: list[tuple[float, float]] = []
-    while len(positions) < n:  # rejection sampling; the workspace fits MAX_OBJECTS easily
+    while len(positions) < n:  # rejection sampling; the workspace fits 4 objects easily
         xy = (float(rng.uniform(*variant.workspace_x)), float(rng.uniform(*variant.workspace_y)))
         if all(math.dist(xy, p) >= variant.min_separation for p in positions):
             positions.append(xy)
@@ -328,155 +294,4 @@ def _with_colour_twin(
     return tuple(
         PlacedObject(colour, other_shape, placed.xy, placed.yaw) if i == twin else o
         for i, o in enumerate(objects)
-    )
-
-
-def build_scene(robot: RobotSpec, image_size: int) -> mujoco.MjModel:
-    """Compile the robot plus table, key light and ``MAX_OBJECTS`` object slots.
-
-    Each slot is a free body carrying one geom per shape; :func:`apply_layout` shows and enables
-    the one shape it needs. Rendering settings are tuned for small offscreen frames (no shadows,
-    no multisampling, framebuffer the size of the image), which FACTS measured ~70x faster.
-    """
-    spec = mujoco.MjSpec.from_file(str(robot.definition.mjcf))
-    spec.option.timestep = robot.definition.physics_timestep
-    spec.option.integrator = mujoco.mjtIntegrator.mjINT_IMPLICITFAST
-    spec.visual.quality.shadowsize = 0
-    spec.visual.quality.offsamples = 0
-    spec.visual.global_.offwidth = image_size
-    spec.visual.global_.offheight = image_size
-    spec.visual.headlight.ambient = [0.35, 0.35, 0.35]
-    spec.visual.headlight.diffuse = [0.3, 0.3, 0.3]
-
-    world = spec.worldbody
-    world.add_geom(
-        name="table",
-        type=mujoco.mjtGeom.mjGEOM_PLANE,
-        size=[1.5, 1.5, 0.05],
-        rgba=[0.62, 0.56, 0.48, 1],
-    )
-    world.add_light(
-        name="key",
-        pos=[0.3, -0.4, 1.5],
-        dir=[0, 0.2, -1],
-        diffuse=[0.7, 0.7, 0.7],
-        castshadow=False,
-    )
-    for i in range(MAX_OBJECTS):
-        body = world.add_body(name=f"object{i}", pos=[2.0 + 0.2 * i, 0, OBJECT_HALF_HEIGHT])
-        body.add_freejoint(name=f"object{i}")
-        h = OBJECT_HALF_HEIGHT
-        sizes = {"cube": [h, h, h], "ball": [h, 0, 0], "cylinder": [0.022, h, 0]}
-        types = {
-            "cube": mujoco.mjtGeom.mjGEOM_BOX,
-            "ball": mujoco.mjtGeom.mjGEOM_SPHERE,
-            "cylinder": mujoco.mjtGeom.mjGEOM_CYLINDER,
-        }
-        for shape in SHAPES:
-            body.add_geom(
-                name=f"object{i}_{shape}",
-                type=types[shape],
-                size=sizes[shape],
-                mass=0.05,
-                rgba=[0.5, 0.5, 0.5, 0],
-                contype=1,
-                conaffinity=1,
-                friction=[1.0, 0.02, 0.001],
-            )
-    # Geoms compile with collisions on so that the body-level broad-phase flags (an OR over a
-    # body's geoms, fixed at compile time) admit the slot; apply_layout turns off the hidden
-    # shapes. Rolling friction keeps balls where they were put unless something pushes them.
-    return spec.compile()
-
-
-@dataclass(frozen=True)
-class SceneIndex:
-    """Addresses in a compiled scene that the simulator needs every step."""
-
-    arm_qpos: np.ndarray
-    """qpos addresses of the arm joints, shape (n_arm,)."""
-    gripper_qpos: np.ndarray
-    """qpos addresses of the finger joints, shape (n_fingers,)."""
-    object_qpos: np.ndarray
-    """qpos address of each slot's free joint (position x, y, z then quaternion)."""
-    object_geoms: np.ndarray
-    """Geom ids, shape (MAX_OBJECTS, len(SHAPES))."""
-    arm_actuators: np.ndarray
-    gripper_actuators: np.ndarray
-    key_light: int
-    scene_camera: int
-    tcp_sensor_adr: int
-    """Offset of the tcp position (3 values) in sensordata."""
-
-
-def index_scene(model: mujoco.MjModel, robot: RobotSpec) -> SceneIndex:
-    """Resolve names to the addresses :class:`SceneIndex` documents."""
-
-    def jid(name: str) -> int:
-        return int(mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_JOINT, name))
-
-    def aid(name: str) -> int:
-        return int(mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_ACTUATOR, name))
-
-    sensor = int(mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_SENSOR, "tcp_pos"))
-    return SceneIndex(
-        arm_qpos=np.array([model.jnt_qposadr[jid(j.name)] for j in robot.arm]),
-        gripper_qpos=np.array([model.jnt_qposadr[jid(j.name)] for j in robot.gripper]),
-        object_qpos=np.array([model.jnt_qposadr[jid(f"object{i}")] for i in range(MAX_OBJECTS)]),
-        object_geoms=np.array(
-            [
-                [
-                    mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_GEOM, f"object{i}_{s}")
-                    for s in SHAPES
-                ]
-                for i in range(MAX_OBJECTS)
-            ]
-        ),
-        arm_actuators=np.array([aid(j.name) for j in robot.arm]),
-        gripper_actuators=np.array([aid(j.name) for j in robot.gripper]),
-        key_light=int(mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_LIGHT, "key")),
-        scene_camera=int(mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_CAMERA, "scene")),
-        tcp_sensor_adr=int(model.sensor_adr[sensor]),
-    )
-
-
-def apply_layout(
-    model: mujoco.MjModel,
-    nominal: mujoco.MjModel,
-    index: SceneIndex,
-    layout: EpisodeLayout,
-    qpos: np.ndarray,
-    robot: RobotSpec,
-) -> None:
-    """Write ``layout`` into one environment's model copy and initial ``qpos`` (in place).
-
-    ``nominal`` is the unmodified compiled scene that jitter is applied around.
-    """
-    qpos[:] = nominal.qpos0
-    qpos[index.arm_qpos] = layout.arm_qpos
-    qpos[index.gripper_qpos] = robot.definition.home_gripper / len(index.gripper_qpos)
-    for slot in range(MAX_OBJECTS):
-        adr = index.object_qpos[slot]
-        geoms = index.object_geoms[slot]
-        model.geom_rgba[geoms, 3] = 0.0
-        model.geom_contype[geoms] = 0
-        model.geom_conaffinity[geoms] = 0
-        if slot < len(layout.objects):
-            obj = layout.objects[slot]
-            x, y = obj.xy
-            shown = geoms[SHAPES.index(obj.shape)]
-        else:  # park unused slots beside the table, resting, invisible
-            x, y, obj = 2.0 + 0.2 * slot, 0.0, None
-            shown = geoms[0]
-        qpos[adr : adr + 3] = (x, y, OBJECT_HALF_HEIGHT)
-        yaw = obj.yaw if obj is not None else 0.0
-        qpos[adr + 3 : adr + 7] = (math.cos(yaw / 2), 0.0, 0.0, math.sin(yaw / 2))
-        model.geom_contype[shown] = 1
-        model.geom_conaffinity[shown] = 1
-        if obj is not None:
-            model.geom_rgba[shown] = (*COLOURS[obj.colour], 1.0)
-    model.light_pos[index.key_light] = layout.light_pos
-    model.light_diffuse[index.key_light] = (layout.light_intensity,) * 3
-    model.cam_pos[index.scene_camera] = nominal.cam_pos[index.scene_camera] + np.asarray(
-        layout.camera_offset
     )

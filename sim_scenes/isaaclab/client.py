@@ -27,13 +27,8 @@ from typing import Any
 import numpy as np
 
 from robots.spec import RobotSpec
-from sim_scenes.batched_env import (
-    BatchedEnv,
-    BatchedObservation,
-    EpisodeSummary,
-    StepResult,
-    check_env_args,
-)
+from sim_scenes.batched_env import BatchedEnv, BatchedObservation, EpisodeSummary, StepResult
+from sim_scenes.config import SimConfig
 from sim_scenes.isaaclab.env import isaaclab_python
 from sim_scenes.isaaclab.protocol import receive, send
 from sim_scenes.touch import SceneError, SceneVariant
@@ -50,15 +45,10 @@ class IsaacLabWorkerError(RuntimeError):
 
 class IsaacLabBatchedEnv(BatchedEnv):
     """The touch task on Isaac Lab 3 (Newton physics), N environments in a worker process.
+    Arguments as :class:`BatchedEnv`'s, plus:
 
     Args:
-        robot: the robot to simulate.
-        variant: the scene distribution episodes are drawn from.
-        num_envs: N >= 1.
-        cameras: cameras rendered each step (subset of ``robot.cameras``); ``()`` for physics only.
-        image_size: square image side in pixels.
         device: where Isaac Lab simulates and renders: ``cpu`` or ``cuda:K``.
-        autoreset: reset finished environments inside ``step`` (see :class:`BatchedEnv`).
         retarget: name another object of the same scene (:func:`sim_scenes.touch.sample_layout`).
     """
 
@@ -73,17 +63,10 @@ class IsaacLabBatchedEnv(BatchedEnv):
         autoreset: bool = True,
         retarget: int = 0,
     ) -> None:
-        check_env_args(robot, num_envs, cameras, image_size)
+        super().__init__(robot, variant, num_envs, cameras, image_size, autoreset)
         python = isaaclab_python()
-        self.robot = robot
-        self.variant = variant
-        self.num_envs = num_envs
-        self.cameras = tuple(cameras)
-        self.image_size = image_size
-        self.autoreset = autoreset
-        self.timings = {"simulate": 0.0, "render": 0.0}
-        """Seconds in the worker's physics and rendering together (``simulate``): Isaac Lab
-        renders inside its step; ``render`` stays 0 on this backend."""
+        # timings["simulate"] counts the worker's physics and rendering together: Isaac Lab
+        # renders inside its step, so "render" stays 0 on this backend.
         self.start_seconds = 0.0
         """Seconds the worker took to build the env (Warp kernels, USD, Newton model)."""
         self._steps = np.zeros(num_envs, np.int64)
@@ -130,6 +113,40 @@ class IsaacLabBatchedEnv(BatchedEnv):
         except BaseException:
             self.close()
             raise
+
+    @classmethod
+    def from_config(
+        cls,
+        robot: RobotSpec,
+        variant: SceneVariant,
+        sim: SimConfig,
+        *,
+        num_envs: int,
+        cameras: Sequence[str],
+        image_size: int,
+        autoreset: bool,
+        retarget: int,
+    ) -> IsaacLabBatchedEnv:
+        return cls(
+            robot,
+            variant,
+            num_envs,
+            cameras,
+            image_size,
+            device=sim.device,
+            autoreset=autoreset,
+            retarget=retarget,
+        )
+
+    @classmethod
+    def simulator_version(cls, sim: SimConfig) -> str:
+        return f"isaaclab:{isaaclab_python().parent.parent}"  # its folder names the release
+
+    @classmethod
+    def check_available(cls, sim: SimConfig) -> None:
+        """Its own environment is there (:class:`~sim_scenes.isaaclab.env.IsaacLabMissingError`
+        says how to create it)."""
+        isaaclab_python()
 
     # -- talking to the worker -------------------------------------------------------------
 

@@ -1,7 +1,8 @@
 """The touch task as an Isaac Lab 3 environment (kit-less, Newton physics, Newton Warp cameras).
 
 Runs only in the Isaac Lab environment (Python 3.12, ``make isaaclab-env``); nothing in the main
-environment imports this module. It is the same task as :mod:`sim_scenes.touch` on MuJoCo:
+environment imports this module. It is the task of :mod:`sim_scenes.touch` as the MuJoCo backend
+runs it:
 
 - the robot is the USD that ``robo-pipe assets build`` converts from the robot's own MJCF, with
   its position servos' gains (kp, kv, force range) read from that MJCF;
@@ -52,13 +53,13 @@ from isaaclab_newton.renderers import NewtonWarpRendererCfg
 
 from robots.spec import RobotSpec, get_robot
 from sim_scenes.isaaclab.assets import srgb_to_linear
+from sim_scenes.seeds import next_episode_seed
 from sim_scenes.touch import (
     COLOURS,
     OBJECT_HALF_HEIGHT,
     SceneError,
     SceneVariant,
     get_variant,
-    next_episode_seed,
     sample_layout,
 )
 
@@ -330,7 +331,7 @@ class TouchEnv(DirectRLEnv):
 
     Episodes are seeded per environment: :meth:`set_seeds` names the seed each environment's
     next reset draws its layout from; an environment that autoresets draws its ``k``-th next
-    episode from :func:`sim_scenes.touch.next_episode_seed`, as the MuJoCo backend does.
+    episode from :func:`sim_scenes.seeds.next_episode_seed`, as the MuJoCo backend does.
     Observations are ``{"policy": state (N, state_dim), "images": {camera: uint8 (N, H, W, 3)}}``.
     """
 

@@ -8,8 +8,9 @@ from robots.spec import RobotSpec
 from sim_scenes.batched_env import BatchedEnv, BatchedObservation
 from sim_scenes.episodes import play_episodes
 from sim_scenes.expert import ScriptedExpert
-from sim_scenes.mujoco_env import MujocoBatchedEnv
-from sim_scenes.touch import episode_seeds, get_variant
+from sim_scenes.mujoco.mujoco_env import MujocoBatchedEnv
+from sim_scenes.seeds import episode_seeds
+from sim_scenes.touch import get_variant
 
 
 def test_expert_succeeds_on_at_least_95_percent_of_200_random_scenes(rp5: RobotSpec) -> None:

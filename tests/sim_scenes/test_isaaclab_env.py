@@ -28,8 +28,9 @@ from sim_scenes.episodes import play_episodes
 from sim_scenes.expert import ScriptedExpert
 from sim_scenes.isaaclab.client import IsaacLabWorkerError
 from sim_scenes.isaaclab.env import ENV_VAR, isaaclab_python
-from sim_scenes.mujoco_env import MujocoBatchedEnv
-from sim_scenes.touch import COLOURS, episode_seeds, get_variant, next_episode_seed
+from sim_scenes.mujoco.mujoco_env import MujocoBatchedEnv
+from sim_scenes.seeds import episode_seeds, next_episode_seed
+from sim_scenes.touch import COLOURS, get_variant
 from tests.conftest import needs_isaaclab
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -15,7 +15,7 @@ from sim_scenes.batched_env import BatchedEnv, BatchedObservation, StepResult
 from sim_scenes.config import SceneConfig, SimConfig, SuccessConfig
 from sim_scenes.episodes import EpisodeRecord, play_episodes
 from sim_scenes.expert import ScriptedExpert
-from sim_scenes.mujoco_env import MujocoBatchedEnv
+from sim_scenes.mujoco.mujoco_env import MujocoBatchedEnv
 from sim_scenes.touch import OBJECT_HALF_HEIGHT, SceneError, get_variant
 from tests.conftest import NUM_ENVS
 

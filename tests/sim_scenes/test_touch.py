@@ -1,4 +1,4 @@
-"""The touch task: seeded layouts, instructions, variants and seed streams."""
+"""The touch task: seeded layouts, instructions and variants."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from sim_scenes.touch import (
     VARIANTS,
     SceneError,
     available_variants,
-    episode_seeds,
     get_variant,
     heldout_variants,
     sample_layout,
@@ -90,14 +89,3 @@ def test_unknown_variant_lists_choices() -> None:
         SceneError, match=r"unknown scene variant 'touch-nothing'; valid choices: .*touch-mixed"
     ):
         get_variant("touch-nothing")
-
-
-def test_seed_streams_are_deterministic_disjoint_and_extend() -> None:
-    collect = episode_seeds(0, 500, "collect")
-    evaluate = episode_seeds(0, 500, "eval")
-    assert collect == episode_seeds(0, 500, "collect")
-    assert not set(collect) & set(evaluate)
-    assert episode_seeds(0, 100, "collect") == collect[:100]
-    assert episode_seeds(1, 100, "collect") != collect[:100]
-    with pytest.raises(SceneError, match="unknown seed purpose"):
-        episode_seeds(0, 1, "training")

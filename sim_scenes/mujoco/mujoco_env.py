@@ -20,41 +20,28 @@ import numpy as np
 from mujoco import rollout
 
 from robots.spec import RobotSpec
-from sim_scenes.batched_env import (
-    BatchedEnv,
-    BatchedObservation,
-    EpisodeSummary,
-    StepResult,
-    check_env_args,
-)
-from sim_scenes.rendering import BatchedRenderer
-from sim_scenes.touch import (
+from sim_scenes.batched_env import BatchedEnv, BatchedObservation, EpisodeSummary, StepResult
+from sim_scenes.config import SimConfig
+from sim_scenes.mujoco.rendering import BatchedRenderer
+from sim_scenes.mujoco.touch_scene import (
     MAX_OBJECTS,
-    EpisodeLayout,
-    SceneError,
     SceneIndex,
-    SceneVariant,
     apply_layout,
     build_scene,
     index_scene,
-    next_episode_seed,
-    sample_layout,
 )
+from sim_scenes.seeds import next_episode_seed
+from sim_scenes.touch import EpisodeLayout, SceneError, SceneVariant, sample_layout
 
 _STATE_SPEC = mujoco.mjtState.mjSTATE_FULLPHYSICS
 
 
 class MujocoBatchedEnv(BatchedEnv):
-    """The touch task on MuJoCo, N environments at once (see :class:`BatchedEnv`).
+    """The touch task on MuJoCo, N environments at once. Arguments as :class:`BatchedEnv`'s,
+    plus:
 
     Args:
-        robot: the robot to simulate.
-        variant: the scene distribution episodes are drawn from.
-        num_envs: N >= 1.
-        cameras: cameras to render each step (subset of ``robot.cameras``); ``()`` for physics only.
-        image_size: square image side in pixels.
-        num_threads: rollout threads (>= 1).
-        autoreset: reset finished environments inside ``step`` (see module docstring).
+        num_threads: rollout and render threads (>= 1).
         retarget: name another object of the same scene (see :func:`sample_layout`).
     """
 
@@ -69,15 +56,9 @@ class MujocoBatchedEnv(BatchedEnv):
         autoreset: bool = True,
         retarget: int = 0,
     ) -> None:
-        check_env_args(robot, num_envs, cameras, image_size)
+        super().__init__(robot, variant, num_envs, cameras, image_size, autoreset)
         if num_threads < 1:
             raise SceneError(f"num_threads must be >= 1, got {num_threads}")
-        self.robot = robot
-        self.variant = variant
-        self.num_envs = num_envs
-        self.cameras = tuple(cameras)
-        self.image_size = image_size
-        self.autoreset = autoreset
         self.retarget = retarget
 
         self._nominal = build_scene(robot, image_size)
@@ -115,8 +96,6 @@ class MujocoBatchedEnv(BatchedEnv):
         self._finger_high = np.array([j.high for j in robot.gripper])
         self._max_delta = robot.definition.max_joint_delta
 
-        self.timings = {"simulate": 0.0, "render": 0.0}
-        """Seconds spent in physics (rollout and bookkeeping) and in rendering, cumulative."""
         self._layouts: list[EpisodeLayout | None] = [None] * num_envs
         self._seeds = np.zeros(num_envs, np.int64)
         self._reset_seeds = np.zeros(num_envs, np.int64)
@@ -129,6 +108,38 @@ class MujocoBatchedEnv(BatchedEnv):
         self._hold = np.zeros(num_envs, np.int64)
         self._return = np.zeros(num_envs, np.float32)
         self._distance = np.zeros(num_envs, np.float64)  # tcp to target, m, before the step
+
+    @classmethod
+    def from_config(
+        cls,
+        robot: RobotSpec,
+        variant: SceneVariant,
+        sim: SimConfig,
+        *,
+        num_envs: int,
+        cameras: Sequence[str],
+        image_size: int,
+        autoreset: bool,
+        retarget: int,
+    ) -> MujocoBatchedEnv:
+        return cls(
+            robot,
+            variant,
+            num_envs,
+            cameras,
+            image_size,
+            num_threads=sim.num_threads,
+            autoreset=autoreset,
+            retarget=retarget,
+        )
+
+    @classmethod
+    def simulator_version(cls, sim: SimConfig) -> str:
+        return f"mujoco=={mujoco.__version__}"
+
+    @classmethod
+    def check_available(cls, sim: SimConfig) -> None:
+        """Always: MuJoCo is installed with robo-pipe."""
 
     # -- episode start ---------------------------------------------------------------------
 

@@ -34,7 +34,8 @@ from pathlib import Path
 import yaml
 
 from configs import targets_dir
-from deploy_edge.client import AgentClient, DeviceEntry
+from deploy_edge.client import AgentClient
+from deploy_edge.device import DeviceEntry
 from deploy_edge.keys import generate_keypair, load_private_key
 from deploy_edge.release import file_sha256, write_release
 from pipelines.config import CONFIG_DIR, PipelineConfig, load_config
@@ -125,7 +126,7 @@ def fleet_figure(cfg: PipelineConfig, quick: bool) -> dict[str, str]:
         from pipelines.services import configure
 
         configure()
-        from pipelines.fleet import deploy_fleet
+        from pipelines.deploy.fleet import deploy_fleet
 
         checkpoint = save_new_policy(
             cfg.policy, cfg.scene.cameras, cfg.scene.image_size, root / "ckpt"
@@ -159,7 +160,7 @@ def fleet_figure(cfg: PipelineConfig, quick: bool) -> dict[str, str]:
                 fleet.write_text(yaml.safe_dump({"devices": devices[:count], "rollout": rollout}))
                 start = time.perf_counter()
                 result = deploy_fleet(
-                    f"models:/bench-policy/{version}",
+                    registry.get_version("bench-policy", str(version)),
                     str(fleet),
                     key=str(private),
                     max_parallel=parallel,
@@ -234,14 +235,15 @@ def single_agent(cfg: PipelineConfig, quick: bool) -> dict[str, str]:
         finally:
             agent.terminate()
             agent.wait(timeout=30)
-    assert record["state"] == "active", record
-    steps = {s["name"]: s["seconds"] for s in record["steps"]}
+    assert record.state == "active", record
+    steps = {s.name: s.seconds for s in record.steps}
     print(f"release: {size_mb:.1f} MB, signed in {sign_s:.2f} s; upload {upload_s:.2f} s")
     for name, seconds in steps.items():
         print(f"  {name:<9} {seconds:7.2f} s")
-    gate = record["gate"]
+    gate = record.gate
+    assert gate is not None, record
     print(
-        f"on-device gate: p50 {gate['p50_ms']:.2f} ms, p99 {gate['p99_ms']:.2f} ms; agent memory "
+        f"on-device gate: p50 {gate.p50_ms:.2f} ms, p99 {gate.p99_ms:.2f} ms; agent memory "
         f"{idle_mb:.0f} MB idle, {after_mb:.0f} MB serving"
     )
     return {
@@ -250,7 +252,7 @@ def single_agent(cfg: PipelineConfig, quick: bool) -> dict[str, str]:
         "upload_s": f"{upload_s:.2f}",
         **{f"{name}_s": f"{seconds:.2f}" for name, seconds in steps.items()},
         "deploy_s": f"{upload_s + deploy_s:.2f}",
-        "p99_ms": f"{gate['p99_ms']:.2f}",
+        "p99_ms": f"{gate.p99_ms:.2f}",
         "agent_idle_mb": f"{idle_mb:.0f}",
         "agent_serving_mb": f"{after_mb:.0f}",
     }

@@ -1,14 +1,9 @@
-"""The deploy client: talks to edge agents (:mod:`deploy_edge.agent.service`) over HTTP.
+"""The HTTP edge agent as a :class:`~deploy_edge.device.Device`: requests to the agent's
+service (:mod:`deploy_edge.agent.service`), answers read back as :mod:`deploy_edge.wire`
+records.
 
-Used by ``robo-pipe deploy`` on the release engineer's machine. A device is an entry of a
-devices file (YAML)::
-
-    devices:
-      - name: lab-jetson-03
-        url: https://lab-jetson-03.local:8765
-        token_env: LAB_JETSON_03_TOKEN     # the bearer token is read from this variable
-        target: jetson-orin-nano           # its target profile (configs/targets/)
-        ca_cert: certs/lab-ca.pem          # optional: trust this CA for the agent's TLS
+Used by ``robo-pipe deploy`` on the release engineer's machine, through
+:func:`deploy_edge.device.connect` for a devices-file entry of kind ``agent`` (the default).
 """
 
 from __future__ import annotations
@@ -18,75 +13,35 @@ import ssl
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-
-from robo_pipe.errors import RoboPipeError
+from deploy_edge.device import Device, DeviceEntry, DeviceError
+from deploy_edge.wire import Deployment, DeviceStatus, EpisodeResult, Health
+from robo_pipe.records import RecordError
 
 CHUNK_BYTES = 1 << 20
 """Upload chunk size; a cut upload resumes at the agent's byte count."""
+POLL_S = 0.25
+"""How often a deployment under way is asked for its status."""
+
+T = TypeVar("T")
 
 
-class DeviceError(RoboPipeError, ValueError):
-    """A device entry is unknown or invalid, its token is not set, or its agent cannot be
-    reached or refuses the request (the message says which and why)."""
-
-
-class DeviceEntry(BaseModel):
-    """One device of a devices file."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    name: str = Field(min_length=1)
-    url: str = Field(pattern=r"^https?://")
-    token_env: str = Field(min_length=1)
-    """Environment variable holding the bearer token (never the token itself in the file)."""
-    target: str = "local-cpu"
-    ca_cert: Path | None = None
-
-
-class DevicesFile(BaseModel):
-    """A devices file: ``devices: [...]``."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    devices: list[DeviceEntry]
-
-
-def load_device(path: Path, name: str) -> DeviceEntry:
-    """The entry ``name`` of the devices file at ``path``; errors name the file and field."""
-    if not path.is_file():
-        raise DeviceError(f"{path}: devices file not found")
-    try:
-        parsed = DevicesFile.model_validate(yaml.safe_load(path.read_text()) or {})
-    except (yaml.YAMLError, ValidationError) as err:
-        raise DeviceError(f"{path}: not a valid devices file: {err}") from err
-    found = {d.name: d for d in parsed.devices}
-    if name not in found:
-        raise DeviceError(f"{path}: no device {name!r}; devices: {', '.join(found) or 'none'}")
-    entry = found[name]
-    if entry.ca_cert is not None and not entry.ca_cert.is_absolute():
-        entry = entry.model_copy(update={"ca_cert": path.parent / entry.ca_cert})
-    return entry
-
-
-class AgentClient:
+class AgentClient(Device):
     """Requests to one device's agent, authenticated with its bearer token."""
 
-    def __init__(self, device: DeviceEntry, timeout_s: float = 30.0) -> None:
+    def __init__(self, entry: DeviceEntry, timeout_s: float = 30.0) -> None:
         import httpx
 
-        token = os.environ.get(device.token_env)
+        super().__init__(entry, timeout_s)
+        token = os.environ.get(entry.token_env)
         if not token:
-            raise DeviceError(f"device {device.name}: token variable {device.token_env} is not set")
-        self.device = device
+            raise DeviceError(f"device {entry.name}: token variable {entry.token_env} is not set")
         verify: Any = True
-        if device.ca_cert is not None:  # a lab CA (or the agent's self-signed certificate)
-            verify = ssl.create_default_context(cafile=str(device.ca_cert))
+        if entry.ca_cert is not None:  # a lab CA (or the agent's self-signed certificate)
+            verify = ssl.create_default_context(cafile=str(entry.ca_cert))
         self.http = httpx.Client(
-            base_url=device.url,
+            base_url=entry.url,
             headers={"Authorization": f"Bearer {token}"},
             timeout=timeout_s,
             verify=verify,
@@ -96,29 +51,34 @@ class AgentClient:
         """Close the connection to the agent."""
         self.http.close()
 
-    def __enter__(self) -> AgentClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     def _request(self, method: str, path: str, **kwargs: Any) -> Any:
         import httpx
 
         try:
             response = self.http.request(method, path, **kwargs)
         except httpx.HTTPError as err:
-            raise DeviceError(f"device {self.device.name} ({self.device.url}): {err}") from err
+            raise DeviceError(f"device {self.entry.name} ({self.entry.url}): {err}") from err
         if response.status_code == 401:
-            raise DeviceError(f"device {self.device.name}: the agent refused the token")
+            raise DeviceError(f"device {self.entry.name}: the agent refused the token")
         if response.status_code >= 400:
             detail = response.json().get("detail") if response.content else response.reason_phrase
-            raise DeviceError(f"device {self.device.name}: {method} {path}: {detail}")
+            raise DeviceError(f"device {self.entry.name}: {method} {path}: {detail}")
         return response.json()
 
-    def health(self) -> dict[str, Any]:
+    def _answer(self, read: Callable[[Any], T], method: str, path: str, **kwargs: Any) -> T:
+        """The agent's answer to ``method path``, read into records by ``read``."""
+        answer = self._request(method, path, **kwargs)
+        try:
+            return read(answer)
+        except RecordError as err:  # an agent of another robo-pipe version, say
+            raise DeviceError(
+                f"device {self.entry.name}: {method} {path}: an answer this client cannot read: "
+                f"{err}"
+            ) from err
+
+    def health(self) -> Health:
         """The agent's liveness answer."""
-        return dict(self._request("GET", "/healthz"))
+        return self._answer(Health.from_json, "GET", "/healthz")
 
     def upload(
         self, release: Path, sha256: str, on_progress: Callable[[int, int], None] | None = None
@@ -139,39 +99,48 @@ class AgentClient:
         self,
         sha256: str,
         force: bool = False,
-        on_status: Callable[[dict[str, Any]], None] | None = None,
+        on_status: Callable[[DeviceStatus], None] | None = None,
         timeout_s: float = 1800.0,
-        poll_s: float = 0.5,
-    ) -> dict[str, Any]:
-        """Start the deployment of the uploaded release and follow it to its end; returns the
-        agent's record of it (state, every step, reason)."""
-        earlier = (self.status().get("last") or {}).get("id")  # not the answer we wait for
+        poll_s: float = POLL_S,
+    ) -> Deployment:
+        """Start the deployment of the uploaded release and follow it to its end, asking for
+        the status every ``poll_s``; returns the agent's record of it (state, every step,
+        reason)."""
+        before = self.status().last
+        earlier = before.id if before else None  # not the answer we wait for
         self._request("POST", "/deployments", json={"sha256": sha256, "force": force})
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             status = self.status()
             if on_status:
                 on_status(status)
-            last: dict[str, Any] = status.get("last") or {}
-            ended = status.get("running") is None and last.get("id") not in (None, earlier)
-            if ended and last["release_sha256"] == sha256:
+            last = status.last
+            ended = status.running is None and last is not None and last.id != earlier
+            if ended and last is not None and last.release_sha256 == sha256:
                 return last
             time.sleep(poll_s)
-        raise DeviceError(f"device {self.device.name}: no result after {timeout_s:.0f} s")
+        raise DeviceError(f"device {self.entry.name}: no result after {timeout_s:.0f} s")
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> DeviceStatus:
         """The agent's status (active, previous, staged version, lock, deployments)."""
-        return dict(self._request("GET", "/status"))
+        return self._answer(DeviceStatus.from_json, "GET", "/status")
 
-    def history(self) -> list[dict[str, Any]]:
+    def history(self) -> list[Deployment]:
         """Every deployment on the device, newest first."""
-        return list(self._request("GET", "/history"))
+        return self._answer(
+            lambda answer: [Deployment.from_json(d) for d in answer], "GET", "/history"
+        )
 
-    def episode(self, instruction: str | None = None, max_ticks: int = 100) -> dict[str, Any]:
+    def activate(self) -> Deployment:
+        """Activate the staged version (the agent answers 409 when nothing is staged or the
+        robot-busy lock is set: a :class:`DeviceError`)."""
+        return self._answer(Deployment.from_json, "POST", "/activate")
+
+    def episode(self, instruction: str | None = None, max_ticks: int = 100) -> EpisodeResult:
         """Run the active policy for one episode on the device's robot."""
         body = {"instruction": instruction, "max_ticks": max_ticks}
-        return dict(self._request("POST", "/episode", json=body))
+        return self._answer(EpisodeResult.from_json, "POST", "/episode", json=body)
 
-    def rollback(self) -> dict[str, Any]:
+    def rollback(self) -> Deployment:
         """Back to the previous version."""
-        return dict(self._request("POST", "/rollback"))
+        return self._answer(Deployment.from_json, "POST", "/rollback")

@@ -1,10 +1,12 @@
 """A fleet of edge devices and how a release rolls out to it: a canary first, then waves, with
-an abort threshold per wave. Pure: no HTTP, no Prefect (``pipelines.fleet`` runs the rollout).
+an abort threshold per wave. Pure: no HTTP, no Prefect (``pipelines.deploy.fleet`` runs the
+rollout).
 
 A fleet file (YAML)::
 
     devices:
       - name: lab-arm-01
+        kind: agent                        # optional: see deploy_edge.device.KINDS
         url: https://lab-arm-01.local:8765
         token_env: LAB_ARM_01_TOKEN        # the bearer token is read from this variable
         target: jetson-orin-nano           # its target profile (configs/targets/)
@@ -33,7 +35,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from deploy_edge.client import DeviceEntry
+from deploy_edge.device import DeviceEntry
 from robo_pipe.errors import RoboPipeError
 
 _PERCENT = re.compile(r"^(\d+(?:\.\d+)?)%$")
@@ -46,7 +48,8 @@ class FleetError(RoboPipeError, ValueError):
 
 
 class FleetDevice(DeviceEntry):
-    """One device of a fleet: a devices-file entry and its labels (site, robot model, ...)."""
+    """One device of a fleet: a devices-file entry (:class:`~deploy_edge.device.DeviceEntry`)
+    and its labels (site, robot model, ...)."""
 
     labels: dict[str, str] = Field(default_factory=dict)
 

@@ -21,7 +21,7 @@ def check_config(cfg: PipelineConfig) -> None:
     load_target(cfg.latency.target)
     check_simulator(cfg)
     if cfg.deploy.fleet:  # the rollout at the end must not fail on a typo after hours
-        from pipelines.fleet import check_tokens, load_selection
+        from pipelines.deploy.fleet import check_tokens, load_selection
 
         check_tokens(load_selection(cfg.deploy.fleet)[1])
     if cfg.policy.type == "hub-vlm" and cfg.policy.backbone:

@@ -181,10 +181,11 @@ def train_simulate_deploy(
         if cfg.deploy.local_agent and registration.promoted:  # only a new champion ships
             device = deploy_stage(ctx, registration)
         if cfg.deploy.fleet and registration.promoted:
-            from pipelines.fleet import deploy_fleet
+            from pipelines import registry
+            from pipelines.deploy.fleet import deploy_fleet
 
-            uri = f"models:/{registration.name}/{registration.version}"
-            rollout = deploy_fleet(model_uri=uri, fleet=cfg.deploy.fleet)
+            version = registry.get_version(registration.name, registration.version)
+            rollout = deploy_fleet(version=version, fleet=cfg.deploy.fleet)
         records = RunRecords(
             dataset, base, checkpoint, export, evaluation, latency, registration, device
         )

@@ -405,8 +405,7 @@ def register_stage(
 def deploy_stage(ctx: RunContext, registration: Registration) -> EdgeDeployment:
     """The new champion onto the local edge agent (signed, verified, gated, activated and
     health-checked on the device), then one episode on it."""
-    from pipelines.local_agent import agent_dir
-    from pipelines.release import deploy_to_local_agent
+    from pipelines.deploy.local_agent import agent_dir, deploy_to_local_agent
 
     cfg = ctx.cfg
     inputs = {

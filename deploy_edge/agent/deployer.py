@@ -23,6 +23,9 @@ State directory::
     slots/<name>/, slots/<name>.json   an extracted release and its :class:`Slot` record
     journal.jsonl, history.jsonl       the journal; every finished deployment, oldest first
 
+The records it answers with (:class:`Deployment`, :class:`DeviceStatus`, ...) are the wire
+records of :mod:`deploy_edge.wire`, which the deploy client reads back.
+
 Fault injection: with ``ROBO_PIPE_AGENT_CRASH_AT=<step>`` in the environment the process kills
 itself (SIGKILL) right after journaling that step's start.
 """
@@ -39,7 +42,6 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -67,11 +69,11 @@ from deploy_edge.release import (
     verify_release,
 )
 from deploy_edge.runtime import Tick
+from deploy_edge.wire import Deployment, DeviceStatus, EpisodeResult, GateFigures, Slot, StepResult
 from robo_pipe.errors import InputError, RoboPipeError
-from robo_pipe.records import Record, RecordError
+from robo_pipe.records import RecordError
 from robots.interface import Robot, RobotObservation
 
-STEPS = ("verify", "extract", "engine", "parity", "gate", "activate", "health", "commit")
 CRASH_ENV = "ROBO_PIPE_AGENT_CRASH_AT"
 """Fault injection: the step at whose start the process SIGKILLs itself."""
 PARITY_TOLERANCE = {"fp32": 1e-4, "fp16": 2e-2}
@@ -82,82 +84,6 @@ LINKS = ("active", "previous", "staged")
 class DeployError(RoboPipeError, RuntimeError):
     """The agent cannot do this now: a deployment is running, nothing to roll back to, no
     active version to run."""
-
-
-@dataclass
-class StepResult(Record):
-    """One step of a deployment."""
-
-    name: str
-    ok: bool
-    seconds: float
-    detail: str
-    """What it found (or why it failed)."""
-
-
-@dataclass
-class Slot(Record):
-    """An extracted release on the device."""
-
-    model_name: str
-    model_version: str
-    release: int
-    path: str
-    """The bundle directory."""
-    sha256: str
-    """Of the release file."""
-
-
-@dataclass
-class Deployment(Record):
-    """One deployment (or manual rollback) and every step's result."""
-
-    id: str
-    release_sha256: str
-    model_name: str
-    model_version: str
-    release: int
-    state: str
-    """``running``, ``active``, ``staged``, ``refused``, ``rolled_back`` or ``interrupted``."""
-    steps: list[StepResult] = field(default_factory=list)
-    reason: str = ""
-    """Why it was refused or rolled back: ``<step>: <what failed>``."""
-    forced: list[str] = field(default_factory=list)
-    """Policy rules overridden with ``force`` (``expired``, ``downgrade``)."""
-    started_at: str = ""
-    finished_at: str | None = None
-    gate: dict[str, float] | None = None
-    """p50_ms, p95_ms, p99_ms, max_ms, misses, budget_ms."""
-
-
-@dataclass
-class DeviceStatus(Record):
-    """What the device runs and what it is doing."""
-
-    device: str
-    target: str
-    active: Slot | None
-    previous: Slot | None
-    staged: Slot | None
-    locked: bool
-    """Whether the robot-busy lock file exists (activation deferred)."""
-    running: Deployment | None
-    last: Deployment | None
-
-
-@dataclass
-class EpisodeResult(Record):
-    """One episode of the active version on the device's robot."""
-
-    version: str
-    """``model_name:model_version`` of the version that ran."""
-    success: bool | None
-    """Whether the robot reports success (None: the driver does not say)."""
-    ticks: int
-    p50_ms: float
-    p99_ms: float
-    misses: int
-    errors: int
 
 
 class _Refused(Exception):
@@ -234,7 +160,7 @@ class _Run:
             raise _StepFailed(name, failure)
 
     def started(self, name: str) -> bool:
-        return any(s.name == name for s in self.deployment.steps)
+        return self.deployment.step(name) is not None
 
 
 class ShadowRobot(Robot):
@@ -470,14 +396,14 @@ class Deployer:
             out=Path(slot.path) / "gate",
             policy=policy,
         )
-        run.deployment.gate = {
-            "p50_ms": report.p50_ms,
-            "p95_ms": report.p95_ms,
-            "p99_ms": report.p99_ms,
-            "max_ms": report.max_ms,
-            "misses": float(report.misses),
-            "budget_ms": report.budget_ms,
-        }
+        run.deployment.gate = GateFigures(
+            p50_ms=report.p50_ms,
+            p95_ms=report.p95_ms,
+            p99_ms=report.p99_ms,
+            max_ms=report.max_ms,
+            misses=float(report.misses),
+            budget_ms=report.budget_ms,
+        )
         if not report.passed:
             raise _Refused("; ".join(report.reasons))
         run.detail = (
@@ -798,7 +724,7 @@ class Deployer:
 
 
 def _label(item: Slot | Deployment) -> str:
-    return f"{item.model_name}:{item.model_version} (release {item.release})"
+    return f"{item.label} (release {item.release})"
 
 
 def _new_id() -> str:

@@ -17,9 +17,10 @@ in constant time against the sha256 in the device config)::
     POST /episode                      {"instruction", "max_ticks"}: run the active policy on
                                        the device's robot; success and latency figures
 
-The deployment itself (verify, extract, engine, parity, gate, activate, health, commit, and
-rollback on any failure) is :class:`deploy_edge.agent.deployer.Deployer`'s. A watcher thread
-activates a staged version once the robot-busy lock file is gone.
+The answers are the records of :mod:`deploy_edge.wire` (``to_json()``), which the deploy
+client reads back. The deployment itself (verify, extract, engine, parity, gate, activate,
+health, commit, and rollback on any failure) is :class:`deploy_edge.agent.deployer.Deployer`'s.
+A watcher thread activates a staged version once the robot-busy lock file is gone.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from pydantic import BaseModel
 from deploy_edge.agent.config import DeviceConfig
 from deploy_edge.agent.deployer import Deployer
 from deploy_edge.release import file_sha256
+from deploy_edge.wire import Health
 from robo_pipe.errors import RoboPipeError
 
 UPLOADS_DIR = "uploads"
@@ -81,7 +83,7 @@ def create_app(config: DeviceConfig, deployer: Deployer) -> FastAPI:
 
     @app.get("/healthz")
     def healthz() -> dict[str, Any]:
-        return {"ok": True, "device": config.name}
+        return Health(ok=True, device=config.name).to_json()
 
     @app.get("/uploads/{sha256}", dependencies=auth)
     def received(sha256: str) -> dict[str, int]:

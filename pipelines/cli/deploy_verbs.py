@@ -13,14 +13,15 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from pipelines import release
+from pipelines import registry
 from pipelines.cli.common import console, emit_json, quiet_prefect_console, services
 from pipelines.cli.display import live
 from pipelines.cli.options import JsonOpt
+from pipelines.deploy import release
 from robo_pipe.errors import InputError
 
 if TYPE_CHECKING:
-    from pipelines import fleet as rollout_records
+    from pipelines.records import FleetResult
 
 keys = typer.Typer(help="Signing keys for releases, and bearer tokens for edge agents.")
 
@@ -83,8 +84,9 @@ def bundle(
     version, run, every file's sha256, the I/O spec, targets, budget, expiry, release number)
     signed with an Ed25519 key. An agent accepts it only from a key it trusts."""
     services()
+    version = registry.get_version(*registry.parse_model_uri(model))
     manifest, path = release.bundle_release(
-        model, key or release.default_key(), out, expires_in, target or [], budget_ms
+        version, key or release.default_key(), out, expires_in, target or [], budget_ms
     )
     console.print(
         f"release {path} ({path.stat().st_size / 1e6:.1f} MB): {manifest.model_name} "
@@ -149,7 +151,7 @@ def deploy(
     With --fleet: roll it out to a fleet, a canary first, then waves (the devices of a wave at
     once); a wave with more failures than allowed stops the rollout and the devices it updated
     roll back to what they ran. Exits 0 only when every selected device runs the new version."""
-    from deploy_edge.client import AgentClient, load_device
+    from deploy_edge.device import connect, load_device
 
     fleet_only = {
         "--canary": canary,
@@ -169,10 +171,11 @@ def deploy(
         raise InputError(f"deploy: {', '.join(given)} only apply with --fleet")
     assert target is not None
     entry = load_device(devices, target)
-    with AgentClient(entry) as client:  # an unreachable device or a missing token: before work
-        client.health()
+    with connect(entry) as device:  # an unreachable device or a missing token: before work
+        device.health()
     services()
-    manifest, path = release.bundle_release(model, key or release.default_key())
+    version = registry.get_version(*registry.parse_model_uri(model))
+    manifest, path = release.bundle_release(version, key or release.default_key())
     with live(json_out) as display:
         done = release.deploy_release(entry, path, force, display)
     table = Table(title=f"{entry.name}: {manifest.model_name} v{manifest.model_version}")
@@ -183,9 +186,10 @@ def deploy(
         table.add_row(step.name, verdict, f"{step.seconds:.2f}")
     console.print(table)
     if done.gate:
+        gate = done.gate
         console.print(
-            f"on-device latency: p50 {done.gate['p50_ms']:.2f} ms, p99 {done.gate['p99_ms']:.2f} "
-            f"ms (budget {done.gate['budget_ms']:g} ms), misses {int(done.gate['misses'])}",
+            f"on-device latency: p50 {gate.p50_ms:.2f} ms, p99 {gate.p99_ms:.2f} ms (budget "
+            f"{gate.budget_ms:g} ms), misses {int(gate.misses)}",
             highlight=False,
         )
     if done.forced:
@@ -213,20 +217,19 @@ def _deploy_fleet(
 ) -> None:
     """``deploy --fleet``: the plan (``--dry-run``) or the rollout, and its table."""
     quiet_prefect_console()
-    from pipelines import fleet as rollout
-    from pipelines import registry
+    from pipelines.deploy import fleet as rollout
     from pipelines.progress import listening
 
     _, chosen = rollout.load_selection(fleet, select)  # bad input: before any work
     rollout.check_tokens(chosen)
     services(flows=True)
-    registry.get_version(*registry.parse_model_uri(model))
+    version = registry.get_version(*registry.parse_model_uri(model))
     if dry_run:
-        result = rollout.plan(model, fleet, canary, select)
+        result = rollout.plan(version, fleet, canary, select)
     else:
         with live(json_out) as display, listening(display):
             result = rollout.deploy_fleet(
-                model_uri=model,
+                version=version,
                 fleet=str(fleet),
                 canary=canary,
                 max_failures=max_failures,
@@ -251,7 +254,7 @@ def _deploy_fleet(
     console.print(f"[green]every device runs {result.label}[/] ({result.seconds:.1f} s)")
 
 
-def show_rollout(result: rollout_records.FleetResult) -> None:
+def show_rollout(result: FleetResult) -> None:
     """One row per device: wave, before, after, state, reason, on-device p99."""
     title = f"{'plan: ' if result.dry_run else ''}{result.label} to {result.fleet}"
     table = Table(title=title)
@@ -286,7 +289,7 @@ def fleet_status(
 ) -> None:
     """Each device's active and staged version, its last deployment and gate result, the
     robot-busy lock, and whether it answers (an unreachable device says why)."""
-    from pipelines import fleet as rollout
+    from pipelines.deploy import fleet as rollout
 
     states = rollout.fleet_status(fleet, select or [])
     table = Table(title=f"fleet {fleet}")

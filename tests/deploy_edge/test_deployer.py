@@ -25,10 +25,11 @@ from deploy_edge.agent.config import (
     load_device_config,
     load_driver,
 )
-from deploy_edge.agent.deployer import STEPS, Deployer, DeployError, Deployment
+from deploy_edge.agent.deployer import Deployer, DeployError
 from deploy_edge.bundle import bundle_files
 from deploy_edge.keys import generate_keypair, load_private_key
 from deploy_edge.release import write_release
+from deploy_edge.wire import STEPS, Deployment
 from robots.spec import get_robot
 from sim_scenes.sim_robot import SimulatedRobot
 from sim_scenes.touch import get_variant
@@ -167,7 +168,7 @@ def test_a_release_goes_live_through_every_step_and_runs_an_episode(
     assert [s.name for s in done.steps] == list(STEPS)
     assert all(s.ok and s.seconds >= 0 for s in done.steps), done.steps
     assert [len(d.steps) for d in seen] == [*range(1, len(STEPS) + 1), len(STEPS)]
-    assert done.gate is not None and done.gate["p99_ms"] <= done.gate["budget_ms"] == 100.0
+    assert done.gate is not None and done.gate.p99_ms <= done.gate.budget_ms == 100.0
     assert (done.model_name, done.model_version, done.release) == ("tiny", "2", 2)
 
     status = deployer.status()
@@ -201,7 +202,7 @@ def test_a_failing_gate_is_refused_and_the_old_version_stays(
     assert done.state == "refused"
     assert done.reason.startswith("gate: p99 ") and "> budget 0.0001 ms" in done.reason
     assert [s.name for s in done.steps] == ["verify", "extract", "engine", "parity", "gate"]
-    assert not done.steps[-1].ok and done.gate is not None and done.gate["budget_ms"] == 0.0001
+    assert not done.steps[-1].ok and done.gate is not None and done.gate.budget_ms == 0.0001
     assert deployer.status().last == done
     assert_only_release_1(deployer, state)
 

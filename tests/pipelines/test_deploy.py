@@ -206,12 +206,14 @@ def test_a_cut_upload_resumes_from_the_bytes_the_agent_has(
 ) -> None:
     import httpx
 
-    from deploy_edge.client import AgentClient, DeviceEntry
-    from pipelines.release import bundle_release
+    from deploy_edge.client import AgentClient
+    from deploy_edge.device import DeviceEntry
+    from pipelines import registry
+    from pipelines.deploy.release import bundle_release
     from pipelines.services import configure
 
     configure()  # in-process MLflow reads this home's registry
-    _, path = bundle_release(f"models:/{MODEL}/2", signing["release"])
+    _, path = bundle_release(registry.get_version(MODEL, "2"), signing["release"])
     data = path.read_bytes()
     sha256 = hashlib.sha256(data).hexdigest()
     url = f"http://127.0.0.1:{agent['port']}/uploads/{sha256}"
@@ -230,7 +232,7 @@ def test_a_cut_upload_resumes_from_the_bytes_the_agent_has(
     AgentClient(entry).upload(path, sha256, lambda done, total: sent.append(done))
     assert sent and sent[-1] == len(data) and min(sent) > half, "resumed, not restarted"
     record = AgentClient(entry).deploy(sha256)
-    assert record["state"] == "active" and record["model_version"] == "2"
+    assert record.state == "active" and record.model_version == "2"
 
 
 def test_the_robot_busy_lock_defers_activation_until_it_is_released(
@@ -301,7 +303,8 @@ def self_signed_certificate(folder: Path) -> tuple[Path, Path]:
 def test_an_agent_with_tls_is_reached_only_through_its_certificate(
     registered: str, signing: dict[str, Path], shared_home: Path, tmp_path: Path
 ) -> None:
-    from deploy_edge.client import AgentClient, DeviceEntry, DeviceError
+    from deploy_edge.client import AgentClient
+    from deploy_edge.device import DeviceEntry, DeviceError
 
     cert, key = self_signed_certificate(tmp_path)
     started = start_agent(shared_home, tmp_path, tls_cert=str(cert), tls_key=str(key))
@@ -310,8 +313,8 @@ def test_an_agent_with_tls_is_reached_only_through_its_certificate(
         url = f"https://127.0.0.1:{started['port']}"
         trusted = DeviceEntry(name="dev-arm-01", url=url, token_env="ARM_TOKEN", ca_cert=cert)
         with AgentClient(trusted) as client:
-            assert client.health()["device"] == "dev-arm-01"
-            assert client.status()["active"] is None
+            assert client.health().device == "dev-arm-01"
+            assert client.status().active is None
         stranger = DeviceEntry(name="dev-arm-01", url=url, token_env="ARM_TOKEN")
         with (
             pytest.raises(DeviceError, match="CERTIFICATE_VERIFY_FAILED"),

@@ -153,11 +153,12 @@ def active(agent: dict[str, Any]) -> str | None:
 
 def put_on_v1(home: Path, key: Path, agents: dict[str, dict[str, Any]], names: list[str]) -> None:
     """The baseline: ``names`` run v1 (deployed directly, all at once)."""
-    from deploy_edge.client import DeviceEntry
-    from pipelines.release import bundle_release, deploy_release
+    from deploy_edge.device import DeviceEntry
+    from pipelines import registry
+    from pipelines.deploy.release import bundle_release, deploy_release
 
     os.environ[TOKEN_ENV] = TOKEN
-    _, path = bundle_release(f"models:/{MODEL}/1", key)
+    _, path = bundle_release(registry.get_version(MODEL, "1"), key)
 
     def one(name: str) -> str:
         url = f"http://127.0.0.1:{agents[name]['port']}"
@@ -405,8 +406,8 @@ def test_a_pipeline_whose_config_names_a_fleet_rolls_its_new_champion_out(
 ) -> None:
     """``deploy.fleet`` (what a nightly retrain's config sets): the pipeline promotes a
     champion, then rolls it out to the fleet, signed with the home's key."""
+    from pipelines.deploy.release import signing_key
     from pipelines.flow import train_simulate_deploy
-    from pipelines.local_agent import signing_key
     from tests.pipelines.test_flow import CONFIG, TINY
 
     public = signing_key().with_suffix(".pub")

@@ -607,8 +607,8 @@ def test_a_device_that_already_runs_the_champion_keeps_it(first_run: dict[str, A
     """Deploying the champion the local agent already runs (a re-run of the demo) changes
     nothing there: reported active, and an episode still runs."""
     from pipelines.config import load_config
+    from pipelines.deploy.local_agent import deploy_to_local_agent
     from pipelines.records import Registration
-    from pipelines.release import deploy_to_local_agent
 
     cfg = load_config(CONFIG, TINY)
     champion = Registration(MODEL, first_run["version"], [], True, [], {}, "")

@@ -5,10 +5,13 @@ device runs, then deploys wave by wave (the plan of :func:`deploy_edge.fleet.pla
 ``deploy_device`` task per device, the devices of a wave concurrently. A wave with more
 failures than the threshold (any failure of the canary; an unreachable device is a failure)
 stops the rollout, and every device this rollout updated is rolled back to the version it ran
-before (the agent's ``POST /rollback``: the previous slot becomes active again). The flow run
-publishes a markdown summary artifact, and the model version gets one set of tags per device
-(``robo_pipe.device.<name>.version/state/at/p99_ms``), so ``robo-pipe models show`` lists
-where a version runs.
+before (:meth:`~deploy_edge.device.Device.rollback`: the previous slot becomes active again).
+The flow run publishes a markdown summary artifact, and the model version gets one set of tags
+per device (``robo_pipe.device.<name>.version/state/at/p99_ms``), so ``robo-pipe models show``
+lists where a version runs.
+
+Devices are reached through :func:`deploy_edge.device.connect` (whatever their kind) and
+answer with the records of :mod:`deploy_edge.wire`.
 
 Per-device progress goes to this process's listeners (:func:`pipelines.progress.listening`):
 one row per device, named after it.
@@ -21,13 +24,14 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 from prefect.task_runners import ThreadPoolTaskRunner
 from rich.markup import escape
 
+from deploy_edge.device import DeviceError, connect
 from deploy_edge.fleet import (
     FleetDevice,
     FleetError,
@@ -38,17 +42,22 @@ from deploy_edge.fleet import (
     wave_failed,
 )
 from deploy_edge.fleet import select as select_devices
-from pipelines import registry, release
+from deploy_edge.wire import STEPS as DEVICE_STEPS
+from pipelines import registry
+from pipelines.deploy import release
 from pipelines.progress import BROADCAST
 from pipelines.records import DeviceRollout, DeviceState, FleetResult
 from pipelines.summary import fleet_artifact_key, summary_markdown
+
+if TYPE_CHECKING:
+    from deploy_edge.wire import DeviceStatus, Slot
 
 T = TypeVar("T")
 
 DEVICE_TAG = registry.TAG + "device."
 """Prefix of the per-device tags on a model version: ``<prefix><device>.<field>``."""
 
-STEPS = (*release.DEPLOY_STEPS, "commit")
+STEPS = ("upload", *DEVICE_STEPS)
 """The steps of one device's deployment (its progress bar)."""
 FLEET_WORKERS = 64
 """Most devices of one wave deployed at once."""
@@ -57,10 +66,8 @@ FLEET_WORKERS = 64
 # -- helpers -------------------------------------------------------------------------------------
 
 
-def _label(slot: Any) -> str | None:
-    if not isinstance(slot, dict):
-        return None
-    return f"{slot['model_name']}:{slot['model_version']}"
+def _label(slot: Slot | None) -> str | None:
+    return slot.label if slot is not None else None
 
 
 def _now() -> str:
@@ -92,13 +99,11 @@ def load_selection(
     return parsed, select_devices(parsed.devices, list(selectors))
 
 
-def read_status(device: FleetDevice, timeout_s: float = 10.0) -> dict[str, Any] | str:
-    """The agent's status answer, or why it could not be read."""
-    from deploy_edge.client import AgentClient, DeviceError
-
+def read_status(entry: FleetDevice, timeout_s: float = 10.0) -> DeviceStatus | str:
+    """The device's status, or why it could not be read."""
     try:
-        with AgentClient(device, timeout_s=timeout_s) as client:
-            return client.status()
+        with connect(entry, timeout_s=timeout_s) as device:
+            return device.status()
     except DeviceError as err:
         return str(err)
 
@@ -111,17 +116,15 @@ def device_state(device: FleetDevice) -> DeviceState:
         state.error = found
         return state
     state.reachable = True
-    state.active, state.staged = _label(found.get("active")), _label(found.get("staged"))
-    state.previous, state.locked = _label(found.get("previous")), bool(found.get("locked"))
-    last = found.get("last")
-    if isinstance(last, dict):
-        state.last_state = last.get("state")
-        state.last_version = f"{last.get('model_name')}:{last.get('model_version')}"
-        gate = next((s for s in last.get("steps", []) if s["name"] == "gate"), None)
+    state.active, state.staged = _label(found.active), _label(found.staged)
+    state.previous, state.locked = _label(found.previous), found.locked
+    last = found.last
+    if last is not None:
+        state.last_state, state.last_version = last.state, last.label
+        gate = last.step("gate")
         if gate is not None:
-            p99 = (last.get("gate") or {}).get("p99_ms")
-            measured = f", p99 {p99:.2f} ms" if p99 is not None else ""
-            state.gate = f"passed{measured}" if gate["ok"] else f"FAILED: {gate['detail']}"
+            measured = f", p99 {last.gate.p99_ms:.2f} ms" if last.gate is not None else ""
+            state.gate = f"passed{measured}" if gate.ok else f"FAILED: {gate.detail}"
     return state
 
 
@@ -132,7 +135,7 @@ def fleet_status(fleet: str | Path, selectors: Sequence[str] = ()) -> list[Devic
     return _each(devices, device_state)
 
 
-def _befores(devices: Sequence[FleetDevice]) -> dict[str, dict[str, Any] | str]:
+def _befores(devices: Sequence[FleetDevice]) -> dict[str, DeviceStatus | str]:
     answers = _each(devices, read_status)
     return {d.name: a for d, a in zip(devices, answers, strict=True)}
 
@@ -173,13 +176,11 @@ def deploy_device(
 ) -> DeviceRollout:
     """The release onto one device of a wave. Never raises for the device's sake: an
     unreachable device, a refusal, a rollback or a timeout is the returned row's state."""
-    from deploy_edge.client import AgentClient, DeviceError
-
     start = time.perf_counter()
     row = DeviceRollout(device.name, wave, before, before, "failed")
     try:
-        with AgentClient(device, timeout_s=min(10.0, timeout_s)) as client:
-            client.health()
+        with connect(device, timeout_s=min(10.0, timeout_s)) as reached:
+            reached.health()
     except DeviceError as err:
         row.state, row.reason = "unreachable", str(err)
     else:
@@ -191,16 +192,14 @@ def deploy_device(
                 listener = _DeviceProgress(device.name)
                 done = release.deploy_release(
                     device, Path(release_file), force, listener, timeout_s
-                ).to_json()
+                )
             except DeviceError as err:
                 row.reason = str(err)
             except Exception as err:  # one device's fault fails that device, not the rollout
                 row.reason = f"{type(err).__name__}: {err}"
             else:
-                row.state, row.reason = str(done["state"]), str(done.get("reason") or "")
-                row.deployment_id = str(done.get("id", ""))
-                gate = done.get("gate") or {}
-                row.p99_ms = float(gate["p99_ms"]) if "p99_ms" in gate else None
+                row.state, row.reason, row.deployment_id = done.state, done.reason, done.id
+                row.p99_ms = done.gate.p99_ms if done.gate is not None else None
                 if row.state == "active":
                     row.after = new
     row.seconds, row.at = time.perf_counter() - start, _now()
@@ -210,12 +209,10 @@ def deploy_device(
 
 def _revert(device: FleetDevice, row: DeviceRollout, why: str) -> None:
     """Roll ``device`` back to what it ran before this rollout (its previous slot)."""
-    from deploy_edge.client import AgentClient, DeviceError
-
     try:
-        with AgentClient(device) as client:
-            client.rollback()
-            now = _label(client.status().get("active"))
+        with connect(device) as reached:
+            reached.rollback()
+            now = _label(reached.status().active)
     except DeviceError as err:
         row.reason = f"could not roll back: {err}"
         return
@@ -229,15 +226,13 @@ def _revert(device: FleetDevice, row: DeviceRollout, why: str) -> None:
 
 
 def plan(
-    model_uri: str,
+    version: registry.VersionInfo,
     fleet: str | Path,
     canary: int | None = None,
     select_: Sequence[str] = (),
 ) -> FleetResult:
-    """The rollout ``deploy_fleet`` would do, changing nothing: the waves, and what each
-    device runs now (an unreachable one says why)."""
-    name, ref = registry.parse_model_uri(model_uri)
-    info = registry.get_version(name, ref)
+    """The rollout of ``version`` that ``deploy_fleet`` would do, changing nothing: the waves,
+    and what each device runs now (an unreachable one says why)."""
     parsed, devices = load_selection(fleet, select_)
     check_tokens(devices)
     waves = plan_waves(devices, parsed.rollout, canary)
@@ -247,12 +242,12 @@ def plan(
     for number, wave in enumerate(waves):
         for device in wave:
             answer = answers[device.name]
-            before = _label(answer.get("active")) if isinstance(answer, dict) else None
+            before = _label(answer.active) if not isinstance(answer, str) else None
             reason = answer if isinstance(answer, str) else ""
             rows.append(DeviceRollout(device.name, number, before, before, "planned", reason))
     return FleetResult(
-        info.name,
-        info.version,
+        version.name,
+        version.version,
         str(fleet),
         [[d.name for d in w] for w in waves],
         rows,
@@ -269,7 +264,7 @@ def plan(
     task_runner=ThreadPoolTaskRunner(max_workers=FLEET_WORKERS),  # type: ignore[arg-type]
 )
 def deploy_fleet(
-    model_uri: str,
+    version: registry.VersionInfo,
     fleet: str,
     canary: int | None = None,
     max_failures: int | None = None,
@@ -282,7 +277,7 @@ def deploy_fleet(
     docstring).
 
     Args:
-        model_uri: ``models:/<name>/<n>`` or ``models:/<name>@<alias>``.
+        version: the registry version to roll out (resolved: an alias was read once).
         fleet: fleet file (devices and rollout policy).
         canary: devices of the canary wave (default: the fleet file's).
         max_failures: failures a wave may have (default: the fleet file's rule).
@@ -303,15 +298,13 @@ def deploy_fleet(
     waves = plan_waves(devices, policy, canary)
     canary_devices = canary_size(waves, policy, canary)
     manifest, release_file = release.bundle_release(
-        model_uri, Path(key) if key else release.default_key()
+        version, Path(key) if key else release.default_key()
     )
     from deploy_edge.release import file_sha256
 
     sha256, new = file_sha256(release_file), f"{manifest.model_name}:{manifest.model_version}"
     answers = _befores(devices)
-    befores = {
-        n: _label(a.get("active")) if isinstance(a, dict) else None for n, a in answers.items()
-    }
+    befores = {n: _label(a.active) if not isinstance(a, str) else None for n, a in answers.items()}
     for number, wave in enumerate(waves):
         for device in wave:
             BROADCAST.started(device.name, len(STEPS), "")

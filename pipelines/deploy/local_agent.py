@@ -1,12 +1,13 @@
-"""A local edge agent: the device the demo deploys to, on 127.0.0.1.
+"""A local edge agent: the device the demo deploys to, on 127.0.0.1, and the pipeline's deploy
+stage onto it (:func:`deploy_to_local_agent`).
 
 Its files live under ``$ROBO_PIPE_HOME/edge/local-agent``: ``device.yaml``, the bearer token
 (``token``, mode 0600), the agent's state (slots, journal, history) in ``state/`` and its log in
-``agent.log``. The signing key pair is the home's default (``$ROBO_PIPE_HOME/keys/robo-pipe.*``),
-made on first use. The agent runs only inside :func:`running_local_agent`, for one run of the
-home at a time (:mod:`robo_pipe.locks`); between runs its state stays, so ``robo-pipe
-edge-agent --config $ROBO_PIPE_HOME/edge/local-agent/device.yaml`` serves the last deployed
-version again.
+``agent.log``. The signing key pair is the home's default (``$ROBO_PIPE_HOME/keys/robo-pipe.*``,
+:func:`pipelines.deploy.release.signing_key`), made on first use. The agent runs only inside
+:func:`running_local_agent`, for one run of the home at a time (:mod:`robo_pipe.locks`);
+between runs its state stays, so ``robo-pipe edge-agent --config
+$ROBO_PIPE_HOME/edge/local-agent/device.yaml`` serves the last deployed version again.
 """
 
 from __future__ import annotations
@@ -23,10 +24,13 @@ from pathlib import Path
 
 import yaml
 
-from deploy_edge.client import AgentClient, DeviceEntry, DeviceError
+from deploy_edge.device import DeviceEntry, DeviceError, connect
+from pipelines import registry
 from pipelines.config import PipelineConfig
+from pipelines.deploy.release import bundle_release, deploy_release, signing_key
 from pipelines.home import home_dir
-from pipelines.release import default_key
+from pipelines.progress import SILENT, Listener, status_lines
+from pipelines.records import EdgeDeployment, Registration
 from pipelines.services import free_port
 from robo_pipe.locks import StatusFn, output_lock
 
@@ -40,17 +44,6 @@ def agent_dir() -> Path:
     folder = home_dir("edge") / NAME
     folder.mkdir(parents=True, exist_ok=True)
     return folder
-
-
-def signing_key() -> Path:
-    """The home's signing key, generated (with its public key) on first use."""
-    from deploy_edge.keys import generate_keypair
-
-    key = default_key()
-    with output_lock(key, "keys"):  # two first runs at once must not make two key pairs
-        if not key.is_file():
-            generate_keypair(key.parent, key.stem)
-    return key
 
 
 def _token() -> str:
@@ -110,8 +103,8 @@ def running_local_agent(
                     log_path = agent_dir() / "agent.log"
                     raise DeviceError(f"the local edge agent exited; see {log_path}")
                 try:
-                    with AgentClient(entry, timeout_s=2.0) as client:
-                        client.health()
+                    with connect(entry, timeout_s=2.0) as device:
+                        device.health()
                     break
                 except DeviceError:
                     if time.monotonic() > deadline:
@@ -125,3 +118,50 @@ def running_local_agent(
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+
+
+def deploy_to_local_agent(
+    cfg: PipelineConfig, registration: Registration, listener: Listener = SILENT
+) -> EdgeDeployment:
+    """The pipeline's deploy stage: ``registration``'s version, signed with the home's key,
+    onto the local edge agent, then one episode on it. A device that already runs this
+    release keeps it (a re-run of the demo changes nothing there)."""
+    from deploy_edge.release import file_sha256
+
+    version = registry.get_version(registration.name, registration.version)
+    _, path = bundle_release(version, signing_key())
+    # Runs sharing the home take turns with the agent: a second deploy waits, and says so.
+    with running_local_agent(cfg, status_lines("deploy", listener)) as entry:
+        with connect(entry) as device:
+            active = device.status().active
+            history = device.history()
+        if active is not None and active.sha256 == file_sha256(path):
+            # already there: report the gate it passed
+            went_live = [
+                d for d in history if d.release_sha256 == active.sha256 and d.state == "active"
+            ]
+            state, reason = "active", "already runs this release"
+            gate = went_live[0].gate if went_live else None
+            listener.finished("verify", "already runs this release", reused=True)
+        else:
+            done = deploy_release(entry, path, listener=listener)
+            state, reason, gate = done.state, done.reason, done.gate
+        episode = None
+        if state == "active":
+            listener.started("episode", cfg.deploy.episode_ticks, "ticks")
+            with connect(entry) as device:
+                episode = device.episode(None, cfg.deploy.episode_ticks)  # the scene's task
+            success = {True: "success", False: "no success", None: "done"}[episode.success]
+            detail = f"{success} in {episode.ticks} ticks, p99 {episode.p99_ms:.2f} ms"
+            listener.finished("episode", detail, reused=False)
+    return EdgeDeployment(
+        device=entry.name,
+        model_version=registration.version,
+        state=state,
+        reason=reason,
+        p99_ms=gate.p99_ms if gate else None,
+        episode_success=episode.success if episode else None,
+        episode_ticks=episode.ticks if episode else 0,
+        episode_p99_ms=episode.p99_ms if episode else None,
+        state_dir=str(agent_dir() / "state"),
+    )

@@ -1,0 +1,137 @@
+"""Releases: a registry version as a signed release, and that release on a device.
+
+    bundle_release(version, key) -> (Manifest, release file)   (reused while valid)
+    deploy_release(entry, release) -> Deployment                (upload, then the device's steps)
+
+The CLI verbs, the local agent's deploy stage and the fleet rollout call these and report
+progress to a :class:`~pipelines.progress.Listener`; the device does the verifying, building,
+gating and activating itself (:mod:`deploy_edge.agent`). The version arrives resolved
+(:class:`~pipelines.registry.VersionInfo`): whoever took it from a user's ``models:/`` string
+parsed that once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pipelines import registry
+from pipelines.home import home_dir
+from pipelines.progress import SILENT, Listener
+from robo_pipe.locks import output_lock
+
+if TYPE_CHECKING:
+    from deploy_edge.device import DeviceEntry
+    from deploy_edge.release import Manifest
+    from deploy_edge.wire import Deployment, DeviceStatus, StepResult
+
+
+def default_key() -> Path:
+    """The signing key ``robo-pipe keys generate`` writes by default."""
+    return home_dir("keys") / "robo-pipe.key"
+
+
+def signing_key() -> Path:
+    """The home's default signing key, generated (with its public key) on first use."""
+    from deploy_edge.keys import generate_keypair
+
+    key = default_key()
+    with output_lock(key, "keys"):  # two first runs at once must not make two key pairs
+        if not key.is_file():
+            generate_keypair(key.parent, key.stem)
+    return key
+
+
+def bundle_release(
+    version: registry.VersionInfo,
+    key: Path,
+    out: Path | None = None,
+    expires_in_days: float | None = 30.0,
+    targets: Sequence[str] = (),
+    budget_ms: float | None = None,
+) -> tuple[Manifest, Path]:
+    """The registry version ``version`` as a release signed with ``key``: its export bundle
+    with a manifest (model, version, run, every file's sha256, the I/O spec, ``targets``,
+    ``budget_ms``, expiry) and the release number for anti-rollback, which is the registry
+    version number (a newer version is a newer release). An earlier release of the same
+    version with the same key is reused while it verifies and has not expired; a new one is
+    signed only over a bundle that verifies against its checksums
+    (:func:`deploy_edge.bundle.verify_bundle`)."""
+    from deploy_edge.bundle import verify_bundle
+    from deploy_edge.keys import key_id, load_private_key
+    from deploy_edge.release import (
+        ReleaseError,
+        check_policy,
+        verify_release,
+        write_release,
+    )
+
+    private = load_private_key(key)
+    _, export_dir = registry.fetch_export(version.name, version.version)
+    signer = key_id(private.public_key())
+    target = out or home_dir("releases") / f"{version.name}-v{version.version}-{signer}.release"
+    if target.is_file():
+        try:
+            manifest = verify_release(target, [private.public_key()])
+            check_policy(manifest, active_release=None)
+            if (manifest.targets, manifest.budget_ms) == (list(targets), budget_ms):
+                return manifest, target
+        except ReleaseError:
+            pass  # expired or not ours: sign it again
+    verify_bundle(export_dir)  # never sign a registry copy that changed since it was fetched
+    manifest = write_release(
+        export_dir,
+        target,
+        private,
+        model_name=version.name,
+        model_version=version.version,
+        run_id=version.run_id,
+        release=int(version.version),
+        targets=targets,
+        budget_ms=budget_ms,
+        expires_in_days=expires_in_days,
+    )
+    return manifest, target
+
+
+def deploy_release(
+    entry: DeviceEntry,
+    release: Path,
+    force: bool = False,
+    listener: Listener = SILENT,
+    timeout_s: float = 1800.0,
+) -> Deployment:
+    """Upload ``release`` to ``entry``'s device (resuming a cut upload) and follow the
+    device's steps to the end, all within ``timeout_s``. The device's record of the
+    deployment: ``state`` is ``active`` only when the device now runs the new version."""
+    from deploy_edge.device import connect
+    from deploy_edge.release import file_sha256
+
+    sha256, size = file_sha256(release), release.stat().st_size
+    shown: set[str] = set()
+
+    def on_upload(sent: int, total: int) -> None:
+        listener.advanced("upload", sent, f"{sent / 1e6:.1f} / {total / 1e6:.1f} MB")
+
+    def show(steps: list[StepResult]) -> None:  # each device step once, as it ends
+        for step in steps:
+            if step.name not in shown:
+                shown.add(step.name)
+                verdict = "ok" if step.ok else f"FAILED: {step.detail}"
+                listener.finished(step.name, f"{verdict} ({step.seconds:.1f} s)", False)
+
+    def on_status(status: DeviceStatus) -> None:
+        show(status.running.steps if status.running else [])
+
+    deadline = time.monotonic() + timeout_s
+    with connect(entry, timeout_s=min(30.0, timeout_s)) as device:
+        device.health()
+        listener.started("upload", size, "bytes")
+        device.upload(release, sha256, on_upload)
+        listener.finished("upload", f"{size / 1e6:.1f} MB", reused=False)
+        left = max(1.0, deadline - time.monotonic())
+        done = device.deploy(sha256, force, on_status, timeout_s=left)
+        show(done.steps)  # the last steps end after the last poll
+        return done

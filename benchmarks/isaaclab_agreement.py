@@ -52,7 +52,7 @@ def play(
     """Success per seed and seconds, on one backend."""
     robot = get_robot("rp5")
     scene = SceneConfig(variant=variant, cameras=list(cameras) or ["scene"], image_size=image_size)
-    sim = SimConfig(backend=backend, num_envs=envs, device=device)  # type: ignore[arg-type]
+    sim = SimConfig(backend=backend, num_envs=envs, device=device)
     with make_env(robot, scene, sim, cameras=cameras, autoreset=False) as env:
         start = time.perf_counter()
         records = play_episodes(env, act, seeds)

@@ -30,7 +30,7 @@ def measure(
     """(env-steps/s, seconds to build the env) of one configuration."""
     robot = get_robot("rp5")
     scene = SceneConfig(variant="touch-mixed", cameras=["scene"], image_size=64)
-    sim = SimConfig(backend=backend, num_envs=envs, num_threads=2, device=device)  # type: ignore[arg-type]
+    sim = SimConfig(backend=backend, num_envs=envs, num_threads=2, device=device)
     rng = np.random.default_rng(0)
     limit = robot.definition.max_joint_delta
     start = time.perf_counter()

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from sim_scenes.touch import available_variants
+from stages.finetune.algorithm import ALGORITHMS
 
 
 class BCConfig(BaseModel):
@@ -61,10 +62,19 @@ class PretrainConfig(BaseModel):
         return names
 
 
-class PPOConfig(BaseModel):
-    """Proximal policy optimisation (clipped objective, GAE, value head, KL to the BC policy)."""
+class AlgorithmSettings(BaseModel):
+    """An RL algorithm's config section (``finetune.rl.<name>``, the :class:`RLConfig` field
+    named like the algorithm). Each section declares its own fields, ``kl_coef`` among them
+    (the weight of KL(policy || frozen starting policy))."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    replans_every_step: ClassVar[bool] = False
+    """The algorithm needs ``finetune.rl.horizon`` 1: it acts on one action per decision."""
+
+
+class PPOConfig(AlgorithmSettings):
+    """Proximal policy optimisation (clipped objective, GAE, value head, KL to the BC policy)."""
 
     steps_per_env: int = Field(default=32, ge=1, le=100_000)
     """Control decisions each environment contributes to one update (the rollout length)."""
@@ -85,11 +95,9 @@ class PPOConfig(BaseModel):
     """Weight of KL(policy || frozen starting policy): keeps the VLA near what BC taught it."""
 
 
-class SACConfig(BaseModel):
+class SACConfig(AlgorithmSettings):
     """Soft actor-critic (twin Q critics on policy features and the action chunk, target
     networks, automatic temperature, KL to the BC policy)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     steps_per_env: int = Field(default=4, ge=1, le=100_000)
     """Control decisions each environment takes between updates."""
@@ -116,12 +124,13 @@ class SACConfig(BaseModel):
     """Weight of KL(policy || frozen starting policy)."""
 
 
-class GRPOConfig(BaseModel):
+class GRPOConfig(AlgorithmSettings):
     """Group relative policy optimisation (RLinf's and SimpleVLA-RL's algorithm for VLAs):
     groups of episodes from one reset seed, each episode's advantage its outcome against its
     group's, a clipped ratio, no critic."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    replans_every_step: ClassVar[bool] = True
+    """It scores whole episodes and re-plans every control step."""
 
     group_size: int = Field(default=8, ge=2, le=1024)
     """Episodes played from the same reset seed (same scene, same instruction)."""
@@ -185,27 +194,21 @@ class RLConfig(BaseModel):
     sac: SACConfig = SACConfig()
     grpo: GRPOConfig = GRPOConfig()
 
-    def settings(self, algo: str) -> PPOConfig | SACConfig | GRPOConfig:
-        """The section of algorithm ``algo``."""
-        if algo == "ppo":
-            return self.ppo
-        if algo == "sac":
-            return self.sac
-        if algo == "grpo":
-            return self.grpo
-        raise ValueError(f"unknown RL algorithm {algo!r}; valid choices: {', '.join(RL_ALGOS)}")
+    def settings(self, algo: str) -> AlgorithmSettings:
+        """The section of RL algorithm ``algo`` (the field named like it)."""
+        if algo not in ALGORITHMS:
+            raise ValueError(
+                f"unknown RL algorithm {algo!r}; valid choices: {', '.join(ALGORITHMS)}"
+            )
+        section: AlgorithmSettings = getattr(self, algo)
+        return section
 
-    def learner_torch_threads(self, algo: str, cores: int) -> int:
-        """Torch threads of the learner on a node with ``cores`` cores (``learner_threads``)."""
+    def learner_torch_threads(self, on_policy: bool, cores: int) -> int:
+        """Torch threads of the learner of an algorithm that is ``on_policy`` (or not) on a node
+        with ``cores`` cores (``learner_threads``)."""
         if self.learner_threads is not None:
             return self.learner_threads
-        return cores if algo in ON_POLICY else max(1, int(self.learner_cpus))
-
-
-RL_ALGOS = ("ppo", "sac", "grpo")
-"""``finetune.algo`` values that run RL in simulation after (or instead of) BC."""
-ON_POLICY = ("ppo", "grpo")
-"""Algorithms whose rollouts and updates alternate (the learner waits for fresh rollouts)."""
+        return cores if on_policy else max(1, int(self.learner_cpus))
 
 
 class FinetuneConfig(BaseModel):
@@ -213,9 +216,10 @@ class FinetuneConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
-    algo: Literal["bc", "ppo", "sac", "grpo"] = "bc"
-    """``bc``: behaviour cloning only. ``ppo`` / ``sac`` / ``grpo``: RL in simulation after the
-    BC warm start (or instead of it, with ``warm_start: none``)."""
+    algo: str = "bc"
+    """``bc``: behaviour cloning only. An RL algorithm of
+    :data:`stages.finetune.algorithm.ALGORITHMS` (``ppo`` / ``sac`` / ``grpo``): RL in
+    simulation after the BC warm start (or instead of it, with ``warm_start: none``)."""
     warm_start: Literal["bc", "none"] = "bc"
     """RL only: start from the BC fine-tune (``bc``) or from the base with fresh adapters."""
     trainable: Literal["lora", "all"] = "lora"
@@ -226,13 +230,22 @@ class FinetuneConfig(BaseModel):
     @property
     def is_rl(self) -> bool:
         """RL in simulation runs (after or instead of BC)."""
-        return self.algo in RL_ALGOS
+        return self.algo in ALGORITHMS
+
+    @field_validator("algo")
+    @classmethod
+    def _known_algo(cls, name: str) -> str:
+        if name != "bc" and name not in ALGORITHMS:
+            raise ValueError(
+                f"unknown algorithm {name!r}; valid choices: bc, {', '.join(ALGORITHMS)}"
+            )
+        return name
 
     @model_validator(mode="after")
-    def _grpo_acts_every_step(self) -> FinetuneConfig:
-        if self.algo == "grpo" and self.rl.horizon != 1:
+    def _one_action_per_decision(self) -> FinetuneConfig:
+        if self.is_rl and self.rl.settings(self.algo).replans_every_step and self.rl.horizon != 1:
             raise ValueError(
-                "finetune.algo grpo scores whole episodes and re-plans every control step: "
+                f"finetune.algo {self.algo} re-plans every control step: "
                 f"finetune.rl.horizon must be 1, got {self.rl.horizon}"
             )
         return self

@@ -57,8 +57,38 @@ def group_advantages(outcomes: np.ndarray, groups: np.ndarray) -> tuple[np.ndarr
     return advantages, kept
 
 
+def group_seeds(seed: int, iteration: int, slot: int, groups: int) -> list[int]:
+    """The reset seeds of the groups worker ``slot`` plays in round ``iteration``: the same for
+    a worker that Ray restarted, or a resumed run."""
+    rng = np.random.default_rng([seed, iteration, slot, 0x6772706F])  # "grpo"
+    return [int(s) for s in rng.integers(0, 2**31 - 1, groups)]
+
+
 class GRPO(RLAlgorithm):
     """The GRPO learner state: one Adam over the adapters and heads; no critic."""
+
+    on_policy = True
+    plays_groups = True
+    loss_metrics = ("policy_loss", "approx_kl", "kl_ref")
+
+    @classmethod
+    def start_round(
+        cls,
+        worker: Any,
+        settings: GRPOConfig,
+        seed: int,
+        iteration: int,
+        slot: int,
+        weights: Any,
+    ) -> Any:
+        """``groups_per_worker`` groups of ``group_size`` whole episodes, each group from a
+        reset seed drawn for this round and worker (a :class:`GroupRollout`)."""
+        return worker.play_groups.remote(
+            group_seeds(seed, iteration, slot, settings.groups_per_worker),
+            settings.group_size,
+            weights,
+            iteration,
+        )
 
     def __init__(
         self,
@@ -137,9 +167,3 @@ class GRPO(RLAlgorithm):
                 sums[key] = sums.get(key, 0.0) + value
             count += 1
         return metrics | {k: v / count for k, v in sums.items()} | {"updates": float(count)}
-
-    def extra_state(self) -> dict[str, Any]:
-        return {}
-
-    def load_extra_state(self, state: dict[str, Any]) -> None:
-        pass

@@ -1,5 +1,5 @@
 """The RL learner: the policy being trained, the frozen start policy, and the algorithm's state
-(PPO, SAC or GRPO).
+(the class :mod:`stages.finetune.algorithm` names: PPO, SAC, GRPO).
 
 It runs as one Ray actor (see :mod:`stages.finetune.rl`); Ray restarts it if its process dies,
 and its constructor then continues from the latest checkpoint, as a re-run does. After each
@@ -18,22 +18,19 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from stages.finetune.algorithm import RLAlgorithm
+from stages.finetune.algorithm import algorithm_class
 from stages.finetune.checkpoints import (
     commit_checkpoint,
     latest_checkpoint,
     restore_training_state,
 )
 from stages.finetune.config import RLConfig
-from stages.finetune.grpo import GRPO
-from stages.finetune.ppo import PPO
 from stages.finetune.rollout import (
     GroupRollout,
     Rollout,
@@ -41,10 +38,8 @@ from stages.finetune.rollout import (
     concat_rollouts,
     rl_parameters,
 )
-from stages.finetune.sac import SAC
 from stages.policy.checkpoint import BaseRef, load_policy, load_trainable, read_policy_meta
 
-ALGORITHMS: dict[str, Callable[..., RLAlgorithm]] = {"ppo": PPO, "sac": SAC, "grpo": GRPO}
 LEARNER_FILE = "learner.safetensors"
 """In a step checkpoint's ``training/``: the algorithm's modules and optimizer moments."""
 
@@ -61,7 +56,10 @@ class Learner:
         out: str,
     ) -> None:
         self.cfg = RLConfig(**rl)
-        torch.set_num_threads(self.cfg.learner_torch_threads(algo, os.cpu_count() or 1))
+        algorithm = algorithm_class(algo)
+        torch.set_num_threads(
+            self.cfg.learner_torch_threads(algorithm.on_policy, os.cpu_count() or 1)
+        )
         torch.manual_seed(seed)
         self.out = Path(out)
         self.policy = load_policy(start_checkpoint)
@@ -69,7 +67,7 @@ class Learner:
         meta = read_policy_meta(start_checkpoint)
         self.base = BaseRef.from_json(meta["base"]) if meta.get("base") else None
         self.params = rl_parameters(self.policy)
-        self.algo = ALGORITHMS[algo](
+        self.algo = algorithm(
             self.policy,
             self.reference,
             self.params,

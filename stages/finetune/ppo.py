@@ -21,7 +21,6 @@ adapters, so a poor value estimate cannot damage what BC taught.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import numpy as np
 import torch
@@ -94,6 +93,10 @@ def minibatches(
 
 class PPO(RLAlgorithm):
     """The PPO learner state: value head and one Adam over adapters, heads and value head."""
+
+    on_policy = True
+    value_head = True
+    loss_metrics = ("policy_loss", "value_loss", "kl_ref")
 
     def __init__(
         self,
@@ -207,9 +210,3 @@ class PPO(RLAlgorithm):
         explained = 1.0 - np.var(returns - values[:steps]) / (np.var(returns) + 1e-8)
         metrics.update(updates=float(count), explained_variance=float(explained))
         return metrics
-
-    def extra_state(self) -> dict[str, Any]:
-        return {}
-
-    def load_extra_state(self, state: dict[str, Any]) -> None:
-        pass

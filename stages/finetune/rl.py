@@ -1,15 +1,18 @@
 """RL fine-tuning on Ray: rollout-worker actors and one learner actor, LoRA-only weight sync.
 
-    learner  = Learner actor (policy, frozen start policy, PPO, SAC or GRPO, optimizer state)
+    learner  = Learner actor (policy, frozen start policy, the algorithm, optimizer state)
     workers  = N RolloutWorker actors (batched simulator + policy copy, inference only)
     for iteration in start..iterations:
-        rollouts = every worker plays steps_per_env decisions with the synced weights
-                   (GRPO: groups_per_worker groups of group_size whole episodes, each group
-                   from one reset seed drawn for this iteration and worker)
-        update   = learner trains on them                         (SAC: overlapped with the
-                                                                   next round's rollouts)
+        rollouts = every worker plays its round with the synced weights: steps_per_env
+                   decisions (groups: groups_per_worker groups of group_size whole episodes,
+                   each group from one reset seed drawn for this iteration and worker)
+        update   = learner trains on them                         (replay: overlapped with
+                                                                   the next round's rollouts)
         sync     = learner's trainable weights -> object store -> every worker
         every checkpoint_every: learner checkpoint (a re-run resumes from the latest)
+
+What the algorithm is (:mod:`stages.finetune.algorithm`: on-policy or replay, groups, a value
+head in the workers) comes from its class; nothing here names one.
 
 Both actors are plain classes (:mod:`stages.finetune.rollout`, :mod:`stages.finetune.learner`)
 that Ray restarts when their process dies, up to ``rl.max_worker_restarts`` times each. A
@@ -31,8 +34,9 @@ from typing import Any
 import numpy as np
 
 from robo_pipe.locks import StatusFn
+from stages.finetune.algorithm import algorithm_class
 from stages.finetune.checkpoints import latest_checkpoint, log_metrics, read_metrics
-from stages.finetune.config import ON_POLICY, GRPOConfig, RLConfig
+from stages.finetune.config import RLConfig
 from stages.finetune.learner import Learner
 from stages.finetune.rollout import GroupRollout, Rollout, RolloutWorker
 from stages.ray_runtime import RayClusterError
@@ -54,7 +58,7 @@ class RLJob:
     start_checkpoint: str
     """The policy RL starts from (the BC fine-tune, or the base with fresh adapters)."""
     algo: str
-    """``ppo``, ``sac`` or ``grpo``."""
+    """The RL algorithm's name (:data:`stages.finetune.algorithm.ALGORITHMS`)."""
     robot: str
     scene: dict[str, Any]
     sim: dict[str, Any]
@@ -119,8 +123,9 @@ def train_rl(
     from ray.exceptions import RayActorError, RayTaskError
 
     cfg = RLConfig(**job.rl)
+    algorithm = algorithm_class(job.algo)
     settings = cfg.settings(job.algo)
-    off_policy = job.algo not in ON_POLICY
+    off_policy = not algorithm.on_policy
     out = Path(job.out)
     out.mkdir(parents=True, exist_ok=True)
     wanted = cfg.learner_cpus + cfg.workers * cfg.worker_cpus
@@ -156,9 +161,7 @@ def train_rl(
             job.seed + 1000 * run.iteration,
             slot,
             threads,
-            kl_anchor=job.algo != "sac" and settings.kl_coef > 0,  # SAC's learner computes it
-            value_head=job.algo == "ppo",
-            episodic=job.algo == "grpo",
+            **algorithm.worker_kinds(settings),
         )
 
     def learner_call(ref: Any) -> Any:
@@ -207,19 +210,10 @@ def train_rl(
 
     def launch() -> list[Any]:
         weights, version = run.weights, run.iteration
-        if isinstance(settings, GRPOConfig):
-            return [
-                worker.play_groups.remote(
-                    group_seeds(job.seed, version, slot, settings.groups_per_worker),
-                    settings.group_size,
-                    weights,
-                    version,
-                )
-                for slot, worker in enumerate(run.workers)
-            ]
-        return run.pool.call_each(
-            lambda w: w.rollout.remote(settings.steps_per_env, weights, version)
-        )
+        return [
+            algorithm.start_round(worker, settings, job.seed, version, slot, weights)
+            for slot, worker in enumerate(run.workers)
+        ]
 
     def out_of_rounds(done: int) -> bool:
         """No round follows the one that leaves ``done`` iterations done: the last iteration,
@@ -319,17 +313,10 @@ def train_rl(
     finally:
         run.pool.close()
         ray.kill(learner)
-    plot_learning_curves(out, job.algo)
+    plot_learning_curves(out, job.algo, algorithm.loss_metrics)
     latest = latest_checkpoint(out)
     assert latest is not None
     return latest
-
-
-def group_seeds(seed: int, iteration: int, slot: int, groups: int) -> list[int]:
-    """The reset seeds of the GRPO groups worker ``slot`` plays in round ``iteration``: the
-    same for a worker that Ray restarted, or a resumed run."""
-    rng = np.random.default_rng([seed, iteration, slot, 0x6772706F])  # "grpo"
-    return [int(s) for s in rng.integers(0, 2**31 - 1, groups)]
 
 
 def _logged(out: Path, key: str, step: int) -> int:
@@ -354,8 +341,9 @@ def rolling_success(records: list[dict[str, Any]]) -> list[float]:
     return rates
 
 
-def plot_learning_curves(out: Path, algo: str) -> Path | None:
-    """Success rate and return of the training episodes, and the losses, against env steps."""
+def plot_learning_curves(out: Path, algo: str, losses: tuple[str, ...]) -> Path | None:
+    """Success rate and return of the training episodes, and the ``losses`` of algorithm
+    ``algo``'s updates, against env steps."""
     records = read_metrics(out)
     if not records:
         return None
@@ -365,11 +353,6 @@ def plot_learning_curves(out: Path, algo: str) -> Path | None:
     import matplotlib.pyplot as plt
 
     steps = [r["env_steps"] for r in records]
-    losses = {
-        "ppo": ["policy_loss", "value_loss", "kl_ref"],
-        "sac": ["critic_loss", "actor_loss", "kl_ref"],
-        "grpo": ["policy_loss", "approx_kl", "kl_ref"],
-    }[algo]
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
     axes[0].plot(steps, [r["success_rate"] for r in records], ".", alpha=0.3, label="per round")
     axes[0].plot(steps, rolling_success(records), label=f"last {ROLLING_EPISODES} episodes")

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -74,41 +74,31 @@ def pooled_features(out: PolicyOutput) -> torch.Tensor:
 
 
 @dataclass
-class Rollout:
-    """One worker's round, time-major: ``T`` decisions of ``N`` environments.
-
-    Observations have ``T + 1`` entries: decision ``t`` was taken in ``obs[t]`` and led to
-    ``obs[t + 1]`` (the next episode's first observation where ``done[t]``).
-    """
+class PlayedRound:
+    """What a rollout worker played in one round, as the learner trains on it: the observations
+    its decisions were taken in (the policy's inputs, :meth:`observations`), the sampled
+    actions and their log-probabilities. The arrays share the round's leading axes ``B``:
+    :class:`Rollout` ``(T + 1, N)`` for observations and ``(T, N)`` for decisions;
+    :class:`GroupRollout` ``(M,)`` for both."""
 
     images: dict[str, np.ndarray]
-    """camera -> uint8 ``(T + 1, N, H, W, 3)``."""
+    """camera -> uint8 ``(*B, H, W, 3)``."""
     state: np.ndarray
-    """float32 ``(T + 1, N, state_dim)``, robot units."""
+    """float32 ``(*B, state_dim)``, robot units."""
     tokens: np.ndarray
-    """int64 ``(T + 1, N, max_tokens)``."""
+    """int64 ``(*B, max_tokens)``."""
     token_mask: np.ndarray
-    """int64 ``(T + 1, N, max_tokens)``."""
+    """int64 ``(*B, max_tokens)``."""
     actions: np.ndarray
-    """float32 ``(T, N, horizon, action_dim)``, normalised units."""
+    """float32 ``(*B, horizon, action_dim)``, normalised units (groups: horizon 1)."""
     logp: np.ndarray
-    """float32 ``(T, N)``: log-probability of ``actions`` under the worker's policy."""
-    reward: np.ndarray
-    """float32 ``(T, N)``: discounted reward over the executed actions."""
-    terminated: np.ndarray
-    """bool ``(T, N)``: the episode was solved (nothing to bootstrap)."""
-    truncated: np.ndarray
-    """bool ``(T, N)``: the episode hit its step limit."""
-    value: np.ndarray | None = None
-    """float32 ``(T + 1, N)``: the synced value head's estimate of each observation (PPO)."""
+    """float32 ``(*B,)``: log-probability of ``actions`` under the worker's policy."""
+    _: KW_ONLY
     ref_mean: np.ndarray | None = None
-    """float32 ``(T, N, horizon, action_dim)``: the start policy's mean at each decision
-    (normalised units), when the algorithm has a KL anchor."""
-    success: list[bool] = field(default_factory=list)
-    """Episodes that finished during the round: solved or not."""
-    episode_return: list[float] = field(default_factory=list)
+    """float32, shaped like ``actions``: the start policy's mean at each decision (normalised
+    units), when the workers record the KL anchor."""
     env_steps: int = 0
-    """Control steps simulated (``T * N * horizon``)."""
+    """Control steps simulated (a :class:`Rollout`'s ``T * N * horizon``)."""
     weights_version: int = 0
     """Which synced weights acted."""
     seconds: dict[str, float] = field(default_factory=dict)
@@ -117,28 +107,42 @@ class Rollout:
     """The process that played it (a pool notices a restarted worker by it)."""
 
     def observations(self, index: Any) -> dict[str, Any]:
-        """Keyword arguments of :meth:`VLAPolicy.forward` for ``obs[index]`` (any numpy index
-        over the leading axes), as tensors."""
-        return policy_inputs(self, index)
+        """Keyword arguments of :meth:`VLAPolicy.forward` for the observations ``index`` (any
+        numpy index over the leading axes), as tensors."""
+        return {
+            "images": {c: torch.as_tensor(v[index]) for c, v in self.images.items()},
+            "state": torch.as_tensor(self.state[index]),
+            "tokens": torch.as_tensor(self.tokens[index]),
+            "token_mask": torch.as_tensor(self.token_mask[index]),
+        }
 
 
 @dataclass
-class GroupRollout:
-    """One worker's GRPO round: whole episodes in groups that share a reset seed, every
+class Rollout(PlayedRound):
+    """One worker's round, time-major: ``T`` decisions of ``N`` environments.
+
+    Observations have ``T + 1`` entries: decision ``t`` was taken in ``obs[t]`` and led to
+    ``obs[t + 1]`` (the next episode's first observation where ``done[t]``).
+    """
+
+    reward: np.ndarray
+    """float32 ``(T, N)``: discounted reward over the executed actions."""
+    terminated: np.ndarray
+    """bool ``(T, N)``: the episode was solved (nothing to bootstrap)."""
+    truncated: np.ndarray
+    """bool ``(T, N)``: the episode hit its step limit."""
+    value: np.ndarray | None = None
+    """float32 ``(T + 1, N)``: the synced value head's estimate of each observation (PPO)."""
+    success: list[bool] = field(default_factory=list)
+    """Episodes that finished during the round: solved or not."""
+    episode_return: list[float] = field(default_factory=list)
+
+
+@dataclass
+class GroupRollout(PlayedRound):
+    """One worker's round of groups: whole episodes in groups that share a reset seed, every
     decision flat (``M`` decisions of ``E`` episodes)."""
 
-    images: dict[str, np.ndarray]
-    """camera -> uint8 ``(M, H, W, 3)``: the observation each decision was taken in."""
-    state: np.ndarray
-    """float32 ``(M, state_dim)``, robot units."""
-    tokens: np.ndarray
-    """int64 ``(M, max_tokens)``."""
-    token_mask: np.ndarray
-    """int64 ``(M, max_tokens)``."""
-    actions: np.ndarray
-    """float32 ``(M, 1, action_dim)``, normalised units (one action per decision)."""
-    logp: np.ndarray
-    """float32 ``(M,)``: log-probability of ``actions`` under the worker's policy."""
     episode: np.ndarray
     """int64 ``(M,)``: which episode (index into ``success``) each decision belongs to."""
     group: np.ndarray
@@ -147,28 +151,6 @@ class GroupRollout:
     """bool ``(E,)``: each episode was solved."""
     episode_return: np.ndarray
     """float32 ``(E,)``: each episode's undiscounted return."""
-    ref_mean: np.ndarray | None = None
-    """float32 ``(M, 1, action_dim)``: the start policy's mean (when there is a KL anchor)."""
-    env_steps: int = 0
-    """Control steps of the episodes played."""
-    weights_version: int = 0
-    seconds: dict[str, float] = field(default_factory=dict)
-    pid: int = 0
-
-    def observations(self, index: Any) -> dict[str, Any]:
-        """Keyword arguments of :meth:`VLAPolicy.forward` for decisions ``index``."""
-        return policy_inputs(self, index)
-
-
-def policy_inputs(batch: Rollout | GroupRollout, index: Any) -> dict[str, Any]:
-    """Keyword arguments of :meth:`VLAPolicy.forward` for the observations ``index`` of a
-    rollout (any numpy index over the leading axes), as tensors."""
-    return {
-        "images": {c: torch.as_tensor(v[index]) for c, v in batch.images.items()},
-        "state": torch.as_tensor(batch.state[index]),
-        "tokens": torch.as_tensor(batch.tokens[index]),
-        "token_mask": torch.as_tensor(batch.token_mask[index]),
-    }
 
 
 def chunk_transition(

@@ -170,6 +170,9 @@ class ReplayBuffer:
 class SAC(RLAlgorithm):
     """The SAC learner state: critics, target critics, temperature, replay buffer, optimizers."""
 
+    on_policy = False
+    loss_metrics = ("critic_loss", "actor_loss", "kl_ref")
+
     def __init__(
         self,
         policy: VLAPolicy,

@@ -5,6 +5,7 @@ more."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import re
@@ -18,6 +19,7 @@ import torch
 
 from robots.spec import RobotSpec
 from sim_scenes.config import RewardConfig, SceneConfig, SimConfig
+from stages.finetune.algorithm import ALGORITHMS, RLAlgorithm, algorithm_class
 from stages.finetune.config import FinetuneConfig, GRPOConfig, PPOConfig, RLConfig, SACConfig
 from stages.finetune.grpo import GRPO, group_advantages
 from stages.finetune.heads import ValueHead
@@ -468,6 +470,45 @@ def test_grpo_pushes_up_the_successful_episode_and_ignores_identical_outcomes(
 def test_grpo_needs_one_action_per_decision() -> None:
     with pytest.raises(ValueError, match="horizon must be 1"):
         FinetuneConfig.model_validate({"algo": "grpo", "rl": {"horizon": 2}})
+
+
+# -- the registry ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_every_registered_algorithm_has_a_class_and_a_config_section(name: str) -> None:
+    algorithm = algorithm_class(name)
+    assert issubclass(algorithm, RLAlgorithm) and not inspect.isabstract(algorithm)
+    assert isinstance(algorithm.on_policy, bool) and algorithm.loss_metrics
+    assert RLConfig().settings(name) is getattr(RLConfig(), name)
+    assert FinetuneConfig(algo=name).is_rl
+
+
+def test_an_unknown_algorithm_names_the_registered_ones() -> None:
+    with pytest.raises(ValueError, match="unknown algorithm 'dqn'; valid choices: bc, ppo, "):
+        FinetuneConfig(algo="dqn")
+    with pytest.raises(ValueError, match="unknown RL algorithm 'bc'"):
+        algorithm_class("bc")
+    assert not FinetuneConfig().is_rl
+
+
+def test_the_classes_ask_of_the_workers_what_each_algorithm_needs() -> None:
+    """PPO's workers record values and the anchor; SAC's learner computes the anchor itself;
+    GRPO plays groups, with no anchor at its default kl_coef 0."""
+    rl = RLConfig()
+    kinds = {name: algorithm_class(name).worker_kinds(rl.settings(name)) for name in ALGORITHMS}
+    assert kinds == {
+        "ppo": {"kl_anchor": True, "value_head": True, "episodic": False},
+        "sac": {"kl_anchor": False, "value_head": False, "episodic": False},
+        "grpo": {"kl_anchor": False, "value_head": False, "episodic": True},
+    }
+    with_anchor = rl.grpo.model_copy(update={"kl_coef": 0.1})
+    assert algorithm_class("grpo").worker_kinds(with_anchor)["kl_anchor"]
+    assert [rl.learner_torch_threads(algorithm_class(n).on_policy, 8) for n in ALGORITHMS] == [
+        8,
+        1,
+        8,
+    ]
 
 
 # -- on Ray ----------------------------------------------------------------------------------

@@ -56,7 +56,7 @@ test-each-file: setup lerobot-env
 
 # Mutation testing of the decision and math code (mutmut, [tool.mutmut] in pyproject.toml):
 # every mutant of the functions below must make a test fail. Not part of CI (~15 min).
-MUTATE ?= stages.statistics.* stages.evaluate.report.x_compare* stages.register.gates.* \
+MUTATE ?= stages.statistics.* stages.evaluate.comparison.x_compare* stages.register.gates.* \
 	deploy_edge.latency.x_verdict* deploy_edge.runtime.xǁControlLoopǁtick* \
 	stages.finetune.ppo.x_gae* stages.finetune.ppo.x_clipped_objective* \
 	stages.finetune.ppo.xǁPPOǁadvantages* stages.finetune.sac.x_soft_q_target* \

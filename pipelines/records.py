@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from robo_pipe.records import Record
-from stages.evaluate.report import Comparison, EvalReport
+from stages.evaluate.comparison import Comparison
+from stages.evaluate.report import EvalReport
 from stages.register import Gate
 
 if TYPE_CHECKING:  # the checkpoint module imports torch

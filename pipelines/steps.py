@@ -21,27 +21,37 @@ packages (and torch) are imported when a step runs, not when this module is impo
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipelines import registry
+from pipelines.champion import (
+    candidate_outcomes,
+    comparison_tags,
+    decide_gates,
+    outcome_tags,
+    recheck,
+    regression_check,
+    same_export_champion,
+    store_outcomes,
+    stored_outcomes,
+)
 from pipelines.config import PipelineConfig
 from pipelines.home import home_dir
 from pipelines.progress import SILENT, Listener, rl_detail, status_lines, training_detail
 from pipelines.records import ChampionCheck, Evaluation, Registration
 from robo_pipe.errors import InputError
 from robo_pipe.locks import output_lock
-from stages.register import Gate, blocking_gates, gate_tags, meets_min_success, promotion_gates
-from stages.register.gates import held_out_text
+from stages.register import blocking_gates, gate_tags
 
 if TYPE_CHECKING:
     from deploy_edge.latency import LatencyReport
     from pipelines.tracking import TrackedRun
     from stages.dataset.layout import DatasetRef
-    from stages.evaluate.report import Comparison, EvalReport
+    from stages.evaluate.report import EvalReport
     from stages.export import ExportRef
     from stages.policy.checkpoint import CheckpointRef
 
@@ -225,58 +235,6 @@ def evaluate_policy(
     return _evaluate(cfg, policy, out, listener, baseline, ray_address, _Tally(), baseline_outcomes)
 
 
-OUTCOMES_TAG = "outcomes"
-"""Version tags (after the ``robo_pipe.`` prefix): ``outcomes.<variant>`` = the version's
-per-seed outcomes on the held-out suite (:func:`stages.evaluate.sequential.encode_outcomes`),
-valid while ``outcomes_key`` equals :func:`outcomes_key` of the config comparing with it."""
-TAG_LIMIT = 5000
-"""Characters MLflow keeps in a model version tag's value: seeds beyond are not stored."""
-
-
-def outcomes_key(cfg: PipelineConfig) -> str:
-    """What decides each held-out seed's episode, whatever ``evaluate.episodes`` is: robot,
-    scene and task, simulator and its version, the suite's variants, the seed, and
-    robo-pipe's code version (its git commit, or its release). Stored outcomes are reused
-    only under the same key: a change of any of these evaluates the champion again."""
-    import hashlib
-
-    from sim_scenes.backends import simulator_version
-    from stages.evaluate import suite_variants
-    from stages.provenance import code_version
-
-    what = cfg.model_dump(include={"robot", "sim", "seed"}, mode="json")
-    what["scene"] = cfg.scene.model_dump(mode="json")
-    what["variants"] = suite_variants(cfg.scene, cfg.evaluate)
-    what["versions"] = [simulator_version(cfg.sim), code_version()]
-    return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def stored_outcomes(cfg: PipelineConfig, version: registry.VersionInfo) -> dict[str, str]:
-    """``version``'s stored per-seed outcomes on ``cfg``'s suite (encoded), or none when they
-    were stored under another :func:`outcomes_key`."""
-    tags = version.tags
-    if tags.get(registry.TAG + OUTCOMES_TAG + "_key") != outcomes_key(cfg):
-        return {}
-    prefix = registry.TAG + OUTCOMES_TAG + "."
-    return {k[len(prefix) :]: v for k, v in tags.items() if k.startswith(prefix)}
-
-
-def outcome_tags(cfg: PipelineConfig, encoded: dict[str, str]) -> dict[str, str]:
-    """The tags that store ``encoded`` outcomes on a version (see :data:`OUTCOMES_TAG`)."""
-    tags = {registry.TAG + OUTCOMES_TAG + "_key": outcomes_key(cfg)}
-    for variant, chars in encoded.items():
-        tags[registry.TAG + OUTCOMES_TAG + "." + variant] = chars[:TAG_LIMIT]
-    return tags
-
-
-def _merged(old: dict[str, str], new: dict[str, str]) -> dict[str, str]:
-    """Stored outcomes extended by new ones (each seed's outcome is the same wherever it was
-    played, so either may fill a gap)."""
-    from stages.evaluate.sequential import decode_outcomes, encode_outcomes
-
-    return encode_outcomes({**decode_outcomes(old), **decode_outcomes(new)})
-
-
 def evaluate_candidate(
     cfg: PipelineConfig,
     export: ExportRef,
@@ -301,8 +259,7 @@ def evaluate_candidate(
         cfg, Path(export.path), out, listener, baseline, ray_address, tally, stored
     )
     if champion is not None and candidate.baseline_outcomes:  # kept for the next candidate
-        merged = _merged(stored, candidate.baseline_outcomes)
-        registry.set_version_tags(cfg.model_name, champion.version, outcome_tags(cfg, merged))
+        store_outcomes(cfg, champion, stored, candidate.baseline_outcomes)
     reports: dict[str, EvalReport | None] = {}
     for name, path in starts.items():
         where = out.with_name(f"{out.name}-{name}")
@@ -313,20 +270,10 @@ def evaluate_candidate(
         )
     return Evaluation(
         candidate=_compact(candidate),
-        champion_version=champion.version if champion else _same_export_champion(cfg, export),
+        champion_version=champion.version if champion else same_export_champion(cfg, export),
         start=reports["start"],
         warm_start=reports["warm-start"],
     )
-
-
-def _same_export_champion(cfg: PipelineConfig, export: ExportRef) -> str | None:
-    """The champion's version if it is this very export (nothing to compare with), else None.
-    The version recorded is always the one the candidate was compared with: never a champion
-    that another run promoted while this one was evaluating."""
-    current = registry.champion(cfg.model_name)
-    if current and current.tags.get(registry.TAG + "onnx_hash") == export.onnx_hash:
-        return current.version
-    return None
 
 
 def measure_latency(
@@ -380,11 +327,12 @@ def register_version(
     the champion is read again there, and if another run promoted a version since ``export``
     was evaluated, the candidate is compared again with that one, on the same seeds (its
     stored per-seed outcomes when they cover them, else a fresh evaluation of its export),
-    and the gates are decided again before the alias may move. The version is tagged with its
-    own per-seed outcomes (for the candidates after it) and the comparison's figures."""
+    and the gates are decided again before the alias may move
+    (:func:`pipelines.champion.recheck`). The version is tagged with its own per-seed outcomes
+    (for the candidates after it) and the comparison's figures."""
     listener.started("register", None, "")
     candidate, compared_with = evaluation.candidate, evaluation.champion_version
-    gates = _gates(cfg, candidate, compared_with, latency)
+    gates = decide_gates(cfg, candidate, compared_with, latency)
     base = checkpoint.base
     tags = {
         registry.TAG + "dataset_hash": dataset.content_hash,
@@ -398,7 +346,7 @@ def register_version(
         registry.TAG + "latency_p99_ms": f"{latency.p99_ms:.3f}",
         **gate_tags(gates),
         **comparison_tags(candidate.comparison),
-        **outcome_tags(cfg, _own_outcomes(candidate)),
+        **outcome_tags(cfg, candidate_outcomes(candidate)),
     }
     with registry.promotion_lock(cfg.model_name):
         same = registry.find_export(cfg.model_name, export.onnx_hash)
@@ -407,25 +355,8 @@ def register_version(
         else:
             registry.set_version_tags(cfg.model_name, same.version, tags)
             info = registry.set_alias(cfg.model_name, registry.CANDIDATE, same.version)
-        current = registry.champion(cfg.model_name)
-        while (
-            not blocking_gates(gates)
-            and current is not None
-            and current.version not in (compared_with, info.version)
-        ):  # the champion moved since the evaluation: compare with the one there is now
-            listener.advanced(
-                "register",
-                0,
-                f"champion is now v{current.version} (evaluated against "
-                f"{'v' + compared_with if compared_with else 'no champion'}): comparing again",
-            )
-            comparison = _recompare(cfg, candidate, current, run, listener)
-            candidate = replace(candidate, comparison=comparison)
-            compared_with = current.version
-            gates = _gates(cfg, candidate, compared_with, latency)
-            registry.set_version_tags(
-                cfg.model_name, info.version, {**gate_tags(gates), **comparison_tags(comparison)}
-            )
+        evaluate = partial(evaluate_policy, cfg, listener=listener)
+        gates = recheck(cfg, info.version, evaluation, gates, latency, evaluate, listener)
         blocking = blocking_gates(gates)
         if not blocking and registry.CHAMPION not in info.aliases:
             reason = f"pipeline run {run.run_id}: all gates passed"
@@ -441,86 +372,6 @@ def register_version(
     )
 
 
-COMPARISON_TAG = "comparison."
-"""Version tags (after the ``robo_pipe.`` prefix) with the comparison against the champion:
-``comparison.test``, ``.candidate_only``, ``.baseline_only``, ``.p_value``, ``.boundary``,
-``.decision``, ``.seeds`` (per variant, of ``.max_seeds``), ``.look``,
-``.detectable_regression``, ``.played_on`` (seeds per variant the candidate played alone for
-the success gate)."""
-
-
-def comparison_tags(comparison: Comparison | None) -> dict[str, str]:
-    """The comparison's figures as version tags (none without a comparison)."""
-    if comparison is None:
-        return {}
-    c = comparison
-    figures = {
-        "test": c.test,
-        "candidate_only": c.discordant["candidate_only"],
-        "baseline_only": c.discordant["baseline_only"],
-        "p_value": f"{c.p_value:.6g}",
-        "boundary": f"{c.boundary:.6g}",
-        "decision": c.decision,
-        "seeds": c.seeds,
-        "max_seeds": c.max_seeds,
-        "look": f"{c.look} of {len(c.looks)}",
-        "detectable_regression": f"{c.detectable_regression:.4f}",
-        "played_on": c.played_on,
-    }
-    return {registry.TAG + COMPARISON_TAG + k: str(v) for k, v in figures.items()}
-
-
-def _own_outcomes(report: EvalReport) -> dict[str, str]:
-    """A candidate's per-seed outcomes, from its full ``eval_report.json`` (the record passed
-    between stages has no per-episode lists)."""
-    from stages.evaluate.report import EvalReport
-    from stages.evaluate.sequential import encode_outcomes
-
-    path = _report_file(report)
-    if not path.is_file():
-        return {}
-    full = EvalReport.from_json(json.loads(path.read_text()))
-    return encode_outcomes(full.successes_by_episode())
-
-
-def _gates(
-    cfg: PipelineConfig, candidate: EvalReport, compared_with: str | None, latency: LatencyReport
-) -> dict[str, Gate]:
-    return promotion_gates(
-        cfg.registry.promotion, candidate, compared_with, latency, cfg.evaluate.gate_confidence
-    )
-
-
-def _report_file(report: EvalReport) -> Path:
-    """The ``eval_report.json`` written beside a report's markdown (it keeps the episodes)."""
-    return Path(report.report).with_name("eval_report.json")
-
-
-def _recompare(
-    cfg: PipelineConfig,
-    candidate: EvalReport,
-    champion: registry.VersionInfo,
-    run: TrackedRun,
-    listener: Listener,
-) -> Comparison:
-    """``candidate`` against ``champion`` on the candidate's seeds: the champion's stored
-    per-seed outcomes when they cover them, else a fresh evaluation of its export."""
-    from stages.evaluate.report import EvalReport, compare, compare_fixed
-    from stages.evaluate.sequential import decode_outcomes
-
-    full = EvalReport.from_json(json.loads(_report_file(candidate).read_text()))
-    mine = full.successes_by_episode()
-    stored = decode_outcomes(stored_outcomes(cfg, champion))
-    confidence, margin = cfg.evaluate.gate_confidence, cfg.registry.promotion.margin
-    name = f"v{champion.version}"
-    if mine and mine.keys() <= stored.keys():
-        return compare_fixed(mine, stored, len(full.seeds), confidence, margin, name)
-    _, bundle = registry.fetch_export(cfg.model_name, champion.version)
-    out = Path(candidate.report).parent.with_name(f"champion-{name}")
-    baseline = evaluate_policy(cfg, bundle, out, listener)
-    return replace(compare(full, baseline, confidence, margin), baseline=name)
-
-
 def evaluate_champion(
     cfg: PipelineConfig, out: Path, listener: Listener = SILENT, ray_address: str | None = None
 ) -> ChampionCheck:
@@ -528,26 +379,7 @@ def evaluate_champion(
     ``registry.promotion.min_success``; the result is tagged on the version."""
     info, bundle = registry.fetch_export(cfg.model_name, registry.CHAMPION)
     report = evaluate_policy(cfg, bundle, out, listener, ray_address=ray_address)
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    registry.set_version_tags(
-        info.name,
-        info.version,
-        {
-            registry.TAG + "last_regression_success": f"{report.success_rate:.4f}",
-            registry.TAG + "last_regression_at": stamp,
-        },
-    )
-    policy = cfg.registry.promotion
-    measured, required = held_out_text(report, policy)
-    return ChampionCheck(
-        model_name=info.name,
-        version=info.version,
-        evaluation=_compact(report),
-        min_success=policy.min_success,
-        measured=measured,
-        required=required,
-        passed=meets_min_success(report, policy),
-    )
+    return regression_check(cfg, info, _compact(report))
 
 
 # -- helpers -------------------------------------------------------------------------------------

@@ -248,9 +248,9 @@ def evaluate(
     save_resolved(cfg, run_dir / "config.yaml")
     stored: dict[str, str] = {}
     if (baseline or "").startswith("models:"):  # a registered baseline's stored outcomes
-        from pipelines import registry
+        from pipelines import champion, registry
 
-        stored = steps.stored_outcomes(
+        stored = champion.stored_outcomes(
             cfg, registry.get_version(*registry.parse_model_uri(baseline or ""))
         )
     with live(json_out) as display:

@@ -18,8 +18,9 @@ from pathlib import Path
 from robo_pipe.locks import StatusFn
 from sim_scenes.config import SceneConfig, SimConfig
 from sim_scenes.touch import episode_seeds
+from stages.evaluate.comparison import compare_outcomes
 from stages.evaluate.config import EvalConfig
-from stages.evaluate.report import EvalReport, compare_outcomes, summarize, write_report
+from stages.evaluate.report import EvalReport, summarize, write_report
 from stages.evaluate.sequential import (
     Decision,
     PairedTable,

@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 
 from pipelines import registry, tracking
+from pipelines.champion import outcome_tags, outcomes_key
 from pipelines.config import CONFIG_DIR, PipelineConfig, load_config
 from pipelines.records import Evaluation, Registration
-from pipelines.steps import outcome_tags, outcomes_key, register_version
+from pipelines.steps import register_version
 from stages.evaluate import suite_variants
 from stages.evaluate.report import EvalReport, VariantRow
 from stages.evaluate.sequential import encode_outcomes
@@ -116,7 +117,7 @@ def candidate_registers(
 
     from deploy_edge.latency import LatencyReport
     from stages.dataset.layout import DatasetRef
-    from stages.evaluate.report import compare_outcomes
+    from stages.evaluate.comparison import compare_outcomes
     from stages.evaluate.sequential import plan_looks
     from stages.export import ExportRef
     from stages.policy.checkpoint import CheckpointRef

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from pipelines.records import ChampionCheck, Evaluation, PipelineResult, Registration, StageRun
 from pipelines.resume import StageRecords
-from stages.evaluate.report import Comparison, compare_outcomes
+from stages.evaluate.comparison import Comparison, compare_outcomes
 from stages.evaluate.sequential import plan_looks
 from stages.register import Gate
 from tests.stages.test_evaluate import suite_report

@@ -20,10 +20,11 @@ from sim_scenes.episodes import play_episodes
 from sim_scenes.expert import ScriptedExpert
 from sim_scenes.touch import SceneError
 from stages.evaluate import EvalConfig, EvalReport, ShardOutcome, evaluate
+from stages.evaluate.comparison import compare
 from stages.evaluate.config import SequentialConfig
 from stages.evaluate.failures import FAILURE_MODES, breakdown, breakdown_line, failure_mode
 from stages.evaluate.policies import PolicySpecError
-from stages.evaluate.report import VariantRow, compare
+from stages.evaluate.report import VariantRow
 from stages.evaluate.shards import run_suite
 from stages.export import export
 from stages.policy.checkpoint import new_policy, save_policy

@@ -10,7 +10,8 @@ import pytest
 
 from robo_pipe.records import Record
 from stages.dataset.layout import DatasetRef
-from stages.evaluate.report import EvalReport, VariantRow, compare_outcomes
+from stages.evaluate.comparison import compare_outcomes
+from stages.evaluate.report import EvalReport, VariantRow
 from stages.evaluate.sequential import plan_looks
 from stages.policy.checkpoint import BaseRef, CheckpointRef
 

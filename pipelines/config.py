@@ -26,6 +26,7 @@ from robo_pipe.names import slug
 from robots.spec import available_robots, get_robot
 from sim_scenes.config import SceneConfig, SimConfig
 from stages.collect.config import CollectConfig
+from stages.demo.config import DemoConfig
 from stages.evaluate.config import EvalConfig
 from stages.finetune.config import FinetuneConfig, PretrainConfig
 from stages.policy.config import PolicyConfig
@@ -40,17 +41,6 @@ class ConfigError(RoboPipeError, ValueError):
     def __init__(self, problems: list[str]) -> None:
         super().__init__("\n".join(problems))
         self.problems = problems
-
-
-class DemoConfig(BaseModel):
-    """The expert demonstration shown by ``robo-pipe demo``."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
-
-    episodes: int = Field(default=200, ge=1, le=100_000)
-    """Episodes the scripted expert plays to measure its success rate."""
-    filmstrip_episodes: int = Field(default=4, ge=1, le=64)
-    """Episodes drawn frame by frame into the demo's filmstrip image."""
 
 
 class LatencyGateConfig(BaseModel):

@@ -29,6 +29,7 @@ import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Annotated
 
 from prefect import flow
 from prefect.artifacts import (
@@ -38,6 +39,7 @@ from prefect.artifacts import (
 )
 from prefect.client.schemas.objects import FlowRun
 from prefect.context import get_run_context
+from pydantic import WithJsonSchema
 
 from pipelines import checks, reconcile, steps, summary, tracking
 from pipelines.config import PipelineConfig, load_config, save_resolved
@@ -56,10 +58,22 @@ from pipelines.tasks import (
     pretrain_stage,
     register_stage,
 )
+from robo_pipe.errors import InputError
 from robo_pipe.locks import set_run_label
 from stages.provenance import code_version
 
 __all__ = ["STAGES", "champion_regression", "train_simulate_deploy"]
+
+ConfigParam = Annotated[
+    str | PipelineConfig,
+    # The Prefect UI and a deployment's schedule give a path: their form shows one text field.
+    WithJsonSchema({"type": "string"}),
+]
+"""A flow's ``config``: the pipeline config YAML, loaded and checked once, by the flow (a
+scheduled run, a run started from the Prefect UI); or the config already loaded and checked
+(``robo-pipe run`` and ``robo-pipe models check`` read it before the flow starts: a bad one
+stops there), which the flow takes as it is. Prefect shows the run's resolved config as its
+parameter then."""
 
 DEFAULT_MLFLOW_UI = "http://127.0.0.1:5000"
 DEFAULT_PREFECT_UI = "http://127.0.0.1:4200"
@@ -105,15 +119,32 @@ def _closing(mlrun: tracking.TrackedRun, lock: reconcile.RunLock) -> Iterator[No
     mlrun.finish()
 
 
-def _start(
-    config: str, overrides: list[str] | None, kind: str, flow_name: str, ray_address: str | None
-) -> tuple[PipelineConfig, Services, Path, tracking.TrackedRun, reconcile.RunLock]:
-    """Load and validate the config (before any stage), check the services and the Ray cluster
-    (if one is named: it answers, accepts us and shares the home), open the run folder and the
-    MLflow run, take this run's liveness lock (release it when the run ends) and mark earlier
-    runs whose process died as crashed."""
+def _loaded(config: str | PipelineConfig, overrides: list[str] | None) -> PipelineConfig:
+    """The run's config (:data:`ConfigParam`): read from its file and checked here, once, or
+    as the caller loaded and checked it."""
+    if isinstance(config, PipelineConfig):
+        if overrides:
+            raise InputError(
+                f"overrides {overrides} go with a config path; a loaded config has its own applied"
+            )
+        return config
     cfg = load_config(config, overrides or [])
     checks.check_config(cfg)
+    return cfg
+
+
+def _start(
+    config: str | PipelineConfig,
+    overrides: list[str] | None,
+    kind: str,
+    flow_name: str,
+    ray_address: str | None,
+) -> tuple[PipelineConfig, Services, Path, tracking.TrackedRun, reconcile.RunLock]:
+    """Take the config (loaded and checked before any stage), check the services and the Ray
+    cluster (if one is named: it answers, accepts us and shares the home), open the run folder
+    and the MLflow run, take this run's liveness lock (release it when the run ends) and mark
+    earlier runs whose process died as crashed."""
+    cfg = _loaded(config, overrides)
     services = configure()
     check_services(services)
     join_cluster(ray_address)
@@ -153,7 +184,7 @@ def _start(
 
 @flow(name="train_simulate_deploy", log_prints=True, persist_result=False)
 def train_simulate_deploy(
-    config: str = "configs/demo.yaml",
+    config: ConfigParam = "configs/demo.yaml",
     overrides: list[str] | None = None,
     ray_address: str | None = None,
 ) -> PipelineResult:
@@ -161,8 +192,9 @@ def train_simulate_deploy(
     evaluate the export, latency gate, register (see the module docstring).
 
     Args:
-        config: pipeline config YAML.
-        overrides: ``FIELD=VALUE`` overrides, as ``--set``.
+        config: pipeline config YAML; from Python also the config already loaded and checked,
+            which the flow then takes as it is.
+        overrides: ``FIELD=VALUE`` overrides of the YAML's fields, as ``--set``.
         ray_address: an existing Ray cluster (default: local Ray).
     """
     cfg, services, run_dir, mlrun, lock = _start(
@@ -324,7 +356,7 @@ class RegressionDetected(RuntimeError):
 
 @flow(name="champion_regression", log_prints=True, persist_result=False)
 def champion_regression(
-    config: str = "configs/demo.yaml",
+    config: ConfigParam = "configs/demo.yaml",
     overrides: list[str] | None = None,
     ray_address: str | None = None,
 ) -> ChampionCheck:

@@ -32,7 +32,7 @@ def run(
     one that did not finish. Ends with the registered version, its gates, and where to look.
     """
     cfg = load(config, set_)  # a bad config stops here, before anything starts
-    checks.check_config(cfg)
+    checks.check_config(cfg)  # read and checked once: the flow takes it as it is
     if not verbose:
         quiet_prefect_console()
     found = services(flows=True, ray_address=ray_address)
@@ -48,9 +48,7 @@ def run(
     start = time.perf_counter()
     try:
         with live() as display, listening(display):
-            result = train_simulate_deploy(
-                config=str(config), overrides=list(set_ or []), ray_address=ray_address
-            )
+            result = train_simulate_deploy(config=cfg, ray_address=ray_address)
     except KeyboardInterrupt:
         console.print("[yellow]interrupted[/]: run the same command again to resume")
         raise typer.Exit(code=130) from None

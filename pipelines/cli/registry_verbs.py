@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from pipelines import registry
+from pipelines import checks, registry
 from pipelines.cli.common import console, emit_json, load, quiet_prefect_console, services
 from pipelines.cli.options import ConfigArg, JsonOpt, RayAddressOpt, SetOpt
 from stages.register import may_promote
@@ -102,7 +102,8 @@ def check(
 ) -> None:
     """Evaluate the config's champion on its held-out suite (the champion_regression flow, as
     the hourly schedule runs it). Exits 1 if it fell below registry.promotion.min_success."""
-    cfg = load(config, set_)
+    cfg = load(config, set_)  # read once: the flow takes it as it is
+    checks.check_config(cfg)
     quiet_prefect_console()
     services(flows=True)
     if registry.champion(cfg.model_name) is None:
@@ -110,9 +111,7 @@ def check(
     from pipelines.flow import RegressionDetected, champion_regression
 
     try:
-        result = champion_regression(
-            config=str(config), overrides=list(set_ or []), ray_address=ray_address
-        )
+        result = champion_regression(config=cfg, ray_address=ray_address)
     except RegressionDetected as err:
         console.print(f"[red]regression:[/] {err}", highlight=False)
         raise typer.Exit(code=1) from None

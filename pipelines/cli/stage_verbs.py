@@ -22,6 +22,7 @@ from robo_pipe.errors import InputError
 from robo_pipe.locks import set_run_label
 
 if TYPE_CHECKING:
+    from sim_scenes.episodes import EpisodeRecord
     from stages.dataset.layout import DatasetRef
 
 
@@ -38,21 +39,24 @@ def demo(
     Writes into a new $ROBO_PIPE_HOME/runs/ID-NAME/ folder: config.yaml (the resolved
     config), report.md, expert_filmstrip.png, expert_episodes.gif and result.json.
     """
-    from pipelines.demo import run_demo
+    from stages.demo import run_demo
 
     cfg = load(config, set_, **{"demo.episodes": episodes})
     checks.check_simulator(cfg)
     run_dir = new_run_dir(cfg.name)
+    save_resolved(cfg, run_dir / "config.yaml")
     with live(json_out) as display:
         display.started("demo", cfg.demo.episodes, "episodes")
         successes = done = 0
 
-        def tick(rec: object) -> None:
+        def tick(episode: EpisodeRecord) -> None:
             nonlocal successes, done
-            done, successes = done + 1, successes + bool(getattr(rec, "success", False))
+            done, successes = done + 1, successes + episode.success
             display.advanced("demo", done, f"success {successes / done:.1%}")
 
-        report = run_demo(cfg, run_dir, on_episode=tick)
+        report = run_demo(
+            cfg.robot, cfg.scene, cfg.sim, cfg.demo, cfg.seed, run_dir, cfg.config_hash(), tick
+        )
     low, high = report.success_ci95
     table = Table(title=f"scripted expert on {report.variant}", show_header=False)
     table.add_row("success rate", f"{report.success_rate:.1%}  (95% CI {low:.1%} - {high:.1%})")

@@ -33,7 +33,8 @@ from sim_scenes.backends import make_env
 from sim_scenes.batched_env import BatchedObservation, StepResult
 from sim_scenes.config import SceneConfig, SimConfig
 from sim_scenes.episodes import play_episodes
-from sim_scenes.touch import SceneError, episode_seeds, get_variant
+from sim_scenes.seeds import episode_seeds
+from sim_scenes.touch import SceneError, get_variant
 from stages.collect.config import CollectConfig
 from stages.collect.sources import make_source
 from stages.dataset.layout import (
@@ -88,19 +89,17 @@ class CollectWorker(PoolWorker):
     def __init__(
         self,
         robot: str,
-        scene: dict[str, Any],
-        sim: dict[str, Any],
-        collect: dict[str, Any],
+        scene: SceneConfig,
+        sim: SimConfig,
+        collect: CollectConfig,
         num_threads: int,
     ) -> None:
         self.robot = get_robot(robot)
-        self.scene = SceneConfig.model_validate(scene)
-        self.collect = CollectConfig.model_validate(collect)
-        sim_config = SimConfig.model_validate({**sim, "num_threads": num_threads})
+        self.scene, self.collect = scene, collect
         self.env = make_env(
             self.robot,
-            self.scene,
-            sim_config,
+            scene,
+            sim.model_copy(update={"num_threads": num_threads}),
             num_envs=self.collect.envs_per_worker,
             autoreset=False,
         )
@@ -331,7 +330,7 @@ def collect(
             )
         if shards[-1][1] > len(seeds):  # committed shards beyond this run's count
             seeds = episode_seeds(seed, shards[-1][1], "collect")
-        args = (robot, scene.model_dump(), sim.model_dump(), config.model_dump())
+        args = (robot, scene, sim, config)
         if todo:
             _run_shards(todo, seeds, staging, args, config, sim, ray_address, on_shard, on_status)
 
@@ -398,7 +397,7 @@ def _run_shards(
     todo: list[tuple[int, int]],
     seeds: list[int],
     staging: Path,
-    args: tuple[str, dict[str, Any], dict[str, Any], dict[str, Any]],
+    args: tuple[str, SceneConfig, SimConfig, CollectConfig],
     config: CollectConfig,
     sim: SimConfig,
     ray_address: str | None,

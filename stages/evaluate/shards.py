@@ -32,7 +32,8 @@ from sim_scenes.backends import make_env
 from sim_scenes.batched_env import BatchedEnv, BatchedObservation
 from sim_scenes.config import SceneConfig, SimConfig
 from sim_scenes.episodes import play_episodes
-from sim_scenes.touch import SceneError, episode_seeds, heldout_variants
+from sim_scenes.seeds import episode_seeds
+from sim_scenes.touch import SceneError, heldout_variants
 from stages.evaluate.config import EvalConfig
 from stages.evaluate.failures import failure_mode
 from stages.evaluate.policies import PolicySpecError, load_acting_policy
@@ -125,15 +126,15 @@ class EvalWorker(PoolWorker):
         self,
         policy_paths: list[str],
         robot: str,
-        scene: dict[str, Any],
-        sim: dict[str, Any],
+        scene: SceneConfig,
+        sim: SimConfig,
         num_envs: int,
         threads: int = 1,
     ) -> None:
         self.policies = [load_acting_policy(path, threads) for path in policy_paths]
         self.robot = get_robot(robot)
-        self.scene = SceneConfig(**scene)
-        self.sim = SimConfig(**sim).model_copy(update={"num_threads": threads})
+        self.scene = scene
+        self.sim = sim.model_copy(update={"num_threads": threads})
         self.num_envs = num_envs
         self.envs: dict[tuple[str, tuple[str, ...], int], BatchedEnv] = {}
 
@@ -263,13 +264,7 @@ class Suite:
         for path in policies:
             check_policy_fits(path, robot)
         num_envs = min(config.envs_per_worker, config.episodes_per_shard, config.episodes)
-        self.args = (
-            [str(p) for p in policies],
-            robot,
-            scene.model_dump(),
-            sim.model_dump(),
-            num_envs,
-        )
+        self.args = ([str(p) for p in policies], robot, scene, sim, num_envs)
         self.config, self.ray_address, self.sim = config, ray_address, sim
         self.on_shard, self.on_status = on_shard, on_status
         self.startup_s = 0.0

@@ -21,7 +21,7 @@ import json
 import math
 import resource
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -51,26 +51,25 @@ from stages.policy.config import LoraSettings, PolicyConfig
 
 @dataclass
 class BCJob:
-    """Everything a training worker needs (JSON-serialisable, sent to Ray workers)."""
+    """Everything a training worker needs (sent as it is to Ray Train's workers)."""
 
     out: str
     """Run directory: ``step-XXXXXXX`` checkpoints and ``metrics.jsonl``."""
     datasets: list[str]
-    bc: dict[str, Any]
-    """:class:`BCConfig` as a dict."""
+    bc: BCConfig
     seed: int
     trainable: str
     """``all`` or ``lora``."""
-    policy: dict[str, Any] | None = None
-    """:class:`PolicyConfig` for a new model (pretraining, or a hub-vlm backbone)."""
+    policy: PolicyConfig | None = None
+    """A new model's architecture (pretraining, or a hub-vlm backbone)."""
     cameras: list[str] = field(default_factory=list)
     image_size: int = 64
     state_dim: int = 6
     action_dim: int = 6
     base_checkpoint: str | None = None
     """Fine-tuning: the base checkpoint to start from (frozen under LoRA)."""
-    lora: dict[str, Any] | None = None
-    """:class:`LoraSettings` as a dict (``trainable == "lora"``)."""
+    lora: LoraSettings | None = None
+    """The adapters to train (``trainable == "lora"``; default settings if None)."""
     lineage: dict[str, Any] = field(default_factory=dict)
     threads: int = 0
     """torch threads per worker; 0 = torch's default."""
@@ -90,7 +89,7 @@ def build_policy(job: BCJob, data: BCData) -> tuple[VLAPolicy, BaseRef | None]:
     norm = Normalizer.from_stats(data.stats)
     if job.base_checkpoint is None:
         policy, base = new_policy(
-            PolicyConfig(**job.policy or {}),
+            job.policy or PolicyConfig(),
             job.cameras,
             job.image_size,
             job.state_dim,
@@ -102,7 +101,7 @@ def build_policy(job: BCJob, data: BCData) -> tuple[VLAPolicy, BaseRef | None]:
         policy.set_normalizer(norm)
         base = BaseRef("checkpoint", job.base_checkpoint, checkpoint_hash(job.base_checkpoint))
     if job.trainable == "lora":
-        policy.add_lora(LoraSettings(**job.lora or {}))
+        policy.add_lora(job.lora or LoraSettings())
     else:
         policy.requires_grad_(True)
     return policy, base
@@ -179,7 +178,7 @@ def bc_loss(
 
 def train_bc(job: BCJob, rank: int = 0, world_size: int = 1) -> None:
     """Run (or resume) behaviour cloning to ``job.bc.steps``; rank 0 writes checkpoints."""
-    cfg = BCConfig(**job.bc)
+    cfg = job.bc
     out = Path(job.out)
     out.mkdir(parents=True, exist_ok=True)
     if job.threads:
@@ -243,7 +242,7 @@ def _chunk_len(job: BCJob) -> int:
     if job.base_checkpoint is not None:
         meta = json.loads((Path(job.base_checkpoint) / "policy.json").read_text())
         return int(meta["config"]["chunk_len"])
-    return int((job.policy or {}).get("chunk_len", PolicyConfig().chunk_len))
+    return (job.policy or PolicyConfig()).chunk_len
 
 
 def _checkpoint(
@@ -259,8 +258,3 @@ def _checkpoint(
     lineage = {**job.lineage, "step": step, "dataset_hashes": data.hashes, "seed": job.seed}
     tensors = optimizer_tensors(optimizer, names)
     commit_checkpoint(out, step, policy, base, lineage, tensors, OPTIMIZER_FILE, {})
-
-
-def job_dict(job: BCJob) -> dict[str, Any]:
-    """``job`` as a plain dict (what Ray Train's ``train_loop_config`` carries)."""
-    return asdict(job)

@@ -40,7 +40,7 @@ from stages.collect.config import CollectConfig
 from stages.collect.run import collect
 from stages.dataset.layout import DatasetRef
 from stages.dataset.writer import DatasetError
-from stages.finetune.bc import BCJob, job_dict, train_bc
+from stages.finetune.bc import BCJob, train_bc
 from stages.finetune.checkpoints import latest_checkpoint, read_metrics
 from stages.finetune.config import BCConfig, FinetuneConfig, PretrainConfig
 from stages.policy.checkpoint import (
@@ -123,10 +123,10 @@ def pretrain(
         job = BCJob(
             out=str(out),
             datasets=datasets,
-            bc=config.bc.model_dump(),
+            bc=config.bc,
             seed=seed,
             trainable="all",
-            policy=policy.model_dump(),
+            policy=policy,
             cameras=list(scene.cameras),
             image_size=scene.image_size,
             state_dim=len(spec.state_names),
@@ -202,16 +202,16 @@ def finetune(
         job = BCJob(
             out=str(out),
             datasets=[str(path)],
-            bc=config.bc.model_dump(),
+            bc=config.bc,
             seed=seed,
             trainable=config.trainable,
-            policy=policy.model_dump() if base is None else None,
+            policy=policy if base is None else None,
             cameras=cameras,
             image_size=image_size,
             state_dim=len(spec.state_names),
             action_dim=spec.action.dim,
             base_checkpoint=base.path if base else None,
-            lora=policy.lora.model_dump(),
+            lora=policy.lora,
             lineage={"stage": "finetune", "code_version": code_version(), **(lineage or {})},
         )
         return _train(job, config.bc, ray_address, on_metrics)
@@ -379,15 +379,16 @@ def _watch_metrics(out: Path, on_metrics: MetricsFn | None, stop: threading.Even
             return
 
 
-def _ray_train_loop(config: dict[str, Any]) -> None:
-    """Ray Train's ``train_loop_per_worker``: the BC loop with this worker's rank (which node
-    it runs on goes to ``out/.workers/rank-<r>``, read into the checkpoint's record)."""
+def _ray_train_loop(config: dict[str, BCJob]) -> None:
+    """Ray Train's ``train_loop_per_worker``: the BC loop of ``config["job"]`` with this
+    worker's rank (which node it runs on goes to ``out/.workers/rank-<r>``, read into the
+    checkpoint's record)."""
     import ray.train
 
     from stages.ray_runtime import node_id
 
     ctx = ray.train.get_context()
-    job = BCJob(**config)
+    job = config["job"]
     rank = ctx.get_world_rank()
     workers = Path(job.out) / WORKERS_DIR
     workers.mkdir(parents=True, exist_ok=True)
@@ -405,7 +406,7 @@ def _fit_on_ray_train(job: BCJob, workers: int, ray_address: str | None) -> None
     threads = max(1, (os.cpu_count() or 1) // workers)
     trainer = TorchTrainer(
         _ray_train_loop,
-        train_loop_config=job_dict(replace(job, threads=threads)),
+        train_loop_config={"job": replace(job, threads=threads)},
         scaling_config=ScalingConfig(
             num_workers=workers, use_gpu=False, resources_per_worker={"CPU": 1}
         ),

@@ -10,9 +10,11 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from uuid import UUID
 
 import numpy as np
 import pytest
+import yaml
 
 from pipelines.config import CONFIG_DIR, ConfigError
 from pipelines.services import free_port
@@ -270,6 +272,7 @@ def test_resume_reuses_completed_stages_after_a_failure(
     first_run: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import deploy_edge.latency
+    import pipelines.config
     import stages.export.onnx
 
     real_gate, real_export = deploy_edge.latency.run_gate, stages.export.onnx.export
@@ -288,12 +291,21 @@ def test_resume_reuses_completed_stages_after_a_failure(
 
     monkeypatch.setattr(deploy_edge.latency, "run_gate", flaky_gate)
     monkeypatch.setattr(stages.export.onnx, "export", counted_export)
+    read = pipelines.config._read_yaml
+    reads: list[Path] = []
+
+    def counted_read(path: Path, *args: Any) -> Any:
+        reads.append(path)
+        return read(path, *args)
+
+    monkeypatch.setattr(pipelines.config, "_read_yaml", counted_read)
     # New inputs (nothing of the earlier runs applies), registered under a name of its own so
     # that no other test's champion moves.
     other_seed = ["seed=7", "registry.model_name=demo-policy-resume"]
     with pytest.raises(RuntimeError, match="injected"):
         run_pipeline(*other_seed)
     assert calls == {"gate": 1, "export": 1}, "a permanent error is not retried"
+    assert reads.count(Path(CONFIG)) == 1, "a run from a path (a schedule's) reads it once"
 
     # The re-run continues at the failed stage; a transient error there is retried by Prefect.
     failures.append(ConnectionError("injected: connection reset"))
@@ -313,17 +325,32 @@ def test_bad_config_stops_before_any_stage(first_run: dict[str, Any], shared_hom
     assert sorted((shared_home / "stages").iterdir()) == stages_before
 
 
+def test_the_prefect_ui_asks_for_a_config_path() -> None:
+    """The flows take a loaded config from Python (``robo-pipe run``), but the Prefect UI and
+    the deployments' parameters show ``config`` as one text field: a YAML path."""
+    from prefect.utilities.callables import parameter_schema
+
+    from pipelines.flow import champion_regression, train_simulate_deploy
+
+    for flow in (train_simulate_deploy, champion_regression):
+        config = parameter_schema(flow.fn).properties["config"]
+        assert config["type"] == "string" and config["default"] == "configs/demo.yaml", config
+
+
+def flow_run_id(result: dict[str, Any]) -> str:
+    """The id of the Prefect flow run of ``result``."""
+    return str(result["links"]["Prefect flow run"].rsplit("/", 1)[1])
+
+
 def flow_run_summary(result: dict[str, Any]) -> str:
     """The markdown summary artifact the flow run of ``result`` published in Prefect."""
     from prefect.client.orchestration import get_client
 
-    flow_run_id = result["links"]["Prefect flow run"].rsplit("/", 1)[1]
+    run_id = flow_run_id(result)
     with get_client(sync_client=True) as prefect:
         artifacts = prefect.read_artifacts()
     (summary,) = [
-        a
-        for a in artifacts
-        if str(a.flow_run_id) == flow_run_id and a.key == "demo-pipeline-summary"
+        a for a in artifacts if str(a.flow_run_id) == run_id and a.key == "demo-pipeline-summary"
     ]
     return str(summary.data)
 
@@ -367,6 +394,15 @@ def test_run_below_min_success_is_registered_not_promoted(
     assert tags[GATE_TAG + "held-out success.required"] == required
     assert tags[GATE_TAG + "held-out success.measured"].startswith(measured)
     assert failed_gates(registry.get_version(name, "1").tags) == ["held-out success"]
+
+    # The CLI read and checked the config once and handed it to the flow as it was: the flow
+    # run's parameter is the resolved config (as saved in the run folder), not a path to read.
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as prefect:
+        parameters = prefect.read_flow_run(UUID(flow_run_id(result))).parameters
+    saved = yaml.safe_load((Path(result["run_dir"]) / "config.yaml").read_text())
+    assert parameters["config"] == saved and not parameters["overrides"]
 
 
 REGRESS = [

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -20,7 +21,7 @@ from safetensors.torch import load_file
 from pipelines.config import CONFIG_DIR, load_config
 from stages.dataset.layout import DatasetRef
 from stages.finetune import FinetuneConfig, PretrainConfig, finetune, pretrain
-from stages.finetune.bc import BCJob, bc_loss, build_policy, job_dict, train_bc
+from stages.finetune.bc import BCJob, bc_loss, build_policy, train_bc
 from stages.finetune.checkpoints import latest_checkpoint, read_metrics
 from stages.finetune.config import BCConfig
 from stages.finetune.data import chunk_targets, load_bc_data, merge_stats
@@ -61,10 +62,10 @@ def tiny_job(out: Path, dataset: DatasetRef, steps: int = 40, **bc: object) -> B
                 "log_every": 5,
                 **bc,
             }
-        ).model_dump(),
+        ),
         seed=3,
         trainable="all",
-        policy=TINY_POLICY.model_dump(),
+        policy=TINY_POLICY,
         cameras=["scene"],
         image_size=32,
         threads=1,
@@ -137,10 +138,10 @@ def test_killed_training_resumes_at_the_same_step_and_state(
     train_bc(tiny_job(reference, tiny_dataset, steps=60, batch_size=64))
 
     resumed = tmp_path / "resumed"
-    job = json.dumps(job_dict(tiny_job(resumed, tiny_dataset, steps=60, batch_size=64)))
+    job = pickle.dumps(tiny_job(resumed, tiny_dataset, steps=60, batch_size=64)).hex()
     code = (
-        "import json, sys; from stages.finetune.bc import BCJob, train_bc; "
-        "train_bc(BCJob(**json.loads(sys.argv[1])))"
+        "import pickle, sys; from stages.finetune.bc import train_bc; "
+        "train_bc(pickle.loads(bytes.fromhex(sys.argv[1])))"
     )
     proc = subprocess.Popen([sys.executable, "-c", code, job], cwd=ROOT)
     deadline = time.monotonic() + 120
@@ -177,7 +178,7 @@ def test_every_trainable_parameter_receives_a_gradient(
         policy = PolicyConfig(
             type="hub-vlm", backbone=str(save_tiny_idefics3(tmp_path / "vlm")), chunk_len=3
         )
-    job = replace(tiny_job(tmp_path, tiny_dataset), trainable=trainable, policy=policy.model_dump())
+    job = replace(tiny_job(tmp_path, tiny_dataset), trainable=trainable, policy=policy)
     data = load_bc_data(job.datasets, tuple(job.cameras), policy.chunk_len)
     if not with_target:  # a dataset without observation.environment_state
         data = replace(data, target_xy=None)

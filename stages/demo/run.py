@@ -1,9 +1,11 @@
-"""``robo-pipe demo``: the scripted expert solving the task, measured and filmed.
+"""The expert demo: the scripted expert solving the task, measured and filmed.
 
-Until the full pipeline lands this is the end-to-end demo: it builds the scene from the config,
-plays ``demo.episodes`` seeded episodes with the scripted expert across the batched simulator,
-and writes a report (success rate with a 95% Wilson interval, episode length, throughput), a
-filmstrip PNG and an animated GIF of the first episodes, and the resolved config.
+It builds the scene, plays ``demo.episodes`` seeded episodes (the run's ``demo`` seed stream)
+with the scripted expert across the batched simulator, and writes a report (success rate with a
+95% Wilson interval, episode length, throughput), a filmstrip PNG and an animated GIF of the
+first episodes, and the report as JSON. ``robo-pipe demo`` runs it: a first look at the task and
+the simulator before any training, and the ceiling a policy trained on these demonstrations
+can reach.
 """
 
 from __future__ import annotations
@@ -17,19 +19,20 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
-from pipelines.config import PipelineConfig, save_resolved
 from robo_pipe.records import Record
 from robots.spec import get_robot
 from sim_scenes.backends import make_env
+from sim_scenes.config import SceneConfig, SimConfig
 from sim_scenes.episodes import EpisodeRecord, play_episodes
 from sim_scenes.expert import ScriptedExpert
-from sim_scenes.touch import episode_seeds
+from sim_scenes.seeds import episode_seeds
+from stages.demo.config import DemoConfig
 from stages.statistics import wilson_interval
 
 
 @dataclass
 class DemoReport(Record):
-    """Result record of ``robo-pipe demo`` (JSON-serialisable)."""
+    """Result record of the expert demo (JSON-serialisable)."""
 
     run_dir: str
     config_hash: str
@@ -49,33 +52,39 @@ class DemoReport(Record):
 
 
 def run_demo(
-    config: PipelineConfig,
-    run_dir: Path,
+    robot: str,
+    scene: SceneConfig,
+    sim: SimConfig,
+    config: DemoConfig,
+    seed: int,
+    out: Path,
+    config_hash: str = "",
     on_episode: Callable[[EpisodeRecord], None] | None = None,
 ) -> DemoReport:
-    """Play the expert demo described by ``config`` and write its outputs into ``run_dir``."""
-    save_resolved(config, run_dir / "config.yaml")
-    robot = get_robot(config.robot)
-    seeds = episode_seeds(config.seed, config.demo.episodes, "demo")
-    expert = ScriptedExpert(robot)
-    num_envs = min(config.sim.num_envs, len(seeds))
+    """Play the expert demo on ``scene`` and write its outputs into ``out``; ``config_hash``
+    names the pipeline config it was run from (shown in the report)."""
+    out.mkdir(parents=True, exist_ok=True)
+    spec = get_robot(robot)
+    seeds = episode_seeds(seed, config.episodes, "demo")
+    expert = ScriptedExpert(spec)
+    num_envs = min(sim.num_envs, len(seeds))
     start = time.perf_counter()
-    with make_env(robot, config.scene, config.sim, num_envs=num_envs, autoreset=False) as env:
+    with make_env(spec, scene, sim, num_envs=num_envs, autoreset=False) as env:
         records = play_episodes(
-            env, expert, seeds, record=config.demo.filmstrip_episodes, on_episode=on_episode
+            env, expert, seeds, record=config.filmstrip_episodes, on_episode=on_episode
         )
     wall = time.perf_counter() - start
 
     successes = sum(r.success for r in records)
     steps = sum(r.length for r in records)
     recorded = [r for r in records if r.frames]
-    filmstrip = _save_filmstrip(recorded, run_dir / "expert_filmstrip.png")
-    animation = _save_animation(recorded, run_dir / "expert_episodes.gif", robot.control_hz)
+    filmstrip = _save_filmstrip(recorded, out / "expert_filmstrip.png")
+    animation = _save_animation(recorded, out / "expert_episodes.gif", spec.control_hz)
     report = DemoReport(
-        run_dir=str(run_dir),
-        config_hash=config.config_hash(),
-        robot=robot.name,
-        variant=config.scene.variant,
+        run_dir=str(out),
+        config_hash=config_hash,
+        robot=spec.name,
+        variant=scene.variant,
         episodes=len(records),
         successes=successes,
         success_rate=successes / len(records),
@@ -85,10 +94,10 @@ def run_demo(
         wall_s=wall,
         filmstrip=str(filmstrip),
         animation=str(animation),
-        report=str(run_dir / "report.md"),
+        report=str(out / "report.md"),
     )
-    _write_markdown(report, records, run_dir / "report.md")
-    (run_dir / "result.json").write_text(json.dumps(asdict(report), indent=2))
+    _write_markdown(report, records, out / "report.md")
+    (out / "result.json").write_text(json.dumps(asdict(report), indent=2))
     return report
 
 

@@ -53,8 +53,17 @@ def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+SHORT = CFG.scene.model_copy(update={"episode_steps": 15})
+"""The suite's scene with short episodes: a failing policy's episodes time out sooner."""
+
+
 def run(policy: Path, out: Path, config: EvalConfig = SMALL, **kw: object) -> EvalReport:
     return evaluate(policy, CFG.robot, CFG.scene, CFG.sim, config, 0, out, **kw)  # type: ignore[arg-type]
+
+
+def against_itself(policy: Path, out: Path, config: EvalConfig, **kw: object) -> EvalReport:
+    """``policy`` with itself as the baseline, on :data:`SHORT` episodes."""
+    return evaluate(policy, CFG.robot, SHORT, CFG.sim, config, 0, out, baseline=policy, **kw)  # type: ignore[arg-type]
 
 
 def test_report_rows_seeds_files_and_reproducibility(tiny_checkpoint: Path, tmp_path: Path) -> None:
@@ -195,21 +204,14 @@ def test_sequential_evaluation_stops_and_reuses_the_baselines_stored_outcomes(
     every seed the candidate plays, its outcomes come back to be stored, and identical
     outcomes are never worse."""
     config = SMALL.model_copy(update={"episodes": 12, "episodes_per_shard": 6})
-    short = CFG.scene.model_copy(update={"episode_steps": 15})  # failures time out sooner
-
     played: list[int] = []  # the policy of every shard played
 
     def run_against(out: str, stored: dict[tuple[str, int], bool] | None = None) -> EvalReport:
         played.clear()
-        return evaluate(
+        return against_itself(
             tiny_checkpoint,
-            CFG.robot,
-            short,
-            CFG.sim,
-            config,
-            0,
             tmp_path / out,
-            baseline=tiny_checkpoint,
+            config,
             on_shard=lambda shard: played.append(shard.shard.policy),
             baseline_outcomes=stored,
         )
@@ -252,23 +254,17 @@ def test_after_not_worse_the_candidate_plays_on_while_its_success_gate_is_undeci
             "sequential": SequentialConfig(looks=4, regression=0.5),
         }
     )
-    short = CFG.scene.model_copy(update={"episode_steps": 15})
     played: dict[int, int] = {0: 0, 1: 0}  # episodes played, by policy
 
     def run_with(out: str, bar: float | None, **kw: object) -> EvalReport:
         played.update({0: 0, 1: 0})
-        return evaluate(
+        return against_itself(
             tiny_checkpoint,
-            CFG.robot,
-            short,
-            CFG.sim,
-            config,
-            0,
             tmp_path / out,
-            baseline=tiny_checkpoint,
+            config,
             on_shard=lambda s: played.update({s.shard.policy: played[s.shard.policy] + 6}),
             min_success=bar,
-            **kw,  # type: ignore[arg-type]
+            **kw,
         )
 
     quick = run_with("quick", None)

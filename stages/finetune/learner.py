@@ -51,11 +51,11 @@ class Learner:
         self,
         start_checkpoint: str,
         algo: str,
-        rl: dict[str, Any],
+        rl: RLConfig,
         seed: int,
         out: str,
     ) -> None:
-        self.cfg = RLConfig(**rl)
+        self.cfg = rl
         algorithm = algorithm_class(algo)
         torch.set_num_threads(
             self.cfg.learner_torch_threads(algorithm.on_policy, os.cpu_count() or 1)

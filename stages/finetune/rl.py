@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from robo_pipe.locks import StatusFn
+from sim_scenes.config import SceneConfig, SimConfig
 from stages.finetune.algorithm import algorithm_class
 from stages.finetune.checkpoints import latest_checkpoint, log_metrics, read_metrics
 from stages.finetune.config import RLConfig
@@ -51,7 +52,8 @@ LIMIT = "finetune.rl.max_worker_restarts"
 
 @dataclass
 class RLJob:
-    """Everything an RL run needs (JSON-serialisable)."""
+    """Everything an RL run needs (its configs sent as they are to the learner and the rollout
+    workers)."""
 
     out: str
     """Run directory: ``step-XXXXXXX`` learner checkpoints, ``metrics.jsonl``, curves."""
@@ -60,10 +62,9 @@ class RLJob:
     algo: str
     """The RL algorithm's name (:data:`stages.finetune.algorithm.ALGORITHMS`)."""
     robot: str
-    scene: dict[str, Any]
-    sim: dict[str, Any]
-    rl: dict[str, Any]
-    """:class:`RLConfig` as a dict."""
+    scene: SceneConfig
+    sim: SimConfig
+    rl: RLConfig
     seed: int
     lineage: dict[str, Any] = field(default_factory=dict)
 
@@ -122,7 +123,7 @@ def train_rl(
     import ray
     from ray.exceptions import RayActorError, RayTaskError
 
-    cfg = RLConfig(**job.rl)
+    cfg = job.rl
     algorithm = algorithm_class(job.algo)
     settings = cfg.settings(job.algo)
     off_policy = not algorithm.on_policy

@@ -183,8 +183,8 @@ class RolloutWorker(PoolWorker):
         self,
         checkpoint: str,
         robot: str,
-        scene: dict[str, Any],
-        sim: dict[str, Any],
+        scene: SceneConfig,
+        sim: SimConfig,
         num_envs: int,
         horizon: int,
         gamma: float,
@@ -207,14 +207,14 @@ class RolloutWorker(PoolWorker):
         width = self.policy.action_head.in_features
         self.value = ValueHead(width).eval() if value_head else None
         cfg = self.policy.cfg
-        self.scene = SceneConfig(**scene).model_copy(
+        self.scene = scene.model_copy(
             update={"cameras": list(cfg.cameras), "image_size": cfg.image_size}
         )
         self.rewards = self.scene.reward_terms()
         self.env = make_env(
             get_robot(robot),
             self.scene,
-            SimConfig(**sim).model_copy(update={"num_threads": threads}),
+            sim.model_copy(update={"num_threads": threads}),
             num_envs=num_envs,
             autoreset=not episodic,
         )

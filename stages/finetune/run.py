@@ -270,9 +270,9 @@ def rl_finetune(
             start_checkpoint=str(start_path),
             algo=config.algo,
             robot=robot,
-            scene=scene.model_dump(),
-            sim=sim.model_dump(),
-            rl=config.rl.model_dump(),
+            scene=scene,
+            sim=sim,
+            rl=config.rl,
             seed=seed,
             lineage=lineage,
         )

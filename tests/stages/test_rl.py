@@ -75,9 +75,7 @@ def worker(start: str, envs: int = 3, horizon: int = 1, **kinds: bool) -> Rollou
     """A rollout worker of the tiny policy; ``kinds``: ``kl_anchor``, ``value_head`` (both on
     by default: what PPO's workers run), ``episodic``."""
     kinds = {"kl_anchor": True, "value_head": True} | kinds
-    return RolloutWorker(
-        start, "rp5", SCENE.model_dump(), SIM.model_dump(), envs, horizon, 0.98, 0, 0, **kinds
-    )
+    return RolloutWorker(start, "rp5", SCENE, SIM, envs, horizon, 0.98, 0, 0, **kinds)
 
 
 # -- the algorithms' pieces --------------------------------------------------------------------
@@ -539,9 +537,7 @@ def job(start: str, out: Path, algo: str, **rl: object) -> RLJob:
             **rl,
         }
     )
-    return RLJob(
-        str(out), start, algo, "rp5", SCENE.model_dump(), SIM.model_dump(), cfg.model_dump(), 0
-    )
+    return RLJob(str(out), start, algo, "rp5", SCENE, SIM, cfg, 0)
 
 
 def test_ppo_on_ray_syncs_weights_and_restarts_a_killed_worker(

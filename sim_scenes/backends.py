@@ -1,19 +1,20 @@
 """Simulator backends by name (``sim.backend``): the one place a backend is chosen.
 
 A backend is a folder under ``sim_scenes/`` holding a :class:`~sim_scenes.batched_env.BatchedEnv`
-subclass, which says how it is built from config (``from_config``), which simulator version
-decides its episodes (``simulator_version``) and whether it can start on this machine
-(``check_available``). :data:`BACKENDS` names each by its entry point, imported only when that
-backend is used: the config validates names without loading any simulator, and a MuJoCo run
-never imports the Isaac Lab client. Adding a backend is its folder plus one line here.
+subclass, which says which ``sim:`` settings its constructor takes (``sim_options``), which
+simulator version decides its episodes (``simulator_version``) and whether it can start on this
+machine (``check_available``). :data:`BACKENDS` names each by its entry point, imported only when
+that backend is used: the config validates names without loading any simulator, and a MuJoCo
+run never imports the Isaac Lab client. Adding a backend is its folder plus one line here.
 """
 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from sim_scenes.touch import SceneError
+from sim_scenes.touch import SceneError, SceneVariant
 
 if TYPE_CHECKING:
     from robots.spec import RobotSpec
@@ -39,6 +40,32 @@ def backend_class(name: str) -> type[BatchedEnv]:
     return backend
 
 
+def open_env(
+    robot: RobotSpec,
+    variant: SceneVariant,
+    sim: SimConfig,
+    *,
+    num_envs: int,
+    cameras: Sequence[str],
+    image_size: int,
+    autoreset: bool = True,
+    retarget: int = 0,
+) -> BatchedEnv:
+    """``num_envs`` environments of ``variant`` on the backend ``sim`` names, with that
+    backend's own settings from ``sim`` (arguments as :class:`BatchedEnv`'s)."""
+    backend = backend_class(sim.backend)
+    return backend(
+        robot,
+        variant,
+        num_envs,
+        cameras,
+        image_size,
+        autoreset=autoreset,
+        retarget=retarget,
+        **backend.sim_options(sim),
+    )
+
+
 def make_env(
     robot: RobotSpec,
     scene: SceneConfig,
@@ -49,13 +76,13 @@ def make_env(
     autoreset: bool = True,
     retarget: int = 0,
 ) -> BatchedEnv:
-    """Create ``num_envs`` (default ``sim.num_envs``) environments of ``scene.variant`` on the
-    backend ``sim`` names.
+    """Create ``num_envs`` (default ``sim.num_envs``) environments of ``scene.variant`` (with
+    the scene config's task overrides) on the backend ``sim`` names.
 
     ``cameras`` overrides ``scene.cameras``; pass ``()`` for physics only. ``retarget`` names
     another object of each scene (see :func:`sim_scenes.touch.sample_layout`).
     """
-    return backend_class(sim.backend).from_config(
+    return open_env(
         robot,
         scene.task(),
         sim,

@@ -17,7 +17,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Self
+from typing import TYPE_CHECKING, Any, Self
 
 import numpy as np
 
@@ -99,6 +99,8 @@ class BatchedEnv(abc.ABC):
             only.
         image_size: square image side in pixels (>= 8).
         autoreset: reset finished environments inside ``step`` (see the module docstring).
+        retarget: > 0 names another object of each scene than the drawn target
+            (:func:`sim_scenes.touch.sample_layout`).
 
     Raises:
         SceneError: a batch size, camera name or image size no backend can use.
@@ -115,6 +117,7 @@ class BatchedEnv(abc.ABC):
         cameras: Sequence[str],
         image_size: int,
         autoreset: bool,
+        retarget: int,
     ) -> None:
         if num_envs < 1:
             raise SceneError(f"num_envs must be >= 1, got {num_envs}")
@@ -133,27 +136,16 @@ class BatchedEnv(abc.ABC):
         self.cameras = tuple(cameras)
         self.image_size = image_size
         self.autoreset = autoreset
+        self.retarget = retarget
         self.timings = {"simulate": 0.0, "render": 0.0}
 
     # -- the backend, as the registry (sim_scenes.backends) sees it ----------------------------
 
     @classmethod
     @abc.abstractmethod
-    def from_config(
-        cls,
-        robot: RobotSpec,
-        variant: SceneVariant,
-        sim: SimConfig,
-        *,
-        num_envs: int,
-        cameras: Sequence[str],
-        image_size: int,
-        autoreset: bool,
-        retarget: int,
-    ) -> BatchedEnv:
-        """The backend's environments, with its own settings taken from ``sim`` (MuJoCo: its
-        physics threads; Isaac Lab: its device). ``retarget`` names another object of each
-        scene (:func:`sim_scenes.touch.sample_layout`)."""
+    def sim_options(cls, sim: SimConfig) -> dict[str, Any]:
+        """The keyword arguments its constructor takes from the ``sim:`` section besides the
+        ones every backend takes (MuJoCo: its physics threads; Isaac Lab: its device)."""
 
     @classmethod
     @abc.abstractmethod

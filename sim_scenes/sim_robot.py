@@ -11,7 +11,7 @@ import numpy as np
 
 from robots.interface import Robot, RobotObservation
 from robots.spec import RobotSpec, get_robot
-from sim_scenes.backends import backend_class
+from sim_scenes.backends import open_env
 from sim_scenes.batched_env import BatchedEnv, BatchedObservation
 from sim_scenes.config import SimConfig
 from sim_scenes.touch import SceneError, SceneVariant, get_variant
@@ -63,7 +63,7 @@ class SimulatedRobot(Robot):
 
     def connect(self) -> None:
         if self._env is None:
-            self._env = backend_class(self._sim.backend).from_config(
+            self._env = open_env(
                 self.spec,
                 self._variant,
                 self._sim,
@@ -71,7 +71,6 @@ class SimulatedRobot(Robot):
                 cameras=self._cameras,
                 image_size=self._image_size,
                 autoreset=False,
-                retarget=0,
             )
         self._obs = self._env.reset([self._seed])
         self._steps, self.done, self.success = 0, False, False

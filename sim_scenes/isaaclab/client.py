@@ -49,7 +49,6 @@ class IsaacLabBatchedEnv(BatchedEnv):
 
     Args:
         device: where Isaac Lab simulates and renders: ``cpu`` or ``cuda:K``.
-        retarget: name another object of the same scene (:func:`sim_scenes.touch.sample_layout`).
     """
 
     def __init__(
@@ -63,7 +62,7 @@ class IsaacLabBatchedEnv(BatchedEnv):
         autoreset: bool = True,
         retarget: int = 0,
     ) -> None:
-        super().__init__(robot, variant, num_envs, cameras, image_size, autoreset)
+        super().__init__(robot, variant, num_envs, cameras, image_size, autoreset, retarget)
         python = isaaclab_python()
         # timings["simulate"] counts the worker's physics and rendering together: Isaac Lab
         # renders inside its step, so "render" stays 0 on this backend.
@@ -115,28 +114,8 @@ class IsaacLabBatchedEnv(BatchedEnv):
             raise
 
     @classmethod
-    def from_config(
-        cls,
-        robot: RobotSpec,
-        variant: SceneVariant,
-        sim: SimConfig,
-        *,
-        num_envs: int,
-        cameras: Sequence[str],
-        image_size: int,
-        autoreset: bool,
-        retarget: int,
-    ) -> IsaacLabBatchedEnv:
-        return cls(
-            robot,
-            variant,
-            num_envs,
-            cameras,
-            image_size,
-            device=sim.device,
-            autoreset=autoreset,
-            retarget=retarget,
-        )
+    def sim_options(cls, sim: SimConfig) -> dict[str, Any]:
+        return {"device": sim.device}
 
     @classmethod
     def simulator_version(cls, sim: SimConfig) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import mujoco
 import numpy as np
@@ -42,7 +43,6 @@ class MujocoBatchedEnv(BatchedEnv):
 
     Args:
         num_threads: rollout and render threads (>= 1).
-        retarget: name another object of the same scene (see :func:`sample_layout`).
     """
 
     def __init__(
@@ -56,10 +56,9 @@ class MujocoBatchedEnv(BatchedEnv):
         autoreset: bool = True,
         retarget: int = 0,
     ) -> None:
-        super().__init__(robot, variant, num_envs, cameras, image_size, autoreset)
+        super().__init__(robot, variant, num_envs, cameras, image_size, autoreset, retarget)
         if num_threads < 1:
             raise SceneError(f"num_threads must be >= 1, got {num_threads}")
-        self.retarget = retarget
 
         self._nominal = build_scene(robot, image_size)
         self._index = index_scene(self._nominal, robot)
@@ -110,28 +109,8 @@ class MujocoBatchedEnv(BatchedEnv):
         self._distance = np.zeros(num_envs, np.float64)  # tcp to target, m, before the step
 
     @classmethod
-    def from_config(
-        cls,
-        robot: RobotSpec,
-        variant: SceneVariant,
-        sim: SimConfig,
-        *,
-        num_envs: int,
-        cameras: Sequence[str],
-        image_size: int,
-        autoreset: bool,
-        retarget: int,
-    ) -> MujocoBatchedEnv:
-        return cls(
-            robot,
-            variant,
-            num_envs,
-            cameras,
-            image_size,
-            num_threads=sim.num_threads,
-            autoreset=autoreset,
-            retarget=retarget,
-        )
+    def sim_options(cls, sim: SimConfig) -> dict[str, Any]:
+        return {"num_threads": sim.num_threads}
 
     @classmethod
     def simulator_version(cls, sim: SimConfig) -> str:

@@ -32,10 +32,9 @@ def check_config(cfg: PipelineConfig) -> None:
 
 def check_simulator(cfg: PipelineConfig) -> None:
     """The configured simulator backend can start: Isaac Lab needs its own environment."""
-    if cfg.sim.backend == "isaaclab":
-        from sim_scenes.isaaclab.env import isaaclab_python
+    from sim_scenes.backends import check_backend
 
-        isaaclab_python()
+    check_backend(cfg.sim)
 
 
 def check_out_dir(path: Path, what: str) -> None:

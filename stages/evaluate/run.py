@@ -17,7 +17,7 @@ from pathlib import Path
 
 from robo_pipe.locks import StatusFn
 from sim_scenes.config import SceneConfig, SimConfig
-from sim_scenes.touch import episode_seeds
+from sim_scenes.seeds import episode_seeds
 from stages.evaluate.comparison import compare_outcomes
 from stages.evaluate.config import EvalConfig
 from stages.evaluate.report import EvalReport, summarize, write_report

@@ -25,7 +25,6 @@ from pathlib import Path
 import yaml
 
 from deploy_edge.device import DeviceEntry, DeviceError, connect
-from pipelines import registry
 from pipelines.config import PipelineConfig
 from pipelines.deploy.release import bundle_release, deploy_release, signing_key
 from pipelines.home import home_dir
@@ -128,8 +127,7 @@ def deploy_to_local_agent(
     release keeps it (a re-run of the demo changes nothing there)."""
     from deploy_edge.release import file_sha256
 
-    version = registry.get_version(registration.name, registration.version)
-    _, path = bundle_release(version, signing_key())
+    _, path = bundle_release(registration, signing_key())
     # Runs sharing the home take turns with the agent: a second deploy waits, and says so.
     with running_local_agent(cfg, status_lines("deploy", listener)) as entry:
         with connect(entry) as device:

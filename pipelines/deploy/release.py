@@ -5,9 +5,9 @@
 
 The CLI verbs, the local agent's deploy stage and the fleet rollout call these and report
 progress to a :class:`~pipelines.progress.Listener`; the device does the verifying, building,
-gating and activating itself (:mod:`deploy_edge.agent`). The version arrives resolved
-(:class:`~pipelines.registry.VersionInfo`): whoever took it from a user's ``models:/`` string
-parsed that once.
+gating and activating itself (:mod:`deploy_edge.agent`). The version arrives typed, as a
+:class:`RegisteredVersion`: the register step's record, or the
+:class:`~pipelines.registry.VersionInfo` that the CLI resolved once from a ``models:/`` string.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from pipelines import registry
 from pipelines.home import home_dir
@@ -26,6 +26,20 @@ if TYPE_CHECKING:
     from deploy_edge.device import DeviceEntry
     from deploy_edge.release import Manifest
     from deploy_edge.wire import Deployment, DeviceStatus, StepResult
+
+
+class RegisteredVersion(Protocol):
+    """A version of a registered model, resolved to its number: a
+    :class:`~pipelines.registry.VersionInfo` or the register step's
+    :class:`~pipelines.records.Registration`."""
+
+    @property
+    def name(self) -> str:
+        """The registered model's name."""
+
+    @property
+    def version(self) -> str:
+        """The version number (never an alias)."""
 
 
 def default_key() -> Path:
@@ -45,7 +59,7 @@ def signing_key() -> Path:
 
 
 def bundle_release(
-    version: registry.VersionInfo,
+    version: RegisteredVersion,
     key: Path,
     out: Path | None = None,
     expires_in_days: float | None = 30.0,
@@ -69,7 +83,7 @@ def bundle_release(
     )
 
     private = load_private_key(key)
-    _, export_dir = registry.fetch_export(version.name, version.version)
+    info, export_dir = registry.fetch_export(version.name, version.version)
     signer = key_id(private.public_key())
     target = out or home_dir("releases") / f"{version.name}-v{version.version}-{signer}.release"
     if target.is_file():
@@ -85,10 +99,10 @@ def bundle_release(
         export_dir,
         target,
         private,
-        model_name=version.name,
-        model_version=version.version,
-        run_id=version.run_id,
-        release=int(version.version),
+        model_name=info.name,
+        model_version=info.version,
+        run_id=info.run_id,
+        release=int(info.version),
         targets=targets,
         budget_ms=budget_ms,
         expires_in_days=expires_in_days,

@@ -3,9 +3,11 @@
 A backend is a folder under ``sim_scenes/`` holding a :class:`~sim_scenes.batched_env.BatchedEnv`
 subclass, which says which ``sim:`` settings its constructor takes (``sim_options``), which
 simulator version decides its episodes (``simulator_version``) and whether it can start on this
-machine (``check_available``). :data:`BACKENDS` names each by its entry point, imported only when
-that backend is used: the config validates names without loading any simulator, and a MuJoCo
-run never imports the Isaac Lab client. Adding a backend is its folder plus one line here.
+machine (``check_available``). :data:`~sim_scenes.config.BACKENDS` names each by its entry
+point, imported only here and only when that backend is used: the config validates names
+without loading any simulator, and a MuJoCo run never imports the Isaac Lab client. Adding a
+backend is its folder plus one line in that table (it sits beside the ``sim.backend`` field it
+types, so the config needs nothing from this module).
 """
 
 from __future__ import annotations
@@ -14,19 +16,12 @@ import importlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from sim_scenes.config import BACKENDS, SceneConfig, SimConfig
 from sim_scenes.touch import SceneError, SceneVariant
 
 if TYPE_CHECKING:
     from robots.spec import RobotSpec
     from sim_scenes.batched_env import BatchedEnv
-    from sim_scenes.config import SceneConfig, SimConfig
-
-BACKENDS: dict[str, str] = {
-    "mujoco": "sim_scenes.mujoco.mujoco_env:MujocoBatchedEnv",
-    "isaaclab": "sim_scenes.isaaclab.client:IsaacLabBatchedEnv",
-}
-"""``sim.backend`` -> ``module:class`` of its batched env: MuJoCo (built in, the default) and
-Isaac Lab 3 on Newton (in its own environment, ``make isaaclab-env``)."""
 
 
 def backend_class(name: str) -> type[BatchedEnv]:

@@ -7,7 +7,6 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from sim_scenes.backends import BACKENDS
 from sim_scenes.touch import (
     RewardTerms,
     SceneVariant,
@@ -97,13 +96,21 @@ class SceneConfig(BaseModel):
         return name
 
 
+BACKENDS: dict[str, str] = {
+    "mujoco": "sim_scenes.mujoco.mujoco_env:MujocoBatchedEnv",
+    "isaaclab": "sim_scenes.isaaclab.client:IsaacLabBatchedEnv",
+}
+"""``sim.backend`` -> ``module:class`` of its batched env: MuJoCo (built in, the default) and
+Isaac Lab 3 on Newton (in its own environment, ``make isaaclab-env``)."""
+
+
 class SimConfig(BaseModel):
     """Simulator backend and its parallelism."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     backend: str = "mujoco"
-    """Simulator backend, one of :data:`sim_scenes.backends.BACKENDS`: ``mujoco`` (built in)
+    """Simulator backend, one of :data:`BACKENDS`: ``mujoco`` (built in)
     or ``isaaclab`` (Isaac Lab 3 on Newton, in its own environment: ``make isaaclab-env``)."""
     num_envs: int = Field(default=16, ge=1, le=4096)
     """Environments stepped together in one process."""

@@ -9,9 +9,9 @@ import mujoco
 import pytest
 
 from robots.spec import RobotSpec
-from sim_scenes.backends import BACKENDS, backend_class, check_backend, simulator_version
+from sim_scenes.backends import backend_class, check_backend, simulator_version
 from sim_scenes.batched_env import BatchedEnv
-from sim_scenes.config import SimConfig
+from sim_scenes.config import BACKENDS, SimConfig
 from sim_scenes.isaaclab.env import ENV_VAR, IsaacLabMissingError
 from sim_scenes.mujoco.mujoco_env import MujocoBatchedEnv
 from sim_scenes.sim_robot import SimulatedRobot

@@ -87,18 +87,17 @@ def wheel_files(wheel: Path) -> set[str]:
 
 
 def make_export(out: Path) -> Path:
-    """An export of a tiny, random-weight policy (the demo's robot and scene camera, 32 px)."""
+    """An export of a random-weight policy of the tiny profile (``configs/tiny.yaml``: its
+    policy, cameras and 32 px images; rp5's 6 joints)."""
     import torch
 
+    from pipelines.config import CONFIG_DIR, load_config
     from stages.export import export
     from stages.policy.checkpoint import new_policy, save_policy
-    from stages.policy.config import PolicyConfig
 
-    tiny = PolicyConfig(
-        chunk_len=3, d_model=32, n_layers=1, n_heads=2, conv_channels=[8, 16, 16], max_tokens=10
-    )
+    tiny = load_config(CONFIG_DIR / "tiny.yaml")
     torch.manual_seed(0)
-    policy, _ = new_policy(tiny, ["scene"], 32, 6, 6)
+    policy, _ = new_policy(tiny.policy, tiny.scene.cameras, tiny.scene.image_size, 6, 6)
     save_policy(policy, out / "ckpt", None)
     return Path(export(out / "ckpt", out / "export").path)
 

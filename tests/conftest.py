@@ -2,17 +2,43 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
+from configs import config_dir
 from robots.spec import RobotSpec, get_robot
 from stages.dataset.layout import DatasetRef
 
 NUM_ENVS = 4
 """Environments per batched env in unit tests."""
+
+TINY_CONFIG = config_dir() / "tiny.yaml"
+"""The tiny profile (``configs/tiny.yaml``, shipped): the demo at the test suite's sizes. A test
+loads it, or passes it to the CLI, and overrides only the sizes it needs otherwise."""
+
+
+def tiny_overrides() -> list[str]:
+    """The tiny profile's own settings (``configs/tiny.yaml`` less its ``extends``) as ``--set``
+    overrides, to shrink another config (``rl-demo.yaml``) to the same sizes."""
+
+    def flatten(section: dict[str, Any], prefix: str) -> list[str]:
+        sets = []
+        for key, value in section.items():
+            if isinstance(value, dict):
+                sets += flatten(value, f"{prefix}{key}.")
+            else:  # JSON is YAML: load_config reads the value back as written
+                sets.append(f"{prefix}{key}={json.dumps(value)}")
+        return sets
+
+    profile = yaml.safe_load(TINY_CONFIG.read_text())
+    del profile["extends"]
+    return flatten(profile, "")
 
 
 _OWNED_BY_RUNNERS = {"PYTEST_CURRENT_TEST", "MUTANT_UNDER_TEST"}
@@ -57,17 +83,11 @@ def rp5() -> RobotSpec:
 @pytest.fixture(scope="session")
 def tiny_dataset(tmp_path_factory: pytest.TempPathFactory) -> DatasetRef:
     """12 expert episodes of the demo task with a 32 px scene camera (collected once)."""
-    from pipelines.config import CONFIG_DIR, load_config
+    from pipelines.config import load_config
     from stages.collect import collect
 
-    overrides = [
-        "scene.image_size=32",
-        "collect.workers=0",
-        "collect.envs_per_worker=4",
-        "collect.episodes_per_shard=6",
-        "collect.episodes=12",
-    ]
-    cfg = load_config(CONFIG_DIR / "demo.yaml", overrides)
+    # The fine-tuning tests learn from these: 12 episodes in two shards of 6, not the profile's 8.
+    cfg = load_config(TINY_CONFIG, ["collect.episodes=12", "collect.episodes_per_shard=6"])
     out = tmp_path_factory.mktemp("tiny-dataset") / "ds"
     return collect(cfg.robot, cfg.scene, cfg.sim, cfg.collect, cfg.seed, out)
 

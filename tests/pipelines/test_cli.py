@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.conftest import TINY_CONFIG
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -126,33 +128,15 @@ def test_config_robots_and_scenes_verbs(robo_pipe_home: Path) -> None:
     assert splits["touch-mixed"] == "train" and "heldout" in splits.values()
 
 
-TINY_TRAINING = [
-    "scene.image_size=32",
-    "collect.workers=0",
-    "collect.episodes=8",
-    "collect.episodes_per_shard=4",
-    "policy.d_model=32",
-    "policy.n_heads=2",
-    "policy.n_layers=1",
-    "policy.conv_channels=[8,16,16]",
-    "pretrain.episodes_per_variant=4",
-    "pretrain.bc.steps=10",
-    "pretrain.bc.workers=0",
-    "finetune.bc.steps=10",
-    "finetune.bc.workers=0",
-]
-
-
 def test_pretrain_then_finetune_print_checkpoint_records(robo_pipe_home: Path) -> None:
-    sets = [arg for s in TINY_TRAINING for arg in ("--set", s)]
-    pre = robo_pipe("pretrain", "configs/demo.yaml", *sets, "--json", home=robo_pipe_home)
+    pre = robo_pipe("pretrain", str(TINY_CONFIG), "--json", home=robo_pipe_home)
     assert pre.returncode == 0, pre.stderr
     base = json.loads(pre.stdout.strip().splitlines()[-1])
     assert base["trainable"] == "all" and base["step"] == 10
     assert Path(base["path"]).is_relative_to(robo_pipe_home / "checkpoints")
 
     base_written = (Path(base["path"]) / "policy.json").stat().st_mtime_ns
-    fine = robo_pipe("finetune", "configs/demo.yaml", *sets, "--json", home=robo_pipe_home)
+    fine = robo_pipe("finetune", str(TINY_CONFIG), "--json", home=robo_pipe_home)
     assert fine.returncode == 0, fine.stderr
     assert (Path(base["path"]) / "policy.json").stat().st_mtime_ns == base_written
     ref = json.loads(fine.stdout.strip().splitlines()[-1])
@@ -287,14 +271,13 @@ def test_evaluate_exits_1_when_the_policy_is_worse_than_its_baseline(
         still.action_head.bias.zero_()
     save_policy(still, tmp_path / "still", None)
     sets = [
-        "scene.image_size=32",
         "scene.success.radius=0.3",
         "scene.success.hold_steps=30",
         "scene.episode_steps=35",
-        "evaluate.workers=0",
         "evaluate.envs_per_worker=6",
     ]
-    args = ["--episodes", "6", *(arg for s in sets for arg in ("--set", s)), "--json"]
+    tiny = ["--config", str(TINY_CONFIG), "--episodes", "6"]
+    args = [*tiny, *(arg for s in sets for arg in ("--set", s)), "--json"]
 
     worse = robo_pipe(
         "evaluate",

@@ -19,26 +19,17 @@ import yaml
 from pipelines.config import CONFIG_DIR, ConfigError
 from pipelines.services import free_port
 from stages.register import GATE_TAG, failed_gates
-from tests.pipelines.test_cli import TINY_TRAINING
+from tests.conftest import TINY_CONFIG, tiny_overrides
 
 ROOT = Path(__file__).resolve().parents[2]
-CONFIG = str(CONFIG_DIR / "demo.yaml")
+CONFIG = str(TINY_CONFIG)
 MODEL = "demo-policy"
 
 TINY = [
-    *TINY_TRAINING,
-    "finetune.bc.log_every=2",
-    "evaluate.episodes=4",
-    "evaluate.workers=0",
-    "evaluate.envs_per_worker=4",
-    "evaluate.record_episodes=1",
-    "latency.steps=20",
-    "latency.warmup=2",
-    "latency.pace=false",
-    "deploy.episode_ticks=10",
     # A policy trained for 10 steps succeeds rarely: these tests are about the gates' plumbing.
     "registry.promotion.min_success=0.0",
 ]
+"""What every run of these tests sets on the tiny profile (``CONFIG``)."""
 
 
 @pytest.fixture
@@ -475,7 +466,7 @@ def test_a_candidate_worse_than_the_champion_on_the_same_seeds_is_not_promoted(
         regress_champion["success_rate"] * 80
     )
     # `robo-pipe evaluate --baseline models:/...` compares with the stored outcomes too.
-    args = [a for o in [*TINY, *REGRESS] for a in ("--set", o)]
+    args = ["--config", CONFIG, *(a for o in [*TINY, *REGRESS] for a in ("--set", o))]
     cli = robo_pipe(
         "evaluate",
         result["export"],
@@ -559,21 +550,12 @@ def test_unreachable_services_are_named(
     )
 
 
-RL_TINY = [
-    "finetune.rl.iterations=2",
-    "finetune.rl.workers=1",
-    "finetune.rl.envs_per_worker=2",
-    "finetune.rl.ppo.steps_per_env=4",
-    "finetune.rl.ppo.minibatch_size=8",
-]
-
-
 def test_finetune_cli_runs_bc_then_ppo(first_run: dict[str, Any], shared_home: Path) -> None:
     """`robo-pipe finetune --algo ppo`: the BC warm start (reused from the pipeline), then RL."""
     from stages.finetune.checkpoints import read_metrics
     from stages.policy.checkpoint import read_policy_meta
 
-    sets = [arg for s in [*TINY, *RL_TINY] for arg in ("--set", s)]
+    sets = [arg for s in TINY for arg in ("--set", s)]
     result = robo_pipe("finetune", CONFIG, "--algo", "ppo", *sets, "--json", home=shared_home)
     assert result.returncode == 0, result.stderr[-3000:]
     ref = json.loads(result.stdout.strip().splitlines()[-1])
@@ -603,13 +585,7 @@ def test_rl_demo_pipeline_reports_the_bc_warm_start_beside_the_rl_result(
     rl_demo = str(CONFIG_DIR / "rl-demo.yaml")
     algo = load_config(rl_demo).finetune.algo
     assert algo in ("ppo", "grpo", "sac")
-    result = run_pipeline(
-        *RL_TINY,
-        "finetune.rl.grpo.group_size=2",
-        "finetune.rl.grpo.groups_per_worker=1",
-        "deploy.local_agent=false",
-        config=rl_demo,
-    )
+    result = run_pipeline(*tiny_overrides(), "deploy.local_agent=false", config=rl_demo)
     assert f"-{algo}-" in result["checkpoint"]
     assert result["warm_start_success_rate"] is not None and len(result["warm_start_ci95"]) == 2
     client = MlflowClient()

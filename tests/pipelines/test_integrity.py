@@ -18,17 +18,11 @@ from pathlib import Path
 import pytest
 
 from stages.dataset.layout import DatasetRef
+from tests.conftest import TINY_CONFIG
 
 ROOT = Path(__file__).resolve().parents[2]
-SMALL_COLLECT = [
-    "--set",
-    "scene.image_size=32",
-    "--set",
-    "collect.workers=0",
-    "--set",
-    "collect.episodes_per_shard=4",
-]
-"""One shard of 4 episodes of 32 px frames: its video is about 20 KB."""
+TINY = str(TINY_CONFIG)
+"""The tiny profile: shards of 4 episodes of 32 px frames; a shard's video is about 20 KB."""
 LIMIT = 12_000
 """A file size limit (bytes) under a shard's video and an export's model, over every other
 file those commands write."""
@@ -198,7 +192,7 @@ def test_collect_on_a_full_disk_keeps_what_it_had_and_resumes(
     from stages.dataset.reader import open_dataset
 
     out = tmp_path / "ds"
-    collect = ["collect", "configs/demo.yaml", *SMALL_COLLECT, "--out", str(out)]
+    collect = ["collect", TINY, "--out", str(out)]
     first = cli(*collect, "--episodes", "4", home=robo_pipe_home)
     assert first.returncode == 0, first.stderr
     shard = out / ".staging" / "shard-00000000-00000004"
@@ -224,7 +218,7 @@ def test_collect_rebuilds_a_finished_dataset_that_fails_its_checks(
     """A finished dataset is reused as it is only if it verifies: one with a flipped byte is
     finalized again from its committed shards (the source of truth), to the same content."""
     out = tmp_path / "ds"
-    collect = ["collect", "configs/demo.yaml", *SMALL_COLLECT, "--out", str(out), "--json"]
+    collect = ["collect", TINY, "--out", str(out), "--json"]
     first = cli(*collect, "--episodes", "4", home=robo_pipe_home)
     assert first.returncode == 0, first.stderr
     flip_byte(out / "data/chunk-000/file-000.parquet")

@@ -14,7 +14,7 @@ import pytest
 
 from pipelines import registry, tracking
 from pipelines.champion import outcome_tags, outcomes_key
-from pipelines.config import CONFIG_DIR, PipelineConfig, load_config
+from pipelines.config import PipelineConfig, load_config
 from pipelines.records import Evaluation, Registration
 from pipelines.steps import register_version
 from stages.evaluate import suite_variants
@@ -22,14 +22,11 @@ from stages.evaluate.report import EvalReport, VariantRow
 from stages.evaluate.sequential import encode_outcomes
 from stages.register import GATE_TAG
 from stages.register.gates import NO_REGRESSION
+from tests.conftest import TINY_CONFIG
 
-SETS = [
-    "scene.image_size=32",
-    "evaluate.episodes=10",
-    "evaluate.workers=0",
-    "evaluate.envs_per_worker=4",
-    "registry.promotion.min_success=0.0",
-]
+SETS = ["evaluate.episodes=10", "registry.promotion.min_success=0.0"]
+"""On the tiny profile: suites of 10 seeds per variant, and no success bar (these tests are
+about the comparison with the champion)."""
 
 
 @pytest.fixture
@@ -37,7 +34,7 @@ def cfg(robo_pipe_home: Path) -> PipelineConfig:
     from pipelines.services import configure
 
     configure()
-    return load_config(CONFIG_DIR / "demo.yaml", [*SETS, "registry.model_name=cas-policy"])
+    return load_config(TINY_CONFIG, [*SETS, "registry.model_name=cas-policy"])
 
 
 @pytest.fixture

@@ -14,25 +14,23 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from pipelines.config import CONFIG_DIR, load_config
+from pipelines.config import load_config
 from robo_pipe.locks import lock_files, output_lock
+from tests.conftest import TINY_CONFIG
 
 ROOT = Path(__file__).resolve().parents[2]
-TINY_COLLECT = [
-    "scene.image_size=32",
-    "collect.workers=0",
-    "collect.envs_per_worker=2",
-    "collect.episodes_per_shard=4",
-]
+SLOWER = ["collect.envs_per_worker=2"]
+"""On the tiny profile, 2 episodes at a time (not 4): the timing these tests rely on (a lock
+held long enough to be seen, a kill that lands mid-collection) was measured with it."""
 
 
 EPISODES = 24  # the two collects' dataset size (see the first test)
 
 
 def start_collect(home: Path, episodes: int, log: Path) -> subprocess.Popen[bytes]:
-    """``robo-pipe collect configs/demo.yaml --json`` on ``home``; stdout and stderr to
+    """``robo-pipe collect configs/tiny.yaml --json`` on ``home``; stdout and stderr to
     ``log``.out and ``log``.err."""
-    sets = [x for o in [*TINY_COLLECT, f"collect.episodes={episodes}"] for x in ("--set", o)]
+    sets = [x for o in [*SLOWER, f"collect.episodes={episodes}"] for x in ("--set", o)]
     with log.with_suffix(".out").open("wb") as out, log.with_suffix(".err").open("wb") as err:
         return subprocess.Popen(
             [
@@ -40,7 +38,7 @@ def start_collect(home: Path, episodes: int, log: Path) -> subprocess.Popen[byte
                 "-m",
                 "pipelines.cli",
                 "collect",
-                "configs/demo.yaml",
+                str(TINY_CONFIG),
                 *sets,
                 "--json",
             ],
@@ -53,7 +51,7 @@ def start_collect(home: Path, episodes: int, log: Path) -> subprocess.Popen[byte
 
 def dataset_dir(home: Path, episodes: int) -> Path:
     """Where the collects above write (the CLI's default: the config's dataset)."""
-    cfg = load_config(CONFIG_DIR / "demo.yaml", [*TINY_COLLECT, f"collect.episodes={episodes}"])
+    cfg = load_config(TINY_CONFIG, [*SLOWER, f"collect.episodes={episodes}"])
     return home / "datasets" / cfg.dataset_name()
 
 

@@ -15,12 +15,10 @@ import time
 from contextlib import closing
 from pathlib import Path
 
-from pipelines.config import CONFIG_DIR
 from stages.register.gates import NO_REGRESSION
 from tests.pipelines.test_cli import ROOT
-from tests.pipelines.test_flow import TINY
+from tests.pipelines.test_flow import CONFIG, TINY
 
-CONFIG = str(CONFIG_DIR / "demo.yaml")
 MODEL = "shared-policy"
 BASE = [*TINY, f"registry.model_name={MODEL}", "deploy.local_agent=false"]
 VARIANTS = {

@@ -16,20 +16,18 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from tests.conftest import TINY_CONFIG
+
 ROOT = Path(__file__).resolve().parents[2]
-COLLECT = [
-    "scene.image_size=32",
-    "collect.envs_per_worker=4",
-    "collect.episodes_per_shard=4",
-    "collect.episodes=24",
-]
+TINY = str(TINY_CONFIG)
+COLLECT = ["collect.episodes=24"]
+"""On the tiny profile: 6 shards of 4 episodes for the stage's 2 workers."""
 EVALUATE = [
-    "scene.image_size=32",
     "evaluate.variants=[touch-mixed-clutter]",
-    "evaluate.episodes=4",
     "evaluate.envs_per_worker=2",
     "evaluate.episodes_per_shard=2",
 ]
+"""On the tiny profile: its 4 episodes on one variant, in 2 shards for the stage's 2 workers."""
 
 
 def cli(args: list[str], sets: list[str]) -> list[str]:
@@ -107,14 +105,14 @@ def test_a_collect_worker_killed_mid_collect_is_restarted_and_its_shard_redone(
         return any(staged.glob("shard-*[0-9]/shard.json"))
 
     ref, stderr, pid = run_killing(
-        ["collect", "configs/demo.yaml", "--out", str(killed_run)],
+        ["collect", TINY, "--out", str(killed_run)],
         [*COLLECT, "collect.workers=2"],
         robo_pipe_home,
         "ray::CollectWorker.collect_shard",
         a_shard_committed,
     )
     undisturbed = run(
-        ["collect", "configs/demo.yaml", "--out", str(tmp_path / "undisturbed")],
+        ["collect", TINY, "--out", str(tmp_path / "undisturbed")],
         [*COLLECT, "collect.workers=0"],
         robo_pipe_home,
     )
@@ -140,7 +138,7 @@ def test_an_evaluate_worker_killed_mid_shard_is_restarted_and_its_episodes_redon
     torch.manual_seed(1)
     policy, _ = new_policy(TINY_POLICY, ["scene"], 32, 6, 6)
     save_policy(policy, tmp_path / "ckpt", None)
-    args = ["evaluate", str(tmp_path / "ckpt")]
+    args = ["evaluate", str(tmp_path / "ckpt"), "--config", TINY]
 
     report, stderr, pid = run_killing(
         args,

@@ -28,18 +28,16 @@ from stages.dataset.layout import DatasetRef, content_hash
 from stages.dataset.reader import open_dataset
 from stages.dataset.writer import DatasetError
 from stages.worker_pool import WorkersDiedError
+from tests.conftest import TINY_CONFIG
 
 ROOT = Path(__file__).resolve().parents[2]
-TINY = [
-    "collect.workers=0",
-    "collect.envs_per_worker=4",
-    "collect.episodes_per_shard=4",
-    "collect.episodes=10",
-]
+SIZES = ["collect.episodes=10", "scene.image_size=64"]
+"""On the tiny profile: 10 episodes (two shards of 4 and a short one) at the demo's 64 px (the
+LeRobot reader test reads 64 x 64 frames)."""
 
 
 def run_collect(out: Path, *overrides: str) -> DatasetRef:
-    cfg = load_config(CONFIG_DIR / "demo.yaml", [*TINY, *overrides])
+    cfg = load_config(TINY_CONFIG, [*SIZES, *overrides])
     return collect(cfg.robot, cfg.scene, cfg.sim, cfg.collect, cfg.seed, out)
 
 
@@ -51,7 +49,7 @@ def test_collected_dataset_matches_a_replay_in_the_simulator(tmp_path: Path) -> 
     assert ds.provenance["code_version"]
     seeds = ds.provenance["episode_seeds"]
     # Replay the first two episodes' seeds with the expert and record what the policy saw.
-    cfg = load_config(CONFIG_DIR / "demo.yaml", TINY)
+    cfg = load_config(TINY_CONFIG, SIZES)
     robot = get_robot(cfg.robot)
     states: list[np.ndarray] = []
     images: list[np.ndarray] = []
@@ -109,7 +107,7 @@ def test_a_worker_dead_once_too_often_stops_the_collect_and_a_rerun_resumes(
             killed.append(result.pid)
             os.kill(result.pid, signal.SIGKILL)
 
-    cfg = load_config(CONFIG_DIR / "demo.yaml", [*TINY, "collect.workers=2"])
+    cfg = load_config(TINY_CONFIG, [*SIZES, "collect.workers=2"])
     no_restarts = cfg.collect.model_copy(update={"max_worker_restarts": 0})
     with pytest.raises(WorkersDiedError) as raised:
         out = tmp_path / "ds"
@@ -133,8 +131,8 @@ def test_appending_keeps_existing_episodes(tmp_path: Path) -> None:
 
 
 def test_killed_collection_resumes_to_the_same_dataset(tmp_path: Path) -> None:
-    args = [sys.executable, "-m", "pipelines.cli", "collect", "configs/demo.yaml", "--json"]
-    sets = [x for o in [*TINY, "collect.episodes=24"] for x in ("--set", o)]
+    args = [sys.executable, "-m", "pipelines.cli", "collect", str(TINY_CONFIG), "--json"]
+    sets = [x for o in [*SIZES, "collect.episodes=24"] for x in ("--set", o)]
     env = {**os.environ, "ROBO_PIPE_HOME": str(tmp_path / "home")}
     interrupted = tmp_path / "interrupted"
     proc = subprocess.Popen(

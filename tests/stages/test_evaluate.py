@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipelines.config import CONFIG_DIR, load_config
+from pipelines.config import load_config
 from robots.spec import RobotSpec
 from sim_scenes.backends import make_env
 from sim_scenes.config import SceneConfig, SimConfig, SuccessConfig
@@ -30,9 +30,10 @@ from stages.export import export
 from stages.policy.checkpoint import new_policy, save_policy
 from stages.statistics import two_proportion_test
 from stages.worker_pool import WorkersDiedError
+from tests.conftest import TINY_CONFIG
 from tests.stages.tiny_models import TINY_POLICY
 
-CFG = load_config(CONFIG_DIR / "demo.yaml", ["scene.image_size=32"])
+CFG = load_config(TINY_CONFIG)
 SMALL = EvalConfig(
     episodes=6,
     workers=0,

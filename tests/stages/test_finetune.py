@@ -18,7 +18,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from pipelines.config import CONFIG_DIR, load_config
+from pipelines.config import load_config
 from stages.dataset.layout import DatasetRef
 from stages.finetune import FinetuneConfig, PretrainConfig, finetune, pretrain
 from stages.finetune.bc import BCJob, bc_loss, build_policy, train_bc
@@ -37,16 +37,10 @@ from stages.policy.checkpoint import (
     save_policy,
 )
 from stages.policy.config import PolicyConfig
+from tests.conftest import TINY_CONFIG
 from tests.stages.tiny_models import TINY_POLICY, save_tiny_idefics3
 
 ROOT = Path(__file__).resolve().parents[2]
-TINY = [
-    "scene.image_size=32",
-    "collect.workers=0",
-    "collect.envs_per_worker=4",
-    "collect.episodes_per_shard=6",
-    "collect.episodes=12",
-]
 
 
 def tiny_job(out: Path, dataset: DatasetRef, steps: int = 40, **bc: object) -> BCJob:
@@ -215,7 +209,7 @@ def test_pretrain_then_lora_and_full_finetune_on_ray_train_with_two_workers(
 ) -> None:
     """Two DDP workers for every trainable setting: pretraining and full fine-tuning train
     every parameter, LoRA the adapters and heads."""
-    cfg = load_config(CONFIG_DIR / "demo.yaml", [*TINY, "collect.episodes_per_shard=4"])
+    cfg = load_config(TINY_CONFIG)
     bc = BCConfig(steps=20, batch_size=16, warmup_steps=2, checkpoint_every=10, log_every=5)
     seen: list[float] = []
 

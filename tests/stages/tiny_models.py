@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from stages.policy.config import PolicyConfig
+from pipelines.config import load_config
 from stages.policy.tokenizer import InstructionTokenizer, task_family_corpus
+from tests.conftest import TINY_CONFIG
 
-TINY_POLICY = PolicyConfig(
-    chunk_len=3, d_model=32, n_layers=1, n_heads=2, conv_channels=[8, 16, 16], max_tokens=10
-)
-"""A default VLA small enough to train in seconds."""
+TINY_POLICY = load_config(TINY_CONFIG).policy
+"""A default VLA small enough to train in seconds: the tiny profile's ``policy`` section."""
 
 
 def save_tiny_idefics3(directory: Path) -> Path:

@@ -57,3 +57,13 @@ def new_run_dir(name: str) -> Path:
     path = home_dir("runs") / f"{stamp}-{slug(name)}-{secrets.token_hex(3)}"
     path.mkdir(parents=True)
     return path
+
+
+def default_tracking_uri() -> str:
+    """The embedded MLflow store: a SQLite file under the home."""
+    return f"sqlite:///{home_dir('mlflow') / 'mlflow.db'}"
+
+
+def default_artifact_root() -> str:
+    """Where the embedded store keeps artifacts (runs, registered models)."""
+    return (home_dir("mlflow") / "artifacts").as_uri()

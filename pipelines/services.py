@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
-from pipelines.home import home_dir, robo_pipe_home
+from pipelines.home import default_artifact_root, default_tracking_uri, home_dir, robo_pipe_home
 from robo_pipe.errors import RoboPipeError
 
 SERVICES_FILE = "services.json"
@@ -65,16 +65,6 @@ class Services:
     def to_json(self) -> dict[str, str | None]:
         """Plain-dict form for JSON output."""
         return asdict(self)
-
-
-def default_tracking_uri() -> str:
-    """The embedded MLflow store: a SQLite file under the home."""
-    return f"sqlite:///{home_dir('mlflow') / 'mlflow.db'}"
-
-
-def default_artifact_root() -> str:
-    """Where the embedded store keeps artifacts (runs, registered models)."""
-    return (home_dir("mlflow") / "artifacts").as_uri()
 
 
 def configure() -> Services:

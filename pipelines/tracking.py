@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipelines.services import default_artifact_root, default_tracking_uri
+from pipelines.home import default_artifact_root, default_tracking_uri
 from pipelines.stores import ensure_mlflow_store
 
 if TYPE_CHECKING:

@@ -46,7 +46,7 @@ def bundle(export_dir: Path) -> Path:
 def report(cfg: PipelineConfig, wins: int, folder: Path) -> EvalReport:
     """A report of the config's suite (its variants and ``eval`` seeds) with ``wins`` successes
     per variant, written as the evaluate stage writes it."""
-    from sim_scenes.touch import episode_seeds
+    from sim_scenes.seeds import episode_seeds
 
     variants = suite_variants(cfg.scene, cfg.evaluate)
     n = cfg.evaluate.episodes

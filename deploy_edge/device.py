@@ -20,7 +20,7 @@ class implementing :class:`Device` in a module of its own, its tests, and one li
 from __future__ import annotations
 
 import abc
-import importlib
+import pkgutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Self
@@ -169,6 +169,5 @@ class Device(abc.ABC):
 
 def connect(entry: DeviceEntry, timeout_s: float = 30.0) -> Device:
     """The :class:`Device` for ``entry``: the class its kind names in :data:`KINDS`."""
-    module_name, _, class_name = KINDS[entry.kind].partition(":")
-    kind: type[Device] = getattr(importlib.import_module(module_name), class_name)
+    kind: type[Device] = pkgutil.resolve_name(KINDS[entry.kind])
     return kind(entry, timeout_s)

@@ -15,8 +15,8 @@ Observation state, shape ``(state_dim,)`` = arm joints + 1:
 
 from __future__ import annotations
 
-import importlib
 import math
+import pkgutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -147,9 +147,7 @@ def get_robot(name: str) -> RobotSpec:
         raise RobotDefinitionError(
             f"unknown robot {name!r}; valid choices: {', '.join(available_robots())}"
         )
-    module_name, attr = _REGISTRY[name].split(":")
-    definition = getattr(importlib.import_module(module_name), attr)
-    return load_robot(definition)
+    return load_robot(pkgutil.resolve_name(_REGISTRY[name]))
 
 
 def _compile(path: Path) -> mujoco.MjModel:

@@ -12,7 +12,7 @@ types, so the config needs nothing from this module).
 
 from __future__ import annotations
 
-import importlib
+import pkgutil
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -30,8 +30,7 @@ def backend_class(name: str) -> type[BatchedEnv]:
         raise SceneError(
             f"unknown simulator backend {name!r}; valid choices: {', '.join(BACKENDS)}"
         )
-    module, _, cls = BACKENDS[name].partition(":")
-    backend: type[BatchedEnv] = getattr(importlib.import_module(module), cls)
+    backend: type[BatchedEnv] = pkgutil.resolve_name(BACKENDS[name])
     return backend
 
 

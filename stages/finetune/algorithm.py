@@ -25,7 +25,7 @@ the algorithm), and one line in :data:`ALGORITHMS`.
 from __future__ import annotations
 
 import abc
-import importlib
+import pkgutil
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
@@ -50,8 +50,7 @@ def algorithm_class(name: str) -> type[RLAlgorithm]:
     """The class of RL algorithm ``name``; unknown names list the valid choices."""
     if name not in ALGORITHMS:
         raise ValueError(f"unknown RL algorithm {name!r}; valid choices: {', '.join(ALGORITHMS)}")
-    module, _, cls = ALGORITHMS[name].partition(":")
-    algorithm: type[RLAlgorithm] = getattr(importlib.import_module(module), cls)
+    algorithm: type[RLAlgorithm] = pkgutil.resolve_name(ALGORITHMS[name])
     return algorithm
 
 

@@ -34,21 +34,7 @@ def home_path(shared_home: Path) -> Path:
     return shared_home
 
 
-@pytest.fixture(autouse=True)
-def services(robo_pipe_home: Path) -> None:
-    """MLflow in this process reads the shared home's registry, as the CLI does."""
-    from pipelines.services import configure
-
-    configure()
-
-
-@pytest.fixture(scope="module", autouse=True)
-def prefect_server() -> Iterator[None]:
-    from prefect.testing.utilities import prefect_test_harness
-
-    os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
-    with prefect_test_harness(server_startup_timeout=180):
-        yield
+pytestmark = pytest.mark.usefixtures("prefect_server", "services_here")
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -37,21 +36,7 @@ def home_path(shared_home: Path) -> Path:
     return shared_home
 
 
-@pytest.fixture(autouse=True)
-def services(robo_pipe_home: Path) -> None:
-    """MLflow in this process reads the shared home's registry, as the flow does."""
-    from pipelines.services import configure
-
-    configure()
-
-
-@pytest.fixture(scope="module", autouse=True)
-def prefect_server() -> Iterator[None]:
-    from prefect.testing.utilities import prefect_test_harness
-
-    os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
-    with prefect_test_harness(server_startup_timeout=180):
-        yield
+pytestmark = pytest.mark.usefixtures("prefect_server", "services_here")
 
 
 def run_pipeline(*extra: str, home: Path | None = None, config: str = CONFIG) -> dict[str, Any]:

@@ -23,13 +23,14 @@ import abc
 import pkgutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Self
+from typing import Annotated, Self
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from deploy_edge.wire import Deployment, DeviceStatus, EpisodeResult, Health
 from robo_pipe.errors import RoboPipeError
+from robo_pipe.validation import one_of
 
 KINDS: dict[str, str] = {
     "agent": "deploy_edge.client:AgentClient",  # the HTTP edge agent (deploy_edge.agent)
@@ -50,20 +51,13 @@ class DeviceEntry(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = Field(min_length=1)
-    kind: str = "agent"
+    kind: Annotated[str, AfterValidator(one_of(KINDS, "device kind"))] = "agent"
     """How the device is reached: a key of :data:`KINDS`."""
     url: str = Field(pattern=r"^https?://")
     token_env: str = Field(min_length=1)
     """Environment variable holding the bearer token (never the token itself in the file)."""
     target: str = "local-cpu"
     ca_cert: Path | None = None
-
-    @field_validator("kind")
-    @classmethod
-    def _known_kind(cls, value: str) -> str:
-        if value not in KINDS:
-            raise ValueError(f"unknown device kind; kinds: {', '.join(KINDS)}")
-        return value
 
 
 class DevicesFile(BaseModel):

@@ -37,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from deploy_edge.device import DeviceEntry
 from robo_pipe.errors import RoboPipeError
+from robo_pipe.validation import first_error
 
 _PERCENT = re.compile(r"^(\d+(?:\.\d+)?)%$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -138,14 +139,7 @@ def load_fleet(path: str | Path) -> FleetFile:
     try:
         fleet = FleetFile.model_validate(data)
     except ValidationError as err:
-        first = err.errors()[0]
-        loc = ".".join(str(p) for p in first["loc"])
-        msg = first["msg"].removeprefix("Value error, ")
-        if first["type"] == "missing":
-            raise FleetError(f"{file}: missing field '{loc}'") from err
-        if not loc:
-            raise FleetError(f"{file}: {msg}") from err
-        raise FleetError(f"{file}: field '{loc}' = {_input(first)!r}: {msg}") from err
+        raise FleetError(first_error(file, err)) from err
     base = file.resolve().parent
     devices = [
         d.model_copy(update={"ca_cert": base / d.ca_cert})
@@ -154,11 +148,6 @@ def load_fleet(path: str | Path) -> FleetFile:
         for d in fleet.devices
     ]
     return fleet.model_copy(update={"devices": devices})
-
-
-def _input(error: Any) -> Any:
-    value = error.get("input")
-    return value if not isinstance(value, dict) else {k: value[k] for k in list(value)[:4]}
 
 
 def select(devices: Sequence[FleetDevice], selectors: Sequence[str]) -> list[FleetDevice]:

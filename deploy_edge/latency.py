@@ -23,6 +23,7 @@ from deploy_edge.exported import ExportedPolicy
 from deploy_edge.runtime import ControlLoop, Tick
 from robo_pipe.errors import RoboPipeError
 from robo_pipe.records import Record
+from robo_pipe.validation import first_error
 from robots.interface import Robot
 
 TARGETS_DIR = targets_dir()
@@ -77,11 +78,7 @@ def load_target(name_or_path: str) -> TargetProfile:
     try:
         return TargetProfile.model_validate(data)
     except ValidationError as err:
-        first = err.errors()[0]
-        loc = ".".join(str(p) for p in first["loc"])
-        raise TargetError(
-            f"{path}: field '{loc}' = {first.get('input')!r}: {first['msg']}"
-        ) from err
+        raise TargetError(first_error(path, err)) from err
 
 
 @dataclass

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
+from robo_pipe.validation import one_of
 from sim_scenes.touch import (
     RewardTerms,
     SceneVariant,
@@ -109,7 +110,7 @@ class SimConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
-    backend: str = "mujoco"
+    backend: Annotated[str, AfterValidator(one_of(BACKENDS, "simulator backend"))] = "mujoco"
     """Simulator backend, one of :data:`BACKENDS`: ``mujoco`` (built in)
     or ``isaaclab`` (Isaac Lab 3 on Newton, in its own environment: ``make isaaclab-env``)."""
     num_envs: int = Field(default=16, ge=1, le=4096)
@@ -118,10 +119,3 @@ class SimConfig(BaseModel):
     """Physics threads for the batched rollout (MuJoCo; Warp's CPU kernels run on one)."""
     device: str = Field(default="cpu", pattern=r"^(cpu|cuda(:\d+)?)$")
     """Where the ``isaaclab`` backend simulates and renders: ``cpu`` or ``cuda[:K]``."""
-
-    @field_validator("backend")
-    @classmethod
-    def _known_backend(cls, name: str) -> str:
-        if name not in BACKENDS:
-            raise ValueError(f"unknown simulator backend; valid choices: {', '.join(BACKENDS)}")
-        return name

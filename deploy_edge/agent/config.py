@@ -23,6 +23,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from robo_pipe.errors import RoboPipeError
+from robo_pipe.validation import first_error
 from robots.interface import Robot
 
 DriverFactory = Callable[[tuple[str, ...], int], Robot]
@@ -124,12 +125,7 @@ def load_device_config(path: str | Path) -> DeviceConfig:
     try:
         config = DeviceConfig.model_validate(resolved)
     except ValidationError as err:
-        first = err.errors()[0]
-        loc = ".".join(str(p) for p in first["loc"])
-        if first["type"] == "missing":
-            raise DeviceConfigError(f"{file}: missing field '{loc}'") from err
-        value = first.get("input")
-        raise DeviceConfigError(f"{file}: field '{loc}' = {value!r}: {first['msg']}") from err
+        raise DeviceConfigError(first_error(file, err)) from err
     if (config.tls_cert is None) != (config.tls_key is None):
         raise DeviceConfigError(f"{file}: field 'tls_cert'/'tls_key': give both or neither")
     return config

@@ -143,5 +143,5 @@ def test_an_entrys_kind_picks_its_device_class(monkeypatch: pytest.MonkeyPatch) 
     assert entry.kind == "agent"
     with connect(entry) as device:
         assert isinstance(device, AgentClient) and device.entry == entry
-    with pytest.raises(ValueError, match="unknown device kind; kinds: agent"):
+    with pytest.raises(ValueError, match="unknown device kind; valid choices: agent"):
         DeviceEntry(name="dev", kind="ros2", url="http://agent", token_env="DEV_TOKEN")

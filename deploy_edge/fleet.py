@@ -32,12 +32,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from deploy_edge.device import DeviceEntry
 from robo_pipe.errors import RoboPipeError
-from robo_pipe.validation import first_error
+from robo_pipe.validation import first_error, read_mapping
 
 _PERCENT = re.compile(r"^(\d+(?:\.\d+)?)%$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -128,14 +127,7 @@ def load_fleet(path: str | Path) -> FleetFile:
 
     Raises :class:`FleetError` naming the file, field and value."""
     file = Path(path)
-    if not file.is_file():
-        raise FleetError(f"{file}: no such fleet file")
-    try:
-        data = yaml.safe_load(file.read_text())
-    except yaml.YAMLError as err:
-        raise FleetError(f"{file}: not valid YAML: {err}") from err
-    if not isinstance(data, dict):
-        raise FleetError(f"{file}: expected a mapping with 'devices' and 'rollout'")
+    data = read_mapping(file, "fleet file", FleetError)
     try:
         fleet = FleetFile.model_validate(data)
     except ValidationError as err:

@@ -8,6 +8,7 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
+import yaml
 from pydantic import ValidationError
 
 
@@ -23,6 +24,20 @@ def one_of(choices: Collection[str], what: str) -> Callable[[str], str]:
         return name
 
     return check
+
+
+def read_mapping(file: Path, what: str, error: type[Exception]) -> dict[str, Any]:
+    """The YAML mapping in ``file`` (a ``what``, e.g. ``fleet file``); ``error`` with a message
+    naming the file when it is missing, is not YAML or holds something else than a mapping."""
+    if not file.is_file():
+        raise error(f"{file}: no such {what}")
+    try:
+        data = yaml.safe_load(file.read_text())
+    except yaml.YAMLError as err:
+        raise error(f"{file}: not valid YAML: {err}") from err
+    if not isinstance(data, dict):
+        raise error(f"{file}: expected a mapping of fields, got {type(data).__name__}")
+    return data
 
 
 def first_error(file: str | Path, err: ValidationError) -> str:

@@ -19,11 +19,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from robo_pipe.errors import RoboPipeError
-from robo_pipe.validation import first_error
+from robo_pipe.validation import first_error, read_mapping
 from robots.interface import Robot
 
 DriverFactory = Callable[[tuple[str, ...], int], Robot]
@@ -102,14 +101,7 @@ def load_device_config(path: str | Path) -> DeviceConfig:
 
     Raises :class:`DeviceConfigError` naming the file, field and value."""
     file = Path(path)
-    if not file.is_file():
-        raise DeviceConfigError(f"{file}: no such device config file")
-    try:
-        data = yaml.safe_load(file.read_text())
-    except yaml.YAMLError as err:
-        raise DeviceConfigError(f"{file}: not valid YAML: {err}") from err
-    if not isinstance(data, dict):
-        raise DeviceConfigError(f"{file}: expected a mapping of fields, got {type(data).__name__}")
+    data = read_mapping(file, "device config file", DeviceConfigError)
     base = file.resolve().parent
     resolved: dict[str, Any] = dict(data)
     for field in _PATH_FIELDS:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import pytest
 from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError, model_validator
 
-from robo_pipe.validation import first_error, one_of
+from robo_pipe.errors import InputError
+from robo_pipe.validation import first_error, one_of, read_mapping
 
 REGISTRY = {"ppo": "a:A", "sac": "b:B"}
 
@@ -52,3 +54,17 @@ def test_the_message_names_the_file_the_field_and_the_value() -> None:
 def test_a_mapping_value_shows_its_first_four_entries() -> None:
     shown = problem({"steps": {f"k{i}": "x" for i in range(6)}})
     assert "'k3': 'x'}" in shown and "k4" not in shown
+
+
+def test_a_file_that_is_missing_not_yaml_or_not_a_mapping_is_named(tmp_path: Path) -> None:
+    file = tmp_path / "fleet.yaml"
+    with pytest.raises(InputError, match=r"fleet\.yaml: no such fleet file"):
+        read_mapping(file, "fleet file", InputError)
+    file.write_text("devices: [")
+    with pytest.raises(InputError, match=r"fleet\.yaml: not valid YAML"):
+        read_mapping(file, "fleet file", InputError)
+    file.write_text("- a\n- b\n")
+    with pytest.raises(InputError, match=r"fleet\.yaml: expected a mapping of fields, got list"):
+        read_mapping(file, "fleet file", InputError)
+    file.write_text("devices: []\n")
+    assert read_mapping(file, "fleet file", InputError) == {"devices": []}

@@ -34,11 +34,10 @@ from stages.policy.checkpoint import (
     load_policy,
     load_trainable,
     new_policy,
-    save_policy,
 )
 from stages.policy.config import PolicyConfig
 from tests.conftest import TINY_CONFIG
-from tests.stages.tiny_models import TINY_POLICY, save_tiny_idefics3
+from tests.stages.tiny_models import TINY_POLICY, save_tiny_idefics3, tiny_base
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -289,9 +288,7 @@ def test_hub_vlm_finetunes_lora_on_its_backbone(tiny_dataset: DatasetRef, tmp_pa
 def test_a_dataset_that_does_not_fit_the_base_is_refused(
     tiny_dataset: DatasetRef, tmp_path: Path
 ) -> None:
-    policy, _ = new_policy(TINY_POLICY, ["scene"], 48, 6, 6)
-    digest = save_policy(policy, tmp_path / "base48", None)
-    base = CheckpointRef(str(tmp_path / "base48"), digest, "default", "all", 0, 1, 1)
+    base = tiny_base(tmp_path / "base48", image_size=48)
     with pytest.raises(ValueError, match=r"does not fit the base .*base48"):
         finetune(tiny_dataset, TINY_POLICY, FinetuneConfig(), base, 0, tmp_path / "ckpt")
     assert not (tmp_path / "ckpt").exists(), "refused before any work"
@@ -318,9 +315,7 @@ print(json.dumps(ref.to_json()))
 def test_a_second_finetune_of_the_same_inputs_waits_and_reuses_the_first(
     tiny_dataset: DatasetRef, tmp_path: Path
 ) -> None:
-    policy, _ = new_policy(TINY_POLICY, ["scene"], 32, 6, 6)
-    digest = save_policy(policy, tmp_path / "base", None)
-    base = CheckpointRef(str(tmp_path / "base"), digest, "default", "all", 0, 1, 1)
+    base = tiny_base(tmp_path / "base")
     bc = BCConfig(steps=20, batch_size=16, warmup_steps=2, checkpoint_every=10, workers=0)
     config = FinetuneConfig(bc=bc)
     checkpoints = tmp_path / "checkpoints"

@@ -5,11 +5,20 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipelines.config import load_config
+from stages.policy.checkpoint import CheckpointRef, new_policy, save_policy
 from stages.policy.tokenizer import InstructionTokenizer, task_family_corpus
 from tests.conftest import TINY_CONFIG
 
 TINY_POLICY = load_config(TINY_CONFIG).policy
 """A default VLA small enough to train in seconds: the tiny profile's ``policy`` section."""
+
+
+def tiny_base(folder: Path, image_size: int = 32) -> CheckpointRef:
+    """A random-weight :data:`TINY_POLICY` base (a scene camera of ``image_size`` px, rp5's 6
+    state and 6 action dimensions) saved in ``folder``, as pretraining would leave it."""
+    policy, _ = new_policy(TINY_POLICY, ["scene"], image_size, 6, 6)
+    digest = save_policy(policy, folder, None)
+    return CheckpointRef(str(folder), digest, "default", "all", 0, 1, 1)
 
 
 def save_tiny_idefics3(directory: Path) -> Path:

@@ -23,13 +23,14 @@ import abc
 import pkgutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Self
+from typing import Annotated
 
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from deploy_edge.wire import Deployment, DeviceStatus, EpisodeResult, Health
 from robo_pipe.errors import RoboPipeError
+from robo_pipe.resources import Resource
 from robo_pipe.validation import one_of
 
 KINDS: dict[str, str] = {
@@ -85,7 +86,7 @@ def load_device(path: Path, name: str) -> DeviceEntry:
     return entry
 
 
-class Device(abc.ABC):
+class Device(Resource):
     """One edge device as the deploying machine sees it: what it runs, a release sent to it
     and deployed there (verified, built, gated, activated and health-checked on the device),
     rollback, and an episode of the active policy on its robot.
@@ -153,12 +154,6 @@ class Device(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None:
         """Release the connection."""
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def connect(entry: DeviceEntry, timeout_s: float = 30.0) -> Device:

@@ -17,10 +17,11 @@ from __future__ import annotations
 import abc
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from robo_pipe.resources import Resource
 from robots.spec import RobotSpec
 from sim_scenes.touch import SceneError, SceneVariant
 
@@ -87,7 +88,7 @@ class StepResult:
     info: dict[str, np.ndarray] = field(default_factory=dict)
 
 
-class BatchedEnv(abc.ABC):
+class BatchedEnv(Resource):
     """N environments of one scene variant, stepped together at the robot's control rate.
 
     Args:
@@ -186,9 +187,3 @@ class BatchedEnv(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None:
         """Release renderers and worker threads; the env is unusable afterwards."""
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

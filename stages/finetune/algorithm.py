@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from stages.finetune.rollout import GroupRollout, Rollout  # noqa: F401 (docs)
+    from stages.finetune.rounds import GroupRollout, Rollout  # noqa: F401 (docs)
     from stages.policy.base import VLAPolicy
 
 ALGORITHMS: dict[str, str] = {

@@ -31,7 +31,8 @@ from torch.distributions import Normal, kl_divergence
 from stages.finetune.algorithm import RLAlgorithm
 from stages.finetune.config import GRPOConfig
 from stages.finetune.ppo import clipped_objective, minibatches
-from stages.finetune.rollout import GroupRollout, chunk_distribution
+from stages.finetune.rollout import chunk_distribution
+from stages.finetune.rounds import GroupRollout
 from stages.policy.base import VLAPolicy
 
 EPS = 1e-6

@@ -31,13 +31,8 @@ from stages.finetune.checkpoints import (
     restore_training_state,
 )
 from stages.finetune.config import RLConfig
-from stages.finetune.rollout import (
-    GroupRollout,
-    Rollout,
-    concat_groups,
-    concat_rollouts,
-    rl_parameters,
-)
+from stages.finetune.rollout import rl_parameters
+from stages.finetune.rounds import GroupRollout, Rollout, concat_groups, concat_rollouts
 from stages.policy.checkpoint import BaseRef, load_policy, load_trainable, read_policy_meta
 
 LEARNER_FILE = "learner.safetensors"

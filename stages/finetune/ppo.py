@@ -30,12 +30,8 @@ from torch.distributions import kl_divergence
 from stages.finetune.algorithm import RLAlgorithm
 from stages.finetune.config import PPOConfig
 from stages.finetune.heads import ValueHead
-from stages.finetune.rollout import (
-    Rollout,
-    chunk_distribution,
-    flatten_observations,
-    pooled_features,
-)
+from stages.finetune.rollout import chunk_distribution, pooled_features
+from stages.finetune.rounds import Rollout, flatten_observations
 from stages.policy.base import VLAPolicy
 
 

@@ -39,7 +39,8 @@ from stages.finetune.algorithm import algorithm_class
 from stages.finetune.checkpoints import latest_checkpoint, log_metrics, read_metrics
 from stages.finetune.config import RLConfig
 from stages.finetune.learner import Learner
-from stages.finetune.rollout import GroupRollout, Rollout, RolloutWorker
+from stages.finetune.rollout import RolloutWorker
+from stages.finetune.rounds import GroupRollout, Rollout
 from stages.ray_runtime import RayClusterError
 from stages.worker_pool import WorkerPool, WorkersDiedError, restartable
 

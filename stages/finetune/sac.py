@@ -32,7 +32,8 @@ from torch.distributions import Normal, kl_divergence
 
 from stages.finetune.algorithm import RLAlgorithm
 from stages.finetune.config import SACConfig
-from stages.finetune.rollout import Rollout, chunk_distribution, pooled_features
+from stages.finetune.rollout import chunk_distribution, pooled_features
+from stages.finetune.rounds import Rollout
 from stages.policy.base import VLAPolicy
 
 

@@ -27,14 +27,13 @@ from stages.finetune.ppo import PPO, clipped_objective, gae
 from stages.finetune.rl import RLJob, RLRun, train_rl
 from stages.finetune.rollout import (
     VALUE_PREFIX,
-    Rollout,
     RolloutWorker,
     chunk_distribution,
     chunk_transition,
-    flatten_observations,
     pooled_features,
     rl_parameters,
 )
+from stages.finetune.rounds import Rollout, flatten_observations
 from stages.finetune.sac import (
     SAC,
     ReplayBuffer,

@@ -27,7 +27,11 @@ KEPT_OUT = {
     "robots": {"prefect", "mlflow", "torch"},
     "deploy_edge": {"prefect", "mlflow"},  # torch: only the TensorRT engine's CUDA buffers
 }
-ISAACLAB_ONLY = {"sim_scenes/isaaclab/touch_env.py", "sim_scenes/isaaclab/worker.py"}
+ISAACLAB_ONLY = {
+    "sim_scenes/isaaclab/touch_env.py",
+    "sim_scenes/isaaclab/touch_env_cfg.py",
+    "sim_scenes/isaaclab/worker.py",
+}
 """Modules that run only in the Isaac Lab environment (its worker process): they import Isaac
 Lab and its torch, so the third-party rule (KEPT_OUT) does not apply to them; the rule between
 our packages does."""

@@ -27,303 +27,28 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import replace
-from pathlib import Path
 
 import gymnasium as gym
-import isaaclab.sim as sim_utils
-import mujoco
 import numpy as np
 import torch
-from isaaclab.actuators import ImplicitActuatorCfg
-from isaaclab.assets import (
-    ArticulationCfg,
-    AssetBaseCfg,
-    RigidObjectCfg,
-    RigidObjectCollectionCfg,
-)
-from isaaclab.envs import DirectRLEnv, DirectRLEnvCfg
-from isaaclab.scene import InteractiveSceneCfg
-from isaaclab.sensors import CameraCfg
-from isaaclab.sim import SimulationCfg
-from isaaclab.utils import configclass
+from isaaclab.envs import DirectRLEnv
 from isaaclab.utils.math import quat_apply
-from isaaclab_newton.physics import MJWarpSolverCfg, NewtonCfg
-from isaaclab_newton.renderers import NewtonWarpRendererCfg
 
-from robots.spec import RobotSpec, get_robot
-from sim_scenes.isaaclab.assets import srgb_to_linear
+from robots.spec import get_robot
+from sim_scenes.isaaclab.touch_env_cfg import (
+    TouchEnvCfg,
+    object_pairs,
+    park_position,
+    task_variant,
+    tcp_frame,
+)
 from sim_scenes.seeds import next_episode_seed
 from sim_scenes.touch import (
-    COLOURS,
     OBJECT_HALF_HEIGHT,
-    SceneError,
-    SceneVariant,
-    get_variant,
     sample_layout,
 )
 
 TASK_ID = "RoboPipe-Touch-v0"
-"""Gymnasium id of this task."""
-
-TABLE_COLOUR = (0.62, 0.56, 0.48)
-TABLE_HALF_SIZE = 1.5
-"""m; the MuJoCo table is a plane of this half-size."""
-PARK_X = 1.2
-"""m; unused objects rest here, behind the scene camera, out of every camera's view."""
-
-
-def robot_usd(robot: RobotSpec) -> Path:
-    """The robot's USD, converted from its MJCF by ``robo-pipe assets build``."""
-    return robot.definition.mjcf.parent / "usd" / f"{robot.definition.mjcf.stem}.usda"
-
-
-def object_pairs(variant: SceneVariant) -> list[tuple[str, str]]:
-    """Every (colour, shape) a scene of ``variant`` can hold, in a fixed order."""
-    pairs = {(c, s) for c in variant.colours for s in variant.shapes}
-    return sorted(pairs)
-
-
-def _servo_gains(model: mujoco.MjModel) -> dict[str, tuple[float, float, float]]:
-    """Joint name -> (kp, kv, force limit) of the MJCF's position actuators."""
-    gains = {}
-    for i in range(model.nu):
-        joint = mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_JOINT, model.actuator_trnid[i, 0])
-        kp = float(model.actuator_gainprm[i, 0])
-        kv = float(-model.actuator_biasprm[i, 2])
-        gains[joint] = (kp, kv, float(model.actuator_forcerange[i, 1]))
-    return gains
-
-
-def _camera_offset(model: mujoco.MjModel, name: str) -> tuple[str, CameraCfg.OffsetCfg, float]:
-    """(parent body, pose in that body in the OpenGL convention, vertical fov in degrees) of an
-    MJCF camera: MuJoCo cameras look along -z with +y up, which is USD's (OpenGL) convention."""
-    cam = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_CAMERA, name)
-    body_id = int(model.cam_bodyid[cam])
-    if body_id == 0:  # a work-cell camera: ride on the fixed root link, which sits at the origin
-        body_id = 1
-        if model.body_pos[1].any() or model.body_quat[1][0] != 1.0:
-            raise SceneError(f"camera {name!r}: the robot's root link is not at the origin")
-    body = mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_BODY, body_id)
-    w, x, y, z = (float(v) for v in model.cam_quat[cam])
-    pos = tuple(float(v) for v in model.cam_pos[cam])
-    offset = CameraCfg.OffsetCfg(pos=pos, rot=(x, y, z, w), convention="opengl")
-    return body, offset, float(model.cam_fovy[cam])
-
-
-def _body_paths(model: mujoco.MjModel) -> dict[str, str]:
-    """MJCF body name -> its prim path below the robot prim (the converter nests bodies)."""
-    paths: dict[str, str] = {}
-    for b in range(1, model.nbody):
-        name = mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_BODY, b)
-        parent = int(model.body_parentid[b])
-        paths[name] = (
-            f"{paths[mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_BODY, parent)]}/{name}"
-            if parent
-            else f"Geometry/{name}"
-        )
-    return paths
-
-
-def _tcp_frame(robot: RobotSpec) -> tuple[str, tuple[float, float, float]]:
-    """(body, position in that body, m) of the MJCF's tool-centre-point site (USD has no sites,
-    so the task computes the tcp from its body's pose)."""
-    model = robot.load_model()
-    site = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_SITE, robot.definition.tcp_site)
-    body = mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_BODY, model.site_bodyid[site])
-    x, y, z = (float(v) for v in model.site_pos[site])
-    return body, (x, y, z)
-
-
-def _object_cfg(colour: str, shape: str, slot: int) -> RigidObjectCfg:
-    h = OBJECT_HALF_HEIGHT
-    common = dict(
-        rigid_props=sim_utils.RigidBodyPropertiesCfg(),
-        mass_props=sim_utils.MassPropertiesCfg(mass=0.05),
-        collision_props=sim_utils.CollisionPropertiesCfg(),
-        physics_material=sim_utils.RigidBodyMaterialCfg(static_friction=1.0, dynamic_friction=1.0),
-        # MJCF colours are display (sRGB) values, USD's are linear: the renderer re-encodes them
-        visual_material=sim_utils.PreviewSurfaceCfg(
-            diffuse_color=srgb_to_linear(COLOURS[colour]), roughness=1.0
-        ),
-    )
-    if shape == "cube":
-        spawn = sim_utils.CuboidCfg(size=(2 * h, 2 * h, 2 * h), **common)
-    elif shape == "ball":
-        spawn = sim_utils.SphereCfg(radius=h, **common)
-    else:
-        spawn = sim_utils.CylinderCfg(radius=0.022, height=2 * h, **common)
-    return RigidObjectCfg(
-        prim_path=f"{{ENV_REGEX_NS}}/Object_{colour}_{shape}",
-        spawn=spawn,
-        init_state=RigidObjectCfg.InitialStateCfg(pos=park_position(slot)),
-    )
-
-
-def park_position(slot: int) -> tuple[float, float, float]:
-    """Resting place of the ``slot``-th unused object, m."""
-    return (PARK_X, -1.2 + 0.15 * slot, OBJECT_HALF_HEIGHT)
-
-
-@configclass
-class TouchSceneCfg(InteractiveSceneCfg):
-    """Robot, table, objects and cameras; filled in by :func:`make_touch_cfg`."""
-
-    robot: ArticulationCfg = None
-    table: AssetBaseCfg = AssetBaseCfg(
-        prim_path="{ENV_REGEX_NS}/Table",
-        spawn=sim_utils.CuboidCfg(
-            size=(2 * TABLE_HALF_SIZE, 2 * TABLE_HALF_SIZE, 0.05),
-            collision_props=sim_utils.CollisionPropertiesCfg(),
-            visual_material=sim_utils.PreviewSurfaceCfg(
-                diffuse_color=srgb_to_linear(TABLE_COLOUR), roughness=1.0
-            ),
-        ),
-        init_state=AssetBaseCfg.InitialStateCfg(pos=(0.0, 0.0, -0.025)),
-    )
-    objects: RigidObjectCollectionCfg = None
-
-
-@configclass
-class TouchEnvCfg(DirectRLEnvCfg):
-    """The touch task; build one with :func:`make_touch_cfg`."""
-
-    robot_name: str = "rp5"
-    variant: str = "touch-mixed"
-    cameras: tuple[str, ...] = ("scene",)
-    image_size: int = 64
-    retarget: int = 0
-    success_radius: float | None = None
-    """m; None: the variant's (the scene config's ``success.radius``)."""
-    hold_steps: int | None = None
-    """None: the variant's (the scene config's ``success.hold_steps``)."""
-    episode_steps: int | None = None
-    """None: the variant's (the scene config's ``episode_steps``)."""
-    autoreset: bool = True
-    """Reset finished environments inside ``step`` (Isaac Lab's way); False leaves them in their
-    final state until :meth:`TouchEnv.reset_envs`."""
-    decimation: int = 10
-    episode_length_s: float = 5.0
-    action_space: int = 6
-    observation_space: int = 6
-    state_space: int = 0
-    sim: SimulationCfg = SimulationCfg(
-        dt=0.01,
-        device="cpu",
-        physics=NewtonCfg(
-            solver_cfg=MJWarpSolverCfg(
-                njmax=200, nconmax=100, integrator="implicitfast", cone="pyramidal"
-            ),
-            use_cuda_graph=False,
-        ),
-    )
-    scene: TouchSceneCfg = TouchSceneCfg(num_envs=16, env_spacing=4.0, replicate_physics=True)
-
-
-def task_variant(cfg: TouchEnvCfg) -> SceneVariant:
-    """The config's scene variant with its success criterion and episode length applied."""
-    spec = get_variant(cfg.variant)
-    success = replace(
-        spec.success,
-        radius=spec.success.radius if cfg.success_radius is None else cfg.success_radius,
-        hold_steps=spec.success.hold_steps if cfg.hold_steps is None else cfg.hold_steps,
-    )
-    steps = spec.episode_steps if cfg.episode_steps is None else cfg.episode_steps
-    return replace(spec, success=success, episode_steps=steps)
-
-
-def make_touch_cfg(
-    robot_name: str = "rp5",
-    variant: str = "touch-mixed",
-    num_envs: int = 16,
-    cameras: Sequence[str] = ("scene",),
-    image_size: int = 64,
-    device: str = "cpu",
-    retarget: int = 0,
-    autoreset: bool = True,
-    success_radius: float | None = None,
-    hold_steps: int | None = None,
-    episode_steps: int | None = None,
-) -> TouchEnvCfg:
-    """The task's config for a robot, scene variant, batch size, cameras and device; the
-    success criterion and episode length override the variant's where given."""
-    robot = get_robot(robot_name)
-    cfg = TouchEnvCfg(robot_name=robot_name, variant=variant, cameras=tuple(cameras))
-    cfg.image_size, cfg.retarget, cfg.autoreset = image_size, retarget, autoreset
-    cfg.success_radius, cfg.hold_steps, cfg.episode_steps = (
-        success_radius,
-        hold_steps,
-        episode_steps,
-    )
-    spec = task_variant(cfg)
-    cfg.sim.dt = robot.definition.physics_timestep
-    cfg.sim.device = device
-    cfg.sim.physics.use_cuda_graph = device.startswith("cuda")
-    cfg.decimation = robot.substeps
-    cfg.episode_length_s = spec.episode_steps / robot.control_hz
-    cfg.action_space = robot.action.dim
-    cfg.observation_space = len(robot.state_names)
-    cfg.scene.num_envs = num_envs
-
-    model = robot.load_model()
-    gains = _servo_gains(model)
-    joints = [j.name for j in (*robot.arm, *robot.gripper)]
-    cfg.scene.robot = ArticulationCfg(
-        prim_path="{ENV_REGEX_NS}/Robot",
-        # Gravity compensation (the MJCF's gravcomp="1") is in the USD: mjc:gravcomp, which
-        # Newton's MuJoCo solver reads (it ignores PhysX's disable_gravity).
-        spawn=sim_utils.UsdFileCfg(usd_path=str(robot_usd(robot))),
-        init_state=ArticulationCfg.InitialStateCfg(
-            joint_pos={
-                **dict(zip([j.name for j in robot.arm], robot.definition.home_arm, strict=True)),
-                **{
-                    j.name: robot.definition.home_gripper / len(robot.gripper)
-                    for j in robot.gripper
-                },
-            }
-        ),
-        actuators={
-            j: ImplicitActuatorCfg(
-                joint_names_expr=[j],
-                stiffness=gains[j][0],
-                damping=gains[j][1],
-                effort_limit_sim=gains[j][2],
-            )
-            for j in joints
-        },
-    )
-    cfg.scene.objects = RigidObjectCollectionCfg(
-        rigid_objects={
-            f"{c}_{s}": _object_cfg(c, s, slot) for slot, (c, s) in enumerate(object_pairs(spec))
-        }
-    )
-    paths = _body_paths(model)
-    paths_root = next(iter(paths))
-    for name in cameras:
-        body, offset, fovy = _camera_offset(model, name)
-        focal = 24.0  # mm; the aperture sets the field of view
-        aperture = 2 * focal * math.tan(math.radians(fovy) / 2)
-        setattr(
-            cfg.scene,
-            f"camera_{name}",
-            CameraCfg(
-                prim_path=f"{{ENV_REGEX_NS}}/Robot/{paths[body]}/camera_{name}",
-                offset=offset,
-                data_types=["rgb"],
-                spawn=sim_utils.PinholeCameraCfg(
-                    focal_length=focal,
-                    horizontal_aperture=aperture,
-                    vertical_aperture=aperture,
-                    clipping_range=(0.01, 10.0),
-                ),
-                width=image_size,
-                height=image_size,
-                # a camera on a moving link must follow it (else it keeps its first pose)
-                update_latest_camera_pose=body != paths_root,
-                renderer_cfg=NewtonWarpRendererCfg(use_cuda_graph=device.startswith("cuda")),
-            ),
-        )
-    return cfg
 
 
 class TouchEnv(DirectRLEnv):
@@ -347,7 +72,7 @@ class TouchEnv(DirectRLEnv):
         n_arm = len(self.robot_spec.arm)
         self._arm_ids = [self.robot.find_joints(j.name)[0][0] for j in self.robot_spec.arm]
         self._finger_ids = [self.robot.find_joints(j.name)[0][0] for j in self.robot_spec.gripper]
-        tcp_body, tcp_offset = _tcp_frame(self.robot_spec)
+        tcp_body, tcp_offset = tcp_frame(self.robot_spec)
         self._hand_id = self.robot.find_bodies(tcp_body)[0][0]
         self._tcp_offset = torch.tensor(tcp_offset, device=self.device).expand(self.num_envs, 3)
         dev = self.device
@@ -548,5 +273,5 @@ gym.register(
     entry_point=f"{__name__}:TouchEnv",
     disable_env_checker=True,
     # make_touch_cfg, not TouchEnvCfg: the bare class has no robot, objects or cameras
-    kwargs={"env_cfg_entry_point": f"{__name__}:make_touch_cfg"},
+    kwargs={"env_cfg_entry_point": "sim_scenes.isaaclab.touch_env_cfg:make_touch_cfg"},
 )

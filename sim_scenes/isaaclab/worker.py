@@ -42,7 +42,8 @@ def serve(conn: Connection) -> None:
     import torch
     from isaaclab.app import launch_simulation
 
-    from sim_scenes.isaaclab.touch_env import TouchEnv, make_touch_cfg
+    from sim_scenes.isaaclab.touch_env import TouchEnv
+    from sim_scenes.isaaclab.touch_env_cfg import make_touch_cfg
 
     cfg = make_touch_cfg(
         robot_name=init["robot"],

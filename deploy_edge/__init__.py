@@ -1,4 +1,4 @@
-"""Edge deployment: bundle format, inference engines, control-loop runtime, edge agent.
-
-Filled in by the export/latency-gate and deploy issues; it may import only ``robots``.
-"""
+"""Edge deployment: the bundle and release formats, inference engines, the control-loop runtime
+and latency gate, the edge agent, and the deploying side's view of a device (the ``Device``
+interface, its kinds, the agent's wire records). It imports only ``robots``, ``robo_pipe`` and
+``configs`` (``tests/test_layers.py``)."""

@@ -20,6 +20,7 @@ from pipelines.home import new_run_dir
 from pipelines.services import join_cluster
 from robo_pipe.errors import InputError
 from robo_pipe.locks import set_run_label
+from stages.finetune.algorithm import ALGORITHMS
 
 if TYPE_CHECKING:
     from sim_scenes.episodes import EpisodeRecord
@@ -145,8 +146,9 @@ def finetune(
     algo: Annotated[
         str | None,
         typer.Option(
-            help="bc, ppo, sac or grpo (overrides finetune.algo). ppo/sac/grpo: RL in simulation "
-            "after the BC warm start, or from the base with finetune.warm_start: none."
+            help=f"bc, or an RL algorithm: {', '.join(ALGORITHMS)} (overrides finetune.algo). RL "
+            "runs in simulation after the BC warm start, or from the base with "
+            "finetune.warm_start: none."
         ),
     ] = None,
     dataset: Annotated[

@@ -40,6 +40,7 @@ from stages.collect.config import CollectConfig
 from stages.collect.run import collect
 from stages.dataset.layout import DatasetRef
 from stages.dataset.writer import DatasetError
+from stages.finetune.algorithm import ALGORITHMS
 from stages.finetune.bc import BCJob, train_bc
 from stages.finetune.checkpoints import latest_checkpoint, read_metrics
 from stages.finetune.config import BCConfig, FinetuneConfig, PretrainConfig
@@ -242,7 +243,8 @@ def rl_finetune(
 
     if not config.is_rl:
         raise ValueError(
-            f"RL fine-tuning needs finetune.algo ppo, sac or grpo, not {config.algo!r}"
+            f"RL fine-tuning needs finetune.algo of an RL algorithm ({', '.join(ALGORITHMS)}), "
+            f"not {config.algo!r}"
         )
     if checkpoint_hash(start.path) != start.content_hash:
         raise CheckpointError(f"{start.path}: checkpoint changed since it was recorded")

@@ -95,12 +95,14 @@ class VersionInfo:
         return {**asdict(self), "uri": self.uri}
 
 
-def _info(mv: ModelVersion) -> VersionInfo:
+def _info(mv: ModelVersion, aliases: list[str] | None = None) -> VersionInfo:
+    """``mv`` as a record; ``aliases`` (default: the version's own) where the caller read them
+    from the registered model (a search of versions returns none on the SQL store)."""
     created = time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(int(mv.creation_timestamp) / 1000))
     return VersionInfo(
         name=mv.name,
         version=str(mv.version),
-        aliases=sorted(mv.aliases or []),
+        aliases=sorted(mv.aliases or []) if aliases is None else sorted(aliases),
         run_id=str(mv.run_id or ""),
         source=str(mv.source),
         created=created,
@@ -113,22 +115,29 @@ def model_names() -> list[str]:
     return sorted(m.name for m in client().search_registered_models(max_results=1000))
 
 
-def _check_model(name: str) -> None:
+def _check_model(name: str) -> dict[str, str]:
+    """Raise :class:`RegistryError` naming the registered models unless ``name`` is one; its
+    aliases (alias -> version number) otherwise."""
     from mlflow.exceptions import MlflowException
 
     try:
-        client().get_registered_model(name)
+        aliases = client().get_registered_model(name).aliases or {}
     except MlflowException:
         names = model_names()
         known = ", ".join(names) if names else "none yet (robo-pipe run registers one)"
         raise RegistryError(f"no registered model {name!r}; registered models: {known}") from None
+    return {str(alias): str(version) for alias, version in aliases.items()}
 
 
 def versions(name: str) -> list[VersionInfo]:
-    """Every version of ``name``, newest first."""
-    _check_model(name)
+    """Every version of ``name``, newest first, each with its aliases.
+
+    MLflow's version search returns no aliases on the SQL store (mlflow#9783), so they are read
+    from the registered model, which has them on every store."""
+    aliases = _check_model(name)
     found = client().search_model_versions(f"name='{name}'")
-    return sorted((_info(mv) for mv in found), key=lambda v: -int(v.version))
+    infos = (_info(mv, [a for a, v in aliases.items() if v == str(mv.version)]) for mv in found)
+    return sorted(infos, key=lambda v: -int(v.version))
 
 
 def get_version(name: str, ref: str) -> VersionInfo:

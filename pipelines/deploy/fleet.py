@@ -22,7 +22,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -54,8 +53,6 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-DEVICE_TAG = registry.TAG + "device."
-"""Prefix of the per-device tags on a model version: ``<prefix><device>.<field>``."""
 
 STEPS = ("upload", *DEVICE_STEPS)
 """The steps of one device's deployment (its progress bar)."""
@@ -68,10 +65,6 @@ FLEET_WORKERS = 64
 
 def _label(slot: Slot | None) -> str | None:
     return slot.label if slot is not None else None
-
-
-def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _each(devices: Sequence[FleetDevice], work: Callable[[FleetDevice], T]) -> list[T]:
@@ -202,7 +195,7 @@ def deploy_device(
                 row.p99_ms = done.gate.p99_ms if done.gate is not None else None
                 if row.state == "active":
                     row.after = new
-    row.seconds, row.at = time.perf_counter() - start, _now()
+    row.seconds, row.at = time.perf_counter() - start, release.utc_stamp()
     print(f"{device.name} (wave {wave}): {row.state}{': ' + row.reason if row.reason else ''}")
     return row
 
@@ -216,7 +209,7 @@ def _revert(device: FleetDevice, row: DeviceRollout, why: str) -> None:
     except DeviceError as err:
         row.reason = f"could not roll back: {err}"
         return
-    row.after, row.state, row.at = now, "reverted", _now()
+    row.after, row.state, row.at = now, "reverted", release.utc_stamp()
     row.reason = f"rolled back to {now}: {why}"
     if now != row.before:
         row.reason += f" (it ran {row.before} before)"
@@ -253,7 +246,7 @@ def plan(
         rows,
         canary=canary_devices,
         dry_run=True,
-        at=_now(),
+        at=release.utc_stamp(),
     )
 
 
@@ -291,7 +284,7 @@ def deploy_fleet(
     from pipelines.services import check_services, configure
 
     check_services(configure())
-    started, at = time.perf_counter(), _now()
+    started, at = time.perf_counter(), release.utc_stamp()
     parsed, devices = load_selection(fleet, select or [])
     check_tokens(devices)
     policy = parsed.rollout
@@ -382,7 +375,6 @@ def deploy_fleet(
 def record_rollout(result: FleetResult) -> None:
     """The per-device tags on the model version (and on the version a device left), and the
     flow run's summary artifact."""
-    from mlflow.exceptions import MlflowException
     from prefect.artifacts import create_markdown_artifact
 
     new = result.label
@@ -390,26 +382,14 @@ def record_rollout(result: FleetResult) -> None:
     for row in result.devices:
         if row.state in ("skipped", "planned"):
             continue
-        prefix = f"{DEVICE_TAG}{row.device}."
-        tags[prefix + "version"] = row.after or "none"
-        tags[prefix + "state"] = row.state
-        tags[prefix + "at"] = row.at or result.at
-        tags[prefix + "p99_ms"] = f"{row.p99_ms:.2f}" if row.p99_ms is not None else "-"
-        left = row.before
-        if row.state == "active" and left and left != new:
-            old_name, _, old_version = left.rpartition(":")
-            try:  # the version the device left no longer runs there
-                registry.set_version_tags(
-                    old_name,
-                    old_version,
-                    {
-                        prefix + "version": new,
-                        prefix + "state": "replaced",
-                        prefix + "at": result.at,
-                    },
-                )
-            except (registry.RegistryError, MlflowException) as err:
-                print(f"could not tag {left}: {err}")
+        p99 = f"{row.p99_ms:.2f}" if row.p99_ms is not None else "-"
+        at = row.at or result.at
+        tags |= release.device_tags(
+            row.device, version=row.after or "none", state=row.state, at=at, p99_ms=p99
+        )
+        left = row.before if row.state == "active" and row.before != new else None
+        if left and (problem := release.mark_replaced(row.device, left, new, result.at)):
+            print(problem)
     registry.set_version_tags(result.model_name, result.model_version, tags)
     create_markdown_artifact(
         key=fleet_artifact_key(result.model_name),

@@ -25,8 +25,16 @@ from pathlib import Path
 import yaml
 
 from deploy_edge.device import DeviceEntry, DeviceError, connect
+from pipelines import registry
 from pipelines.config import PipelineConfig
-from pipelines.deploy.release import bundle_release, deploy_release, signing_key
+from pipelines.deploy.release import (
+    bundle_release,
+    deploy_release,
+    device_tags,
+    mark_replaced,
+    signing_key,
+    utc_stamp,
+)
 from pipelines.home import home_dir
 from pipelines.progress import SILENT, Listener, status_lines
 from pipelines.records import EdgeDeployment, Registration
@@ -152,6 +160,15 @@ def deploy_to_local_agent(
             success = {True: "success", False: "no success", None: "done"}[episode.success]
             detail = f"{success} in {episode.ticks} ticks, p99 {episode.p99_ms:.2f} ms"
             listener.finished("episode", detail, reused=False)
+    # Where the version runs, on the version itself (as a fleet rollout records it).
+    runs = f"{registration.name}:{registration.version}" if state == "active" else None
+    runs = runs or (active.label if active is not None else "none")
+    at, p99 = utc_stamp(), f"{gate.p99_ms:.2f}" if gate else "-"
+    tags = device_tags(entry.name, version=runs, state=state, at=at, p99_ms=p99)
+    registry.set_version_tags(registration.name, registration.version, tags)
+    left = active.label if state == "active" and active is not None else runs
+    if left != runs and (problem := mark_replaced(entry.name, left, runs, at)):
+        listener.said("deploy", problem)
     return EdgeDeployment(
         device=entry.name,
         model_version=registration.version,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -40,6 +41,35 @@ class RegisteredVersion(Protocol):
     @property
     def version(self) -> str:
         """The version number (never an alias)."""
+
+
+DEVICE_TAG = registry.TAG + "device."
+"""Prefix of the tags that say on a model version where it runs: ``<prefix><device>.<field>``
+(``version``, ``state``, ``at``, ``p99_ms``), so ``robo-pipe models show`` lists its devices."""
+
+
+def device_tags(device: str, **fields: str) -> dict[str, str]:
+    """``fields`` (``version="name:N"``, ``state="active"``, ...) as ``device``'s tags."""
+    return {f"{DEVICE_TAG}{device}.{field}": value for field, value in fields.items()}
+
+
+def mark_replaced(device: str, left: str, new: str, at: str) -> str:
+    """Tag the version ``device`` left (``left``: ``name:N``) as replaced there by ``new``;
+    why it could not be tagged (a version since deleted, a registry error), or ``""``."""
+    from mlflow.exceptions import MlflowException
+
+    name, _, version = left.rpartition(":")
+    tags = device_tags(device, version=new, state="replaced", at=at)
+    try:
+        registry.set_version_tags(name, version, tags)
+    except (registry.RegistryError, MlflowException) as err:
+        return f"could not tag {left}: {err}"
+    return ""
+
+
+def utc_stamp() -> str:
+    """Now, UTC, to the second (``2026-11-26T10:16:01Z``): when a device's state was read."""
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def default_key() -> Path:

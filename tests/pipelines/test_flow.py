@@ -613,3 +613,10 @@ def test_a_device_that_already_runs_the_champion_keeps_it(first_run: dict[str, A
     again = deploy_to_local_agent(cfg, champion)
     assert again.state == "active" and again.reason == "already runs this release", again
     assert again.episode_ticks == 10 and again.model_version == first_run["version"]
+    # where it runs is on the version, as `robo-pipe models show` lists it
+    from pipelines import registry
+
+    tags = registry.get_version(MODEL, first_run["version"]).tags
+    where = f"{registry.TAG}device.local-agent."
+    assert tags[where + "version"] == f"{MODEL}:{first_run['version']}", tags
+    assert tags[where + "state"] == "active" and tags[where + "at"].endswith("Z"), tags

@@ -76,8 +76,10 @@ bench: setup
 	$(BIN)/python benchmarks/sim_throughput.py --quick
 	$(BIN)/python benchmarks/finetune.py --quick
 
+# Build outputs only: the home (./.robo-pipe: registry, datasets, checkpoints, signing keys) is
+# the user's data and stays; delete it yourself if you mean to.
 clean:
-	rm -rf $(VENV) .robo-pipe .pytest_cache .mypy_cache .ruff_cache mutants
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache mutants
 
 # LeRobot (for the dataset compatibility test) needs Python 3.12 and torchvision, so it lives in
 # its own environment, built once per machine outside the checkout and shared by every clone

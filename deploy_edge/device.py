@@ -25,13 +25,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
-import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from deploy_edge.wire import Deployment, DeviceStatus, EpisodeResult, Health
 from robo_pipe.errors import RoboPipeError
 from robo_pipe.resources import Resource
-from robo_pipe.validation import one_of
+from robo_pipe.validation import first_error, one_of, read_mapping
 
 KINDS: dict[str, str] = {
     "agent": "deploy_edge.client:AgentClient",  # the HTTP edge agent (deploy_edge.agent)
@@ -70,13 +69,12 @@ class DevicesFile(BaseModel):
 
 
 def load_device(path: Path, name: str) -> DeviceEntry:
-    """The entry ``name`` of the devices file at ``path``; errors name the file and field."""
-    if not path.is_file():
-        raise DeviceError(f"{path}: devices file not found")
+    """The entry ``name`` of the devices file at ``path``; errors name the file, field and
+    value."""
     try:
-        parsed = DevicesFile.model_validate(yaml.safe_load(path.read_text()) or {})
-    except (yaml.YAMLError, ValidationError) as err:
-        raise DeviceError(f"{path}: not a valid devices file: {err}") from err
+        parsed = DevicesFile.model_validate(read_mapping(path, "devices file", DeviceError))
+    except ValidationError as err:
+        raise DeviceError(first_error(path, err)) from err
     found = {d.name: d for d in parsed.devices}
     if name not in found:
         raise DeviceError(f"{path}: no device {name!r}; devices: {', '.join(found) or 'none'}")

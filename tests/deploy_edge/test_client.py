@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
 from deploy_edge.client import AgentClient
-from deploy_edge.device import DeviceEntry, DeviceError, connect
+from deploy_edge.device import DeviceEntry, DeviceError, connect, load_device
 from deploy_edge.wire import Deployment, DeviceStatus, GateFigures, Slot
 
 SHA = "a" * 64
@@ -145,3 +146,18 @@ def test_an_entrys_kind_picks_its_device_class(monkeypatch: pytest.MonkeyPatch) 
         assert isinstance(device, AgentClient) and device.entry == entry
     with pytest.raises(ValueError, match="unknown device kind; valid choices: agent"):
         DeviceEntry(name="dev", kind="ros2", url="http://agent", token_env="DEV_TOKEN")
+
+
+def test_a_devices_file_error_names_the_file_the_field_and_the_value(tmp_path: Path) -> None:
+    devices = tmp_path / "devices.yaml"
+    with pytest.raises(DeviceError, match=r"devices\.yaml: no such devices file"):
+        load_device(devices, "arm")
+    devices.write_text("devices: [{name: arm, url: ftp://arm, token_env: T}]\n")
+    with pytest.raises(DeviceError, match=r"devices\.yaml: field 'devices\.0\.url' = 'ftp://arm'"):
+        load_device(devices, "arm")
+    devices.write_text(
+        "devices: [{name: arm, url: 'http://arm:8765', token_env: T, ca_cert: ca.pem}]\n"
+    )
+    with pytest.raises(DeviceError, match=r"no device 'hand'; devices: arm"):
+        load_device(devices, "hand")
+    assert load_device(devices, "arm").ca_cert == tmp_path / "ca.pem", "relative to the file"

@@ -115,8 +115,12 @@ class AgentClient(Device):
             if on_status:
                 on_status(status)
             last = status.last
-            ended = status.running is None and last is not None and last.id != earlier
-            if ended and last is not None and last.release_sha256 == sha256:
+            if (
+                status.running is None
+                and last is not None
+                and last.id != earlier
+                and last.release_sha256 == sha256
+            ):
                 return last
             time.sleep(poll_s)
         raise DeviceError(f"device {self.entry.name}: no result after {timeout_s:.0f} s")

@@ -161,14 +161,15 @@ def deploy_to_local_agent(
             detail = f"{success} in {episode.ticks} ticks, p99 {episode.p99_ms:.2f} ms"
             listener.finished("episode", detail, reused=False)
     # Where the version runs, on the version itself (as a fleet rollout records it).
-    runs = f"{registration.name}:{registration.version}" if state == "active" else None
-    runs = runs or (active.label if active is not None else "none")
+    before = active.label if active is not None else "none"
+    runs = f"{registration.name}:{registration.version}" if state == "active" else before
     at, p99 = utc_stamp(), f"{gate.p99_ms:.2f}" if gate else "-"
     tags = device_tags(entry.name, version=runs, state=state, at=at, p99_ms=p99)
     registry.set_version_tags(registration.name, registration.version, tags)
-    left = active.label if state == "active" and active is not None else runs
-    if left != runs and (problem := mark_replaced(entry.name, left, runs, at)):
-        listener.said("deploy", problem)
+    if active is not None and before != runs:  # the version it left no longer runs there
+        problem = mark_replaced(entry.name, before, runs, at)
+        if problem:
+            listener.said("deploy", problem)
     return EdgeDeployment(
         device=entry.name,
         model_version=registration.version,

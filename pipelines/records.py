@@ -116,6 +116,20 @@ class PipelineResult(Record):
     table, the test, its p-value against the boundary, where a sequential comparison stopped;
     None without a champion."""
 
+    @property
+    def verdict(self) -> str:
+        """The run's outcome in one word, the first that applies: ``blocked`` (a gate kept the
+        candidate from champion), ``refused`` (the device refused or rolled it back),
+        ``rollout-stopped`` (a fleet wave failed), else ``promoted``. Only ``promoted`` exits 0
+        (docs/exit-codes.md)."""
+        if not self.promoted:
+            return "blocked"
+        if self.device is not None and self.device.state != "active":
+            return "refused"
+        if self.rollout is not None and not self.rollout.dry_run and not self.rollout.complete:
+            return "rollout-stopped"
+        return "promoted"
+
 
 @dataclass(frozen=True)
 class ChampionCheck(Record):

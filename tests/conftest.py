@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -72,6 +73,19 @@ def robo_pipe_home(home_path: Path) -> Iterator[Path]:
     for name in set(os.environ) - set(_SESSION_ENV) - _OWNED_BY_RUNNERS:
         del os.environ[name]
     os.environ.update(_SESSION_ENV)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def ray_stopped_before_the_summary() -> Iterator[None]:
+    """Stop the Ray instance a test started in this process (a stage on Ray workers, the flow)
+    when the session's last test ends. Left to Ray's exit handler, it stops after pytest's
+    summary, and what its workers report then (a worker a test killed on purpose: "A worker
+    died ... SYSTEM_ERROR") printed after the summary; stopped here, whatever it still reports
+    is captured with the last test's teardown."""
+    yield
+    ray = sys.modules.get("ray")  # never import Ray for a session that did not use it
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()
 
 
 @pytest.fixture(scope="session")

@@ -27,7 +27,10 @@ class Listener(Protocol):
 
     def finished(self, stage: str, detail: str, reused: bool) -> None:
         """``stage`` completed; ``detail`` describes its record (:func:`describe`);
-        ``reused``: the record came from an earlier run."""
+        ``reused``: the record came from an earlier run. A display times a stage from its
+        first event: one reported only as it ends (a reused stage, a device's step, whose
+        ``detail`` carries the duration the device measured) has no duration of the
+        display's."""
 
     def said(self, stage: str, line: str) -> None:
         """A line worth keeping in the output, not only as the live status: e.g. ``waiting

@@ -14,8 +14,10 @@ from pipelines.config import PipelineConfig, load_config
 if TYPE_CHECKING:
     from pipelines.services import Services
 
-console = Console(stderr=True)
-"""Everything for people goes to stderr; stdout's last line is the ``--json`` record."""
+console = Console(stderr=True, soft_wrap=not os.isatty(2), width=None if os.isatty(2) else 1000)
+"""Everything for people goes to stderr; stdout's last line is the ``--json`` record. In a log
+(stderr is not a terminal) no line is wrapped and a table is as wide as its content: a path
+stays whole, where rich would break it at 80 columns."""
 
 
 def load(config: Path, set_: list[str] | None, **options: object) -> PipelineConfig:

@@ -135,6 +135,8 @@ def deploy_to_local_agent(
     release keeps it (a re-run of the demo changes nothing there)."""
     from deploy_edge.release import file_sha256
 
+    # The stage's own start: a display times it from here (its device steps report their own).
+    listener.started("deploy", None, f"to {NAME}")
     _, path = bundle_release(registration, signing_key())
     # Runs sharing the home take turns with the agent: a second deploy waits, and says so.
     with running_local_agent(cfg, status_lines("deploy", listener)) as entry:

@@ -3,8 +3,18 @@ loss it does not have), and progress reaches every listener of the process."""
 
 from __future__ import annotations
 
+import io
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
 from types import SimpleNamespace
 
+from rich.console import Console
+
+from pipelines.cli.display import LiveRows, StageLog
 from pipelines.progress import describe, listening, rl_detail
 
 
@@ -49,3 +59,146 @@ def test_progress_reaches_the_listeners_of_the_block_only() -> None:
         ("started", "collect", "episodes"),
         ("finished", "collect", "10 episodes"),
     ]
+
+
+# -- what a verb shows: plain lines in a log, live rows in a terminal ---------------------------
+
+
+class Clock:
+    """A clock the test moves (seconds)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def plain_log(every_s: float = 30.0) -> tuple[StageLog, Clock]:
+    """A log display on a console as rich makes one for a log file: 80 columns."""
+    clock = Clock()
+    return StageLog(Console(file=io.StringIO(), width=80), every_s, clock), clock
+
+
+def printed(log: StageLog) -> list[str]:
+    file = log.out.file
+    assert isinstance(file, io.StringIO)
+    return file.getvalue().splitlines()
+
+
+def test_a_log_gets_one_line_per_stage_as_it_ends() -> None:
+    """Through the process's listeners, as the flow's tasks report: nothing while a stage runs
+    (before its interval), then its one line: ok and its duration, or reused."""
+    from pipelines.progress import BROADCAST
+
+    log, clock = plain_log()
+    with listening(log):
+        BROADCAST.finished("pretrain", "step 600, loss 0.0123", True)  # reused: never started
+        BROADCAST.started("collect", 2000, "episodes")
+        clock.now = 20.0
+        BROADCAST.advanced("collect", 1000, "source success 98%, 1,234 frames/s")
+        log.tick()
+        clock.now = 29.5
+        BROADCAST.finished("collect", "2000 episodes, 120000 frames", False)
+        log.tick()
+    assert printed(log) == [
+        "pretrain: reused (an earlier run's): step 600, loss 0.0123",
+        "collect: ok in 29.5 s: 2000 episodes, 120000 frames",
+    ]
+
+
+def test_a_long_stage_prints_a_progress_line_each_interval() -> None:
+    log, clock = plain_log(every_s=30.0)
+    log.started("finetune", 600, "BC steps")
+    log.started("export", None, "")  # reports nothing until it ends
+    clock.now = 29.0
+    log.advanced("finetune", 270, "loss 0.0123, 850 samples/s")
+    log.tick()
+    assert printed(log) == [], "not before the interval"
+    clock.now = 30.0
+    log.tick()
+    clock.now = 59.0
+    log.tick()
+    clock.now = 61.0
+    log.finished("export", "parity 1.2e-06", False)
+    log.tick()  # nothing new from finetune: the line says it still runs
+    assert printed(log) == [
+        "finetune: 45% (270 of 600 BC steps), 0:00:30 elapsed: loss 0.0123, 850 samples/s",
+        "export: running, 0:00:30 elapsed",
+        "export: ok in 61.0 s: parity 1.2e-06",
+        "finetune: 45% (270 of 600 BC steps), 0:01:01 elapsed: loss 0.0123, 850 samples/s",
+    ]
+
+
+def test_the_log_ticks_by_itself() -> None:
+    """In a thread: a stage that reports nothing still gets its lines (here every 20 ms)."""
+    log = StageLog(Console(file=io.StringIO(), width=80), every_s=0.02)
+    with log.ticking():
+        log.started("latency", None, "")
+        time.sleep(0.3)
+    assert any(line.startswith("latency: running, 0:00:00 elapsed") for line in printed(log))
+
+
+def test_a_long_path_in_a_log_line_stays_whole() -> None:
+    """rich wraps a log file's lines at 80 columns; a path must stay on one line."""
+    path = "/tmp/pytest-of-ci/" + "/".join(["run-20261126-abcdef0123456789"] * 4) + "/ds"
+    path += "x" * (150 - len(path))
+    assert len(path) == 150
+    log, _ = plain_log()
+    log.said("collect", f"waiting for run r1 (pid 42) to finish collect of {path}")
+    log.finished("export", f"exported to {path}", False)
+    lines = printed(log)
+    assert len(lines) == 2 and all(path in line for line in lines), lines
+
+
+def test_device_steps_show_their_own_duration_and_no_made_up_one() -> None:
+    """The local agent's deploy: its steps are reported only as they end, their status carrying
+    the device's own duration; the display adds none (it used to show 0:00:00 beside
+    "ok (33.5 s)"), while the deploy stage and the upload are timed from their start."""
+    log, clock = plain_log()
+    log.started("deploy", None, "to local-agent")
+    log.started("upload", 12_300_000, "bytes")
+    clock.now = 0.5
+    log.finished("upload", "12.3 MB", False)
+    clock.now = 34.0
+    log.finished("verify", "ok (33.5 s)", False)
+    log.finished("gate", "FAILED: p99 4.10 ms over budget 2 ms (2.0 s)", False)
+    clock.now = 40.0
+    log.finished("deploy", "local-agent: v1 refused", False)
+    assert printed(log) == [
+        "upload: ok in 0.5 s: 12.3 MB",
+        "verify: ok (33.5 s)",
+        "gate: FAILED: p99 4.10 ms over budget 2 ms (2.0 s)",
+        "deploy: ok in 40.0 s: local-agent: v1 refused",
+    ]
+
+    # The live rows in a terminal: the same, as rows.
+    clock = Clock()
+    rows = LiveRows(Console(file=io.StringIO(), width=200, force_terminal=True), clock=clock)
+    rows.started("deploy", None, "to local-agent")
+    clock.now = 34.0
+    rows.finished("verify", "ok (33.5 s)", False)
+    rows.finished("collect", "2000 episodes, 120000 frames", True)
+    screen = Console(file=io.StringIO(), width=200)
+    screen.print(rows.progress.get_renderable())
+    shown = {line.split()[0]: line for line in screen.file.getvalue().splitlines()}  # type: ignore[attr-defined]
+    elapsed = re.compile(r"\d+:\d\d:\d\d")
+    assert "ok (33.5 s)" in shown["verify"] and not elapsed.search(shown["verify"])
+    assert not elapsed.search(shown["collect"]), "a reused stage took no time of this run's"
+    assert "0:00:34" in shown["deploy"]
+
+
+def test_a_path_in_an_error_is_one_line_in_a_log(tmp_path: Path) -> None:
+    """Through the CLI, stderr piped and no COLUMNS (as in `make demo > log`): the console
+    does not wrap at 80 columns, so the path named in the error stays whole."""
+    path = tmp_path / ("a" * 60) / ("b" * 60) / "missing.yaml"
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    result = subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", "run", "--config", str(path)],
+        env={**env, "ROBO_PIPE_HOME": str(tmp_path / "home")},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2, result.stderr
+    assert any(str(path) in line for line in result.stderr.splitlines()), result.stderr

@@ -13,6 +13,8 @@ tags, and the re-check that makes promotion a compare-and-set.
     recheck(cfg, version, ...)        under the promotion lock: compare again with a champion
                                       that moved since the evaluation
     regression_check(cfg, info, ...)  the champion's scheduled check, tagged on it
+    without_gates(info, history)      why a champion stands without passed gates (MLflow's own
+                                      alias editing, or a forced promotion), if it does
 
 :mod:`pipelines.steps` calls these from ``evaluate_candidate``, ``register_version`` and
 ``evaluate_champion``; an evaluation this module needs (the champion's export, played again)
@@ -276,3 +278,24 @@ def regression_check(
         required=required,
         passed=meets_min_success(report, policy),
     )
+
+
+# -- a champion the gates did not pass -----------------------------------------------------------
+
+
+def without_gates(info: registry.VersionInfo, history: list[str]) -> str | None:
+    """Why the champion ``info`` stands without having passed the gates, or None when
+    robo-pipe promoted it with every enforced gate passed. ``history``: the model's champion
+    history (:func:`~pipelines.registry.champion_history`), which robo-pipe moves together with
+    the alias: MLflow's own alias editing and "Promote model" move the alias alone, past every
+    gate, and leave the champion off the end of it."""
+    promoted_by_robo_pipe = registry.TAG + "promoted_at" in info.tags
+    if not promoted_by_robo_pipe or history[-1:] != [info.version]:
+        return "made champion outside robo-pipe (MLflow's alias editing bypasses the gates)"
+    gates = info.gates
+    if not gates:
+        return "no gate results recorded on this version"
+    failed = blocking_gates(gates)
+    if failed:
+        return f"promoted by force past failed gates: {', '.join(failed)}"
+    return None

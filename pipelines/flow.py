@@ -13,10 +13,15 @@ Resume: every stage's record is kept under ``$ROBO_PIPE_HOME/stages`` keyed on i
 completed stages and continues from the one that failed. Transient errors (lost connections,
 dead Ray actors) are retried by Prefect.
 
-Tracking: one MLflow run per flow run (params: the resolved config), a nested run per stage
-(metrics, reports, plots), the export registered as a model version with its lineage and gate
-results (:mod:`pipelines.tracking`). The flow run publishes a markdown summary, tables and links
-as Prefect artifacts.
+Tracking: one MLflow run per flow run (params: the resolved config, a description with the
+outcome), a nested run per stage (metrics, reports, plots), the export registered as a model
+version with its lineage and gate results (:mod:`pipelines.tracking`). The flow run publishes a
+markdown summary, tables and links as Prefect artifacts.
+
+The outcome where users look: a flow run is named ``<config> · <UTC start>`` while it runs, then
+``<config> · <outcome>`` (``demo · promoted v3``, ``demo · v4 BLOCKED (latency)``); a pipeline run
+ends in a Completed state named after its verdict (``Promoted``, ``Blocked``, ``Refused``,
+``Rollout stopped``), whose data is the :class:`PipelineResult` a caller gets back.
 
 Crashes: a flow run holds a lock for as long as its process lives; each new flow run marks the
 runs of this home whose process died without reporting as ``Crashed`` and, when it runs the same
@@ -26,10 +31,13 @@ flow on the same config, tags itself as their continuation (:mod:`pipelines.reco
 from __future__ import annotations
 
 import json
+import shutil
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any, cast
 
 from prefect import flow
 from prefect.artifacts import (
@@ -38,14 +46,16 @@ from prefect.artifacts import (
     create_table_artifact,
 )
 from prefect.client.schemas.objects import FlowRun
-from prefect.context import get_run_context
+from prefect.context import FlowRunContext, get_run_context
+from prefect.states import Completed
 from pydantic import WithJsonSchema
 
 from pipelines import checks, reconcile, steps, summary, tracking
 from pipelines.config import PipelineConfig, load_config, save_resolved
-from pipelines.home import new_run_dir
+from pipelines.home import new_run_dir, robo_pipe_home
 from pipelines.records import ChampionCheck, Evaluation, FleetResult, PipelineResult, RunRecords
 from pipelines.services import Services, check_services, configure, join_cluster
+from pipelines.summary import RunPlaces
 from pipelines.tasks import (
     STAGES,
     RunContext,
@@ -85,25 +95,47 @@ def _flow_run() -> FlowRun:
     return run
 
 
+def _flow_run_name() -> str:
+    """``<config name> · <UTC start>``: a flow run's name until its outcome is known (a config
+    given as a path is named after its file: the flow reads the file later, once)."""
+    context = FlowRunContext.get()
+    config: Any = (context.parameters or {}).get("config") if context else None
+    if isinstance(config, PipelineConfig):
+        name = config.name
+    elif isinstance(config, str | Path):
+        name = Path(config).stem
+    else:
+        name = context.flow.name if context else "robo-pipe"
+    return f"{name} · {time.strftime('%Y-%m-%d %H:%M:%SZ', time.gmtime())}"
+
+
+def _rename_flow_run(name: str) -> None:
+    """Give this flow run ``name`` in Prefect (its outcome, once known)."""
+    from prefect.client.orchestration import get_client
+
+    run = _flow_run()
+    with get_client(sync_client=True) as prefect:
+        prefect.set_flow_run_name(run.id, name)
+    run.name = name
+
+
 # -- the flows -----------------------------------------------------------------------------------
 
 
 def _links(
     services: Services, run: tracking.TrackedRun, model: str, version: str
 ) -> dict[str, str]:
+    """The run's pages on the servers this process uses (the terminal's links, valid now)."""
     flow_run = _flow_run()
     prefect_ui = services.prefect_ui or DEFAULT_PREFECT_UI
     mlflow_ui = services.mlflow_ui or DEFAULT_MLFLOW_UI
     return {
         "Prefect flow run": f"{prefect_ui}/runs/flow-run/{flow_run.id}",
         "MLflow run": run.ui_url(mlflow_ui),
-        "MLflow model version": f"{mlflow_ui}/#/models/{model}/versions/{version}",
+        "MLflow model version": tracking.mlflow_page(
+            mlflow_ui, f"models/{model}/versions/{version}"
+        ),
     }
-
-
-def _artifact_url(services: Services, run_id: str, path: str) -> str:
-    mlflow_ui = services.mlflow_ui or DEFAULT_MLFLOW_UI
-    return f"{mlflow_ui}/get-artifact?path={path}&run_uuid={run_id}"
 
 
 @contextmanager
@@ -164,6 +196,10 @@ def _start(
     )
     mlrun.log_params(cfg.model_dump(mode="json"))
     mlrun.log_artifact(run_dir / "config.yaml")
+    mlrun.describe(
+        f"robo-pipe {kind} run of config `{cfg.name}` (config hash `{cfg.config_hash()}`), "
+        f"Prefect flow run `{flow_run.name}`: running."
+    )
     active = reconcile.new_active_run(
         str(flow_run.id), flow_run.name, flow_name, cfg.config_hash(), mlrun.run_id
     )
@@ -182,7 +218,12 @@ def _start(
     return cfg, services, run_dir, mlrun, lock
 
 
-@flow(name="train_simulate_deploy", log_prints=True, persist_result=False)
+@flow(
+    name="train_simulate_deploy",
+    flow_run_name=_flow_run_name,
+    log_prints=True,
+    persist_result=False,
+)
 def train_simulate_deploy(
     config: ConfigParam = "configs/demo.yaml",
     overrides: list[str] | None = None,
@@ -222,7 +263,11 @@ def train_simulate_deploy(
             dataset, base, checkpoint, export, evaluation, latency, registration, device
         )
         result = _publish(ctx, services, mlrun, records, rollout)
-    return result
+    # Prefect ends the run in this state (its name the verdict) and hands a caller its data.
+    final = Completed(
+        name=summary.VERDICT_STATES[result.verdict], message=summary.outcome(result), data=result
+    )
+    return cast(PipelineResult, final)
 
 
 def _publish(
@@ -232,14 +277,18 @@ def _publish(
     records: RunRecords,
     rollout: FleetResult | None = None,
 ) -> PipelineResult:
-    """The run's result record, summary markdown, plots, Prefect artifacts, MLflow metrics."""
+    """The run's result record, summary markdown, plots, Prefect artifacts, MLflow metrics and
+    description; the flow run named after the outcome."""
     from pipelines import registry
 
     cfg, run_dir = ctx.cfg, ctx.run_dir
     reg, evaluation, latency = records.registration, records.evaluation, records.latency
     cand = evaluation.candidate
+    plots_dir = run_dir / "plots"
+    plots_dir.mkdir(exist_ok=True)
     curves = summary.plot_training_curves(
-        {"pretrain": records.base, "finetune": records.checkpoint}, run_dir / "training_curves.png"
+        {"pretrain": records.base, "finetune": records.checkpoint},
+        plots_dir / "training_curves.png",
     )
     plots = {
         "training curves": curves,
@@ -247,11 +296,13 @@ def _publish(
         "evaluation": Path(cand.plot),
         "latency": Path(latency.histogram),
     }
-    images = {}
+    images: dict[str, Path] = {}  # the PNGs beside summary.md (a reused stage's are elsewhere)
     for name, path in plots.items():
         if path and path.is_file():
-            mlrun.log_artifact(path, "plots")
-            images[name] = _artifact_url(services, mlrun.run_id, f"plots/{path.name}")
+            images[name] = plots_dir / path.name
+            if path != images[name]:
+                shutil.copyfile(path, images[name])
+    mlrun.log_artifact(plots_dir, "plots")
     result = PipelineResult(
         config_name=cfg.name,
         config_hash=cfg.config_hash(),
@@ -280,11 +331,14 @@ def _publish(
         device=records.device,
         rollout=rollout,
     )
-    text = summary.markdown(result, records, images)
-    registry.set_version_description(reg.name, reg.version, version_description(result))
+    places = _places(cfg, mlrun, summary.run_title(result))
+    places = replace(places, links=summary.configured_links(places, reg.name, reg.version))
+    relative = {name: f"plots/{png.name}" for name, png in images.items()}
+    text = summary.markdown(result, records, relative, places)
+    registry.set_version_description(reg.name, reg.version, version_description(result, places))
     (run_dir / "summary.md").write_text(text)
     (run_dir / "result.json").write_text(json.dumps(result.to_json(), indent=1))
-    mlrun.log_artifact(run_dir / "summary.md")
+    mlrun.log_artifact(run_dir / "summary.md")  # beside plots/, as in the run folder
     mlrun.log_artifact(run_dir / "result.json")
     mlrun.log_metrics(
         {
@@ -296,9 +350,13 @@ def _publish(
         }
     )
     mlrun.set_tags({"model_version": f"{reg.name}/{reg.version}"})
+    mlrun.describe(run_description(result, places))
     slug = cfg.slug
+    inline = {name: summary.data_uri(png) for name, png in images.items()}
     create_markdown_artifact(
-        text, key=f"{slug}-pipeline-summary", description="pipeline run summary"
+        summary.markdown(result, records, inline, places),
+        key=f"{slug}-pipeline-summary",
+        description="pipeline run summary",
     )
     create_table_artifact(
         summary.evaluation_table(evaluation),
@@ -309,22 +367,48 @@ def _publish(
         summary.latency_table(latency), key=f"{slug}-latency", description="latency gate"
     )
     create_table_artifact(
-        [
-            {"gate": name, **{k: str(v) for k, v in g.to_json().items()}}
-            for name, g in reg.gates.items()
-        ],
-        key=f"{slug}-gates",
-        description="promotion gates",
+        summary.gates_table(reg.gates), key=f"{slug}-gates", description="promotion gates"
     )
     create_link_artifact(
         result.links["MLflow run"], link_text="MLflow run", key=f"{slug}-mlflow-run"
     )
+    _rename_flow_run(places.flow_run_name)
     return result
 
 
-def version_description(result: PipelineResult) -> str:
+def _places(cfg: PipelineConfig, mlrun: tracking.TrackedRun, flow_run_name: str) -> RunPlaces:
+    """Where this run can be found (no links yet: :func:`summary.configured_links`)."""
+    return RunPlaces(
+        home=robo_pipe_home(),
+        flow_run_name=flow_run_name,
+        flow_run_id=str(_flow_run().id),
+        experiment=cfg.name,
+        experiment_id=mlrun.experiment_id,
+        mlflow_run_id=mlrun.run_id,
+        links={},
+    )
+
+
+def run_description(result: PipelineResult, places: RunPlaces) -> str:
+    """The pipeline's MLflow run description (markdown): the outcome, the gates, where the
+    summary is."""
+    gates = "; ".join(f"{name} **{summary.gate_result(g)}**" for name, g in result.gates.items())
+    low, high = result.ci95
+    return (
+        f"robo-pipe pipeline run of config `{result.config_name}`: "
+        f"**{summary.outcome(result)}** (`models:/{result.model_name}/{result.version}`).\n\n"
+        f"Gates: {gates}. Held-out success {result.success_rate:.1%} (95% CI {low:.1%} - "
+        f"{high:.1%}); latency p99 {result.latency_p99_ms:.2f} ms.\n\n"
+        f"The summary: `summary.md` in this run's artifacts (its plots in `plots/`), and in the "
+        f"run folder `{places.relative(result.run_dir)}` under the robo-pipe home. Prefect flow "
+        f"run `{places.flow_run_name}` (id `{places.flow_run_id}`)."
+    )
+
+
+def version_description(result: PipelineResult, places: RunPlaces) -> str:
     """The registered version's description (markdown): its gates, held-out success with its
-    95% interval, latency, and where it came from."""
+    95% interval, latency, where it came from, and that MLflow's own alias editing and
+    "Promote model" bypass the gates."""
     gates = "\n".join(
         f"- {name}: **{'passed' if g.passed else 'FAILED'}**"
         f"{'' if g.enforced else ' (not enforced)'} - {g.measured} (required {g.required})"
@@ -336,17 +420,23 @@ def version_description(result: PipelineResult) -> str:
         else f"candidate only: failed {', '.join(result.blocked_by)}"
     )
     low, high = result.ci95
-    links = "\n".join(f"- {label}: {url}" for label, url in result.links.items())
+    rel = places.relative
+    links = "".join(f"- {label}: {url}\n" for label, url in places.links.items())
     return (
         f"Policy trained and gated by robo-pipe config `{result.config_name}` (config hash "
         f"`{result.config_hash}`); {verdict}.\n\n"
         f"Held-out success **{result.success_rate:.1%}** (95% CI {low:.1%} - {high:.1%}); "
         f"latency p99 **{result.latency_p99_ms:.2f} ms**.\n\n"
         f"Gates:\n{gates}\n\n"
-        f"Lineage:\n- dataset: `{result.dataset}`\n- checkpoint: `{result.checkpoint}`\n"
-        f"- export: `{result.export}`\n- run folder: `{result.run_dir}`\n"
-        f"{links}\n\n"
-        "Inputs and outputs: see the signature (and `io_spec.json` for units)."
+        f"Lineage (paths under the robo-pipe home):\n- dataset: `{rel(result.dataset)}`\n"
+        f"- checkpoint: `{rel(result.checkpoint)}`\n- export: `{rel(result.export)}`\n"
+        f"- run folder: `{rel(result.run_dir)}`\n"
+        f"- Prefect flow run: `{places.flow_run_name}` (id `{places.flow_run_id}`)\n"
+        f"- MLflow run: `{places.mlflow_run_id}`\n{links}\n"
+        "Inputs and outputs: see the signature (and `io_spec.json` for units).\n\n"
+        "Promote with `robo-pipe models promote`, which refuses a version that failed a gate. "
+        'MLflow\'s own alias editing and "Promote model" bypass the gates: `robo-pipe models '
+        "list` and `models show` flag a champion that did not pass them."
     )
 
 
@@ -354,7 +444,12 @@ class RegressionDetected(RuntimeError):
     """The champion's held-out success fell below ``registry.promotion.min_success``."""
 
 
-@flow(name="champion_regression", log_prints=True, persist_result=False)
+@flow(
+    name="champion_regression",
+    flow_run_name=_flow_run_name,
+    log_prints=True,
+    persist_result=False,
+)
 def champion_regression(
     config: ConfigParam = "configs/demo.yaml",
     overrides: list[str] | None = None,
@@ -372,6 +467,13 @@ def champion_regression(
         mlrun.set_tags({"model_version": f"{check.model_name}/{check.version}"})
         mlrun.log_artifact(run_dir / "evaluate", "evaluate")
         slug = cfg.slug
+        verdict = "holds" if check.passed else "REGRESSED"
+        title = f"{cfg.name} · champion v{check.version} {verdict}"
+        mlrun.describe(
+            f"robo-pipe champion check of config `{cfg.name}`: `models:/{check.model_name}/"
+            f"{check.version}` **{verdict}**: held-out success {check.measured}, required "
+            f"{check.required}."
+        )
         create_table_artifact(
             summary.evaluation_table(Evaluation(candidate=report, champion_version=check.version)),
             key=f"{slug}-champion-regression",
@@ -381,9 +483,11 @@ def champion_regression(
             f"# Champion regression check: {check.model_name} v{check.version}\n\n"
             f"Held-out success: {check.measured} over {report.episodes} episodes; required "
             f"{check.required}: "
-            f"**{'ok' if check.passed else 'REGRESSED'}**.\n\nReport: `{report.report}`\n",
+            f"**{'ok' if check.passed else 'REGRESSED'}**.\n\nReport (under the robo-pipe "
+            f"home): `{summary.home_relative(report.report, robo_pipe_home())}`\n",
             key=f"{slug}-champion-regression-summary",
         )
+        _rename_flow_run(title)
         if not check.passed:
             raise RegressionDetected(
                 f"champion {check.model_name} v{check.version}: held-out success "

@@ -1,13 +1,23 @@
 """The pipeline run's report: a markdown summary, tables and the training-curve plot.
 
-The same markdown is the Prefect flow run's summary artifact, ``summary.md`` in the run folder
-and an artifact of the MLflow run. Built from the typed stage records only.
+The same markdown is ``summary.md`` in the run folder (also an artifact of the MLflow run), and
+the Prefect flow run's summary artifact. It opens anywhere: its images are the PNGs in
+``plots/`` beside it (in the Prefect artifact the same PNGs inline, as ``data:`` URIs: Prefect's
+UI cannot read files, and its markdown renderer lets ``data:image`` sources through), its paths
+are relative to the home, and it links only to servers the user configured
+(:func:`configured_links`), never to the ports a ``robo-pipe ui`` happened to use. Built from the
+typed stage records only.
 """
 
 from __future__ import annotations
 
+import base64
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlparse
 
 from pipelines.records import (
     EdgeDeployment,
@@ -16,6 +26,7 @@ from pipelines.records import (
     PipelineResult,
     RunRecords,
 )
+from pipelines.tracking import MLFLOW_CLASSIC_VIEW, mlflow_page
 from robo_pipe.names import slug
 from stages.evaluate.failures import breakdown_line
 from stages.evaluate.report import comparison_markdown
@@ -25,6 +36,7 @@ from stages.finetune.rl import rolling_success
 if TYPE_CHECKING:
     from deploy_edge.latency import LatencyReport
     from stages.policy.checkpoint import CheckpointRef
+    from stages.register import Gate
 
 
 def plot_training_curves(checkpoints: dict[str, CheckpointRef | None], out: Path) -> Path | None:
@@ -73,7 +85,7 @@ def _training_result(ckpt: CheckpointRef) -> str:
     return f"{ckpt.step} steps, final action loss {metrics.get('action_loss', 0):.4f}."
 
 
-def _device_result(device: EdgeDeployment) -> str:
+def _device_result(device: EdgeDeployment, rel: Callable[[str], str]) -> str:
     if device.state != "active":
         return f"`{device.device}` {device.state} v{device.model_version}: {device.reason}"
     gate = f"on-device p99 {device.p99_ms:.2f} ms" if device.p99_ms is not None else "no gate"
@@ -84,7 +96,7 @@ def _device_result(device: EdgeDeployment) -> str:
     )
     return (
         f"`{device.device}` runs v{device.model_version} ({gate}; {episode}); its state: "
-        f"`{device.state_dir}`."
+        f"`{rel(device.state_dir)}`."
     )
 
 
@@ -127,28 +139,180 @@ def latency_table(latency: LatencyReport) -> list[dict[str, Any]]:
     return [
         {
             "target": latency.target,
+            "result": "pass" if latency.passed else "FAIL",
             "p50 ms": round(latency.p50_ms, 2),
             "p95 ms": round(latency.p95_ms, 2),
             "p99 ms": round(latency.p99_ms, 2),
             "max ms": round(latency.max_ms, 2),
             "budget ms": latency.budget_ms,
             "misses": latency.misses,
-            "passed": latency.passed,
         }
     ]
 
 
-def markdown(result: PipelineResult, records: RunRecords, images: dict[str, str]) -> str:
-    """The run summary (see module docstring); ``images`` maps plot names to URLs."""
+def gate_result(gate: Gate) -> str:
+    """``pass``, ``FAIL``, or ``fail (not enforced)``."""
+    return "pass" if gate.passed else ("FAIL" if gate.enforced else "fail (not enforced)")
+
+
+def gates_table(gates: dict[str, Gate]) -> list[dict[str, str]]:
+    """One row per promotion gate: its result, what was measured and what was required, as
+    plain text a table cell shows as written (``>= 70%`` is a Markdown blockquote in a renderer
+    that parses a cell on its own: it reads ``≥ 70%``)."""
+    return [
+        {
+            "gate": name,
+            "result": gate_result(gate),
+            "measured": _plain(gate.measured),
+            "required": _plain(gate.required),
+        }
+        for name, gate in gates.items()
+    ]
+
+
+def _plain(text: str) -> str:
+    return text.replace(">=", "≥").replace("<=", "≤")
+
+
+# -- the run's outcome ---------------------------------------------------------------------------
+
+VERDICT_STATES = {
+    "promoted": "Promoted",
+    "blocked": "Blocked",
+    "refused": "Refused",
+    "rollout-stopped": "Rollout stopped",
+}
+"""The name of the flow run's final (Completed) state for each :attr:`PipelineResult.verdict`:
+what Prefect's run lists show in the state column."""
+
+
+def outcome(result: PipelineResult) -> str:
+    """The run's outcome in a few words, as the flow run's name, the summary's title and the
+    MLflow run's description give it: ``promoted v3``, ``v4 BLOCKED (latency)``, ``v3 promoted,
+    REFUSED on local-agent``, ``v3 promoted, rollout STOPPED at wave 1``."""
+    version = f"v{result.version}"
+    verdict = result.verdict
+    if verdict == "blocked":
+        return f"{version} BLOCKED ({', '.join(result.blocked_by)})"
+    if verdict == "refused" and result.device is not None:
+        state = result.device.state.replace("_", " ").upper()
+        return f"{version} promoted, {state} on {result.device.device}"
+    if verdict == "rollout-stopped" and result.rollout is not None:
+        wave = result.rollout.stopped_at_wave
+        return f"{version} promoted, rollout " + (
+            f"STOPPED at wave {wave}" if wave is not None else "INCOMPLETE"
+        )
+    return f"promoted {version}"
+
+
+def run_title(result: PipelineResult) -> str:
+    """``<config name> · <outcome>``: the flow run's name once the run is over."""
+    return f"{result.config_name} · {outcome(result)}"
+
+
+# -- where the run can be found ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunPlaces:
+    """Where a pipeline run can be looked at later: its run folder under the home, its Prefect
+    flow run and its MLflow run (names and ids, which do not depend on any server's address)."""
+
+    home: Path
+    flow_run_name: str
+    flow_run_id: str
+    experiment: str
+    experiment_id: str
+    mlflow_run_id: str
+    links: dict[str, str]
+    """Only links to servers the user configured (:func:`configured_links`)."""
+
+    def relative(self, path: str | Path) -> str:
+        """``path`` relative to the home (as it is when it lies outside the home)."""
+        return home_relative(path, self.home)
+
+
+def home_relative(path: str | Path, home: Path) -> str:
+    """``path`` relative to ``home``, or as it is when it lies outside it (a base model in
+    another folder)."""
+    for candidate, base in ((Path(path), home), (Path(path).resolve(), home.resolve())):
+        if candidate.is_relative_to(base):
+            return str(candidate.relative_to(base))
+    return str(path)
+
+
+def configured_links(
+    places: RunPlaces, model: str, version: str, env: dict[str, str] | None = None
+) -> dict[str, str]:
+    """Links to the run's pages on servers the user configured, which a reader can follow
+    later: Prefect's when ``PREFECT_UI_URL`` is set; MLflow's when ``MLFLOW_TRACKING_URI`` is a
+    tracking server (it is its own UI). None to the servers of a ``robo-pipe ui``, whose ports
+    change from one start to the next: the summary says how to open the run there instead."""
+    env = dict(os.environ) if env is None else env
+    links = {}
+    prefect_ui = env.get("PREFECT_UI_URL", "").rstrip("/")
+    if prefect_ui:
+        links["Prefect flow run"] = f"{prefect_ui}/runs/flow-run/{places.flow_run_id}"
+    tracking = env.get("MLFLOW_TRACKING_URI", "")
+    if urlparse(tracking).scheme in ("http", "https"):
+        route = f"experiments/{places.experiment_id}/runs/{places.mlflow_run_id}"
+        links["MLflow run"] = mlflow_page(tracking, route)
+        links["MLflow model version"] = mlflow_page(tracking, f"models/{model}/versions/{version}")
+    return links
+
+
+def where_to_look(result: PipelineResult, places: RunPlaces) -> list[str]:
+    """The summary's last section: where the run is, and how to open it in the UIs."""
+    uri = f"models:/{result.model_name}/{result.version}"
+    lines = [
+        "## Where to look",
+        "",
+        "Paths are relative to the robo-pipe home (`$ROBO_PIPE_HOME`, or the `.robo-pipe` folder "
+        "robo-pipe finds from where it runs); the plots are in `plots/` beside this file.",
+        "",
+        f"- Run folder: `{places.relative(result.run_dir)}`.",
+        f"- Registry: `{uri}`, aliases {', '.join(result.aliases)} "
+        f"(`robo-pipe models show {uri}`).",
+        f"- Prefect: flow run `{places.flow_run_name}` (id `{places.flow_run_id}`).",
+        f"- MLflow: experiment `{places.experiment}`, run id `{places.mlflow_run_id}`.",
+        "",
+        "To open them: `robo-pipe ui` on this home, then the pages at these routes of the UIs "
+        f"it prints: Prefect `runs/flow-run/{places.flow_run_id}`, MLflow "
+        f"`#/experiments/{places.experiment_id}/runs/{places.mlflow_run_id}?"
+        f"{MLFLOW_CLASSIC_VIEW}`. Set `PREFECT_UI_URL` (or use an MLflow tracking server) and "
+        "the summary links to them.",
+    ]
+    if places.links:
+        lines += ["", "On the servers configured for this run:", ""]
+        lines += [f"- {label}: {url}" for label, url in places.links.items()]
+    return lines
+
+
+def data_uri(png: Path) -> str:
+    """``png`` inline, as a ``data:`` URI (what an image in a Prefect markdown artifact can be)."""
+    return "data:image/png;base64," + base64.b64encode(png.read_bytes()).decode()
+
+
+# -- the summary ---------------------------------------------------------------------------------
+
+
+def markdown(
+    result: PipelineResult, records: RunRecords, images: dict[str, str], places: RunPlaces
+) -> str:
+    """The run summary (see module docstring); ``images`` maps plot names to where the image
+    is: a path relative to the summary (``summary.md``) or a ``data:`` URI (the Prefect
+    artifact)."""
     dataset, ckpt, reg = records.dataset, records.checkpoint, records.registration
     evaluation, latency = records.evaluation, records.latency
     cand = evaluation.candidate
+    rel = places.relative
     lines = [
-        f"# {result.model_name} v{reg.version}: "
-        + ("**champion**" if reg.promoted else "candidate (champion unchanged)"),
+        f"# {run_title(result)}",
         "",
-        f"Pipeline `{result.config_name}` (config hash `{result.config_hash}`), "
-        f"run folder `{result.run_dir}`.",
+        f"`models:/{result.model_name}/{reg.version}`: "
+        + ("**champion**" if reg.promoted else "candidate (champion unchanged)")
+        + f". Pipeline `{result.config_name}` (config hash `{result.config_hash}`), "
+        f"run folder `{rel(result.run_dir)}`.",
         "",
         "## Gates",
         "",
@@ -156,8 +320,7 @@ def markdown(result: PipelineResult, records: RunRecords, images: dict[str, str]
         "|---|---|---|---|",
     ]
     for name, gate in reg.gates.items():
-        verdict = "pass" if gate.passed else ("FAIL" if gate.enforced else "fail (not enforced)")
-        lines.append(f"| {name} | {verdict} | {gate.measured} | {gate.required} |")
+        lines.append(f"| {name} | {gate_result(gate)} | {gate.measured} | {gate.required} |")
     lines += [
         "",
         "## Evaluation of the exported policy (ONNX Runtime, what ships)",
@@ -211,7 +374,7 @@ def markdown(result: PipelineResult, records: RunRecords, images: dict[str, str]
         "",
         "## Data and training",
         "",
-        f"- Dataset `{dataset.path}`: {dataset.episodes} episodes, {dataset.frames} "
+        f"- Dataset `{rel(dataset.path)}`: {dataset.episodes} episodes, {dataset.frames} "
         f"frames, source success {_pct(dataset.source_success_rate)}, hash "
         f"`{dataset.content_hash[:16]}`.",
         f"- Policy: {ckpt.policy_type}, trains {ckpt.trainable} "
@@ -220,10 +383,12 @@ def markdown(result: PipelineResult, records: RunRecords, images: dict[str, str]
     ]
     base = records.base
     if base:
-        lines.append(f"- Base: `{base.path}` ({base.step} steps, hash `{base.content_hash[:12]}`).")
+        lines.append(
+            f"- Base: `{rel(base.path)}` ({base.step} steps, hash `{base.content_hash[:12]}`)."
+        )
     export = records.export
     lines.append(
-        f"- Export: `{export.path}`, opset {export.opset}, parity "
+        f"- Export: `{rel(export.path)}`, opset {export.opset}, parity "
         f"{export.parity_max_abs_error:.1e} (ONNX Runtime vs torch)."
     )
     lines += [
@@ -236,16 +401,12 @@ def markdown(result: PipelineResult, records: RunRecords, images: dict[str, str]
     for stage, timing in result.stages.items():
         lines.append(f"| {stage} | {timing.seconds:.1f} | {'yes' if timing.reused else ''} |")
     if records.device:
-        lines += ["", "## On the device", "", _device_result(records.device)]
-    lines += ["", "## Registry and links", ""]
-    lines.append(
-        f"- Registered `models:/{result.model_name}/{reg.version}`, aliases "
-        f"{', '.join(reg.aliases)}."
-    )
-    for label, url in result.links.items():
-        lines.append(f"- {label}: {url}")
-    for name, url in images.items():
-        lines += ["", f"### {name}", "", f"![{name}]({url})", "", f"{url}"]
+        lines += ["", "## On the device", "", _device_result(records.device, rel)]
+    if images:
+        lines += ["", "## Plots"]
+    for name, source in images.items():
+        lines += ["", f"### {name}", "", f"![{name}]({source})"]
+    lines += ["", *where_to_look(result, places)]
     return "\n".join(lines) + "\n"
 
 

@@ -4,6 +4,10 @@
 Runs are addressed by id through one :class:`mlflow.MlflowClient` (no "active run" state), so
 stages running in Prefect's worker threads log to the right run. The store is
 ``MLFLOW_TRACKING_URI`` (see :mod:`pipelines.services`; the embedded default is SQLite).
+
+Experiments are tagged as model training (:data:`EXPERIMENT_KIND`), not GenAI: MLflow 3's UI
+then shows an experiment's training runs and asks nothing; each run carries a description
+(:meth:`TrackedRun.describe`), which MLflow shows on its page.
 """
 
 from __future__ import annotations
@@ -21,6 +25,22 @@ if TYPE_CHECKING:
     from mlflow import MlflowClient
 
 TAG = "robo_pipe."
+
+EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
+"""The tag by which MLflow 3 tells a model-training experiment from a GenAI one (its UI asks
+which an experiment without it is, and offers GenAI first)."""
+DESCRIPTION_TAG = "mlflow.note.content"
+"""The run tag MLflow shows as a run's description (markdown)."""
+
+MLFLOW_CLASSIC_VIEW = "workflowType=machine_learning"
+"""The query that opens an MLflow 3 UI page in its model-training view (the view its sidebar
+switch picks, which a fresh browser starts in GenAI mode; the experiment's kind tag does not
+move the switch in MLflow 3.17: mlflow#24498)."""
+
+
+def mlflow_page(mlflow_ui: str, route: str) -> str:
+    """The MLflow UI page at ``route`` (``experiments/1/runs/<id>``) in the model-training view."""
+    return f"{mlflow_ui.rstrip('/')}/#/{route}?{MLFLOW_CLASSIC_VIEW}"
 
 
 def client() -> MlflowClient:
@@ -48,19 +68,26 @@ def flatten(values: dict[str, Any], prefix: str = "") -> dict[str, str]:
 
 
 def experiment_id(mlflow_client: MlflowClient, name: str) -> str:
-    """The experiment ``name``, created if missing (artifacts under the home on the default
-    store, the server's default location otherwise)."""
+    """The experiment ``name``, created if missing as a model-training experiment
+    (:data:`EXPERIMENT_KIND`; one created before robo-pipe tagged them gets the tag, one whose
+    kind someone chose keeps it), with its artifacts under the home on the default store, the
+    server's default location otherwise."""
     import os
 
     found = mlflow_client.get_experiment_by_name(name)
     if found is not None:
+        for key, value in EXPERIMENT_KIND.items():
+            if key not in found.tags:
+                mlflow_client.set_experiment_tag(found.experiment_id, key, value)
         return str(found.experiment_id)
     from mlflow.exceptions import MlflowException
 
     on_default_store = os.environ.get("MLFLOW_TRACKING_URI") == default_tracking_uri()
     location = f"{default_artifact_root()}/{name}" if on_default_store else None
     try:
-        return str(mlflow_client.create_experiment(name, artifact_location=location))
+        return str(
+            mlflow_client.create_experiment(name, artifact_location=location, tags=EXPERIMENT_KIND)
+        )
     except MlflowException as err:
         # Another run of the same config created it a moment ago: use theirs.
         found = mlflow_client.get_experiment_by_name(name)
@@ -117,6 +144,10 @@ class TrackedRun:
         ]
         client().log_batch(self.run_id, metrics=metrics)
 
+    def describe(self, text: str) -> None:
+        """Set the run's description (markdown, shown on its MLflow page)."""
+        self.set_tags({DESCRIPTION_TAG: text})
+
     def set_tags(self, tags: dict[str, Any]) -> None:
         """Set run tags (values as strings)."""
         from mlflow.entities import RunTag
@@ -141,5 +172,5 @@ class TrackedRun:
         return f"{base}/{artifact_path}" if artifact_path else base
 
     def ui_url(self, mlflow_ui: str) -> str:
-        """This run's page in the MLflow UI at ``mlflow_ui``."""
-        return f"{mlflow_ui.rstrip('/')}/#/experiments/{self.experiment_id}/runs/{self.run_id}"
+        """This run's page in the MLflow UI at ``mlflow_ui`` (its model-training view)."""
+        return mlflow_page(mlflow_ui, f"experiments/{self.experiment_id}/runs/{self.run_id}")

@@ -3,8 +3,10 @@ SQLite MLflow registry: registration, gates, resume, the registry CLI, bad input
 
 from __future__ import annotations
 
+import base64
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -620,3 +622,111 @@ def test_a_device_that_already_runs_the_champion_keeps_it(first_run: dict[str, A
     where = f"{registry.TAG}device.local-agent."
     assert tags[where + "version"] == f"{MODEL}:{first_run['version']}", tags
     assert tags[where + "state"] == "active" and tags[where + "at"].endswith("Z"), tags
+
+
+def flow_run_of(result: dict[str, Any]) -> Any:
+    """The Prefect flow run of ``result``, as the server has it now."""
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as prefect:
+        return prefect.read_flow_run(UUID(flow_run_id(result)))
+
+
+def run_artifact(result: dict[str, Any], key: str) -> Any:
+    """The artifact ``key`` the flow run of ``result`` published."""
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as prefect:
+        artifacts = prefect.read_artifacts()
+    (found,) = [a for a in artifacts if str(a.flow_run_id) == flow_run_id(result) and a.key == key]
+    return found
+
+
+IMAGE = re.compile(r"!\[[^\]]*\]\(([^)]+)\)")
+"""A Markdown image; its group: where the image is."""
+
+
+def test_the_summary_opens_anywhere(first_run: dict[str, Any], shared_home: Path) -> None:
+    """summary.md shows the PNGs beside it, names paths relative to the home, and links to no
+    server this machine happened to run (the test's Prefect server, a `robo-pipe ui`'s ports);
+    the Prefect artifact is the same text with the same PNGs inline."""
+    from mlflow import MlflowClient
+
+    run_dir = Path(first_run["run_dir"])
+    text = (run_dir / "summary.md").read_text()
+    images = IMAGE.findall(text)
+    assert len(images) >= 3, "training curves, evaluation, latency"
+    for image in images:
+        assert not Path(image).is_absolute() and "://" not in image, image
+        assert (run_dir / image).is_file(), f"{image} is not beside summary.md"
+    assert str(shared_home) not in text and str(shared_home.resolve()) not in text
+    absolute = re.findall(r"(?:^|[\s`(])(/[\w.-]+/\S*)", text, flags=re.MULTILINE)
+    assert not absolute, absolute
+    for port_bound in ("127.0.0.1", "localhost", ":4200", ":5000"):
+        assert port_bound not in text, f"{port_bound}: a link only this machine's servers answer"
+    assert f"`{run_dir.relative_to(shared_home)}`" in text
+    assert "`robo-pipe ui`" in text and flow_run_id(first_run) in text
+
+    # The Prefect artifact: the same text, each image the same PNG inline.
+    artifact = str(run_artifact(first_run, "demo-pipeline-summary").data)
+    inline = IMAGE.findall(artifact)
+    assert len(inline) == len(images)
+    for uri, image in zip(inline, images, strict=True):
+        assert uri.startswith("data:image/png;base64,"), uri[:40]
+        assert base64.b64decode(uri.split(",", 1)[1]) == (run_dir / image).read_bytes()
+        artifact = artifact.replace(uri, image)
+    assert artifact == text
+
+    # The MLflow artifacts keep the layout: summary.md with its plots/ beside it.
+    mlflow = MlflowClient()
+    logged = {a.path for a in mlflow.list_artifacts(first_run["mlflow_run_id"], "plots")}
+    assert {f"plots/{Path(image).name}" for image in images} <= logged
+    assert all(image.startswith("plots/") for image in images)
+
+
+def test_the_verdict_shows_in_prefect_and_mlflow(
+    first_run: dict[str, Any], gated_run: dict[str, Any]
+) -> None:
+    """The flow run is named after the config and its outcome and ends in a state named after
+    the verdict; the gates table says pass/FAIL and renders as written; the MLflow experiment
+    is a model-training one and the pipeline's run says what happened."""
+    from mlflow import MlflowClient
+
+    from pipelines import registry
+
+    promoted, blocked = flow_run_of(first_run), flow_run_of(gated_run)
+    assert promoted.name == f"demo · promoted v{first_run['version']}"
+    assert promoted.state.name == "Promoted" and promoted.state.is_completed()
+    assert blocked.name == f"demo · v{gated_run['version']} BLOCKED (latency)"
+    assert blocked.state.name == "Blocked" and blocked.state.is_completed()
+
+    rows = json.loads(run_artifact(gated_run, "demo-gates").data)
+    assert {r["gate"]: r["result"] for r in rows} == {
+        "held-out success": "pass",
+        "no regression vs champion": "pass",
+        "latency": "FAIL",
+    }
+    cells = [str(v) for row in rows for v in row.values()]
+    assert not [c for c in cells if c.lstrip().startswith(">")], "a cell read as a blockquote"
+    assert "≤ 0.0001 ms" in {r["gate"]: r["required"] for r in rows}["latency"]
+    (latency,) = json.loads(run_artifact(gated_run, "demo-latency").data)
+    assert latency["result"] == "FAIL"
+    for result in (first_run, gated_run):
+        summary = (Path(result["run_dir"]) / "summary.md").read_text()
+        assert not [line for line in summary.splitlines() if line.startswith(">")]
+        assert "True" not in summary
+
+    mlflow = MlflowClient()
+    run = mlflow.get_run(gated_run["mlflow_run_id"])
+    experiment = mlflow.get_experiment(run.info.experiment_id)
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+    described = run.data.tags["mlflow.note.content"]
+    assert (
+        f"v{gated_run['version']} BLOCKED (latency)" in described
+        and "latency **FAIL**" in described
+    )
+    first = mlflow.get_run(first_run["mlflow_run_id"]).data.tags["mlflow.note.content"]
+    assert f"promoted v{first_run['version']}" in first
+    # MLflow's own promote path is named on the version, where its button is.
+    description = registry.client().get_model_version(MODEL, gated_run["version"]).description
+    assert "bypass the gates" in description and "robo-pipe models promote" in description

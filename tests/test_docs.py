@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 import typer
+from typer._click.core import Command as ClickCommand  # get_command returns it
 
 from pipelines.cli import app
 
@@ -58,13 +59,16 @@ def cli_verbs() -> dict[tuple[str, ...], Verb]:
     """Every command of ``robo-pipe`` by path (``()`` is the root, ``("models", "show")``)."""
     verbs: dict[tuple[str, ...], Verb] = {}
 
-    def walk(cmd: typer.core.TyperCommand, path: tuple[str, ...], parent: typer.Context | None):
-        # A context per level, so that help option names set on the root are inherited.
-        ctx = typer.Context(cmd, info_name=path[-1] if path else "robo-pipe", parent=parent)
+    def walk(cmd: ClickCommand, path: tuple[str, ...], parent: typer.Context | None) -> None:
+        # A context per level, as click makes them: help option names set on the root (or on
+        # the command) apply.
+        name = path[-1] if path else "robo-pipe"
+        ctx = typer.Context(cmd, info_name=name, parent=parent, **cmd.context_settings)
         help_option = cmd.get_help_option(ctx)
         help_names = tuple(help_option.opts) if help_option else ()
         options: dict[str, bool] = dict.fromkeys(help_names, False)
-        groups, max_args = [], 0
+        groups: list[tuple[str, ...]] = []
+        max_args: int | None = 0
         for param in cmd.params:
             if param.param_type_name == "option":
                 names = (*param.opts, *param.secondary_opts)
@@ -74,9 +78,7 @@ def cli_verbs() -> dict[tuple[str, ...], Verb]:
             elif max_args is not None:
                 max_args = None if param.nargs == -1 else max_args + param.nargs
         subcommands = getattr(cmd, "commands", {})
-        verbs[path] = Verb(
-            path, options, groups, help_names, frozenset(subcommands), max_args
-        )
+        verbs[path] = Verb(path, options, groups, help_names, frozenset(subcommands), max_args)
         for name, sub in subcommands.items():
             walk(sub, (*path, name), ctx)
 
@@ -113,19 +115,18 @@ def shell_lines(text: str) -> Iterator[tuple[int, str]]:
     fence: str | None = None
     language = ""
     pending, start = "", 0
-    paragraph: list[str] = []
+    paragraph: list[tuple[int, str]] = []
     for number, line in enumerate([*text.splitlines(), ""], 1):
         match = FENCE.match(line)
         if fence is None and (match or not line.strip()) and paragraph:
-            for span in INLINE.findall(" ".join(paragraph)):
-                yield number - len(paragraph), span
+            yield from inline_spans(paragraph)
             paragraph = []
         if match and (fence is None or match.group(1).startswith(fence)):
             fence, language = (match.group(1), match.group(2)) if fence is None else (None, "")
             continue
         if fence is None:
             if line.strip():
-                paragraph.append(line.strip())
+                paragraph.append((number, line.strip()))
         elif language in SHELL:
             code = re.sub(r"(^|\s)#.*$", "", line)  # a comment
             if not pending:
@@ -135,6 +136,16 @@ def shell_lines(text: str) -> Iterator[tuple[int, str]]:
                 continue
             yield start, pending + code
             pending = ""
+
+
+def inline_spans(paragraph: list[tuple[int, str]]) -> Iterator[tuple[int, str]]:
+    """(line number, text) of each inline code span of a paragraph's (line number, line)s."""
+    starts, joined = [], ""
+    for number, line in paragraph:
+        starts.append((len(joined), number))
+        joined += line + " "
+    for span in INLINE.finditer(joined):
+        yield max((s, n) for s, n in starts if s <= span.start())[1], span.group(1)
 
 
 def commands_in(text: str, name: str) -> list[Command]:
@@ -276,7 +287,9 @@ def make_targets() -> set[str]:
 def check_make(command: Command, targets: set[str]) -> list[str]:
     """Every target a ``make`` command names exists."""
     named = [w for w in command.words if not w.startswith("-") and "=" not in w]
-    return [f"{command.where}: make {word}: no such target" for word in named if word not in targets]
+    return [
+        f"{command.where}: make {word}: no such target" for word in named if word not in targets
+    ]
 
 
 # --- the tests ----------------------------------------------------------------------------
@@ -313,7 +326,9 @@ def test_cli_md_names_every_verb_and_option(verbs: dict[tuple[str, ...], Verb]) 
     for command in commands_in(CLI_DOC.read_text(), "docs/cli.md"):
         if command.program == "robo-pipe" and not check_command(command, verbs):
             verb = verb_of(command, verbs)
-            named.setdefault(verb.path, set()).update(clean(w).partition("=")[0] for w in command.words)
+            named.setdefault(verb.path, set()).update(
+                clean(w).partition("=")[0] for w in command.words
+            )
     missing = []
     for path, verb in verbs.items():
         shown = " ".join(("robo-pipe", *path))

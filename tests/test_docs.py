@@ -6,7 +6,8 @@ docs/cli.md must name every verb and every option. README.md fits in 200 lines, 
 link resolves (to a heading too, where it names one) and every ``make X`` is a Makefile target.
 
 The verbs and options come from the typer app's click command tree (what ``--help`` prints is
-rendered from it); one test ties the tree to the installed ``robo-pipe`` entry point.
+rendered from it), less the hidden ones (old spellings that only say what a thing is called
+now); one test ties the tree to the installed ``robo-pipe`` entry point.
 """
 
 from __future__ import annotations
@@ -55,8 +56,9 @@ class Verb:
     """Positional arguments it takes (None: any number)."""
 
 
-def cli_verbs() -> dict[tuple[str, ...], Verb]:
-    """Every command of ``robo-pipe`` by path (``()`` is the root, ``("models", "show")``)."""
+def cli_verbs(cli: typer.Typer = app) -> dict[tuple[str, ...], Verb]:
+    """Every command of ``robo-pipe`` (or of ``cli``) by path (``()`` is the root,
+    ``("models", "show")``)."""
     verbs: dict[tuple[str, ...], Verb] = {}
 
     def walk(cmd: ClickCommand, path: tuple[str, ...], parent: typer.Context | None) -> None:
@@ -70,6 +72,8 @@ def cli_verbs() -> dict[tuple[str, ...], Verb]:
         groups: list[tuple[str, ...]] = []
         max_args: int | None = 0
         for param in cmd.params:
+            if getattr(param, "hidden", False):
+                continue  # an old spelling kept to say what it is called now: not for docs
             if param.param_type_name == "option":
                 names = (*param.opts, *param.secondary_opts)
                 takes_value = not (param.is_flag or param.count)  # type: ignore[attr-defined]
@@ -77,12 +81,12 @@ def cli_verbs() -> dict[tuple[str, ...], Verb]:
                 groups.append(names)
             elif max_args is not None:
                 max_args = None if param.nargs == -1 else max_args + param.nargs
-        subcommands = getattr(cmd, "commands", {})
+        subcommands = {n: c for n, c in getattr(cmd, "commands", {}).items() if not c.hidden}
         verbs[path] = Verb(path, options, groups, help_names, frozenset(subcommands), max_args)
         for name, sub in subcommands.items():
             walk(sub, (*path, name), ctx)
 
-    walk(typer.main.get_command(app), (), None)
+    walk(typer.main.get_command(cli), (), None)
     return verbs
 
 
@@ -417,3 +421,28 @@ def test_the_checks_catch_broken_docs(verbs: dict[tuple[str, ...], Verb], tmp_pa
     links = check_links(page, BROKEN)
     assert len(links) == 2, links
     assert "no-such-page.md" in links[0] and "no heading #no-such-heading" in links[1]
+
+
+def test_hidden_spellings_are_not_for_the_docs() -> None:
+    """An old spelling the CLI keeps only to say what a thing is called now (a hidden verb or
+    option) counts as absent: the docs may not name it, and cli.md need not."""
+    cli = typer.Typer()
+
+    @cli.command()
+    def new_verb(
+        new: bool = typer.Option(False, "--new"),
+        old: bool = typer.Option(False, "--old", hidden=True),
+    ) -> None:
+        """A verb."""
+
+    @cli.command(hidden=True)
+    def old_verb() -> None:
+        """What new-verb was called."""
+
+    verbs = cli_verbs(cli)
+    assert set(verbs) == {(), ("new-verb",)}
+    assert verbs[("new-verb",)].option_groups == [("--new",)]
+    old = Command("x.md:1", "robo-pipe", ["new-verb", "--old"])
+    assert check_command(old, verbs) == [
+        "x.md:1: 'robo-pipe new-verb --old': 'robo-pipe new-verb' has no option --old"
+    ]

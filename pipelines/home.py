@@ -1,12 +1,21 @@
-"""``$ROBO_PIPE_HOME``: the one directory everything the embedded default writes lives under.
+"""The home: the one directory everything the embedded default writes lives under.
 
-Layout (created on demand)::
+Which folder it is, found the same way from any folder (as git finds ``.git``):
 
-    $ROBO_PIPE_HOME/            default ./.robo-pipe
+1. ``$ROBO_PIPE_HOME``, when set;
+2. else the nearest ``.robo-pipe`` folder in the current folder or one of its parents;
+3. else ``./.robo-pipe``, created by the first verb that writes (read-only verbs such as
+   ``robo-pipe info`` or ``models list`` create nothing).
+
+``robo-pipe info`` says which of these it was. Layout (each folder created on demand)::
+
+    <home>/
       runs/<run-id>/            one folder per CLI/pipeline run: resolved config, reports, plots
       datasets/                 collected LeRobot v3 datasets
       checkpoints/              base models and fine-tuned adapters
       exports/                  ONNX exports of fine-tuned checkpoints
+      releases/                 signed releases (robo-pipe bundle, deploy)
+      keys/                     the signing key pair (robo-pipe keys generate)
       stages/                   records of completed pipeline stages (what a re-run skips)
       mlflow/                   MLflow SQLite database and artifacts
       prefect/                  PREFECT_HOME of the embedded Prefect server
@@ -19,9 +28,13 @@ from __future__ import annotations
 import os
 import secrets
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from robo_pipe.names import slug
+
+HOME_FOLDER = ".robo-pipe"
+"""The home's folder name when it is not set by ``$ROBO_PIPE_HOME``."""
 
 SUBDIRS = (
     "runs",
@@ -37,16 +50,45 @@ SUBDIRS = (
 )
 
 
+@dataclass(frozen=True)
+class Home:
+    """Where the home is, and how it was found."""
+
+    path: Path
+    """Absolute; it may not exist yet."""
+    found: str
+    """``from $ROBO_PIPE_HOME``, ``found in the current folder``, ``found in parent /x``
+    or ``new, in the current folder``."""
+
+
+def locate_home() -> Home:
+    """The home, found as the module docstring says; nothing is created."""
+    variable = os.environ.get("ROBO_PIPE_HOME")
+    if variable:
+        return Home(Path(variable).expanduser().resolve(), "from $ROBO_PIPE_HOME")
+    here = Path.cwd().resolve()
+    for folder in (here, *here.parents):
+        if (folder / HOME_FOLDER).is_dir():
+            where = "the current folder" if folder == here else f"parent {folder}"
+            return Home(folder / HOME_FOLDER, f"found in {where}")
+    return Home(here / HOME_FOLDER, "new, in the current folder")
+
+
 def robo_pipe_home() -> Path:
-    """The state directory: ``$ROBO_PIPE_HOME`` or ``./.robo-pipe``, as an absolute path."""
-    return Path(os.environ.get("ROBO_PIPE_HOME", ".robo-pipe")).expanduser().resolve()
+    """The home's absolute path (:func:`locate_home`); it may not exist yet."""
+    return locate_home().path
+
+
+def home_path(kind: str) -> Path:
+    """One of :data:`SUBDIRS` under the home, as a path (nothing is created)."""
+    if kind not in SUBDIRS:
+        raise ValueError(f"unknown home directory {kind!r}; valid choices: {', '.join(SUBDIRS)}")
+    return robo_pipe_home() / kind
 
 
 def home_dir(kind: str) -> Path:
-    """One of :data:`SUBDIRS` under the home, created if missing."""
-    if kind not in SUBDIRS:
-        raise ValueError(f"unknown home directory {kind!r}; valid choices: {', '.join(SUBDIRS)}")
-    path = robo_pipe_home() / kind
+    """One of :data:`SUBDIRS` under the home, created if missing (for verbs that write)."""
+    path = home_path(kind)
     path.mkdir(parents=True, exist_ok=True)
     return path
 
@@ -60,10 +102,11 @@ def new_run_dir(name: str) -> Path:
 
 
 def default_tracking_uri() -> str:
-    """The embedded MLflow store: a SQLite file under the home."""
-    return f"sqlite:///{home_dir('mlflow') / 'mlflow.db'}"
+    """The embedded MLflow store: a SQLite file under the home (its folder is made by
+    whoever opens it: :func:`pipelines.services.configure`, :mod:`pipelines.stores`)."""
+    return f"sqlite:///{home_path('mlflow') / 'mlflow.db'}"
 
 
 def default_artifact_root() -> str:
     """Where the embedded store keeps artifacts (runs, registered models)."""
-    return (home_dir("mlflow") / "artifacts").as_uri()
+    return (home_path("mlflow") / "artifacts").as_uri()

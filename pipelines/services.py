@@ -37,7 +37,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
-from pipelines.home import default_artifact_root, default_tracking_uri, home_dir, robo_pipe_home
+from pipelines.home import (
+    default_artifact_root,
+    default_tracking_uri,
+    home_dir,
+    home_path,
+    robo_pipe_home,
+)
 from robo_pipe.errors import RoboPipeError
 
 SERVICES_FILE = "services.json"
@@ -67,16 +73,19 @@ class Services:
         return asdict(self)
 
 
-def configure() -> Services:
+def configure(create: bool = True) -> Services:
     """Set the environment Prefect and MLflow read (only what the user has not set) and return
-    where everything is. Call before importing either."""
-    _default("PREFECT_HOME", str(home_dir("prefect")))
+    where everything is. Call before importing either. ``create=False`` (the read-only verbs):
+    create nothing, not even the home."""
+    _default("PREFECT_HOME", str(home_dir("prefect") if create else home_path("prefect")))
     _default("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     # Prefect gives the temporary server it starts per run 20 s; on a cold machine a first
     # start (imports, database) took longer, and the run failed before any stage.
     _default("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
     _default("MLFLOW_DISABLE_TELEMETRY", "true")
     _default("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    if create:  # the embedded store's folder (check_services looks for it)
+        home_dir("mlflow")
     _default("MLFLOW_TRACKING_URI", default_tracking_uri())
     ui = running_ui()
     if ui:

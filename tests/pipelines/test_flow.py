@@ -353,6 +353,12 @@ def test_run_below_min_success_is_registered_not_promoted(
     run = robo_pipe("run", CONFIG, *args, "--json", home=shared_home, **cli_env())
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(run.stdout.strip().splitlines()[-1])
+    # Its log (stderr is piped, as in CI): each stage's one line as it ended, ok or reused.
+    lines = run.stderr.splitlines()
+    for stage, done in result["stages"].items():
+        ok, reused = f"{stage}: ok in ", f"{stage}: reused (an earlier run's): "
+        ends = [line for line in lines if line.startswith((ok, reused))]
+        assert len(ends) == 1 and ends[0].startswith(reused if done["reused"] else ok), ends
     assert result["success_rate"] < 0.9 and not result["promoted"]
     assert result["blocked_by"] == ["held-out success"] and result["aliases"] == ["candidate"]
     assert registry.champion(name) is None

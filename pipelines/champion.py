@@ -15,6 +15,7 @@ tags, and the re-check that makes promotion a compare-and-set.
     regression_check(cfg, info, ...)  the champion's scheduled check, tagged on it
     without_gates(info, history)      why a champion stands without passed gates (MLflow's own
                                       alias editing, or a forced promotion), if it does
+    champion_warning(name, versions)  that, as ``robo-pipe models list/show`` print it
 
 :mod:`pipelines.steps` calls these from ``evaluate_candidate``, ``register_version`` and
 ``evaluate_champion``; an evaluation this module needs (the champion's export, played again)
@@ -299,3 +300,16 @@ def without_gates(info: registry.VersionInfo, history: list[str]) -> str | None:
     if failed:
         return f"promoted by force past failed gates: {', '.join(failed)}"
     return None
+
+
+def champion_warning(name: str, versions: list[registry.VersionInfo]) -> str | None:
+    """What ``robo-pipe models list`` and ``models show`` say of ``name``'s champion when it
+    is among ``versions`` and stands without having passed the gates (:func:`without_gates`);
+    None otherwise."""
+    champion = next((v for v in versions if registry.CHAMPION in v.aliases), None)
+    if champion is None:
+        return None
+    why = without_gates(champion, registry.champion_history(name))
+    if why is None:
+        return None
+    return f"{name} v{champion.version} is champion without passing the gates: {why}"

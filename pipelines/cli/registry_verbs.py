@@ -8,6 +8,7 @@ import typer
 from rich.table import Table
 
 from pipelines import checks, registry
+from pipelines.champion import champion_warning
 from pipelines.cli.common import console, emit_json, load, quiet_prefect_console, services
 from pipelines.cli.options import ConfigArg, JsonOpt, RayAddressOpt, SetOpt
 from stages.register import may_promote
@@ -23,21 +24,32 @@ def list_models(json_out: JsonOpt = False) -> None:
     """Registered models with their versions and aliases."""
     services()
     records = []
+    warnings = []  # champions that did not pass the gates (MLflow's own alias editing)
     table = Table(title="registered models")
     for col in ("model", "versions", "champion", "candidate", "latest"):
         table.add_column(col)
     for name in registry.model_names():
         versions = registry.versions(name)
         by_alias = {a: v.version for v in versions for a in v.aliases}
+        warning = champion_warning(name, versions)
+        warnings += [warning] if warning else []
         table.add_row(
             name,
             str(len(versions)),
-            by_alias.get(registry.CHAMPION, "-"),
+            by_alias.get(registry.CHAMPION, "-") + (" (!)" if warning else ""),
             by_alias.get(registry.CANDIDATE, "-"),
             versions[0].version if versions else "-",
         )
-        records.append({"name": name, "versions": [v.to_json() for v in versions]})
+        records.append(
+            {
+                "name": name,
+                "versions": [v.to_json() for v in versions],
+                "champion_warning": warning,
+            }
+        )
     console.print(table)
+    for warning in warnings:
+        console.print(f"[yellow]warning:[/] {warning}", highlight=False)
     emit_json(records, json_out)
 
 
@@ -58,6 +70,9 @@ def show(
         table.add_row("source", v.source)
         for key, value in sorted(v.tags.items()):
             table.add_row(key.removeprefix(registry.TAG), value)
+        warning = champion_warning(v.name, [v])
+        if warning:
+            table.add_row("[yellow]warning[/]", warning)
         console.print(table)
     emit_json([v.to_json() for v in shown], json_out)
 

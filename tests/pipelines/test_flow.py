@@ -736,3 +736,35 @@ def test_the_verdict_shows_in_prefect_and_mlflow(
     # MLflow's own promote path is named on the version, where its button is.
     description = registry.client().get_model_version(MODEL, gated_run["version"]).description
     assert "bypass the gates" in description and "robo-pipe models promote" in description
+
+
+def test_a_champion_that_skipped_the_gates_is_flagged(
+    first_run: dict[str, Any], gated_run: dict[str, Any], shared_home: Path
+) -> None:
+    """MLflow's own alias editing (its UI, its API) moves ``champion`` past every gate:
+    `robo-pipe models list` and `models show` flag a champion that did not pass them."""
+    from pipelines import registry
+
+    def listed() -> tuple[dict[str, Any], str]:
+        out = robo_pipe("models", "list", "--json", home=shared_home)
+        assert out.returncode == 0, out.stderr
+        records = json.loads(out.stdout.strip().splitlines()[-1])
+        return {r["name"]: r for r in records}[MODEL], out.stderr
+
+    record, stderr = listed()
+    assert record["champion_warning"] is None and "without passing the gates" not in stderr
+    before = registry.champion(MODEL)
+    assert before is not None
+    failed = gated_run["version"]  # failed the latency gate
+    registry.client().set_registered_model_alias(MODEL, "champion", failed)  # as MLflow's UI does
+    try:
+        record, stderr = listed()
+        warning = f"{MODEL} v{failed} is champion without passing the gates: made champion "
+        assert record["champion_warning"].startswith(warning) and warning in " ".join(
+            stderr.split()
+        )
+        shown = robo_pipe("models", "show", f"models:/{MODEL}@champion", home=shared_home)
+        assert shown.returncode == 0, shown.stderr
+        assert "outside robo-pipe" in " ".join((shown.stdout + shown.stderr).split())
+    finally:
+        registry.client().set_registered_model_alias(MODEL, "champion", before.version)

@@ -26,7 +26,7 @@ $(STAMP): pyproject.toml constraints.txt
 # MuJoCo, SQLite MLflow): collect, pretrain the base (cached after the first run), LoRA
 # fine-tune, export, evaluate the export, latency gate, register; `champion` if every gate passes.
 demo: setup
-	$(BIN)/robo-pipe run configs/demo.yaml
+	$(BIN)/robo-pipe run --config configs/demo.yaml
 
 # deptry ([tool.deptry] in pyproject.toml): every import is a declared dependency.
 lint: setup

@@ -5,7 +5,7 @@ the working tree gets no ``build/``), installs it into a temporary folder (``pip
 --no-deps --target``) and, from a working directory outside the repository, with only that
 folder on ``PYTHONPATH`` (the dependencies come from the running environment), runs:
 
-* ``robo-pipe config demo.yaml`` (from a folder without it): the shipped config resolves;
+* ``robo-pipe config --config demo.yaml`` (from a folder without it): the shipped config resolves;
 * ``robo-pipe gate <export> --target local-cpu --steps 50`` (its default config): the
   shipped target profile is found by name and the latency gate runs an export of a tiny policy;
 * the code version, which outside a git checkout is ``robo-pipe==<version>``;
@@ -145,7 +145,7 @@ def main() -> None:
         demo = "demo.yaml"  # a shipped config, named as a user would from any folder
         cli = [sys.executable, "-c", CLI, str(site)]
 
-        shown = run([*cli, "config", demo], outside, env).stdout
+        shown = run([*cli, "config", "--config", demo], outside, env).stdout
         config_ok = "# config hash" in shown and "robot: rp5" in shown
         start = time.perf_counter()
         gate = [*cli, "gate", str(export_dir), "--target", "local-cpu", "--steps", "50"]
@@ -160,7 +160,9 @@ def main() -> None:
         script_ok = True
         if not args.quick:
             script = site / "bin" / "robo-pipe"
-            script_ok = "# config hash" in run([str(script), "config", demo], outside, env).stdout
+            script_ok = (
+                "# config hash" in run([str(script), "config", "-c", demo], outside, env).stdout
+            )
     ok = config_ok and gate_ok and version_ok and script_ok
     print(f"wheel {wheel.name}: {len(files)} files, built in {build_s:.1f} s")
     print(f"gate from the install: {report[:200]}")

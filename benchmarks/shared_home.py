@@ -45,10 +45,15 @@ SMALL = (
 
 
 def command(config: str, sizes: list[str], steps: int) -> list[str]:
-    """``robo-pipe run CONFIG`` with ``sizes`` and ``steps`` fine-tuning steps."""
+    """``robo-pipe run --config CONFIG`` with ``sizes`` and ``steps`` fine-tuning steps."""
     sets = [*EVERY_RUN, *sizes, f"finetune.bc.steps={steps}"]
     args = [arg for s in sets for arg in ("--set", s)]
-    return [sys.executable, "-m", "pipelines.cli", "run", config, *args]
+    return [sys.executable, "-m", "pipelines.cli", "run", "--config", config, *args]
+
+
+FINISHED = (0, 1)
+"""A run's exit code when it ran to the end: its candidate promoted (0) or blocked by a gate
+(1: a version with more steps need not beat the one before it)."""
 
 
 def run_all(commands: list[list[str]], home: Path, together: bool) -> tuple[float, list[str]]:
@@ -63,13 +68,13 @@ def run_all(commands: list[list[str]], home: Path, together: bool) -> tuple[floa
         ]
         for proc in procs:
             _, err = proc.communicate()
-            if proc.returncode != 0:
+            if proc.returncode not in FINISHED:
                 sys.exit(f"a run failed:\n{err[-2000:]}")
             outputs.append(err)
     else:
         for cmd in commands:
             done = subprocess.run(cmd, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
-            if done.returncode != 0:
+            if done.returncode not in FINISHED:
                 sys.exit(f"a run failed:\n{done.stderr[-2000:]}")
             outputs.append(done.stderr)
     return time.perf_counter() - start, outputs

@@ -173,18 +173,44 @@ def champion(name: str) -> VersionInfo | None:
         return None
 
 
+MODEL_URI_FORMS = "models:/NAME@ALIAS or models:/NAME/VERSION (or NAME@ALIAS, NAME/VERSION)"
+"""How a model version is written, everywhere a command takes one."""
+
+
 def parse_model_uri(uri: str) -> tuple[str, str]:
-    """``models:/name@alias``, ``models:/name/3``, ``name@alias`` or ``name/3`` ->
-    (name, version-or-alias)."""
-    ref = uri.removeprefix("models:/")
+    """A model version -> (name, version number or alias): ``models:/NAME@ALIAS`` or
+    ``models:/NAME/VERSION``, or the shorthands ``NAME@ALIAS`` and ``NAME/VERSION``.
+
+    Raises :class:`RegistryError` naming the accepted forms for anything else (a bare name,
+    ``NAME/`` with no number, an empty alias)."""
+    name, which = parse_model_ref(uri)
+    if which is None:
+        raise RegistryError(f"{uri!r} names a registered model, not a version: {MODEL_URI_FORMS}")
+    return name, which
+
+
+def parse_model_name(text: str) -> str:
+    """A registered model -> its name: ``models:/NAME`` or ``NAME``."""
+    name, which = parse_model_ref(text)
+    if which is not None:
+        raise RegistryError(f"{text!r} names a version; a registered model is models:/NAME or NAME")
+    return name
+
+
+def parse_model_ref(text: str) -> tuple[str, str | None]:
+    """A registered model or one of its versions -> (name, version or alias, None for the
+    model): the one parser of every form above."""
+    ref = text.removeprefix("models:/")
     if "@" in ref:
         name, _, which = ref.partition("@")
     elif "/" in ref:
         name, _, which = ref.rpartition("/")
+        if not which.isdigit():
+            which = ""  # NAME/ALIAS is not a form: an alias follows @
     else:
-        raise RegistryError(f"{uri!r}: expected models:/<name>@<alias> or models:/<name>/<version>")
-    if not name or not which:
-        raise RegistryError(f"{uri!r}: expected models:/<name>@<alias> or models:/<name>/<version>")
+        name, which = ref, None
+    if not name or which == "" or "/" in name or ":" in name:
+        raise RegistryError(f"{text!r}: expected {MODEL_URI_FORMS}, or models:/NAME for a model")
     return name, which
 
 

@@ -11,8 +11,8 @@ from typing import Annotated
 
 import typer
 
-from pipelines.cli.common import console, emit_json
-from pipelines.cli.options import JsonOpt
+from pipelines.cli.common import emit_json, result_console
+from pipelines.cli.options import JsonOpt, add_verb, epilog
 from robots.spec import get_robot
 from sim_scenes.isaaclab.env import isaaclab_python
 
@@ -21,7 +21,9 @@ SOURCE_ROOT = Path(__file__).resolve().parents[2]
 them from the checkout (robo-pipe is not installed there)."""
 
 assets = typer.Typer(
-    help="Robot assets for other simulators, made from the robot's MJCF.", no_args_is_help=True
+    help="Robot assets for other simulators, made from the robot's MJCF.",
+    no_args_is_help=True,
+    epilog=epilog(("robo-pipe assets build",)),
 )
 
 
@@ -30,7 +32,6 @@ def usd_dir(mjcf: Path) -> Path:
     return mjcf.parent / "usd"
 
 
-@assets.command("build")
 def build(
     robot: Annotated[str, typer.Option(help="The robot (robo-pipe robots lists them).")] = "rp5",
     out: Annotated[
@@ -67,7 +68,7 @@ def build(
         raise typer.Exit(code=result.returncode)
     files = result.stdout.splitlines()
     for file in files:
-        console.print(f"wrote {_shown(Path(file))}", highlight=False)
+        result_console(json_out).print(f"wrote {_shown(Path(file))}", highlight=False)
     emit_json({"robot": robot, "usd": str(out_dir), "files": files}, json_out)
 
 
@@ -81,4 +82,10 @@ def _shown(path: Path) -> Path:
 
 def register(app: typer.Typer) -> None:
     """Add these verbs to ``app``."""
+    add_verb(
+        assets,
+        build,
+        "robo-pipe assets build",
+        "robo-pipe assets build --robot rp5 --out /tmp/rp5-usd --json",
+    )
     app.add_typer(assets, name="assets")

@@ -7,16 +7,16 @@ from dataclasses import asdict
 import typer
 from rich.table import Table
 
-from pipelines.cli.common import console, emit_json, load
-from pipelines.cli.options import ConfigArg, JsonOpt, SetOpt
+from pipelines.cli.common import emit_json, load, result_console
+from pipelines.cli.options import DEMO_CONFIG, ConfigOpt, JsonOpt, SetOpt, add_verb
 from robots.spec import available_robots, get_robot
 from sim_scenes.touch import VARIANTS
 
 
-def config(config: ConfigArg, set_: SetOpt = None) -> None:
+def config(config: ConfigOpt = DEMO_CONFIG, set_: SetOpt = None) -> None:
     """Validate a config and print it fully resolved (extends and --set applied) as YAML.
 
-    A shipped config can be named without its folder: robo-pipe config demo.yaml."""
+    A shipped config can be named without its folder: robo-pipe config -c tiny.yaml."""
     import yaml
 
     cfg = load(config, set_)
@@ -26,7 +26,7 @@ def config(config: ConfigArg, set_: SetOpt = None) -> None:
 
 def robots(json_out: JsonOpt = False) -> None:
     """List robots with their joints and limits, cameras, control rate and action space."""
-    records = []
+    records, out = [], result_console(json_out)
     for name in available_robots():
         spec = get_robot(name)
         table = Table(title=f"{name}: {spec.definition.description}")
@@ -36,10 +36,10 @@ def robots(json_out: JsonOpt = False) -> None:
             spec.action.names, spec.action.low, spec.action.high, spec.action.units, strict=True
         ):
             table.add_row(comp, f"[{low:g}, {high:g}]", unit)
-        console.print(table)
+        out.print(table)
         joints = ", ".join(f"{j.name} [{j.low:g}, {j.high:g}]" for j in spec.arm + spec.gripper)
-        console.print(f"  joints: {joints}", highlight=False)
-        console.print(
+        out.print(f"  joints: {joints}", highlight=False)
+        out.print(
             f"  control: {spec.control_hz:g} Hz ({spec.substeps} physics steps); cameras: "
             f"{', '.join(c.name for c in spec.cameras)}; state: {', '.join(spec.state_names)}",
             highlight=False,
@@ -71,11 +71,17 @@ def scenes(json_out: JsonOpt = False) -> None:
             ", ".join(v.shapes),
             v.description,
         )
-    console.print(table)
+    result_console(json_out).print(table)
     emit_json([{"name": v.name, "split": v.split} for v in VARIANTS.values()], json_out)
 
 
 def register(app: typer.Typer) -> None:
     """Add these verbs to ``app``."""
-    for verb in (config, robots, scenes):
-        app.command(verb.__name__)(verb)
+    add_verb(
+        app,
+        config,
+        "robo-pipe config",
+        "robo-pipe config --config configs/tiny.yaml --set sim.num_envs=8",
+    )
+    add_verb(app, robots, "robo-pipe robots", "robo-pipe robots --json")
+    add_verb(app, scenes, "robo-pipe scenes", "robo-pipe scenes --json")

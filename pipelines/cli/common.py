@@ -18,6 +18,16 @@ console = Console(stderr=True, soft_wrap=not os.isatty(2), width=None if os.isat
 """Everything for people goes to stderr; stdout's last line is the ``--json`` record. In a log
 (stderr is not a terminal) no line is wrapped and a table is as wide as its content: a path
 stays whole, where rich would break it at 80 columns."""
+out = Console(soft_wrap=not os.isatty(1), width=None if os.isatty(1) else 1000)
+"""A verb's result for people (tables, lists, info, run's summary): stdout, so that it pipes
+(``robo-pipe models list | grep``); wrapped as ``console`` is. Progress, status, warnings and
+errors go to ``console``."""
+
+
+def result_console(json_out: bool) -> Console:
+    """Where a verb prints its result for people: stdout, or stderr with ``--json`` (stdout
+    then carries the JSON record alone)."""
+    return console if json_out else out
 
 
 def load(config: Path, set_: list[str] | None, **options: object) -> PipelineConfig:
@@ -29,7 +39,7 @@ def load(config: Path, set_: list[str] | None, **options: object) -> PipelineCon
 
 
 def emit_json(record: Any, json_out: bool) -> None:
-    """With ``--json``: the result record as one JSON line on stdout, last."""
+    """With ``--json``: the result record as one JSON line on stdout, the only thing there."""
     if json_out:
         print(json.dumps(record.to_json() if hasattr(record, "to_json") else record))
 
@@ -56,6 +66,20 @@ def services(flows: bool = False, ray_address: str | None = None) -> Services:
         ensure_prefect_store()
     join_cluster(ray_address)
     return found
+
+
+def read_registry() -> str | None:
+    """Configure for reading the registry, creating nothing (not even the home): None when
+    there is a registry to read, else why not (the embedded one does not exist yet)."""
+    from pipelines.services import check_services, configure
+    from pipelines.stores import sqlite_path
+
+    found = configure(create=False)
+    store = sqlite_path(found.mlflow_tracking_uri)
+    if store is not None and not store.is_file():
+        return f"no registry yet: {store} does not exist (robo-pipe run registers the first model)"
+    check_services(found)
+    return None
 
 
 def quiet_prefect_console() -> None:

@@ -10,31 +10,38 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from pipelines import registry
-from pipelines.cli.common import console, emit_json, quiet_prefect_console, services
+from pipelines.cli.common import (
+    console,
+    emit_json,
+    quiet_prefect_console,
+    result_console,
+    services,
+)
 from pipelines.cli.display import live
-from pipelines.cli.options import JsonOpt
+from pipelines.cli.options import JsonOpt, ModelVersionArg, add_verb, epilog
 from pipelines.deploy import release
 from robo_pipe.errors import InputError
 
 if TYPE_CHECKING:
     from pipelines.records import FleetResult
 
-keys = typer.Typer(help="Signing keys for releases, and bearer tokens for edge agents.")
+keys = typer.Typer(
+    help="Signing keys for releases, and bearer tokens for edge agents.",
+    no_args_is_help=True,
+    epilog=epilog(("robo-pipe keys generate", "robo-pipe keys token")),
+)
 
-ModelUriArg = Annotated[
-    str, typer.Argument(help="Registry version: models:/NAME@ALIAS or models:/NAME/VERSION.")
-]
 KeyOpt = Annotated[
     Path | None,
     typer.Option(help="Ed25519 signing key (default $ROBO_PIPE_HOME/keys/robo-pipe.key)."),
 ]
 
 
-@keys.command("generate")
 def generate(
     out: Annotated[
         Path | None, typer.Option(help="Folder for the key pair (default $ROBO_PIPE_HOME/keys).")
@@ -47,15 +54,15 @@ def generate(
 
     folder = out or release.default_key().parent
     private, public = generate_keypair(folder, name)
-    console.print(f"signing key  {private} (mode 0600)", highlight=False)
-    console.print(
+    shown = result_console(json_out=False)
+    shown.print(f"signing key  {private} (mode 0600)", highlight=False)
+    shown.print(
         f"public key   {public} (key id {key_id(load_public_key(public))}): add it to each "
         "device's trusted_keys",
         highlight=False,
     )
 
 
-@keys.command("token")
 def token() -> None:
     """Make a bearer token for an edge agent: the token goes into the deploying machine's
     environment (the devices file names the variable), its sha256 into the device config."""
@@ -65,7 +72,7 @@ def token() -> None:
 
 
 def bundle(
-    model: ModelUriArg,
+    model: ModelVersionArg,
     key: KeyOpt = None,
     out: Annotated[Path | None, typer.Option(help="Release file (default under the home).")] = None,
     expires_in: Annotated[
@@ -88,7 +95,7 @@ def bundle(
     manifest, path = release.bundle_release(
         version, key or release.default_key(), out, expires_in, target or [], budget_ms
     )
-    console.print(
+    result_console(json_out).print(
         f"release {path} ({path.stat().st_size / 1e6:.1f} MB): {manifest.model_name} "
         f"v{manifest.model_version}, release {manifest.release}, {len(manifest.files)} files, "
         f"signed by {manifest.key_id}, expires {manifest.expires_at or 'never'}",
@@ -98,11 +105,25 @@ def bundle(
 
 
 def edge_agent(
-    config: Annotated[Path, typer.Option("--config", help="Device config YAML.")],
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            "--device-config",
+            help="Device config YAML (name, listen, state_dir, trusted_keys, token_sha256, "
+            "target). Required.",
+            show_default=False,
+        ),
+    ] = None,
+    old_config: Annotated[Path | None, typer.Option("--config", hidden=True)] = None,
 ) -> None:
     """Run the edge agent on this device: an HTTP service that accepts signed releases from
     robo-pipe deploy, verifies, builds, gates and activates them, and rolls back on failure.
     Ctrl-C or SIGTERM stops it."""
+    if old_config is not None or config is None:
+        raise InputError(
+            f"edge-agent takes its device config as --device-config {old_config or 'DEVICE.yaml'}"
+            " (--config names a pipeline config, in the other verbs)"
+        )
     from deploy_edge.agent.config import load_device_config
     from deploy_edge.agent.service import serve
 
@@ -112,16 +133,17 @@ def edge_agent(
 
 
 def deploy(
-    model: ModelUriArg,
-    target: Annotated[
-        str | None, typer.Option("--target", help="Device name in the devices file.")
+    model: ModelVersionArg,
+    device: Annotated[
+        str | None,
+        typer.Option("--device", help="Device name in the devices file.", show_default=False),
     ] = None,
     devices: Annotated[
         Path, typer.Option(help="Devices file: name, url, token_env, target per device.")
     ] = Path("devices.yaml"),
     fleet: Annotated[
         Path | None,
-        typer.Option(help="Fleet file: devices with labels and the rollout policy (not --target)."),
+        typer.Option(help="Fleet file: devices with labels and the rollout policy (not --device)."),
     ] = None,
     canary: Annotated[
         int | None, typer.Option(min=0, help="Fleet: devices of the canary wave (default: file's).")
@@ -148,6 +170,7 @@ def deploy(
     health). Exits 0 only when the device runs the new version, 1 when it refused or rolled
     back (the reason is printed), 2 for bad input.
 
+    old_target: Annotated[str | None, typer.Option("--target", hidden=True)] = None,
     With --fleet: roll it out to a fleet, a canary first, then waves (the devices of a wave at
     once); a wave with more failures than allowed stops the rollout and the devices it updated
     roll back to what they ran. Exits 0 only when every selected device runs the new version."""
@@ -159,8 +182,13 @@ def deploy(
         "--select": select or None,
         "--dry-run": dry_run or None,
     }
-    if (target is None) == (fleet is None):
-        raise InputError("deploy: give either --target DEVICE or --fleet FLEET.yaml (one of them)")
+    if old_target is not None:
+        raise InputError(
+            f"deploy names a device with --device {old_target} (--target is a target profile, "
+            "in gate and bundle)"
+        )
+    if (device is None) == (fleet is None):
+        raise InputError("deploy: give either --device NAME or --fleet FLEET.yaml (one of them)")
     if fleet is not None:
         _deploy_fleet(
             model, fleet, canary, max_failures, select or [], dry_run, key, force, json_out
@@ -169,10 +197,10 @@ def deploy(
     given = [name for name, value in fleet_only.items() if value is not None]
     if given:
         raise InputError(f"deploy: {', '.join(given)} only apply with --fleet")
-    assert target is not None
-    entry = load_device(devices, target)
-    with connect(entry) as device:  # an unreachable device or a missing token: before work
-        device.health()
+    assert device is not None
+    entry = load_device(devices, device)
+    with connect(entry) as agent:  # an unreachable device or a missing token: before work
+        agent.health()
     services()
     version = registry.get_version(*registry.parse_model_uri(model))
     manifest, path = release.bundle_release(version, key or release.default_key())
@@ -184,10 +212,11 @@ def deploy(
     for step in done.steps:
         verdict = "[green]ok" if step.ok else f"[red]FAILED: {step.detail}"
         table.add_row(step.name, verdict, f"{step.seconds:.2f}")
-    console.print(table)
+    out = result_console(json_out)
+    out.print(table)
     if done.gate:
         gate = done.gate
-        console.print(
+        out.print(
             f"on-device latency: p50 {gate.p50_ms:.2f} ms, p99 {gate.p99_ms:.2f} ms (budget "
             f"{gate.budget_ms:g} ms), misses {int(gate.misses)}",
             highlight=False,
@@ -237,7 +266,7 @@ def _deploy_fleet(
                 force=force,
                 key=str(key) if key else None,
             )
-    show_rollout(result)
+    show_rollout(result, result_console(json_out))
     emit_json({**result.to_json(), "complete": result.complete}, json_out)
     if result.dry_run:
         return
@@ -254,7 +283,7 @@ def _deploy_fleet(
     console.print(f"[green]every device runs {result.label}[/] ({result.seconds:.1f} s)")
 
 
-def show_rollout(result: FleetResult) -> None:
+def show_rollout(result: FleetResult, out: Console) -> None:
     """One row per device: wave, before, after, state, reason, on-device p99."""
     title = f"{'plan: ' if result.dry_run else ''}{result.label} to {result.fleet}"
     table = Table(title=title)
@@ -272,15 +301,21 @@ def show_rollout(result: FleetResult) -> None:
             escape(row.reason),
             f"{row.p99_ms:.2f} ms" if row.p99_ms is not None else "-",
         )
-    console.print(table)
+    out.print(table)
 
 
-fleet_app = typer.Typer(help="Fleets of edge devices: what each one runs.", no_args_is_help=True)
+fleet_app = typer.Typer(
+    help="Fleets of edge devices: what each one runs.",
+    no_args_is_help=True,
+    epilog=epilog(("robo-pipe fleet status --fleet fleet.yaml",)),
+)
 
 
-@fleet_app.command("status")
 def fleet_status(
-    fleet: Annotated[Path, typer.Argument(help="Fleet file (devices, labels, rollout policy).")],
+    fleet: Annotated[
+        Path,
+        typer.Option(help="Fleet file (devices, labels, rollout policy).", show_default=False),
+    ],
     select: Annotated[
         list[str] | None,
         typer.Option(help="Only devices with this label, label=value (repeatable: all)."),
@@ -306,14 +341,34 @@ def fleet_status(
             escape(s.gate or "-"),
             "locked" if s.locked else "-",
         )
-    console.print(table)
+    result_console(json_out).print(table)
     emit_json([s.to_json() for s in states], json_out)
 
 
 def register(app: typer.Typer) -> None:
     """Add these verbs to ``app``."""
     app.add_typer(keys, name="keys")
-    app.command("bundle")(bundle)
-    app.command("edge-agent")(edge_agent)
-    app.command("deploy")(deploy)
+    add_verb(
+        app,
+        bundle,
+        "robo-pipe bundle models:/demo-policy@champion",
+        "robo-pipe bundle models:/demo-policy/3 --target jetson-orin-nano --expires-in 7",
+    )
+    add_verb(app, edge_agent, "robo-pipe edge-agent --device-config device.yaml")
+    add_verb(
+        app,
+        deploy,
+        "robo-pipe deploy models:/demo-policy@champion --device arm-1",
+        "robo-pipe deploy demo-policy/3 --device arm-1 --devices lab-devices.yaml",
+        "robo-pipe deploy models:/demo-policy@champion --fleet fleet.yaml --canary 1 --dry-run",
+    )
+    add_verb(
+        fleet_app,
+        fleet_status,
+        "robo-pipe fleet status --fleet fleet.yaml",
+        "robo-pipe fleet status --fleet fleet.yaml --select site=lab --json",
+        name="status",
+    )
     app.add_typer(fleet_app, name="fleet")
+    add_verb(keys, generate, "robo-pipe keys generate", "robo-pipe keys generate --out keys/")
+    add_verb(keys, token, "robo-pipe keys token")

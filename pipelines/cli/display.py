@@ -1,5 +1,6 @@
 """What the verbs show: stage progress (a :class:`~pipelines.progress.Listener`: live rows in
-a terminal, plain lines in a log) and the result tables."""
+a terminal, plain lines in a log) and the result tables (on ``out``: the verb's
+:func:`~pipelines.cli.common.result_console`, stdout unless ``--json``)."""
 
 from __future__ import annotations
 
@@ -271,7 +272,7 @@ def live(json_out: bool = False) -> Iterator[StageDisplay]:
         yield rows
 
 
-def show_checkpoint(title: str, ref: CheckpointRef, seconds: float) -> None:
+def show_checkpoint(title: str, ref: CheckpointRef, seconds: float, out: Console = console) -> None:
     """A trained checkpoint: where, what trains, the final metrics, the base."""
     table = Table(title=title, show_header=False)
     table.add_row("checkpoint", ref.path)
@@ -291,10 +292,10 @@ def show_checkpoint(title: str, ref: CheckpointRef, seconds: float) -> None:
     if ref.base:
         table.add_row("base", f"{ref.base.kind} {ref.base.path}")
     table.add_row("wall time", f"{seconds:.1f} s")
-    console.print(table)
+    out.print(table)
 
 
-def show_evaluation(title: str, report: EvalReport) -> None:
+def show_evaluation(title: str, report: EvalReport, out: Console = console) -> None:
     """Success per variant with 95% intervals, the gate against a baseline, throughput."""
     table = Table(title=title)
     for col in ("variant", "episodes", "success", "95% CI", "mean length"):
@@ -306,24 +307,24 @@ def show_evaluation(title: str, report: EvalReport) -> None:
         )
     ci = f"{report.ci95[0]:.1%} - {report.ci95[1]:.1%}"
     table.add_row("all", str(report.episodes), f"{report.success_rate:.1%}", ci, "")
-    console.print(table)
+    out.print(table)
     if report.failures:
-        console.print(f"why episodes failed: {breakdown_line(report.failures)}", highlight=False)
+        out.print(f"why episodes failed: {breakdown_line(report.failures)}", highlight=False)
     if report.comparison:
         c = report.comparison
         verdict = "[green]passed" if c.passed else "[red]FAILED"
-        console.print(f"gate: {verdict}[/]: {comparison_line(c)}", highlight=False)
-    console.print(
+        out.print(f"gate: {verdict}[/]: {comparison_line(c)}", highlight=False)
+    out.print(
         f"{report.env_steps_per_s:,.0f} env-steps/s, {report.episodes_per_s:.1f} episodes/s; "
         f"report: {report.report}"
     )
 
 
-def show_latency(report: LatencyReport) -> None:
+def show_latency(report: LatencyReport, out: Console = console) -> None:
     """The latency gate's verdict and figures."""
     verdict = "[green]PASSED" if report.passed else "[red]FAILED: " + "; ".join(report.reasons)
-    console.print(f"latency gate on {report.target}: {verdict}[/]")
-    console.print(
+    out.print(f"latency gate on {report.target}: {verdict}[/]")
+    out.print(
         f"p50 {report.p50_ms:.2f}  p95 {report.p95_ms:.2f}  p99 {report.p99_ms:.2f}  "
         f"max {report.max_ms:.2f} ms (budget {report.budget_ms:g}); jitter "
         f"{report.jitter_ms:.2f} ms; misses {report.misses}; {report.measured_on['engine']}; "
@@ -331,7 +332,9 @@ def show_latency(report: LatencyReport) -> None:
     )
 
 
-def show_pipeline_result(result: PipelineResult, seconds: float, services: Services) -> None:
+def show_pipeline_result(
+    result: PipelineResult, seconds: float, services: Services, out: Console = console
+) -> None:
     """The registered version, its gates, how far fine-tuning moved it, where to look (the
     links point to ``services``' UIs)."""
     table = Table(title=f"gates for {result.model_name} v{result.version}")
@@ -342,24 +345,24 @@ def show_pipeline_result(result: PipelineResult, seconds: float, services: Servi
         if not gate.enforced:
             verdict += " (not enforced)"
         table.add_row(name, verdict, gate.measured, gate.required)
-    console.print(table)
+    out.print(table)
     uri = f"models:/{result.model_name}/{result.version}"
     if result.promoted:
-        console.print(f"[green]registered {uri}: champion[/] (aliases {', '.join(result.aliases)})")
+        out.print(f"[green]registered {uri}: champion[/] (aliases {', '.join(result.aliases)})")
     else:
-        console.print(
+        out.print(
             f"[yellow]registered {uri} as candidate; champion unchanged[/] "
             f"(failed: {', '.join(result.blocked_by)})"
         )
     if result.start_success_rate is not None:
-        console.print(
+        out.print(
             f"held-out success {result.success_rate:.1%} "
             f"(95% CI {result.ci95[0]:.1%} - {result.ci95[1]:.1%}); the model it started "
             f"from: {result.start_success_rate:.1%}"
         )
     if result.warm_start_success_rate is not None and result.warm_start_ci95 is not None:
         low, high = result.warm_start_ci95
-        console.print(
+        out.print(
             f"RL took held-out success from {result.warm_start_success_rate:.1%} "
             f"(95% CI {low:.1%} - {high:.1%}, its BC warm start) to {result.success_rate:.1%} "
             f"({result.success_rate - result.warm_start_success_rate:+.1%} points; intervals "
@@ -367,7 +370,7 @@ def show_pipeline_result(result: PipelineResult, seconds: float, services: Servi
         )
     device = result.device
     if device and device.state == "active":
-        console.print(
+        out.print(
             f"[green]device {device.device} runs v{device.model_version}[/]: on-device p99 "
             f"{f'{device.p99_ms:.2f} ms' if device.p99_ms is not None else 'not measured'}; "
             "one episode there: "
@@ -376,25 +379,25 @@ def show_pipeline_result(result: PipelineResult, seconds: float, services: Servi
             highlight=False,
         )
     elif device:
-        console.print(f"[red]device {device.device} {device.state}[/]: {device.reason}")
+        out.print(f"[red]device {device.device} {device.state}[/]: {device.reason}")
     if result.rollout:
         rollout = result.rollout
         running = sum(row.state == "active" for row in rollout.devices)
         verdict = "[green]complete" if rollout.complete else f"[red]stopped: {rollout.reason}"
-        console.print(
+        out.print(
             f"fleet {rollout.fleet}: {verdict}[/] ({running} of {len(rollout.devices)} devices "
             f"run v{rollout.model_version})",
             highlight=False,
         )
-    console.print(f"pipeline took {seconds / 60:.1f} min; summary: {result.run_dir}/summary.md")
+    out.print(f"pipeline took {seconds / 60:.1f} min; summary: {result.run_dir}/summary.md")
     for label, url in result.links.items():
-        console.print(f"  {label}: {url}", highlight=False)
+        out.print(f"  {label}: {url}", highlight=False)
     local = [
         name
         for name, ui in (("MLflow", services.mlflow_ui), ("Prefect", services.prefect_ui))
         if not ui
     ]
     if local:  # no server of that kind was configured or running: the links are robo-pipe ui's
-        console.print(
+        out.print(
             f"  (the {' and '.join(local)} links answer while `robo-pipe ui` runs)", style="dim"
         )

@@ -1,15 +1,26 @@
-"""The options several verbs share (typer annotations)."""
+"""The options several verbs share (typer annotations), and what every verb's --help ends with:
+its examples and the exit codes."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+from typer.core import TyperCommand
 
-ConfigArg = Annotated[Path, typer.Argument(help="Pipeline config YAML, e.g. configs/demo.yaml.")]
+DEMO_CONFIG = Path("configs/demo.yaml")
+"""The default config of every verb that takes one (shipped: found from any folder)."""
+
 ConfigOpt = Annotated[
-    Path, typer.Option("--config", help="Pipeline config: robot, scene, simulator, settings.")
+    Path,
+    typer.Option(
+        "--config",
+        "-c",
+        help="Pipeline config YAML: robot, scene, simulator, settings (a shipped one may be "
+        "named without its folder: tiny.yaml).",
+    ),
 ]
 SetOpt = Annotated[
     list[str] | None,
@@ -20,10 +31,89 @@ SetOpt = Annotated[
     ),
 ]
 JsonOpt = Annotated[
-    bool, typer.Option("--json", help="Print the result record as JSON on the last line.")
+    bool,
+    typer.Option(
+        "--json", help="Print only the result record, as JSON, on stdout (the rest on stderr)."
+    ),
 ]
 RayAddressOpt = Annotated[
     str | None,
     typer.Option(help="Join this Ray cluster (e.g. auto or ray://head:10001); default local."),
 ]
-DEMO_CONFIG = Path("configs/demo.yaml")
+ModelVersionArg = Annotated[
+    str,
+    typer.Argument(
+        help="A registry version: models:/NAME@ALIAS or models:/NAME/VERSION (NAME@ALIAS and "
+        "NAME/VERSION for short).",
+        metavar="MODEL",
+        show_default=False,
+    ),
+]
+
+EXIT_CODES = """**Exit codes**
+
+- **0** done, and every gate or check it ran passed
+- **1** a verdict said no: a candidate blocked by a gate, a policy worse than its baseline, over \
+the latency budget, a device that refused or rolled back, a fleet rollout stopped, a champion \
+that regressed, a file that failed its checksum
+- **2** bad input: the file, field or value is named, no traceback (usage errors too)
+- **3** robo-pipe or a service it needs failed: the traceback is printed
+- **130** / **143** interrupted by Ctrl-C (SIGINT) / SIGTERM; completed stages are kept"""
+"""The exit-code contract, the same for every verb (each verb's --help ends with it)."""
+
+
+def epilog(examples: tuple[str, ...]) -> str:
+    """The end of a verb's --help: its example commands, then :data:`EXIT_CODES`."""
+    commands = "\n".join(examples)
+    return f"**Examples**\n\n```\n{commands}\n```\n\n{EXIT_CODES}"
+
+
+class Verb(TyperCommand):
+    """A robo-pipe verb. A file given as a positional argument to a verb that takes it as an
+    option (the grammar before issue 35: ``robo-pipe run configs/demo.yaml``) is refused
+    naming the option to use, instead of click's "unexpected extra argument"."""
+
+    FILE_OPTIONS = ("--config", "--device-config", "--fleet")
+    """The options that name the file a verb is about (some once took it positionally)."""
+
+    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
+        """Parse as click does, after refusing a YAML file given positionally."""
+        hint = self._positional_file_hint(ctx, args)
+        if hint is not None:
+            ctx.fail(hint)
+        return super().parse_args(ctx, args)
+
+    def collect_usage_pieces(self, ctx: typer.Context) -> list[str]:
+        """The usage line, less the hidden parameters (they only explain the old grammar)."""
+        pieces = [self.options_metavar] if self.options_metavar else []
+        for param in self.get_params(ctx):
+            if not getattr(param, "hidden", False):
+                pieces += param.get_usage_pieces(ctx)
+        return pieces
+
+    def _positional_file_hint(self, ctx: typer.Context, args: list[str]) -> str | None:
+        shown = [p for p in self.params if not getattr(p, "hidden", False)]
+        if any(p.param_type_name == "argument" for p in shown):
+            return None  # its positional arguments are its own
+        option = next((o for p in shown for o in p.opts if o in self.FILE_OPTIONS), None)
+        # A YAML file right after an option is that option's value; anywhere else, positional.
+        files = [
+            arg
+            for arg, before in zip(args, ["", *args], strict=False)
+            if arg.endswith((".yaml", ".yml")) and not before.startswith("-")
+        ]
+        if option is None or not files:
+            return None
+        return (
+            f"{files[0]}: {ctx.command_path} takes this file as an option, not as an argument: "
+            f"{ctx.command_path} {option} {files[0]}"
+        )
+
+
+def add_verb(
+    app: typer.Typer, verb: Callable[..., Any], *examples: str, name: str | None = None
+) -> None:
+    """Add ``verb`` to ``app`` as the command ``name`` (default: the function's name, with
+    dashes), its --help ending with ``examples`` and the exit codes."""
+    command = name or verb.__name__.replace("_", "-")
+    app.command(command, cls=Verb, epilog=epilog(examples))(verb)

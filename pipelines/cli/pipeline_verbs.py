@@ -9,14 +9,21 @@ import typer
 from rich.table import Table
 
 from pipelines import checks
-from pipelines.cli.common import console, emit_json, load, quiet_prefect_console, services
+from pipelines.cli.common import (
+    console,
+    emit_json,
+    load,
+    quiet_prefect_console,
+    result_console,
+    services,
+)
 from pipelines.cli.display import live, show_pipeline_result
-from pipelines.cli.options import ConfigArg, JsonOpt, RayAddressOpt, SetOpt
+from pipelines.cli.options import DEMO_CONFIG, ConfigOpt, JsonOpt, RayAddressOpt, SetOpt, add_verb
 from robo_pipe.errors import InputError, RoboPipeError
 
 
 def run(
-    config: ConfigArg,
+    config: ConfigOpt = DEMO_CONFIG,
     set_: SetOpt = None,
     ray_address: RayAddressOpt = None,
     verbose: Annotated[
@@ -29,7 +36,8 @@ def run(
 
     Each stage is a Prefect task (see them in `robo-pipe ui`); everything is logged to one MLflow
     run. Re-running after a failure or Ctrl-C reuses the completed stages and continues from the
-    one that did not finish. Ends with the registered version, its gates, and where to look.
+    one that did not finish. Ends with the registered version, its gates, and where to look,
+    and exits 0 only when the candidate was promoted (and the device, if any, took it).
     """
     cfg = load(config, set_)  # a bad config stops here, before anything starts
     checks.check_config(cfg)  # read and checked once: the flow takes it as it is
@@ -60,12 +68,16 @@ def run(
             "resume (--verbose shows the full log)"
         )
         raise
-    show_pipeline_result(result, time.perf_counter() - start, found)
-    emit_json(result, json_out)
+    show_pipeline_result(result, time.perf_counter() - start, found, result_console(json_out))
+    emit_json({**result.to_json(), "verdict": result.verdict}, json_out)
+    if result.verdict != "promoted":
+        console.print(f"[red]verdict: {result.verdict}[/]: exit code 1", highlight=False)
+        raise typer.Exit(code=1)
+    console.print(f"[green]verdict: {result.verdict}", highlight=False)
 
 
 def serve(
-    config: ConfigArg,
+    config: ConfigOpt = DEMO_CONFIG,
     set_: SetOpt = None,
     ray_address: RayAddressOpt = None,
 ) -> None:
@@ -162,12 +174,19 @@ def ui(
 
 
 def info(json_out: JsonOpt = False) -> None:
-    """Print the home, the MLflow tracking URI and the Prefect API URL this machine uses."""
+    """Print the home (and how it was found), the MLflow tracking URI and the Prefect API URL
+    this machine uses. Creates nothing.
+
+    The home is $ROBO_PIPE_HOME if set, else the nearest .robo-pipe folder in the current
+    folder or one of its parents, else ./.robo-pipe (created by the first verb that writes).
+    """
+    from pipelines.home import locate_home
     from pipelines.services import configure
 
-    found = configure()
+    home = locate_home()
+    found = configure(create=False)
     table = Table(show_header=False, title="robo-pipe")
-    table.add_row("home ($ROBO_PIPE_HOME)", found.home)
+    table.add_row("home", f"{found.home} ({home.found})")
     table.add_row("MLflow tracking URI", found.mlflow_tracking_uri)
     table.add_row("MLflow UI", found.mlflow_ui or "not running (robo-pipe ui starts one)")
     table.add_row(
@@ -176,11 +195,19 @@ def info(json_out: JsonOpt = False) -> None:
     )
     table.add_row("Prefect UI", found.prefect_ui or "not running (robo-pipe ui starts one)")
     table.add_row("Prefect home", found.prefect_home)
-    console.print(table)
-    emit_json(found.to_json(), json_out)
+    result_console(json_out).print(table)
+    emit_json({**found.to_json(), "home_found": home.found}, json_out)
 
 
 def register(app: typer.Typer) -> None:
     """Add these verbs to ``app``."""
-    for verb in (run, serve, ui, info):
-        app.command(verb.__name__)(verb)
+    add_verb(
+        app,
+        run,
+        "robo-pipe run",
+        "robo-pipe run --config configs/tiny.yaml --json > result.json",
+        "robo-pipe run -c configs/rl-demo.yaml --ray-address auto",
+    )
+    add_verb(app, serve, "robo-pipe serve", "robo-pipe serve --config my-schedules.yaml")
+    add_verb(app, ui, "robo-pipe ui", "robo-pipe ui --prefect-port 4300 --mlflow-port 5100")
+    add_verb(app, info, "robo-pipe info", "robo-pipe info --json")

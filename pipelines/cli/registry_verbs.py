@@ -9,20 +9,49 @@ from rich.table import Table
 
 from pipelines import checks, registry
 from pipelines.champion import champion_warning
-from pipelines.cli.common import console, emit_json, load, quiet_prefect_console, services
-from pipelines.cli.options import ConfigArg, JsonOpt, RayAddressOpt, SetOpt
+from pipelines.cli.common import (
+    console,
+    emit_json,
+    load,
+    quiet_prefect_console,
+    read_registry,
+    result_console,
+    services,
+)
+from pipelines.cli.options import (
+    DEMO_CONFIG,
+    ConfigOpt,
+    JsonOpt,
+    ModelVersionArg,
+    RayAddressOpt,
+    SetOpt,
+    add_verb,
+    epilog,
+)
+from robo_pipe.errors import InputError
 from stages.register import may_promote
 
 models = typer.Typer(
     help="The MLflow model registry: list, show, promote and roll back policy versions.",
     no_args_is_help=True,
+    epilog=epilog(("robo-pipe models list", "robo-pipe models show models:/demo-policy@champion")),
 )
 
+ModelArg = Annotated[
+    str,
+    typer.Argument(
+        help="A registered model: models:/NAME or NAME.", metavar="MODEL", show_default=False
+    ),
+]
 
-@models.command("list")
+
 def list_models(json_out: JsonOpt = False) -> None:
-    """Registered models with their versions and aliases."""
-    services()
+    """Registered models with their versions, champion and candidate."""
+    missing = read_registry()
+    if missing:
+        console.print(missing, highlight=False)
+        emit_json([], json_out)
+        return
     records = []
     warnings = []  # champions that did not pass the gates (MLflow's own alias editing)
     table = Table(title="registered models")
@@ -47,23 +76,32 @@ def list_models(json_out: JsonOpt = False) -> None:
                 "champion_warning": warning,
             }
         )
-    console.print(table)
+    result_console(json_out).print(table)
     for warning in warnings:
         console.print(f"[yellow]warning:[/] {warning}", highlight=False)
     emit_json(records, json_out)
 
 
-@models.command("show")
 def show(
-    model: Annotated[str, typer.Argument(help="NAME, NAME@ALIAS or NAME/VERSION.")],
+    model: Annotated[
+        str,
+        typer.Argument(
+            help="A registered model (models:/NAME or NAME: all its versions) or one version "
+            "(models:/NAME@ALIAS, models:/NAME/VERSION, NAME@ALIAS or NAME/VERSION).",
+            metavar="MODEL",
+            show_default=False,
+        ),
+    ],
     json_out: JsonOpt = False,
 ) -> None:
-    """A model's versions, or one version's lineage and gate results."""
-    services()
-    if "@" in model or "/" in model:
-        shown = [registry.get_version(*registry.parse_model_uri(model))]
-    else:
-        shown = registry.versions(model)
+    """A model's versions, or one version: its aliases, lineage, gate results and the devices
+    it runs on (robo_pipe.device.NAME.*)."""
+    name, which = registry.parse_model_ref(model)  # bad input: before anything is read
+    missing = read_registry()
+    if missing:
+        raise registry.RegistryError(f"{model}: {missing}")
+    shown = [registry.get_version(name, which)] if which else registry.versions(name)
+    out = result_console(json_out)
     for v in shown:
         table = Table(title=f"{v.name} v{v.version} {' '.join(v.aliases)}", show_header=False)
         table.add_row("registered", v.created)
@@ -73,44 +111,54 @@ def show(
         warning = champion_warning(v.name, [v])
         if warning:
             table.add_row("[yellow]warning[/]", warning)
-        console.print(table)
+        out.print(table)
     emit_json([v.to_json() for v in shown], json_out)
 
 
-@models.command("promote")
 def promote(
-    model: Annotated[str, typer.Argument(help="Registered model name.")],
-    version: Annotated[str, typer.Argument(help="Version number (or alias) to make champion.")],
+    model: ModelVersionArg,
     force: Annotated[
         bool, typer.Option(help="Promote even if the version failed a gate (recorded in its tags).")
     ] = False,
+    old_version: Annotated[str | None, typer.Argument(hidden=True)] = None,
 ) -> None:
-    """Make a version the champion. Refused if it failed a gate, unless --force."""
-    services()
-    info = registry.get_version(model, version)
+    """Make a version the champion. Refused (exit 1) if it failed a gate, unless --force."""
+    if old_version is not None:  # the grammar before issue 35: NAME VERSION
+        raise InputError(
+            f"models promote takes one argument, the version: models:/{model}/{old_version}"
+        )
+    name, which = registry.parse_model_uri(model)
+    missing = read_registry()
+    if missing:
+        raise registry.RegistryError(f"{model}: {missing}")
+    info = registry.get_version(name, which)
     allowed, failed = may_promote(info.tags, force)
     if not allowed:
-        raise registry.RegistryError(
-            f"{model} v{info.version} failed gates: {', '.join(failed)}; --force to promote anyway"
+        console.print(
+            f"[red]refused:[/] {name} v{info.version} failed gates: {', '.join(failed)}; "
+            "--force to promote anyway",
+            highlight=False,
         )
+        raise typer.Exit(code=1)
     reason = "robo-pipe models promote" + (
         f" --force (failed {', '.join(failed)})" if failed else ""
     )
-    info = registry.promote(model, info.version, reason)
-    console.print(f"{model} v{info.version} is champion", highlight=False)
+    info = registry.promote(name, info.version, reason)
+    console.print(f"{name} v{info.version} is champion", highlight=False)
 
 
-@models.command("rollback")
-def rollback(model: Annotated[str, typer.Argument(help="Registered model name.")]) -> None:
+def rollback(model: ModelArg) -> None:
     """Give the champion alias back to the previous champion."""
-    services()
-    info = registry.rollback(model)
-    console.print(f"{model}: champion rolled back to v{info.version}", highlight=False)
+    name = registry.parse_model_name(model)
+    missing = read_registry()
+    if missing:
+        raise registry.RegistryError(f"{model}: {missing}")
+    info = registry.rollback(name)
+    console.print(f"{name}: champion rolled back to v{info.version}", highlight=False)
 
 
-@models.command("check")
 def check(
-    config: ConfigArg,
+    config: ConfigOpt = DEMO_CONFIG,
     set_: SetOpt = None,
     ray_address: RayAddressOpt = None,
     json_out: JsonOpt = False,
@@ -140,4 +188,27 @@ def check(
 
 def register(app: typer.Typer) -> None:
     """Add ``robo-pipe models`` to ``app``."""
+    add_verb(
+        models, list_models, "robo-pipe models list", "robo-pipe models list --json", name="list"
+    )
+    add_verb(
+        models,
+        show,
+        "robo-pipe models show demo-policy",
+        "robo-pipe models show models:/demo-policy@champion",
+        "robo-pipe models show demo-policy/3 --json",
+    )
+    add_verb(
+        models,
+        promote,
+        "robo-pipe models promote models:/demo-policy/3",
+        "robo-pipe models promote demo-policy@candidate --force",
+    )
+    add_verb(models, rollback, "robo-pipe models rollback demo-policy")
+    add_verb(
+        models,
+        check,
+        "robo-pipe models check",
+        "robo-pipe models check --config configs/tiny.yaml --json",
+    )
     app.add_typer(models, name="models")

@@ -1,5 +1,6 @@
-"""One verb per stage: demo, collect, pretrain, finetune, evaluate, export, gate. Each checks its
-inputs, calls its step (:mod:`pipelines.steps`) on a live display, and shows the record."""
+"""One verb per stage: expert, collect, pretrain, finetune, evaluate, export, gate. Each checks
+its inputs, calls its step (:mod:`pipelines.steps`) on a live display, and shows the record
+(on stdout; with ``--json`` only the record is there)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,10 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.table import Table
 
-from pipelines import checks, steps
-from pipelines.cli.common import console, emit_json, load
+from pipelines import checks, registry, steps
+from pipelines.cli.common import console, emit_json, load, read_registry, result_console
 from pipelines.cli.display import live, show_checkpoint, show_evaluation, show_latency
-from pipelines.cli.options import DEMO_CONFIG, ConfigArg, ConfigOpt, JsonOpt, RayAddressOpt, SetOpt
+from pipelines.cli.options import DEMO_CONFIG, ConfigOpt, JsonOpt, RayAddressOpt, SetOpt, add_verb
 from pipelines.config import save_resolved
 from pipelines.home import new_run_dir
 from pipelines.services import join_cluster
@@ -27,15 +28,16 @@ if TYPE_CHECKING:
     from stages.dataset.layout import DatasetRef
 
 
-def demo(
-    config: ConfigArg = DEMO_CONFIG,
+def expert(
+    config: ConfigOpt = DEMO_CONFIG,
     set_: SetOpt = None,
     episodes: Annotated[
         int | None, typer.Option(min=1, help="Episodes to play (overrides demo.episodes).")
     ] = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Watch the scripted expert solve the task: success rate, filmstrip PNG, GIF, report.
+    """Watch the scripted expert solve the task: success rate, filmstrip PNG, GIF, report
+    (the whole pipeline is robo-pipe run).
 
     Writes into a new $ROBO_PIPE_HOME/runs/ID-NAME/ folder: config.yaml (the resolved
     config), report.md, expert_filmstrip.png, expert_episodes.gif and result.json.
@@ -66,12 +68,12 @@ def demo(
     table.add_row("throughput", f"{report.env_steps_per_s:,.0f} env-steps/s")
     table.add_row("report", report.report)
     table.add_row("filmstrip", report.filmstrip)
-    console.print(table)
+    result_console(json_out).print(table)
     emit_json(report, json_out)
 
 
 def collect(
-    config: ConfigArg,
+    config: ConfigOpt = DEMO_CONFIG,
     set_: SetOpt = None,
     episodes: Annotated[
         int | None, typer.Option(help="Episodes to attempt (overrides collect.episodes).")
@@ -107,12 +109,12 @@ def collect(
     table.add_row("source success", f"{ref.source_success_rate:.1%} ({ref.source})")
     table.add_row("content hash", ref.content_hash[:16])
     table.add_row("wall time", f"{time.perf_counter() - start:.1f} s")
-    console.print(table)
+    result_console(json_out).print(table)
     emit_json(ref, json_out)
 
 
 def pretrain(
-    config: ConfigArg,
+    config: ConfigOpt = DEMO_CONFIG,
     set_: SetOpt = None,
     ray_address: RayAddressOpt = None,
     json_out: JsonOpt = False,
@@ -136,12 +138,12 @@ def pretrain(
     with live(json_out) as display:
         base = display.step("pretrain", lambda show: steps.pretrain_base(cfg, show, ray_address))
     assert base is not None
-    show_checkpoint("pretrained base", base, time.perf_counter() - start)
+    show_checkpoint("pretrained base", base, time.perf_counter() - start, result_console(json_out))
     emit_json(base, json_out)
 
 
 def finetune(
-    config: ConfigArg,
+    config: ConfigOpt = DEMO_CONFIG,
     set_: SetOpt = None,
     algo: Annotated[
         str | None,
@@ -196,9 +198,10 @@ def finetune(
     (run_dir / "checkpoint_ref.json").write_text(json.dumps(ref.to_json(), indent=2))
     rl = cfg.finetune.is_rl
     title = f"{cfg.finetune.algo.upper()}-fine-tuned policy" if rl else "fine-tuned policy"
-    show_checkpoint(title, ref, time.perf_counter() - start)
+    out = result_console(json_out)
+    show_checkpoint(title, ref, time.perf_counter() - start, out)
     if rl:
-        console.print(f"learning curves: {Path(ref.path).parent / 'learning_curves.png'}")
+        out.print(f"learning curves: {Path(ref.path).parent / 'learning_curves.png'}")
     emit_json(ref, json_out)
 
 
@@ -207,7 +210,9 @@ def evaluate(
         str,
         typer.Argument(
             help="Checkpoint directory, exported ONNX (directory or file), or a registry "
-            "version: models:/NAME@ALIAS or models:/NAME/VERSION."
+            "version: models:/NAME@ALIAS or models:/NAME/VERSION (the models:/ prefix is "
+            "needed here: NAME/VERSION could be a folder).",
+            show_default=False,
         ),
     ],
     config: ConfigOpt = DEMO_CONFIG,
@@ -235,15 +240,15 @@ def evaluate(
     differ, at evaluate.gate_confidence). Writes report.md, success.png, frame strips and
     eval_report.json into a new $ROBO_PIPE_HOME/runs/ folder.
 
-    Exit codes: 0 the policy is not worse than --baseline (or there is no --baseline); 1
-    blocked: worse than --baseline on the same seeds (the report and --json record are still
-    written); 2 bad input (config, policy path or models:/ URI).
+    A policy worse than --baseline on the same seeds is blocked: exit 1, with its report and
+    --json record still written.
     """
     cfg = load(config, set_, **{"evaluate.episodes": episodes, "seed": seed})
-    if policy.startswith("models:") or (baseline or "").startswith("models:"):
-        from pipelines.services import configure
-
-        configure()
+    registered = [p for p in (policy, baseline) if p and p.startswith("models:")]
+    for uri in registered:
+        registry.parse_model_uri(uri)  # bad input: before anything is made
+    if registered and (missing := read_registry()):
+        raise registry.RegistryError(f"{registered[0]}: {missing}")
     candidate = checks.resolve_policy(policy)
     against = checks.resolve_policy(baseline) if baseline else None
     for path in filter(None, (candidate, against)):
@@ -254,7 +259,7 @@ def evaluate(
     save_resolved(cfg, run_dir / "config.yaml")
     stored: dict[str, str] = {}
     if (baseline or "").startswith("models:"):  # a registered baseline's stored outcomes
-        from pipelines import champion, registry
+        from pipelines import champion
 
         stored = champion.stored_outcomes(
             cfg, registry.get_version(*registry.parse_model_uri(baseline or ""))
@@ -266,7 +271,7 @@ def evaluate(
                 cfg, candidate, run_dir, show, against, ray_address, stored
             ),
         )
-    show_evaluation(f"evaluation of {policy}", report)
+    show_evaluation(f"evaluation of {policy}", report, result_console(json_out))
     emit_json(report, json_out)
     if report.comparison is not None and not report.comparison.passed:
         console.print(
@@ -314,7 +319,7 @@ def export(
     parity = ", ".join(f"{k} {v:.1e}" for k, v in ref.parity.items())
     table.add_row("parity |ORT - torch|", parity)
     table.add_row("wall time", f"{time.perf_counter() - start:.1f} s")
-    console.print(table)
+    result_console(json_out).print(table)
     emit_json(ref, json_out)
 
 
@@ -359,7 +364,7 @@ def gate(
         report = display.step(
             "latency", lambda show: steps.measure_latency(cfg, export_dir, run_dir, show)
         )
-    show_latency(report)
+    show_latency(report, result_console(json_out))
     emit_json(report, json_out)
     if not report.passed:
         raise typer.Exit(code=1)
@@ -367,5 +372,37 @@ def gate(
 
 def register(app: typer.Typer) -> None:
     """Add these verbs to ``app``."""
-    for verb in (demo, collect, pretrain, finetune, evaluate, export, gate):
-        app.command(verb.__name__)(verb)
+    add_verb(app, expert, "robo-pipe expert", "robo-pipe expert --episodes 10 --json")
+    add_verb(
+        app,
+        collect,
+        "robo-pipe collect",
+        "robo-pipe collect --config configs/tiny.yaml --episodes 20 --out data/touch",
+    )
+    add_verb(app, pretrain, "robo-pipe pretrain", "robo-pipe pretrain -c configs/tiny.yaml --json")
+    add_verb(
+        app,
+        finetune,
+        "robo-pipe finetune",
+        "robo-pipe finetune --dataset data/touch",
+        "robo-pipe finetune --config configs/rl-demo.yaml --algo ppo",
+    )
+    add_verb(
+        app,
+        evaluate,
+        "robo-pipe evaluate models:/demo-policy@champion",
+        "robo-pipe evaluate models:/demo-policy/3 --baseline models:/demo-policy@champion",
+        "robo-pipe evaluate runs/ckpt-export --config configs/tiny.yaml --episodes 10",
+    )
+    add_verb(
+        app,
+        export,
+        "robo-pipe export path/to/checkpoint --out my-export",
+        "robo-pipe export path/to/checkpoint --dataset path/to/dataset --json",
+    )
+    add_verb(
+        app,
+        gate,
+        "robo-pipe gate my-export",
+        "robo-pipe gate my-export --target jetson-orin-nano --budget-ms 20",
+    )

@@ -11,8 +11,8 @@ from typing import Annotated
 
 import typer
 
-from pipelines.cli.common import console, emit_json
-from pipelines.cli.options import JsonOpt
+from pipelines.cli.common import emit_json, result_console
+from pipelines.cli.options import JsonOpt, add_verb
 from robo_pipe.errors import InputError, RoboPipeError
 from robo_pipe.integrity import FileSum
 
@@ -51,19 +51,20 @@ def verify(
 
     A dataset is also checked as a stage opens it (schema, counts, video frames); a checkpoint's
     base checkpoint is verified too and its hash compared with the one recorded. Each PATH is
-    checked; exits 2 if any fails, naming the file and the check. A release's signature is not
-    checked here (the device checks it against its trusted keys).
+    checked, and each failure named with its file and check: exit 1 if one failed a check, 2
+    if one is missing or not a thing it verifies. A release's signature is not checked here
+    (the device checks it against its trusted keys).
     """
     from pipelines.cli import report_user_error  # the package that registers this verb
 
-    records, failed = [], False
+    records, codes, out = [], {0}, result_console(json_out)
     for path in paths:
         start = time.perf_counter()
         try:
             kind, sums, checked = _verify(path)
         except RoboPipeError as err:  # the next path is still checked
             report_user_error(err)
-            failed = True
+            codes.add(2 if isinstance(err, InputError) else 1)  # bad input, or a failed check
             continue
         record = Verified(
             kind=kind,
@@ -73,17 +74,17 @@ def verify(
             seconds=time.perf_counter() - start,
             checked=checked,
         )
-        console.print(
+        out.print(
             f"[green]verified[/green] {kind} {path}: {record.files} files, "
             f"{record.bytes / 1e6:.1f} MB in {record.seconds:.2f} s (size and sha256 of each)",
             highlight=False,
         )
         for line in checked:
-            console.print(f"  {line}", highlight=False)
+            out.print(f"  {line}", highlight=False)
         records.append(record.to_json())
     emit_json(records, json_out)
-    if failed:
-        raise typer.Exit(code=2)
+    if max(codes):
+        raise typer.Exit(code=max(codes))
 
 
 def _verify(path: Path) -> tuple[str, dict[str, FileSum], list[str]]:
@@ -143,4 +144,9 @@ def _verify_release(file: Path) -> dict[str, FileSum]:
 
 def register(app: typer.Typer) -> None:
     """Add this verb to ``app``."""
-    app.command("verify")(verify)
+    add_verb(
+        app,
+        verify,
+        "robo-pipe verify .robo-pipe/datasets/*",
+        "robo-pipe verify my-export .robo-pipe/releases/demo-policy-v1-KEYID.release --json",
+    )

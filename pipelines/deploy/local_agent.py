@@ -6,7 +6,7 @@ Its files live under ``$ROBO_PIPE_HOME/edge/local-agent``: ``device.yaml``, the 
 ``agent.log``. The signing key pair is the home's default (``$ROBO_PIPE_HOME/keys/robo-pipe.*``,
 :func:`pipelines.deploy.release.signing_key`), made on first use. The agent runs only inside
 :func:`running_local_agent`, for one run of the home at a time (:mod:`robo_pipe.locks`);
-between runs its state stays, so ``robo-pipe edge-agent --config
+between runs its state stays, so ``robo-pipe edge-agent --device-config
 $ROBO_PIPE_HOME/edge/local-agent/device.yaml`` serves the last deployed version again.
 """
 

@@ -6,7 +6,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 class DemoConfig(BaseModel):
-    """The expert demonstration shown by ``robo-pipe demo``."""
+    """The expert demonstration shown by ``robo-pipe expert``."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 

@@ -3,7 +3,7 @@
 It builds the scene, plays ``demo.episodes`` seeded episodes (the run's ``demo`` seed stream)
 with the scripted expert across the batched simulator, and writes a report (success rate with a
 95% Wilson interval, episode length, throughput), a filmstrip PNG and an animated GIF of the
-first episodes, and the report as JSON. ``robo-pipe demo`` runs it: a first look at the task and
+first episodes, and the report as JSON. ``robo-pipe expert`` runs it: a first look at the task and
 the simulator before any training, and the ceiling a policy trained on these demonstrations
 can reach.
 """
@@ -153,7 +153,7 @@ def _save_animation(records: list[EpisodeRecord], path: Path, control_hz: float)
 def _write_markdown(report: DemoReport, records: list[EpisodeRecord], path: Path) -> None:
     low, high = report.success_ci95
     lines = [
-        f"# robo-pipe demo: scripted expert on `{report.variant}`",
+        f"# robo-pipe expert: scripted expert on `{report.variant}`",
         "",
         "| metric | value |",
         "|---|---|",

@@ -32,7 +32,7 @@ def test_help_lists_only_working_verbs(robo_pipe_home: Path) -> None:
     rows = [line for line in commands.splitlines() if line.startswith("│ ") and line[2] != " "]
     verbs = {line.split()[1] for line in rows}  # a wrapped help line starts with spaces
     assert verbs == {
-        "demo",
+        "expert",
         "collect",
         "pretrain",
         "finetune",
@@ -80,9 +80,10 @@ def test_help_paragraphs_wrap_to_the_terminal(robo_pipe_home: Path) -> None:
     assert "models:/NAME@ALIAS" in result.stdout
 
 
-def test_demo_writes_report_images_and_json_record(robo_pipe_home: Path) -> None:
+def test_expert_writes_report_images_and_json_record(robo_pipe_home: Path) -> None:
     result = robo_pipe(
-        "demo",
+        "expert",
+        "--config",
         "configs/demo.yaml",
         "--episodes",
         "6",
@@ -109,16 +110,16 @@ def test_demo_writes_report_images_and_json_record(robo_pipe_home: Path) -> None
 
 
 def test_bad_config_exits_2_and_names_the_problem(robo_pipe_home: Path) -> None:
-    result = robo_pipe("demo", "configs/demo.yaml", "--set", "sim.num_envs=-1", home=robo_pipe_home)
+    result = robo_pipe("expert", "--set", "sim.num_envs=-1", home=robo_pipe_home)
     assert result.returncode == 2
     assert "field 'sim.num_envs' = -1" in result.stderr
-    missing = robo_pipe("config", "configs/missing.yaml", home=robo_pipe_home)
+    missing = robo_pipe("config", "--config", "configs/missing.yaml", home=robo_pipe_home)
     assert missing.returncode == 2
     assert "config file not found" in missing.stderr
 
 
 def test_config_robots_and_scenes_verbs(robo_pipe_home: Path) -> None:
-    shown = robo_pipe("config", "configs/demo-wrist.yaml", home=robo_pipe_home)
+    shown = robo_pipe("config", "-c", "configs/demo-wrist.yaml", home=robo_pipe_home)
     assert shown.returncode == 0, shown.stderr
     assert "- wrist" in shown.stdout and "config hash" in shown.stdout
     robots_out = robo_pipe("robots", "--json", home=robo_pipe_home)
@@ -129,14 +130,14 @@ def test_config_robots_and_scenes_verbs(robo_pipe_home: Path) -> None:
 
 
 def test_pretrain_then_finetune_print_checkpoint_records(robo_pipe_home: Path) -> None:
-    pre = robo_pipe("pretrain", str(TINY_CONFIG), "--json", home=robo_pipe_home)
+    pre = robo_pipe("pretrain", "--config", str(TINY_CONFIG), "--json", home=robo_pipe_home)
     assert pre.returncode == 0, pre.stderr
     base = json.loads(pre.stdout.strip().splitlines()[-1])
     assert base["trainable"] == "all" and base["step"] == 10
     assert Path(base["path"]).is_relative_to(robo_pipe_home / "checkpoints")
 
     base_written = (Path(base["path"]) / "policy.json").stat().st_mtime_ns
-    fine = robo_pipe("finetune", str(TINY_CONFIG), "--json", home=robo_pipe_home)
+    fine = robo_pipe("finetune", "--config", str(TINY_CONFIG), "--json", home=robo_pipe_home)
     assert fine.returncode == 0, fine.stderr
     assert (Path(base["path"]) / "policy.json").stat().st_mtime_ns == base_written
     ref = json.loads(fine.stdout.strip().splitlines()[-1])
@@ -148,14 +149,11 @@ def test_pretrain_then_finetune_print_checkpoint_records(robo_pipe_home: Path) -
 
 
 def test_bad_training_config_and_dataset_are_named(robo_pipe_home: Path) -> None:
-    bad = robo_pipe(
-        "finetune", "configs/demo.yaml", "--set", "finetune.trainable=half", home=robo_pipe_home
-    )
+    bad = robo_pipe("finetune", "--set", "finetune.trainable=half", home=robo_pipe_home)
     assert bad.returncode == 2
     assert "finetune.trainable" in bad.stderr and "'half'" in bad.stderr
     leak = robo_pipe(
         "pretrain",
-        "configs/demo.yaml",
         "--set",
         "pretrain.variants=[touch-cubes,touch-mixed]",
         home=robo_pipe_home,
@@ -163,7 +161,6 @@ def test_bad_training_config_and_dataset_are_named(robo_pipe_home: Path) -> None
     assert leak.returncode == 2 and "includes the target variant" in leak.stderr
     missing = robo_pipe(
         "finetune",
-        "configs/demo.yaml",
         "--set",
         "policy.type=hub-vlm",
         "--set",
@@ -211,7 +208,7 @@ def test_export_gate_and_evaluate_the_export(robo_pipe_home: Path, tmp_path: Pat
     report = json.loads(evaluate.stdout.strip().splitlines()[-1])
     assert report["episodes"] == 4 and len(report["rows"]) == 2 and Path(report["report"]).is_file()
     registry = robo_pipe("evaluate", "models:/demo@champion", home=robo_pipe_home)
-    assert registry.returncode == 2 and "no registered model 'demo'" in registry.stderr
+    assert registry.returncode == 2 and "models:/demo@champion: no registry yet" in registry.stderr
 
 
 def test_a_user_error_exits_2_naming_the_input_before_any_work(
@@ -220,14 +217,12 @@ def test_a_user_error_exits_2_naming_the_input_before_any_work(
     """Each is a RoboPipeError: one line naming the path, exit 2, no traceback, nothing made."""
     a_file = tmp_path / "notes.txt"
     a_file.write_text("not a dataset folder")
-    collect = robo_pipe("collect", "configs/demo.yaml", "--out", str(a_file), home=robo_pipe_home)
+    collect = robo_pipe("collect", "--out", str(a_file), home=robo_pipe_home)
     assert collect.returncode == 2, collect.stderr
     assert str(a_file) in collect.stderr and "is a file" in collect.stderr
     empty = tmp_path / "empty"
     empty.mkdir()
-    finetune = robo_pipe(
-        "finetune", "configs/demo.yaml", "--dataset", str(empty), home=robo_pipe_home
-    )
+    finetune = robo_pipe("finetune", "--dataset", str(empty), home=robo_pipe_home)
     assert finetune.returncode == 2, finetune.stderr
     assert str(empty) in finetune.stderr
     for result in (collect, finetune):
@@ -236,20 +231,21 @@ def test_a_user_error_exits_2_naming_the_input_before_any_work(
     assert not list((robo_pipe_home / "datasets").glob("*")), "no collection started"
 
 
-def test_a_bug_shows_its_traceback_and_exits_1(robo_pipe_home: Path) -> None:
-    """Anything that is not a RoboPipeError is robo-pipe's fault: the traceback stays."""
+def test_a_bug_shows_its_traceback_and_exits_3(robo_pipe_home: Path) -> None:
+    """Anything that is not a RoboPipeError is robo-pipe's fault: the traceback stays, and
+    the exit code (3) is neither a verdict's (1) nor bad input's (2)."""
     bug = (
         "import sys; import pipelines.steps as steps\n"
         "def broken(*args, **kwargs): raise KeyError('episode_index')\n"
         "steps.collect_dataset = broken\n"
-        "sys.argv = ['robo-pipe', 'collect', 'configs/demo.yaml']\n"
+        "sys.argv = ['robo-pipe', 'collect']\n"
         "from pipelines.cli import main; main()\n"
     )
     env = {**os.environ, "ROBO_PIPE_HOME": str(robo_pipe_home)}
     result = subprocess.run(
         [sys.executable, "-c", bug], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
     )
-    assert result.returncode == 1
+    assert result.returncode == 3
     assert "Traceback" in result.stderr and "KeyError: 'episode_index'" in result.stderr
 
 

@@ -214,7 +214,7 @@ def test_the_pipeline_on_a_two_node_cluster_with_remote_prefect_and_mlflow_serve
 
     # Mistakes an operator makes are named before any stage.
     sets = [arg for s in [*TINY, *ON_THE_CLUSTER] for arg in ("--set", s)]
-    run = ["run", CONFIG, *sets, "--ray-address", ray_cluster]
+    run = ["run", "--config", CONFIG, *sets, "--ray-address", ray_cluster]
     wrong = robo_pipe(*run, home=home, env={**env, "MLFLOW_TRACKING_PASSWORD": "not-the-one"})
     assert wrong.returncode == 2, wrong.stderr[-2000:]
     assert "refused the login of MLFLOW_TRACKING_USERNAME='admin'" in " ".join(wrong.stderr.split())
@@ -308,7 +308,7 @@ def test_a_node_that_does_not_see_the_home_is_named_before_any_stage(
         sets = [arg for s in TINY for arg in ("--set", s)]
         env = {**ray_env, "PREFECT_API_URL": ""}
         done = robo_pipe(
-            "collect", CONFIG, *sets, "--set", "collect.workers=2", "--ray-address", address,
+            "collect", "-c", CONFIG, *sets, "--set", "collect.workers=2", "--ray-address", address,
             home=home, env=env,
         )  # fmt: skip
         assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]

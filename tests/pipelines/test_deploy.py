@@ -87,7 +87,7 @@ def start_agent(
     entry = {"name": "dev-arm-01", "url": f"http://127.0.0.1:{port}", "token_env": "ARM_TOKEN"}
     devices.write_text(yaml.safe_dump({"devices": [entry]}))
     process = subprocess.Popen(
-        [sys.executable, "-m", "pipelines.cli", "edge-agent", "--config", str(config)],
+        [sys.executable, "-m", "pipelines.cli", "edge-agent", "--device-config", str(config)],
         cwd=ROOT,
         env={**os.environ, "ROBO_PIPE_HOME": str(home)},
         stdout=subprocess.PIPE,
@@ -121,7 +121,7 @@ def deploy(
     return robo_pipe(
         "deploy",
         f"models:/{MODEL}/{version}",
-        "--target",
+        "--device",
         "dev-arm-01",
         "--devices",
         str(agent["devices"]),
@@ -192,7 +192,7 @@ def test_a_wrong_token_or_an_unknown_device_is_a_named_input_error(
     unknown = robo_pipe(
         "deploy",
         f"models:/{MODEL}/1",
-        "--target",
+        "--device",
         "no-such-arm",
         "--devices",
         str(agent["devices"]),

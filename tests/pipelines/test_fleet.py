@@ -236,7 +236,7 @@ def test_a_rollout_reaches_every_device_and_is_on_record(
         assert [a.key for a in artifacts] == [f"fleet-{MODEL}"]
         assert "| arm-b |" in str(artifacts[0].data) and "unreachable" in str(artifacts[0].data)
 
-        status = cli("fleet", "status", str(fleet), "--json", home=shared_home)
+        status = cli("fleet", "status", "--fleet", str(fleet), "--json", home=shared_home)
         assert status.returncode == 0, status.stderr[-3000:]
         states = {s["device"]: s for s in json.loads(status.stdout.strip().splitlines()[-1])}
         for name in names:
@@ -374,16 +374,16 @@ def test_bad_input_is_refused_before_any_work(
         )
     )
     uri = f"models:/{MODEL}/1"
-    both = cli("deploy", uri, "--fleet", str(fleet), "--target", "a", home=shared_home)
-    assert both.returncode == 2 and "either --target" in both.stderr
+    both = cli("deploy", uri, "--fleet", str(fleet), "--device", "a", home=shared_home)
+    assert both.returncode == 2 and "either --device" in both.stderr
     neither = cli("deploy", uri, home=shared_home)
-    assert neither.returncode == 2 and "either --target" in neither.stderr
-    stray = cli("deploy", uri, "--target", "a", "--canary", "1", home=shared_home)
+    assert neither.returncode == 2 and "either --device" in neither.stderr
+    stray = cli("deploy", uri, "--device", "a", "--canary", "1", home=shared_home)
     assert stray.returncode == 2 and "--canary only apply with --fleet" in stray.stderr
     invalid = cli("deploy", uri, "--fleet", str(fleet), home=shared_home)
     assert invalid.returncode == 2 and "field 'rollout.waves'" in invalid.stderr
     assert str(fleet) in invalid.stderr and "Traceback" not in invalid.stderr
-    status = cli("fleet", "status", str(fleet), home=shared_home)
+    status = cli("fleet", "status", "--fleet", str(fleet), home=shared_home)
     assert status.returncode == 2 and "'ten'" in status.stderr
 
 

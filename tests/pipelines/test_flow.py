@@ -227,9 +227,10 @@ def test_models_cli_lists_shows_promotes_and_rolls_back(
     numbers = [v["version"] for v in models[MODEL]["versions"]]
     assert {champion, failed} <= set(numbers) and numbers == sorted(numbers, key=int)[::-1]
 
-    refused = robo_pipe("models", "promote", MODEL, failed, home=shared_home)
-    assert refused.returncode == 2 and "failed gates: latency" in refused.stderr
-    forced = robo_pipe("models", "promote", MODEL, failed, "--force", home=shared_home)
+    refused = robo_pipe("models", "promote", f"{MODEL}/{failed}", home=shared_home)
+    assert refused.returncode == 1 and "failed gates: latency" in refused.stderr
+    uri = f"models:/{MODEL}/{failed}"
+    forced = robo_pipe("models", "promote", uri, "--force", home=shared_home)
     assert forced.returncode == 0, forced.stderr
     shown = robo_pipe("models", "show", f"{MODEL}@champion", "--json", home=shared_home)
     record = json.loads(shown.stdout.strip().splitlines()[-1])[0]
@@ -350,8 +351,9 @@ def test_run_below_min_success_is_registered_not_promoted(
     name = "demo-policy-strict"  # its own registry entry: no other test's champion moves
     sets = [*TINY, f"registry.model_name={name}", "registry.promotion.min_success=0.9"]
     args = [arg for s in sets for arg in ("--set", s)]
-    run = robo_pipe("run", CONFIG, *args, "--json", home=shared_home, **cli_env())
-    assert run.returncode == 0, run.stderr[-3000:]
+    run = robo_pipe("run", "-c", CONFIG, *args, "--json", home=shared_home, **cli_env())
+    assert run.returncode == 1, run.stderr[-3000:]  # the verdict's exit code
+    assert "verdict: blocked" in run.stderr
     result = json.loads(run.stdout.strip().splitlines()[-1])
     # Its log (stderr is piped, as in CI): each stage's one line as it ended, ok or reused.
     lines = run.stderr.splitlines()
@@ -493,7 +495,7 @@ def test_champion_check_fails_when_the_champion_falls_below_the_bar(
 
     def check(min_success: str) -> tuple[subprocess.CompletedProcess[str], str]:
         bar = ["--set", f"registry.promotion.min_success={min_success}"]
-        run = robo_pipe("models", "check", CONFIG, *args, *bar, home=shared_home, **cli_env())
+        run = robo_pipe("models", "check", "-c", CONFIG, *args, *bar, home=shared_home, **cli_env())
         with get_client(sync_client=True) as prefect:
             (latest,) = prefect.read_flow_runs(
                 flow_filter=FlowFilter(name=FlowFilterName(any_=["champion_regression"])),
@@ -534,7 +536,7 @@ def test_unreachable_services_are_named(
     port = str(free_port())
     args = [a.replace("{port}", port) for a in args]
     env = {k: v.replace("{port}", port) for k, v in env.items()}
-    result = robo_pipe("run", CONFIG, *args, home=tmp_path / "home", **env)
+    result = robo_pipe("run", "--config", CONFIG, *args, home=tmp_path / "home", **env)
     assert result.returncode == 2, result.stderr
     assert named.replace("{port}", port) in result.stderr
     assert "Traceback" not in result.stderr
@@ -549,7 +551,7 @@ def test_finetune_cli_runs_bc_then_ppo(first_run: dict[str, Any], shared_home: P
     from stages.policy.checkpoint import read_policy_meta
 
     sets = [arg for s in TINY for arg in ("--set", s)]
-    result = robo_pipe("finetune", CONFIG, "--algo", "ppo", *sets, "--json", home=shared_home)
+    result = robo_pipe("finetune", "-c", CONFIG, "--algo", "ppo", *sets, "--json", home=shared_home)
     assert result.returncode == 0, result.stderr[-3000:]
     ref = json.loads(result.stdout.strip().splitlines()[-1])
     run_dir = Path(ref["path"]).parent
@@ -561,7 +563,7 @@ def test_finetune_cli_runs_bc_then_ppo(first_run: dict[str, Any], shared_home: P
     lineage = read_policy_meta(ref["path"])["lineage"]
     assert lineage["stage"] == "finetune-ppo" and "-finetune-" in lineage["start_checkpoint"]
 
-    bad = robo_pipe("finetune", CONFIG, "--algo", "dqn", home=shared_home)
+    bad = robo_pipe("finetune", "-c", CONFIG, "--algo", "dqn", home=shared_home)
     assert bad.returncode == 2 and "finetune.algo" in bad.stderr and "dqn" in bad.stderr
 
 

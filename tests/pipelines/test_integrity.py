@@ -47,10 +47,11 @@ def cli(*args: str, home: Path, limit: int | None = None) -> subprocess.Complete
     )
 
 
-def refused(result: subprocess.CompletedProcess[str], *words: str) -> None:
-    """Exit 2 with one named error and no traceback, mentioning every one of ``words``."""
+def refused(result: subprocess.CompletedProcess[str], *words: str, code: int = 2) -> None:
+    """Exit ``code`` (2: bad input; 1: ``verify``'s verdict that a check failed) with one named
+    error and no traceback, mentioning every one of ``words``."""
     text = " ".join(result.stderr.split())  # the console wraps long lines
-    assert result.returncode == 2, result.stderr
+    assert result.returncode == code, result.stderr
     assert "Traceback" not in result.stderr
     for word in words:
         assert word in text, (word, result.stderr)
@@ -149,6 +150,7 @@ def test_verify_and_every_stage_refuse_a_flipped_byte_in_any_artifact(
         bad,
         *(f"{path}: sha256 check failed" for path in flipped.values()),
         f"{release}: bundle file 'policy.onnx' has sha256",
+        code=1,
     )
 
     # Each stage refuses it when it opens it, before it writes anything.
@@ -179,6 +181,7 @@ def test_a_truncated_or_missing_video_or_no_checksums_is_a_named_error(
         f"{truncated / video}: size check failed",
         f"{unchecked / 'meta/checksums.json'}: checksums check failed: no checksums",
         "re-run robo-pipe collect",
+        code=1,
     )
     (truncated / video).unlink()
     checkpoint = save_checkpoint(tmp_path / "ckpt", seed=0)
@@ -192,7 +195,7 @@ def test_collect_on_a_full_disk_keeps_what_it_had_and_resumes(
     from stages.dataset.reader import open_dataset
 
     out = tmp_path / "ds"
-    collect = ["collect", TINY, "--out", str(out)]
+    collect = ["collect", "--config", TINY, "--out", str(out)]
     first = cli(*collect, "--episodes", "4", home=robo_pipe_home)
     assert first.returncode == 0, first.stderr
     shard = out / ".staging" / "shard-00000000-00000004"
@@ -218,7 +221,7 @@ def test_collect_rebuilds_a_finished_dataset_that_fails_its_checks(
     """A finished dataset is reused as it is only if it verifies: one with a flipped byte is
     finalized again from its committed shards (the source of truth), to the same content."""
     out = tmp_path / "ds"
-    collect = ["collect", TINY, "--out", str(out), "--json"]
+    collect = ["collect", "--config", TINY, "--out", str(out), "--json"]
     first = cli(*collect, "--episodes", "4", home=robo_pipe_home)
     assert first.returncode == 0, first.stderr
     flip_byte(out / "data/chunk-000/file-000.parquet")

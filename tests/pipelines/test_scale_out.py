@@ -89,7 +89,9 @@ def test_pipeline_on_the_servers_of_robo_pipe_ui_then_a_scheduled_run(
 
     # No PREFECT_API_URL: the run finds the running `robo-pipe ui` and reports to its server.
     sets = [arg for s in TINY for arg in ("--set", s)]
-    run = robo_pipe("run", CONFIG, *sets, "--json", home=home, env={**env, "PREFECT_API_URL": ""})
+    run = robo_pipe(
+        "run", "-c", CONFIG, *sets, "--json", home=home, env={**env, "PREFECT_API_URL": ""}
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(run.stdout.strip().splitlines()[-1])
     assert result["promoted"] and result["links"]["Prefect flow run"].startswith(
@@ -118,7 +120,17 @@ def test_pipeline_on_the_servers_of_robo_pipe_ui_then_a_scheduled_run(
         )
         # No PREFECT_API_URL: serve finds the running `robo-pipe ui` and its runs report there.
         serve = subprocess.Popen(
-            [sys.executable, "-m", "pipelines.cli", "serve", CONFIG, *tiny, "--set", schedule],
+            [
+                sys.executable,
+                "-m",
+                "pipelines.cli",
+                "serve",
+                "-c",
+                CONFIG,
+                *tiny,
+                "--set",
+                schedule,
+            ],
             cwd=ROOT,
             env={**env, "PREFECT_API_URL": "", "ROBO_PIPE_HOME": str(home)},
             stdout=subprocess.PIPE,

@@ -87,7 +87,7 @@ def prefect_flow_runs(home: Path) -> dict[str, dict[str, Any]]:
 def resumed(shared_home: Path) -> dict[str, Any]:
     """A tiny `robo-pipe run` killed with SIGKILL after its first stage, then run again to
     the end: the killed run's lock-file record, the second run's result, its seconds."""
-    cmd = [sys.executable, "-m", "pipelines.cli", "run", CONFIG, *SETS, "--json"]
+    cmd = [sys.executable, "-m", "pipelines.cli", "run", "-c", CONFIG, *SETS, "--json"]
     env = cli_env(shared_home)
     # Its own process group: SIGKILL takes the temporary Prefect server down with it (left
     # behind, it would hold the home's Prefect database).
@@ -261,7 +261,7 @@ class Cli:
 @pytest.fixture
 def serving(resumed: dict[str, Any], shared_home: Path) -> Iterator[Cli]:
     """`robo-pipe serve` on the tiny config, its own servers started (no PREFECT_API_URL)."""
-    serve = Cli(["serve", CONFIG, *SETS, "--set", SCHEDULES], shared_home)
+    serve = Cli(["serve", "-c", CONFIG, *SETS, "--set", SCHEDULES], shared_home)
     yield serve
     if serve.alive():  # the test failed before stopping it
         serve.stop()
@@ -419,7 +419,7 @@ def test_served_deployments_run_scheduled_and_manual_runs_then_sigterm_stops_eve
 @pytest.mark.parametrize("verb", ["serve", "ui"])
 def test_sigterm_while_the_servers_start_leaves_nothing_behind(verb: str, tmp_path: Path) -> None:
     home = tmp_path / "starting"
-    args = ["serve", CONFIG, *SETS, "--set", SCHEDULES] if verb == "serve" else ["ui"]
+    args = ["serve", "-c", CONFIG, *SETS, "--set", SCHEDULES] if verb == "serve" else ["ui"]
     home.mkdir(parents=True)
     proc = Cli(args, home)
     log = home / "mlflow" / "server.log"  # opened just before the MLflow server starts

@@ -28,7 +28,7 @@ EPISODES = 24  # the two collects' dataset size (see the first test)
 
 
 def start_collect(home: Path, episodes: int, log: Path) -> subprocess.Popen[bytes]:
-    """``robo-pipe collect configs/tiny.yaml --json`` on ``home``; stdout and stderr to
+    """``robo-pipe collect --config configs/tiny.yaml --json`` on ``home``; stdout and stderr to
     ``log``.out and ``log``.err."""
     sets = [x for o in [*SLOWER, f"collect.episodes={episodes}"] for x in ("--set", o)]
     with log.with_suffix(".out").open("wb") as out, log.with_suffix(".err").open("wb") as err:
@@ -38,6 +38,7 @@ def start_collect(home: Path, episodes: int, log: Path) -> subprocess.Popen[byte
                 "-m",
                 "pipelines.cli",
                 "collect",
+                "--config",
                 str(TINY_CONFIG),
                 *sets,
                 "--json",

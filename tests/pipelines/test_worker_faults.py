@@ -105,14 +105,14 @@ def test_a_collect_worker_killed_mid_collect_is_restarted_and_its_shard_redone(
         return any(staged.glob("shard-*[0-9]/shard.json"))
 
     ref, stderr, pid = run_killing(
-        ["collect", TINY, "--out", str(killed_run)],
+        ["collect", "--config", TINY, "--out", str(killed_run)],
         [*COLLECT, "collect.workers=2"],
         robo_pipe_home,
         "ray::CollectWorker.collect_shard",
         a_shard_committed,
     )
     undisturbed = run(
-        ["collect", TINY, "--out", str(tmp_path / "undisturbed")],
+        ["collect", "--config", TINY, "--out", str(tmp_path / "undisturbed")],
         [*COLLECT, "collect.workers=0"],
         robo_pipe_home,
     )

@@ -204,7 +204,7 @@ def test_missing_isaaclab_environment_is_a_named_error_before_any_work(tmp_path:
             sys.executable,
             "-m",
             "pipelines.cli",
-            "demo",
+            "expert",
             "--episodes",
             "2",
             "--set",

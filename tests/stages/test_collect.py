@@ -131,7 +131,15 @@ def test_appending_keeps_existing_episodes(tmp_path: Path) -> None:
 
 
 def test_killed_collection_resumes_to_the_same_dataset(tmp_path: Path) -> None:
-    args = [sys.executable, "-m", "pipelines.cli", "collect", str(TINY_CONFIG), "--json"]
+    args = [
+        sys.executable,
+        "-m",
+        "pipelines.cli",
+        "collect",
+        "--config",
+        str(TINY_CONFIG),
+        "--json",
+    ]
     sets = [x for o in [*SIZES, "collect.episodes=24"] for x in ("--set", o)]
     env = {**os.environ, "ROBO_PIPE_HOME": str(tmp_path / "home")}
     interrupted = tmp_path / "interrupted"

@@ -179,9 +179,9 @@ def test_device_steps_show_their_own_duration_and_no_made_up_one() -> None:
     clock.now = 34.0
     rows.finished("verify", "ok (33.5 s)", False)
     rows.finished("collect", "2000 episodes, 120000 frames", True)
-    screen = Console(file=io.StringIO(), width=200)
-    screen.print(rows.progress.get_renderable())
-    shown = {line.split()[0]: line for line in screen.file.getvalue().splitlines()}  # type: ignore[attr-defined]
+    screen = io.StringIO()
+    Console(file=screen, width=200).print(rows.progress.get_renderable())
+    shown = {line.split()[0]: line for line in screen.getvalue().splitlines()}
     elapsed = re.compile(r"\d+:\d\d:\d\d")
     assert "ok (33.5 s)" in shown["verify"] and not elapsed.search(shown["verify"])
     assert not elapsed.search(shown["collect"]), "a reused stage took no time of this run's"

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 from uuid import UUID
@@ -94,7 +95,9 @@ def describe_schedule(entry: ScheduleConfig) -> str:
 
 
 def serve(deployments: list[RunnerDeployment]) -> None:
-    """Register ``deployments`` and run their flow runs until SIGINT or SIGTERM.
+    """Register ``deployments`` and run their flow runs until SIGTERM or Ctrl-C (SIGINT, unless
+    this process ignores it: see :func:`pipelines.services.stop_on_sigterm`), then raise
+    :class:`~pipelines.services.Stopped` with that signal.
 
     Runs execute in subprocesses that report to the same Prefect API as this process. Either
     signal stops it the same way: runs still in progress are cancelled (their processes
@@ -106,11 +109,17 @@ def serve(deployments: list[RunnerDeployment]) -> None:
 
     from prefect.runner import Runner
 
+    from pipelines.services import Stopped
+
     class _Runner(Runner):
+        on_sigterm: Callable[[], None] | None = None
+
         def handle_sigterm(self, *args: Any, **kwargs: Any) -> None:
-            # Prefect 3.8's own handler calls the async stop() without awaiting it and exits
-            # at once, leaving runs in progress `Running`: stop as on Ctrl-C instead.
-            signal.raise_signal(signal.SIGINT)
+            # Runner.start() installs this over the loop's SIGTERM handler. Prefect 3.8's own
+            # calls the async stop() without awaiting it and exits at once, leaving runs in
+            # progress `Running`: stop as on the loop's handler instead.
+            if self.on_sigterm is not None:
+                self.on_sigterm()
 
     runner = _Runner(pause_on_shutdown=True)
     ids: list[UUID] = []
@@ -118,12 +127,23 @@ def serve(deployments: list[RunnerDeployment]) -> None:
         deployment_id = runner.add_deployment(deployment)
         assert isinstance(deployment_id, UUID)  # called from sync code: no coroutine
         ids.append(deployment_id)
+    received: list[int] = []
 
     async def run_until_signalled() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
+
+        def stop_on(signum: int) -> None:
+            received.append(signum)
+            stop.set()
+
+        def on_sigterm() -> None:
+            loop.call_soon_threadsafe(stop_on, signal.SIGTERM)
+
+        runner.on_sigterm = on_sigterm
         for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(signum, stop.set)
+            if signal.getsignal(signum) is not signal.SIG_IGN:  # an ignored SIGINT stays so
+                loop.add_signal_handler(signum, stop_on, signum)
         serving = asyncio.create_task(runner.start())
         signalled = asyncio.create_task(stop.wait())
         await asyncio.wait({serving, signalled}, return_when=asyncio.FIRST_COMPLETED)
@@ -138,7 +158,16 @@ def serve(deployments: list[RunnerDeployment]) -> None:
         if signalled.done():
             await _restore_finished_runs(ids)
 
-    asyncio.run(run_until_signalled())
+    # Closing the loop resets the signals it handled to Python's defaults (SIGTERM: die at
+    # once): the caller's handlers come back, so that stopping its servers is not cut short.
+    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        asyncio.run(run_until_signalled())
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    if received:
+        raise Stopped(received[0])
 
 
 SHUTDOWN_MESSAGE = "Runner is shutting down."

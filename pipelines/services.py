@@ -47,7 +47,8 @@ from pipelines.home import (
 from robo_pipe.errors import RoboPipeError
 
 SERVICES_FILE = "services.json"
-"""Written by ``robo-pipe ui`` under the home: the URLs and pids of its servers."""
+"""Written under the home by ``robo-pipe ui`` (and ``serve`` when it starts its own servers):
+the URLs of its servers, its pid and which verb it is."""
 
 
 class ServiceError(RoboPipeError, RuntimeError):
@@ -67,10 +68,25 @@ class Services:
     """None: a temporary local Prefect server per process (ephemeral mode)."""
     prefect_ui: str | None
     prefect_home: str
+    servers_of: str | None = None
+    """The process whose local servers this one reports to, e.g. ``robo-pipe ui (pid 4321)``:
+    a ``robo-pipe ui`` (or ``serve``) running on this home, found through its ``services.json``.
+    None if it uses none."""
 
     def to_json(self) -> dict[str, str | None]:
         """Plain-dict form for JSON output."""
         return asdict(self)
+
+    def servers_note(self) -> str | None:
+        """What ``run`` and ``serve`` say when they use another process's servers (None if they
+        do not): that process and the URLs, so a run that shows up in someone's UI is no
+        surprise."""
+        if self.servers_of is None:
+            return None
+        return (
+            f"using the servers of {self.servers_of} on this home: Prefect UI {self.prefect_ui}, "
+            f"MLflow UI {self.mlflow_ui or '-'} (stop it, or set PREFECT_API_URL, to use others)"
+        )
 
 
 def configure(create: bool = True) -> Services:
@@ -98,6 +114,9 @@ def configure(create: bool = True) -> Services:
         mlflow_ui: str | None = tracking_uri.rstrip("/")  # a tracking server is its own UI
     else:
         mlflow_ui = ui["mlflow_ui"] if ui and _is_default_store() else None
+    servers_of = None
+    if ui and (api == ui["prefect_api_url"] or mlflow_ui == ui["mlflow_ui"]):
+        servers_of = f"{ui.get('owner', 'robo-pipe ui')} (pid {ui['pid']})"
     return Services(
         home=str(robo_pipe_home()),
         mlflow_tracking_uri=tracking_uri,
@@ -105,6 +124,7 @@ def configure(create: bool = True) -> Services:
         prefect_api_url=api,
         prefect_ui=prefect_ui,
         prefect_home=os.environ["PREFECT_HOME"],
+        servers_of=servers_of,
     )
 
 
@@ -271,10 +291,38 @@ def _port_free(port: int) -> bool:
         return True
 
 
-def sigterm_as_ctrl_c() -> None:
-    """Handle SIGTERM as Ctrl-C (SIGINT) in this process, so that both stop it the same way:
-    through ``KeyboardInterrupt`` and the ``finally`` blocks that stop what it started."""
-    signal.signal(signal.SIGTERM, lambda *_: signal.raise_signal(signal.SIGINT))
+class Stopped(KeyboardInterrupt):
+    """A stop signal, raised in the main thread as Ctrl-C's ``KeyboardInterrupt`` is: SIGTERM
+    (see :func:`stop_on_sigterm`), or either signal once ``serve``'s runner has stopped;
+    ``signum`` says which."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def stop_on_sigterm() -> None:
+    """Make SIGTERM raise :class:`Stopped` (a ``KeyboardInterrupt``) in this process, so that
+    SIGTERM and Ctrl-C stop it the same way: through the ``finally`` blocks that stop what it
+    started. For the long-running verbs (ui, serve, edge-agent, run); their exit code is
+    :func:`interrupted_exit_code`.
+
+    SIGINT keeps its disposition. A shell starts ``cmd &`` from a script with SIGINT ignored
+    (so that a Ctrl-C meant for the script's foreground command does not reach it), and Python
+    then installs no ``KeyboardInterrupt`` for SIGINT: that choice of the caller stands. SIGTERM
+    (``kill``, ``timeout``, systemd, Docker) always stops the process, whatever SIGINT is.
+    """
+    signal.signal(signal.SIGTERM, _raise_stopped)
+
+
+def _raise_stopped(signum: int, _frame: object) -> None:
+    raise Stopped(signum)
+
+
+def interrupted_exit_code(interrupt: KeyboardInterrupt) -> int:
+    """The exit code of a process that ``interrupt`` stopped: 128 + the signal's number, as a
+    shell reports a process a signal ended (130 for Ctrl-C/SIGINT, 143 for SIGTERM)."""
+    return 128 + (interrupt.signum if isinstance(interrupt, Stopped) else signal.SIGINT)
 
 
 @contextmanager
@@ -288,6 +336,7 @@ def _interrupts_deferred() -> Iterator[None]:
     previous = {
         signum: signal.signal(signum, lambda got, _: received.append(got))
         for signum in (signal.SIGINT, signal.SIGTERM)
+        if signal.getsignal(signum) is not signal.SIG_IGN  # an ignored signal stays ignored
     }
     try:
         yield
@@ -315,7 +364,11 @@ class LocalServers:
     both and removes ``services.json``.
     """
 
-    def __init__(self, prefect_port: int = 4200, mlflow_port: int = 5000) -> None:
+    def __init__(
+        self, prefect_port: int = 4200, mlflow_port: int = 5000, owner: str = "robo-pipe ui"
+    ) -> None:
+        self.owner = owner
+        """The verb that starts them: ``run``/``serve`` on this home name it when they use them."""
         self.prefect_port = prefect_port if _port_free(prefect_port) else free_port()
         self.mlflow_port = mlflow_port if _port_free(mlflow_port) else free_port()
         self.prefect_url = f"http://127.0.0.1:{self.prefect_port}"
@@ -387,17 +440,30 @@ class LocalServers:
                 time.sleep(0.5)
         state = {
             "pid": os.getpid(),
+            "owner": self.owner,
             "prefect_api_url": f"{self.prefect_url}/api",
             "prefect_ui": self.prefect_url,
             "mlflow_ui": self.mlflow_url,
         }
         (robo_pipe_home() / SERVICES_FILE).write_text(json.dumps(state, indent=1))
 
+    def capture_note(self) -> str:
+        """What the verb that started them says: later runs on this home report to them."""
+        return (
+            f"while this runs, robo-pipe run and serve on this home ({robo_pipe_home()}) report "
+            "to these servers (set PREFECT_API_URL to send them elsewhere)"
+        )
+
     def stop(self, grace_s: float = 5.0) -> None:
         """Stop both servers and every process they started: SIGTERM to each server, which
         stops its own workers (signalled directly, uvicorn's supervisor would restart them),
         then SIGKILL to whatever is left of its process group after ``grace_s`` (SQLite keeps
-        both stores intact)."""
+        both stores intact). A second SIGTERM or Ctrl-C meanwhile takes effect once they are
+        stopped: it must not leave them running."""
+        with _interrupts_deferred():
+            self._stop(grace_s)
+
+    def _stop(self, grace_s: float) -> None:
         (robo_pipe_home() / SERVICES_FILE).unlink(missing_ok=True)
         for proc in self.processes:
             if proc.poll() is None:

@@ -22,7 +22,10 @@ def main() -> None:
     except RoboPipeError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
-    serve(config)  # uvicorn stops cleanly on Ctrl-C and SIGTERM
+    try:
+        serve(config)  # stops cleanly on SIGTERM (then exits by it) and on Ctrl-C
+    except KeyboardInterrupt:
+        sys.exit(130)  # 128 + SIGINT, as a shell reports it
 
 
 if __name__ == "__main__":

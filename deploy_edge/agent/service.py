@@ -162,7 +162,10 @@ def watch_lock(config: DeviceConfig, deployer: Deployer, stop: threading.Event) 
 
 
 def serve(config: DeviceConfig) -> None:
-    """Recover from an interrupted deployment, then serve until Ctrl-C or SIGTERM."""
+    """Recover from an interrupted deployment, then serve until Ctrl-C or SIGTERM. Once the
+    service has stopped, the signal takes effect again as this process handles it (Python's
+    default: ``KeyboardInterrupt`` for Ctrl-C, the end of the process for SIGTERM), so that
+    the caller can exit with the signal's code."""
     import uvicorn
 
     deployer = Deployer(config)
@@ -172,8 +175,8 @@ def serve(config: DeviceConfig) -> None:
     stop = threading.Event()
     watcher = threading.Thread(target=watch_lock, args=(config, deployer, stop), daemon=True)
     watcher.start()
-    try:
-        uvicorn.run(
+    server = uvicorn.Server(
+        uvicorn.Config(
             create_app(config, deployer),
             host=host or "127.0.0.1",
             port=int(port),
@@ -182,5 +185,10 @@ def serve(config: DeviceConfig) -> None:
             log_level="warning",
             timeout_graceful_shutdown=GRACE_S,
         )
+    )
+    try:
+        # Not uvicorn.run(): it swallows the KeyboardInterrupt a signal raises once the
+        # server has stopped, and with it which signal it was.
+        server.run()
     finally:
         stop.set()

@@ -126,10 +126,16 @@ def edge_agent(
         )
     from deploy_edge.agent.config import load_device_config
     from deploy_edge.agent.service import serve
+    from pipelines.services import interrupted_exit_code, stop_on_sigterm
 
     device = load_device_config(config)
     console.print(f"edge agent {device.name} on {device.listen}", highlight=False)
-    serve(device)
+    # uvicorn stops on either signal, then raises it again under this process's handlers.
+    stop_on_sigterm()
+    try:
+        serve(device)
+    except KeyboardInterrupt as stopped:
+        raise typer.Exit(code=interrupted_exit_code(stopped)) from None
 
 
 def deploy(

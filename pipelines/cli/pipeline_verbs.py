@@ -43,7 +43,12 @@ def run(
     checks.check_config(cfg)  # read and checked once: the flow takes it as it is
     if not verbose:
         quiet_prefect_console()
+    from pipelines.services import interrupted_exit_code, stop_on_sigterm
+
+    stop_on_sigterm()
     found = services(flows=True, ray_address=ray_address)
+    if note := found.servers_note():
+        console.print(note, highlight=False)
     console.print(
         f"pipeline [bold]{cfg.name}[/] (config hash {cfg.config_hash()}): Prefect "
         f"{found.prefect_api_url or 'temporary local server (robo-pipe ui shows its runs)'}, "
@@ -57,9 +62,9 @@ def run(
     try:
         with live() as display, listening(display):
             result = train_simulate_deploy(config=cfg, ray_address=ray_address)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stopped:
         console.print("[yellow]interrupted[/]: run the same command again to resume")
-        raise typer.Exit(code=130) from None
+        raise typer.Exit(code=interrupted_exit_code(stopped)) from None
     except RoboPipeError:
         raise
     except Exception:
@@ -91,19 +96,25 @@ def serve(
     started for as long as this runs (a schedule needs a server's scheduler), and stopped
     with it.
     """
-    from pipelines.services import LocalServers, sigterm_as_ctrl_c, use_prefect_api
+    from pipelines.services import (
+        LocalServers,
+        interrupted_exit_code,
+        stop_on_sigterm,
+        use_prefect_api,
+    )
 
     cfg = load(config, set_)
     if not cfg.schedules:
         raise InputError(f"{config}: field 'schedules' is empty: nothing to serve")
     checks.check_config(cfg)
-    sigterm_as_ctrl_c()
+    stop_on_sigterm()
     found = services()
     servers = None
+    exit_code = 0
     start = time.perf_counter()
     try:
         if found.prefect_api_url is None:
-            servers = LocalServers()
+            servers = LocalServers(owner="robo-pipe serve")
             with console.status("starting the Prefect server and the MLflow UI"):
                 servers.start()
             use_prefect_api(f"{servers.prefect_url}/api")
@@ -111,8 +122,11 @@ def serve(
                 f"Prefect UI {servers.prefect_url}   MLflow UI {servers.mlflow_url}",
                 highlight=False,
             )
+            console.print(servers.capture_note(), style="dim", highlight=False)
         else:
-            console.print(f"Prefect API {found.prefect_api_url}", highlight=False)
+            console.print(
+                found.servers_note() or f"Prefect API {found.prefect_api_url}", highlight=False
+            )
         from pipelines.deployments import OVERLAP, build_deployments, describe_schedule
         from pipelines.deployments import serve as serve_deployments
 
@@ -126,13 +140,14 @@ def serve(
             )
         prefect_ui = servers.prefect_url if servers else found.prefect_ui
         console.print(
-            f"next runs: {prefect_ui}/deployments (each one's Upcoming tab); Ctrl-C stops serving",
+            f"next runs: {prefect_ui}/deployments (each one's Upcoming tab); Ctrl-C or SIGTERM "
+            "stops serving",
             style="dim",
             highlight=False,
         )
         serve_deployments(deployments)
-    except KeyboardInterrupt:
-        pass
+    except KeyboardInterrupt as stopped:
+        exit_code = interrupted_exit_code(stopped)
     finally:
         stopping = time.perf_counter()
         if servers:
@@ -141,6 +156,7 @@ def serve(
             f"stopped after {stopping - start:.0f} s (shutdown took "
             f"{time.perf_counter() - stopping:.1f} s)"
         )
+    raise typer.Exit(code=exit_code)
 
 
 def ui(
@@ -151,26 +167,30 @@ def ui(
 ) -> None:
     """Start the local Prefect server and the MLflow UI on 127.0.0.1 and print their URLs.
 
-    Both show this home's runs (earlier ones too). While this runs, `robo-pipe run` reports to
-    this Prefect server, so its stages appear live. Ctrl-C or SIGTERM stops both.
+    Both show this home's runs (earlier ones too). While this runs, `robo-pipe run` and
+    `robo-pipe serve` on this home report to these servers, so their stages appear live (ui and
+    they say so). Ctrl-C or SIGTERM stops both.
     """
-    from pipelines.services import LocalServers, sigterm_as_ctrl_c
+    from pipelines.services import LocalServers, interrupted_exit_code, stop_on_sigterm
 
-    sigterm_as_ctrl_c()
+    stop_on_sigterm()
     servers = LocalServers(prefect_port, mlflow_port)
     try:
         with console.status("starting the Prefect server and the MLflow UI"):
             servers.start()
         console.print(f"Prefect UI  {servers.prefect_url}", highlight=False)
         console.print(f"MLflow UI   {servers.mlflow_url}", highlight=False)
-        console.print("Ctrl-C stops both", style="dim")
+        console.print(servers.capture_note(), highlight=False)
+        console.print("Ctrl-C or SIGTERM stops both", style="dim")
         while all(p.poll() is None for p in servers.processes):
             time.sleep(1)
         console.print("[red]a server exited[/]; see the logs under $ROBO_PIPE_HOME")
-    except KeyboardInterrupt:
-        pass
+        exit_code = 3  # a service robo-pipe needs failed
+    except KeyboardInterrupt as stopped:
+        exit_code = interrupted_exit_code(stopped)
     finally:
         servers.stop()
+    raise typer.Exit(code=exit_code)
 
 
 def info(json_out: JsonOpt = False) -> None:

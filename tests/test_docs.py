@@ -211,7 +211,8 @@ def check_command(command: Command, verbs: dict[tuple[str, ...], Verb]) -> list[
                 i += 1  # the option's value
         else:
             positional += 1
-    if verb.max_args is not None and positional > verb.max_args:
+    # After an unknown option, its value (if it takes one) would count as an argument.
+    if not problems and verb.max_args is not None and positional > verb.max_args:
         name = " ".join(("robo-pipe", *verb.path))
         problems.append(
             f"{command.where}: {shown!r}: {positional} arguments, {name!r} takes {verb.max_args}"

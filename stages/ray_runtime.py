@@ -214,7 +214,7 @@ def check_shared_storage(folder: Path, timeout_s: float = 120.0) -> list[str]:
                 raise RayClusterError(
                     f"{where}, host {view.host}, does not share {folder} with this machine: "
                     f"{view.error}. Every node must see the same ROBO_PIPE_HOME at the same "
-                    "path (e.g. an NFS mount); see the README, 'Running on a cluster'"
+                    "path (e.g. an NFS mount); see docs/scale-out.md"
                 )
         return [str(n["NodeID"]) for n in nodes]
     finally:

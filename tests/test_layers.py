@@ -1,4 +1,4 @@
-"""The layer rule of README's Architecture section, checked on every import in the tree:
+"""The layer rule of docs/architecture.md, checked on every import in the tree:
 which of robo-pipe's packages each package may import, and which third-party stacks stay out
 of the layers that must run without them (the stages and the edge runtime without Prefect and
 MLflow)."""

@@ -14,7 +14,7 @@ runs it:
 - actions, state, control rate (``decimation`` physics steps of ``physics_timestep``),
   success criterion, reward and episode length are the variant's.
 
-What differs from MuJoCo (see the README's Isaac Lab section): the key light's position and
+What differs from MuJoCo (see docs/isaaclab.md): the key light's position and
 intensity jitter and the scene camera's position jitter are not applied (the Newton Warp
 renderer has one default directional light, and moving a camera per environment does not reach
 it, IsaacLab issue #7676), and shading differs between the two renderers.

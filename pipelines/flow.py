@@ -47,7 +47,7 @@ from prefect.artifacts import (
 )
 from prefect.client.schemas.objects import FlowRun
 from prefect.context import FlowRunContext, get_run_context
-from prefect.states import Completed
+from prefect.states import Completed, State
 from pydantic import WithJsonSchema
 
 from pipelines import checks, reconcile, steps, summary, tracking
@@ -105,7 +105,7 @@ def _flow_run_name() -> str:
     elif isinstance(config, str | Path):
         name = Path(config).stem
     else:
-        name = context.flow.name if context else "robo-pipe"
+        name = context.flow.name if context and context.flow else "robo-pipe"
     return f"{name} · {time.strftime('%Y-%m-%d %H:%M:%SZ', time.gmtime())}"
 
 
@@ -264,7 +264,7 @@ def train_simulate_deploy(
         )
         result = _publish(ctx, services, mlrun, records, rollout)
     # Prefect ends the run in this state (its name the verdict) and hands a caller its data.
-    final = Completed(
+    final: State[PipelineResult] = Completed(
         name=summary.VERDICT_STATES[result.verdict], message=summary.outcome(result), data=result
     )
     return cast(PipelineResult, final)

@@ -736,7 +736,7 @@ def test_the_verdict_shows_in_prefect_and_mlflow(
     first = mlflow.get_run(first_run["mlflow_run_id"]).data.tags["mlflow.note.content"]
     assert f"promoted v{first_run['version']}" in first
     # MLflow's own promote path is named on the version, where its button is.
-    description = registry.client().get_model_version(MODEL, gated_run["version"]).description
+    description = str(registry.client().get_model_version(MODEL, gated_run["version"]).description)
     assert "bypass the gates" in description and "robo-pipe models promote" in description
 
 

@@ -304,8 +304,11 @@ class Stopped(KeyboardInterrupt):
 def stop_on_sigterm() -> None:
     """Make SIGTERM raise :class:`Stopped` (a ``KeyboardInterrupt``) in this process, so that
     SIGTERM and Ctrl-C stop it the same way: through the ``finally`` blocks that stop what it
-    started. For the long-running verbs (ui, serve, edge-agent, run); their exit code is
-    :func:`interrupted_exit_code`.
+    started. For the long-running verbs (ui, serve, edge-agent, run): each installs it just
+    before the ``try`` whose ``finally`` stops what it starts, and exits with
+    :func:`interrupted_exit_code`. (Before that, SIGTERM's default ends the process at once,
+    which a shell reports as 143 too; a ``Stopped`` that left the verb would exit 130, as
+    Typer gives any ``KeyboardInterrupt``.)
 
     SIGINT keeps its disposition. A shell starts ``cmd &`` from a script with SIGINT ignored
     (so that a Ctrl-C meant for the script's foreground command does not reach it), and Python

@@ -43,9 +43,6 @@ def run(
     checks.check_config(cfg)  # read and checked once: the flow takes it as it is
     if not verbose:
         quiet_prefect_console()
-    from pipelines.services import interrupted_exit_code, stop_on_sigterm
-
-    stop_on_sigterm()
     found = services(flows=True, ray_address=ray_address)
     if note := found.servers_note():
         console.print(note, highlight=False)
@@ -57,7 +54,10 @@ def run(
     )
     from pipelines.flow import train_simulate_deploy
     from pipelines.progress import listening
+    from pipelines.services import interrupted_exit_code, stop_on_sigterm
 
+    # Until here SIGTERM ends the process at once (exit 143 too): nothing is started yet.
+    stop_on_sigterm()
     start = time.perf_counter()
     try:
         with live() as display, listening(display):
@@ -107,10 +107,10 @@ def serve(
     if not cfg.schedules:
         raise InputError(f"{config}: field 'schedules' is empty: nothing to serve")
     checks.check_config(cfg)
-    stop_on_sigterm()
     found = services()
     servers = None
     exit_code = 0
+    stop_on_sigterm()
     start = time.perf_counter()
     try:
         if found.prefect_api_url is None:
@@ -173,8 +173,8 @@ def ui(
     """
     from pipelines.services import LocalServers, interrupted_exit_code, stop_on_sigterm
 
-    stop_on_sigterm()
     servers = LocalServers(prefect_port, mlflow_port)
+    stop_on_sigterm()
     try:
         with console.status("starting the Prefect server and the MLflow UI"):
             servers.start()

@@ -49,3 +49,29 @@ def test_more_than_one_request_of_metrics_params_and_tags_all_arrive() -> None:
         "long": "v" * MAX_PARAM_VAL_LENGTH,  # MLflow cuts what is past its limit
     }
     assert {f"t{i}": str(i) for i in range(many)}.items() <= data.tags.items()
+
+
+def test_experiments_are_model_training_ones_and_runs_carry_a_description() -> None:
+    """MLflow 3 opens an experiment without a kind as GenAI (after asking): robo-pipe's are
+    tagged model training, an older one of ours gets the tag, one whose kind someone chose
+    keeps it; a run's description is the tag MLflow shows on its page."""
+    configure()
+    mlflow_client = tracking.client()
+    run = tracking.TrackedRun.start("kind-test", "described")
+    run.describe("robo-pipe pipeline run: **promoted v3**")
+    assert mlflow_client.get_experiment(run.experiment_id).tags["mlflow.experimentKind"] == (
+        "custom_model_development"
+    )
+    assert mlflow_client.get_run(run.run_id).data.tags["mlflow.note.content"] == (
+        "robo-pipe pipeline run: **promoted v3**"
+    )
+
+    older = mlflow_client.create_experiment("made-before-the-tag")
+    chosen = mlflow_client.create_experiment(
+        "kind-chosen", tags={"mlflow.experimentKind": "genai_development"}
+    )
+    tracking.TrackedRun.start("made-before-the-tag", "r")
+    tracking.TrackedRun.start("kind-chosen", "r")
+    kind = "mlflow.experimentKind"
+    assert mlflow_client.get_experiment(older).tags[kind] == "custom_model_development"
+    assert mlflow_client.get_experiment(chosen).tags[kind] == "genai_development"

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from typer.core import TyperCommand
+
+if TYPE_CHECKING:
+    from typer._click.core import Context  # the click Typer vendors: what a command gets
 
 DEMO_CONFIG = Path("configs/demo.yaml")
 """The default config of every verb that takes one (shipped: found from any folder)."""
@@ -76,14 +79,14 @@ class Verb(TyperCommand):
     FILE_OPTIONS = ("--config", "--device-config", "--fleet")
     """The options that name the file a verb is about (some once took it positionally)."""
 
-    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
+    def parse_args(self, ctx: Context, args: list[str]) -> list[str]:
         """Parse as click does, after refusing a YAML file given positionally."""
         hint = self._positional_file_hint(ctx, args)
         if hint is not None:
             ctx.fail(hint)
         return super().parse_args(ctx, args)
 
-    def collect_usage_pieces(self, ctx: typer.Context) -> list[str]:
+    def collect_usage_pieces(self, ctx: Context) -> list[str]:
         """The usage line, less the hidden parameters (they only explain the old grammar)."""
         pieces = [self.options_metavar] if self.options_metavar else []
         for param in self.get_params(ctx):
@@ -91,7 +94,7 @@ class Verb(TyperCommand):
                 pieces += param.get_usage_pieces(ctx)
         return pieces
 
-    def _positional_file_hint(self, ctx: typer.Context, args: list[str]) -> str | None:
+    def _positional_file_hint(self, ctx: Context, args: list[str]) -> str | None:
         shown = [p for p in self.params if not getattr(p, "hidden", False)]
         if any(p.param_type_name == "argument" for p in shown):
             return None  # its positional arguments are its own
@@ -100,7 +103,9 @@ class Verb(TyperCommand):
         files = [
             arg
             for arg, before in zip(args, ["", *args], strict=False)
-            if arg.endswith((".yaml", ".yml")) and not before.startswith("-")
+            if arg.endswith((".yaml", ".yml"))
+            and not arg.startswith("-")
+            and not before.startswith("-")
         ]
         if option is None or not files:
             return None

@@ -170,13 +170,13 @@ def deploy(
         bool, typer.Option(help="Allow a downgrade or an expired release (recorded).")
     ] = False,
     json_out: JsonOpt = False,
+    old_target: Annotated[str | None, typer.Option("--target", hidden=True)] = None,
 ) -> None:
     """Deploy a registry version to a device: build and sign the release (or reuse it), upload
     it, and follow the agent's steps (verify, extract, engine, parity, latency gate, activate,
     health). Exits 0 only when the device runs the new version, 1 when it refused or rolled
     back (the reason is printed), 2 for bad input.
 
-    old_target: Annotated[str | None, typer.Option("--target", hidden=True)] = None,
     With --fleet: roll it out to a fleet, a canary first, then waves (the devices of a wave at
     once); a wave with more failures than allowed stops the rollout and the devices it updated
     roll back to what they ran. Exits 0 only when every selected device runs the new version."""
@@ -188,6 +188,7 @@ def deploy(
         "--select": select or None,
         "--dry-run": dry_run or None,
     }
+    registry.parse_model_uri(model)  # a malformed version is bad input: before any work
     if old_target is not None:
         raise InputError(
             f"deploy names a device with --device {old_target} (--target is a target profile, "
@@ -353,6 +354,8 @@ def fleet_status(
 
 def register(app: typer.Typer) -> None:
     """Add these verbs to ``app``."""
+    add_verb(keys, generate, "robo-pipe keys generate", "robo-pipe keys generate --out keys/")
+    add_verb(keys, token, "robo-pipe keys token")
     app.add_typer(keys, name="keys")
     add_verb(
         app,
@@ -376,5 +379,3 @@ def register(app: typer.Typer) -> None:
         name="status",
     )
     app.add_typer(fleet_app, name="fleet")
-    add_verb(keys, generate, "robo-pipe keys generate", "robo-pipe keys generate --out keys/")
-    add_verb(keys, token, "robo-pipe keys token")

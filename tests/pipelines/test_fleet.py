@@ -222,7 +222,7 @@ def test_a_rollout_reaches_every_device_and_is_on_record(
             assert tags[f"robo_pipe.device.{name}.at"].endswith("Z")
         assert tags["robo_pipe.device.ghost.state"] == "unreachable"
         shown = cli("models", "show", f"{MODEL}/1", home=shared_home)
-        assert shown.returncode == 0 and "device.arm-b.state" in shown.stderr, shown.stderr
+        assert shown.returncode == 0 and "device.arm-b.state" in shown.stdout, shown.stderr
 
         runs = task_runs(result["flow_run_id"])
         assert sorted(t.name.rsplit("-wave", 1)[0] for t in runs) == [*names, "ghost"]

@@ -22,6 +22,7 @@ def test_models_list_and_show_name_the_champion_and_the_candidate(robo_pipe_home
     mlflow.create_registered_model("policy")
     for _ in range(3):
         mlflow.create_model_version("policy", f"runs:/{run.run_id}/export", run_id=run.run_id)
+    # Set as MLflow's own alias editing would: no gate record, so the listing flags it "(!)".
     registry.set_alias("policy", "champion", "2")
     registry.set_alias("policy", "candidate", "3")
 
@@ -43,7 +44,7 @@ def test_models_list_and_show_name_the_champion_and_the_candidate(robo_pipe_home
     listed_aliases = {v["version"]: v["aliases"] for v in model["versions"]}
     assert listed_aliases == {"3": ["candidate"], "2": ["champion"], "1": []}
     row = next(line for line in (listed.stdout + listed.stderr).splitlines() if " policy " in line)
-    assert row.split()[1:] == ["policy", "│", "3", "│", "2", "│", "3", "│", "3", "│"], row
+    assert row.split()[1:] == ["policy", "│", "3", "│", "2", "(!)", "│", "3", "│", "3", "│"], row
     shown = cli("models", "show", "policy", "--json")
     assert shown.returncode == 0, shown.stderr[-2000:]
     aliases = {v["version"]: v["aliases"] for v in json.loads(shown.stdout.splitlines()[-1])}

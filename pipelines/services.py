@@ -44,14 +44,14 @@ from pipelines.home import (
     home_path,
     robo_pipe_home,
 )
-from robo_pipe.errors import RoboPipeError
+from robo_pipe.errors import InputError, ServiceFailure
 
 SERVICES_FILE = "services.json"
 """Written under the home by ``robo-pipe ui`` (and ``serve`` when it starts its own servers):
 the URLs of its servers, its pid and which verb it is."""
 
 
-class ServiceError(RoboPipeError, RuntimeError):
+class ServiceError(ServiceFailure, RuntimeError):
     """A configured service (Prefect API, MLflow tracking server) cannot be reached."""
 
 
@@ -175,7 +175,7 @@ def check_services(services: Services) -> None:
     elif scheme == "sqlite":
         parent = Path(uri.removeprefix("sqlite:///")).parent
         if not parent.is_dir() or not os.access(parent, os.W_OK):
-            raise ServiceError(
+            raise InputError(
                 f"MLflow tracking URI {uri!r}: directory {parent} does not exist or is not "
                 "writable (set MLFLOW_TRACKING_URI)"
             )
@@ -214,7 +214,7 @@ def join_cluster(address: str | None) -> None:
 
 
 def _check_mlflow_login(uri: str) -> None:
-    """Raise :class:`ServiceError` if the MLflow server at ``uri`` refuses this process's
+    """Raise :class:`InputError` if the MLflow server at ``uri`` refuses this process's
     credentials (``MLFLOW_TRACKING_USERNAME``/``_PASSWORD`` for MLflow's basic auth, or
     ``MLFLOW_TRACKING_TOKEN``), as the MLflow client sends them: one read-only API call."""
     request = urllib.request.Request(f"{uri}/api/2.0/mlflow/experiments/search?max_results=1")
@@ -245,7 +245,7 @@ def _check_mlflow_login(uri: str) -> None:
             return  # the server's own business; the MLflow client reports it if it matters
     except (urllib.error.URLError, OSError, TimeoutError):
         return  # /health answered a moment ago; a real outage shows in the first MLflow call
-    raise ServiceError(f"the MLflow tracking server at {uri} {why}")
+    raise InputError(f"the MLflow tracking server at {uri} {why}")  # the login is input
 
 
 def healthy(url: str) -> bool:

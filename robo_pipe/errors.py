@@ -21,6 +21,15 @@ class RoboPipeError(Exception):
     """An error the user can fix: the message names the input and what is wrong with it."""
 
 
+class ServiceFailure(RoboPipeError):
+    """A service robo-pipe needs failed or cannot be reached (a Prefect API or MLflow server that
+    does not answer, a Ray cluster or its workers that died, an embedded store damaged beyond
+    repair). The CLI prints the message, which names the service, and exits 3, like a crash:
+    re-running cannot help until the service is back, and nothing in the input is wrong."""
+
+    exit_code = 3
+
+
 class InputError(RoboPipeError, ValueError):
     """A path or value given to a command cannot be used (e.g. an output path that is a file)."""
 

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from robo_pipe.errors import RoboPipeError
+from robo_pipe.errors import ServiceFailure
 from robo_pipe.locks import StatusFn
 
 
@@ -67,7 +67,7 @@ class PoolWorker:
         return Ready(os.getpid(), ray.get_runtime_context().was_current_actor_reconstructed)
 
 
-class WorkersDiedError(RoboPipeError, RuntimeError):
+class WorkersDiedError(ServiceFailure, RuntimeError):
     """A stage's worker died more often than Ray may restart it (``max_worker_restarts``)."""
 
 

@@ -10,7 +10,8 @@ version ``models:/NAME@ALIAS`` or ``models:/NAME/VERSION`` (one parser:
 Exit codes, the same for every verb (:data:`~pipelines.cli.options.EXIT_CODES`, at the end of
 each --help): 0 done and every gate passed; 1 a verdict said no; 2 bad input (a
 :class:`~robo_pipe.errors.RoboPipeError`: one line per problem, no traceback; usage errors too);
-3 a failure of robo-pipe or a service it needs (the traceback is printed); 130 / 143
+3 a failure of robo-pipe (the traceback is printed) or of a service it needs (a
+:class:`~robo_pipe.errors.ServiceFailure`: its message names the service); 130 / 143
 interrupted by SIGINT / SIGTERM.
 """
 
@@ -34,7 +35,7 @@ from pipelines.cli import (
 )
 from pipelines.cli.common import console
 from pipelines.cli.options import epilog
-from robo_pipe.errors import InputError, RoboPipeError
+from robo_pipe.errors import InputError, RoboPipeError, ServiceFailure
 
 app = typer.Typer(
     name="robo-pipe",
@@ -98,10 +99,11 @@ def renamed_demo() -> None:
 
 
 def report_user_error(err: RoboPipeError) -> int:
-    """Print a user error, one line per problem, and return the exit code (2)."""
+    """Print a user error, one line per problem, and return its exit code: 2, or 3 for a
+    :class:`~robo_pipe.errors.ServiceFailure` (nothing in the input is wrong)."""
     for line in str(err).splitlines():
         console.print(f"[red]error:[/red] {line}", highlight=False, markup=True)
-    return 2
+    return 3 if isinstance(err, ServiceFailure) else 2
 
 
 def main() -> None:

@@ -60,7 +60,8 @@ EXIT_CODES = """**Exit codes**
 the latency budget, a device that refused or rolled back, a fleet rollout stopped, a champion \
 that regressed, a file that failed its checksum
 - **2** bad input: the file, field or value is named, no traceback (usage errors too)
-- **3** robo-pipe or a service it needs failed: the traceback is printed
+- **3** robo-pipe failed (a bug: the traceback is printed) or a service it needs did (a \
+server, cluster or store that does not answer: named)
 - **130** / **143** interrupted by Ctrl-C (SIGINT) / SIGTERM; completed stages are kept"""
 """The exit-code contract, the same for every verb (each verb's --help ends with it)."""
 

@@ -195,6 +195,27 @@ def test_a_failing_service_exits_3_with_its_traceback(failing_mlflow: str, tmp_p
     assert "INTERNAL_ERROR" in failed.stderr or "500" in failed.stderr
 
 
+def test_a_service_that_does_not_answer_exits_3_naming_it(tmp_path: Path) -> None:
+    """Nothing in the input is wrong when the configured Prefect API is down: 3, not 2, and the
+    message names the service and the variable that points at it (no traceback needed)."""
+    import socket
+
+    with socket.socket() as sock:  # a port nothing listens on once this closes
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    down = robo_pipe(
+        "run",
+        "--config",
+        str(TINY_CONFIG),
+        home=tmp_path / "home",
+        PREFECT_API_URL=f"http://127.0.0.1:{port}/api",
+    )
+    assert down.returncode == 3, down.stderr[-3000:]
+    said = " ".join(down.stderr.split())
+    assert f"cannot reach the Prefect API at http://127.0.0.1:{port}/api" in said
+    assert "PREFECT_API_URL" in said and "Traceback" not in down.stderr
+
+
 def test_bad_input_exits_2_naming_it_without_a_traceback(tmp_path: Path) -> None:
     for args, named in (
         (["run", "--config", "nowhere.yaml"], "nowhere.yaml: config file not found"),

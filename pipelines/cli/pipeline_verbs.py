@@ -172,6 +172,7 @@ def ui(
     they say so). Ctrl-C or SIGTERM stops both.
     """
     from pipelines.services import LocalServers, interrupted_exit_code, stop_on_sigterm
+    from pipelines.tracking import mlflow_page
 
     servers = LocalServers(prefect_port, mlflow_port)
     stop_on_sigterm()
@@ -179,7 +180,9 @@ def ui(
         with console.status("starting the Prefect server and the MLflow UI"):
             servers.start()
         console.print(f"Prefect UI  {servers.prefect_url}", highlight=False)
-        console.print(f"MLflow UI   {servers.mlflow_url}", highlight=False)
+        # The experiments page in MLflow's model-training view (a fresh browser opens GenAI's).
+        mlflow_ui = mlflow_page(servers.mlflow_url, "experiments")
+        console.print(f"MLflow UI   {mlflow_ui}", highlight=False)
         console.print(servers.capture_note(), highlight=False)
         console.print("Ctrl-C or SIGTERM stops both", style="dim")
         while all(p.poll() is None for p in servers.processes):

@@ -115,6 +115,10 @@ def test_ui_announces_capture_run_and_serve_name_its_servers_and_all_stop_on_sig
     servers = json.loads(state_file.read_text())
     wait_for("ui's announcement", lambda: "report to these servers" in ui.output(), ui)
     assert f"robo-pipe run and serve on this home ({home_path})" in ui.output()
+    # MLflow's page in its model-training view: a fresh browser would open the GenAI one.
+    assert f"MLflow UI   {servers['mlflow_ui']}/#/experiments?workflowType=machine_learning" in (
+        ui.output()
+    )
     said = (
         f"using the servers of robo-pipe ui (pid {ui.proc.pid}) on this home: Prefect UI "
         f"{servers['prefect_ui']}, MLflow UI {servers['mlflow_ui']}"

@@ -231,7 +231,7 @@ def skip_missed(deployment_ids: list[UUID]) -> dict[str, tuple[int, str | None]]
                     [deployment_id],
                     [StateType.SCHEDULED],
                     flow_run_filter={
-                        "expected_start_time": FlowRunFilterExpectedStartTime(before_=now)
+                        "expected_start_time": FlowRunFilterExpectedStartTime(before_=now)  # type: ignore[arg-type]
                     },
                     sort=FlowRunSort.EXPECTED_START_TIME_DESC,
                 )
@@ -268,7 +268,7 @@ def _period_s(schedule: Any) -> float | None:
     cron = getattr(schedule, "cron", None)
     if cron is None:
         return None
-    from croniter import croniter
+    from croniter import croniter  # type: ignore[import-untyped]
 
     times = croniter(cron, _now())
     first = times.get_next(datetime)

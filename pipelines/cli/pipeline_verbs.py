@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
@@ -198,7 +198,9 @@ def ui(
 
 def info(json_out: JsonOpt = False) -> None:
     """Print the home (and how it was found), the MLflow tracking URI and the Prefect API URL
-    this machine uses. Creates nothing.
+    this machine uses, and where that Prefect server answers, each served schedule's last run,
+    its state, the next run and whether it is stalled (with why). Creates nothing, starts
+    no server.
 
     The home is $ROBO_PIPE_HOME if set, else the nearest .robo-pipe folder in the current
     folder or one of its parents, else ./.robo-pipe (created by the first verb that writes).
@@ -218,8 +220,34 @@ def info(json_out: JsonOpt = False) -> None:
     )
     table.add_row("Prefect UI", found.prefect_ui or "not running (robo-pipe ui starts one)")
     table.add_row("Prefect home", found.prefect_home)
+    health, where = _schedule_health(found.prefect_api_url)
+    for schedule in health:
+        table.add_row(f"schedule {schedule.deployment}", schedule.line().split(": ", 1)[1])
+    if where:
+        table.add_row("schedules", where)
     result_console(json_out).print(table)
-    emit_json({**found.to_json(), "home_found": home.found}, json_out)
+    schedules = [{**h.to_json(), "line": h.line()} for h in health]
+    emit_json({**found.to_json(), "home_found": home.found, "schedules": schedules}, json_out)
+
+
+def _schedule_health(api: str | None) -> tuple[list[Any], str | None]:
+    """The health of the served schedules on the Prefect API in use, read only where one
+    answers (``info`` starts no server); else where to look."""
+    from pipelines.services import healthy
+
+    if api is None or not healthy(f"{api.rstrip('/')}/health"):
+        where = f"Prefect API {api} not answering" if api else "no Prefect server running"
+        return (
+            [],
+            f"{where}: `robo-pipe serve` prints each schedule's health (or start `robo-pipe ui`)",
+        )
+    from prefect.settings import PREFECT_API_URL, PREFECT_CLIENT_MAX_RETRIES, temporary_settings
+
+    from pipelines.schedules import schedule_health
+
+    with temporary_settings({PREFECT_API_URL: api, PREFECT_CLIENT_MAX_RETRIES: 0}):
+        health = schedule_health()
+    return health, None if health else f"no robo-pipe schedule on {api}"
 
 
 def register(app: typer.Typer) -> None:

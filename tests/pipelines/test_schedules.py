@@ -85,8 +85,15 @@ def wait_for(what: str, check: Any, cli: Cli, timeout_s: float, every: float = 0
 def api_of(cli: Cli) -> str:
     """The Prefect API of the servers ``cli`` (a ``serve``) started."""
     state = cli.home / "services.json"
-    wait_for("serve's servers", state.is_file, cli, 180)
-    api: str = json.loads(state.read_text())["prefect_api_url"]
+
+    def written_by_cli() -> dict[str, Any] | None:
+        # Not the one a killed serve left behind.
+        with contextlib.suppress(FileNotFoundError, json.JSONDecodeError):
+            found: dict[str, Any] = json.loads(state.read_text())
+            return found if found.get("pid") == cli.proc.pid else None
+        return None
+
+    api: str = wait_for("serve's servers", written_by_cli, cli, 180)["prefect_api_url"]
     return api
 
 

@@ -25,10 +25,13 @@ from prefect import Flow
 
 from pipelines.config import PipelineConfig, ScheduleConfig
 from pipelines.flow import champion_regression, train_simulate_deploy
+from robo_pipe.errors import ServiceFailure
 
 if TYPE_CHECKING:
     from prefect.deployments.runner import RunnerDeployment
     from prefect.schedules import Schedule
+
+    from pipelines.services import LocalServers
 
 FLOWS: dict[str, Flow[..., Any]] = {
     "train_simulate_deploy": train_simulate_deploy,
@@ -94,7 +97,26 @@ def describe_schedule(entry: ScheduleConfig) -> str:
     return f"every {entry.interval_s:g} s"
 
 
-def serve(deployments: list[RunnerDeployment]) -> None:
+STOP_BOUND_S = 15.0
+"""How long ``serve`` takes at most from SIGTERM or Ctrl-C (SIGINT to its process group) to
+exit, even with its Prefect server gone: the runner's own stop gets most of it, then whatever
+is left is abandoned (the servers it started are stopped all the same)."""
+
+WATCH_EVERY_S = 2.0
+"""How often ``serve`` asks the Prefect API's ``/health``; two misses in a row (or the exit of
+the server it started) mean the server is gone."""
+
+
+class ServerGone(ServiceFailure):
+    """The Prefect server ``serve`` used went away for good (exit code 3)."""
+
+
+def serve(
+    deployments: list[RunnerDeployment],
+    servers: LocalServers | None = None,
+    attached: str | None = None,
+    say: Callable[[str], None] | None = None,
+) -> None:
     """Register ``deployments`` and run their flow runs until SIGTERM or Ctrl-C (SIGINT, unless
     this process ignores it: see :func:`pipelines.services.stop_on_sigterm`), then raise
     :class:`~pipelines.services.Stopped` with that signal.
@@ -103,13 +125,31 @@ def serve(deployments: list[RunnerDeployment]) -> None:
     signal stops it the same way: runs still in progress are cancelled (their processes
     stopped, their state ``Cancelled``: "Runner is shutting down."), then the deployments'
     schedules are paused (no runs pile up while nothing serves them; the next ``serve``
-    resumes them).
+    resumes them). It exits within :data:`STOP_BOUND_S` of the signal.
+
+    The Prefect API is watched (:data:`WATCH_EVERY_S`). If it stops answering, ``say`` gets one
+    line, then: with ``servers`` (the ones this ``serve`` started), the Prefect server is
+    started again on the same port and serving goes on; otherwise (``attached``: whose servers
+    they were, e.g. ``robo-pipe ui (pid 4321)``, or a configured PREFECT_API_URL) it stops,
+    without the API calls a clean stop makes, and raises :class:`ServerGone`.
     """
     import asyncio
+    import os
+    import sys
+    import threading
+    import time
 
     from prefect.runner import Runner
 
-    from pipelines.services import Stopped
+    from pipelines.services import Stopped, healthy, refresh_prefect_settings
+
+    if say is None:
+
+        def say(line: str) -> None:
+            print(line, file=sys.stderr, flush=True)
+
+    tell: Callable[[str], None] = say
+    api = os.environ.get("PREFECT_API_URL", "").rstrip("/")
 
     class _Runner(Runner):
         on_sigterm: Callable[[], None] | None = None
@@ -128,6 +168,69 @@ def serve(deployments: list[RunnerDeployment]) -> None:
         assert isinstance(deployment_id, UUID)  # called from sync code: no coroutine
         ids.append(deployment_id)
     received: list[int] = []
+    gone: list[str] = []
+
+    def hard_exit(code: int) -> None:
+        # The bound passed: whatever still waits (an API call, a task that ignores its
+        # cancellation) is abandoned. The servers this serve started go with it.
+        tell(gone[0] if gone else f"serve did not stop within {STOP_BOUND_S:g} s; exiting")
+        if servers is not None:
+            servers.stop()
+        os._exit(code)
+
+    async def watch_api() -> None:
+        """Return when the Prefect server is gone for good (after saying so); restart our
+        own meanwhile."""
+        misses = 0
+        while True:
+            await asyncio.sleep(WATCH_EVERY_S)
+            died = servers is not None and not servers.prefect_alive()
+            if not died:
+                ok = await asyncio.to_thread(healthy, f"{api}/health")
+                misses = 0 if ok else misses + 1
+                if misses < 2:
+                    continue
+            misses = 0
+            if servers is None:
+                whose = f"the servers of {attached}" if attached else f"PREFECT_API_URL {api}"
+                gone.append(
+                    f"the Prefect server at {api} ({whose}) stopped answering: serve stops "
+                    "(start it again, then serve)"
+                )
+                return
+            code = servers.processes[0].poll()
+            why = f"exited with code {code}" if code is not None else "stopped answering"
+            tell(
+                f"the Prefect server at {api} (pid {servers.processes[0].pid}) {why}: "
+                f"starting it again on port {servers.prefect_port}"
+            )
+            started = time.monotonic()
+            servers.restart_prefect()  # on this (the main) thread: see LocalServers._spawn
+            while not await asyncio.to_thread(healthy, f"{api}/health"):
+                if not servers.prefect_alive() or time.monotonic() - started > 120:
+                    gone.append(
+                        f"the Prefect server at {api} did not start again (see its log "
+                        "under $ROBO_PIPE_HOME/prefect): serve stops"
+                    )
+                    return
+                await asyncio.sleep(0.5)
+            tell(
+                f"the Prefect server is back on port {servers.prefect_port} after "
+                f"{time.monotonic() - started:.0f} s; serving goes on"
+            )
+
+    def quit_without_server() -> None:
+        """Stop with no API calls that would wait for a server that is gone: no retries, no
+        pausing, our flow processes stopped directly."""
+        os.environ["PREFECT_CLIENT_MAX_RETRIES"] = "0"
+        refresh_prefect_settings()
+        runner.pause_on_shutdown = False
+        manager = runner._process_manager  # private: Prefect has no public way to this
+        for flow_run_id in list(manager.flow_run_ids()):
+            handle = manager.get(flow_run_id)
+            if handle is not None and handle.pid:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(handle.pid, signal.SIGTERM)
 
     async def run_until_signalled() -> None:
         stop = asyncio.Event()
@@ -141,22 +244,43 @@ def serve(deployments: list[RunnerDeployment]) -> None:
             loop.call_soon_threadsafe(stop_on, signal.SIGTERM)
 
         runner.on_sigterm = on_sigterm
+        loop.set_exception_handler(_quiet_cancelled)
+        _one_line_errors(_OBSERVER_LOGGERS)
         for signum in (signal.SIGINT, signal.SIGTERM):
             if signal.getsignal(signum) is not signal.SIG_IGN:  # an ignored SIGINT stays so
                 loop.add_signal_handler(signum, stop_on, signum)
         serving = asyncio.create_task(runner.start())
         signalled = asyncio.create_task(stop.wait())
-        await asyncio.wait({serving, signalled}, return_when=asyncio.FIRST_COMPLETED)
-        if signalled.done():
-            if runner.started:
-                await runner.astop()  # Prefect's Ctrl-C path skips this: runs stayed Running
-            else:  # signalled before the runner got going: nothing runs yet
+        watching = asyncio.create_task(watch_api())
+        await asyncio.wait({serving, signalled, watching}, return_when=asyncio.FIRST_COMPLETED)
+        deadline = threading.Timer(
+            STOP_BOUND_S, hard_exit, (3 if gone else 128 + (received or [signal.SIGTERM])[0],)
+        )
+        deadline.daemon = True
+        deadline.start()
+        watching.cancel()
+        server_up = not gone and await asyncio.to_thread(healthy, f"{api}/health")
+        if not server_up:
+            if not gone:
+                tell(f"the Prefect server at {api} does not answer: stopping without it")
+            quit_without_server()
+            serving.cancel()
+        elif signalled.done() and runner.started:
+            # Prefect's Ctrl-C path skips this: runs stayed Running. Bounded: a server that
+            # goes away meanwhile must not hold the stop.
+            stopping = asyncio.ensure_future(runner.astop())
+            await asyncio.wait({stopping}, timeout=STOP_BOUND_S - 5)
+            if not stopping.done():
+                quit_without_server()
                 serving.cancel()
+        elif not serving.done():  # signalled before the runner got going: nothing runs yet
+            serving.cancel()
         signalled.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await serving
-        if signalled.done():
-            await _restore_finished_runs(ids)
+        await asyncio.wait({serving}, timeout=3)  # not wait_for: it waits for the cancel
+        if signalled.done() and server_up:
+            restoring = asyncio.ensure_future(_restore_finished_runs(ids))
+            await asyncio.wait({restoring}, timeout=3)
+        deadline.cancel()
 
     # Closing the loop resets the signals it handled to Python's defaults (SIGTERM: die at
     # once): the caller's handlers come back, so that stopping its servers is not cut short.
@@ -166,8 +290,69 @@ def serve(deployments: list[RunnerDeployment]) -> None:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+        _flush_to_api()
+    if gone:
+        raise ServerGone(gone[0])
     if received:
         raise Stopped(received[0])
+
+
+_OBSERVER_LOGGERS = (
+    "prefect.FlowRunCancellingObserver",
+    "prefect.FlowRunSuspendingObserver",
+    "prefect.events.clients",
+)
+"""The runner's parts that log a traceback when the Prefect server goes away (their
+websocket closed); :func:`_one_line_errors` makes each such record one line."""
+
+
+class _OneLine:
+    """A logging filter that turns a record's traceback into ``: ExceptionName: message``."""
+
+    def filter(self, record: Any) -> bool:
+        if record.exc_info and record.exc_info[1] is not None:
+            error = record.exc_info[1]
+            record.msg = f"{record.getMessage()}: {type(error).__name__}: {error}"
+            record.args = None
+            record.exc_info = None
+            record.exc_text = None
+        return True
+
+
+def _one_line_errors(names: tuple[str, ...]) -> None:
+    import logging
+
+    for name in names:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _OneLine) for f in logger.filters):
+            logger.addFilter(_OneLine())
+
+
+def _quiet_cancelled(loop: Any, context: dict[str, Any]) -> None:
+    """The loop's exception handler: a task cancelled on the way out is no error (Prefect
+    3.8's observers ask a cancelled task for its exception, which raises CancelledError)."""
+    import asyncio
+
+    if isinstance(context.get("exception"), asyncio.CancelledError):
+        return
+    loop.default_exception_handler(context)
+
+
+def _flush_to_api() -> None:
+    """Send the logs and events still queued for the Prefect API now, while its server is up
+    (the caller stops its own servers next), each within 3 s and with no retries: Python's exit
+    would otherwise send them to a server that is gone, retrying each for a minute."""
+    import os
+
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    from pipelines.services import refresh_prefect_settings
+
+    os.environ["PREFECT_CLIENT_MAX_RETRIES"] = "0"
+    refresh_prefect_settings()
+    for worker in (APILogWorker, EventsWorker):
+        worker.drain_all(timeout=3)
 
 
 SHUTDOWN_MESSAGE = "Runner is shutting down."

@@ -32,7 +32,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from urllib.parse import urlparse
@@ -267,9 +267,114 @@ def running_ui() -> dict[str, str] | None:
         os.kill(int(state["pid"]), 0)
     except (ValueError, KeyError, OSError):
         return None
+    if not _same_process(int(state["pid"]), state.get("owner_start")):
+        return None  # its owner died and the pid went to another process
     if not healthy(f"{state['prefect_api_url']}/health"):
         return None
-    return {k: str(v) for k, v in state.items()}
+    return {k: str(v) for k, v in state.items() if not isinstance(v, list)}
+
+
+def process_start(pid: int) -> int | None:
+    """When process ``pid`` started (clock ticks since boot, ``/proc/<pid>/stat`` field 22):
+    with the pid, it names one process even after the pid is reused. None if there is none."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()
+    if fields[0] == "Z":  # a zombie: it has ended, only its exit status is left
+        return None
+    return int(fields[19])
+
+
+def _same_process(pid: int, start: object) -> bool:
+    """``pid`` is alive and is the process that started at ``start`` (no start recorded: any
+    process with that pid)."""
+    now = process_start(pid)
+    return now is not None and (start is None or now == start)
+
+
+def _cmdline(pid: int | str) -> str:
+    try:
+        return (
+            Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        )
+    except OSError:
+        return ""
+
+
+_SERVER_MARKS = ("prefect server start", "mlflow server", "prefect.server.api.server:create_app")
+"""What the command line of a server robo-pipe starts contains: ``ui``'s and ``serve``'s
+Prefect server and MLflow UI, and the temporary Prefect server of a ``run`` (uvicorn)."""
+
+_VERB_MARKS = ("pipelines.cli", "robo-pipe")
+
+
+def _owned(pid: str) -> bool:
+    """The parent of server ``pid`` is a live robo-pipe verb, or a server itself (MLflow's
+    uvicorn worker): it is not an orphan."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True  # gone meanwhile: nothing to stop
+    ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
+    parent = _cmdline(ppid)
+    return ppid > 1 and any(mark in parent for mark in (*_VERB_MARKS, *_SERVER_MARKS, "uvicorn"))
+
+
+def stop_survivors(grace_s: float = 5.0) -> list[str]:
+    """Find the servers of this home that outlived the verb that started them, stop them
+    (their whole process group: SIGTERM, SIGKILL after ``grace_s``) and say so, one line each.
+
+    Every ``ui``, ``serve`` and ``run`` calls it when it starts. A server outlives its verb
+    only when the parent-death signal could not reach it (it is set on the server itself, so a
+    worker it started survives a SIGKILL of the server), or when an older robo-pipe started it.
+    Two ways to find them: the home's ``services.json`` whose owner is gone (pids, start times,
+    process groups, ports), and any process whose command line is such a server's and whose
+    environment names this home's Prefect folder, with no robo-pipe verb as its parent."""
+    home = robo_pipe_home()
+    lines: list[str] = []
+    groups: dict[int, str] = {}
+    path = home / SERVICES_FILE
+    state: dict[str, object] = {}
+    with suppress(OSError, ValueError):
+        state = json.loads(path.read_text())
+    owner_pid = state.get("pid")
+    if state and not (
+        isinstance(owner_pid, int) and _same_process(owner_pid, state.get("owner_start"))
+    ):
+        owner = f"{state.get('owner', 'robo-pipe ui')} (pid {owner_pid}, gone)"
+        for server in state.get("servers", []) or []:  # type: ignore[union-attr]
+            pid, pgid = int(server["pid"]), int(server["pgid"])
+            if _same_process(pid, server.get("start")) or _signal_group(pgid, 0):
+                groups[pgid] = (
+                    f"found the {server['name']} (pid {pid}, port {server['port']}) left "
+                    f"running by {owner}"
+                )
+        path.unlink(missing_ok=True)
+    marker = f"PREFECT_HOME={home / 'prefect'}\0".encode()
+    for proc in Path("/proc").glob("[0-9]*"):
+        cmdline = _cmdline(proc.name)
+        if not any(mark in cmdline for mark in _SERVER_MARKS):
+            continue
+        try:
+            if marker not in (proc / "environ").read_bytes() or _owned(proc.name):
+                continue
+            pgid = os.getpgid(int(proc.name))
+        except OSError:
+            continue
+        if pgid not in groups and pgid != os.getpgid(0):
+            what = "Prefect server" if "prefect" in cmdline else "MLflow UI"
+            groups[pgid] = f"found a {what} (pid {proc.name}) of this home with no robo-pipe verb"
+    for pgid in groups:
+        _signal_group(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while any(_signal_group(g, 0) for g in groups) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pgid, line in groups.items():
+        killed = _signal_group(pgid, signal.SIGKILL)
+        lines.append(f"{line}: stopped it{' (SIGKILL)' if killed else ''}")
+    return lines
 
 
 def free_port() -> int:
@@ -359,6 +464,26 @@ def _signal_group(pgid: int, signum: int) -> bool:
     return True
 
 
+_PDEATHSIG_SHIM = (
+    "import ctypes,os,signal,sys;"
+    "ctypes.CDLL(None,use_errno=True).prctl(1,signal.SIGTERM,0,0,0);"  # PR_SET_PDEATHSIG
+    "os.getppid()==int(sys.argv[1]) or sys.exit(0);"  # its parent died already: do not start
+    "os.execvp(sys.argv[2],sys.argv[2:])"
+)
+"""``python -c SHIM PARENT_PID CMD...``: runs CMD in this process, which the kernel sends
+SIGTERM when the thread that started it exits (the parent-death signal survives ``exec``), so
+a server stops when its verb dies, however it dies (SIGKILL included)."""
+
+PDEATHSIG = os.environ.get("ROBO_PIPE_NO_PDEATHSIG") is None
+"""Whether servers get the parent-death signal (tests turn it off to make a survivor)."""
+
+
+def _with_parent_death(cmd: list[str]) -> list[str]:
+    if not PDEATHSIG or not sys.platform.startswith("linux"):
+        return cmd
+    return [sys.executable, "-c", _PDEATHSIG_SHIM, str(os.getpid()), *cmd]
+
+
 class LocalServers:
     """The local Prefect server and MLflow UI of ``robo-pipe ui``, on 127.0.0.1.
 
@@ -402,6 +527,11 @@ class LocalServers:
                 "MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false"
             ),
         }
+        # Concurrency leases in files under PREFECT_HOME, not in the server's memory: a
+        # restarted server (serve restarts its own) keeps them, and frees expired ones.
+        env["PREFECT_SERVER_CONCURRENCY_LEASE_STORAGE"] = (
+            "prefect.server.concurrency.lease_storage.filesystem"
+        )
         env.pop("PREFECT_API_URL", None)
         prefect_cmd = [str(bin_dir / "prefect"), "server", "start", "--host", "127.0.0.1"]
         mlflow_cmd = [
@@ -416,18 +546,13 @@ class LocalServers:
             "--port",
             str(self.mlflow_port),
         ]
-        for cmd, log in (
+        self._commands = [
             ([*prefect_cmd, "--port", str(self.prefect_port)], home_dir("prefect") / "server.log"),
             (mlflow_cmd, home_dir("mlflow") / "server.log"),
-        ):
-            # A Ctrl-C landing inside Popen would lose a started server (not yet in the list
-            # that stop() stops): it is held back until the server is in the list.
-            with log.open("ab") as out, _interrupts_deferred():
-                self.processes.append(
-                    subprocess.Popen(
-                        cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-                    )
-                )
+        ]
+        self._env = env
+        for index in range(len(self._commands)):
+            self.processes.append(self._spawn(index))
         deadline = time.monotonic() + timeout_s
         for url, name in (
             (f"{self.prefect_url}/api/health", "Prefect"),
@@ -441,14 +566,59 @@ class LocalServers:
                         f"{robo_pipe_home()}/prefect and /mlflow"
                     )
                 time.sleep(0.5)
+        self._write_state()
+
+    def _spawn(self, index: int) -> subprocess.Popen[bytes]:
+        """Start server ``index`` (0: Prefect, 1: MLflow) with the parent-death signal, in a
+        session of its own (its pgid is its pid: :meth:`stop` signals the group). Call on the
+        main thread: the signal fires when the thread that started it exits."""
+        cmd, log = self._commands[index]
+        # A Ctrl-C landing inside Popen would lose a started server (not yet in the list
+        # that stop() stops): it is held back until the server is in the list.
+        with log.open("ab") as out, _interrupts_deferred():
+            return subprocess.Popen(
+                _with_parent_death(cmd),
+                env=self._env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def _write_state(self) -> None:
+        ports = (self.prefect_port, self.mlflow_port)
+        names = ("Prefect server", "MLflow UI")
         state = {
             "pid": os.getpid(),
+            "owner_start": process_start(os.getpid()),
             "owner": self.owner,
             "prefect_api_url": f"{self.prefect_url}/api",
             "prefect_ui": self.prefect_url,
             "mlflow_ui": self.mlflow_url,
+            "servers": [
+                {
+                    "name": name,
+                    "pid": proc.pid,
+                    "start": process_start(proc.pid),
+                    "pgid": proc.pid,
+                    "port": port,
+                }
+                for name, proc, port in zip(names, self.processes, ports, strict=True)
+            ],
         }
         (robo_pipe_home() / SERVICES_FILE).write_text(json.dumps(state, indent=1))
+
+    def prefect_alive(self) -> bool:
+        """The Prefect server process is still running (it may not answer yet)."""
+        return bool(self.processes) and self.processes[0].poll() is None
+
+    def restart_prefect(self) -> None:
+        """Start the Prefect server again on the same port, after it died (wait for
+        ``/api/health`` before using it); the old one's process group is killed first."""
+        old = self.processes[0]
+        _signal_group(old.pid, signal.SIGKILL)
+        old.wait()
+        self.processes[0] = self._spawn(0)
+        self._write_state()
 
     def capture_note(self) -> str:
         """What the verb that started them says: later runs on this home report to them."""

@@ -43,6 +43,7 @@ def run(
     checks.check_config(cfg)  # read and checked once: the flow takes it as it is
     if not verbose:
         quiet_prefect_console()
+    stop_survivors()
     found = services(flows=True, ray_address=ray_address)
     if note := found.servers_note():
         console.print(note, highlight=False)
@@ -107,6 +108,7 @@ def serve(
     if not cfg.schedules:
         raise InputError(f"{config}: field 'schedules' is empty: nothing to serve")
     checks.check_config(cfg)
+    stop_survivors()
     found = services()
     servers = None
     exit_code = 0
@@ -145,7 +147,12 @@ def serve(
             style="dim",
             highlight=False,
         )
-        serve_deployments(deployments)
+        serve_deployments(
+            deployments,
+            servers,
+            found.servers_of,
+            say=lambda line: console.print(line, style="yellow", highlight=False),
+        )
     except KeyboardInterrupt as stopped:
         exit_code = interrupted_exit_code(stopped)
     finally:
@@ -174,6 +181,7 @@ def ui(
     from pipelines.services import LocalServers, interrupted_exit_code, stop_on_sigterm
     from pipelines.tracking import mlflow_page
 
+    stop_survivors()
     servers = LocalServers(prefect_port, mlflow_port)
     stop_on_sigterm()
     try:
@@ -248,6 +256,15 @@ def _schedule_health(api: str | None) -> tuple[list[Any], str | None]:
     with temporary_settings({PREFECT_API_URL: api, PREFECT_CLIENT_MAX_RETRIES: 0}):
         health = schedule_health()
     return health, None if health else f"no robo-pipe schedule on {api}"
+
+
+def stop_survivors() -> None:
+    """Stop the servers of this home that outlived the verb that started them, one line each
+    (:func:`pipelines.services.stop_survivors`): run, serve and ui call it first."""
+    from pipelines.services import stop_survivors as stop_them
+
+    for line in stop_them():
+        console.print(line, style="yellow", highlight=False)
 
 
 def register(app: typer.Typer) -> None:

@@ -141,6 +141,7 @@ def serve(
 
     from prefect.runner import Runner
 
+    from pipelines import schedules
     from pipelines.services import Stopped, healthy, refresh_prefect_settings
 
     if say is None:
@@ -167,6 +168,7 @@ def serve(
         deployment_id = runner.add_deployment(deployment)
         assert isinstance(deployment_id, UUID)  # called from sync code: no coroutine
         ids.append(deployment_id)
+    schedules.at_serve_start(ids, tell)  # before the runner polls: see pipelines.schedules
     received: list[int] = []
     gone: list[str] = []
 
@@ -252,6 +254,8 @@ def serve(
         serving = asyncio.create_task(runner.start())
         signalled = asyncio.create_task(stop.wait())
         watching = asyncio.create_task(watch_api())
+        in_flight = schedules.runner_in_flight(runner)
+        keeping = asyncio.create_task(schedules.keep_watch(ids, in_flight, tell))
         await asyncio.wait({serving, signalled, watching}, return_when=asyncio.FIRST_COMPLETED)
         deadline = threading.Timer(
             STOP_BOUND_S, hard_exit, (3 if gone else 128 + (received or [signal.SIGTERM])[0],)
@@ -259,6 +263,7 @@ def serve(
         deadline.daemon = True
         deadline.start()
         watching.cancel()
+        keeping.cancel()
         server_up = not gone and await asyncio.to_thread(healthy, f"{api}/health")
         if not server_up:
             if not gone:

@@ -209,50 +209,69 @@ def release_stranded(
     return found
 
 
-def skip_missed(deployment_ids: list[UUID]) -> dict[str, tuple[int, str | None]]:
+def skip_missed(deployment_ids: list[UUID]) -> dict[str, Missed]:
     """Apply :data:`DOWNTIME_POLICY`: of the auto-scheduled runs whose time has passed, the
     latest stays scheduled (the runner runs it at once), the others become
-    ``Cancelled(name="Skipped")`` with the reason. Runs started from the UI or the API keep
-    their place. Call it before the runner polls. Returns, per deployment with missed runs,
-    how many were missed and the name of the one that runs."""
-    from prefect.client.schemas.filters import FlowRunFilterExpectedStartTime
+    ``Cancelled(name="Skipped")`` with the reason. So do the runs due within
+    :data:`OVERLAP_MARGIN_S` from now: the runner would fetch them together with the one that
+    runs and submit them at once, and the deployment's one-slot limit would cancel whichever
+    lost, the missed run too. Runs started from the UI or the API keep their place. Call it
+    before the runner polls. Returns what it did, per deployment with missed runs."""
     from prefect.client.schemas.objects import StateType
-    from prefect.client.schemas.sorting import FlowRunSort
     from prefect.states import Cancelled
 
     now = _now()
-    counts: dict[str, tuple[int, str | None]] = {}
+    near = now + timedelta(seconds=OVERLAP_MARGIN_S)
+    done: dict[str, Missed] = {}
     with _client() as client:
         for deployment_id in deployment_ids:
-            missed = [
-                run
-                for run in _runs(
-                    client,
-                    [deployment_id],
-                    [StateType.SCHEDULED],
-                    flow_run_filter={
-                        "expected_start_time": FlowRunFilterExpectedStartTime(before_=now)  # type: ignore[arg-type]
-                    },
-                    sort=FlowRunSort.EXPECTED_START_TIME_DESC,
-                )
-                if run.auto_scheduled
+            scheduled = [
+                r
+                for r in _runs(client, [deployment_id], [StateType.SCHEDULED])
+                if r.auto_scheduled and r.expected_start_time and r.expected_start_time < near
             ]
+            scheduled.sort(key=lambda r: r.expected_start_time or now, reverse=True)
+            missed = [r for r in scheduled if r.expected_start_time and r.expected_start_time < now]
             if not missed:
                 continue
-            keep, skip = missed[0], missed[1:]
-            for run in skip:
+            keep = missed[0]
+            close = [r for r in scheduled if r not in missed]
+            for run in [*missed[1:], *close]:
                 due = run.expected_start_time
+                why = (
+                    "missed while no robo-pipe serve ran"
+                    if run in missed
+                    else (f"due within {OVERLAP_MARGIN_S:g} s of the missed run that runs now")
+                )
                 client.set_flow_run_state(
                     run.id,
                     Cancelled(
                         name="Skipped",
-                        message=f"missed while no robo-pipe serve ran (due {_hms(due)}); "
+                        message=f"{why} (due {_hms(due)}); "
                         f"only the latest missed run, {keep.name}, ran",
                     ),
                     force=True,
                 )
-            counts[_label(client.read_deployment(deployment_id))] = (len(missed), keep.name)
-    return counts
+            label = _label(client.read_deployment(deployment_id))
+            done[label] = Missed(len(missed), keep.name, len(close))
+    return done
+
+
+@dataclass(frozen=True)
+class Missed:
+    """What :func:`skip_missed` did to one deployment's runs."""
+
+    count: int
+    """Runs whose time passed while no serve ran."""
+    kept: str
+    """The latest of them, which runs now."""
+    close: int
+    """Runs due within :data:`OVERLAP_MARGIN_S`, Skipped too."""
+
+
+OVERLAP_MARGIN_S = 20.0
+"""Prefect's runner fetches the runs due within its prefetch (10 s) of each poll and submits
+them at once; 10 s more for the runner to start polling after :func:`skip_missed`."""
 
 
 def _label(deployment: Any) -> str:
@@ -282,12 +301,15 @@ def _describe(schedule: Any) -> str:
     return f"cron {getattr(schedule, 'cron', '?')!r} ({getattr(schedule, 'timezone', 'UTC')})"
 
 
-def schedule_health(deployment_ids: list[UUID] | None = None) -> list[Health]:
+def schedule_health(
+    deployment_ids: list[UUID] | None = None, served_since: datetime | None = None
+) -> list[Health]:
     """Each schedule of ``deployment_ids`` (default: every robo-pipe deployment on the Prefect
-    API in use) with its last run, the next one and whether it is stalled, with the reason."""
+    API in use) with its last run, the next one and whether it is stalled, with the reason.
+    ``served_since``: when this ``serve`` started serving them (the stall window starts no
+    earlier: the time before is downtime, which :func:`skip_missed` deals with)."""
     from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterTags
     from prefect.client.schemas.objects import StateType
-    from prefect.client.schemas.sorting import FlowRunSort
 
     now = _now()
     found: list[Health] = []
@@ -303,23 +325,20 @@ def schedule_health(deployment_ids: list[UUID] | None = None) -> list[Health]:
                 continue
             schedule = deployment.schedules[0].schedule
             period = _period_s(schedule)
-            history = _runs(
-                client,
-                [deployment.id],
-                [t for t in StateType if t != StateType.SCHEDULED],
-                sort=FlowRunSort.START_TIME_DESC,
-            )
+            history = [
+                r
+                for r in _runs(
+                    client, [deployment.id], [t for t in StateType if t != StateType.SCHEDULED]
+                )
+                if r.state
+            ]
             history.sort(key=lambda r: r.state.timestamp if r.state else now, reverse=True)
-            upcoming = _runs(
-                client,
-                [deployment.id],
-                [StateType.SCHEDULED],
-                sort=FlowRunSort.EXPECTED_START_TIME_ASC,
-            )
-            last = history[0] if history else None
+            upcoming = _runs(client, [deployment.id], [StateType.SCHEDULED])
+            # The last run that started (a Skipped or overlapping run never did).
+            last = next((r for r in history if not _never_started(r)), None)
             stalled = None
             if period is not None:
-                stalled = _stalled(client, deployment, history, now, period)
+                stalled = _stalled(client, deployment, history, now, period, served_since)
             found.append(
                 Health(
                     deployment=_label(deployment),
@@ -327,29 +346,42 @@ def schedule_health(deployment_ids: list[UUID] | None = None) -> list[Health]:
                     last_run=last.name if last else None,
                     last_state=str(last.state.name) if last and last.state else None,
                     last_at=last.state.timestamp if last and last.state else None,
-                    next_at=upcoming[0].expected_start_time if upcoming else None,
+                    next_at=min(
+                        (r.expected_start_time for r in upcoming if r.expected_start_time),
+                        default=None,
+                    ),
                     stalled=stalled,
                 )
             )
     return found
 
 
+def _never_started(run: FlowRun) -> bool:
+    """A Skipped run, or one cancelled as overlapping another (its flow never ran; Prefect
+    gives a final run a start time all the same)."""
+    return bool(run.state and run.state.is_cancelled() and not run.run_count)
+
+
 def _stalled(
-    client: SyncPrefectClient, deployment: Any, history: list[FlowRun], now: datetime, period: float
+    client: SyncPrefectClient,
+    deployment: Any,
+    history: list[FlowRun],
+    now: datetime,
+    period: float,
+    served_since: datetime | None,
 ) -> str | None:
     """Why ``deployment`` completed no run within :data:`STALLED_PERIODS` periods, or None."""
     window = timedelta(seconds=STALLED_PERIODS * period)
     completed = [r for r in history if r.state and r.state.is_completed()]
     since = completed[0].state.timestamp if completed and completed[0].state else deployment.created
-    if since is None or now - since <= window:
+    start = max(filter(None, [since, served_since]), default=None)
+    if start is None or now - start <= window:
         return None
     what = (
         f"no completed run since {_hms(since)} "
         f"({STALLED_PERIODS} periods: {window.total_seconds():g} s)"
     )
-    holding = [
-        r for r in history if r.state and r.state.type.value in ("PENDING", "RUNNING", "CANCELLING")
-    ]
+    holding = [r for r in history if r.state and r.state.type.value in _HOLDING]
     limit = deployment.global_concurrency_limit
     if limit is not None:
         slots = client.read_global_concurrency_limit_by_name(limit.name).active_slots
@@ -364,12 +396,11 @@ def _stalled(
             return f"{what}: its slot is counted taken ({slots}/{limit.limit}) by no run"
     if deployment.paused:
         return f"{what}: the schedule is paused (no robo-pipe serve serves it)"
-    # Runs that ran (a Cancelled one was skipped: it overlapped another, or was missed).
-    finished = [r for r in history if r.state and r.state.is_final()]
-    ran = [r for r in finished if r.state and not r.state.is_cancelled()] or finished
-    if ran:
+    if served_since is None and str(getattr(deployment, "status", "")).endswith("NOT_READY"):
+        return f"{what}: no runner polls it (is robo-pipe serve running?)"
+    ran = [r for r in history if r.state and r.state.is_final() and not _never_started(r)]
+    if ran and ran[0].state and not ran[0].state.is_completed():
         latest = ran[0].state
-        assert latest is not None
         same = 0
         for run in ran:
             if not run.state or run.state.name != latest.name:
@@ -377,9 +408,14 @@ def _stalled(
             same += 1
         message = (latest.message or "")[:200]
         return f"{what}: last {same} run{'s' if same > 1 else ''} {latest.name}: {message}"
-    if str(getattr(deployment, "status", "")).endswith("NOT_READY"):
-        return f"{what}: no runner polls it (is robo-pipe serve running?)"
-    return f"{what}: no run finished"
+    skipped = [r for r in history if _never_started(r)]
+    if skipped and skipped[0].state:
+        message = (skipped[0].state.message or "")[:200]
+        return f"{what}: its runs did not start: {skipped[0].state.name}: {message}"
+    return f"{what}: no run started"
+
+
+_HOLDING = ("PENDING", "RUNNING", "CANCELLING")
 
 
 def at_serve_start(deployment_ids: list[UUID], say: Callable[[str], None]) -> None:
@@ -389,12 +425,13 @@ def at_serve_start(deployment_ids: list[UUID], say: Callable[[str], None]) -> No
         say(f"{found.deployment}: run {found.run_name} marked Crashed ({found.reason})")
     missed = skip_missed(deployment_ids)
     say(f"downtime policy: {DOWNTIME_POLICY}")
-    for deployment, (count, kept) in missed.items():
+    for deployment, m in missed.items():
+        close = f" (and {m.close} due within {OVERLAP_MARGIN_S:g} s of it)" if m.close else ""
         say(
-            f"{deployment}: {count} missed run{'s' if count > 1 else ''}: {kept} runs now, "
-            f"{count - 1} marked Skipped"
+            f"{deployment}: {m.count} missed run{'s' if m.count > 1 else ''}: {m.kept} runs "
+            f"now, {m.count - 1} marked Skipped{close}"
         )
-    for health in schedule_health(deployment_ids):
+    for health in schedule_health(deployment_ids, served_since=_now()):
         say(health.line())
 
 
@@ -418,15 +455,16 @@ async def keep_watch(
     (``serve``'s server watch says when the server is gone)."""
     import asyncio
 
+    since = _now()
     stalled: dict[str, str | None] = {}  # what at_serve_start said: only changes are told
     with contextlib.suppress(Exception):
-        health = await asyncio.to_thread(schedule_health, deployment_ids)
+        health = await asyncio.to_thread(schedule_health, deployment_ids, since)
         stalled = {h.deployment: h.stalled for h in health}
     while True:
         await asyncio.sleep(PASS_EVERY_S)
         try:
             found = await asyncio.to_thread(release_stranded, deployment_ids, in_flight)
-            health = await asyncio.to_thread(schedule_health, deployment_ids)
+            health = await asyncio.to_thread(schedule_health, deployment_ids, since)
         except Exception:  # an API that does not answer: the next pass
             continue
         for run in found:

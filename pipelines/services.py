@@ -35,6 +35,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 from pipelines.home import (
@@ -336,7 +337,7 @@ def stop_survivors(grace_s: float = 5.0) -> list[str]:
     lines: list[str] = []
     groups: dict[int, str] = {}
     path = home / SERVICES_FILE
-    state: dict[str, object] = {}
+    state: dict[str, Any] = {}
     with suppress(OSError, ValueError):
         state = json.loads(path.read_text())
     owner_pid = state.get("pid")
@@ -344,7 +345,7 @@ def stop_survivors(grace_s: float = 5.0) -> list[str]:
         isinstance(owner_pid, int) and _same_process(owner_pid, state.get("owner_start"))
     ):
         owner = f"{state.get('owner', 'robo-pipe ui')} (pid {owner_pid}, gone)"
-        for server in state.get("servers", []) or []:  # type: ignore[union-attr]
+        for server in state.get("servers") or []:
             pid, pgid = int(server["pid"]), int(server["pgid"])
             if _same_process(pid, server.get("start")) or _signal_group(pgid, 0):
                 groups[pgid] = (

@@ -54,7 +54,7 @@ from pipelines import checks, reconcile, steps, summary, tracking
 from pipelines.config import PipelineConfig, load_config, save_resolved
 from pipelines.home import new_run_dir, robo_pipe_home
 from pipelines.records import ChampionCheck, Evaluation, FleetResult, PipelineResult, RunRecords
-from pipelines.services import Services, check_services, configure, join_cluster
+from pipelines.services import Services, check_services, configure, join_cluster, running_ui
 from pipelines.summary import RunPlaces
 from pipelines.tasks import (
     STAGES,
@@ -332,7 +332,10 @@ def _publish(
         rollout=rollout,
     )
     places = _places(cfg, mlrun, summary.run_title(result))
-    places = replace(places, links=summary.configured_links(places, reg.name, reg.version))
+    local = running_ui()  # a ui's or serve's server: its ports are not worth a link
+    local_api = local["prefect_api_url"] if local else None
+    links = summary.configured_links(places, reg.name, reg.version, local_prefect_api=local_api)
+    places = replace(places, links=links)
     relative = {name: f"plots/{png.name}" for name, png in images.items()}
     text = summary.markdown(result, records, relative, places)
     registry.set_version_description(reg.name, reg.version, version_description(result, places))

@@ -242,15 +242,23 @@ def home_relative(path: str | Path, home: Path) -> str:
 
 
 def configured_links(
-    places: RunPlaces, model: str, version: str, env: dict[str, str] | None = None
+    places: RunPlaces,
+    model: str,
+    version: str,
+    env: dict[str, str] | None = None,
+    local_prefect_api: str | None = None,
 ) -> dict[str, str]:
     """Links to the run's pages on servers the user configured, which a reader can follow
-    later: Prefect's when ``PREFECT_UI_URL`` is set; MLflow's when ``MLFLOW_TRACKING_URI`` is a
-    tracking server (it is its own UI). None to the servers of a ``robo-pipe ui``, whose ports
-    change from one start to the next: the summary says how to open the run there instead."""
+    later: Prefect's when ``PREFECT_UI_URL`` is set, or ``PREFECT_API_URL`` names a server other
+    than ``local_prefect_api`` (the one a ``robo-pipe ui`` or ``serve`` started on this home);
+    MLflow's when ``MLFLOW_TRACKING_URI`` is a tracking server (it is its own UI). None to the
+    servers robo-pipe started, whose ports change from one start to the next: the summary says
+    how to open the run there instead."""
     env = dict(os.environ) if env is None else env
     links = {}
-    prefect_ui = env.get("PREFECT_UI_URL", "").rstrip("/")
+    api = env.get("PREFECT_API_URL", "").rstrip("/")
+    configured_api = api if api and api != (local_prefect_api or "").rstrip("/") else ""
+    prefect_ui = env.get("PREFECT_UI_URL", "").rstrip("/") or configured_api.removesuffix("/api")
     if prefect_ui:
         links["Prefect flow run"] = f"{prefect_ui}/runs/flow-run/{places.flow_run_id}"
     tracking = env.get("MLFLOW_TRACKING_URI", "")

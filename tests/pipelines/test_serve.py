@@ -64,14 +64,15 @@ def cli_env(home: Path) -> dict[str, str]:
 
 
 def prefect_flow_runs(home: Path) -> dict[str, dict[str, Any]]:
-    """Every flow run in the home's Prefect database, by name (read through a temporary
-    server in a subprocess, as `robo-pipe run` writes them)."""
+    """Every flow run in the home's Prefect database, by id (read through a temporary server
+    in a subprocess, as `robo-pipe run` writes them). Not by name: a run is renamed after its
+    outcome when it ends, and two checks with the same outcome share a name."""
     script = (
         "import json\n"
         "from prefect.client.orchestration import get_client\n"
         "with get_client(sync_client=True) as client:\n"
         "    runs = client.read_flow_runs()\n"
-        "print(json.dumps({r.name: {'id': str(r.id), 'state': r.state.type.value, "
+        "print(json.dumps({str(r.id): {'name': r.name, 'state': r.state.type.value, "
         "'message': r.state.message, 'tags': r.tags} for r in runs}))\n"
     )
     env = {**cli_env(home), "PREFECT_HOME": str(home / "prefect")}
@@ -127,9 +128,9 @@ def test_a_killed_run_is_marked_crashed_and_the_rerun_continues_it(
     assert result["stages"]["collect"]["reused"], "the completed stage was reused"
     assert not result["stages"]["finetune"]["reused"]
     runs = prefect_flow_runs(shared_home)
-    old = runs[killed["flow_run_name"]]
+    [old] = [r for r in runs.values() if r["name"] == killed["flow_run_name"]]
     new_id = result["links"]["Prefect flow run"].rsplit("/", 1)[1]
-    [new] = [r for r in runs.values() if r["id"] == new_id]
+    new = runs[new_id]
     assert old["state"] == "CRASHED", old
     assert f"process {killed['pid']}" in old["message"]
     # Named by its id: the new run is renamed after its outcome once it ends.
@@ -156,7 +157,7 @@ def test_a_killed_run_is_marked_crashed_and_the_rerun_continues_it(
 
 
 def test_the_registered_version_has_a_signature_and_a_description(
-    resumed: dict[str, Any],
+    resumed: dict[str, Any], shared_home: Path
 ) -> None:
     import mlflow
 
@@ -185,9 +186,11 @@ def test_the_registered_version_has_a_signature_and_a_description(
     low, high = result["ci95"]
     assert f"**{result['success_rate']:.1%}** (95% CI {low:.1%} - {high:.1%})" in text
     assert f"latency p99 **{result['latency_p99_ms']:.2f} ms**" in text
-    assert result["dataset"] in text and result["checkpoint"] in text
+    # Lineage as paths under the home (the description opens anywhere, as summary.md does).
+    for path in (result["dataset"], result["checkpoint"]):
+        assert f"`{Path(path).relative_to(shared_home)}`" in text, path
     # The flow run that registered it, or a later one that found it registered (in `serve`).
-    assert f"- Prefect flow run: {result['links']['Prefect flow run'].rsplit('/', 1)[0]}/" in text
+    assert "- Prefect flow run: `" in text and "(id `" in text
     assert f"- MLflow model version: {result['links']['MLflow model version']}" in text
 
 
@@ -396,10 +399,10 @@ def test_served_deployments_run_scheduled_and_manual_runs_then_sigterm_stops_eve
     # The check in progress was stopped (Cancelled) or, having no task boundary to stop at,
     # finished first: either way it does not stay Running.
     runs = prefect_flow_runs(shared_home)
-    stopped = runs[in_progress.name]
+    stopped = runs[str(in_progress.id)]
     assert stopped["state"] in ("CANCELLED", "COMPLETED"), stopped
     assert stopped["state"] == "COMPLETED" or stopped["message"] == SHUTDOWN_MESSAGE, stopped
-    assert all(runs[r.name]["state"] == "COMPLETED" for r in [*manual, raced, completed_check])
+    assert all(runs[str(r.id)]["state"] == "COMPLETED" for r in [*manual, raced, completed_check])
 
     configure()
     mlflow = MlflowClient()

@@ -37,9 +37,14 @@ def test_links_go_only_to_servers_the_user_configured() -> None:
     assert configured_links(PLACES, "demo-policy", "3", env={}) == {}
     sqlite = {"MLFLOW_TRACKING_URI": f"sqlite:///{HOME}/mlflow/mlflow.db"}
     assert configured_links(PLACES, "demo-policy", "3", env=sqlite) == {}
-    # PREFECT_API_URL alone is where the runs report (a `robo-pipe ui` sets it): no link.
-    api = {"PREFECT_API_URL": "http://127.0.0.1:4200/api"}
-    assert configured_links(PLACES, "demo-policy", "3", env=api) == {}
+    # PREFECT_API_URL of the server a `robo-pipe ui` or `serve` started (it sets it): no link.
+    local = "http://127.0.0.1:4200/api"
+    api = {"PREFECT_API_URL": local}
+    assert configured_links(PLACES, "demo-policy", "3", env=api, local_prefect_api=local) == {}
+    # A Prefect server the user runs and configured: its UI is the API's server without /api.
+    assert configured_links(PLACES, "demo-policy", "3", env=api) == {
+        "Prefect flow run": "http://127.0.0.1:4200/runs/flow-run/0b7f"
+    }
 
     configured = {
         "PREFECT_UI_URL": "https://prefect.example.org/",

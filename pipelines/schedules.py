@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
@@ -217,7 +218,6 @@ def skip_missed(deployment_ids: list[UUID]) -> dict[str, Missed]:
     runs and submit them at once, and the deployment's one-slot limit would cancel whichever
     lost, the missed run too. Runs started from the UI or the API keep their place. Call it
     before the runner polls. Returns what it did, per deployment with missed runs."""
-    from prefect.client.schemas.objects import StateType
     from prefect.states import Cancelled
 
     now = _now()
@@ -225,11 +225,18 @@ def skip_missed(deployment_ids: list[UUID]) -> dict[str, Missed]:
     done: dict[str, Missed] = {}
     with _client() as client:
         for deployment_id in deployment_ids:
-            scheduled = [
-                r
-                for r in _runs(client, [deployment_id], [StateType.SCHEDULED])
-                if r.auto_scheduled and r.expected_start_time and r.expected_start_time < near
-            ]
+            runs = _auto_scheduled(client, deployment_id)
+            if not any(r.expected_start_time and r.expected_start_time < now for r in runs):
+                continue
+            # Registering the deployment deleted its future runs; the server's scheduler makes
+            # them again within seconds. Wait for them (bounded): those due soon must be seen.
+            deadline = time.monotonic() + SCHEDULER_WAIT_S
+            while time.monotonic() < deadline and not any(
+                r.expected_start_time and r.expected_start_time > near for r in runs
+            ):
+                time.sleep(0.5)
+                runs = _auto_scheduled(client, deployment_id)
+            scheduled = [r for r in runs if r.expected_start_time and r.expected_start_time < near]
             scheduled.sort(key=lambda r: r.expected_start_time or now, reverse=True)
             missed = [r for r in scheduled if r.expected_start_time and r.expected_start_time < now]
             if not missed:
@@ -248,13 +255,23 @@ def skip_missed(deployment_ids: list[UUID]) -> dict[str, Missed]:
                     Cancelled(
                         name="Skipped",
                         message=f"{why} (due {_hms(due)}); "
-                        f"only the latest missed run, {keep.name}, ran",
+                        f"only the latest missed run, {keep.name} ({keep.id}), ran",
                     ),
                     force=True,
                 )
             label = _label(client.read_deployment(deployment_id))
             done[label] = Missed(len(missed), keep.name, len(close))
     return done
+
+
+def _auto_scheduled(client: SyncPrefectClient, deployment_id: UUID) -> list[FlowRun]:
+    from prefect.client.schemas.objects import StateType
+
+    return [r for r in _runs(client, [deployment_id], [StateType.SCHEDULED]) if r.auto_scheduled]
+
+
+SCHEDULER_WAIT_S = 15.0
+"""How long :func:`skip_missed` waits for the server's scheduler to make the upcoming runs."""
 
 
 @dataclass(frozen=True)

@@ -304,11 +304,11 @@ def _period_s(schedule: Any) -> float | None:
     cron = getattr(schedule, "cron", None)
     if cron is None:
         return None
-    from croniter import croniter  # type: ignore[import-untyped]
+    from cronsim import CronSim  # what Prefect's own cron schedules are computed with
 
-    times = croniter(cron, _now())
-    first = times.get_next(datetime)
-    return float((times.get_next(datetime) - first).total_seconds())
+    times = CronSim(cron, _now())
+    first = next(times)
+    return float((next(times) - first).total_seconds())
 
 
 def _describe(schedule: Any) -> str:

@@ -55,25 +55,42 @@ def run(
     )
     from pipelines.flow import train_simulate_deploy
     from pipelines.progress import listening
-    from pipelines.services import interrupted_exit_code, stop_on_sigterm
+    from pipelines.services import (
+        ServerLost,
+        drop_unsent_if_server_gone,
+        interrupted_exit_code,
+        prefect_server_gone,
+        stop_if_server_goes,
+        stop_on_sigterm,
+    )
 
     # Until here SIGTERM ends the process at once (exit 143 too): nothing is started yet.
     stop_on_sigterm()
+    again = "start it again (or send runs elsewhere), then the same command resumes the run"
     start = time.perf_counter()
     try:
-        with live() as display, listening(display):
+        with stop_if_server_goes(found), live() as display, listening(display):
             result = train_simulate_deploy(config=cfg, ray_address=ray_address)
     except KeyboardInterrupt as stopped:
-        console.print("[yellow]interrupted[/]: run the same command again to resume")
+        if isinstance(stopped, ServerLost):
+            console.print(f"[red]{stopped.reason}[/]: run stops; {again}", highlight=False)
+        else:
+            console.print("[yellow]interrupted[/]: run the same command again to resume")
         raise typer.Exit(code=interrupted_exit_code(stopped)) from None
     except RoboPipeError:
         raise
     except Exception:
+        if lost := prefect_server_gone(found):  # a call to it failed before the watch saw it
+            console.print(f"[red]{lost}[/]: run stops; {again}", highlight=False)
+            raise typer.Exit(code=3) from None
         console.print(
             "[red]pipeline failed[/]; completed stages are kept: run the same command again to "
             "resume (--verbose shows the full log)"
         )
         raise
+    finally:
+        if dropped := drop_unsent_if_server_gone(found):
+            console.print(f"{dropped} log and event records could not be sent to Prefect")
     show_pipeline_result(result, time.perf_counter() - start, found, result_console(json_out))
     emit_json({**result.to_json(), "verdict": result.verdict}, json_out)
     if result.verdict != "promoted":

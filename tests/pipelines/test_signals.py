@@ -146,12 +146,31 @@ def test_ui_announces_capture_run_and_serve_name_its_servers_and_all_stop_on_sig
     assert said in output, output[-3000:]
     assert ui.alive() and state_file.is_file(), "stopping serve left ui's servers alone"
 
+    # A run attached to the ui when the ui stops, in a fine-tuning long enough (~1 min) to be
+    # stopped in: one line naming the ui, exit 3, its completed stages kept.
+    longer = ["--set", "finetune.bc.steps=3000"]
+    attached = start_as_background_job(["run", "--config", CONFIG, *SETS, *longer], home_path)
+    pretrained = re.compile(r"^pretrain: (ok|reused)", re.MULTILINE)
+    wait_for(
+        "the attached run's fine-tuning", lambda: pretrained.search(attached.output()), attached
+    )
     output, stopped_in = stop(ui)
-    left = _kill_all(home_path)
     assert ui.proc.returncode == 143, output[-3000:]
     assert stopped_in < STOP_BOUND_S, f"ui took {stopped_in:.1f} s to stop"
-    assert not left, "every process ui started has ended"
+    ports = [int(servers[url].rsplit(":", 1)[1]) for url in ("prefect_ui", "mlflow_ui")]
+    assert all(_port_free(port) for port in ports), f"a server still holds one of {ports}"
     assert not state_file.exists()
+    run_gone = time.monotonic()
+    attached.proc.wait(timeout=90)
+    output = attached.output()
+    assert attached.proc.returncode == 3, output[-3000:]
+    assert f"the Prefect server at {servers['prefect_api_url']} (the servers of robo-pipe ui " in (
+        output
+    ), output[-3000:]
+    assert "stopped answering: run stops" in output
+    print(f"the attached run stopped {time.monotonic() - run_gone:.1f} s after the ui")
+    assert any((home_path / "stages").glob("collect-*.json")), "its completed stages are kept"
+    assert not _kill_all(home_path), "nothing of the run is left"
 
 
 @pytest.mark.parametrize(

@@ -143,8 +143,13 @@ def _closing(mlrun: tracking.TrackedRun, lock: reconcile.RunLock) -> Iterator[No
     """End the flow's MLflow run (FAILED if the block raised) and release its liveness lock."""
     try:
         yield
-    except BaseException:
-        mlrun.finish("FAILED")
+    except BaseException as err:
+        try:
+            mlrun.finish("FAILED")
+        except Exception as finishing:  # e.g. the SQLite store locked under a Ctrl-C/SIGTERM
+            # What stopped the run (an interrupt, the real error) is what the caller must see;
+            # the MLflow run stays RUNNING and the next run's reconcile ends it.
+            err.add_note(f"ending the MLflow run {mlrun.run_id} failed too: {finishing}")
         raise
     finally:
         lock.release()

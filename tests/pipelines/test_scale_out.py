@@ -24,6 +24,14 @@ from tests.pipelines.test_flow import CONFIG, MODEL, TINY
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def ctrl_c_reaches_it() -> None:
+    """In the child before exec: SIGINT back to its default, as in a terminal. The test sends
+    Ctrl-C's SIGINT; a pytest started as a script's background job (`make test &`) has SIGINT
+    ignored, the child would inherit that, and a verb keeps an ignored SIGINT ignored
+    (services.stop_on_sigterm): the test would wait for nothing."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.fixture(scope="module")
 def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("scale-out") / "home"
@@ -48,6 +56,7 @@ def servers(home: Path) -> Iterator[dict[str, str]]:
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,
+        preexec_fn=ctrl_c_reaches_it,
     )
     state_file = home / "services.json"
     for _ in range(180):
@@ -137,6 +146,7 @@ def test_pipeline_on_the_servers_of_robo_pipe_ui_then_a_scheduled_run(
             stderr=subprocess.STDOUT,
             text=True,
             start_new_session=True,
+            preexec_fn=ctrl_c_reaches_it,
         )
         try:
             completed = _wait_for_scheduled_run("regression-check")

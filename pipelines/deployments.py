@@ -142,7 +142,7 @@ def serve(
     from prefect.runner import Runner
 
     from pipelines import schedules
-    from pipelines.services import Stopped, healthy, refresh_prefect_settings
+    from pipelines.services import Stopped, healthy, no_prefect_retries
 
     if say is None:
 
@@ -224,8 +224,7 @@ def serve(
     def quit_without_server() -> None:
         """Stop with no API calls that would wait for a server that is gone: no retries, no
         pausing, our flow processes stopped directly."""
-        os.environ["PREFECT_CLIENT_MAX_RETRIES"] = "0"
-        refresh_prefect_settings()
+        no_prefect_retries()
         runner.pause_on_shutdown = False
         manager = runner._process_manager  # private: Prefect has no public way to this
         for flow_run_id in list(manager.flow_run_ids()):
@@ -347,15 +346,12 @@ def _flush_to_api() -> None:
     """Send the logs and events still queued for the Prefect API now, while its server is up
     (the caller stops its own servers next), each within 3 s and with no retries: Python's exit
     would otherwise send them to a server that is gone, retrying each for a minute."""
-    import os
-
     from prefect.events.worker import EventsWorker
     from prefect.logging.handlers import APILogWorker
 
-    from pipelines.services import refresh_prefect_settings
+    from pipelines.services import no_prefect_retries
 
-    os.environ["PREFECT_CLIENT_MAX_RETRIES"] = "0"
-    refresh_prefect_settings()
+    no_prefect_retries()
     for worker in (APILogWorker, EventsWorker):
         worker.drain_all(timeout=3)
 

@@ -147,6 +147,14 @@ def refresh_prefect_settings() -> None:
     refresh_global_settings_context()
 
 
+def no_prefect_retries() -> None:
+    """From now on, this process's Prefect calls (and those of processes it starts) fail at once
+    instead of retrying: for the way out when the Prefect server is gone, where each call would
+    otherwise retry for about a minute (``PREFECT_CLIENT_MAX_RETRIES``, 5 with backoff)."""
+    os.environ["PREFECT_CLIENT_MAX_RETRIES"] = "0"
+    refresh_prefect_settings()
+
+
 _set_by_us: dict[str, str] = {}
 
 
@@ -472,8 +480,7 @@ def stop_if_server_goes(found: Services, every_s: float = 5.0, misses: int = 3) 
             missed = 0 if reason is None else missed + 1
             if reason is not None and missed >= misses:
                 lost.append(reason)
-                os.environ["PREFECT_CLIENT_MAX_RETRIES"] = "0"
-                refresh_prefect_settings()
+                no_prefect_retries()
                 os.kill(os.getpid(), signal.SIGTERM)  # a real signal wakes a blocked wait
                 return
 
@@ -503,8 +510,7 @@ def drop_unsent_if_server_gone(found: Services) -> int:
     from prefect.events.worker import EventsWorker
     from prefect.logging.handlers import APILogWorker
 
-    os.environ["PREFECT_CLIENT_MAX_RETRIES"] = "0"
-    refresh_prefect_settings()
+    no_prefect_retries()
     dropped = 0
     workers: tuple[Any, ...] = (APILogWorker, EventsWorker)
     for service in workers:

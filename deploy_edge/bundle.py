@@ -4,6 +4,10 @@ An export bundle is the directory ``robo-pipe export`` writes and every consumer
 edge runtime, the evaluation of an exported policy, the latency gate, the model registry)::
 
     <bundle>/policy.onnx (+ policy.onnx.data)  the graph: normalisation inside, LoRA merged
+    <bundle>/policy.<variant>.onnx (+ .data)    a precision variant of the same graph (e.g.
+                                                ``policy.int8.onnx``: static INT8 with Q/DQ
+                                                nodes), scored against the FP32 graph; the
+                                                spec's ``variants`` lists them (:class:`Variant`)
     <bundle>/io_spec.json                       the I/O spec (:class:`IOSpec`): every tensor's
                                                 name, dtype, shape and units; control rate,
                                                 chunk, tokenizer; provenance and parity
@@ -59,8 +63,13 @@ VERIFY_FIX = "re-export it (robo-pipe export), or fetch the registry version aga
 
 FORMAT = "robo-pipe-onnx"
 """The I/O spec's ``format``: what kind of bundle this is."""
-FORMAT_VERSION = 1
-"""The newest ``format_version`` this robo-pipe writes and reads."""
+FORMAT_VERSION = 2
+"""The newest ``format_version`` this robo-pipe writes and reads (2: precision ``variants``,
+``random_weights``, parameter count and export cost)."""
+
+PRECISIONS = ("fp32", "fp16", "int8", "fp8")
+"""Numeric precisions a graph can run in, most accurate first (the ranking of last resort when
+two variants' measured errors tie)."""
 
 BATCH = "batch"
 """The leading, dynamic axis of every tensor's shape."""
@@ -93,6 +102,47 @@ class TensorSpec(Record):
     def dims(self, batch: int = -1) -> tuple[int, ...]:
         """The shape with the batch axis as ``batch`` (-1: any size, as MLflow writes it)."""
         return tuple(batch if dim == BATCH else int(dim) for dim in self.shape)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Variant(Record):
+    """A precision variant of the exported graph, carried in the bundle beside the FP32 model.
+
+    The FP32 model (the spec's ``onnx_file``) is the reference and is not listed; each variant
+    is its own ONNX file (and external data) of the same inputs and outputs. Its errors are
+    measured at export against the FP32 graph on held-out dataset frames (never the frames it
+    was calibrated on); ``candidate`` says whether it may be shipped and run at all (within the
+    error bar and, where success was measured, not worse than FP32 by the paired test)."""
+
+    name: str
+    """Short name, unique in the bundle: ``int8`` (also the file's infix)."""
+    precision: str
+    """Numeric precision of the graph: one of :data:`PRECISIONS`."""
+    onnx_file: str
+    """The variant's model file, bundle-relative (``policy.int8.onnx``)."""
+    method: str
+    """How it was made (``onnxruntime quantize_static: QDQ, per-channel int8 weights, ...``)."""
+    calibration: dict[str, Any]
+    """What it was calibrated on: dataset path, frames, episodes, method; empty if none."""
+    action_error: float
+    """Mean |variant - FP32| over the held-out frames and every action, robot units."""
+    action_error_max: float
+    """Largest |variant - FP32| over the held-out frames, robot units."""
+    relative_error: float
+    """The worst action dimension's mean |variant - FP32| divided by that dimension's std in
+    the training data (0.05: errors are 5% of how much that joint's action varies)."""
+    reference_error: float
+    """Largest |variant - torch| over the bundle's ``reference.npz`` inputs, robot units: the
+    parity a device measures for this variant is held to this figure (plus a margin)."""
+    scored_frames: int
+    """Held-out frames the errors were measured on."""
+    success: dict[str, float] = dataclasses.field(default_factory=dict)
+    """Held-out task success against FP32 on the same seeds, when measured: ``rate``,
+    ``fp32_rate``, ``p_value`` (paired test), ``episodes``; empty when not measured."""
+    candidate: bool = True
+    """Whether it may be shipped and chosen (the error bar and the success test passed)."""
+    reason: str = ""
+    """Why it is not a candidate ("" when it is)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -141,6 +191,22 @@ class IOSpec(Record):
     """The same per input set: ``random`` and, when a dataset was given, ``dataset``."""
     onnx_file: str = ONNX_FILE
     """The model file, relative to the bundle (a registry copy holds ``model.onnx``)."""
+    variants: tuple[Variant, ...] = ()
+    """Precision variants carried beside the FP32 model (:class:`Variant`); empty: FP32 only."""
+    random_weights: bool = False
+    """The policy was built with random weights for systems measurements only (no pretrained
+    weights could be had): never a champion, deployed only by a deploy that says it is a
+    systems test."""
+    parameters: int = 0
+    """Parameters of the exported policy (0: not recorded)."""
+    export_seconds: float = 0.0
+    """Wall time of the export (graph, variants, parity and scoring), s; 0: not recorded."""
+    export_peak_rss_mb: float = 0.0
+    """Peak resident memory of the exporting process, MiB; 0: not recorded."""
+
+    def variant(self, name: str) -> Variant | None:
+        """The variant called ``name``; None if the bundle has none of that name."""
+        return next((v for v in self.variants if v.name == name), None)
 
     @property
     def input_names(self) -> list[str]:
@@ -237,6 +303,14 @@ def bundle_files(directory: str | Path) -> list[Path]:
             f"no {TOKENIZER_FILE} in it"
         )
     files = [*model, root / IO_SPEC_FILE]
+    for variant in spec.variants:
+        extra = model_files(root, variant.onnx_file)
+        if not extra or extra[0].name != variant.onnx_file:
+            raise IOSpecError(
+                f"{root / IO_SPEC_FILE}: variant {variant.name!r}: field 'onnx_file' = "
+                f"{variant.onnx_file!r}: no such file"
+            )
+        files += extra
     files += [p for p in (root / spec.tokenizer).rglob("*") if p.is_file()]
     files += [
         root / f

@@ -101,14 +101,16 @@ class AgentClient(Device):
         force: bool = False,
         on_status: Callable[[DeviceStatus], None] | None = None,
         timeout_s: float = 1800.0,
+        systems_test: bool = False,
         poll_s: float = POLL_S,
     ) -> Deployment:
         """Start the deployment of the uploaded release and follow it to its end, asking for
         the status every ``poll_s``; returns the agent's record of it (state, every step,
-        reason)."""
+        reason). ``systems_test``: a random-weights release may go live (recorded)."""
         before = self.status().last
         earlier = before.id if before else None  # not the answer we wait for
-        self._request("POST", "/deployments", json={"sha256": sha256, "force": force})
+        body = {"sha256": sha256, "force": force, "systems_test": systems_test}
+        self._request("POST", "/deployments", json=body)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             status = self.status()

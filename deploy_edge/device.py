@@ -129,11 +129,15 @@ class Device(Resource):
         force: bool = False,
         on_status: Callable[[DeviceStatus], None] | None = None,
         timeout_s: float = 1800.0,
+        systems_test: bool = False,
     ) -> Deployment:
         """Deploy the uploaded release ``sha256`` and follow it to its end within
         ``timeout_s``; ``on_status`` sees the device's status as the steps go. ``force``
-        allows a downgrade or an expired release (the device records it). The answer is the
-        device's record of this deployment: ``state`` ``active`` only when it now runs it."""
+        allows a downgrade or an expired release (the device records it); ``systems_test``
+        a random-weights release (systems measurements only; the device records it too).
+        The answer is the device's record of this deployment: ``state`` ``active`` only when
+        it now runs it, ``variant`` what of the bundle runs and, with ``precision: auto``,
+        ``trials`` and ``choice`` why."""
 
     @abc.abstractmethod
     def activate(self) -> Deployment:

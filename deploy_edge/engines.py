@@ -9,6 +9,14 @@
   rebuilt, never reused. Loading runs a preflight: the engine deserialises and the reference
   input gives outputs matching the ONNX reference.
 
+Precision variants (``policy.int8.onnx``: a graph with explicit Q/DQ nodes) run as they are:
+ONNX Runtime executes the Q/DQ graph on the CPU (its quantised kernels); TensorRT builds it the
+way NVIDIA recommends since TensorRT 10 deprecated implicit INT8 calibrators: a *strongly
+typed* network (``NetworkDefinitionCreationFlag.STRONGLY_TYPED``), whose every tensor's type
+follows from the graph's own Q/DQ nodes, with no precision builder flag and no calibrator
+(``explicit=True``). FP8 Q/DQ needs SM 8.9 or newer (Ada, Hopper, Blackwell such as Thor;
+Orin is SM 8.7 and has no FP8): elsewhere :class:`EngineUnavailable` says so.
+
 TensorRT ships with JetPack on Jetson; it cannot be installed on every machine (not on our CI
 machines): it is imported lazily and its absence is a clear :class:`EngineUnavailable`.
 """
@@ -59,7 +67,10 @@ class OnnxRuntimeEngine(InferenceEngine):
         onnx_path: str | Path,
         providers: tuple[str, ...] = ("CPUExecutionProvider",),
         threads: int = 1,
+        precision: str = "fp32",
     ) -> None:
+        """``precision``: what the graph at ``onnx_path`` computes in (an ``int8`` variant's
+        Q/DQ graph runs as it is; ONNX Runtime has no precision switch of its own)."""
         import onnxruntime as ort
 
         available = ort.get_available_providers()
@@ -73,7 +84,7 @@ class OnnxRuntimeEngine(InferenceEngine):
         except Exception as err:  # ORT raises its own exception types for corrupt files
             raise EngineError(f"{onnx_path}: ONNX Runtime cannot load it: {err}") from err
         self.name = f"onnxruntime:{self.session.get_providers()[0]}"
-        self.precision = "fp32"
+        self.precision = precision
         self.threads = threads
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_names = [o.name for o in self.session.get_outputs()]
@@ -121,8 +132,17 @@ def plan_matches(plan: Path, key: dict[str, str]) -> bool:
         return False
 
 
+FP8_MIN_SM = (8, 9)
+"""FP8 tensor cores: Ada (8.9), Hopper (9.0), Blackwell (10.x, Thor); not Orin (8.7)."""
+
+
 class TensorRTEngine(InferenceEngine):
-    """A TensorRT engine built on this machine from the ONNX file (see module docstring)."""
+    """A TensorRT engine built on this machine from the ONNX file (see module docstring).
+
+    ``explicit``: the ONNX file is a precision variant whose Q/DQ nodes say the precision
+    (``int8``, ``fp8``): built strongly typed, without a precision flag or a calibrator.
+    Otherwise ``precision`` ``fp16`` sets the FP16 builder flag on the FP32 graph (when the GPU
+    has fast FP16), anything else builds it in FP32."""
 
     def __init__(
         self,
@@ -131,6 +151,7 @@ class TensorRTEngine(InferenceEngine):
         max_batch: int = 1,
         reference: dict[str, np.ndarray] | None = None,
         tolerance: float = 2e-2,
+        explicit: bool = False,
     ) -> None:
         trt = import_tensorrt()
         import torch
@@ -140,8 +161,19 @@ class TensorRTEngine(InferenceEngine):
         self._trt, self._torch = trt, torch
         self.onnx_path = Path(onnx_path)
         self.logger = trt.Logger(trt.Logger.WARNING)
-        fp16 = precision == "fp16" and trt.Builder(self.logger).platform_has_fast_fp16
-        self.precision = "fp16" if fp16 else "fp32"
+        self.explicit = explicit
+        if explicit:
+            sm = torch.cuda.get_device_capability()
+            if precision == "fp8" and tuple(sm) < FP8_MIN_SM:
+                raise EngineUnavailable(
+                    f"FP8 needs a GPU of SM {FP8_MIN_SM[0]}.{FP8_MIN_SM[1]} or newer (Ada, "
+                    f"Hopper, Blackwell/Thor); {torch.cuda.get_device_name()} is SM "
+                    f"{sm[0]}.{sm[1]} (Jetson Orin has no FP8): use an int8 or fp16 profile"
+                )
+            self.precision = precision
+        else:
+            fp16 = precision == "fp16" and trt.Builder(self.logger).platform_has_fast_fp16
+            self.precision = "fp16" if fp16 else "fp32"
         self.max_batch = max_batch
         self.key = self.engine_key()
         plan = self.onnx_path.with_name(f"{self.onnx_path.stem}.{self._key_slug()}.plan")
@@ -172,6 +204,7 @@ class TensorRTEngine(InferenceEngine):
             "cuda": str(torch.version.cuda),
             "precision": self.precision,
             "max_batch": str(self.max_batch),
+            "typing": "strong" if self.explicit else "weak",
         }
 
     def _key_slug(self) -> str:
@@ -182,14 +215,17 @@ class TensorRTEngine(InferenceEngine):
     def _build(self) -> bytes:
         trt = self._trt
         builder = trt.Builder(self.logger)
-        network = builder.create_network(0)  # explicit batch (the only mode in TensorRT 10)
+        # Explicit batch is the only mode in TensorRT 10. A Q/DQ variant is strongly typed:
+        # its types come from the graph (the Q/DQ nodes), never from builder flags.
+        flags = 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED) if self.explicit else 0
+        network = builder.create_network(flags)
         parser = trt.OnnxParser(network, self.logger)
         if not parser.parse_from_file(str(self.onnx_path)):
             errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
             raise EngineError(f"{self.onnx_path}: TensorRT cannot parse it: {errors}")
         config = builder.create_builder_config()
         config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, 1 << 30)
-        if self.precision == "fp16":
+        if self.precision == "fp16" and not self.explicit:  # strongly typed: no flags allowed
             config.set_flag(trt.BuilderFlag.FP16)
         profile = builder.create_optimization_profile()
         for i in range(network.num_inputs):
@@ -242,11 +278,17 @@ def make_engine(
     precision: str = "fp32",
     threads: int = 1,
     reference: dict[str, np.ndarray] | None = None,
+    explicit: bool = False,
+    tolerance: float = 2e-2,
 ) -> InferenceEngine:
-    """The engine a target profile asks for: ``onnxruntime`` or ``tensorrt``."""
+    """The engine a target profile asks for: ``onnxruntime`` or ``tensorrt``. ``explicit``:
+    the file is a precision variant (Q/DQ graph) of ``precision``; ``tolerance``: TensorRT's
+    preflight against the reference outputs."""
     if engine == "onnxruntime":
         providers = ("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider")
-        return OnnxRuntimeEngine(onnx_path, providers, threads)
+        return OnnxRuntimeEngine(onnx_path, providers, threads, precision if explicit else "fp32")
     if engine == "tensorrt":
-        return TensorRTEngine(onnx_path, precision, reference=reference)
+        return TensorRTEngine(
+            onnx_path, precision, reference=reference, tolerance=tolerance, explicit=explicit
+        )
     raise EngineError(f"unknown engine {engine!r}; valid choices: onnxruntime, tensorrt")

@@ -36,7 +36,12 @@ class ExportedPolicy:
     :class:`~robo_pipe.integrity.IntegrityError` names a file that differs and the check): the
     model, its external data and the reference outputs before the engine reads them (and, for
     TensorRT, builds a plan from them), the other files once the spec is known to agree with the
-    model. Each file is hashed once."""
+    model. Each file is hashed once.
+
+    ``variant``: run that precision variant of the bundle (its own ONNX file, a Q/DQ graph of
+    its precision; :class:`IOSpecError` if the bundle has none of that name) instead of the
+    FP32 model; ``precision`` then is the variant's. ``variant`` None: the FP32 model, at
+    ``precision`` (``fp16``: TensorRT's FP16 build of it)."""
 
     def __init__(
         self,
@@ -44,6 +49,8 @@ class ExportedPolicy:
         engine: str = "onnxruntime",
         precision: str = "fp32",
         threads: int = 1,
+        variant: str | None = None,
+        tolerance: float = 2e-2,
     ) -> None:
         from tokenizers import Tokenizer
 
@@ -57,13 +64,32 @@ class ExportedPolicy:
         self.state_dim = spec.state_dim
         self.action_dim = spec.action_dim
         self.chunk_len = spec.chunk_len
-        # The model file: policy.onnx, or what the spec names (a registry copy uses model.onnx).
-        onnx_file = root / spec.onnx_file
+        # The model file: policy.onnx, or what the spec names (a registry copy uses model.onnx);
+        # a variant's own file.
+        model = spec.onnx_file
+        if variant is not None:
+            chosen = spec.variant(variant)
+            if chosen is None:
+                names = ", ".join(v.name for v in spec.variants) or "none"
+                raise IOSpecError(
+                    f"{root / IO_SPEC_FILE}: no precision variant {variant!r} (variants: {names})"
+                )
+            model, precision = chosen.onnx_file, chosen.precision
         # What the engine reads first; nothing is built from a file that differs.
-        first = [p.name for p in model_files(root, spec.onnx_file)] + [REFERENCE_FILE]
+        first = [p.name for p in model_files(root, model)] + [REFERENCE_FILE]
         verify_bundle(root, only=first)
         reference = _load_reference(root)
-        self.engine: InferenceEngine = make_engine(onnx_file, engine, precision, threads, reference)
+        self.engine: InferenceEngine = make_engine(
+            root / model,
+            engine,
+            precision,
+            threads,
+            reference,
+            explicit=variant is not None,
+            tolerance=tolerance,
+        )
+        self.variant: str = variant or self.engine.precision
+        """What runs: the variant's name, or the precision the FP32 model runs in."""
         declared = (spec.input_names, spec.output_names)
         actual = (self.engine.input_names, self.engine.output_names)
         if declared != actual:

@@ -5,11 +5,22 @@ policy runs on one kind of machine: engine, precision, control rate, the latency
 and the deadline misses allowed. The gate warms up, then runs ``steps`` control ticks of the
 whole loop (:class:`deploy_edge.runtime.ControlLoop`) on this machine and passes only if
 p99 <= budget and misses <= allowed; the report says which check failed and what it measured on.
+
+Precision: pinned (``fp32``, ``fp16``, ``int8``, ``fp8``) runs one thing: ``fp32`` and ``fp16``
+the bundle's FP32 model (ONNX Runtime runs it in FP32; TensorRT builds it in FP16 with the
+builder flag), ``int8`` and ``fp8`` the bundle's candidate variant of that precision (its
+explicit Q/DQ graph). ``auto`` tries every way the profile's engine can run the bundle
+(:func:`options`: the FP32 model, TensorRT's FP16 build of it, every candidate variant), gates
+each, and runs the most accurate one that meets the budget (:func:`choose_variant`). A variant
+the export did not make a candidate (past its error bar, worse on success) is listed with its
+reason and never run.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -19,8 +30,10 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from configs import targets_dir
+from deploy_edge.bundle import PRECISIONS, IOSpec, read_io_spec
 from deploy_edge.exported import ExportedPolicy
 from deploy_edge.runtime import ControlLoop, Tick
+from deploy_edge.wire import Trial
 from robo_pipe.errors import RoboPipeError
 from robo_pipe.records import Record
 from robo_pipe.validation import first_error
@@ -44,7 +57,9 @@ class TargetProfile(BaseModel):
     description: str = ""
     engine: Literal["onnxruntime", "tensorrt"] = "onnxruntime"
     """Inference engine (TensorRT builds its engine on the target)."""
-    precision: Literal["fp32", "fp16"] = "fp32"
+    precision: Literal["fp32", "fp16", "int8", "fp8", "auto"] = "fp32"
+    """Pinned (see the module docstring), or ``auto``: the most accurate way to run the bundle
+    that meets the budget on this machine."""
     threads: int = Field(default=1, ge=1, le=256)
     """CPU threads for the engine."""
     control_hz: float = Field(default=10.0, gt=0, le=1000)
@@ -55,6 +70,124 @@ class TargetProfile(BaseModel):
     """Deadline misses tolerated over the measured steps."""
     execute: int = Field(default=1, ge=1)
     """Actions of each chunk executed before inferring again."""
+
+
+ENGINE_RUNS: dict[str, tuple[str, ...]] = {
+    "onnxruntime": ("fp32", "fp16", "int8"),
+    "tensorrt": ("fp32", "fp16", "int8", "fp8"),
+}
+"""Precisions of variant files each engine runs: ONNX Runtime any variant but FP8 (its CPU
+kernels have no FP8 Q/DQ), TensorRT every one (FP8 only on SM 8.9+, which it says when
+building)."""
+
+
+@dataclass(frozen=True)
+class Option:
+    """One way to run a bundle: its name (:attr:`~deploy_edge.wire.Trial.variant`), precision,
+    and the bundle variant whose file runs (None: the FP32 model)."""
+
+    name: str
+    precision: str
+    variant: str | None
+
+
+def options(spec: IOSpec, engine: str) -> tuple[list[Option], list[Trial]]:
+    """What ``precision: auto`` tries on ``engine``: the FP32 model (and, on TensorRT, its FP16
+    build), then every candidate variant the engine runs; and a trial that is already out
+    (with its reason) for every variant that is not a candidate or that the engine cannot
+    run."""
+    runs = ENGINE_RUNS.get(engine, ("fp32",))
+    tried = [Option("fp32", "fp32", None)]
+    if engine == "tensorrt" and spec.variant("fp16") is None:
+        tried.append(Option("fp16", "fp16", None))
+    out: list[Trial] = []
+    for v in spec.variants:
+        if not v.candidate:
+            why = f"not a candidate: {v.reason or 'the export did not make it one'}"
+            out.append(Trial(v.name, v.precision, v.relative_error, False, why))
+        elif v.precision not in runs:
+            why = f"{engine} does not run {v.precision} variants"
+            out.append(Trial(v.name, v.precision, v.relative_error, True, why))
+        else:
+            tried.append(Option(v.name, v.precision, v.name))
+    return tried, out
+
+
+def pinned_option(spec: IOSpec, target: TargetProfile) -> Option:
+    """What a pinned precision runs: ``fp32``/``fp16`` the FP32 model, ``int8``/``fp8`` the
+    bundle's candidate variant of that precision (:class:`TargetError` if it has none)."""
+    precision = target.precision
+    if precision in ("fp32", "fp16"):
+        return Option(precision, precision, None)
+    found = [v for v in spec.variants if v.precision == precision]
+    usable = [v for v in found if v.candidate]
+    if not usable:
+        why = (
+            f"its {precision} variant is not a candidate ({found[0].reason})"
+            if found
+            else f"it has no {precision} variant (variants: "
+            f"{', '.join(v.name for v in spec.variants) or 'none'})"
+        )
+        raise TargetError(f"target {target.name!r} pins precision {precision}, but {why}")
+    return Option(usable[0].name, precision, usable[0].name)
+
+
+def trial_error(option: Option, spec: IOSpec) -> float | None:
+    """The option's recorded error relative to the action std (0 for the FP32 model, None for
+    TensorRT's FP16 build of it, which the export did not score)."""
+    if option.variant is None:
+        return 0.0 if option.precision == "fp32" else None
+    variant = spec.variant(option.variant)
+    return variant.relative_error if variant is not None else None
+
+
+def accuracy_rank(trial: Trial) -> tuple[float, int]:
+    """Sort key, most accurate first: the smaller recorded error relative to the action std
+    (an unscored one after every scored one), ties by :data:`PRECISIONS` order."""
+    error = trial.relative_error if trial.relative_error is not None else float("inf")
+    precision = PRECISIONS.index(trial.precision) if trial.precision in PRECISIONS else 99
+    return (error, precision)
+
+
+@dataclass
+class Choice:
+    """What :func:`choose_variant` decided: the trial that runs (None: none fits), every trial
+    marked (``chosen``; why not in ``failure``), and one line saying why."""
+
+    chosen: Trial | None
+    trials: list[Trial]
+    reason: str
+
+
+def choose_variant(trials: list[Trial], budget_ms: float) -> Choice:
+    """The rule of ``precision: auto``: of the trials that are candidates, built, within their
+    parity and gate (no ``failure``) and whose p99 <= ``budget_ms``, the most accurate
+    (:func:`accuracy_rank`). A non-candidate is never chosen. None fits: no choice, and the
+    reason names each trial's p99 against the budget (or why it was out). The trials come back
+    as copies, each marked: chosen, or why not (``failure``)."""
+    marked = [dataclasses.replace(t) for t in trials]
+    fitting = sorted((t for t in marked if t.fits(budget_ms)), key=accuracy_rank)
+    for t in marked:
+        t.chosen = False
+        if not t.failure and t.p99_ms is not None and t.p99_ms > budget_ms:
+            t.failure = f"p99 {t.p99_ms:.2f} ms > budget {budget_ms:g} ms"
+    if not fitting:
+        each = "; ".join(f"{t.variant}: {t.failure or 'not measured'}" for t in marked)
+        return Choice(None, marked, f"no candidate meets the budget {budget_ms:g} ms ({each})")
+    best = fitting[0]
+    best.chosen = True
+    for t in fitting[1:]:
+        t.failure = f"less accurate than {best.variant} ({_error(t)} vs {_error(best)})"
+    return Choice(
+        best,
+        marked,
+        f"{best.variant}: the most accurate candidate within {budget_ms:g} ms "
+        f"(p99 {best.p99_ms:.2f} ms, error {_error(best)} of the action std)",
+    )
+
+
+def _error(trial: Trial) -> str:
+    return "unscored" if trial.relative_error is None else f"{trial.relative_error:.2%}"
 
 
 def available_targets() -> list[str]:
@@ -108,6 +241,14 @@ class LatencyReport(Record):
     """Engine, precision, hardware and software versions."""
     report: str = ""
     histogram: str = ""
+    variant: str = ""
+    """What of the bundle was measured (:attr:`~deploy_edge.wire.Trial.variant`): the pinned
+    one, or the one ``precision: auto`` chose (the figures above are its)."""
+    trials: list[Trial] = field(default_factory=list)
+    """With ``precision: auto``: every way the bundle could run, its p99, and why it was or was
+    not chosen; empty for a pinned precision."""
+    choice: str = ""
+    """With ``precision: auto``: why :attr:`variant` runs, or why none does."""
 
 
 def verdict(ms: np.ndarray, misses: int, budget_ms: float, allowed_misses: int) -> dict[str, Any]:
@@ -149,6 +290,18 @@ def target_loop(
     )
 
 
+def open_policy(
+    export_dir: str | Path, target: TargetProfile, option: Option | None = None
+) -> ExportedPolicy:
+    """The bundle on ``target``'s engine as ``option`` says (default: the pinned precision's
+    :func:`pinned_option`)."""
+    if option is None:
+        option = pinned_option(read_io_spec(export_dir), target)
+    return ExportedPolicy(
+        export_dir, target.engine, option.precision, target.threads, variant=option.variant
+    )
+
+
 def run_gate(
     export_dir: str | Path,
     robot: Robot,
@@ -161,10 +314,13 @@ def run_gate(
     out: Path | None = None,
     policy: ExportedPolicy | None = None,
 ) -> LatencyReport:
-    """Measure the whole control step of ``export_dir`` on ``robot`` and gate it."""
+    """Measure the whole control step of ``export_dir`` on ``robot`` and gate it (a pinned
+    precision, or ``policy`` as given; ``precision: auto`` is :func:`run_auto_gate`)."""
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
-    policy = policy or ExportedPolicy(export_dir, target.engine, target.precision, target.threads)
+    if policy is None and target.precision == "auto":
+        raise TargetError(f"target {target.name!r} says precision: auto: use run_auto_gate")
+    policy = policy or open_policy(export_dir, target)
     budget = budget_ms if budget_ms is not None else target.budget_ms
     robot.connect()
     try:
@@ -185,10 +341,73 @@ def run_gate(
         errors=sum(bool(t.error) for t in ticks),
         inference_ticks=sum(t.inferred for t in ticks),
         measured_on=policy.engine.describe(),
+        variant=policy.variant,
         **verdict(ms, misses, budget, target.allowed_misses),
     )
     if out is not None:
         _write(report, ms, out)
+    return report
+
+
+def gate_trial(trial: Trial, report: LatencyReport) -> None:
+    """Record ``report``'s figures on ``trial``; a gate that failed for anything but its p99
+    (deadline misses) puts the trial out. Its p99 against the budget is the choice's."""
+    trial.p99_ms, trial.misses = report.p99_ms, report.misses
+    others = [r for r in report.reasons if not r.startswith("p99 ")]
+    if others:
+        trial.failure = "gate: " + "; ".join(others)
+    if report.errors:
+        trial.failure = trial.failure or f"gate: {report.errors} engine errors"
+
+
+def run_auto_gate(
+    export_dir: str | Path,
+    robot: Callable[[], Robot],
+    instruction: str,
+    target: TargetProfile,
+    steps: int = 1000,
+    warmup: int = 50,
+    budget_ms: float | None = None,
+    pace: bool = True,
+    out: Path | None = None,
+) -> LatencyReport:
+    """``precision: auto`` on this machine: every way ``target``'s engine can run the bundle
+    (:func:`options`) built and gated on a fresh ``robot()`` each, then
+    :func:`choose_variant`. The report is the chosen one's figures with every trial and the
+    choice; none fits: the most accurate measured one's figures, failed, the reason naming
+    each trial's p99 against the budget."""
+    spec = read_io_spec(export_dir)
+    budget = budget_ms if budget_ms is not None else target.budget_ms
+    tried, trials = options(spec, target.engine)
+    measured: dict[str, LatencyReport] = {}
+    for option in tried:
+        trial = Trial(option.name, option.precision, trial_error(option, spec))
+        trials.append(trial)
+        try:
+            policy = open_policy(export_dir, target, option)
+        except (RoboPipeError, OSError) as err:  # EngineUnavailable, EngineError, IOSpecError
+            trial.failure = f"engine: {err}"
+            continue
+        here = out / option.name if out is not None else None
+        report = run_gate(
+            export_dir, robot(), instruction, target, steps, warmup, budget, pace, here, policy
+        )
+        gate_trial(trial, report)
+        measured[option.name] = report
+    choice = choose_variant(trials, budget)
+    if choice.chosen is not None:
+        report = measured[choice.chosen.variant]
+    elif measured:
+        best = min((t for t in choice.trials if t.variant in measured), key=accuracy_rank)
+        report = measured[best.variant]
+        report.passed, report.reasons = False, [choice.reason]
+    else:
+        raise TargetError(f"target {target.name!r}: {choice.reason}")
+    report.trials, report.choice = choice.trials, choice.reason
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        report.histogram = str(out / report.variant / "latency.png")
+        _write_report(report, out, f"{report.variant}/latency.png")
     return report
 
 
@@ -210,6 +429,13 @@ def _write(report: LatencyReport, ms: np.ndarray, out: Path) -> None:
     report.histogram = str(out / "latency.png")
     fig.savefig(report.histogram, dpi=100)
     plt.close(fig)
+    report.report = str(out / "latency.md")
+    _write_report(report, out, "latency.png")
+
+
+def _write_report(report: LatencyReport, out: Path, histogram: str) -> None:
+    """``latency.md`` (the histogram at ``histogram``, relative to ``out``) and
+    ``latency_report.json``."""
     verdict = "PASSED" if report.passed else "FAILED: " + "; ".join(report.reasons)
     rows = [
         (
@@ -220,6 +446,7 @@ def _write(report: LatencyReport, ms: np.ndarray, out: Path) -> None:
         ("jitter (std)", f"{report.jitter_ms:.2f} ms"),
         ("deadline misses", f"{report.misses} (allowed {report.allowed_misses})"),
         ("steps", f"{report.steps} after {report.warmup} warm-up"),
+        ("variant", report.variant or "-"),
         *report.measured_on.items(),
     ]
     lines = [
@@ -231,8 +458,22 @@ def _write(report: LatencyReport, ms: np.ndarray, out: Path) -> None:
         "|---|---|",
         *[f"| {k} | {v} |" for k, v in rows],
         "",
-        "![latency histogram](latency.png)",
+        f"![latency histogram]({histogram})",
     ]
+    if report.trials:
+        lines += [
+            "",
+            f"## precision: auto — {report.choice}",
+            "",
+            "| variant | precision | error / action std | p99 | result |",
+            "|---|---|---|---|---|",
+            *[
+                f"| {t.variant} | {t.precision} | {_error(t)} | "
+                f"{'-' if t.p99_ms is None else f'{t.p99_ms:.2f} ms'} | "
+                f"{'chosen' if t.chosen else t.failure} |"
+                for t in report.trials
+            ],
+        ]
     report.report = str(out / "latency.md")
     (out / "latency.md").write_text("\n".join(lines) + "\n")
     (out / "latency_report.json").write_text(json.dumps(report.to_json(), indent=1))

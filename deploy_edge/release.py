@@ -359,8 +359,9 @@ def extract_release(file: Path, manifest: Manifest, dest: Path) -> Path:
       devices, fifos, sparse files) or appears twice;
     - ``extra-file`` / ``missing-file``: a bundle file the manifest does not list / a listed one
       the file lacks; ``hash-mismatch``: a bundle file whose sha256 is not the listed one;
-    - ``external-data-outside``: the model (the spec's ``onnx_file``) reads external data from
-      a location that is not a file of the bundle the manifest lists;
+    - ``external-data-outside``: the model (the spec's ``onnx_file``) or a precision variant
+      (its ``variants``' files) reads external data from a location that is not a file of the
+      bundle the manifest lists;
     - ``corrupt``: an unreadable archive, a ``manifest.json`` other than ``manifest``, a bundle
       whose ``io_spec.json`` differs from the manifest's; ``bad-format`` / ``unsigned``: no
       manifest / signature member.
@@ -706,9 +707,14 @@ def _kind(member: tarfile.TarInfo) -> str:
 
 
 def _check_external_data(file: Path, manifest: Manifest, bundle: Path) -> None:
-    """Every external data location of the model is a file of the bundle the manifest lists
-    (relative to the model's directory, as ONNX resolves it)."""
-    model = manifest.io_spec.onnx_file
+    """Every external data location of the model and of each precision variant is a file of
+    the bundle the manifest lists (relative to the model's directory, as ONNX resolves it)."""
+    spec = manifest.io_spec
+    for model in (spec.onnx_file, *(v.onnx_file for v in spec.variants)):
+        _check_model_data(file, manifest, bundle, model)
+
+
+def _check_model_data(file: Path, manifest: Manifest, bundle: Path, model: str) -> None:
     model_dir = PurePosixPath(model).parent
     root = bundle.resolve()
     for tensor, location in _external_locations(file, bundle / model):

@@ -58,6 +58,42 @@ class GateFigures(Record):
 
 
 @dataclass
+class Trial(Record):
+    """One way the device (or the pipeline's gate) can run a bundle, and what became of it
+    when a target profile says ``precision: auto``: built, parity-checked, gated, then chosen
+    or not by :func:`deploy_edge.latency.choose_variant`."""
+
+    variant: str
+    """``fp32`` (the FP32 model), ``fp16`` (the FP32 model built in FP16 by TensorRT), or the
+    name of a bundle variant (``int8``)."""
+    precision: str
+    """Its numeric precision (one of :data:`deploy_edge.bundle.PRECISIONS`)."""
+    relative_error: float | None
+    """Its error against the FP32 model relative to each action dimension's std, as the
+    export scored it (0 for FP32; None: not scored, ranked after every scored one)."""
+    candidate: bool = True
+    """Whether the bundle lets it run at all (its export-time error bar and success test)."""
+    failure: str = ""
+    """Why it is out: not a candidate, the engine failed to build, its parity or its latency
+    gate failed ("" while it is still in)."""
+    p99_ms: float | None = None
+    """Its control step's p99 in the latency gate (None: not measured)."""
+    misses: int = 0
+    """Deadline misses in that gate."""
+    chosen: bool = False
+    """Whether it is the one that runs."""
+
+    def fits(self, budget_ms: float) -> bool:
+        """Built, parity within tolerance, gate passed (no failure) and p99 <= ``budget_ms``."""
+        return (
+            self.candidate
+            and not self.failure
+            and self.p99_ms is not None
+            and self.p99_ms <= budget_ms
+        )
+
+
+@dataclass
 class Slot(Record):
     """An extracted release on the device."""
 
@@ -68,6 +104,11 @@ class Slot(Record):
     """The bundle directory."""
     sha256: str
     """Of the release file."""
+    variant: str = "fp32"
+    """What of the bundle runs (:attr:`Trial.variant`): the FP32 model or a precision
+    variant, as the target profile pinned it or ``precision: auto`` chose it."""
+    systems_test: bool = False
+    """Deployed as a systems test (a random-weights policy, for measurements only)."""
 
     @property
     def label(self) -> str:
@@ -94,7 +135,16 @@ class Deployment(Record):
     started_at: str = ""
     finished_at: str | None = None
     gate: GateFigures | None = None
-    """None until the gate step has measured."""
+    """None until the gate step has measured (with ``precision: auto``: the chosen one's)."""
+    variant: str = ""
+    """What of the bundle runs (:attr:`Trial.variant`; "" until the engine step)."""
+    trials: list[Trial] = field(default_factory=list)
+    """With ``precision: auto``: every way the bundle could run and why each was or was not
+    chosen; empty for a pinned precision."""
+    choice: str = ""
+    """Why :attr:`variant` runs (the choice's one line; "" for a pinned precision)."""
+    systems_test: bool = False
+    """The deploy said it is a systems test: a random-weights release may go live."""
 
     @property
     def label(self) -> str:

@@ -281,30 +281,48 @@ def measure_latency(
 ) -> LatencyReport:
     """The latency gate (``cfg.latency``): the export in the control loop of ``cfg``'s
     simulated robot on the target profile's engine, p99 against the budget. Reports into
-    ``out``."""
+    ``out``. A profile with ``precision: auto`` gates every way its engine can run the bundle
+    (the FP32 model and each candidate variant) and reports the choice the device would make
+    (:func:`deploy_edge.latency.run_auto_gate`): the most accurate one within the budget."""
     from deploy_edge.bundle import read_io_spec
-    from deploy_edge.latency import load_target, run_gate
+    from deploy_edge.latency import load_target, run_auto_gate, run_gate
     from robots.spec import get_robot
     from sim_scenes.sim_robot import SimulatedRobot
 
     gate = cfg.latency
     profile = load_target(gate.target)
     spec = read_io_spec(export)
-    robot = SimulatedRobot(
-        get_robot(cfg.robot),
-        cfg.scene.task(),
-        seed=cfg.seed,
-        cameras=tuple(spec.cameras),
-        image_size=spec.image_size,
-    )
-    robot.connect()  # the gate runs the control loop on its first episode's instruction
-    instruction = robot.instruction
-    robot.stop()
+
+    def robot() -> SimulatedRobot:
+        return SimulatedRobot(
+            get_robot(cfg.robot),
+            cfg.scene.task(),
+            seed=cfg.seed,
+            cameras=tuple(spec.cameras),
+            image_size=spec.image_size,
+        )
+
+    first = robot()
+    first.connect()  # the gate runs the control loop on its first episode's instruction
+    instruction = first.instruction
+    first.stop()
     listener.started("latency", None, "")
     listener.advanced("latency", 0, f"measuring {gate.steps} control steps on {profile.name}")
     out.mkdir(parents=True, exist_ok=True)
+    if profile.precision == "auto":
+        return run_auto_gate(
+            export,
+            robot,
+            instruction,
+            profile,
+            gate.steps,
+            gate.warmup,
+            gate.budget_ms,
+            gate.pace,
+            out,
+        )
     return run_gate(
-        export, robot, instruction, profile, gate.steps, gate.warmup, gate.budget_ms, gate.pace, out
+        export, first, instruction, profile, gate.steps, gate.warmup, gate.budget_ms, gate.pace, out
     )
 
 

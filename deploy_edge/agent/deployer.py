@@ -1,14 +1,25 @@
 """The edge agent's deployer: a signed release in, a verified, gated, healthy active version out.
 
-    verify    signature by a trusted key; no downgrade, not expired (unless forced); the target
+    verify    signature by a trusted key; no downgrade, not expired (unless forced); the target;
+              a random-weights policy only in a deploy that says it is a systems test
     extract   into state_dir/slots/<release>-<sha12> (every file hashed against the manifest)
-    engine    the target profile's engine on the new bundle
+    engine    the target profile's engine on the new bundle (its pinned precision's model or
+              variant; ``precision: auto``: one engine per way to run it, see below)
     parity    the engine on the bundle's reference inputs reproduces the expected outputs
+              (a variant: within its recorded ``reference_error`` plus a margin)
     gate      the latency gate on the device's robot (the release's budget, else the profile's)
     ---       if the robot-busy lock file exists: stop here, "staged" (activate_staged() later)
     activate  flip state_dir/active to the new slot (atomic symlink rename); previous = old
     health    a few control ticks of the active version: no deadline miss, no engine error
     commit    the journal's end record: from here on the new version stays
+
+With ``precision: auto`` the engine, parity and gate steps run for every candidate the
+profile's engine can run (:func:`deploy_edge.latency.options`); one that fails to build or
+misses its parity is out, with its reason, and the others go on; the gate step then activates
+the most accurate one that meets the budget (:func:`deploy_edge.latency.choose_variant`) and
+is refused only when none does (the reason names each one's p99 against the budget). The
+deployment record's ``variant``, ``trials`` and ``choice`` say which runs and why the others do
+not; the slot's ``variant`` is what the health check and episodes run.
 
 Any failing step rolls back: the links return to what they were and the new slot is deleted;
 the deployment is "refused" (failed before activate) or "rolled_back" (after). Every step is
@@ -56,10 +67,22 @@ from deploy_edge.agent.journal import (
     remove_link,
     write_atomic,
 )
-from deploy_edge.bundle import REFERENCE_FILE
+from deploy_edge.bundle import REFERENCE_FILE, read_io_spec
 from deploy_edge.exported import ExportedPolicy
 from deploy_edge.keys import load_public_key
-from deploy_edge.latency import load_target, run_gate, target_loop
+from deploy_edge.latency import (
+    Option,
+    accuracy_rank,
+    choose_variant,
+    gate_trial,
+    load_target,
+    open_policy,
+    options,
+    pinned_option,
+    run_gate,
+    target_loop,
+    trial_error,
+)
 from deploy_edge.release import (
     Manifest,
     ReleaseError,
@@ -69,7 +92,15 @@ from deploy_edge.release import (
     verify_release,
 )
 from deploy_edge.runtime import Tick
-from deploy_edge.wire import Deployment, DeviceStatus, EpisodeResult, GateFigures, Slot, StepResult
+from deploy_edge.wire import (
+    Deployment,
+    DeviceStatus,
+    EpisodeResult,
+    GateFigures,
+    Slot,
+    StepResult,
+    Trial,
+)
 from robo_pipe.errors import InputError, RoboPipeError
 from robo_pipe.records import RecordError
 from robots.interface import Robot, RobotObservation
@@ -78,6 +109,11 @@ CRASH_ENV = "ROBO_PIPE_AGENT_CRASH_AT"
 """Fault injection: the step at whose start the process SIGKILLs itself."""
 PARITY_TOLERANCE = {"fp32": 1e-4, "fp16": 2e-2}
 """Largest |engine - reference| allowed, robot units, by the profile's precision."""
+VARIANT_MARGIN = (0.5, 1e-4)
+"""A precision variant's parity tolerance: its recorded ``reference_error`` (the export's
+|variant - torch| on the same reference inputs) times ``1 + VARIANT_MARGIN[0]`` plus
+``VARIANT_MARGIN[1]`` robot units: another CPU's (or TensorRT's) quantised kernels round
+differently from the exporting machine's."""
 LINKS = ("active", "previous", "staged")
 
 
@@ -214,26 +250,30 @@ class Deployer:
         release_file: Path,
         force: bool = False,
         on_step: Callable[[Deployment], None] | None = None,
+        systems_test: bool = False,
     ) -> Deployment:
         """Deploy ``release_file`` through every step (see the module docstring); returns the
-        finished record ("active", "staged", "refused" or "rolled_back")."""
+        finished record ("active", "staged", "refused" or "rolled_back"). ``systems_test``: the
+        deploy says it is a systems test, so a random-weights release may go live (recorded on
+        the deployment and the slot)."""
         if not self._deploying.acquire(blocking=False):
             raise DeployError("a deployment is running; wait for it to finish")
         try:
             with self._lock:
                 self._recover_once()
                 run = self._start(Path(release_file), on_step)
+                run.deployment.systems_test = systems_test
                 try:
                     with run.step("verify"):
                         manifest = self._verify(run, force)
                     with run.step("extract"):
                         slot = self._extract(run, manifest)
                     with run.step("engine"):
-                        policy = self._engine(run, slot)
+                        engines = self._engine(run, slot)
                     with run.step("parity"):
-                        self._parity(run, policy, slot)
+                        engines = self._parity(run, engines, slot)
                     with run.step("gate"):
-                        self._gate(run, policy, slot, manifest)
+                        self._gate(run, engines, slot, manifest)
                     if self.locked():
                         return self._stage(run, slot)
                     return self._go_live(run, slot)
@@ -329,13 +369,20 @@ class Deployer:
             raise _Refused(
                 f"release is for targets {manifest.targets}, this device is {self.profile.name!r}"
             )
+        if manifest.io_spec.random_weights and not d.systems_test:
+            raise _Refused(
+                "random-weights: the policy was built with random weights for systems "
+                "measurements only; deploy it only as a systems test (robo-pipe deploy "
+                "--systems-test)"
+            )
         d.forced = check_policy(
             manifest, active_release=active.release if active else None, force=force
         )
         forced = f"; forced past: {', '.join(d.forced)}" if d.forced else ""
+        test = "; a systems test" if d.systems_test else ""
         run.detail = (
             f"{manifest.model_name} {manifest.model_version} release {manifest.release}, "
-            f"signed by {manifest.key_id}{forced}"
+            f"signed by {manifest.key_id}{forced}{test}"
         )
         return manifest
 
@@ -349,65 +396,140 @@ class Deployer:
         _remove(dest)  # a leftover of an interrupted deployment
         bundle = extract_release(run.release_file, manifest, dest)
         slot = Slot(manifest.model_name, manifest.model_version, manifest.release, str(bundle), sha)
+        slot.systems_test = run.deployment.systems_test
         write_atomic(self.slots_dir / f"{name}.json", _dumps(slot.to_json()))
         run.slot = slot
         run.detail = f"{len(manifest.files)} files into slots/{name}"
         return slot
 
-    def _engine(self, run: _Run, slot: Slot) -> ExportedPolicy:
+    def _engine(self, run: _Run, slot: Slot) -> list[tuple[Trial, ExportedPolicy]]:
+        """The profile's engine on the bundle: its pinned precision's model or variant, or,
+        with ``precision: auto``, every option that builds (one that does not is out, its
+        trial saying why)."""
         p = self.profile
-        policy = ExportedPolicy(slot.path, p.engine, p.precision, p.threads)
-        run.detail = f"{policy.engine.name} ({policy.engine.precision})"
-        return policy
+        spec = read_io_spec(slot.path)
+        if p.precision != "auto":
+            option = pinned_option(spec, p)
+            policy = self._open(slot, option)
+            trial = Trial(option.name, option.precision, trial_error(option, spec))
+            run.deployment.variant = policy.variant
+            run.detail = f"{policy.engine.name} ({policy.variant}, {policy.engine.precision})"
+            return [(trial, policy)]
+        tried, out = options(spec, p.engine)
+        built: list[tuple[Trial, ExportedPolicy]] = []
+        for option in tried:
+            trial = Trial(option.name, option.precision, trial_error(option, spec))
+            out.append(trial)
+            try:
+                built.append((trial, self._open(slot, option)))
+            except Exception as err:  # one option's fault puts it out, not the deployment
+                trial.failure = f"engine: {type(err).__name__}: {err}"
+        run.deployment.trials = out
+        if not built:
+            raise _Refused("no way to run the bundle builds here: " + _failures(out))
+        run.detail = f"{built[0][1].engine.name}: " + ", ".join(t.variant for t, _ in built)
+        return built
 
-    def _parity(self, run: _Run, policy: ExportedPolicy, slot: Slot) -> None:
+    def _open(self, slot: Slot, option: Option) -> ExportedPolicy:
+        spec = read_io_spec(slot.path)
+        variant = spec.variant(option.variant) if option.variant else None
+        tolerance = _tolerance(option.precision, variant.reference_error if variant else None)
+        p = self.profile
+        return ExportedPolicy(
+            slot.path, p.engine, option.precision, p.threads, option.variant, tolerance
+        )
+
+    def _parity(
+        self, run: _Run, engines: list[tuple[Trial, ExportedPolicy]], slot: Slot
+    ) -> list[tuple[Trial, ExportedPolicy]]:
+        """Each engine on the reference inputs; pinned: a miss refuses; auto: a miss puts
+        that option out and the rest go on (all out: refused)."""
         reference_file = Path(slot.path) / REFERENCE_FILE
         if not reference_file.is_file():
             raise _Refused(f"the bundle has no {REFERENCE_FILE} to check parity with")
         with np.load(reference_file, allow_pickle=False) as data:
             reference = {k: data[k] for k in data.files}
-        engine = policy.engine
-        outputs = [n for n in engine.output_names if f"expected_{n}" in reference]
-        if not outputs:
-            raise _Refused(f"{REFERENCE_FILE} holds no expected outputs")
-        tolerance = PARITY_TOLERANCE.get(engine.precision, PARITY_TOLERANCE["fp16"])
-        batch = len(reference[engine.input_names[0]])
-        error = 0.0
-        for i in range(batch):  # one at a time: an engine may be built for batch 1
-            got = engine.run({n: reference[n][i : i + 1] for n in engine.input_names})
-            for name in outputs:
-                want = reference[f"expected_{name}"][i : i + 1]
-                error = max(error, float(np.abs(got[name] - want).max()))
-        if not error <= tolerance:  # NaN fails too
-            raise _Refused(f"max |error| {error:.2e} > tolerance {tolerance:g} on {REFERENCE_FILE}")
-        run.detail = f"max |error| {error:.2e} <= {tolerance:g} over {batch} reference inputs"
+        spec = read_io_spec(slot.path)
+        passed, details = [], []
+        for trial, policy in engines:
+            variant = spec.variant(trial.variant)
+            recorded = variant.reference_error if variant is not None else None
+            tolerance = _tolerance(policy.engine.precision, recorded)
+            try:
+                error, batch = _parity_error(policy, reference)
+            except _Refused as err:
+                trial.failure = f"parity: {err}"
+                continue
+            if not error <= tolerance:  # NaN fails too
+                trial.failure = (
+                    f"parity: max |error| {error:.2e} > tolerance {tolerance:g} on {REFERENCE_FILE}"
+                )
+                continue
+            passed.append((trial, policy))
+            details.append(
+                f"{trial.variant}: max |error| {error:.2e} <= {tolerance:g}"
+                if self.profile.precision == "auto"
+                else f"max |error| {error:.2e} <= {tolerance:g} over {batch} reference inputs"
+            )
+        if not passed:
+            if self.profile.precision != "auto":
+                raise _Refused(engines[0][0].failure.removeprefix("parity: "))
+            raise _Refused(
+                "no way to run the bundle passed its parity: " + _failures(run.deployment.trials)
+            )
+        run.detail = "; ".join(details)
+        return passed
 
-    def _gate(self, run: _Run, policy: ExportedPolicy, slot: Slot, manifest: Manifest) -> None:
+    def _gate(
+        self,
+        run: _Run,
+        engines: list[tuple[Trial, ExportedPolicy]],
+        slot: Slot,
+        manifest: Manifest,
+    ) -> None:
+        """The latency gate (every option still in, with ``precision: auto``, then the
+        choice); the slot records what runs."""
         c = self.config
-        report = run_gate(
-            slot.path,
-            self.driver(policy.cameras, policy.image_size),
-            c.instruction,
-            self.profile,
-            steps=c.gate_steps,
-            warmup=c.gate_warmup,
-            budget_ms=manifest.budget_ms,
-            pace=c.pace,
-            out=Path(slot.path) / "gate",
-            policy=policy,
-        )
-        run.deployment.gate = GateFigures(
-            p50_ms=report.p50_ms,
-            p95_ms=report.p95_ms,
-            p99_ms=report.p99_ms,
-            max_ms=report.max_ms,
-            misses=float(report.misses),
-            budget_ms=report.budget_ms,
-        )
+        auto = self.profile.precision == "auto"
+        reports = {}
+        for trial, policy in engines:
+            report = run_gate(
+                slot.path,
+                self.driver(policy.cameras, policy.image_size),
+                c.instruction,
+                self.profile,
+                steps=c.gate_steps,
+                warmup=c.gate_warmup,
+                budget_ms=manifest.budget_ms,
+                pace=c.pace,
+                out=Path(slot.path) / "gate" / (trial.variant if auto else ""),
+                policy=policy,
+            )
+            gate_trial(trial, report)
+            reports[trial.variant] = report
+        if auto:
+            budget = manifest.budget_ms
+            budget = budget if budget is not None else self.profile.budget_ms
+            choice = choose_variant(run.deployment.trials, budget)
+            run.deployment.trials, run.deployment.choice = choice.trials, choice.reason
+            if choice.chosen is None:
+                measured = [t for t in choice.trials if t.variant in reports]
+                if measured:  # the figures of the most accurate one measured
+                    best = min(measured, key=accuracy_rank)
+                    run.deployment.gate = _figures(reports[best.variant])
+                raise _Refused(choice.reason)
+            report = reports[choice.chosen.variant]
+            run.deployment.variant = choice.chosen.variant
+        else:
+            report = next(iter(reports.values()))
+        run.deployment.gate = _figures(report)
         if not report.passed:
             raise _Refused("; ".join(report.reasons))
+        slot.variant = run.deployment.variant
+        write_atomic(self.slots_dir / f"{self._slot_name(slot.path)}.json", _dumps(slot.to_json()))
+        chosen = f"{run.deployment.choice}; " if auto else ""
         run.detail = (
-            f"p99 {report.p99_ms:.2f} ms <= {report.budget_ms:g} ms, "
+            f"{chosen}p99 {report.p99_ms:.2f} ms <= {report.budget_ms:g} ms, "
             f"{report.misses} misses in {report.steps} steps"
         )
 
@@ -435,8 +557,9 @@ class Deployer:
         """Up to ``max_ticks`` control ticks of the active version on a fresh robot (until the
         robot reports its episode done, with ``until_done``); with ``shadow`` the actions are
         computed but not sent."""
+        active = self._slot("active")
+        policy = self._run_policy(active)
         p = self.profile
-        policy = ExportedPolicy(self.state_dir / "active", p.engine, p.precision, p.threads)
         robot: Robot = self.driver(policy.cameras, policy.image_size)
         if shadow:
             robot = ShadowRobot(robot)
@@ -451,6 +574,21 @@ class Deployer:
         finally:
             robot.stop()
         return ticks, robot
+
+    def _run_policy(self, slot: Slot | None) -> ExportedPolicy:
+        """The active version as its slot says it runs (the variant its deployment pinned or
+        chose; a slot recorded before variants: the profile's pinned precision)."""
+        p = self.profile
+        root = self.state_dir / "active"
+        spec = read_io_spec(root)
+        name = slot.variant if slot is not None else "fp32"
+        if spec.variant(name) is not None:
+            option = Option(name, spec.variant(name).precision, name)  # type: ignore[union-attr]
+        elif name in ("fp32", "fp16"):
+            option = Option(name, name, None)
+        else:
+            option = pinned_option(spec, p)
+        return open_policy(root, p, option)
 
     # -- links, staging, rollback, the end of a run --------------------------------------------
 
@@ -721,6 +859,45 @@ class Deployer:
             f.write(_dumps(deployment.to_json()))
             f.flush()
             os.fsync(f.fileno())
+
+
+def _tolerance(precision: str, reference_error: float | None) -> float:
+    """Parity tolerance: a variant's recorded error plus the margin, else the precision's."""
+    if reference_error is not None:
+        return reference_error * (1.0 + VARIANT_MARGIN[0]) + VARIANT_MARGIN[1]
+    return PARITY_TOLERANCE.get(precision, PARITY_TOLERANCE["fp16"])
+
+
+def _parity_error(policy: ExportedPolicy, reference: dict[str, np.ndarray]) -> tuple[float, int]:
+    """Largest |engine - expected| over the reference inputs (one at a time: an engine may be
+    built for batch 1), and how many inputs."""
+    engine = policy.engine
+    outputs = [n for n in engine.output_names if f"expected_{n}" in reference]
+    if not outputs:
+        raise _Refused(f"{REFERENCE_FILE} holds no expected outputs")
+    batch = len(reference[engine.input_names[0]])
+    error = 0.0
+    for i in range(batch):
+        got = engine.run({n: reference[n][i : i + 1] for n in engine.input_names})
+        for name in outputs:
+            want = reference[f"expected_{name}"][i : i + 1]
+            error = max(error, float(np.abs(got[name] - want).max()))
+    return error, batch
+
+
+def _figures(report: Any) -> GateFigures:
+    return GateFigures(
+        p50_ms=report.p50_ms,
+        p95_ms=report.p95_ms,
+        p99_ms=report.p99_ms,
+        max_ms=report.max_ms,
+        misses=float(report.misses),
+        budget_ms=report.budget_ms,
+    )
+
+
+def _failures(trials: list[Trial]) -> str:
+    return "; ".join(f"{t.variant}: {t.failure}" for t in trials if t.failure)
 
 
 def _label(item: Slot | Deployment) -> str:

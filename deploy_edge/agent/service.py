@@ -7,8 +7,9 @@ in constant time against the sha256 in the device config)::
     GET  /uploads/{sha256}             bytes of that release received so far
     PUT  /uploads/{sha256}?offset=N    append a chunk at byte N (a cut upload resumes at the
                                        bytes the agent has; a wrong offset answers 409 with it)
-    POST /deployments                  {"sha256", "force"}: deploy the uploaded release (in the
-                                       background; follow it with /status)
+    POST /deployments                  {"sha256", "force", "systems_test"}: deploy the uploaded
+                                       release (in the background; follow it with /status);
+                                       ``systems_test`` lets a random-weights release go live
     GET  /status                       active / previous / staged version, lock, running and
                                        last deployment with every step's result
     GET  /history                      every deployment, newest first
@@ -51,6 +52,8 @@ class DeployRequest(BaseModel):
 
     sha256: str
     force: bool = False
+    systems_test: bool = False
+    """The deploy says it is a systems test: a random-weights release may go live (recorded)."""
 
 
 class EpisodeRequest(BaseModel):
@@ -113,7 +116,7 @@ def create_app(config: DeviceConfig, deployer: Deployer) -> FastAPI:
 
         def run() -> None:
             try:
-                deployer.deploy(path, force=body.force)
+                deployer.deploy(path, force=body.force, systems_test=body.systems_test)
             finally:
                 busy.release()
 

@@ -28,6 +28,7 @@ from pipelines.deploy import release
 from robo_pipe.errors import InputError
 
 if TYPE_CHECKING:
+    from deploy_edge.wire import Deployment
     from pipelines.records import FleetResult
 
 keys = typer.Typer(
@@ -169,6 +170,14 @@ def deploy(
     force: Annotated[
         bool, typer.Option(help="Allow a downgrade or an expired release (recorded).")
     ] = False,
+    systems_test: Annotated[
+        bool,
+        typer.Option(
+            "--systems-test",
+            help="A systems test: lets a random-weights version (built for measurements only) "
+            "go live; the device records it. --device only.",
+        ),
+    ] = False,
     json_out: JsonOpt = False,
     old_target: Annotated[str | None, typer.Option("--target", hidden=True)] = None,
 ) -> None:
@@ -179,7 +188,12 @@ def deploy(
 
     With --fleet: roll it out to a fleet, a canary first, then waves (the devices of a wave at
     once); a wave with more failures than allowed stops the rollout and the devices it updated
-    roll back to what they ran. Exits 0 only when every selected device runs the new version."""
+    roll back to what they ran. Exits 0 only when every selected device runs the new version.
+
+    The device runs what its target profile pins (fp32, fp16, int8, fp8), or with
+    ``precision: auto`` the most accurate of the version's candidates that meets its budget
+    there; the table says which and why the others do not. A version built with random weights
+    deploys only with --systems-test."""
     from deploy_edge.device import connect, load_device
 
     fleet_only = {
@@ -188,6 +202,8 @@ def deploy(
         "--select": select or None,
         "--dry-run": dry_run or None,
     }
+    if systems_test and fleet is not None:
+        raise InputError("deploy: --systems-test applies to one --device, never to a fleet")
     registry.parse_model_uri(model)  # a malformed version is bad input: before any work
     if old_target is not None:
         raise InputError(
@@ -212,7 +228,7 @@ def deploy(
     version = registry.get_version(*registry.parse_model_uri(model))
     manifest, path = release.bundle_release(version, key or release.default_key())
     with live(json_out) as display:
-        done = release.deploy_release(entry, path, force, display)
+        done = release.deploy_release(entry, path, force, display, systems_test=systems_test)
     table = Table(title=f"{entry.name}: {manifest.model_name} v{manifest.model_version}")
     for col in ("step", "result", "seconds"):
         table.add_column(col)
@@ -228,13 +244,38 @@ def deploy(
             f"{gate.budget_ms:g} ms), misses {int(gate.misses)}",
             highlight=False,
         )
+    show_variants(done, out)
     if done.forced:
         console.print(f"[yellow]forced[/]: {', '.join(done.forced)}", highlight=False)
+    if done.systems_test:
+        console.print("[yellow]systems test[/]: recorded on the device", highlight=False)
     emit_json(done, json_out)
     if done.state != "active":
-        console.print(f"[red]{entry.name} {done.state}[/]: {done.reason}", highlight=False)
+        console.print(f"[red]{entry.name} {done.state}[/]: {escape(done.reason)}", highlight=False)
         raise typer.Exit(code=1)
-    console.print(f"[green]{entry.name} runs {manifest.model_name} v{manifest.model_version}")
+    runs = f" ({done.variant})" if done.variant else ""
+    console.print(
+        f"[green]{entry.name} runs {manifest.model_name} v{manifest.model_version}{runs}",
+        highlight=False,
+    )
+
+
+def show_variants(done: Deployment, out: Console) -> None:
+    """With ``precision: auto``: one row per way the device could run the bundle (its error
+    relative to the action std, its on-device p99, chosen or why not), and the choice."""
+    if not done.trials:
+        return
+    table = Table(title=f"precision: auto, budget {done.gate.budget_ms:g} ms" if done.gate else "")
+    for col in ("variant", "precision", "error / action std", "on-device p99", "result"):
+        table.add_column(col)
+    for t in done.trials:
+        error = "unscored" if t.relative_error is None else f"{t.relative_error:.2%}"
+        p99 = "-" if t.p99_ms is None else f"{t.p99_ms:.2f} ms"
+        verdict = "[green]chosen" if t.chosen else f"[yellow]{escape(t.failure)}"
+        table.add_row(t.variant, t.precision, error, p99, verdict)
+    out.print(table)
+    if done.choice:
+        out.print(f"choice: {escape(done.choice)}", highlight=False)
 
 
 _STATE_STYLE = {"active": "green", "reverted": "yellow", "staged": "yellow", "planned": "cyan"}

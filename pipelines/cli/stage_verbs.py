@@ -346,6 +346,10 @@ def gate(
     stands in for the arm), times observation in -> action out for --steps steps after warm-up,
     and passes only if p99 <= budget and deadline misses <= the profile's allowance. Writes
     latency.md, latency.png and latency_report.json into a new run folder. Exits 1 if it fails.
+
+    A profile with ``precision: auto`` (e.g. --target local-cpu-auto) gates the FP32 model and
+    every candidate precision variant of the export, and passes with the most accurate one
+    within the budget, as a device's agent chooses; the table says why the others were not.
     """
     from deploy_edge.latency import load_target
 
@@ -365,6 +369,19 @@ def gate(
             "latency", lambda show: steps.measure_latency(cfg, export_dir, run_dir, show)
         )
     show_latency(report, result_console(json_out))
+    if report.trials:
+        from rich.markup import escape
+
+        table = Table(title=f"precision: auto on {report.target}, budget {report.budget_ms:g} ms")
+        for col in ("variant", "precision", "error / action std", "p99", "result"):
+            table.add_column(col)
+        for t in report.trials:
+            error = "unscored" if t.relative_error is None else f"{t.relative_error:.2%}"
+            p99 = "-" if t.p99_ms is None else f"{t.p99_ms:.2f} ms"
+            verdict = "[green]chosen" if t.chosen else f"[yellow]{escape(t.failure)}"
+            table.add_row(t.variant, t.precision, error, p99, verdict)
+        result_console(json_out).print(table)
+        result_console(json_out).print(f"choice: {escape(report.choice)}", highlight=False)
     emit_json(report, json_out)
     if not report.passed:
         raise typer.Exit(code=1)

@@ -49,7 +49,7 @@ from pipelines.records import DeviceRollout, DeviceState, FleetResult
 from pipelines.summary import fleet_artifact_key, summary_markdown
 
 if TYPE_CHECKING:
-    from deploy_edge.wire import DeviceStatus, Slot
+    from deploy_edge.wire import Deployment, DeviceStatus, Slot
 
 T = TypeVar("T")
 
@@ -195,9 +195,22 @@ def deploy_device(
                 row.p99_ms = done.gate.p99_ms if done.gate is not None else None
                 if row.state == "active":
                     row.after = new
+                    _tag_variant(device.name, new, done)
     row.seconds, row.at = time.perf_counter() - start, release.utc_stamp()
     print(f"{device.name} (wave {wave}): {row.state}{': ' + row.reason if row.reason else ''}")
     return row
+
+
+def _tag_variant(device: str, new: str, done: Deployment) -> None:
+    """What of the bundle runs on ``device`` and why (``precision: auto``), on the version
+    ``new`` (``name:N``); a registry that cannot be tagged is said, not raised."""
+    from mlflow.exceptions import MlflowException
+
+    name, _, version = new.rpartition(":")
+    try:
+        registry.set_version_tags(name, version, release.variant_tags(device, done))
+    except (registry.RegistryError, MlflowException) as err:
+        print(f"{device}: could not tag {new} with its variant: {err}")
 
 
 def _revert(device: FleetDevice, row: DeviceRollout, why: str) -> None:

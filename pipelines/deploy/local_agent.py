@@ -34,6 +34,7 @@ from pipelines.deploy.release import (
     mark_replaced,
     signing_key,
     utc_stamp,
+    variant_tags,
 )
 from pipelines.home import home_dir
 from pipelines.progress import SILENT, Listener, status_lines
@@ -132,12 +133,31 @@ def deploy_to_local_agent(
 ) -> EdgeDeployment:
     """The pipeline's deploy stage: ``registration``'s version, signed with the home's key,
     onto the local edge agent, then one episode on it. A device that already runs this
-    release keeps it (a re-run of the demo changes nothing there)."""
+    release keeps it (a re-run of the demo changes nothing there). A random-weights policy
+    (systems measurements only) is never deployed by the pipeline: the stage says so and
+    deploys nothing (``robo-pipe deploy --systems-test`` does, when asked)."""
     from deploy_edge.release import file_sha256
 
     # The stage's own start: a display times it from here (its device steps report their own).
     listener.started("deploy", None, f"to {NAME}")
-    _, path = bundle_release(registration, signing_key())
+    manifest, path = bundle_release(registration, signing_key())
+    if manifest.io_spec.random_weights:
+        reason = (
+            "random weights (systems measurements only): the pipeline never deploys such a "
+            "policy; a systems test does it with robo-pipe deploy --systems-test"
+        )
+        listener.finished("deploy", f"skipped: {reason}", reused=False)
+        return EdgeDeployment(
+            device=NAME,
+            model_version=registration.version,
+            state="refused",
+            reason=reason,
+            p99_ms=None,
+            episode_success=None,
+            episode_ticks=0,
+            episode_p99_ms=None,
+            state_dir=str(agent_dir() / "state"),
+        )
     # Runs sharing the home take turns with the agent: a second deploy waits, and says so.
     with running_local_agent(cfg, status_lines("deploy", listener)) as entry:
         with connect(entry) as device:
@@ -150,10 +170,12 @@ def deploy_to_local_agent(
             ]
             state, reason = "active", "already runs this release"
             gate = went_live[0].gate if went_live else None
+            variant = variant_tags(entry.name, went_live[0]) if went_live else {}
             listener.finished("verify", "already runs this release", reused=True)
         else:
             done = deploy_release(entry, path, listener=listener)
             state, reason, gate = done.state, done.reason, done.gate
+            variant = variant_tags(entry.name, done) if state == "active" else {}
         episode = None
         if state == "active":
             listener.started("episode", cfg.deploy.episode_ticks, "ticks")
@@ -166,7 +188,7 @@ def deploy_to_local_agent(
     before = active.label if active is not None else "none"
     runs = f"{registration.name}:{registration.version}" if state == "active" else before
     at, p99 = utc_stamp(), f"{gate.p99_ms:.2f}" if gate else "-"
-    tags = device_tags(entry.name, version=runs, state=state, at=at, p99_ms=p99)
+    tags = device_tags(entry.name, version=runs, state=state, at=at, p99_ms=p99) | variant
     registry.set_version_tags(registration.name, registration.version, tags)
     if active is not None and before != runs:  # the version it left no longer runs there
         problem = mark_replaced(entry.name, before, runs, at)

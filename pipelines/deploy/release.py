@@ -45,12 +45,28 @@ class RegisteredVersion(Protocol):
 
 DEVICE_TAG = registry.TAG + "device."
 """Prefix of the tags that say on a model version where it runs: ``<prefix><device>.<field>``
-(``version``, ``state``, ``at``, ``p99_ms``), so ``robo-pipe models show`` lists its devices."""
+(``version``, ``state``, ``at``, ``p99_ms``, ``variant``, ``choice``, ``systems_test``), so
+``robo-pipe models show`` lists its devices."""
 
 
 def device_tags(device: str, **fields: str) -> dict[str, str]:
     """``fields`` (``version="name:N"``, ``state="active"``, ...) as ``device``'s tags."""
     return {f"{DEVICE_TAG}{device}.{field}": value for field, value in fields.items()}
+
+
+def variant_tags(device: str, done: Deployment) -> dict[str, str]:
+    """What of the bundle runs on ``device`` after ``done`` (``variant``), why (``choice``:
+    with ``precision: auto``, the choice and each other option's reason), and whether the
+    deploy was a systems test, as ``device``'s tags; none for a deployment that never built
+    an engine."""
+    if not done.variant:
+        return {}
+    why = [done.choice] if done.choice else []
+    why += [f"{t.variant}: {t.failure}" for t in done.trials if not t.chosen and t.failure]
+    fields = {"variant": done.variant, "choice": "; ".join(why)[:4000] or "pinned"}
+    if done.systems_test:
+        fields["systems_test"] = "true"
+    return device_tags(device, **fields)
 
 
 def mark_replaced(device: str, left: str, new: str, at: str) -> str:
@@ -146,10 +162,13 @@ def deploy_release(
     force: bool = False,
     listener: Listener = SILENT,
     timeout_s: float = 1800.0,
+    systems_test: bool = False,
 ) -> Deployment:
     """Upload ``release`` to ``entry``'s device (resuming a cut upload) and follow the
     device's steps to the end, all within ``timeout_s``. The device's record of the
-    deployment: ``state`` is ``active`` only when the device now runs the new version."""
+    deployment: ``state`` is ``active`` only when the device now runs the new version.
+    ``systems_test``: the deploy says it is one, so the device lets a random-weights release
+    go live (and records it)."""
     from deploy_edge.device import connect
     from deploy_edge.release import file_sha256
 
@@ -176,6 +195,6 @@ def deploy_release(
         device.upload(release, sha256, on_upload)
         listener.finished("upload", f"{size / 1e6:.1f} MB", reused=False)
         left = max(1.0, deadline - time.monotonic())
-        done = device.deploy(sha256, force, on_status, timeout_s=left)
+        done = device.deploy(sha256, force, on_status, timeout_s=left, systems_test=systems_test)
         show(done.steps)  # the last steps end after the last poll
         return done

@@ -42,12 +42,45 @@ def record(id_: str, state: str) -> dict[str, Any]:
             "misses": 0.0,
             "budget_ms": 100.0,
         },
+        "variant": "int8",
+        "trials": [
+            {
+                "variant": "fp32",
+                "precision": "fp32",
+                "relative_error": 0.0,
+                "candidate": True,
+                "failure": "p99 120.00 ms > budget 100 ms",
+                "p99_ms": 120.0,
+                "misses": 0,
+                "chosen": False,
+            },
+            {
+                "variant": "int8",
+                "precision": "int8",
+                "relative_error": 0.02,
+                "candidate": True,
+                "failure": "",
+                "p99_ms": 3.0,
+                "misses": 0,
+                "chosen": True,
+            },
+        ],
+        "choice": "int8: the most accurate candidate within 100 ms",
+        "systems_test": False,
     }
 
 
 def status(running: dict[str, Any] | None, last: dict[str, Any] | None) -> dict[str, Any]:
     """A ``GET /status`` answer as the agent sends it."""
-    slot = {"model_name": "reach", "model_version": "2", "release": 2, "path": "/s", "sha256": SHA}
+    slot = {
+        "model_name": "reach",
+        "model_version": "2",
+        "release": 2,
+        "path": "/s",
+        "sha256": SHA,
+        "variant": "int8",
+        "systems_test": True,
+    }
     return {
         "device": "dev",
         "target": "local-cpu",

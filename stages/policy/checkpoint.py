@@ -13,7 +13,8 @@ A checkpoint is a directory::
 Loading verifies every file against ``checksums.json`` before building anything (a flipped
 byte in the weights is refused, naming the file and the check). A LoRA checkpoint is
 meaningless without its base, so loading then loads the base -- a base checkpoint (``kind:
-checkpoint``, verified the same way, once) or a pretrained backbone (``kind: hub``) -- and
+checkpoint``, verified the same way, once), a pretrained backbone (``kind: hub``) or a preset
+built with random weights (``kind: random``, built again: :mod:`stages.policy.presets`) -- and
 refuses it if its hash differs from the one recorded. Loading then refuses missing, unexpected
 and mis-shaped tensors, naming them.
 """
@@ -52,6 +53,15 @@ from stages.policy.hub_vla import (
     load_backbone,
     resolve_backbone,
 )
+from stages.policy.presets import (
+    Preset,
+    PresetError,
+    check_backbone,
+    get_preset,
+    random_backbone,
+    random_backbone_hash,
+    word_tokenizer,
+)
 from stages.policy.tokenizer import InstructionTokenizer, task_family_corpus
 from stages.policy.vla import DefaultVLA
 
@@ -75,10 +85,13 @@ class BaseRef(Record):
     """The frozen model a checkpoint builds on."""
 
     kind: str
-    """``checkpoint`` (a robo-pipe base checkpoint) or ``hub`` (a pretrained backbone)."""
+    """``checkpoint`` (a robo-pipe base checkpoint), ``hub`` (a pretrained backbone) or
+    ``random`` (a preset's architecture with random weights: systems test only)."""
     path: str
+    """The base checkpoint's or backbone's directory; the preset's name for ``random``."""
     hash: str
-    """:func:`checkpoint_hash` of a base checkpoint; :func:`backbone_hash` of a backbone."""
+    """:func:`checkpoint_hash` of a base checkpoint; :func:`backbone_hash` of a backbone;
+    :func:`~stages.policy.presets.weights_hash` of a random-weight backbone."""
 
 
 @dataclass(frozen=True)
@@ -119,20 +132,42 @@ def new_policy(
     action_dim: int,
     normalizer: Normalizer | None = None,
 ) -> tuple[VLAPolicy, BaseRef | None]:
-    """A freshly initialised policy of ``policy.type`` (and the backbone it loaded, if any)."""
+    """A freshly initialised policy of ``policy.type`` (and the backbone it stands on, if
+    any: loaded from ``policy.backbone``, or ``policy.preset`` built with random weights)."""
     if policy.type == "default":
         tokenizer = InstructionTokenizer.train(task_family_corpus(), policy.max_tokens)
         cfg = VLAConfig.from_pipeline(
             policy, cameras, image_size, state_dim, action_dim, tokenizer.vocab_size
         )
         return DefaultVLA(cfg, tokenizer, normalizer), None
-    directory = resolve_backbone(str(policy.backbone))
-    hub_tokenizer = HubTokenizer.load(directory, policy.max_tokens)
+    if policy.random_weights:
+        preset = get_preset(str(policy.preset))
+        hub_tokenizer = HubTokenizer(word_tokenizer(), policy.max_tokens)
+        backbone, digest = random_backbone(preset, hub_tokenizer.vocab_size)
+        base = BaseRef("random", preset.name, digest)
+    else:
+        directory = resolve_backbone(str(policy.backbone))
+        hub_tokenizer = HubTokenizer.load(directory, policy.max_tokens)
+        backbone = load_backbone(directory)
+        if policy.preset:  # with weights, the preset only checks (and labels) the architecture
+            check_backbone(get_preset(policy.preset), backbone.config, str(directory))
+        base = BaseRef("hub", str(directory), backbone_hash(directory))
     cfg = VLAConfig.from_pipeline(
         policy, cameras, image_size, state_dim, action_dim, hub_tokenizer.vocab_size
     )
-    base = BaseRef("hub", str(directory), backbone_hash(directory))
-    return HubVLA(cfg, hub_tokenizer, normalizer, load_backbone(directory)), base
+    return HubVLA(cfg, hub_tokenizer, normalizer, backbone), base
+
+
+def hub_base(policy: PolicyConfig) -> BaseRef:
+    """The base a ``hub-vlm`` policy of this config stands on, without building the policy:
+    the pretrained backbone at ``policy.backbone``, or ``policy.preset`` with random weights
+    (built once per process to hash it). What keys a hub-vlm fine-tune."""
+    if policy.random_weights:
+        preset = get_preset(str(policy.preset))
+        tokens = HubTokenizer(word_tokenizer(), policy.max_tokens).vocab_size
+        return BaseRef("random", preset.name, random_backbone_hash(preset, tokens))
+    directory = resolve_backbone(str(policy.backbone))
+    return BaseRef("hub", str(directory), backbone_hash(directory))
 
 
 # -- saving --------------------------------------------------------------------------------------
@@ -286,6 +321,11 @@ def _build_on_base(root: Path, cfg: VLAConfig, base: BaseRef | None) -> VLAPolic
             raise CheckpointError(f"{root}: a {cfg.type!r} checkpoint needs a base backbone")
         tokenizer = InstructionTokenizer.load(root / TOKENIZER_DIR, cfg.max_tokens)
         return DefaultVLA(cfg, tokenizer)
+    if base.kind == "random":  # built once here, and its hash compared
+        hub_tokenizer = HubTokenizer.load(root / TOKENIZER_DIR, cfg.max_tokens)
+        backbone, actual = random_backbone(_preset(root, base), hub_tokenizer.vocab_size)
+        _compare_base(root, base, actual, f"random-weight preset {base.path}")
+        return HubVLA(cfg, hub_tokenizer, None, backbone)
     check_base(root, base)
     if base.kind == "checkpoint":
         policy = _load_verified(Path(base.path))
@@ -300,8 +340,14 @@ def check_base(root: Path, base: BaseRef) -> dict[str, FileSum]:
     """Check that ``base``, the base of the checkpoint at ``root``, is the one it was trained
     on: a base checkpoint is verified against its checksums and its hash compared with the one
     recorded (each file read once; returns its verified entries), a backbone's hash compared
-    (returns no entries). Raises :class:`CheckpointError` for a base that is missing or
-    different, :class:`~robo_pipe.integrity.IntegrityError` for one that fails verification."""
+    (returns no entries), a random-weight backbone built again and its hash compared (returns
+    no entries). Raises :class:`CheckpointError` for a base that is missing or different,
+    :class:`~robo_pipe.integrity.IntegrityError` for one that fails verification."""
+    if base.kind == "random":
+        tokens = HubTokenizer.load(root / TOKENIZER_DIR, 1).vocab_size  # its size only
+        actual = random_backbone_hash(_preset(root, base), tokens)
+        _compare_base(root, base, actual, f"random-weight preset {base.path}")
+        return {}
     if not Path(base.path).exists():
         raise CheckpointError(f"{root}: its base {base.kind} {base.path} does not exist")
     if base.kind == "checkpoint":
@@ -313,12 +359,24 @@ def check_base(root: Path, base: BaseRef) -> dict[str, FileSum]:
         what = f"backbone {base.path}"
     else:
         raise CheckpointError(f"{root}: unknown base kind {base.kind!r}")
+    _compare_base(root, base, actual, what)
+    return sums
+
+
+def _compare_base(root: Path, base: BaseRef, actual: str, what: str) -> None:
     if actual != base.hash:
         raise CheckpointError(
             f"{root}: {what} has hash {actual[:12]}, but this checkpoint was trained on "
             f"{base.hash[:12]}; refusing a different base"
         )
-    return sums
+
+
+def _preset(root: Path, base: BaseRef) -> Preset:
+    """The preset a random-weight base names (a checkpoint error if this robo-pipe has none)."""
+    try:
+        return get_preset(base.path)
+    except PresetError as err:
+        raise CheckpointError(f"{root}: random-weight base: {err}") from err
 
 
 LEGACY_UNUSED_TENSORS = ("transformer.embeddings.word_embeddings.weight",)

@@ -7,6 +7,10 @@
 - ``hub-vlm``: a pretrained vision-language backbone (Idefics3 / SmolVLM family) loaded with
   ``transformers`` from ``backbone`` (a local directory or a hub id), with LoRA on its language
   model and our state token, action queries and action head (:mod:`stages.policy.hub_vla`).
+  ``preset`` names its architecture (:mod:`stages.policy.presets`: ``smolvlm-256m``,
+  ``smolvlm-500m``, ``tiny``): with ``backbone`` the loaded model is checked against it; with
+  ``weights: random`` (no backbone) that architecture is built with random weights, for
+  systems measurements only (never champion; deployed only by a systems-test deploy).
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 POLICY_TYPES = ("default", "hub-vlm")
+PRESET_NAMES = ("smolvlm-256m", "smolvlm-500m", "tiny")
+"""``policy.preset`` values: the architectures of :data:`stages.policy.presets.PRESETS`."""
 
 
 class LoraSettings(BaseModel):
@@ -45,7 +51,19 @@ class PolicyConfig(BaseModel):
     type: Literal["default", "hub-vlm"] = "default"
     """Model type: ``default`` (small VLA from config) or ``hub-vlm`` (pretrained backbone)."""
     backbone: str | None = None
-    """``hub-vlm`` only: local directory or hub id of an Idefics3/SmolVLM-style model."""
+    """``hub-vlm`` only: local directory or hub id of an Idefics3/SmolVLM-style model whose
+    pretrained weights are loaded (with ``preset``, its architecture must be the preset's)."""
+    preset: Literal["smolvlm-256m", "smolvlm-500m", "tiny"] | None = None
+    """``hub-vlm`` only: the backbone's architecture (:mod:`stages.policy.presets`):
+    ``smolvlm-256m`` / ``smolvlm-500m`` (SmolVLM-256M/500M-Instruct's published configs) or
+    ``tiny`` (seconds to build; for tests). With ``backbone`` it checks and labels what was
+    loaded; with ``weights: random`` it is what gets built."""
+    weights: Literal["pretrained", "random"] = "pretrained"
+    """``hub-vlm`` only. ``pretrained``: loaded from ``backbone``. ``random``: SYSTEMS TEST
+    ONLY -- no weights can be had, so ``preset``'s architecture is built offline with random
+    weights to measure export, quantisation, latency and deployment at that size. Recorded on
+    the checkpoint, the export (``random_weights``) and the registry version; such a version
+    is never champion and is deployed only by ``robo-pipe deploy --systems-test``."""
     chunk_len: int = Field(default=4, ge=1, le=64)
     """Actions predicted per inference (executed one per control step)."""
     max_tokens: int = Field(default=12, ge=4, le=256)
@@ -66,9 +84,41 @@ class PolicyConfig(BaseModel):
     def _consistent(self) -> PolicyConfig:
         if self.d_model % self.n_heads:
             raise ValueError(f"n_heads {self.n_heads} must divide d_model {self.d_model}")
-        if self.type == "hub-vlm" and not self.backbone:
-            raise ValueError("policy.type 'hub-vlm' needs policy.backbone (a path or hub id)")
+        if self.type != "hub-vlm":
+            for field, value, unset in (
+                ("preset", self.preset, None),
+                ("weights", self.weights, "pretrained"),
+            ):
+                if value != unset:
+                    raise ValueError(
+                        f"policy.{field} {value!r} applies to policy.type 'hub-vlm' only "
+                        f"(policy.type is {self.type!r})"
+                    )
+            return self
+        if self.weights == "random":
+            if self.backbone:
+                raise ValueError(
+                    f"policy.weights 'random' and policy.backbone {self.backbone!r} contradict "
+                    "each other: random weights are for systems tests without a backbone; "
+                    "drop one"
+                )
+            if self.preset is None:
+                raise ValueError(
+                    "policy.weights 'random' needs policy.preset (the architecture to build: "
+                    f"{', '.join(PRESET_NAMES)})"
+                )
+        elif not self.backbone:
+            raise ValueError(
+                "policy.type 'hub-vlm' needs policy.backbone (a local directory or hub id of "
+                "pretrained weights), or policy.weights: random with a policy.preset (random "
+                "weights: systems test only, never champion)"
+            )
         return self
+
+    @property
+    def random_weights(self) -> bool:
+        """Whether the policy is built with random weights (systems test only)."""
+        return self.weights == "random"
 
 
 @dataclass(frozen=True)
@@ -95,7 +145,13 @@ class VLAConfig:
     conv_channels: tuple[int, int, int] = (32, 64, 64)
     init_log_std: float = -1.0
     backbone: str = ""
-    """``hub-vlm``: where the backbone was loaded from (path or hub id)."""
+    """``hub-vlm``: where the backbone was loaded from (path or hub id); empty for random
+    weights."""
+    preset: str = ""
+    """``hub-vlm``: the backbone's architecture preset (``smolvlm-256m``...), "" if none."""
+    random_weights: bool = False
+    """The backbone has random weights (``policy.weights: random``): systems test only. The
+    export writes it into its I/O spec; the registry and the edge agent act on it there."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable form."""
@@ -136,4 +192,6 @@ class VLAConfig:
             conv_channels=(c1, c2, c3),
             init_log_std=policy.init_log_std,
             backbone=policy.backbone or "",
+            preset=policy.preset or "",
+            random_weights=policy.random_weights,
         )

@@ -12,8 +12,11 @@ The backbone is an Idefics3-architecture model (SmolVLM, Idefics3) loaded with
     action-query outputs -> action head (Gaussian over the chunk)
 
 The backbone stays frozen; adapters, the state projection, the action queries and the heads
-train. Nothing here downloads in tests: they save a tiny random-weight Idefics3 model to a
-temporary directory and load it through :func:`load_backbone`, the same path a hub id takes.
+train. Its architecture may be named by ``policy.preset`` (:mod:`stages.policy.presets`:
+SmolVLM-256M, SmolVLM-500M, tiny), which checks a loaded backbone, or is built with random
+weights where none can be had (``policy.weights: random``, a systems test). Nothing here
+downloads in tests: they save the tiny preset to a temporary directory and load it through
+:func:`load_backbone`, the same path a hub id takes, or build it with random weights.
 """
 
 from __future__ import annotations

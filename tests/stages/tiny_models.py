@@ -6,7 +6,6 @@ from pathlib import Path
 
 from pipelines.config import load_config
 from stages.policy.checkpoint import CheckpointRef, new_policy, save_policy
-from stages.policy.tokenizer import InstructionTokenizer, task_family_corpus
 from tests.conftest import TINY_CONFIG
 
 TINY_POLICY = load_config(TINY_CONFIG).policy
@@ -21,36 +20,32 @@ def tiny_base(folder: Path, image_size: int = 32) -> CheckpointRef:
     return CheckpointRef(str(folder), digest, "default", "all", 0, 1, 1)
 
 
-def save_tiny_idefics3(directory: Path) -> Path:
-    """A random-weight Idefics3 (SmolVLM architecture) plus a tokenizer, saved as a hub model
-    directory would be; loaded through the same ``from_pretrained`` path as a real one."""
-    from transformers import Idefics3Config, Idefics3Model, PreTrainedTokenizerFast
+TINY_VLM_POLICY = load_config(
+    TINY_CONFIG, ["policy.type=hub-vlm", "policy.preset=tiny", "policy.weights=random"]
+).policy
+"""A hub-vlm policy on the ``tiny`` preset with random weights (no backbone): builds in
+milliseconds, 72k parameters (:mod:`stages.policy.presets`)."""
 
-    words = InstructionTokenizer.train(task_family_corpus()).tokenizer
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=words, pad_token="[PAD]", unk_token="[UNK]"
-    )
-    config = Idefics3Config(
-        vision_config={
-            "hidden_size": 32,
-            "intermediate_size": 64,
-            "num_hidden_layers": 1,
-            "num_attention_heads": 2,
-            "image_size": 32,
-            "patch_size": 8,
-        },
-        text_config={
-            "model_type": "llama",
-            "hidden_size": 48,
-            "intermediate_size": 96,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
-            "vocab_size": len(tokenizer),
-            "max_position_embeddings": 128,
-        },
-        scale_factor=2,
-    )
-    Idefics3Model(config).save_pretrained(str(directory))
+
+def tiny_random_vlm(folder: Path, image_size: int = 32) -> CheckpointRef:
+    """A :data:`TINY_VLM_POLICY` checkpoint (a scene camera of ``image_size`` px, rp5's 6 state
+    and 6 action dimensions) saved in ``folder`` as LoRA fine-tuning would leave it: adapters
+    and heads on the random-weight base."""
+    policy, base = new_policy(TINY_VLM_POLICY, ["scene"], image_size, 6, 6)
+    policy.add_lora(TINY_VLM_POLICY.lora)
+    digest = save_policy(policy, folder, base)
+    trainable, total = policy.parameter_counts()
+    return CheckpointRef(str(folder), digest, "hub-vlm", "lora", 0, trainable, total, base)
+
+
+def save_tiny_idefics3(directory: Path) -> Path:
+    """The ``tiny`` preset (a random-weight Idefics3, SmolVLM's architecture) plus its word
+    tokenizer, saved as a hub model directory would be; loaded through the same
+    ``from_pretrained`` path as a real one."""
+    from stages.policy.presets import get_preset, random_backbone, word_tokenizer
+
+    tokenizer = word_tokenizer()
+    model, _ = random_backbone(get_preset("tiny"), len(tokenizer))
+    model.save_pretrained(str(directory))
     tokenizer.save_pretrained(str(directory))
     return directory

@@ -378,7 +378,8 @@ def run_auto_gate(
     each trial's p99 against the budget."""
     spec = read_io_spec(export_dir)
     budget = budget_ms if budget_ms is not None else target.budget_ms
-    tried, trials = options(spec, target.engine)
+    tried, out_of_it = options(spec, target.engine)
+    trials: list[Trial] = []
     measured: dict[str, LatencyReport] = {}
     for option in tried:
         trial = Trial(option.name, option.precision, trial_error(option, spec))
@@ -394,7 +395,7 @@ def run_auto_gate(
         )
         gate_trial(trial, report)
         measured[option.name] = report
-    choice = choose_variant(trials, budget)
+    choice = choose_variant(trials + out_of_it, budget)
     if choice.chosen is not None:
         report = measured[choice.chosen.variant]
     elif measured:

@@ -415,8 +415,9 @@ class Deployer:
             run.deployment.variant = policy.variant
             run.detail = f"{policy.engine.name} ({policy.variant}, {policy.engine.precision})"
             return [(trial, policy)]
-        tried, out = options(spec, p.engine)
+        tried, out_of_it = options(spec, p.engine)
         built: list[tuple[Trial, ExportedPolicy]] = []
+        out: list[Trial] = []
         for option in tried:
             trial = Trial(option.name, option.precision, trial_error(option, spec))
             out.append(trial)
@@ -424,7 +425,7 @@ class Deployer:
                 built.append((trial, self._open(slot, option)))
             except Exception as err:  # one option's fault puts it out, not the deployment
                 trial.failure = f"engine: {type(err).__name__}: {err}"
-        run.deployment.trials = out
+        run.deployment.trials = out + out_of_it
         if not built:
             raise _Refused("no way to run the bundle builds here: " + _failures(out))
         run.detail = f"{built[0][1].engine.name}: " + ", ".join(t.variant for t, _ in built)

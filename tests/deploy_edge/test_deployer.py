@@ -486,3 +486,137 @@ def test_a_rotated_key_stops_releases_of_the_old_one(
         release=2,
     )
     assert deployer.deploy(fresh).state == "active"
+
+
+# -- precision: auto, pinned variants, systems tests ----------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def variant_release(
+    tmp_path_factory: pytest.TempPathFactory, export_dir: Path, keys: tuple[Path, Path]
+) -> Callable[..., Path]:
+    """``make(release, bundle_edit)``: a signed release of the tiny export with an INT8 variant
+    (ONNX Runtime's static Q/DQ quantisation, 2% of the action std) and a non-candidate
+    (``int8-wide``, past its error bar); ``random_weights`` marks its spec so."""
+    from tests.deploy_edge.variants import with_variants
+
+    root = tmp_path_factory.mktemp("variant-releases")
+    bundle = with_variants(
+        export_dir,
+        root / "bundle",
+        {"name": "int8", "relative_error": 0.02},
+        {"name": "int8-wide", "file": "copy", "relative_error": 0.09, "candidate": False,
+         "reason": "relative error 9.00% > 5.00%"},
+    )  # fmt: skip
+
+    def make(release: int, random_weights: bool = False, budget_ms: float | None = None) -> Path:
+        source = bundle
+        if random_weights:
+            import dataclasses
+
+            from deploy_edge.bundle import read_io_spec, write_bundle_checksums, write_io_spec
+
+            source = root / f"random-{release}"
+            shutil.copytree(bundle, source)
+            spec = dataclasses.replace(read_io_spec(source), random_weights=True)
+            write_io_spec(source, spec)
+            write_bundle_checksums(source)
+        out = root / f"{release}-{random_weights}-{budget_ms}.release"
+        write_release(
+            source,
+            out,
+            load_private_key(keys[0]),
+            model_name="tiny",
+            model_version=str(release),
+            run_id="run-v",
+            release=release,
+            budget_ms=budget_ms,
+        )
+        return out
+
+    return make
+
+
+def test_precision_auto_activates_the_most_accurate_variant_within_the_budget(
+    state: Path,
+    keys: tuple[Path, Path],
+    variant_release: Callable[..., Path],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """FP32 measured over the budget (its p99 raised here: this machine runs both in time), so
+    the INT8 variant runs: recorded on the deployment, the slot, and what episodes run."""
+    from deploy_edge.agent import deployer as module
+
+    real = module.gate_trial
+
+    def slow_fp32(trial: Any, report: Any) -> None:
+        real(trial, report)
+        if trial.variant == "fp32":
+            trial.p99_ms = 500.0
+
+    monkeypatch.setattr(module, "gate_trial", slow_fp32)
+    deployer = Deployer(device_config(state, keys[1], target="local-cpu-auto"))
+    done = deployer.deploy(variant_release(2))
+    assert done.state == "active", done.reason
+    assert done.variant == "int8" and done.choice.startswith("int8: the most accurate candidate")
+    trials = {t.variant: t for t in done.trials}
+    assert list(trials) == ["fp32", "int8", "int8-wide"]
+    assert trials["int8"].chosen and trials["int8"].p99_ms is not None
+    assert trials["fp32"].failure == "p99 500.00 ms > budget 100 ms" and not trials["fp32"].chosen
+    assert not trials["int8-wide"].candidate and trials["int8-wide"].p99_ms is None
+    assert trials["int8-wide"].failure.startswith("not a candidate: relative error 9.00%")
+    assert (
+        "fp32: max |error|" in done.steps[3].detail and "int8: max |error|" in done.steps[3].detail
+    )
+    assert done.steps[4].detail.startswith("int8: the most accurate candidate within 100 ms")
+    status = deployer.status()
+    assert status.active is not None and status.active.variant == "int8"
+    assert deployer.history()[0].variant == "int8"
+    assert deployer._run_policy(status.active).engine.precision == "int8", "episodes run int8"
+    assert deployer.run_episode("touch the red cube", 3).errors == 0
+
+
+def test_precision_auto_with_nothing_in_budget_is_refused_naming_each_p99(
+    state: Path, keys: tuple[Path, Path], variant_release: Callable[..., Path]
+) -> None:
+    deployer = Deployer(device_config(state, keys[1], target="local-cpu-auto"))
+    done = deployer.deploy(variant_release(2, budget_ms=0.0001))
+    assert done.state == "refused" and done.variant == ""
+    assert done.reason.startswith("gate: no candidate meets the budget 0.0001 ms (fp32: p99 ")
+    assert "; int8: p99 " in done.reason and "int8-wide: not a candidate" in done.reason
+    assert [t.chosen for t in done.trials] == [False, False, False]
+    assert done.gate is not None and done.gate.budget_ms == 0.0001, "the fp32 figures"
+    assert_only_release_1(deployer, state)
+
+
+def test_a_pinned_int8_profile_runs_the_int8_variant(
+    state: Path, tmp_path: Path, keys: tuple[Path, Path], variant_release: Callable[..., Path]
+) -> None:
+    profile = tmp_path / "cpu-int8.yaml"
+    profile.write_text("name: cpu-int8\nengine: onnxruntime\nprecision: int8\n")
+    deployer = Deployer(device_config(state, keys[1], target=str(profile)))
+    done = deployer.deploy(variant_release(2))
+    assert done.state == "active", done.reason
+    assert done.variant == "int8" and done.trials == [] and done.choice == ""
+    assert done.steps[2].detail.endswith("(int8, int8)")
+    status = deployer.status()
+    assert status.active is not None and status.active.variant == "int8"
+
+
+def test_a_random_weights_release_goes_live_only_as_a_systems_test(
+    state: Path, keys: tuple[Path, Path], variant_release: Callable[..., Path]
+) -> None:
+    deployer = Deployer(device_config(state, keys[1]))
+    release = variant_release(2, random_weights=True)
+    refused = deployer.deploy(release)
+    assert refused.state == "refused" and not refused.systems_test
+    assert refused.reason.startswith("verify: random-weights: ")
+    assert "--systems-test" in refused.reason
+    assert_only_release_1(deployer, state)
+    done = deployer.deploy(release, systems_test=True)
+    assert done.state == "active" and done.systems_test, done.reason
+    assert done.steps[0].detail.endswith("; a systems test")
+    status = deployer.status()
+    assert status.active is not None and status.active.systems_test
+    assert status.active.variant == "fp32", "local-cpu pins fp32"
+    assert [d.systems_test for d in deployer.history()[:2]] == [True, False]

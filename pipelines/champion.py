@@ -178,12 +178,23 @@ def same_export_champion(cfg: PipelineConfig, export: ExportRef) -> str | None:
 
 
 def decide_gates(
-    cfg: PipelineConfig, candidate: EvalReport, compared_with: str | None, latency: LatencyReport
+    cfg: PipelineConfig,
+    candidate: EvalReport,
+    compared_with: str | None,
+    latency: LatencyReport,
+    random_weights: bool = False,
 ) -> dict[str, Gate]:
     """Every promotion gate's decision on ``candidate`` (compared with champion version
-    ``compared_with``, None: there was none) and its latency report."""
+    ``compared_with``, None: there was none) and its latency report. A policy of random
+    weights also fails the ``real weights`` gate: the config's (``policy.weights: random``) or
+    the export's (``random_weights``: its spec says so, whatever config registers it)."""
     return promotion_gates(
-        cfg.registry.promotion, candidate, compared_with, latency, cfg.evaluate.gate_confidence
+        cfg.registry.promotion,
+        candidate,
+        compared_with,
+        latency,
+        cfg.evaluate.gate_confidence,
+        random_weights=random_weights or cfg.policy.random_weights,
     )
 
 
@@ -309,6 +320,11 @@ def champion_warning(name: str, versions: list[registry.VersionInfo]) -> str | N
     champion = next((v for v in versions if registry.CHAMPION in v.aliases), None)
     if champion is None:
         return None
+    if champion.random_weights:  # only MLflow's own alias editing can have put it there
+        return (
+            f"{name} v{champion.version} is champion with random weights (a systems test): "
+            "made champion outside robo-pipe; roll it back"
+        )
     why = without_gates(champion, registry.champion_history(name))
     if why is None:
         return None

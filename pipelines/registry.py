@@ -12,6 +12,11 @@ Conventions (aliases, not stages):
 - ``champion`` moves to it only when every enforced promotion gate passed (the rules are
   :mod:`stages.register`); the registered model's tag ``robo_pipe.champion_history`` lists the
   champions in order, so ``rollback`` can restore the previous one;
+- a version's tags carry what its export's I/O spec says of it (:func:`spec_tags`): its
+  parameter count and export cost, each precision variant's figures
+  (``robo_pipe.variant.<name>.*``), and ``robo_pipe.random_weights`` for a policy built with
+  random weights (a systems test): such a version is never champion, and :func:`promote`
+  refuses it whatever the gates and ``--force`` say;
 - a version's directory is an MLflow ``onnx`` flavor model (``model.onnx``, ``MLmodel`` with
   the signature: every input and output's name, dtype and shape) that is also a robo-pipe
   export bundle (:mod:`deploy_edge.bundle`), its I/O spec pointing at ``model.onnx``.
@@ -57,6 +62,17 @@ PROMOTED_OVER = "promoted_over"
 """Version tag (after ``robo_pipe.``): the champion a promotion replaced (empty: none)."""
 PROMOTED_ON = "promoted_on"
 """Version tag: JSON, gate -> ``"passed: <measured>"`` as they stood when it was promoted."""
+RANDOM_WEIGHTS_TAG = TAG + "random_weights"
+"""Version tag ``true`` on a policy built with random weights (the spec's ``random_weights``)."""
+VARIANT_TAG = TAG + "variant."
+"""Version tags ``robo_pipe.variant.<name>.<figure>``: each precision variant in the export
+(:func:`spec_tags`)."""
+RANDOM_WEIGHTS_NOTE = (
+    "**Random weights: a systems test only.** This policy was built from a preset's "
+    "architecture with random weights (`policy.weights: random`): it is never champion, and an "
+    "edge agent runs it only from `robo-pipe deploy --systems-test`."
+)
+"""The first line of a random-weight version's description (the MLflow UI shows it)."""
 MODEL_DIR = "policy"
 """Artifact path of the registered model inside the pipeline's MLflow run."""
 PIP_REQUIREMENTS = ["onnxruntime", "tokenizers", "numpy"]
@@ -65,6 +81,10 @@ PIP_REQUIREMENTS = ["onnxruntime", "tokenizers", "numpy"]
 
 class RegistryError(RoboPipeError, ValueError):
     """A registered model, version or alias does not exist, or an operation is not allowed."""
+
+
+class RandomWeightsError(RegistryError):
+    """A version built with random weights (a systems test) cannot become champion."""
 
 
 @dataclass
@@ -84,6 +104,11 @@ class VersionInfo:
     def gates(self) -> dict[str, Gate]:
         """The promotion gates recorded on this version when it was registered."""
         return gates_from_tags(self.tags)
+
+    @property
+    def random_weights(self) -> bool:
+        """Whether the version's policy was built with random weights (a systems test)."""
+        return is_random_weights(self.tags)
 
     @property
     def uri(self) -> str:
@@ -222,8 +247,10 @@ def register_export(
     description: str = "",
 ) -> VersionInfo:
     """Register the export at ``export_dir`` as a new version of ``name`` (created if missing),
-    logged under ``run``'s artifacts, with ``tags``; alias it ``candidate``. The export is
-    verified against its checksums first, and the registered copy gets its own."""
+    logged under ``run``'s artifacts, with ``tags`` and the tags its I/O spec gives
+    (:func:`spec_tags`, which win: they are what the bundle says); alias it ``candidate``. A
+    random-weight policy's version description starts with :data:`RANDOM_WEIGHTS_NOTE`. The
+    export is verified against its checksums first, and the registered copy gets its own."""
     import mlflow.onnx
     import onnx
     from mlflow.exceptions import MlflowException
@@ -233,6 +260,7 @@ def register_export(
     shutil.rmtree(staging, ignore_errors=True)
     spec = read_io_spec(export_dir)
     verified = verify_bundle(export_dir)  # before anything is read from it
+    tags = {**tags, **spec_tags(spec)}
     model = onnx.load(str(export_dir / spec.onnx_file))  # with its external data
     mlflow.onnx.save_model(
         model,
@@ -253,10 +281,62 @@ def register_export(
             name, description=description or "robo-pipe policy (ONNX, see io_spec.json)"
         )
     mv = mlflow_client.create_model_version(
-        name, source=run.artifact_uri(MODEL_DIR), run_id=run.run_id, tags=tags
+        name,
+        source=run.artifact_uri(MODEL_DIR),
+        run_id=run.run_id,
+        tags=tags,
+        description=RANDOM_WEIGHTS_NOTE if spec.random_weights else None,
     )
     mlflow_client.set_registered_model_alias(name, CANDIDATE, str(mv.version))
     return get_version(name, str(mv.version))
+
+
+def spec_tags(spec: IOSpec) -> dict[str, str]:
+    """The version tags an export's I/O spec gives: ``random_weights`` (only when true),
+    ``parameters``, ``export_seconds`` and ``export_peak_rss_mb`` (when recorded), and per
+    precision variant ``variant.<name>.precision``, ``.relative_error``, ``.action_error``,
+    ``.candidate`` (``true``/``false``), ``.reason`` (when it is not one), and where success
+    was measured ``.success_rate``, ``.fp32_success_rate`` and ``.p_value`` (all after the
+    ``robo_pipe.`` prefix)."""
+    tags: dict[str, str] = {}
+    if spec.random_weights:
+        tags[RANDOM_WEIGHTS_TAG] = "true"
+    recorded = {
+        "parameters": str(spec.parameters),
+        "export_seconds": f"{spec.export_seconds:.1f}",
+        "export_peak_rss_mb": f"{spec.export_peak_rss_mb:.0f}",
+    }
+    for key, value in recorded.items():
+        if getattr(spec, key):  # 0: not recorded (an older bundle)
+            tags[TAG + key] = value
+    for variant in spec.variants:
+        figures = {
+            "precision": variant.precision,
+            "relative_error": f"{variant.relative_error:.4g}",
+            "action_error": f"{variant.action_error:.4g}",
+            "candidate": "true" if variant.candidate else "false",
+        }
+        if variant.reason:
+            figures["reason"] = variant.reason
+        for key, tag in (
+            ("rate", "success_rate"),
+            ("fp32_rate", "fp32_success_rate"),
+            ("p_value", "p_value"),
+        ):
+            if key in variant.success:
+                figures[tag] = f"{variant.success[key]:.4g}"
+        for figure, value in figures.items():
+            tags[f"{VARIANT_TAG}{variant.name}.{figure}"] = value[:TAG_VALUE_LIMIT]
+    return tags
+
+
+TAG_VALUE_LIMIT = 5000
+"""Characters MLflow keeps in a model version tag's value (a long ``reason`` is cut)."""
+
+
+def is_random_weights(tags: dict[str, str]) -> bool:
+    """Whether a version with these tags holds a policy built with random weights."""
+    return tags.get(RANDOM_WEIGHTS_TAG) == "true"
 
 
 def model_signature(spec: IOSpec) -> ModelSignature:
@@ -274,7 +354,13 @@ def model_signature(spec: IOSpec) -> ModelSignature:
 
 
 def set_version_description(name: str, version: str, description: str) -> None:
-    """Set the description (markdown) the MLflow UI shows on a model version's page."""
+    """Set the description (markdown) the MLflow UI shows on a model version's page; a
+    random-weight version's starts with :data:`RANDOM_WEIGHTS_NOTE` whatever it is given."""
+    if (
+        is_random_weights(get_version(name, version).tags)
+        and RANDOM_WEIGHTS_NOTE not in description
+    ):
+        description = f"{RANDOM_WEIGHTS_NOTE}\n\n{description}"
     client().update_model_version(name, version, description=description)
 
 
@@ -322,9 +408,14 @@ def promote(name: str, version: str, reason: str) -> VersionInfo:
     :func:`promotion_lock`: the alias and the history move together). The version keeps a
     record of this promotion that later re-registrations of its export do not touch: the
     champion it replaced (``promoted_over``, empty for the first) and the gates it had passed
-    (``promoted_on``: gate -> ``passed``/``failed`` and what was measured)."""
+    (``promoted_on``: gate -> ``passed``/``failed`` and what was measured).
+
+    Refuses (:class:`RandomWeightsError`) a version built with random weights, whoever asks
+    and whatever its gates say: forcing past gates is for a judgement about a real policy,
+    and a random one has none to judge."""
     with promotion_lock(name):
         info = get_version(name, version)
+        check_promotable(info)
         previous = champion(name)
         mlflow_client = client()
         mlflow_client.set_registered_model_alias(name, CHAMPION, info.version)
@@ -343,6 +434,16 @@ def promote(name: str, version: str, reason: str) -> VersionInfo:
         }
         set_version_tags(name, info.version, tags)
         return get_version(name, info.version)
+
+
+def check_promotable(info: VersionInfo) -> None:
+    """Raise :class:`RandomWeightsError` (one line, saying why) if ``info`` may never be
+    champion: its policy was built with random weights."""
+    if info.random_weights:
+        raise RandomWeightsError(
+            f"{info.name} v{info.version} has random weights ({RANDOM_WEIGHTS_TAG} = true: "
+            "policy.weights: random, a systems test): never champion, not even with --force"
+        )
 
 
 def rollback(name: str) -> VersionInfo:

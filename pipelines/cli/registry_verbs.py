@@ -94,8 +94,9 @@ def show(
     ],
     json_out: JsonOpt = False,
 ) -> None:
-    """A model's versions, or one version: its aliases, lineage, gate results and the devices
-    it runs on (robo_pipe.device.NAME.*)."""
+    """A model's versions, or one version: its aliases, lineage, gate results, its precision
+    variants' figures (robo_pipe.variant.NAME.*), whether it has random weights, and the
+    devices it runs on (robo_pipe.device.NAME.*)."""
     name, which = registry.parse_model_ref(model)  # bad input: before anything is read
     missing = read_registry()
     if missing:
@@ -106,6 +107,8 @@ def show(
         table = Table(title=f"{v.name} v{v.version} {' '.join(v.aliases)}", show_header=False)
         table.add_row("registered", v.created)
         table.add_row("source", v.source)
+        if v.random_weights:
+            table.add_row("[yellow]weights[/]", "RANDOM: a systems test, never champion")
         for key, value in sorted(v.tags.items()):
             table.add_row(key.removeprefix(registry.TAG), value)
         warning = champion_warning(v.name, [v])
@@ -122,7 +125,8 @@ def promote(
     ] = False,
     old_version: Annotated[str | None, typer.Argument(hidden=True)] = None,
 ) -> None:
-    """Make a version the champion. Refused (exit 1) if it failed a gate, unless --force."""
+    """Make a version the champion. Refused (exit 1) if it failed a gate, unless --force;
+    refused always (exit 2) if its policy has random weights (a systems test)."""
     if old_version is not None:  # the grammar before issue 35: NAME VERSION
         raise InputError(
             f"models promote takes one argument, the version: models:/{model}/{old_version}"
@@ -132,6 +136,7 @@ def promote(
     if missing:
         raise registry.RegistryError(f"{model}: {missing}")
     info = registry.get_version(name, which)
+    registry.check_promotable(info)  # random weights: no --force gets past this
     allowed, failed = may_promote(info.tags, force)
     if not allowed:
         console.print(

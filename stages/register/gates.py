@@ -1,12 +1,17 @@
 """Promotion to ``champion``: the gates a candidate must pass, and their registry tags.
 
-Three gates, decided on the evaluate and latency stages' records:
+Three gates (four for a random-weight policy), decided on the evaluate and latency stages'
+records:
 
 - ``held-out success``: success on the held-out suite >= ``min_success`` (always enforced):
   the lower end of its 95% Wilson interval, or the point estimate (``min_success_on``);
 - ``no regression vs champion``: not worse than the current champion on the same seeds at
   ``evaluate.gate_confidence`` (enforced if ``no_regression``);
-- ``latency``: the latency gate passed on the target (enforced if ``latency``).
+- ``latency``: the latency gate passed on the target (enforced if ``latency``);
+- ``real weights``: only on a policy built with random weights (``policy.weights: random``,
+  a systems test), where it always fails and is always enforced: such a version is never
+  champion. ``robo-pipe models promote`` refuses it even with ``--force``
+  (:func:`pipelines.registry.promote`, on its ``robo_pipe.random_weights`` tag).
 
 A version becomes ``champion`` only if no enforced gate failed. Every gate's verdict, what was
 measured and what was required are written on the version as tags (:func:`gate_tags`), which
@@ -30,6 +35,8 @@ GATE_TAG = "robo_pipe.gate."
 HELD_OUT = "held-out success"
 NO_REGRESSION = "no regression vs champion"
 LATENCY = "latency"
+REAL_WEIGHTS = "real weights"
+"""The gate a random-weight policy fails (it exists only on those)."""
 
 
 @dataclass(frozen=True)
@@ -116,10 +123,13 @@ def promotion_gates(
     champion_version: str | None,
     latency: LatencyResult,
     gate_confidence: float,
+    random_weights: bool = False,
 ) -> dict[str, Gate]:
     """Every gate's decision, in order (see the module docstring). ``champion_version``: the
     champion when the candidate was evaluated (None: there was none); without a comparison
-    the candidate is that champion's own export."""
+    the candidate is that champion's own export. ``random_weights``: the policy was built with
+    random weights (a systems test): the ``real weights`` gate is added, failed and enforced,
+    whatever ``policy`` says (no setting lets such a version become champion)."""
     comparison = candidate.comparison
     if comparison is not None:
         vs = f"{comparison.difference:+.1%} vs v{champion_version}, p = {comparison.p_value:.3f}"
@@ -128,7 +138,7 @@ def promotion_gates(
     else:
         vs = "no champion yet"
     measured, required = held_out_text(candidate, policy)
-    return {
+    gates = {
         HELD_OUT: Gate(
             passed=meets_min_success(candidate, policy),
             enforced=True,
@@ -148,6 +158,14 @@ def promotion_gates(
             required=f"p99 <= {latency.budget_ms:g} ms, misses <= {latency.allowed_misses}",
         ),
     }
+    if random_weights:
+        gates[REAL_WEIGHTS] = Gate(
+            passed=False,
+            enforced=True,
+            measured="random weights (policy.weights: random): a systems test",
+            required="pretrained or trained weights (policy.backbone); never champion otherwise",
+        )
+    return gates
 
 
 def blocking_gates(gates: Mapping[str, Gate]) -> list[str]:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -23,6 +25,8 @@ from stages.evaluate.sequential import encode_outcomes
 from stages.register import GATE_TAG
 from stages.register.gates import NO_REGRESSION
 from tests.conftest import TINY_CONFIG
+
+ROOT = Path(__file__).resolve().parents[2]
 
 SETS = ["evaluate.episodes=10", "registry.promotion.min_success=0.0"]
 """On the tiny profile: suites of 10 seeds per variant, and no success bar (these tests are
@@ -280,3 +284,48 @@ def test_concurrent_promotions_keep_alias_and_history_together(
     history = registry.champion_history(cfg.model_name)
     assert history[-1] == champion_version(cfg)
     assert sorted(history) == sorted([first, second])
+
+
+RANDOM_WEIGHTS = ["policy.type=hub-vlm", "policy.preset=tiny", "policy.weights=random"]
+"""A hub-vlm policy on the tiny preset with random weights: a systems test."""
+
+
+def test_a_random_weight_policy_never_becomes_champion(
+    cfg: PipelineConfig, bundle: Path, tmp_path: Path
+) -> None:
+    """Every other gate passes (all wins, as good as the champion, on time): the ``real
+    weights`` gate blocks it; ``models promote --force`` refuses it with exit 2 and one line;
+    so does the registry itself, whoever calls it."""
+    from stages.register.gates import REAL_WEIGHTS
+    from tests.pipelines.test_registry import random_weight_bundle
+
+    old = register_champion(cfg, bundle, "old", {})
+    systems = load_config(TINY_CONFIG, [*SETS, "registry.model_name=cas-policy", *RANDOM_WEIGHTS])
+    random_bundle = random_weight_bundle(bundle, tmp_path / "random-export")
+
+    result = candidate_registers(
+        systems, random_bundle, "random", report(systems, 10, tmp_path / "r"), old
+    )
+
+    assert not result.promoted and result.blocked_by == [REAL_WEIGHTS]
+    assert result.gates[REAL_WEIGHTS].enforced and not result.gates[REAL_WEIGHTS].passed
+    assert champion_version(cfg) == old
+    tags = registry.get_version(cfg.model_name, result.version).tags
+    assert tags[GATE_TAG + REAL_WEIGHTS] == "failed"
+    assert tags[registry.RANDOM_WEIGHTS_TAG] == "true"
+
+    version = f"cas-policy/{result.version}"
+    forced = subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", "models", "promote", "--force", version],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert forced.returncode == 2, forced.stdout + forced.stderr
+    lines = [line for line in (forced.stdout + forced.stderr).splitlines() if line.strip()]
+    assert len(lines) == 1 and "random weights" in lines[0], lines
+    assert "never champion, not even with --force" in lines[0]
+    with pytest.raises(registry.RandomWeightsError):
+        registry.promote(cfg.model_name, result.version, "a script")
+    assert champion_version(cfg) == old

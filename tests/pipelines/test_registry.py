@@ -4,6 +4,7 @@ version carries its aliases (MLflow's version search returns none there, mlflow#
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -49,3 +50,110 @@ def test_models_list_and_show_name_the_champion_and_the_candidate(robo_pipe_home
     assert shown.returncode == 0, shown.stderr[-2000:]
     aliases = {v["version"]: v["aliases"] for v in json.loads(shown.stdout.splitlines()[-1])}
     assert aliases == {"3": ["candidate"], "2": ["champion"], "1": []}
+
+
+def random_weight_bundle(export_dir: Path, out: Path) -> Path:
+    """A copy of the tiny export whose spec says what a random-weight hub-vlm export's does:
+    ``random_weights``, its parameter count and export cost, and an INT8 variant past the error
+    bar (its file a copy of the FP32 model: the registry only carries it), with success figures."""
+    import dataclasses
+    import shutil
+
+    from deploy_edge.bundle import Variant, read_io_spec, write_bundle_checksums, write_io_spec
+
+    shutil.copytree(export_dir, out)
+    shutil.copy(out / "policy.onnx", out / "policy.int8.onnx")
+    int8 = Variant(
+        name="int8",
+        precision="int8",
+        onnx_file="policy.int8.onnx",
+        method="onnxruntime quantize_static: QDQ, per-channel int8 weights",
+        calibration={"frames": 64},
+        action_error=0.0123,
+        action_error_max=0.05,
+        relative_error=0.0712,
+        reference_error=0.04,
+        scored_frames=128,
+        success={"rate": 0.8, "fp32_rate": 0.9, "p_value": 0.0312, "episodes": 20},
+        candidate=False,
+        reason="relative error 7.1% > export.max_relative_error 5%",
+    )
+    spec = dataclasses.replace(
+        read_io_spec(out),
+        random_weights=True,
+        parameters=228_099_648,
+        export_seconds=95.25,
+        export_peak_rss_mb=4096.4,
+        variants=(int8,),
+    )
+    write_io_spec(out, spec)
+    write_bundle_checksums(out)
+    return out
+
+
+def test_a_version_carries_its_exports_variants_and_random_weights(
+    robo_pipe_home: Path, export_dir: Path, tmp_path: Path
+) -> None:
+    """The tags come from the bundle's I/O spec, whatever the caller passed; `models show`
+    prints them, and flags random weights; the description says so first, also after the
+    pipeline sets its own."""
+    configure()
+    bundle = random_weight_bundle(export_dir, tmp_path / "export")
+    run = tracking.TrackedRun.start("registry-test", "variants")
+    stale = {registry.TAG + "onnx_hash": "x", registry.RANDOM_WEIGHTS_TAG: "false"}
+    info = registry.register_export(bundle, "vla", run, stale)
+    run.finish()
+
+    variant = registry.VARIANT_TAG + "int8."
+    expected = {
+        registry.RANDOM_WEIGHTS_TAG: "true",  # the spec's, not the caller's stale "false"
+        registry.TAG + "parameters": "228099648",
+        registry.TAG + "export_seconds": "95.2",
+        registry.TAG + "export_peak_rss_mb": "4096",
+        variant + "precision": "int8",
+        variant + "relative_error": "0.0712",
+        variant + "action_error": "0.0123",
+        variant + "candidate": "false",
+        variant + "reason": "relative error 7.1% > export.max_relative_error 5%",
+        variant + "success_rate": "0.8",
+        variant + "fp32_success_rate": "0.9",
+        variant + "p_value": "0.0312",
+    }
+    assert {k: info.tags.get(k) for k in expected} == expected
+    assert info.random_weights
+    description = str(tracking.client().get_model_version("vla", info.version).description)
+    assert description.startswith(registry.RANDOM_WEIGHTS_NOTE)
+    registry.set_version_description("vla", info.version, "gates: ...")  # as the flow does
+    description = str(tracking.client().get_model_version("vla", info.version).description)
+    assert description.startswith(registry.RANDOM_WEIGHTS_NOTE) and "gates: ..." in description
+    _, fetched = registry.fetch_export("vla", info.version)  # the variant travels with it
+    assert (fetched / "policy.int8.onnx").is_file()
+
+    shown = subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", "models", "show", f"vla/{info.version}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    rows = dict(
+        [cell.strip() for cell in line.strip("│ ").split("│")]
+        for line in shown.stdout.splitlines()
+        if line.count("│") == 3
+    )
+    assert rows["weights"] == "RANDOM: a systems test, never champion"
+    assert rows["variant.int8.relative_error"] == "0.0712", rows
+    assert rows["variant.int8.candidate"] == "false"
+
+
+def test_a_random_weight_champion_is_flagged() -> None:
+    """Only MLflow's own alias editing can make one champion: `models list/show` say so."""
+    from pipelines.champion import champion_warning
+
+    info = registry.VersionInfo(
+        "vla", "4", [registry.CHAMPION], "run", "src", "now", {registry.RANDOM_WEIGHTS_TAG: "true"}
+    )
+    warning = champion_warning("vla", [info])
+    assert warning is not None and "vla v4 is champion with random weights" in warning

@@ -7,7 +7,7 @@ by force; the champion history moves forward on promotion and back on rollback."
 from __future__ import annotations
 
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -214,3 +214,33 @@ def test_promotion_and_rollback_move_through_the_champion_history() -> None:
     assert rollback_target(["3"], "3") is None, "nothing to roll back to"
     # a champion set by hand outside the history rolls back to the last recorded one
     assert rollback_target(["1", "2"], "5") == ("2", ["1", "2"])
+
+
+def test_random_weights_fail_an_enforced_gate_that_no_setting_turns_off() -> None:
+    """Every other gate passes or is not enforced: the ``real weights`` gate still blocks, and
+    its tags read back as failed (``models promote`` without --force refuses it; with --force
+    the registry itself does: tests/pipelines/test_promotion.py)."""
+    from pipelines.champion import decide_gates
+    from stages.register.gates import REAL_WEIGHTS
+
+    lax = config(
+        ON_ESTIMATE,
+        "registry.promotion.min_success=0.0",
+        "registry.promotion.no_regression=false",
+        "registry.promotion.latency=false",
+    )
+    candidate, _ = evaluation(0.9)
+    plain = gates_of(lax.registry.promotion, candidate, None, latency(), 0.95)
+    assert REAL_WEIGHTS not in plain and blocking_gates(plain) == []
+    gates = gates_of(lax.registry.promotion, candidate, None, latency(), 0.95, random_weights=True)
+    assert list(gates)[-1] == REAL_WEIGHTS and blocking_gates(gates) == [REAL_WEIGHTS]
+    assert gates_from_tags(gate_tags(gates))[REAL_WEIGHTS] == gates[REAL_WEIGHTS]
+    assert may_promote(gate_tags(gates), force=False) == (False, [REAL_WEIGHTS])
+    # The pipeline's decision: from the config, or from the export's spec under any config.
+    systems = config(
+        "policy.type=hub-vlm", "policy.preset=tiny", "policy.weights=random", ON_ESTIMATE
+    )
+    report, measured = cast(Any, candidate), cast(Any, latency())  # what the gates read of them
+    assert blocking_gates(decide_gates(systems, report, None, measured)) == [REAL_WEIGHTS]
+    from_spec = decide_gates(lax, report, None, measured, random_weights=True)
+    assert blocking_gates(from_spec) == [REAL_WEIGHTS]

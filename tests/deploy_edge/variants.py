@@ -71,7 +71,9 @@ def reference_error(bundle: Path, onnx_file: str) -> float:
 def with_variants(source: Path, dest: Path, *variants: dict[str, Any]) -> Path:
     """A copy of the bundle ``source`` at ``dest`` with one variant per dict: ``name``,
     ``precision`` (default ``int8``), ``file``: ``quantized`` (default: ONNX Runtime's INT8 of
-    the FP32 graph) or ``copy`` (the FP32 file itself), and any :class:`Variant` field to
+    the FP32 graph) or ``copy`` (the FP32 graph, its weights inside it: a variant that read the
+    FP32 model's ``policy.onnx.data`` is refused in a registry copy, where that file is named
+    ``model.onnx.data``), and any :class:`Variant` field to
     record (``relative_error``, ``candidate``, ``reason``, ``reference_error``...)."""
     shutil.copytree(source, dest)
     spec = read_io_spec(dest)
@@ -81,8 +83,10 @@ def with_variants(source: Path, dest: Path, *variants: dict[str, Any]) -> Path:
         name = fields.pop("name")
         how = fields.pop("file", "quantized")
         onnx_file = f"policy.{name}.onnx"
-        if how == "copy":
-            shutil.copy(dest / ONNX_FILE, dest / onnx_file)
+        if how == "copy":  # its own file, weights inside: never the FP32 model's data file
+            import onnx
+
+            onnx.save(onnx.load(str(dest / ONNX_FILE)), str(dest / onnx_file))
         else:
             quantize_int8(dest, dest / onnx_file)
         recorded: dict[str, Any] = {

@@ -324,3 +324,121 @@ def test_an_agent_with_tls_is_reached_only_through_its_certificate(
     finally:
         started["process"].terminate()
         started["process"].wait(timeout=20)
+
+
+@pytest.fixture(scope="module")
+def precision_versions(
+    shared_home: Path, export_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, str]:
+    """Registered versions of the tiny export with an INT8 variant and a non-candidate
+    (``edge-variants``), and of the same bundle marked random weights (``edge-random``)."""
+    import dataclasses
+
+    from deploy_edge.bundle import read_io_spec, write_bundle_checksums, write_io_spec
+    from pipelines import registry, tracking
+    from pipelines.services import configure
+    from tests.deploy_edge.variants import with_variants
+
+    os.environ["ROBO_PIPE_HOME"] = str(shared_home)
+    configure()
+    root = tmp_path_factory.mktemp("precision")
+    bundle = with_variants(
+        export_dir,
+        root / "variants",
+        {"name": "int8", "relative_error": 0.02},
+        {"name": "int8-wide", "file": "copy", "relative_error": 0.09, "candidate": False,
+         "reason": "relative error 9.00% > 5.00%"},
+    )  # fmt: skip
+    random = root / "random"
+    import shutil
+
+    shutil.copytree(bundle, random)
+    write_io_spec(random, dataclasses.replace(read_io_spec(random), random_weights=True))
+    write_bundle_checksums(random)
+    versions = {}
+    for name, folder in (("edge-variants", bundle), ("edge-random", random)):
+        run = tracking.TrackedRun.start("edge-tests", "register")
+        info = registry.register_export(folder, name, run, {registry.TAG + "onnx_hash": name})
+        run.finish()
+        versions[name] = f"models:/{name}/{info.version}"
+    versions["bundle"] = str(bundle)
+    return versions
+
+
+def test_precision_auto_deploys_the_most_accurate_variant_and_the_table_says_why(
+    precision_versions: dict[str, str],
+    signing: dict[str, Path],
+    shared_home: Path,
+    tmp_path: Path,
+) -> None:
+    """On a local-cpu-auto device both FP32 and INT8 meet 100 ms: FP32 (exact) runs, INT8 is
+    less accurate, the non-candidate never ran; the deploy table and the JSON record say so."""
+    started = start_agent(shared_home, tmp_path, target="local-cpu-auto")
+    try:
+        done = robo_pipe(
+            "deploy", precision_versions["edge-variants"], "--device", "dev-arm-01", "--devices",
+            str(started["devices"]), "--key", str(signing["release"]), "--json",
+            home=shared_home, ARM_TOKEN=TOKEN,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        record = json.loads(done.stdout.strip().splitlines()[-1])
+        assert record["state"] == "active" and record["variant"] == "fp32"
+        trials = {t["variant"]: t for t in record["trials"]}
+        assert trials["fp32"]["chosen"] and trials["int8"]["p99_ms"] is not None
+        assert trials["int8"]["failure"] == "less accurate than fp32 (2.00% vs 0.00%)"
+        assert trials["int8-wide"]["failure"].startswith("not a candidate")
+        assert "precision: auto, budget 100 ms" in done.stderr
+        assert "less accurate than fp32" in done.stderr and "not a candidate" in done.stderr
+        assert "runs edge-variants v1 (fp32)" in done.stderr
+        assert status(started)["active"]["variant"] == "fp32"
+    finally:
+        started["process"].terminate()
+        started["process"].wait(timeout=20)
+
+
+def test_a_random_weights_version_deploys_only_with_systems_test(
+    precision_versions: dict[str, str], signing: dict[str, Path], agent: dict[str, Any],
+    shared_home: Path,
+) -> None:  # fmt: skip
+    def deploy_random(*extra: str) -> Any:
+        return robo_pipe(
+            "deploy", precision_versions["edge-random"], "--device", "dev-arm-01", "--devices",
+            str(agent["devices"]), "--key", str(signing["release"]), *extra,
+            home=shared_home, ARM_TOKEN=TOKEN,
+        )  # fmt: skip
+
+    refused = deploy_random()
+    assert refused.returncode == 1 and "random-weights" in refused.stderr, refused.stderr[-2000:]
+    assert "--systems-test" in refused.stderr and status(agent)["active"] is None
+    done = deploy_random("--systems-test")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "systems test" in done.stderr
+    now = status(agent)
+    assert now["active"]["systems_test"] and now["last"]["systems_test"]
+    fleet = robo_pipe(
+        "deploy", precision_versions["edge-random"], "--fleet", "fleet.yaml", "--systems-test",
+        home=shared_home,
+    )  # fmt: skip
+    assert fleet.returncode == 2 and "never to a fleet" in fleet.stderr
+
+
+def test_robo_pipe_gate_on_an_auto_profile_makes_the_devices_choice_here(
+    precision_versions: dict[str, str], shared_home: Path
+) -> None:
+    """``robo-pipe gate --target local-cpu-auto`` (the pipeline's measure_latency): every
+    candidate gated here, the choice and why not the others printed; nothing in the budget
+    fails it, naming each p99."""
+    quick = ["--target", "local-cpu-auto", "--steps", "20", "--warmup", "2", "--no-pace"]
+    bundle = precision_versions["bundle"]
+    gate = robo_pipe("gate", bundle, *quick, "--json", home=shared_home)
+    assert gate.returncode == 0, gate.stderr[-3000:]
+    report = json.loads(gate.stdout.strip().splitlines()[-1])
+    assert report["passed"] and report["variant"] == "fp32"
+    assert [t["variant"] for t in report["trials"]] == ["fp32", "int8", "int8-wide"]
+    assert report["choice"].startswith("fp32: the most accurate candidate within 100 ms")
+    assert "precision: auto on local-cpu-auto" in gate.stderr
+    assert "less accurate than fp32" in gate.stderr
+    tight = robo_pipe("gate", bundle, *quick, "--budget-ms", "0.001", home=shared_home)
+    assert tight.returncode == 1, tight.stderr[-3000:]
+    shown = tight.stdout + tight.stderr
+    assert "no candidate meets the budget 0.001 ms" in shown and "int8: p99" in shown

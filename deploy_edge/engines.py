@@ -171,8 +171,15 @@ class TensorRTEngine(InferenceEngine):
                     f"{sm[0]}.{sm[1]} (Jetson Orin has no FP8): use an int8 or fp16 profile"
                 )
             self.precision = precision
+        elif precision == "fp16" and not hasattr(trt.BuilderFlag, "FP16"):
+            raise EngineUnavailable(
+                f"TensorRT {trt.__version__} has no FP16 builder flag (TensorRT 11 builds only "
+                "strongly typed networks): an FP16 engine needs an FP16 variant of the graph "
+                "in the bundle (NVIDIA ModelOpt AutoCast), or a TensorRT 10 target"
+            )
         else:
-            fp16 = precision == "fp16" and trt.Builder(self.logger).platform_has_fast_fp16
+            builder = trt.Builder(self.logger)
+            fp16 = precision == "fp16" and getattr(builder, "platform_has_fast_fp16", True)
             self.precision = "fp16" if fp16 else "fp32"
         self.max_batch = max_batch
         self.key = self.engine_key()

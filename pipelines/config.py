@@ -28,6 +28,7 @@ from sim_scenes.config import SceneConfig, SimConfig
 from stages.collect.config import CollectConfig
 from stages.demo.config import DemoConfig
 from stages.evaluate.config import EvalConfig
+from stages.export.config import ExportConfig
 from stages.finetune.config import FinetuneConfig, PretrainConfig
 from stages.policy.config import PolicyConfig
 from stages.register.config import PromotionConfig
@@ -142,6 +143,7 @@ class PipelineConfig(BaseModel):
     policy: PolicyConfig = PolicyConfig()
     pretrain: PretrainConfig = PretrainConfig()
     finetune: FinetuneConfig = FinetuneConfig()
+    export: ExportConfig = ExportConfig()
     evaluate: EvalConfig = EvalConfig()
     latency: LatencyGateConfig = LatencyGateConfig()
     registry: RegistryConfig = RegistryConfig()

@@ -48,6 +48,7 @@ from robo_pipe.locks import output_lock
 from stages.register import blocking_gates, gate_tags
 
 if TYPE_CHECKING:
+    from deploy_edge.bundle import Variant
     from deploy_edge.latency import LatencyReport
     from pipelines.tracking import TrackedRun
     from stages.dataset.layout import DatasetRef
@@ -209,14 +210,26 @@ def export_checkpoint(
     listener: Listener = SILENT,
 ) -> ExportRef:
     """Export ``checkpoint`` to an ONNX bundle at ``out`` (parity checked on random inputs and,
-    with ``dataset``, on its frames), at ``cfg``'s robot's control rate. One exporter per
-    ``out`` at a time: a run that waited for another gets that one's export back."""
+    with ``dataset``, on its frames), at ``cfg``'s robot's control rate, with the precision
+    variants ``cfg.export`` asks for, calibrated and scored on ``dataset`` (without one: FP32
+    only, and the record's ``note`` says so). One exporter per ``out`` at a time: a run that
+    waited for another gets that one's export back."""
     from robots.spec import get_robot
-    from stages.export import export
+    from stages.export import QuantizeError, export
 
     listener.started("export", None, "")
     with output_lock(out, "export", status_lines("export", listener)):
-        return export(checkpoint, out, get_robot(cfg.robot).control_hz, cfg.seed, dataset=dataset)
+        try:
+            return export(
+                checkpoint,
+                out,
+                get_robot(cfg.robot).control_hz,
+                cfg.seed,
+                dataset=dataset,
+                config=cfg.export,
+            )
+        except QuantizeError as err:  # a dataset too small to hold frames out: the input's
+            raise InputError(str(err)) from err
 
 
 def evaluate_policy(
@@ -248,18 +261,23 @@ def evaluate_candidate(
     """The pipeline's evaluation: the export on the held-out suite against ``champion``'s
     export on the same seeds (the no-regression gate), and the model fine-tuning started from
     (``base``) and, after RL, the BC fine-tune RL started from (``warm_start``), on the same
-    suite. Per-episode lists are dropped from the records."""
+    suite. With ``export.score_success``, each candidate precision variant of the export
+    plays the same seeds against it too (:func:`score_variant_success`). Per-episode lists are
+    dropped from the records."""
     baseline = registry.fetch_export(cfg.model_name, champion.version)[1] if champion else None
     stored = stored_outcomes(cfg, champion) if champion else {}
     starts = {"start": base.path if base else None, "warm-start": warm_start}
+    variants = _variants_to_play(cfg, Path(export.path))
     policies = 1 + (baseline is not None) + sum(p is not None for p in starts.values())
-    listener.started("evaluate", policies * _suite_episodes(cfg), "episodes")
+    listener.started("evaluate", (policies + len(variants)) * _suite_episodes(cfg), "episodes")
     tally = _Tally()
     candidate = _evaluate(
         cfg, Path(export.path), out, listener, baseline, ray_address, tally, stored
     )
     if champion is not None and candidate.baseline_outcomes:  # kept for the next candidate
         store_outcomes(cfg, champion, stored, candidate.baseline_outcomes)
+    if variants:
+        score_variant_success(cfg, export, candidate, out, listener, ray_address, tally)
     reports: dict[str, EvalReport | None] = {}
     for name, path in starts.items():
         where = out.with_name(f"{out.name}-{name}")
@@ -274,6 +292,88 @@ def evaluate_candidate(
         start=reports["start"],
         warm_start=reports["warm-start"],
     )
+
+
+def score_variant_success(
+    cfg: PipelineConfig,
+    export: ExportRef,
+    fp32: EvalReport,
+    out: Path,
+    listener: Listener = SILENT,
+    ray_address: str | None = None,
+    tally: _Tally | None = None,
+) -> list[Variant]:
+    """Each precision variant of ``export`` within its error bar on the held-out suite
+    against the FP32 export on the same seeds, with the paired test the no-regression gate
+    uses (``fp32`` is the FP32 export's report: its outcomes are reused, not played again);
+    worse than FP32 makes it no candidate. The figures (``rate``, ``fp32_rate``,
+    ``difference``, ``p_value``, ``episodes``) go into each variant's ``success`` and the
+    export's spec is rewritten with them (:func:`stages.export.onnx.update_variants`). Nothing
+    is played for a random-weights policy (it solves nothing) or without
+    ``export.score_success``. Reports into ``<out>-<variant>``; returns the variants."""
+    from deploy_edge.bundle import read_io_spec
+    from stages.evaluate.sequential import encode_outcomes
+    from stages.export.onnx import update_variants
+
+    root = Path(export.path)
+    spec = read_io_spec(root)
+    names = {v.name for v in _variants_to_play(cfg, root)}
+    if not names:
+        return list(spec.variants)
+    fp32_outcomes = encode_outcomes(fp32.successes_by_episode())
+    scored: list[Variant] = []
+    for v in spec.variants:
+        if v.name not in names:
+            scored.append(v)
+            continue
+        where = out.with_name(f"{out.name}-{v.name}")
+        report = _evaluate(
+            cfg,
+            root / v.onnx_file,
+            where,
+            listener,
+            root,
+            ray_address,
+            tally or _Tally(),
+            fp32_outcomes,
+        )
+        c = report.comparison
+        assert c is not None  # played against a baseline
+        success = {
+            "rate": report.success_rate,
+            "fp32_rate": c.baseline_success_rate,
+            "difference": c.difference,
+            "p_value": c.p_value,
+            "episodes": float(c.table.seeds),
+        }
+        reason = (
+            ""
+            if c.passed
+            else (
+                f"held-out success {c.baseline_success_rate + c.difference:.1%} against FP32 "
+                f"{c.baseline_success_rate:.1%} on the same {c.table.seeds} episodes: worse by "
+                f"the paired test (p {c.p_value:.3g}, {c.reason})"
+            )
+        )
+        scored.append(replace(v, success=success, candidate=c.passed, reason=reason))
+    with output_lock(root, "export"):  # the export's own lock: no exporter rewrites it meanwhile
+        update_variants(root, tuple(scored))
+    return scored
+
+
+def _variants_to_play(cfg: PipelineConfig, export: Path) -> list[Variant]:
+    """The export's variants whose success is to be played: within their error bar, when
+    ``export.score_success`` is on and the policy was trained here (not random weights)."""
+    from deploy_edge.bundle import read_io_spec
+
+    spec = read_io_spec(export)
+    if not cfg.export.score_success or spec.random_weights:
+        return []
+    return [
+        v
+        for v in spec.variants
+        if v.relative_error <= float(v.calibration.get("max_relative_error", float("inf")))
+    ]
 
 
 def measure_latency(

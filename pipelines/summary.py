@@ -34,7 +34,9 @@ from stages.finetune.checkpoints import read_metrics
 from stages.finetune.rl import rolling_success
 
 if TYPE_CHECKING:
+    from deploy_edge.bundle import Variant
     from deploy_edge.latency import LatencyReport
+    from stages.export import ExportRef
     from stages.policy.checkpoint import CheckpointRef
     from stages.register import Gate
 
@@ -132,6 +134,50 @@ def evaluation_table(evaluation: Evaluation) -> list[dict[str, Any]]:
                 }
             )
     return rows
+
+
+def export_variants(export: ExportRef) -> tuple[Variant, ...]:
+    """The export's precision variants as its bundle's spec has them now (with the success
+    test's figures, which the evaluation wrote after the export); the export record's when
+    the bundle is gone."""
+    from deploy_edge.bundle import IOSpecError, read_io_spec
+
+    try:
+        return read_io_spec(export.path).variants
+    except IOSpecError:
+        return export.variants
+
+
+def variants_table(variants: tuple[Variant, ...]) -> list[dict[str, str]]:
+    """One row per variant: its error against FP32 (robot units and relative to the action
+    std), its held-out success against FP32 on the same seeds when measured, and whether it
+    may ship."""
+    rows = []
+    for v in variants:
+        s = v.success
+        success = (
+            f"{_pct(s['rate'])} vs {_pct(s['fp32_rate'])} FP32, p {s['p_value']:.3g} "
+            f"({s['episodes']:.0f} paired episodes)"
+            if s
+            else "not measured"
+        )
+        rows.append(
+            {
+                "variant": v.name,
+                "mean abs error": f"{v.action_error:.1e}",
+                "error / action std": f"{v.relative_error:.1%}",
+                "held-out success": success,
+                "ships": "yes" if v.candidate else f"NO: {v.reason}",
+            }
+        )
+    return rows
+
+
+def _table(rows: list[dict[str, str]]) -> list[str]:
+    """Markdown table lines of ``rows`` (the first row's keys are the header)."""
+    head = list(rows[0])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    return lines + ["| " + " | ".join(r[k] for k in head) + " |" for r in rows]
 
 
 def latency_table(latency: LatencyReport) -> list[dict[str, Any]]:
@@ -395,10 +441,17 @@ def markdown(
             f"- Base: `{rel(base.path)}` ({base.step} steps, hash `{base.content_hash[:12]}`)."
         )
     export = records.export
+    weights = "; **random weights: systems test only**" if export.random_weights else ""
     lines.append(
         f"- Export: `{rel(export.path)}`, opset {export.opset}, parity "
-        f"{export.parity_max_abs_error:.1e} (ONNX Runtime vs torch)."
+        f"{export.parity_max_abs_error:.1e} (ONNX Runtime vs torch), "
+        f"{export.parameters:,} parameters, {export.export_seconds:.1f} s, peak RSS "
+        f"{export.export_peak_rss_mb:,.0f} MiB{weights}."
     )
+    variants = export_variants(export)
+    if variants:
+        lines += ["", "## Precision variants (scored against FP32 before they ship)", ""]
+        lines += _table(variants_table(variants))
     lines += [
         "",
         "## Stages",

@@ -244,7 +244,8 @@ def finetune_stage(
 
 @stage_task("export")
 def export_stage(ctx: RunContext, checkpoint: CheckpointRef, dataset: DatasetRef) -> ExportRef:
-    """ONNX export with parity checked on random inputs and dataset frames."""
+    """ONNX export with parity checked on random inputs and dataset frames, and its precision
+    variants (``export.variants``) calibrated and scored on the dataset."""
     from deploy_edge.bundle import IO_SPEC_FILE
     from stages.export import ExportRef, onnx_hash
 
@@ -254,6 +255,7 @@ def export_stage(ctx: RunContext, checkpoint: CheckpointRef, dataset: DatasetRef
         "checkpoint": checkpoint.content_hash,
         "dataset": dataset.content_hash,
         "seed": ctx.cfg.seed,
+        "export": _sections(ctx.cfg, "export")["export"],  # which variants, how scored
     }
 
     def run() -> ExportRef:
@@ -265,8 +267,16 @@ def export_stage(ctx: RunContext, checkpoint: CheckpointRef, dataset: DatasetRef
         return Path(r.path).exists() and onnx_hash(Path(r.path)) == r.onnx_hash
 
     def track(run: tracking.TrackedRun, r: ExportRef) -> None:
-        run.log_params({"onnx_hash": r.onnx_hash, "opset": r.opset})
-        run.log_metrics({f"parity_{k}": v for k, v in r.parity.items()})
+        run.log_params({"onnx_hash": r.onnx_hash, "opset": r.opset, "parameters": r.parameters})
+        metrics = {f"parity_{k}": v for k, v in r.parity.items()}
+        metrics |= {"export_seconds": r.export_seconds, "export_peak_rss_mb": r.export_peak_rss_mb}
+        for v in r.variants:
+            metrics |= {
+                f"{v.name}_relative_error": v.relative_error,
+                f"{v.name}_action_error": v.action_error,
+                f"{v.name}_candidate": float(v.candidate),
+            }
+        run.log_metrics(metrics)
         run.log_artifact(Path(r.path) / IO_SPEC_FILE)
 
     return _run_stage(ctx, "export", inputs, ExportRef, run, intact, track)
@@ -290,7 +300,8 @@ def evaluate_stage(
         else None,
         "start": base.content_hash if base else None,
         "warm_start": str(warm_start) if warm_start else None,
-        "config": _sections(cfg, "robot", "scene", "sim", "evaluate", "seed"),
+        # export: whether (and how) its variants' success is played against it
+        "config": _sections(cfg, "robot", "scene", "sim", "evaluate", "seed", "export"),
     }
 
     def run() -> Evaluation:

@@ -299,7 +299,10 @@ def export(
 
     Normalisation and LoRA are inside the graph (dynamo exporter, opset 18, dynamic batch), so
     the file runs without the training code. Parity against torch on random inputs (and dataset
-    frames with --dataset) must be within 1e-4 or the export is refused.
+    frames with --dataset) must be within 1e-4 or the export is refused. With --dataset, the
+    config's export.variants (default int8: policy.int8.onnx, static INT8 Q/DQ) are calibrated
+    on frames of some episodes and scored against FP32 on frames of the others; one past
+    export.max_relative_error is kept but marked not a candidate.
     """
     cfg = load(config, None)
     target = out or checkpoint.with_name(f"{checkpoint.name}-export")
@@ -318,6 +321,20 @@ def export(
     table.add_row("hash", ref.onnx_hash[:16])
     parity = ", ".join(f"{k} {v:.1e}" for k, v in ref.parity.items())
     table.add_row("parity |ORT - torch|", parity)
+    weights = " (random weights: systems test only)" if ref.random_weights else ""
+    table.add_row("parameters", f"{ref.parameters:,}{weights}")
+    for v in ref.variants:
+        verdict = "candidate" if v.candidate else f"NOT a candidate: {v.reason}"
+        table.add_row(
+            f"{v.name} variant",
+            f"{v.onnx_file}: |{v.name} - FP32| mean {v.action_error:.1e}, "
+            f"{v.relative_error:.1%} of the action std (worst dim); {verdict}",
+        )
+    if ref.note:
+        table.add_row("variants", ref.note)
+    table.add_row(
+        "export cost", f"{ref.export_seconds:.1f} s, peak RSS {ref.export_peak_rss_mb:,.0f} MiB"
+    )
     table.add_row("wall time", f"{time.perf_counter() - start:.1f} s")
     result_console(json_out).print(table)
     emit_json(ref, json_out)

@@ -1,7 +1,10 @@
 """The policies evaluation can run: a checkpoint (torch) or an exported model (ONNX Runtime).
 
 Both present the same small interface, :class:`ActingPolicy`, so an evaluation does not care
-which one it plays, and a checkpoint and its export can be compared episode by episode.
+which one it plays, and a checkpoint and its export can be compared episode by episode. An
+export's precision variant is played by naming its file (``<export>/policy.int8.onnx``) or by
+``OnnxRuntimePolicy(export, variant="int8")``: the FP32 export and its INT8 variant compare
+the same way.
 """
 
 from __future__ import annotations
@@ -58,14 +61,21 @@ class CheckpointPolicy:
 
 
 class OnnxRuntimePolicy:
-    """An exported policy (``stages/export``) on the edge runtime's ONNX Runtime engine."""
+    """An exported policy (``stages/export``) on the edge runtime's ONNX Runtime engine: its
+    FP32 graph, or with ``variant`` that precision variant of it (``int8``)."""
 
-    def __init__(self, export_dir: str | Path, threads: int = 1) -> None:
+    def __init__(
+        self, export_dir: str | Path, threads: int = 1, variant: str | None = None
+    ) -> None:
         from deploy_edge.engines import EngineError
         from deploy_edge.exported import ExportedPolicy, IOSpecError
 
+        self.variant = variant
         try:
-            self.exported = ExportedPolicy(export_dir, threads=threads)
+            if variant is None:
+                self.exported = ExportedPolicy(export_dir, threads=threads)
+            else:
+                self.exported = ExportedPolicy(export_dir, threads=threads, variant=variant)
         except (EngineError, IOSpecError) as err:
             raise PolicySpecError(str(err)) from err
         self.cameras = self.exported.cameras
@@ -79,10 +89,27 @@ class OnnxRuntimePolicy:
 
 
 def load_acting_policy(path: str | Path, threads: int = 1) -> ActingPolicy:
-    """A checkpoint directory (``policy.json``) or an export (directory or ``.onnx`` file)."""
+    """A checkpoint directory (``policy.json``) or an export (directory or ``.onnx`` file; the
+    file of one of its precision variants, ``policy.int8.onnx``, plays that variant)."""
     p = Path(path)
     if not p.exists():
         raise PolicySpecError(f"{p}: no such checkpoint or exported policy")
     if (p / "policy.json").is_file():
         return CheckpointPolicy(p, threads)
-    return OnnxRuntimePolicy(p, threads)
+    variant = variant_of(p)
+    return OnnxRuntimePolicy(p.parent if variant else p, threads, variant)
+
+
+def variant_of(path: str | Path) -> str | None:
+    """The name of the precision variant whose model file ``path`` is, in its bundle's spec;
+    None for anything else (the FP32 model, a directory, a file of no bundle)."""
+    from deploy_edge.bundle import IOSpecError, read_io_spec
+
+    p = Path(path)
+    if p.suffix != ".onnx":
+        return None
+    try:
+        spec = read_io_spec(p.parent)
+    except IOSpecError:
+        return None
+    return next((v.name for v in spec.variants if v.onnx_file == p.name), None)

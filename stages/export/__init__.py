@@ -2,7 +2,9 @@
 
 ``export(checkpoint, out)`` writes the bundle (its layout and I/O spec are owned by
 :mod:`deploy_edge.bundle`) and returns an :class:`ExportRef`; it is implemented in
-:mod:`stages.export.onnx`. Names load on first use (torch only then).
+:mod:`stages.export.onnx`, its precision variants (INT8 Q/DQ, scored against FP32) in
+:mod:`stages.export.quantize`, its settings in :class:`ExportConfig`. Names load on first use
+(torch only then).
 """
 
 from typing import TYPE_CHECKING
@@ -10,9 +12,16 @@ from typing import TYPE_CHECKING
 from stages import lazy_exports
 
 if TYPE_CHECKING:
+    from stages.export.config import ExportConfig
     from stages.export.onnx import ExportError, ExportRef, export, onnx_hash
+    from stages.export.quantize import QuantizeError
 
-__all__ = ["ExportError", "ExportRef", "export", "onnx_hash"]
+__all__ = ["ExportConfig", "ExportError", "ExportRef", "QuantizeError", "export", "onnx_hash"]
 __getattr__ = lazy_exports(
-    __name__, {"stages.export.onnx": ("ExportError", "ExportRef", "export", "onnx_hash")}
+    __name__,
+    {
+        "stages.export.config": ("ExportConfig",),
+        "stages.export.onnx": ("ExportError", "ExportRef", "export", "onnx_hash"),
+        "stages.export.quantize": ("QuantizeError",),
+    },
 )

@@ -1,6 +1,8 @@
 """Export a policy checkpoint to ONNX: the file the evaluation, the engines and the edge run.
 
     <out>/policy.onnx (+ policy.onnx.data)   the graph: normalisation inside, LoRA merged
+    <out>/policy.int8.onnx (+ .data)          its static INT8 Q/DQ variant, scored against it
+                                              (``export.variants``; :mod:`stages.export.quantize`)
     <out>/io_spec.json                        names, shapes, dtypes, units, control rate, chunk
     <out>/tokenizer/                          the policy's tokenizer files
     <out>/reference.npz                       reference inputs and torch outputs (parity checks)
@@ -15,17 +17,31 @@ a corrupt checkpoint, a failed parity check, a full disk or a kill leave ``out``
 inputs) is returned as it is.
 
 The graph comes from the policy's ``as_onnx()`` wrapper through the dynamo exporter (opset 18+)
-with a dynamic batch axis. Parity against torch is measured on random inputs and reported.
+with a dynamic batch axis, its weights in external data (``policy.onnx.data``: a graph past
+2 GB cannot hold them in the protobuf). Parity against torch is measured on random inputs and
+reported.
+
+With a dataset and ``export.variants`` (:class:`~stages.export.config.ExportConfig`), each
+variant is made from the FP32 file, calibrated on frames of some of the dataset's episodes and
+scored on frames of the others (:mod:`stages.export.quantize`), and listed in the spec with its
+figures; one past the error bar stays in the bundle marked ``candidate: false`` with the reason
+(what was tried and why it may not ship; a device never runs it). The spec records the
+export's wall time and the exporting process's peak resident memory, the parameter count and
+whether the policy has random weights.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
+import resource
+import sys
+import time
 import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +58,7 @@ from deploy_edge.bundle import (
     IOSpec,
     IOSpecError,
     TensorSpec,
+    Variant,
     model_files,
     model_hash,
     read_io_spec,
@@ -51,8 +68,9 @@ from deploy_edge.bundle import (
 )
 from robo_pipe.atomic import discard_dead_temporaries, replace_dir, temporary_path
 from robo_pipe.errors import RoboPipeError
-from robo_pipe.integrity import FileSum, IntegrityError, file_sums, writing
+from robo_pipe.integrity import CHECKSUMS_FILE, FileSum, IntegrityError, file_sums, writing
 from robo_pipe.records import Record
+from stages.export.config import ExportConfig
 from stages.policy.base import OnnxPolicy, VLAPolicy
 from stages.policy.checkpoint import checkpoint_hash, load_policy, verify_checkpoint
 
@@ -77,6 +95,18 @@ class ExportRef(Record):
     parity: dict[str, float]
     """The same per input set: ``random`` and, when a dataset was given, ``dataset``."""
     opset: int
+    parameters: int = 0
+    """Parameters of the exported policy (LoRA merged)."""
+    random_weights: bool = False
+    """Built with random weights (systems measurements only)."""
+    export_seconds: float = 0.0
+    """Wall time of the export, s (graph, parity, variants and their scoring)."""
+    export_peak_rss_mb: float = 0.0
+    """Peak resident memory of the exporting process, MiB."""
+    variants: tuple[Variant, ...] = ()
+    """The precision variants written beside the FP32 graph, with their figures (the spec's)."""
+    note: str = ""
+    """Why no variant was made although the config asked for some ("" otherwise)."""
 
 
 def onnx_hash(directory: Path, sums: Mapping[str, FileSum] | None = None) -> str:
@@ -98,25 +128,42 @@ def export(
     seed: int = 0,
     dataset: str | Path | None = None,
     tolerance: float = PARITY_TOLERANCE,
+    config: ExportConfig | None = None,
 ) -> ExportRef:
     """Export ``checkpoint`` into ``out`` (written beside, then renamed into place).
 
     The checkpoint is verified first (:func:`~stages.policy.checkpoint.verify_checkpoint`): a
     file that differs from its checksums raises :class:`~robo_pipe.integrity.IntegrityError`
     before anything is written. When ``out`` already holds an export of this very checkpoint
-    (same hash, control rate and parity inputs, within ``tolerance``) that verifies, it is
-    returned as it is. Parity (largest |ONNX Runtime - torch| over the actions and stds, robot
-    units) is measured on random inputs and, given ``dataset``, on real frames of it; above
-    ``tolerance`` the export is refused and nothing replaces ``out``. A full disk raises
+    (same hash, control rate and parity inputs, within ``tolerance``, the same variants scored
+    the same way) that verifies, it is returned as it is. Parity (largest |ONNX Runtime -
+    torch| over the actions and stds, robot units) is measured on random inputs and, given
+    ``dataset``, on real frames of it; above ``tolerance`` the export is refused and nothing
+    replaces ``out``. ``config`` (default: FP32 only) names the precision variants to make;
+    they need ``dataset`` (calibration and held-out scoring frames): without one the export is
+    FP32 only and :attr:`ExportRef.note` says why. A full disk raises
     :class:`~robo_pipe.errors.OutOfSpaceError` and leaves ``out`` as it was.
+
+    Raises:
+        QuantizeError: variants asked for on a dataset of fewer than two episodes.
     """
+    start = time.perf_counter()
+    config = config or ExportConfig(variants=[])
     verified = verify_checkpoint(checkpoint)
     source_hash = checkpoint_hash(checkpoint, verified)
     out = Path(out)
     parity_inputs = {"random", "dataset"} if dataset is not None else {"random"}
-    existing = _existing_export(out, source_hash, float(control_hz), parity_inputs, tolerance)
+    wanted: list[str] = list(config.variants) if dataset is not None else []
+    note = (
+        f"no dataset: FP32 only (export.variants {config.variants} need calibration frames)"
+        if config.variants and dataset is None
+        else ""
+    )
+    existing = _existing_export(
+        out, source_hash, float(control_hz), parity_inputs, tolerance, wanted, config
+    )
     if existing is not None:
-        return existing
+        return replace(existing, note=note)
     import onnx
     import onnxruntime as ort
 
@@ -142,9 +189,12 @@ def export(
                 dynamic_shapes=(tuple({0: batch} for _ in example),),
                 opset_version=OPSET,
                 dynamo=True,
+                # Weights beside the graph (policy.onnx.data): a protobuf holds 2 GB at most,
+                # and a 500 M-parameter policy is 2 GB in FP32.
+                external_data=True,
                 verbose=False,
             )
-        onnx.checker.check_model(str(staging / ONNX_FILE))
+        onnx.checker.check_model(str(staging / ONNX_FILE))  # a path: external data is read
         policy.tokenizer.save(str(staging / TOKENIZER_DIR))
 
         # Parity: random images and states with real instructions, and real dataset frames.
@@ -161,6 +211,12 @@ def export(
             )
         reference: dict[str, Any] = {**inputs, **{f"expected_{k}": v for k, v in outputs.items()}}
         np.savez(staging / REFERENCE_FILE, **reference)
+        del wrapper  # a second copy of the weights; the variants need the memory at size
+        variants = (
+            _make_variants(policy, session, staging, Path(dataset), reference, wanted, config)
+            if wanted and dataset is not None
+            else ()
+        )
 
         cfg = policy.cfg
         side = cfg.image_size
@@ -174,7 +230,7 @@ def export(
             ),
             outputs=tuple(
                 _tensor(name, "float32", (cfg.chunk_len, cfg.action_dim), "rad (joint deltas), m")
-                for name in wrapper.output_names
+                for name in OnnxPolicy.output_names
             ),
             cameras=tuple(cfg.cameras),
             image_size=cfg.image_size,
@@ -191,6 +247,11 @@ def export(
             parity_max_abs_error=max(parity.values()),
             parity=parity,
             onnx_file=ONNX_FILE,
+            variants=variants,
+            random_weights=cfg.random_weights,
+            parameters=policy.parameter_counts()[1],
+            export_seconds=round(time.perf_counter() - start, 2),
+            export_peak_rss_mb=round(peak_rss_mb(), 1),
         )
         write_io_spec(staging, spec)
         # The statistics the graph normalises with (already inside it): for inspection on the edge.
@@ -198,15 +259,99 @@ def export(
         sums = write_bundle_checksums(staging)
         # Synced and swapped in: the old export stays whole at ``out`` until the new one is.
         replace_dir(staging, out)
-    return _export_ref(out, spec, sums)
+    return replace(_export_ref(out, spec, sums), note=note)
+
+
+def update_variants(out: str | Path, variants: tuple[Variant, ...]) -> IOSpec:
+    """Rewrite the export at ``out`` with ``variants`` as its spec's variants (their figures
+    after the success test: ``success``, ``candidate``, ``reason``), atomically: the bundle is
+    hard-linked beside ``out`` (no model byte is copied, however large), its ``io_spec.json``
+    and ``checksums.json`` rewritten there and the whole swapped in
+    (:func:`~robo_pipe.atomic.replace_dir`). A kill leaves the old bundle or the new one, each
+    verifying. Only the figures may change: the variants' names and files must be those of
+    the spec. Returns the new spec."""
+    out = Path(out)
+    sums = verify_bundle(out)
+    spec = read_io_spec(out)
+    if [(v.name, v.onnx_file) for v in spec.variants] != [(v.name, v.onnx_file) for v in variants]:
+        raise ValueError(f"{out}: variants {[v.name for v in variants]} are not the bundle's")
+    new = replace(spec, variants=variants)
+    discard_dead_temporaries(out.parent, of=out.name)
+    staging = temporary_path(out)
+    with writing(out, staging, kept=f"{out} is as it was"):
+        for rel in sums:
+            if rel in (IO_SPEC_FILE, CHECKSUMS_FILE):
+                continue
+            (staging / rel).parent.mkdir(parents=True, exist_ok=True)
+            os.link(out / rel, staging / rel)
+        write_io_spec(staging, new)
+        write_bundle_checksums(staging, {k: v for k, v in sums.items() if k != IO_SPEC_FILE})
+        replace_dir(staging, out)
+    return new
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process so far, MiB (``ru_maxrss``: KiB on Linux, bytes
+    on macOS). A process that held more before the export reports that: the figure bounds
+    the export's peak from above."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / (2**20 if sys.platform == "darwin" else 2**10)
+
+
+def _make_variants(
+    policy: VLAPolicy,
+    fp32: Any,
+    staging: Path,
+    dataset: Path,
+    reference: dict[str, Any],
+    wanted: list[str],
+    config: ExportConfig,
+) -> tuple[Variant, ...]:
+    """Each of ``wanted`` made from the staged FP32 graph, calibrated and scored on disjoint
+    episodes of ``dataset``, written as ``policy.<name>.onnx`` (+ data) into ``staging``."""
+    import onnxruntime as ort
+
+    from stages.export.quantize import (
+        int8_variant,
+        layers_to_quantize,
+        quantize_int8,
+        score_variant,
+        split_frames,
+    )
+
+    split = split_frames(policy, dataset, config.calibration_frames, config.score_frames)
+    external = any(p.name != ONNX_FILE for p in model_files(staging, ONNX_FILE))
+    layers = layers_to_quantize(staging / ONNX_FILE, config.keep_float)
+    made: list[Variant] = []
+    for name in wanted:  # int8 only, for now (VariantName)
+        target = staging / f"policy.{name}.onnx"
+        seconds = quantize_int8(staging / ONNX_FILE, target, split.calibration, external, layers)
+        session = ort.InferenceSession(str(target), providers=["CPUExecutionProvider"])
+        errors = score_variant(
+            session,
+            fp32,
+            split.scoring,
+            policy.action_std.numpy(),
+            reference,
+            list(OnnxPolicy.output_names),
+        )
+        made.append(int8_variant(target.name, errors, split, config, seconds, len(layers)))
+    return tuple(made)
 
 
 def _existing_export(
-    out: Path, source_hash: str, control_hz: float, parity_inputs: set[str], tolerance: float
+    out: Path,
+    source_hash: str,
+    control_hz: float,
+    parity_inputs: set[str],
+    tolerance: float,
+    wanted: list[str],
+    config: ExportConfig,
 ) -> ExportRef | None:
     """The export at ``out`` if it is a complete one of the checkpoint with ``source_hash``,
     made for ``control_hz`` with parity measured on ``parity_inputs`` within ``tolerance``,
-    and verifies; None when there is none (or it must be made again)."""
+    with the ``wanted`` variants made and scored as ``config`` says, and verifies; None when
+    there is none (or it must be made again)."""
     if not (out / IO_SPEC_FILE).is_file():
         return None
     try:
@@ -218,12 +363,27 @@ def _existing_export(
             or spec.parity_max_abs_error > tolerance
             or spec.opset != OPSET
             or spec.onnx_file != ONNX_FILE
+            or not _same_variants(spec, wanted, config)
         ):
             return None
         sums = verify_bundle(out)
     except (IOSpecError, IntegrityError):  # incomplete or changed: replaced by a fresh export
         return None
     return _export_ref(out, spec, sums)
+
+
+def _same_variants(spec: IOSpec, wanted: list[str], config: ExportConfig) -> bool:
+    """Whether ``spec``'s variants are the ``wanted`` ones, calibrated on as many frames and
+    held to the same error bar as ``config`` says."""
+    if [v.name for v in spec.variants] != wanted:
+        return False
+    return all(
+        v.calibration.get("max_relative_error") == config.max_relative_error
+        and v.calibration.get("requested_frames") == config.calibration_frames
+        and v.calibration.get("requested_score_frames") == config.score_frames
+        and v.calibration.get("keep_float") == list(config.keep_float)
+        for v in spec.variants
+    )
 
 
 def _export_ref(out: Path, spec: IOSpec, sums: Mapping[str, FileSum]) -> ExportRef:
@@ -236,6 +396,11 @@ def _export_ref(out: Path, spec: IOSpec, sums: Mapping[str, FileSum]) -> ExportR
         parity_max_abs_error=spec.parity_max_abs_error,
         parity=dict(spec.parity),
         opset=spec.opset,
+        parameters=spec.parameters,
+        random_weights=spec.random_weights,
+        export_seconds=spec.export_seconds,
+        export_peak_rss_mb=spec.export_peak_rss_mb,
+        variants=spec.variants,
     )
 
 

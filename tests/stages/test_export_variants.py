@@ -1,0 +1,161 @@
+"""The export's precision variants: the INT8 Q/DQ graph made from the FP32 one, calibrated on
+some of the dataset's episodes and scored on the others, listed in the spec and the checksums;
+a variant past the error bar kept but never a candidate; rewriting the figures atomically."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import numpy_helper
+
+from deploy_edge.bundle import read_io_spec, verify_bundle
+from robo_pipe.integrity import IntegrityError
+from stages.dataset.layout import DatasetRef
+from stages.evaluate.policies import OnnxRuntimePolicy, load_acting_policy, variant_of
+from stages.export import ExportConfig, ExportRef, export
+from stages.export.onnx import update_variants
+from stages.export.quantize import INT8_METHOD
+from stages.policy.checkpoint import load_policy, new_policy, save_policy
+from tests.stages.tiny_models import TINY_POLICY
+
+SMALL = ExportConfig(calibration_frames=16, score_frames=16)
+"""The default variants (int8) on as few frames as the tiny profile uses."""
+
+
+@pytest.fixture(scope="module")
+def int8_export(
+    tmp_path_factory: pytest.TempPathFactory, tiny_dataset: DatasetRef
+) -> tuple[Path, ExportRef]:
+    """A tiny policy exported once with its INT8 variant (checkpoint beside it: ``ckpt``)."""
+    torch.manual_seed(0)
+    policy, _ = new_policy(TINY_POLICY, ["scene"], 32, 6, 6)
+    root = tmp_path_factory.mktemp("int8")
+    save_policy(policy, root / "ckpt", None)
+    return root, export(root / "ckpt", root / "export", dataset=tiny_dataset.path, config=SMALL)
+
+
+def test_the_int8_variant_is_written_calibrated_scored_and_checksummed(
+    int8_export: tuple[Path, ExportRef], tiny_dataset: DatasetRef
+) -> None:
+    root, ref = int8_export
+    spec = read_io_spec(ref.path)
+    (int8,) = spec.variants
+    assert ref.variants == spec.variants and spec.variant("int8") == int8
+    assert (int8.name, int8.precision, int8.onnx_file) == ("int8", "int8", "policy.int8.onnx")
+    assert int8.method == INT8_METHOD
+    sums = verify_bundle(ref.path)
+    assert "policy.int8.onnx" in sums, "the variant is part of the bundle's checksums"
+
+    # Calibration: recorded, and on other episodes than the held-out ones scored.
+    cal = int8.calibration
+    assert cal["dataset"] == str(Path(tiny_dataset.path).resolve())
+    assert cal["frames"] == 16 and cal["method"] == "static" and cal["calibrate_method"] == "MinMax"
+    assert cal["episodes"] + cal["scoring_episodes"] == tiny_dataset.episodes
+    assert cal["scoring_episodes"] >= 1 and int8.scored_frames == 16
+
+    # Scored: robot units, relative to each action dimension's std, against torch too.
+    assert 0 < int8.action_error <= int8.action_error_max
+    std = load_policy(root / "ckpt").action_std.numpy()
+    by_dim = np.asarray(cal["relative_error_by_dim"])
+    assert int8.relative_error == pytest.approx(by_dim.max(), rel=1e-4)
+    assert by_dim.shape == std.shape
+    assert 0 < int8.reference_error < 1.0
+    assert int8.candidate and int8.reason == "" and int8.success == {}
+
+    # The graph: explicit Q/DQ, symmetric (zero points 0: TensorRT's explicit quantisation),
+    # per-channel weights (one scale per output channel), FP32 in and out.
+    model = onnx.load(str(Path(ref.path) / int8.onnx_file))
+    ops = [n.op_type for n in model.graph.node]
+    assert ops.count("QuantizeLinear") >= 1 and ops.count("DequantizeLinear") > ops.count(
+        "QuantizeLinear"
+    ), "weights are stored INT8 and dequantised; activations get Q/DQ pairs"
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    zero_points = [inits[n.input[2]] for n in model.graph.node if n.op_type.endswith("Linear")]
+    assert {z.dtype for z in zero_points} <= {np.dtype(np.int8), np.dtype(np.int32)}  # biases
+    assert any(z.dtype == np.int8 for z in zero_points) and not any(z.any() for z in zero_points)
+    per_channel = [
+        inits[n.input[1]]
+        for n in model.graph.node
+        if n.op_type == "DequantizeLinear" and n.input[0] in inits and inits[n.input[0]].ndim >= 2
+    ]
+    assert per_channel and all(scale.size > 1 for scale in per_channel)
+    assert [i.name for i in model.graph.input] == spec.input_names
+
+
+def test_the_variant_plays_as_a_policy_from_its_file(int8_export: tuple[Path, ExportRef]) -> None:
+    _, ref = int8_export
+    path = Path(ref.path) / "policy.int8.onnx"
+    assert variant_of(path) == "int8" and variant_of(ref.onnx) is None
+    policy = load_acting_policy(path)
+    assert isinstance(policy, OnnxRuntimePolicy) and policy.variant == "int8"
+
+
+def test_a_variant_past_the_error_bar_is_kept_but_not_a_candidate(
+    int8_export: tuple[Path, ExportRef], tiny_dataset: DatasetRef, tmp_path: Path
+) -> None:
+    root, _ = int8_export
+    strict = SMALL.model_copy(update={"max_relative_error": 1e-9})
+    ref = export(root / "ckpt", tmp_path / "export", dataset=tiny_dataset.path, config=strict)
+    (int8,) = read_io_spec(ref.path).variants
+    assert not int8.candidate
+    assert "over the error bar (export.max_relative_error 0.0%)" in int8.reason
+    assert int8.relative_error > 1e-9
+    assert "policy.int8.onnx" in verify_bundle(ref.path), "kept in the bundle, marked"
+
+
+def test_an_export_is_redone_when_its_variants_are_asked_for_differently(
+    int8_export: tuple[Path, ExportRef], tiny_dataset: DatasetRef, tmp_path: Path
+) -> None:
+    root, first = int8_export
+    out = tmp_path / "export"
+    made = export(root / "ckpt", out, dataset=tiny_dataset.path, config=SMALL)
+    written = (out / "policy.int8.onnx").stat().st_mtime_ns
+    assert export(root / "ckpt", out, dataset=tiny_dataset.path, config=SMALL) == made
+    assert (out / "policy.int8.onnx").stat().st_mtime_ns == written, "reused, not redone"
+    fp32_only = export(
+        root / "ckpt", out, dataset=tiny_dataset.path, config=ExportConfig(variants=[])
+    )
+    assert fp32_only.variants == () and not list(out.glob("policy.int8.onnx*"))
+    # Without a dataset there is nothing to calibrate on: FP32 only, and the record says why.
+    bare = export(root / "ckpt", tmp_path / "bare", config=SMALL)
+    assert bare.variants == () and "no dataset" in bare.note
+    assert bare.parameters == first.parameters > 0 and not bare.random_weights
+    assert bare.export_seconds > 0 and bare.export_peak_rss_mb > 0
+
+
+def test_rewriting_the_variants_figures_is_atomic_and_verifies(
+    int8_export: tuple[Path, ExportRef], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from shutil import copytree
+
+    _, ref = int8_export
+    out = tmp_path / "export"
+    copytree(ref.path, out)
+    (int8,) = read_io_spec(out).variants
+    worse = replace(int8, success={"rate": 0.1, "fp32_rate": 0.9}, candidate=False, reason="r")
+    spec = update_variants(out, (worse,))
+    assert read_io_spec(out) == spec and spec.variants == (worse,)
+    verify_bundle(out)
+    with pytest.raises(ValueError, match="not the bundle's"):
+        update_variants(out, (replace(int8, name="fp8"),))
+
+    # A kill while rewriting leaves the old bundle, whole.
+    import stages.export.onnx as module
+
+    def killed(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(module, "replace_dir", killed)
+    with pytest.raises(KeyboardInterrupt):
+        update_variants(out, (int8,))
+    assert read_io_spec(out).variants == (worse,)
+    verify_bundle(out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["export"], "no partial copy left"
+    (out / "io_spec.json").write_text((out / "io_spec.json").read_text().replace("0.1", "0.2"))
+    with pytest.raises(IntegrityError):
+        update_variants(out, (int8,))

@@ -28,6 +28,7 @@ from deploy_edge.device import DeviceEntry, DeviceError, connect
 from pipelines import registry
 from pipelines.config import PipelineConfig
 from pipelines.deploy.release import (
+    RegisteredVersion,
     bundle_release,
     deploy_release,
     device_tags,
@@ -38,7 +39,7 @@ from pipelines.deploy.release import (
 )
 from pipelines.home import home_dir
 from pipelines.progress import SILENT, Listener, status_lines
-from pipelines.records import EdgeDeployment, Registration
+from pipelines.records import EdgeDeployment
 from pipelines.services import free_port
 from robo_pipe.locks import StatusFn, output_lock
 
@@ -129,7 +130,7 @@ def running_local_agent(
 
 
 def deploy_to_local_agent(
-    cfg: PipelineConfig, registration: Registration, listener: Listener = SILENT
+    cfg: PipelineConfig, registration: RegisteredVersion, listener: Listener = SILENT
 ) -> EdgeDeployment:
     """The pipeline's deploy stage: ``registration``'s version, signed with the home's key,
     onto the local edge agent, then one episode on it. A device that already runs this

@@ -442,3 +442,50 @@ def test_robo_pipe_gate_on_an_auto_profile_makes_the_devices_choice_here(
     assert tight.returncode == 1, tight.stderr[-3000:]
     shown = tight.stdout + tight.stderr
     assert "no candidate meets the budget 0.001 ms" in shown and "int8: p99" in shown
+
+
+def test_device_tags_say_which_variant_runs_and_why_not_the_others() -> None:
+    from deploy_edge.wire import Deployment, Trial
+    from pipelines.deploy.release import DEVICE_TAG, variant_tags
+
+    done = Deployment("d", "s", "m", "1", 1, "active", variant="int8", systems_test=True)
+    done.choice = "int8: the most accurate candidate within 100 ms"
+    done.trials = [
+        Trial("fp32", "fp32", 0.0, failure="p99 180.00 ms > budget 100 ms", p99_ms=180.0),
+        Trial("int8", "int8", 0.02, p99_ms=60.0, chosen=True),
+    ]
+    tags = variant_tags("arm-1", done)
+    prefix = f"{DEVICE_TAG}arm-1."
+    assert tags == {
+        prefix + "variant": "int8",
+        prefix + "choice": "int8: the most accurate candidate within 100 ms; "
+        "fp32: p99 180.00 ms > budget 100 ms",
+        prefix + "systems_test": "true",
+    }
+    pinned = Deployment("d", "s", "m", "1", 1, "active", variant="fp32")
+    assert variant_tags("arm-1", pinned) == {
+        prefix + "variant": "fp32",
+        prefix + "choice": "pinned",
+    }
+    assert variant_tags("arm-1", Deployment("d", "s", "m", "1", 1, "refused")) == {}
+
+
+def test_the_pipelines_deploy_stage_never_deploys_random_weights(
+    precision_versions: dict[str, str], shared_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The deploy stage refuses a random-weights version before any agent starts."""
+    from pipelines import registry
+    from pipelines.config import load_config
+    from pipelines.deploy import local_agent
+    from pipelines.services import configure
+
+    def no_agent(*args: Any) -> None:
+        raise AssertionError("the local agent was started")
+
+    monkeypatch.setattr(local_agent, "running_local_agent", no_agent)
+    configure()
+    name, version = registry.parse_model_uri(precision_versions["edge-random"])
+    info = registry.get_version(name, version)
+    done = local_agent.deploy_to_local_agent(load_config(ROOT / "configs" / "tiny.yaml"), info)
+    assert done.state == "refused" and done.p99_ms is None and done.episode_ticks == 0
+    assert done.reason.startswith("random weights (systems measurements only)")

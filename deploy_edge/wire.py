@@ -69,8 +69,10 @@ class Trial(Record):
     precision: str
     """Its numeric precision (one of :data:`deploy_edge.bundle.PRECISIONS`)."""
     relative_error: float | None
-    """Its error against the FP32 model relative to each action dimension's std, as the
-    export scored it (0 for FP32; None: not scored, ranked after every scored one)."""
+    """Its error against the FP32 model relative to each action dimension's std: as the
+    export scored it (0 for FP32), or for an option the export did not score (TensorRT's FP16
+    build of the FP32 model) as the device measured it on the bundle's reference inputs at
+    parity; None: not measured, ranked after every measured one."""
     candidate: bool = True
     """Whether the bundle lets it run at all (its export-time error bar and success test)."""
     failure: str = ""

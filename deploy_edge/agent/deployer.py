@@ -6,7 +6,9 @@
     engine    the target profile's engine on the new bundle (its pinned precision's model or
               variant; ``precision: auto``: one engine per way to run it, see below)
     parity    the engine on the bundle's reference inputs reproduces the expected outputs
-              (a variant: within its recorded ``reference_error`` plus a margin)
+              (a variant: within its recorded ``reference_error`` plus a margin; an option
+              the export did not score, TensorRT's FP16 build, has its error relative to the
+              action std measured here on those inputs, so that the choice can rank it)
     gate      the latency gate on the device's robot (the release's budget, else the profile's)
     ---       if the robot-busy lock file exists: stop here, "staged" (activate_staged() later)
     activate  flip state_dir/active to the new slot (atomic symlink rename); previous = old
@@ -67,7 +69,7 @@ from deploy_edge.agent.journal import (
     remove_link,
     write_atomic,
 )
-from deploy_edge.bundle import REFERENCE_FILE, read_io_spec
+from deploy_edge.bundle import NORMALIZATION_FILE, REFERENCE_FILE, read_io_spec
 from deploy_edge.exported import ExportedPolicy
 from deploy_edge.keys import load_public_key
 from deploy_edge.latency import (
@@ -457,10 +459,12 @@ class Deployer:
             recorded = variant.reference_error if variant is not None else None
             tolerance = _tolerance(policy.engine.precision, recorded)
             try:
-                error, batch = _parity_error(policy, reference)
+                error, batch, actions = _parity_error(policy, reference)
             except _Refused as err:
                 trial.failure = f"parity: {err}"
                 continue
+            if trial.relative_error is None:  # TensorRT's FP16 build: the export scored none
+                trial.relative_error = _relative_error(actions, reference, Path(slot.path))
             if not error <= tolerance:  # NaN fails too
                 trial.failure = (
                     f"parity: max |error| {error:.2e} > tolerance {tolerance:g} on {REFERENCE_FILE}"
@@ -869,21 +873,43 @@ def _tolerance(precision: str, reference_error: float | None) -> float:
     return PARITY_TOLERANCE.get(precision, PARITY_TOLERANCE["fp16"])
 
 
-def _parity_error(policy: ExportedPolicy, reference: dict[str, np.ndarray]) -> tuple[float, int]:
+def _parity_error(
+    policy: ExportedPolicy, reference: dict[str, np.ndarray]
+) -> tuple[float, int, np.ndarray | None]:
     """Largest |engine - expected| over the reference inputs (one at a time: an engine may be
-    built for batch 1), and how many inputs."""
+    built for batch 1), how many inputs, and the engine's actions on them."""
     engine = policy.engine
     outputs = [n for n in engine.output_names if f"expected_{n}" in reference]
     if not outputs:
         raise _Refused(f"{REFERENCE_FILE} holds no expected outputs")
     batch = len(reference[engine.input_names[0]])
-    error = 0.0
+    error, actions = 0.0, []
     for i in range(batch):
         got = engine.run({n: reference[n][i : i + 1] for n in engine.input_names})
         for name in outputs:
             want = reference[f"expected_{name}"][i : i + 1]
             error = max(error, float(np.abs(got[name] - want).max()))
-    return error, batch
+        if "actions" in got:
+            actions.append(got["actions"])
+    return error, batch, np.concatenate(actions) if actions else None
+
+
+def _relative_error(
+    actions: np.ndarray | None, reference: dict[str, np.ndarray], bundle: Path
+) -> float | None:
+    """The worst action dimension's mean |engine - torch| over the reference inputs divided by
+    that dimension's std in the training data (``normalization.json``): the export's
+    ``relative_error``, measured here on the reference inputs for an option the export did not
+    score; None without the figures to measure it."""
+    stats = bundle / NORMALIZATION_FILE
+    if actions is None or "expected_actions" not in reference or not stats.is_file():
+        return None
+    try:
+        std = np.asarray(json.loads(stats.read_text())["action_std"], dtype=np.float64)
+    except (ValueError, KeyError, TypeError):
+        return None
+    diff = np.abs(actions - reference["expected_actions"]).reshape(-1, std.shape[-1])
+    return float((diff.mean(axis=0) / np.maximum(std, 1e-12)).max())
 
 
 def _figures(report: Any) -> GateFigures:

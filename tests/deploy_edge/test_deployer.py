@@ -620,3 +620,16 @@ def test_a_random_weights_release_goes_live_only_as_a_systems_test(
     assert status.active is not None and status.active.systems_test
     assert status.active.variant == "fp32", "local-cpu pins fp32"
     assert [d.systems_test for d in deployer.history()[:2]] == [True, False]
+
+
+def test_an_unscored_options_error_is_measured_on_the_reference_inputs(export_dir: Path) -> None:
+    """TensorRT's FP16 build has no export-time score: its error relative to each action
+    dimension's std is measured at parity (the worst dimension's mean |error| / its std)."""
+    from deploy_edge.agent.deployer import _relative_error
+
+    reference = dict(np.load(export_dir / "reference.npz"))
+    actions = reference["expected_actions"].copy()
+    actions[..., 2] += 0.05  # the normaliser's action std is 1 for the tiny policy
+    assert _relative_error(actions, reference, export_dir) == pytest.approx(0.05, rel=1e-5)
+    assert _relative_error(None, reference, export_dir) is None
+    assert _relative_error(actions, reference, export_dir / "nowhere") is None

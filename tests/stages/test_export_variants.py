@@ -4,6 +4,7 @@ a variant past the error bar kept but never a candidate; rewriting the figures a
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -93,6 +94,7 @@ def test_the_variant_plays_as_a_policy_from_its_file(int8_export: tuple[Path, Ex
     assert variant_of(path) == "int8" and variant_of(ref.onnx) is None
     policy = load_acting_policy(path)
     assert isinstance(policy, OnnxRuntimePolicy) and policy.variant == "int8"
+    assert policy.exported.variant == "int8", "the INT8 graph runs, not the FP32 one"
 
 
 def test_a_variant_past_the_error_bar_is_kept_but_not_a_candidate(
@@ -159,3 +161,54 @@ def test_rewriting_the_variants_figures_is_atomic_and_verifies(
     (out / "io_spec.json").write_text((out / "io_spec.json").read_text().replace("0.1", "0.2"))
     with pytest.raises(IntegrityError):
         update_variants(out, (int8,))
+
+
+def test_the_default_vla_int8_success_against_fp32_on_the_same_seeds(
+    int8_export: tuple[Path, ExportRef], tmp_path: Path
+) -> None:
+    """The pipeline's evaluation step: the INT8 variant of a default-VLA export plays the
+    held-out suite against the FP32 export with the no-regression gate's paired test, on the
+    FP32 export's own seeds and outcomes (reused, not played again); worse makes it no
+    candidate, and the figures land in the spec, rewritten whole."""
+    from shutil import copytree
+
+    from pipelines import steps
+    from pipelines.config import load_config
+    from stages.evaluate.report import EvalReport
+    from tests.conftest import TINY_CONFIG
+
+    _, made = int8_export
+    out = tmp_path / "export"
+    copytree(made.path, out)
+    ref = replace(made, path=str(out), onnx=str(out / "policy.onnx"))
+    # One look (the fixed design): the test is about which outcomes are paired, not when.
+    cfg = load_config(
+        TINY_CONFIG, ["export.score_success=true", "evaluate.sequential.enabled=false"]
+    )
+    fp32 = steps.evaluate_policy(cfg, out, tmp_path / "evaluate")
+    (int8,) = steps.score_variant_success(cfg, ref, fp32, tmp_path / "evaluate")
+
+    assert int8 == read_io_spec(out).variant("int8") and verify_bundle(out)
+    written = (tmp_path / "evaluate-int8" / "eval_report.json").read_text()
+    report = EvalReport.from_json(json.loads(written))
+    c = report.comparison
+    assert c is not None and c.baseline == str(out), "against the FP32 export"
+    assert c.baseline_reused == fp32.episodes, "on the FP32 export's own seeds, not replayed"
+    assert report.seeds == fp32.seeds
+    assert int8.success == {
+        "rate": report.success_rate,
+        "fp32_rate": fp32.success_rate,
+        "difference": report.success_rate - fp32.success_rate,
+        "p_value": c.p_value,
+        "episodes": float(fp32.episodes),
+    }
+    assert int8.candidate == c.passed
+
+    # Against an FP32 that solved every seed, a policy that learned nothing is worse: not a
+    # candidate, and the reason says why.
+    solved = [{**o, "success": True} for o in fp32.outcomes]
+    perfect = replace(fp32, outcomes=solved, successes=fp32.episodes, success_rate=1.0)
+    (worse,) = steps.score_variant_success(cfg, ref, perfect, tmp_path / "again")
+    assert worse.success["fp32_rate"] == 1.0 and worse.success["p_value"] <= 0.05
+    assert not worse.candidate and "worse by the paired test" in worse.reason
+    assert read_io_spec(out).variant("int8") == worse and verify_bundle(out)

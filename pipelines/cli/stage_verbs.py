@@ -293,6 +293,7 @@ def export(
         typer.Option(help="Also check parity on real frames of this LeRobot dataset."),
     ] = None,
     config: ConfigOpt = DEMO_CONFIG,
+    set_: SetOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Export a checkpoint to ONNX: policy.onnx, io_spec.json, tokenizer, parity reference.
@@ -304,7 +305,7 @@ def export(
     on frames of some episodes and scored against FP32 on frames of the others; one past
     export.max_relative_error is kept but marked not a candidate.
     """
-    cfg = load(config, None)
+    cfg = load(config, set_)
     target = out or checkpoint.with_name(f"{checkpoint.name}-export")
     checks.check_checkpoint(checkpoint)
     checks.check_out_dir(target, "--out")

@@ -450,7 +450,8 @@ def register_version(
     (for the candidates after it) and the comparison's figures."""
     listener.started("register", None, "")
     candidate, compared_with = evaluation.candidate, evaluation.champion_version
-    gates = decide_gates(cfg, candidate, compared_with, latency)
+    # The export's spec says whether its weights are random, whatever config registers it.
+    gates = decide_gates(cfg, candidate, compared_with, latency, export.random_weights)
     base = checkpoint.base
     tags = {
         registry.TAG + "dataset_hash": dataset.content_hash,

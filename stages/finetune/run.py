@@ -49,12 +49,12 @@ from stages.policy.checkpoint import (
     CheckpointError,
     CheckpointRef,
     checkpoint_hash,
+    hub_base,
     load_policy,
     read_policy_meta,
     save_policy,
 )
 from stages.policy.config import LoraSettings, PolicyConfig
-from stages.policy.hub_vla import backbone_hash, resolve_backbone
 from stages.provenance import code_version
 
 REF_FILE = "checkpoint_ref.json"
@@ -176,10 +176,8 @@ def finetune(
     if base is not None and checkpoint_hash(base.path) != base.content_hash:
         raise CheckpointError(f"{base.path}: base checkpoint changed since it was recorded")
     image_size = int(data.info["features"][f"observation.images.{data.cameras[0]}"]["shape"][0])
-    if base is not None:
-        start_from = base.content_hash
-    else:  # hub-vlm: the pretrained backbone is the base
-        start_from = backbone_hash(resolve_backbone(str(policy.backbone)))
+    # hub-vlm: the backbone is the base (pretrained, or a preset with random weights)
+    start_from = base.content_hash if base is not None else hub_base(policy).hash
     # Only what BC depends on: changing the RL settings must not retrain the warm start.
     bc_settings = config.model_dump(include={"trainable", "bc"})
     key = _key(policy, bc_settings, data.content_hash(), start_from, seed)

@@ -353,3 +353,16 @@ def test_a_second_finetune_of_the_same_inputs_waits_and_reuses_the_first(
         f"{Path(first.path).parent}",
         f"reusing the finished checkpoint {first.path}",
     ]
+
+
+def test_random_weight_hub_vlm_finetunes_lora(tiny_dataset: DatasetRef, tmp_path: Path) -> None:
+    from tests.stages.tiny_models import TINY_VLM_POLICY
+
+    bc = BCConfig(steps=6, batch_size=8, warmup_steps=1, checkpoint_every=3, workers=0)
+    ref = finetune(
+        tiny_dataset, TINY_VLM_POLICY, FinetuneConfig(bc=bc), None, 0, tmp_path / "ck", "rnd"
+    )
+    assert ref.base is not None and ref.base.kind == "random" and ref.trainable == "lora"
+    loaded = load_policy(ref.path)
+    assert loaded.cfg.random_weights
+    assert loaded.parameter_counts() == (ref.trainable_params, ref.total_params)

@@ -106,9 +106,10 @@ class Slot(Record):
     """The bundle directory."""
     sha256: str
     """Of the release file."""
-    variant: str = "fp32"
+    variant: str = ""
     """What of the bundle runs (:attr:`Trial.variant`): the FP32 model or a precision
-    variant, as the target profile pinned it or ``precision: auto`` chose it."""
+    variant, as the target profile pinned it or ``precision: auto`` chose it ("": a slot
+    recorded before variants, run as the profile pins it)."""
     systems_test: bool = False
     """Deployed as a systems test (a random-weights policy, for measurements only)."""
 

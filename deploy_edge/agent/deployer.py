@@ -581,16 +581,19 @@ class Deployer:
         return ticks, robot
 
     def _run_policy(self, slot: Slot | None) -> ExportedPolicy:
-        """The active version as its slot says it runs (the variant its deployment pinned or
-        chose; a slot recorded before variants: the profile's pinned precision)."""
+        """The active version as its slot says it runs: the variant its deployment pinned or
+        chose (a slot recorded before variants: as the profile pins it; FP32 under auto)."""
         p = self.profile
         root = self.state_dir / "active"
         spec = read_io_spec(root)
-        name = slot.variant if slot is not None else "fp32"
-        if spec.variant(name) is not None:
-            option = Option(name, spec.variant(name).precision, name)  # type: ignore[union-attr]
-        elif name in ("fp32", "fp16"):
+        name = slot.variant if slot is not None else ""
+        variant = spec.variant(name) if name else None
+        if variant is not None:
+            option = Option(name, variant.precision, name)
+        elif name:  # the FP32 model, in FP32 or (TensorRT) FP16
             option = Option(name, name, None)
+        elif p.precision == "auto":
+            option = Option("fp32", "fp32", None)
         else:
             option = pinned_option(spec, p)
         return open_policy(root, p, option)

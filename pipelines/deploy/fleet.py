@@ -117,7 +117,8 @@ def device_state(device: FleetDevice) -> DeviceState:
         gate = last.step("gate")
         if gate is not None:
             measured = f", p99 {last.gate.p99_ms:.2f} ms" if last.gate is not None else ""
-            state.gate = f"passed{measured}" if gate.ok else f"FAILED: {gate.detail}"
+            runs = f", runs {last.variant}" if last.variant and gate.ok else ""
+            state.gate = f"passed{measured}{runs}" if gate.ok else f"FAILED: {gate.detail}"
     return state
 
 

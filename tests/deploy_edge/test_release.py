@@ -23,7 +23,13 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from deploy_edge.bundle import IO_SPEC_FILE, ONNX_FILE, bundle_files, read_io_spec
+from deploy_edge.bundle import (
+    IO_SPEC_FILE,
+    ONNX_FILE,
+    bundle_files,
+    read_io_spec,
+    write_bundle_checksums,
+)
 from deploy_edge.keys import (
     SigningKeyError,
     generate_keypair,
@@ -647,3 +653,38 @@ def test_write_release_refuses_bad_arguments(
         with pytest.raises(InputError):
             _release(export_dir, tmp_path / "r.tar", key, **options)
     assert not os.listdir(tmp_path)
+
+
+def test_a_variants_external_data_is_checked_like_the_models(
+    export_dir: Path, key: Ed25519PrivateKey, tmp_path: Path
+) -> None:
+    """A precision variant with its own external data (``policy.int8.onnx.data``) travels and
+    is accepted; one whose data lies outside the bundle is refused as the model's would be."""
+    from tests.deploy_edge.variants import with_variants
+
+    bundle = with_variants(export_dir, tmp_path / "variants", {"name": "int8", "file": "copy"})
+    variant = bundle / "policy.int8.onnx"
+    onnx.save_model(
+        onnx.load(str(variant)),
+        str(variant),
+        save_as_external_data=True,
+        location="policy.int8.onnx.data",
+        size_threshold=0,
+    )
+    write_bundle_checksums(bundle)
+    file = tmp_path / "ok.release"
+    manifest = _release(bundle, file, key)
+    assert {"policy.int8.onnx", "policy.int8.onnx.data"} <= set(manifest.files)
+    extracted = extract_release(file, manifest, tmp_path / "ok")
+    assert (extracted / "policy.int8.onnx.data").is_file()
+
+    _set_locations(variant, "../secret.bin")
+    write_bundle_checksums(bundle)
+    (tmp_path / "secret.bin").write_bytes(b"secret" * 100)
+    file = tmp_path / "bad.release"
+    manifest = _release(bundle, file, key)
+    error = _refused(
+        "external-data-outside", lambda: extract_release(file, manifest, tmp_path / "bad")
+    )
+    assert "policy.int8.onnx: tensor" in str(error) and "'../secret.bin'" in str(error)
+    _assert_nothing_left(tmp_path / "bad")

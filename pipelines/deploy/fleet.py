@@ -7,7 +7,8 @@ failures than the threshold (any failure of the canary; an unreachable device is
 stops the rollout, and every device this rollout updated is rolled back to the version it ran
 before (:meth:`~deploy_edge.device.Device.rollback`: the previous slot becomes active again).
 The flow run publishes a markdown summary artifact, and the model version gets one set of tags
-per device (``robo_pipe.device.<name>.version/state/at/p99_ms``), so ``robo-pipe models show``
+per device (``robo_pipe.device.<name>.version/state/at/p99_ms``, and where it went live
+``.variant/.choice``: what of the bundle runs there and why), so ``robo-pipe models show``
 lists where a version runs.
 
 Devices are reached through :func:`deploy_edge.device.connect` (whatever their kind) and

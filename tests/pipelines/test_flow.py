@@ -121,6 +121,8 @@ def test_pipeline_registers_a_gated_champion(first_run: dict[str, Any]) -> None:
     }
     assert len(client.get_metric_history(stages["finetune"].info.run_id, "action_loss")) >= 2
     assert "latency_p99_ms" in stages["latency"].data.metrics
+    export_metrics = stages["export"].data.metrics  # the INT8 variant, made and scored
+    assert {"int8_relative_error", "export_seconds", "export_peak_rss_mb"} <= set(export_metrics)
     artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
     assert {"summary.md", "plots", "policy", "config.yaml"} <= artifacts
 
@@ -145,6 +147,8 @@ def test_pipeline_registers_a_gated_champion(first_run: dict[str, Any]) -> None:
         and "p99" in text
         and "models:/demo-policy/1" in text
     )
+    # The tiny profile makes and scores INT8 but does not play its success (score_success off).
+    assert "## Precision variants" in text and "| int8 |" in text and "not measured" in text
 
 
 def test_registered_champion_runs_in_onnxruntime(first_run: dict[str, Any]) -> None:

@@ -75,6 +75,8 @@ from stages.policy.base import OnnxPolicy, VLAPolicy
 from stages.policy.checkpoint import checkpoint_hash, load_policy, verify_checkpoint
 
 OPSET = 18
+PARITY_BATCH = 4
+"""Frames per parity run."""
 PARITY_TOLERANCE = 1e-4
 """Largest accepted |ONNX Runtime - torch| (robot units; actions are ~0.01-0.08 rad)."""
 
@@ -456,10 +458,20 @@ def _dataset_inputs(policy: VLAPolicy, root: Path, n: int = 32) -> dict[str, np.
 def _parity(
     wrapper: OnnxPolicy, session: Any, inputs: dict[str, np.ndarray]
 ) -> tuple[dict[str, np.ndarray], float]:
-    """Torch outputs on ``inputs`` and the largest ONNX Runtime deviation from them."""
-    with torch.no_grad():
-        expected = wrapper(*(torch.as_tensor(inputs[k]) for k in wrapper.input_names))
-    outputs = {k: v.numpy() for k, v in zip(wrapper.output_names, expected, strict=True)}
-    got = session.run(wrapper.output_names, inputs)
-    error = max(float(np.abs(g - outputs[k]).max()) for g, k in zip(got, outputs, strict=True))
+    """Torch outputs on ``inputs`` and the largest ONNX Runtime deviation from them, a few
+    frames at a time (a 512 px vision tower's activations for 32 frames at once are GiBs)."""
+    frames = len(inputs["state"])
+    parts: list[dict[str, np.ndarray]] = []
+    error = 0.0
+    for i in range(0, frames, PARITY_BATCH):
+        chunk = {k: v[i : i + PARITY_BATCH] for k, v in inputs.items()}
+        with torch.no_grad():
+            expected = wrapper(*(torch.as_tensor(chunk[k]) for k in wrapper.input_names))
+        part = {k: v.numpy() for k, v in zip(wrapper.output_names, expected, strict=True)}
+        got = session.run(wrapper.output_names, chunk)
+        error = max(
+            error, *(float(np.abs(g - part[k]).max()) for g, k in zip(got, part, strict=True))
+        )
+        parts.append(part)
+    outputs = {k: np.concatenate([p[k] for p in parts]) for k in wrapper.output_names}
     return outputs, error

@@ -213,9 +213,10 @@ def export(
             )
         reference: dict[str, Any] = {**inputs, **{f"expected_{k}": v for k, v in outputs.items()}}
         np.savez(staging / REFERENCE_FILE, **reference)
-        del wrapper  # a second copy of the weights; the variants need the memory at size
+        # Copies of the weights (torch's, ONNX Runtime's): the quantizer needs the memory at size.
+        del wrapper, session
         variants = (
-            _make_variants(policy, session, staging, Path(dataset), reference, wanted, config)
+            _make_variants(policy, staging, Path(dataset), reference, wanted, config)
             if wanted and dataset is not None
             else ()
         )
@@ -302,7 +303,6 @@ def peak_rss_mb() -> float:
 
 def _make_variants(
     policy: VLAPolicy,
-    fp32: Any,
     staging: Path,
     dataset: Path,
     reference: dict[str, Any],
@@ -325,9 +325,15 @@ def _make_variants(
     external = any(p.name != ONNX_FILE for p in model_files(staging, ONNX_FILE))
     layers = layers_to_quantize(staging / ONNX_FILE, config.keep_float)
     made: list[Variant] = []
-    for name in wanted:  # int8 only, for now (VariantName)
+    seconds: dict[str, float] = {}
+    for name in wanted:  # int8 only, for now (VariantName); all made before any is scored
         target = staging / f"policy.{name}.onnx"
-        seconds = quantize_int8(staging / ONNX_FILE, target, split.calibration, external, layers)
+        seconds[name] = quantize_int8(
+            staging / ONNX_FILE, target, split.calibration, external, layers
+        )
+    fp32 = ort.InferenceSession(str(staging / ONNX_FILE), providers=["CPUExecutionProvider"])
+    for name in wanted:
+        target = staging / f"policy.{name}.onnx"
         session = ort.InferenceSession(str(target), providers=["CPUExecutionProvider"])
         errors = score_variant(
             session,
@@ -337,7 +343,8 @@ def _make_variants(
             reference,
             list(OnnxPolicy.output_names),
         )
-        made.append(int8_variant(target.name, errors, split, config, seconds, len(layers)))
+        made.append(int8_variant(target.name, errors, split, config, seconds[name], len(layers)))
+        del session
     return tuple(made)
 
 

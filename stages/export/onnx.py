@@ -328,8 +328,9 @@ def _make_variants(
     seconds: dict[str, float] = {}
     for name in wanted:  # int8 only, for now (VariantName); all made before any is scored
         target = staging / f"policy.{name}.onnx"
+        symmetric = config.int8_activations == "symmetric"
         seconds[name] = quantize_int8(
-            staging / ONNX_FILE, target, split.calibration, external, layers
+            staging / ONNX_FILE, target, split.calibration, external, layers, symmetric
         )
     fp32 = ort.InferenceSession(str(staging / ONNX_FILE), providers=["CPUExecutionProvider"])
     for name in wanted:
@@ -391,6 +392,7 @@ def _same_variants(spec: IOSpec, wanted: list[str], config: ExportConfig) -> boo
         and v.calibration.get("requested_frames") == config.calibration_frames
         and v.calibration.get("requested_score_frames") == config.score_frames
         and v.calibration.get("keep_float") == list(config.keep_float)
+        and v.calibration.get("activations") == config.int8_activations
         for v in spec.variants
     )
 

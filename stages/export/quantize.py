@@ -50,6 +50,10 @@ INT8_METHOD = (
     "onnxruntime quantize_static: QDQ, per-channel symmetric int8 weights, "
     f"symmetric int8 activations ({CALIBRATE_METHOD} calibration)"
 )
+UINT8_METHOD = (
+    "onnxruntime quantize_static: QDQ, per-channel symmetric int8 weights, "
+    f"asymmetric uint8 activations ({CALIBRATE_METHOD} calibration; not for TensorRT)"
+)
 
 
 class QuantizeError(RoboPipeError, ValueError):
@@ -164,11 +168,13 @@ def quantize_int8(
     calibration: Mapping[str, np.ndarray],
     external_data: bool,
     layers: list[str],
+    symmetric: bool = True,
 ) -> float:
     """Write ``out`` (and ``out`` + ``.data`` when ``external_data``: graphs past 2 GB must
     keep their weights outside the protobuf), the static INT8 Q/DQ variant of the FP32 graph
-    ``fp32`` with the nodes ``layers`` quantised, calibrated on ``calibration``. Returns the
-    seconds it took."""
+    ``fp32`` with the nodes ``layers`` quantised, calibrated on ``calibration``; activations
+    INT8 with zero point 0 (``symmetric``) or UINT8 with a zero point. Returns the seconds it
+    took."""
     from onnxruntime.quantization import (
         CalibrationMethod,
         QuantFormat,
@@ -190,13 +196,13 @@ def quantize_int8(
             op_types_to_quantize=list(QUANTIZED_OPS),
             nodes_to_quantize=layers,
             per_channel=True,
-            activation_type=QuantType.QInt8,
+            activation_type=QuantType.QInt8 if symmetric else QuantType.QUInt8,
             weight_type=QuantType.QInt8,
             calibrate_method=CalibrationMethod.MinMax,
             use_external_data_format=external_data,
             extra_options={
                 # Zero points of 0 on both sides: TensorRT's explicit quantisation needs them.
-                "ActivationSymmetric": True,
+                "ActivationSymmetric": symmetric,
                 "WeightSymmetric": True,
                 # Not CalibMaxIntermediateOutputs: in onnxruntime 1.31 it drops the runs it
                 # clears instead of merging their ranges ("No data is collected"). MinMax keeps
@@ -287,7 +293,7 @@ def int8_variant(
         name="int8",
         precision="int8",
         onnx_file=onnx_file,
-        method=INT8_METHOD,
+        method=INT8_METHOD if config.int8_activations == "symmetric" else UINT8_METHOD,
         calibration={
             "dataset": split.dataset,
             "frames": len(split.calibration["state"]),
@@ -300,6 +306,7 @@ def int8_variant(
             "requested_score_frames": config.score_frames,
             "max_relative_error": max_relative_error,
             "quantized_layers": layers,
+            "activations": config.int8_activations,
             "keep_float": list(config.keep_float),
             "relative_error_by_dim": [round(v, 6) for v in errors.relative_by_dim],
             "seconds": round(seconds, 2),

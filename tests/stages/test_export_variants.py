@@ -20,7 +20,7 @@ from stages.dataset.layout import DatasetRef
 from stages.evaluate.policies import OnnxRuntimePolicy, load_acting_policy, variant_of
 from stages.export import ExportConfig, ExportRef, export
 from stages.export.onnx import update_variants
-from stages.export.quantize import INT8_METHOD
+from stages.export.quantize import INT8_METHOD, UINT8_METHOD
 from stages.policy.checkpoint import load_policy, new_policy, save_policy
 from tests.stages.tiny_models import TINY_POLICY
 
@@ -108,6 +108,24 @@ def test_a_variant_past_the_error_bar_is_kept_but_not_a_candidate(
     assert "over the error bar (export.max_relative_error 0.0%)" in int8.reason
     assert int8.relative_error > 1e-9
     assert "policy.int8.onnx" in verify_bundle(ref.path), "kept in the bundle, marked"
+
+
+def test_asymmetric_activations_make_a_uint8_cpu_variant(
+    int8_export: tuple[Path, ExportRef], tiny_dataset: DatasetRef, tmp_path: Path
+) -> None:
+    """``export.int8_activations: asymmetric``: UINT8 activations with zero points (ONNX
+    Runtime's fastest on x86), said so in the method, reused only for the same choice."""
+    root, _ = int8_export
+    cpu = SMALL.model_copy(update={"int8_activations": "asymmetric"})
+    ref = export(root / "ckpt", tmp_path / "export", dataset=tiny_dataset.path, config=cpu)
+    (int8,) = ref.variants
+    assert int8.method == UINT8_METHOD and int8.calibration["activations"] == "asymmetric"
+    model = onnx.load(str(tmp_path / "export" / int8.onnx_file))
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    zero_points = [inits[n.input[2]] for n in model.graph.node if n.op_type == "QuantizeLinear"]
+    assert zero_points and all(z.dtype == np.uint8 for z in zero_points)
+    again = export(root / "ckpt", tmp_path / "export", dataset=tiny_dataset.path, config=SMALL)
+    assert again.variants[0].method == INT8_METHOD, "redone for symmetric activations"
 
 
 def test_an_export_is_redone_when_its_variants_are_asked_for_differently(

@@ -9,9 +9,10 @@ in one run:
   calibrated on dataset frames, parity and scoring): wall seconds and the process's peak RSS, as
   the export records them; ONNX MB (FP32 and INT8, with external data);
 - ONNX Runtime per-inference latency of the FP32 graph and its INT8 variant (static Q/DQ,
-  per-channel weights) at batch 1, at 1 and 2 threads: p50/p99 over ``--iterations`` after two
-  warm-ups, the FP32 and INT8 runs interleaved in the same process (the INT8 speed-up is a ratio
-  within one run);
+  per-channel weights; symmetric INT8 activations, the graph TensorRT builds from, and at 256 M
+  also asymmetric uint8 activations, ``256m-u8``, for CPU targets) at batch 1, at 1 and 2
+  threads: p50/p99 over ``--iterations`` after two warm-ups, the FP32 and INT8 runs
+  interleaved in the same process (the INT8 speed-up is a ratio within one run);
 - INT8 action error against FP32 on held-out dataset frames (as the export scored it), relative
   to each action dimension's std;
 - for ``hub-vlm``, what encoding the instruction once per episode would save: the language
@@ -51,6 +52,7 @@ MODELS = {
     "default": ("demo.yaml", []),
     "tiny": ("demo.yaml", ["policy.type=hub-vlm", "policy.preset=tiny", "policy.weights=random"]),
     "256m": ("vla-256m.yaml", []),
+    "256m-u8": ("vla-256m.yaml", ["export.int8_activations=asymmetric"]),
     "500m": ("vla-500m.yaml", []),
 }
 """Benchmark label -> (shipped config, overrides)."""
@@ -64,7 +66,8 @@ def main() -> None:
     parser.add_argument("--dataset", type=Path, help="its dataset (calibration and scoring)")
     parser.add_argument("--models", nargs="+", choices=sorted(MODELS), help="only these models")
     args = parser.parse_args()
-    labels = args.models or (["default", "tiny"] if args.quick else ["default", "256m", "500m"])
+    full = ["default", "256m", "256m-u8", "500m"]
+    labels = args.models or (["default", "tiny"] if args.quick else full)
     iterations = args.iterations or (5 if args.quick else 20)
     figures: dict[str, str] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -82,7 +85,7 @@ def main() -> None:
             exported = export_in_subprocess(checkpoint, export_dir, dataset, name, overrides)
             print(f"\n{label}: {exported.parameters / 1e6:.1f} M parameters", flush=True)
             figures |= {f"{label}_{k}": v for k, v in model_figures(export_dir, iterations).items()}
-            if cfg.policy.type == "hub-vlm":
+            if cfg.policy.type == "hub-vlm" and label != "256m-u8":
                 figures |= {f"{label}_{k}": v for k, v in instruction_once(checkpoint).items()}
             auto = auto_choice(export_dir, 20 if label in ("default", "tiny") else 5)
             figures |= {f"{label}_{k}": v for k, v in auto.items()}

@@ -265,6 +265,7 @@ def auto_choice(export_dir: Path, steps: int) -> dict[str, str]:
 def deploy_at_size(export_dir: Path, root: Path, label: str) -> dict[str, str]:
     """The signed release's size and each deploy step's seconds on a local agent (a systems
     test: the policy has random weights), the agent gating a few unpaced steps on local-cpu."""
+    sys.path.insert(0, str(ROOT))  # run as a script: the repository root is not on the path
     from benchmarks.deploy import start_agent, wait_healthy
     from deploy_edge.keys import generate_keypair, load_private_key
     from deploy_edge.release import file_sha256, write_release

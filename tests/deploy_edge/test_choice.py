@@ -20,6 +20,7 @@ from deploy_edge.latency import (
     Choice,
     TargetError,
     choose_variant,
+    gate_trial,
     load_target,
     options,
     pinned_option,
@@ -85,6 +86,26 @@ def test_the_rule_picks_the_most_accurate_candidate_within_the_budget() -> None:
     trials = recorded()
     choose_variant(trials, 100.0)
     assert not any(t.chosen for t in trials), "the caller's trials are not changed"
+
+
+def test_a_trial_out_for_misses_still_names_its_p99_against_the_budget() -> None:
+    """A 256M preset on this CPU misses every tick *and* its p99 is over the budget: the
+    refusal must still say how far over (the arithmetic a user needs), not only the misses."""
+    from deploy_edge.latency import LatencyReport, verdict
+
+    slow = Trial("fp32", "fp32", 0.0)
+    figures = verdict(np.array([1300.0, 1340.0]), misses=2, budget_ms=100.0, allowed_misses=0)
+    gate_trial(slow, LatencyReport("e", "t", budget_ms=100.0, allowed_misses=0, steps=2,
+                                   warmup=0, errors=0, inference_ticks=2, **figures))  # fmt: skip
+    refused = choose_variant([slow], 100.0)
+    assert refused.chosen is None and "fp32: gate: p99 1339.60 ms > budget 100 ms" in refused.reason
+    assert "2 deadline misses > 0 allowed" in refused.reason
+    on_time = Trial("int8", "int8", 0.02)
+    within = verdict(np.array([50.0, 60.0]), misses=0, budget_ms=100.0, allowed_misses=0)
+    gate_trial(on_time, LatencyReport("e", "t", budget_ms=100.0, allowed_misses=0, steps=2,
+                                      warmup=0, errors=0, inference_ticks=2, **within))  # fmt: skip
+    chosen = choose_variant([slow, on_time], 100.0).chosen
+    assert not on_time.failure and chosen is not None and chosen.variant == "int8"
 
 
 def _least_accurate(trials: list[Trial], budget_ms: float) -> Choice:

@@ -284,11 +284,13 @@ def deploy_at_size(export_dir: Path, root: Path, label: str) -> dict[str, str]:
     )
     sign_s = time.perf_counter() - start
     size_mb = release.stat().st_size / 2**20
-    # A lax budget: the deploy's steps are measured here, not whether the model fits 100 ms.
+    # The deploy's steps are measured here, not whether the model fits 100 ms (it does not): a
+    # profile whose control period (4 s) and budget it meets, so that the health check's
+    # no-deadline-miss rule passes and the deploy runs to its end.
     lax = root / "lax-auto.yaml"
     lax.write_text(
         "name: bench-lax-auto\nengine: onnxruntime\nprecision: auto\nthreads: 1\n"
-        "control_hz: 10.0\nbudget_ms: 100000.0\nallowed_misses: 1000\nexecute: 1\n"
+        "control_hz: 0.25\nbudget_ms: 4000.0\nallowed_misses: 0\nexecute: 1\n"
     )
     agent, entry = start_agent(root / "agents", f"bench-{label}", public, 5, 1, False, 3, lax)
     try:

@@ -87,7 +87,8 @@ def main() -> None:
             figures |= {f"{label}_{k}": v for k, v in model_figures(export_dir, iterations).items()}
             if cfg.policy.type == "hub-vlm" and label != "256m-u8":
                 figures |= {f"{label}_{k}": v for k, v in instruction_once(checkpoint).items()}
-            auto = auto_choice(export_dir, 20 if label in ("default", "tiny") else 5)
+            steps = 20 if label in ("default", "tiny") else 5
+            auto = auto_choice(export_dir, steps, root / f"{label}-latency")
             figures |= {f"{label}_{k}": v for k, v in auto.items()}
             if label == "256m":
                 deployed = deploy_at_size(export_dir, root, label)
@@ -224,35 +225,16 @@ def instruction_once(checkpoint: Path, iterations: int = 5) -> dict[str, str]:
     return {"lm_ms": f"{with_ms:.1f}", "lm_without_instruction_ms": f"{without_ms:.1f}"}
 
 
-def auto_choice(export_dir: Path, steps: int) -> dict[str, str]:
+def auto_choice(export_dir: Path, steps: int, out: Path) -> dict[str, str]:
     """The variant ``precision: auto`` picks on ``local-cpu-auto`` (ONNX Runtime, 1 thread,
-    100 ms at p99): every option gated for ``steps`` unpaced control steps of the simulated
+    100 ms at p99): the pipeline's latency step (:func:`pipelines.steps.measure_latency`) on
+    that profile, every option gated for ``steps`` unpaced control steps of the simulated
     robot, then the device's rule (:func:`deploy_edge.latency.choose_variant`)."""
-    from deploy_edge.latency import load_target, run_auto_gate
-    from robots.spec import get_robot
-    from sim_scenes.sim_robot import SimulatedRobot
+    from pipelines.steps import measure_latency
 
-    cfg = load_config(CONFIG_DIR / "demo.yaml")
-    spec = read_io_spec(export_dir)
-
-    def robot() -> SimulatedRobot:
-        return SimulatedRobot(
-            get_robot(cfg.robot),
-            cfg.scene.task(),
-            seed=cfg.seed,
-            cameras=tuple(spec.cameras),
-            image_size=spec.image_size,
-        )
-
-    report = run_auto_gate(
-        export_dir,
-        robot,
-        "touch the red cube",
-        load_target("local-cpu-auto"),
-        steps,
-        2,
-        pace=False,
-    )
+    gate = ["latency.target=local-cpu-auto", f"latency.steps={steps}", "latency.warmup=2"]
+    cfg = load_config(CONFIG_DIR / "demo.yaml", [*gate, "latency.pace=false"])
+    report = measure_latency(cfg, export_dir, out)
     for trial in report.trials:
         p99 = "-" if trial.p99_ms is None else f"{trial.p99_ms:.1f} ms"
         verdict = "CHOSEN" if trial.chosen else trial.failure

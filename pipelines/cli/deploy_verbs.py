@@ -22,7 +22,7 @@ from pipelines.cli.common import (
     result_console,
     services,
 )
-from pipelines.cli.display import live
+from pipelines.cli.display import live, show_trials
 from pipelines.cli.options import JsonOpt, ModelVersionArg, add_verb, epilog
 from pipelines.deploy import release
 from robo_pipe.errors import InputError
@@ -265,17 +265,8 @@ def show_variants(done: Deployment, out: Console) -> None:
     relative to the action std, its on-device p99, chosen or why not), and the choice."""
     if not done.trials:
         return
-    table = Table(title=f"precision: auto, budget {done.gate.budget_ms:g} ms" if done.gate else "")
-    for col in ("variant", "precision", "error / action std", "on-device p99", "result"):
-        table.add_column(col)
-    for t in done.trials:
-        error = "unscored" if t.relative_error is None else f"{t.relative_error:.2%}"
-        p99 = "-" if t.p99_ms is None else f"{t.p99_ms:.2f} ms"
-        verdict = "[green]chosen" if t.chosen else f"[yellow]{escape(t.failure)}"
-        table.add_row(t.variant, t.precision, error, p99, verdict)
-    out.print(table)
-    if done.choice:
-        out.print(f"choice: {escape(done.choice)}", highlight=False)
+    title = f"precision: auto, budget {done.gate.budget_ms:g} ms" if done.gate else ""
+    show_trials(title, done.trials, done.choice, out, p99="on-device p99")
 
 
 _STATE_STYLE = {"active": "green", "reverted": "yellow", "staged": "yellow", "planned": "cyan"}

@@ -25,6 +25,7 @@ from stages.evaluate.report import comparison_line
 
 if TYPE_CHECKING:
     from deploy_edge.latency import LatencyReport
+    from deploy_edge.wire import Trial
     from pipelines.records import PipelineResult
     from pipelines.services import Services
     from stages.evaluate.report import EvalReport
@@ -318,6 +319,26 @@ def show_evaluation(title: str, report: EvalReport, out: Console = console) -> N
         f"{report.env_steps_per_s:,.0f} env-steps/s, {report.episodes_per_s:.1f} episodes/s; "
         f"report: {report.report}"
     )
+
+
+def show_trials(
+    title: str, trials: list[Trial], choice: str, out: Console = console, p99: str = "p99"
+) -> None:
+    """``precision: auto``: one row per way to run the bundle (its error relative to the action
+    std, its p99 under the ``p99`` heading, chosen or why not), then the choice."""
+    from rich.markup import escape
+
+    table = Table(title=title)
+    for col in ("variant", "precision", "error / action std", p99, "result"):
+        table.add_column(col)
+    for t in trials:
+        error = "unscored" if t.relative_error is None else f"{t.relative_error:.2%}"
+        ms = "-" if t.p99_ms is None else f"{t.p99_ms:.2f} ms"
+        verdict = "[green]chosen" if t.chosen else f"[yellow]{escape(t.failure)}"
+        table.add_row(t.variant, t.precision, error, ms, verdict)
+    out.print(table)
+    if choice:
+        out.print(f"choice: {escape(choice)}", highlight=False)
 
 
 def show_latency(report: LatencyReport, out: Console = console) -> None:

@@ -14,7 +14,13 @@ from rich.table import Table
 
 from pipelines import checks, registry, steps
 from pipelines.cli.common import console, emit_json, load, read_registry, result_console
-from pipelines.cli.display import live, show_checkpoint, show_evaluation, show_latency
+from pipelines.cli.display import (
+    live,
+    show_checkpoint,
+    show_evaluation,
+    show_latency,
+    show_trials,
+)
 from pipelines.cli.options import DEMO_CONFIG, ConfigOpt, JsonOpt, RayAddressOpt, SetOpt, add_verb
 from pipelines.config import save_resolved
 from pipelines.home import new_run_dir
@@ -388,18 +394,8 @@ def gate(
         )
     show_latency(report, result_console(json_out))
     if report.trials:
-        from rich.markup import escape
-
-        table = Table(title=f"precision: auto on {report.target}, budget {report.budget_ms:g} ms")
-        for col in ("variant", "precision", "error / action std", "p99", "result"):
-            table.add_column(col)
-        for t in report.trials:
-            error = "unscored" if t.relative_error is None else f"{t.relative_error:.2%}"
-            p99 = "-" if t.p99_ms is None else f"{t.p99_ms:.2f} ms"
-            verdict = "[green]chosen" if t.chosen else f"[yellow]{escape(t.failure)}"
-            table.add_row(t.variant, t.precision, error, p99, verdict)
-        result_console(json_out).print(table)
-        result_console(json_out).print(f"choice: {escape(report.choice)}", highlight=False)
+        title = f"precision: auto on {report.target}, budget {report.budget_ms:g} ms"
+        show_trials(title, report.trials, report.choice, result_console(json_out))
     emit_json(report, json_out)
     if not report.passed:
         raise typer.Exit(code=1)

@@ -12,6 +12,12 @@
 
 The latency of a tick is measured from before ``observe`` to the moment the action is ready to
 send: copies, tokenization, inference and post-processing included, the robot's own motion not.
+
+A policy whose inference takes longer than one period cannot run that way: every tick that infers
+misses. It runs asynchronously instead: actuation at the control rate takes planned actions from a
+:class:`ChunkQueue`, and inference runs beside it on the latest observation; each chunk is
+time-aligned to the tick of the observation it was computed from and blended into what the queue
+already plans (the rule is :class:`ChunkQueue`'s).
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol
 
 import numpy as np
 
@@ -66,6 +72,102 @@ class Tick:
     missed: bool
     """Deadline overrun or engine error: the safe action was sent."""
     error: str = ""
+    action_age_s: float | None = None
+    """Observation the sent action was computed from taken -> action sent (None: safe action)."""
+    seam_jump: float | None = None
+    """At the first tick a new chunk commands: the largest change of any action dimension from
+    the previous tick's policy action, robot units (None elsewhere)."""
+    inference_s: float | None = None
+    """Duration of an inference that finished this tick."""
+
+
+Blend = Literal["linear", "none"]
+"""How :class:`ChunkQueue` merges a new chunk into the planned actions it overlaps."""
+
+
+@dataclass(frozen=True)
+class Planned:
+    """One planned action: what to send at ``tick``, and the tick of the observation the newest
+    chunk that shaped it was computed from."""
+
+    tick: int
+    action: np.ndarray
+    obs_tick: int
+
+
+class ChunkQueue:
+    """The actions an asynchronous policy has planned for the coming ticks.
+
+    Ticks are the control loop's integer counter. A chunk of ``L`` actions computed from the
+    observation taken at tick ``obs_tick`` plans ticks ``obs_tick .. obs_tick + L - 1`` (action
+    ``i`` for tick ``obs_tick + i``, as the synchronous loop would have sent it).
+    :meth:`add` at tick ``now``:
+
+    - **alignment**: actions for ticks before ``now`` are dropped (their time has passed while
+      the chunk was being computed);
+    - **blend** (``linear``, the default): over the first ``m`` ticks that both the queue and the
+      new chunk plan (``m`` = the overlap, at most ``blend_ticks``), the action sent is
+      ``(1 - w_j) * planned + w_j * new`` with ``w_j = (j + 1) / (m + 1)``, ``j = 0 .. m-1``: the
+      commanded trajectory crosses over from the old plan to the new one in ``m + 1`` equal steps
+      instead of jumping at the seam; after the overlap (and beyond the old plan) the new chunk's
+      own actions. ``none``: the new chunk replaces the plan outright (naive switching, for
+      comparison);
+    - ticks the new chunk does not reach keep nothing of the old plan (it is older).
+    """
+
+    def __init__(self, blend: Blend = "linear", blend_ticks: int | None = None) -> None:
+        if blend not in ("linear", "none"):
+            raise ValueError(f"blend must be 'linear' or 'none', got {blend!r}")
+        if blend_ticks is not None and blend_ticks < 0:
+            raise ValueError(f"blend_ticks must be >= 0, got {blend_ticks}")
+        self.blend, self.blend_ticks = blend, blend_ticks
+        self.planned: deque[Planned] = deque()
+
+    def add(self, chunk: np.ndarray, obs_tick: int, now: int) -> int:
+        """Merge ``chunk`` (``(L, action_dim)``, robot units) computed from the observation of
+        ``obs_tick`` into the plan at tick ``now``; returns how many of its actions were already
+        past (skipped)."""
+        self._drop_before(now)
+        skipped = max(0, now - obs_tick)
+        new = [
+            Planned(obs_tick + i, np.asarray(a, dtype=np.float32), obs_tick)
+            for i, a in enumerate(chunk)
+            if obs_tick + i >= now
+        ]
+        old = {p.tick: p.action for p in self.planned}
+        overlap = sum(p.tick in old for p in new)
+        m = overlap if self.blend_ticks is None else min(overlap, self.blend_ticks)
+        if self.blend == "none":
+            m = 0
+        merged = []
+        for j, p in enumerate(new):
+            if j < m and p.tick in old:
+                w = (j + 1) / (m + 1)
+                p = Planned(
+                    p.tick, ((1 - w) * old[p.tick] + w * p.action).astype(np.float32), p.obs_tick
+                )
+            merged.append(p)
+        self.planned = deque(merged)
+        return skipped
+
+    def pop(self, now: int) -> Planned | None:
+        """The action planned for tick ``now`` (None: the queue is dry); drops what is past."""
+        self._drop_before(now)
+        if self.planned and self.planned[0].tick == now:
+            return self.planned.popleft()
+        return None
+
+    def remaining(self, now: int) -> int:
+        """Planned actions for ticks ``now`` and later."""
+        return sum(p.tick >= now for p in self.planned)
+
+    def clear(self) -> None:
+        """Forget the plan (after an engine failure: what it planned is not trusted)."""
+        self.planned.clear()
+
+    def _drop_before(self, now: int) -> None:
+        while self.planned and self.planned[0].tick < now:
+            self.planned.popleft()
 
 
 class ControlLoop:

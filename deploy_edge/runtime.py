@@ -22,6 +22,7 @@ already plans (the rule is :class:`ChunkQueue`'s).
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -93,6 +94,34 @@ class Planned:
     tick: int
     action: np.ndarray
     obs_tick: int
+
+
+def inference_ticks(inference_s: float, margin_s: float, period_s: float) -> int:
+    """Ticks an inference occupies at the control rate: ``ceil((inference + margin) / period)``
+    (at least 1). A chunk computed from the observation of tick ``t`` arrives for tick
+    ``t + d``; its first ``d`` actions are past by then."""
+    return max(1, math.ceil((inference_s + margin_s) / period_s - 1e-9))
+
+
+def async_shortfall(chunk_len: int, period_s: float, inference_s: float, margin_s: float) -> str:
+    """Why an asynchronous loop with chunks of ``chunk_len`` actions cannot hold its rate with
+    inference taking ``inference_s`` (p99) plus ``margin_s``, with the arithmetic; "" when it
+    can.
+
+    The rule: an inference occupies ``d`` ticks (:func:`inference_ticks`); the next one starts
+    on the observation of the tick the previous chunk arrives (the earliest the single engine is
+    free), so one chunk must cover its own ``d`` stale ticks and the ``d`` of the next inference:
+    ``chunk_len >= 2 d``. The loop triggers an inference when ``d`` planned actions are left."""
+    d = inference_ticks(inference_s, margin_s, period_s)
+    if chunk_len >= 2 * d:
+        return ""
+    ms = period_s * 1000.0
+    return (
+        f"a chunk of {chunk_len} actions x {ms:g} ms = {chunk_len * ms:g} ms cannot hold "
+        f"{1 / period_s:g} Hz: inference p99 {inference_s * 1000:.0f} ms + margin "
+        f"{margin_s * 1000:.0f} ms = {d} ticks, and a chunk must cover its own {d} stale ticks "
+        f"and the {d} of the next inference: {2 * d} actions ({2 * d * ms:g} ms)"
+    )
 
 
 class ChunkQueue:

@@ -14,10 +14,23 @@ The latency of a tick is measured from before ``observe`` to the moment the acti
 send: copies, tokenization, inference and post-processing included, the robot's own motion not.
 
 A policy whose inference takes longer than one period cannot run that way: every tick that infers
-misses. It runs asynchronously instead: actuation at the control rate takes planned actions from a
-:class:`ChunkQueue`, and inference runs beside it on the latest observation; each chunk is
-time-aligned to the tick of the observation it was computed from and blended into what the queue
-already plans (the rule is :class:`ChunkQueue`'s).
+misses. It runs asynchronously instead (:class:`AsyncControlLoop`): actuation at the control rate
+takes planned actions from a :class:`ChunkQueue`, and inference runs beside it on the latest
+observation; each chunk is time-aligned to the tick of the observation it was computed from and
+blended into what the queue already plans (the rule is :class:`ChunkQueue`'s)::
+
+    every tick (1 / control_hz s), counted by an integer tick t:
+        if the background inference finished:   add its chunk to the queue at t (aligned, blended)
+                                                 (it raised: drop the queue, record the error)
+        observe
+        if no inference is in flight and at most d actions are planned:
+            start one on this observation (one worker thread; d = inference_ticks(...))
+        action = queue.pop(t)
+        if the queue was dry, the engine failed or the tick overran its deadline:
+            act(safe action), count a miss
+        else:
+            act(action)
+        sleep until the next tick (when pacing)
 """
 
 from __future__ import annotations
@@ -26,7 +39,9 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from types import TracebackType
 from typing import Literal, Protocol
 
 import numpy as np
@@ -261,3 +276,148 @@ class ControlLoop:
                 next_tick += self.period
                 time.sleep(max(0.0, next_tick - time.perf_counter()))
         return records
+
+
+@dataclass(frozen=True)
+class _Chunk:
+    """What the inference worker hands back: a chunk ``(L, A)`` in robot units, the tick of the
+    observation it was computed from, and how long the inference took (s)."""
+
+    actions: np.ndarray
+    obs_tick: int
+    inference_s: float
+
+
+class AsyncControlLoop:
+    """Runs ``policy`` on ``robot`` with inference off the control tick (module docstring).
+
+    Actuation never waits on the engine: one background worker thread infers on the latest
+    observation when at most ``d = inference_ticks(inference_s, margin_s, period)`` actions are
+    planned, and the chunk joins the :class:`ChunkQueue` at the start of the first tick after it
+    finished, aligned to the observation's tick and blended (``blend``, ``blend_ticks``).
+
+    Misses: a dry queue (including the first ``d`` ticks, before the first chunk arrives), an
+    engine failure (the queue is dropped: what it planned is not trusted) and a tick whose own
+    latency exceeds ``deadline_s`` all send the safe action. A late tick keeps the plan: it is
+    indexed by tick, so it is still right for the ticks that follow. ``tick()`` never raises for
+    an engine failure: a policy whose ``infer`` raises (a remote one whose socket dropped)
+    leaves the robot on its safe action at the next tick.
+
+    Ticks are counted, not timed: ``d`` ticks stand for ``d`` periods only when the loop is
+    paced, so ``pace=False`` is for tests that step it by hand.
+
+    Args:
+        inference_s: the inference time (s, a p99 estimate) ``d`` is derived from.
+        margin_s: added to ``inference_s`` (s): the queue's copy, scheduling, the network.
+        blend, blend_ticks: :class:`ChunkQueue`'s seam rule.
+        deadline_s: a tick whose latency exceeds this is a miss (default: the control period).
+        pace: sleep to the control rate.
+
+    Raises:
+        ValueError: the chunk cannot hold the rate (:func:`async_shortfall`'s arithmetic).
+    """
+
+    def __init__(
+        self,
+        policy: ChunkPolicy,
+        robot: Robot,
+        instruction: str,
+        *,
+        inference_s: float,
+        margin_s: float = 0.02,
+        blend: Blend = "linear",
+        blend_ticks: int | None = None,
+        deadline_s: float | None = None,
+        safe_action: SafeAction | None = None,
+        pace: bool = True,
+    ) -> None:
+        self.period = 1.0 / robot.spec.control_hz
+        shortfall = async_shortfall(policy.chunk_len, self.period, inference_s, margin_s)
+        if shortfall:
+            raise ValueError(shortfall)
+        self.policy, self.robot, self.instruction = policy, robot, instruction
+        self.lead = inference_ticks(inference_s, margin_s, self.period)
+        """``d``: an inference starts when at most this many actions are planned."""
+        self.deadline_s = deadline_s if deadline_s is not None else self.period
+        self.safe_action = safe_action or hold_position(robot)
+        self.pace = pace
+        self.queue = ChunkQueue(blend, blend_ticks)
+        self.now = 0
+        """The tick counter: the tick the next ``tick()`` runs."""
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inference")
+        self._pending: Future[_Chunk] | None = None
+        self._observed_at: dict[int, float] = {}  # tick -> perf_counter() at its observation
+        self._last: Planned | None = None  # the policy action the previous tick sent
+
+    def _infer(self, images: dict[str, np.ndarray], state: np.ndarray, obs_tick: int) -> _Chunk:
+        start = time.perf_counter()
+        chunk = self.policy.infer(images, state, [self.instruction])
+        return _Chunk(np.asarray(chunk[0], np.float32), obs_tick, time.perf_counter() - start)
+
+    def tick(self) -> Tick:
+        """One control period's work (without the pacing sleep)."""
+        start = time.perf_counter()
+        now, self.now = self.now, self.now + 1
+        error, inference_s = "", None
+        if self._pending is not None and self._pending.done():
+            done, self._pending = self._pending, None
+            try:
+                chunk = done.result()
+                inference_s = chunk.inference_s
+                self.queue.add(chunk.actions, chunk.obs_tick, now)
+            except Exception as err:  # any engine failure must leave the robot safe
+                error = f"{type(err).__name__}: {err}"
+                self.queue.clear()
+        obs = self.robot.observe()
+        self._observed_at[now] = start
+        inferred = self._pending is None and self.queue.remaining(now) <= self.lead
+        if inferred:
+            # Copies: the driver may reuse its buffers while the worker reads them.
+            images = {c: img[None].copy() for c, img in obs.images.items()}
+            self._pending = self._worker.submit(self._infer, images, obs.state[None].copy(), now)
+        planned = None if error else self.queue.pop(now)
+        latency = time.perf_counter() - start
+        self._forget_before(now - self.policy.chunk_len)
+        if error or planned is None or latency > self.deadline_s:
+            self._last = None
+            self.robot.act(self.safe_action(obs))
+            return Tick(latency, inferred, True, error, inference_s=inference_s)
+        seam = None
+        if self._last is not None and self._last.obs_tick != planned.obs_tick:
+            seam = float(np.max(np.abs(planned.action - self._last.action)))
+        self._last = planned
+        age = time.perf_counter() - self._observed_at[planned.obs_tick]
+        self.robot.act(planned.action)
+        return Tick(latency, inferred, False, "", age, seam, inference_s)
+
+    def run(self, ticks: int) -> list[Tick]:
+        """Run ``ticks`` control periods; returns their records."""
+        records = []
+        next_tick = time.perf_counter()
+        for _ in range(ticks):
+            records.append(self.tick())
+            if self.pace:
+                next_tick += self.period
+                time.sleep(max(0.0, next_tick - time.perf_counter()))
+        return records
+
+    def close(self) -> None:
+        """Stop the inference worker (waits for an inference in flight; idempotent)."""
+        self._worker.shutdown(wait=True, cancel_futures=True)
+        self._pending = None
+
+    def __enter__(self) -> AsyncControlLoop:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _forget_before(self, tick: int) -> None:
+        # No planned action is older than one chunk: their observation times are not needed.
+        for old in [t for t in self._observed_at if t < tick]:
+            del self._observed_at[old]

@@ -277,6 +277,20 @@ class ControlLoop:
                 time.sleep(max(0.0, next_tick - time.perf_counter()))
         return records
 
+    def close(self) -> None:
+        """Nothing to stop (inference runs in the tick); for callers that hold either loop."""
+
+    def __enter__(self) -> ControlLoop:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
 
 @dataclass(frozen=True)
 class _Chunk:
@@ -296,12 +310,13 @@ class AsyncControlLoop:
     planned, and the chunk joins the :class:`ChunkQueue` at the start of the first tick after it
     finished, aligned to the observation's tick and blended (``blend``, ``blend_ticks``).
 
-    Misses: a dry queue (including the first ``d`` ticks, before the first chunk arrives), an
-    engine failure (the queue is dropped: what it planned is not trusted) and a tick whose own
-    latency exceeds ``deadline_s`` all send the safe action. A late tick keeps the plan: it is
-    indexed by tick, so it is still right for the ticks that follow. ``tick()`` never raises for
-    an engine failure: a policy whose ``infer`` raises (a remote one whose socket dropped)
-    leaves the robot on its safe action at the next tick.
+    Misses: a dry queue, an engine failure (the queue is dropped: what it planned is not
+    trusted) and a tick whose own latency exceeds ``deadline_s`` all send the safe action. The
+    ticks before the first chunk ever arrives (about ``d`` after the start) send the safe action
+    too, but are not misses: the robot has not started moving, nothing was late. A late tick
+    keeps the plan: it is indexed by tick, so it is still right for the ticks that follow.
+    ``tick()`` never raises for an engine failure: a policy whose ``infer`` raises (a remote one
+    whose socket dropped) leaves the robot on its safe action at the next tick.
 
     Ticks are counted, not timed: ``d`` ticks stand for ``d`` periods only when the loop is
     paced, so ``pace=False`` is for tests that step it by hand.
@@ -348,6 +363,7 @@ class AsyncControlLoop:
         self._pending: Future[_Chunk] | None = None
         self._observed_at: dict[int, float] = {}  # tick -> perf_counter() at its observation
         self._last: Planned | None = None  # the policy action the previous tick sent
+        self._started = False  # a chunk has arrived: from then on, a dry queue is a miss
 
     def _infer(self, images: dict[str, np.ndarray], state: np.ndarray, obs_tick: int) -> _Chunk:
         start = time.perf_counter()
@@ -365,6 +381,7 @@ class AsyncControlLoop:
                 chunk = done.result()
                 inference_s = chunk.inference_s
                 self.queue.add(chunk.actions, chunk.obs_tick, now)
+                self._started = True
             except Exception as err:  # any engine failure must leave the robot safe
                 error = f"{type(err).__name__}: {err}"
                 self.queue.clear()
@@ -381,7 +398,8 @@ class AsyncControlLoop:
         if error or planned is None or latency > self.deadline_s:
             self._last = None
             self.robot.act(self.safe_action(obs))
-            return Tick(latency, inferred, True, error, inference_s=inference_s)
+            missed = bool(error) or self._started or latency > self.deadline_s
+            return Tick(latency, inferred, missed, error, inference_s=inference_s)
         seam = None
         if self._last is not None and self._last.obs_tick != planned.obs_tick:
             seam = float(np.max(np.abs(planned.action - self._last.action)))

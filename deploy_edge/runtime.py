@@ -23,8 +23,9 @@ blended into what the queue already plans (the rule is :class:`ChunkQueue`'s)::
         if the background inference finished:   add its chunk to the queue at t (aligned, blended)
                                                  (it raised: drop the queue, record the error)
         observe
-        if no inference is in flight and at most d actions are planned:
-            start one on this observation (one worker thread; d = inference_ticks(...))
+        if no inference is in flight and at most d + m actions are planned:
+            start one on this observation (one worker thread; trigger_threshold: d ticks
+            of inference, m of overlap to blend the seam over)
         action = queue.pop(t)
         if the queue was dry, the engine failed or the tick overran its deadline:
             act(safe action), count a miss
@@ -126,7 +127,8 @@ def async_shortfall(chunk_len: int, period_s: float, inference_s: float, margin_
     The rule: an inference occupies ``d`` ticks (:func:`inference_ticks`); the next one starts
     on the observation of the tick the previous chunk arrives (the earliest the single engine is
     free), so one chunk must cover its own ``d`` stale ticks and the ``d`` of the next inference:
-    ``chunk_len >= 2 d``. The loop triggers an inference when ``d`` planned actions are left."""
+    ``chunk_len >= 2 d``. The loop triggers an inference when :func:`trigger_threshold`
+    planned actions are left (``d`` or more)."""
     d = inference_ticks(inference_s, margin_s, period_s)
     if chunk_len >= 2 * d:
         return ""
@@ -137,6 +139,17 @@ def async_shortfall(chunk_len: int, period_s: float, inference_s: float, margin_
         f"{margin_s * 1000:.0f} ms = {d} ticks, and a chunk must cover its own {d} stale ticks "
         f"and the {d} of the next inference: {2 * d} actions ({2 * d * ms:g} ms)"
     )
+
+
+def trigger_threshold(chunk_len: int, d: int, blend_ticks: int | None = None) -> int:
+    """Planned actions at or below which an asynchronous loop starts an inference (when none is
+    in flight): ``d + m``. ``d`` (:func:`inference_ticks`) covers the inference; ``m`` is the
+    overlap the next chunk arrives into, the ticks :class:`ChunkQueue` blends the seam over:
+    ``blend_ticks`` (default ``d``), at most ``chunk_len - 2 d`` (what a chunk holds beyond the
+    ``2 d`` :func:`async_shortfall` asks for). With ``m = 0`` a chunk arrives when the plan runs
+    out, with nothing to blend: the seam is a jump whatever the blend."""
+    m = d if blend_ticks is None else blend_ticks
+    return d + max(0, min(m, chunk_len - 2 * d))
 
 
 class ChunkQueue:
@@ -306,8 +319,9 @@ class AsyncControlLoop:
     """Runs ``policy`` on ``robot`` with inference off the control tick (module docstring).
 
     Actuation never waits on the engine: one background worker thread infers on the latest
-    observation when at most ``d = inference_ticks(inference_s, margin_s, period)`` actions are
-    planned, and the chunk joins the :class:`ChunkQueue` at the start of the first tick after it
+    observation when at most :func:`trigger_threshold` actions are planned (``d`` =
+    :func:`inference_ticks` to cover the inference, plus the overlap the seam is blended over),
+    and the chunk joins the :class:`ChunkQueue` at the start of the first tick after it
     finished, aligned to the observation's tick and blended (``blend``, ``blend_ticks``).
 
     Misses: a dry queue, an engine failure (the queue is dropped: what it planned is not
@@ -324,7 +338,8 @@ class AsyncControlLoop:
     Args:
         inference_s: the inference time (s, a p99 estimate) ``d`` is derived from.
         margin_s: added to ``inference_s`` (s): the queue's copy, scheduling, the network.
-        blend, blend_ticks: :class:`ChunkQueue`'s seam rule.
+        blend, blend_ticks: :class:`ChunkQueue`'s seam rule; ``blend_ticks`` is also the overlap
+            :func:`trigger_threshold` plans for (default: ``d``; 0: none, the seam a jump).
         deadline_s: a tick whose latency exceeds this is a miss (default: the control period).
         pace: sleep to the control rate.
 
@@ -351,8 +366,10 @@ class AsyncControlLoop:
         if shortfall:
             raise ValueError(shortfall)
         self.policy, self.robot, self.instruction = policy, robot, instruction
-        self.lead = inference_ticks(inference_s, margin_s, self.period)
-        """``d``: an inference starts when at most this many actions are planned."""
+        self.inference_ticks = inference_ticks(inference_s, margin_s, self.period)
+        """``d``: the ticks an inference occupies."""
+        self.lead = trigger_threshold(policy.chunk_len, self.inference_ticks, blend_ticks)
+        """An inference starts when at most this many actions are planned."""
         self.deadline_s = deadline_s if deadline_s is not None else self.period
         self.safe_action = safe_action or hold_position(robot)
         self.pace = pace

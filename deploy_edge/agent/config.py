@@ -3,7 +3,9 @@
 Example (``device.yaml``; relative paths resolve against the file's folder)::
 
     name: cell-3
-    listen: 0.0.0.0:8765
+    listen: 0.0.0.0:8765            # all interfaces: only with TLS (default 127.0.0.1:8765)
+    tls_cert: certs/agent.pem
+    tls_key: certs/agent.key
     trusted_keys: [keys/release-2025.pub, keys/release-2026.pub]   # rotate: add, then remove
     token_sha256: 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08
     target: jetson-orin-nano        # a target profile name or YAML path
@@ -15,11 +17,12 @@ Example (``device.yaml``; relative paths resolve against the file's folder)::
 from __future__ import annotations
 
 import importlib
+import ipaddress
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from robo_pipe.errors import RoboPipeError
 from robo_pipe.validation import first_error, read_mapping
@@ -41,7 +44,9 @@ class DeviceConfig(BaseModel):
     name: str = Field(min_length=1)
     """The device's name (in status answers and deployment records)."""
     listen: str = "127.0.0.1:8765"
-    """``host:port`` the agent's HTTP service binds."""
+    """``host:port`` the agent's HTTP service (and its policy server, ``WS /policy``) binds.
+    Loopback unless named otherwise; any other address needs ``tls_cert`` and ``tls_key``
+    (the bearer token and the robot's camera images must not cross a network in clear)."""
     trusted_keys: list[Path] = []
     """Public key files a release may be signed with (a list, so keys rotate); empty = accepts
     no release."""
@@ -67,6 +72,7 @@ class DeviceConfig(BaseModel):
     lock_file: Path | None = None
     """Robot-busy lock: while this file exists, a verified version is staged, not activated."""
     tls_cert: Path | None = None
+    """PEM certificate the agent serves HTTPS and WSS with (with ``tls_key``)."""
     tls_key: Path | None = None
 
     @field_validator("token_sha256")
@@ -84,6 +90,16 @@ class DeviceConfig(BaseModel):
             raise ValueError("expected host:port")
         return value
 
+    @model_validator(mode="after")
+    def _tls_off_loopback(self) -> DeviceConfig:
+        if not is_loopback(self.listen) and (self.tls_cert is None or self.tls_key is None):
+            raise ValueError(
+                f"field 'listen' = {self.listen!r}: a non-loopback address needs tls_cert and "
+                "tls_key (the token and camera images would cross the network in clear); "
+                "set both, or listen on 127.0.0.1"
+            )
+        return self
+
     @field_validator("driver")
     @classmethod
     def _import_path(cls, value: str) -> str:
@@ -91,6 +107,18 @@ class DeviceConfig(BaseModel):
         if not (sep and module and attr):
             raise ValueError("expected an import path module:callable")
         return value
+
+
+def is_loopback(listen: str) -> bool:
+    """Whether ``host:port`` binds only this machine: ``localhost``, ``127.x.x.x`` or ``::1``
+    (an empty host is served as 127.0.0.1)."""
+    host = listen.rpartition(":")[0].strip("[]")
+    if host in ("", "localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it may resolve to any interface
+        return False
 
 
 _PATH_FIELDS = ("state_dir", "lock_file", "tls_cert", "tls_key")

@@ -244,6 +244,10 @@ class Deployer:
         self._deploying = threading.Lock()
         self._running: Deployment | None = None
         self._recovered = False
+        self._serving: tuple[str, ExportedPolicy, str] | None = None
+        """The policy server's engine: (active bundle path, policy, version), opened once per
+        active version."""
+        self._serving_lock = threading.Lock()
 
     # -- the deployment ------------------------------------------------------------------------
 
@@ -814,6 +818,21 @@ class Deployer:
             misses=sum(t.missed for t in ticks),
             errors=sum(bool(t.error) for t in ticks),
         )
+
+    def serving_policy(self) -> tuple[ExportedPolicy, str]:
+        """The active version's policy as the policy server (``WS /policy``) runs it, and its
+        ``model:version``: opened as the health check runs it (:meth:`_run_policy`) the first
+        time a version is asked for, then reused until another version is active. Does not wait
+        on a deployment (the engine is shared by the server's threads: ONNX Runtime's
+        ``run`` is thread-safe); :class:`DeployError` when nothing is active."""
+        with self._serving_lock:
+            slot = self._slot("active")
+            if slot is None:
+                raise DeployError("no active version on this device: deploy a release first")
+            if self._serving is None or self._serving[0] != slot.path:
+                policy = self._run_policy(slot)
+                self._serving = (slot.path, policy, f"{slot.model_name}:{slot.model_version}")
+            return self._serving[1], self._serving[2]
 
     def locked(self) -> bool:
         """Whether the robot-busy lock file exists."""

@@ -17,26 +17,58 @@ in constant time against the sha256 in the device config)::
     POST /rollback                     back to the previous version
     POST /episode                      {"instruction", "max_ticks"}: run the active policy on
                                        the device's robot; success and latency figures
+    WS   /policy                       the policy server: observations in, action chunks out
+                                       (frames and client: :mod:`deploy_edge.policy_client`)
 
 The answers are the records of :mod:`deploy_edge.wire` (``to_json()``), which the deploy
 client reads back. The deployment itself (verify, extract, engine, parity, gate, activate,
 health, commit, and rollback on any failure) is :class:`deploy_edge.agent.deployer.Deployer`'s.
 A watcher thread activates a staged version once the robot-busy lock file is gone.
+
+The policy server runs each inference in a worker thread (``asyncio.to_thread``), off the event
+loop: several robots are served at once and one's inference never holds up another's (ONNX
+Runtime's ``run`` is thread-safe; the engine is opened once per active version,
+:meth:`~deploy_edge.agent.deployer.Deployer.serving_policy`). A client's frames are answered in
+order, one at a time.
+
+Fault injection: with ``ROBO_PIPE_POLICY_DELAY_MS=<ms>`` in the environment every policy-server
+inference sleeps that long in its worker thread before the engine runs (a slow engine at the
+engine seam, for tests of concurrency and of the robot's loop; never set on a device).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
+import os
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
-from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request
+import numpy as np
+from fastapi import (
+    Depends,
+    FastAPI,
+    Header,
+    HTTPException,
+    Query,
+    Request,
+    WebSocket,
+    WebSocketDisconnect,
+)
+from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel
 
 from deploy_edge.agent.config import DeviceConfig
 from deploy_edge.agent.deployer import Deployer
+from deploy_edge.policy_client import (
+    ChunkFrame,
+    ObservationFrame,
+    PolicyInfo,
+    decode_image,
+)
 from deploy_edge.release import file_sha256
 from deploy_edge.wire import Health
 from robo_pipe.errors import RoboPipeError
@@ -45,6 +77,8 @@ UPLOADS_DIR = "uploads"
 LOCK_POLL_S = 1.0
 GRACE_S = 5
 """On SIGTERM, open connections get this long to finish before the agent exits."""
+DELAY_ENV = "ROBO_PIPE_POLICY_DELAY_MS"
+"""Fault injection: milliseconds each policy-server inference sleeps before the engine runs."""
 
 
 class DeployRequest(BaseModel):
@@ -71,10 +105,13 @@ def create_app(config: DeviceConfig, deployer: Deployer) -> FastAPI:
     uploads.mkdir(parents=True, exist_ok=True)
     busy = threading.Lock()  # one deployment at a time; the deployer serialises the rest
 
-    def authorized(authorization: str = Header(default="")) -> None:
+    def token_ok(authorization: str) -> bool:
         token = authorization.removeprefix("Bearer ").strip()
         given = hashlib.sha256(token.encode()).hexdigest()
-        if not token or not hmac.compare_digest(given, config.token_sha256):
+        return bool(token) and hmac.compare_digest(given, config.token_sha256)
+
+    def authorized(authorization: str = Header(default="")) -> None:
+        if not token_ok(authorization):
             raise HTTPException(401, "missing or wrong bearer token")
 
     auth = [Depends(authorized)]
@@ -152,7 +189,61 @@ def create_app(config: DeviceConfig, deployer: Deployer) -> FastAPI:
         except RoboPipeError as err:
             raise HTTPException(409, str(err)) from err
 
+    @app.websocket("/policy")
+    async def policy(websocket: WebSocket) -> None:
+        if not token_ok(websocket.headers.get("authorization", "")):
+            # Refused in the handshake: the socket is never opened.
+            await websocket.send_denial_response(
+                PlainTextResponse("missing or wrong bearer token", status_code=401)
+            )
+            return
+        await websocket.accept()
+        await websocket.send_json(_policy_info(deployer).to_json())
+        try:
+            while True:
+                frame = await websocket.receive_json()
+                answer = await asyncio.to_thread(_serve_one, deployer, frame)
+                await websocket.send_json(answer.to_json())
+        except WebSocketDisconnect:
+            return
+
     return app
+
+
+def _policy_info(deployer: Deployer) -> PolicyInfo:
+    """The first frame: the active version's shapes, or why nothing is served."""
+    try:
+        policy, version = deployer.serving_policy()
+    except RoboPipeError as err:
+        return PolicyInfo(error=str(err))
+    return PolicyInfo(
+        version=version,
+        chunk_len=policy.chunk_len,
+        action_dim=policy.action_dim,
+        state_dim=policy.state_dim,
+        cameras=list(policy.cameras),
+        image_size=policy.image_size,
+    )
+
+
+def _serve_one(deployer: Deployer, data: Any) -> ChunkFrame:
+    """The answer to one observation frame (runs in a worker thread): the active version's
+    chunk, or a frame whose ``error`` says why there is none."""
+    frame_id, observed_at = -1, 0.0
+    try:
+        frame = ObservationFrame.from_json(data)
+        frame_id, observed_at = frame.id, frame.observed_at
+        policy, version = deployer.serving_policy()
+        images = {camera: decode_image(frame.images[camera])[None] for camera in policy.cameras}
+        state = np.asarray([frame.state], dtype=np.float32)
+        start = time.perf_counter()
+        if delay_ms := float(os.environ.get(DELAY_ENV, "0")):
+            time.sleep(delay_ms / 1000.0)
+        chunk = policy.infer(images, state, [frame.instruction])[0]
+        inference_ms = (time.perf_counter() - start) * 1000.0
+    except Exception as err:  # any bad frame or engine failure: an error frame, not a dead socket
+        return ChunkFrame(frame_id, observed_at, error=f"{type(err).__name__}: {err}")
+    return ChunkFrame(frame_id, observed_at, chunk.tolist(), inference_ms, version)
 
 
 def watch_lock(config: DeviceConfig, deployer: Deployer, stop: threading.Event) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from sim_scenes.touch import available_variants
 
@@ -31,6 +31,44 @@ class SequentialConfig(BaseModel):
     """Chance of catching a regression of ``regression`` (the miss rate is 1 - power), when
     ``evaluate.episodes`` is enough for it; the report says what the seeds used could
     detect."""
+
+
+class DelayConfig(BaseModel):
+    """Play the policy as a robot whose inference takes time (``evaluate.delay``; the rules are
+    :mod:`stages.evaluate.delay`'s). With a delay, the policy at zero delay is the baseline of
+    the paired comparison on the same seeds (no other baseline then)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    mode: Literal["sync", "async"] = "sync"
+    """``sync``: the robot holds its safe action while an inference runs, then executes the
+    chunk's first ``execute`` actions; ``async``: the runtime's asynchronous loop (chunks
+    aligned to their observation's tick and blended, inference triggered ahead)."""
+    inference_ms: float = Field(default=0.0, ge=0.0, le=600_000.0)
+    """How long one inference takes, ms; 0 (default): no delay, today's evaluation."""
+    latency_report: str | None = None
+    """A latency gate's ``latency_report.json``: play its inference p99 (``inference_p99_ms``,
+    else its tick ``p99_ms``) instead of ``inference_ms``."""
+    margin_ms: float = Field(default=20.0, ge=0.0, le=60_000.0)
+    """Added to the inference time before it is counted in ticks (the runtime's
+    ``inference_margin_ms``: observation copies, scheduling)."""
+    blend: Literal["linear", "none"] = "linear"
+    """async: how a new chunk merges into the planned actions it overlaps
+    (:class:`deploy_edge.runtime.ChunkQueue`)."""
+    blend_ticks: int | None = Field(default=None, ge=0, le=4096)
+    """async: blend over at most this many overlapping ticks (None: the whole overlap)."""
+    execute: int = Field(default=1, ge=1, le=4096)
+    """sync: actions of each chunk executed before inferring again (1: today's receding
+    horizon)."""
+
+    @model_validator(mode="after")
+    def _one_source(self) -> DelayConfig:
+        if self.latency_report is not None and self.inference_ms > 0:
+            raise ValueError(
+                f"give inference_ms ({self.inference_ms:g}) or latency_report "
+                f"({self.latency_report!r}), not both"
+            )
+        return self
 
 
 class EvalConfig(BaseModel):
@@ -60,6 +98,8 @@ class EvalConfig(BaseModel):
     (one-sided exact McNemar test on the shared seeds): the false-block rate is 1 - this,
     over all looks of a sequential comparison."""
     sequential: SequentialConfig = SequentialConfig()
+    delay: DelayConfig = DelayConfig()
+    """An inference delay to play (none by default), compared with zero delay."""
 
     @field_validator("variants")
     @classmethod

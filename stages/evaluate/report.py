@@ -14,6 +14,7 @@ import numpy as np
 
 from robo_pipe.records import Record
 from stages.evaluate.comparison import Comparison
+from stages.evaluate.delay import DelayPlan
 from stages.evaluate.failures import breakdown
 from stages.evaluate.shards import EpisodeOutcome, ShardOutcome
 from stages.statistics import wilson_interval
@@ -75,6 +76,9 @@ class EvalReport(Record):
     baseline_outcomes: dict[str, str] = field(default_factory=dict)
     """With a comparison: the baseline's outcomes on the seeds compared, played or reused
     (:func:`stages.evaluate.sequential.encode_outcomes`), to be stored with it."""
+    delay: DelayPlan | None = None
+    """The inference delay the policy played (None: none); the comparison is then with the
+    policy at zero delay."""
 
     def successes_by_episode(self) -> dict[tuple[str, int], bool]:
         """(variant, seed index) -> success."""
@@ -196,6 +200,8 @@ def markdown(report: EvalReport) -> str:
                 f"| {name} | {wins} | {int(f.get('wrong_object', 0))} | "
                 f"{int(f.get('near_miss', 0))} | {closest} | {int(f.get('timeout', 0))} |"
             )
+    if report.delay:
+        lines += delay_markdown(report)
     if report.comparison:
         lines += comparison_markdown(report.comparison)
     shares = ", ".join(f"{k} {v:.0%}" for k, v in sorted(report.time_share.items()))
@@ -212,6 +218,27 @@ def markdown(report: EvalReport) -> str:
         lines += ["", "## Recorded episodes", ""]
         lines += [f"![{Path(p).stem}]({Path(p).name})" for p in report.recordings]
     return "\n".join(lines) + "\n"
+
+
+def delay_markdown(report: EvalReport) -> list[str]:
+    """The inference delay played and what it cost against zero delay on the same seeds."""
+    d = report.delay
+    assert d is not None
+    lines = [
+        "",
+        f"## Inference delay: {d.mode}, {d.inference_ms:g} ms",
+        "",
+        f"Played as a robot whose inference takes time ({d.describe()}; "
+        "`stages/evaluate/delay.py`).",
+    ]
+    c = report.comparison
+    if c is not None:
+        lines.append(
+            f"Success {c.baseline_success_rate + c.difference:.1%} with the delay against "
+            f"{c.baseline_success_rate:.1%} at zero delay on the same {c.table.seeds} episodes: "
+            f"{c.difference:+.1%}, {c.decision} (the gate below)."
+        )
+    return lines
 
 
 def comparison_line(c: Comparison) -> str:

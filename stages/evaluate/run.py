@@ -7,6 +7,9 @@ baseline = the same seeds, paired: both policies play batches of seeds until the
            the baseline's stored outcomes are reused instead of playing those seeds again;
            after "not worse" the candidate plays on alone while its success is undecided
            against the success gate's bar (``min_success``)
+delay    = with ``evaluate.delay``, the policy plays as a robot whose inference takes time
+           (:mod:`stages.evaluate.delay`), and its baseline is itself at zero delay: the cost
+           of the latency, paired on the same seeds
 """
 
 from __future__ import annotations
@@ -16,10 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from robo_pipe.locks import StatusFn
+from robots.spec import get_robot
 from sim_scenes.config import SceneConfig, SimConfig
 from sim_scenes.seeds import episode_seeds
 from stages.evaluate.comparison import compare_outcomes
 from stages.evaluate.config import EvalConfig
+from stages.evaluate.delay import DelayError, delay_plan
 from stages.evaluate.report import EvalReport, summarize, write_report
 from stages.evaluate.sequential import (
     Decision,
@@ -78,14 +83,31 @@ def evaluate(
     ``eval_report.json`` into ``out``. ``on_status`` gets a line for each worker that died and
     was restarted.
 
+    With an inference delay (``config.delay``), ``policy`` plays it and the baseline is
+    ``policy`` at zero delay (``baseline_outcomes``: its stored zero-delay outcomes); the
+    report's ``delay`` says what was played.
+
     Raises:
         SceneError / PolicySpecError: a suite or policy that does not fit, before any work.
+        DelayError: a delay the policy cannot play, or a delay with a ``baseline``, before any
+            work.
         WorkersDiedError: a worker died more than ``config.max_worker_restarts`` times.
     """
     seeds = episode_seeds(seed, config.episodes, "eval")
+    delay = delay_plan(config.delay, get_robot(robot))
+    baseline_name = str(baseline)
+    if delay is not None:
+        if baseline is not None:
+            raise DelayError(
+                f"evaluate.delay compares {policy} with itself at zero delay; it takes no other "
+                f"baseline (got {baseline})"
+            )
+        baseline, baseline_name = policy, f"{policy} at zero delay"
     plan = comparison_plan(config, margin) if baseline is not None else None  # checked first
     policies = [policy] if baseline is None else [policy, baseline]
-    with Suite(policies, robot, scene, sim, config, ray_address, on_shard, on_status) as suite:
+    with Suite(
+        policies, robot, scene, sim, config, ray_address, on_shard, on_status, [delay]
+    ) as suite:
         if baseline is None or plan is None:
             shards = suite.play(plan_shards(suite.variants, seeds, config.episodes_per_shard))
             report = summarize(str(policy), shards, suite.facts(seeds), seed)
@@ -96,10 +118,11 @@ def evaluate(
             candidate = report.successes_by_episode()
             played_on = c.played - plan.looks[c.look]
             report.comparison = compare_outcomes(
-                candidate, c.baseline, plan, c.look, c.verdict, str(baseline), c.reused, played_on
+                candidate, c.baseline, plan, c.look, c.verdict, baseline_name, c.reused, played_on
             )
             report.baseline_outcomes = encode_outcomes(c.baseline)
             shards = c.shards
+        report.delay = suite.delays[0]
     write_report(report, shards, out, config.record_episodes)
     return report
 

@@ -11,7 +11,9 @@
     ran a shard or how many environments it had (see ``sim_scenes.episodes``)
 
 The policy executes the first action of each predicted chunk and predicts again next step
-(receding horizon). Nothing here assumes MuJoCo: environments come from ``make_env``.
+(receding horizon); with an inference delay, a policy plays the delayed rules of
+:mod:`stages.evaluate.delay` instead. Nothing here assumes MuJoCo: environments come from
+``make_env``.
 """
 
 from __future__ import annotations
@@ -35,8 +37,9 @@ from sim_scenes.episodes import play_episodes
 from sim_scenes.seeds import episode_seeds
 from sim_scenes.touch import SceneError, heldout_variants
 from stages.evaluate.config import EvalConfig
+from stages.evaluate.delay import DelayedActor, DelayPlan, check_plan
 from stages.evaluate.failures import failure_mode
-from stages.evaluate.policies import PolicySpecError, load_acting_policy
+from stages.evaluate.policies import ActingPolicy, PolicySpecError, load_acting_policy
 from stages.ray_runtime import node_id
 from stages.worker_pool import PoolWorker, Ready
 
@@ -130,8 +133,11 @@ class EvalWorker(PoolWorker):
         sim: SimConfig,
         num_envs: int,
         threads: int = 1,
+        delays: list[DelayPlan | None] | None = None,
     ) -> None:
         self.policies = [load_acting_policy(path, threads) for path in policy_paths]
+        self.delays = delays or [None] * len(policy_paths)
+        """Per policy: the inference delay it plays (None: none, receding horizon)."""
         self.robot = get_robot(robot)
         self.scene = scene
         self.sim = sim.model_copy(update={"num_threads": threads})
@@ -168,6 +174,7 @@ class EvalWorker(PoolWorker):
         """Play the shard's episodes."""
         env = self._env(shard.policy, shard.variant)
         policy = self.policies[shard.policy]
+        delay = self.delays[shard.policy]
         inference = 0.0
 
         def act(_: BatchedEnv, obs: BatchedObservation) -> np.ndarray:
@@ -177,12 +184,17 @@ class EvalWorker(PoolWorker):
             inference += time.perf_counter() - tick
             return actions
 
+        delayed = DelayedActor(policy, delay, self.robot) if delay is not None else None
         before = dict(env.timings)
         records = play_episodes(
-            env, act, shard.seeds, record=len(shard.seeds) if shard.record else 0
+            env,
+            delayed.act if delayed else act,
+            shard.seeds,
+            record=len(shard.seeds) if shard.record else 0,
+            on_step=delayed.on_step if delayed else None,
         )
         timings = {k: env.timings[k] - before.get(k, 0.0) for k in env.timings}
-        timings["inference"] = inference
+        timings["inference"] = delayed.inference_s if delayed else inference
         radius = self.scene.task(shard.variant).success.radius
         return ShardOutcome(
             shard=shard,
@@ -217,8 +229,9 @@ class EvalWorker(PoolWorker):
         self.envs.clear()
 
 
-def check_policy_fits(policy_path: str | Path, robot: str) -> None:
-    """Refuse, before any work, a policy whose observation or action spec does not match."""
+def check_policy_fits(policy_path: str | Path, robot: str) -> ActingPolicy:
+    """Refuse, before any work, a policy whose observation or action spec does not match;
+    returns the policy loaded."""
     policy = load_acting_policy(policy_path)
     spec = get_robot(robot)
     known = [c.name for c in spec.cameras]
@@ -232,6 +245,7 @@ def check_policy_fits(policy_path: str | Path, robot: str) -> None:
         problems.append(f"cameras {missing} not on the robot (it has {', '.join(known)})")
     if problems:
         raise PolicySpecError(f"{policy_path}: does not fit robot {robot!r}: {'; '.join(problems)}")
+    return policy
 
 
 class Suite:
@@ -239,8 +253,11 @@ class Suite:
     it takes (a sequential comparison plays a batch per look): started on entering, closed on
     leaving. ``policies[0]`` is the candidate; shards name the policy they are for.
 
+    ``delays[i]`` is the inference delay ``policies[i]`` plays (None or absent: none).
+
     Raises (when made, before any worker starts):
         SceneError / PolicySpecError: unknown variants, a policy that does not fit the robot.
+        DelayError: a delay the policy cannot play (:func:`stages.evaluate.delay.check_plan`).
     """
 
     def __init__(
@@ -253,6 +270,7 @@ class Suite:
         ray_address: str | None = None,
         on_shard: Callable[[ShardOutcome], None] | None = None,
         on_status: StatusFn | None = None,
+        delays: list[DelayPlan | None] | None = None,
     ) -> None:
         self.variants = suite_variants(scene, config)
         most = (
@@ -261,8 +279,12 @@ class Suite:
             * math.ceil(config.episodes / config.episodes_per_shard)
         )
         self.workers = min(config.workers, most)  # never more workers than shards
-        for path in policies:
-            check_policy_fits(path, robot)
+        plans = list(delays or []) + [None] * (len(policies) - len(delays or []))
+        for i, path in enumerate(policies):
+            acting = check_policy_fits(path, robot)
+            if (plan := plans[i]) is not None:
+                plans[i] = check_plan(plan, acting, str(path))
+        self.delays = plans
         num_envs = min(config.envs_per_worker, config.episodes_per_shard, config.episodes)
         self.args = ([str(p) for p in policies], robot, scene, sim, num_envs)
         self.config, self.ray_address, self.sim = config, ray_address, sim
@@ -275,7 +297,7 @@ class Suite:
     def __enter__(self) -> Suite:
         self.start = time.perf_counter()
         if self.workers == 0:
-            self._local = EvalWorker(*self.args, threads=self.sim.num_threads)
+            self._local = EvalWorker(*self.args, self.sim.num_threads, self.delays)
             self._local.warm(self.variants)
         else:
             from stages.ray_runtime import init_ray
@@ -284,7 +306,7 @@ class Suite:
             init_ray(self.ray_address)  # before importing ray (see stages/ray_runtime.py)
             remote_worker = restartable(EvalWorker, 1, self.config.max_worker_restarts)
             self._pool = WorkerPool(
-                lambda _: remote_worker.remote(*self.args),
+                lambda _: remote_worker.remote(*self.args, 1, self.delays),
                 self.workers,
                 "evaluate worker",
                 "evaluate.max_worker_restarts",

@@ -41,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
+import json
 import os
 import threading
 import time
@@ -201,8 +202,8 @@ def create_app(config: DeviceConfig, deployer: Deployer) -> FastAPI:
         await websocket.send_json(_policy_info(deployer).to_json())
         try:
             while True:
-                frame = await websocket.receive_json()
-                answer = await asyncio.to_thread(_serve_one, deployer, frame)
+                text = await websocket.receive_text()
+                answer = await asyncio.to_thread(_serve_one, deployer, text)
                 await websocket.send_json(answer.to_json())
         except WebSocketDisconnect:
             return
@@ -226,12 +227,12 @@ def _policy_info(deployer: Deployer) -> PolicyInfo:
     )
 
 
-def _serve_one(deployer: Deployer, data: Any) -> ChunkFrame:
+def _serve_one(deployer: Deployer, text: str) -> ChunkFrame:
     """The answer to one observation frame (runs in a worker thread): the active version's
     chunk, or a frame whose ``error`` says why there is none."""
     frame_id, observed_at = -1, 0.0
     try:
-        frame = ObservationFrame.from_json(data)
+        frame = ObservationFrame.from_json(json.loads(text))
         frame_id, observed_at = frame.id, frame.observed_at
         policy, version = deployer.serving_policy()
         images = {camera: decode_image(frame.images[camera])[None] for camera in policy.cameras}

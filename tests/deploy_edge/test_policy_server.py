@@ -38,6 +38,7 @@ from robots.spec import get_robot
 from sim_scenes.sim_robot import SimulatedRobot, simulated_rp5
 from sim_scenes.touch import get_variant
 from tests.deploy_edge.test_deployer import base_state, device_config, keys, releases
+from tests.pipelines.test_deploy import self_signed_certificate
 
 __all__ = ["base_state", "keys", "releases"]  # fixtures this module's tests use
 
@@ -47,9 +48,12 @@ DELAY_S = 0.3
 """The injected inference time of the slow agent: three control periods at 10 Hz."""
 
 
-def start_agent(state: Path | None, folder: Path, delay_ms: float = 0.0) -> dict[str, Any]:
+def start_agent(
+    state: Path | None, folder: Path, delay_ms: float = 0.0, **extra: Any
+) -> dict[str, Any]:
     """A real agent process on a free 127.0.0.1 port over a copy of ``state`` (None: an empty
-    state directory), its inferences slowed by ``delay_ms`` at the engine seam."""
+    state directory), its inferences slowed by ``delay_ms`` at the engine seam; ``extra``:
+    more device config fields."""
     port = free_port()
     state_dir = folder / "agent-state"
     if state is not None:
@@ -62,6 +66,7 @@ def start_agent(state: Path | None, folder: Path, delay_ms: float = 0.0) -> dict
                 "listen": f"127.0.0.1:{port}",
                 "token_sha256": hashlib.sha256(TOKEN.encode()).hexdigest(),
                 "state_dir": str(state_dir),
+                **extra,
             }
         )
     )
@@ -80,7 +85,8 @@ def start_agent(state: Path | None, folder: Path, delay_ms: float = 0.0) -> dict
                 break
         assert process.poll() is None, process.stdout.read() if process.stdout else ""
         time.sleep(0.1)
-    return {"url": f"ws://127.0.0.1:{port}", "process": process, "state": state_dir}
+    scheme = "wss" if "tls_cert" in extra else "ws"
+    return {"url": f"{scheme}://127.0.0.1:{port}", "process": process, "state": state_dir}
 
 
 def stop_agent(agent: dict[str, Any]) -> None:
@@ -227,10 +233,15 @@ def test_a_killed_server_leaves_the_robot_on_its_safe_action_within_one_tick(
         assert not robot.sent[i][:arm].any(), (i, robot.sent[i])  # hold position
 
 
-def test_nothing_deployed_is_a_clear_error_frame(tmp_path: Path) -> None:
-    agent = start_agent(None, tmp_path)
+def test_nothing_deployed_is_a_clear_error_frame_over_tls_too(tmp_path: Path) -> None:
+    """An agent with TLS and no release: through its certificate the socket opens and says
+    nothing is deployed; without it the handshake fails on the certificate."""
+    cert, key = self_signed_certificate(tmp_path)
+    agent = start_agent(None, tmp_path, tls_cert=str(cert), tls_key=str(key))
     try:
         with pytest.raises(PolicyServerError, match="no active version on this device"):
+            RemotePolicy(agent["url"], TOKEN, timeout_s=10, ca_cert=cert)
+        with pytest.raises(PolicyServerError, match="CERTIFICATE_VERIFY_FAILED"):
             RemotePolicy(agent["url"], TOKEN, timeout_s=10)
     finally:
         stop_agent(agent)

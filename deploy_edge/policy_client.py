@@ -22,7 +22,8 @@ any failure (a dropped socket, a dead server, a timeout, an error frame) raises 
 ``infer``, which the loop turns into the safe action, and the next call reconnects.
 ``python -m deploy_edge.policy_client`` runs that loop on a robot driver (see ``--help``).
 
-Imports numpy and ``websockets`` only (no torch, no ONNX Runtime): what a robot's computer has.
+Imports numpy, ``websockets`` and the robot interface (``robots``, whose specs MuJoCo reads); no
+torch, no ONNX Runtime, no tokenizer: what a robot's computer has.
 """
 
 from __future__ import annotations

@@ -2,9 +2,19 @@
 
 A target profile (``configs/targets/<name>.yaml``, package data of :mod:`configs`) says how a
 policy runs on one kind of machine: engine, precision, control rate, the latency budget at p99
-and the deadline misses allowed. The gate warms up, then runs ``steps`` control ticks of the
-whole loop (:class:`deploy_edge.runtime.ControlLoop`) on this machine and passes only if
-p99 <= budget and misses <= allowed; the report says which check failed and what it measured on.
+and the deadline misses allowed, and the mode the loop runs in. The gate warms up, then runs
+``steps`` control ticks of the whole loop on this machine and passes only if p99 <= budget and
+misses <= allowed; the report says which check failed and what it measured on.
+
+Mode: ``sync`` (the default) runs :class:`deploy_edge.runtime.ControlLoop`, inference inside the
+tick: for a policy whose whole step fits in one period. ``async`` runs
+:class:`deploy_edge.runtime.AsyncControlLoop`, inference off the tick: for one whose inference
+takes longer. Its gate first times inference alone (back to back on one observation: inference
+p50/p99) and refuses, before running the loop, a chunk that cannot cover inference p99 plus
+``inference_margin_ms`` (:func:`deploy_edge.runtime.async_shortfall`, its arithmetic in the
+reason); else it runs the asynchronous loop, paced to the control rate, and judges the tick p99
+and misses as above, the action age p99 (observation taken -> action sent) against
+``action_age_budget_ms`` and the largest seam jump against ``seam_jump_max``.
 
 Precision: pinned (``fp32``, ``fp16``, ``int8``, ``fp8``) runs one thing: ``fp32`` and ``fp16``
 the bundle's FP32 model (ONNX Runtime runs it in FP32; TensorRT builds it in FP16 with the
@@ -20,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,12 +38,12 @@ from typing import Any, Literal
 
 import numpy as np
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from configs import targets_dir
 from deploy_edge.bundle import PRECISIONS, IOSpec, read_io_spec
 from deploy_edge.exported import ExportedPolicy
-from deploy_edge.runtime import ControlLoop, Tick
+from deploy_edge.runtime import AsyncControlLoop, Blend, ControlLoop, Tick
 from deploy_edge.wire import Trial
 from robo_pipe.errors import RoboPipeError
 from robo_pipe.records import Record
@@ -69,7 +80,31 @@ class TargetProfile(BaseModel):
     allowed_misses: int = Field(default=0, ge=0)
     """Deadline misses tolerated over the measured steps."""
     execute: int = Field(default=1, ge=1)
-    """Actions of each chunk executed before inferring again."""
+    """``sync``: actions of each chunk executed before inferring again."""
+    mode: Literal["sync", "async"] = "sync"
+    """``sync``: inference inside the control tick; ``async``: off it, the tick taking planned
+    actions (module docstring)."""
+    inference_margin_ms: float = Field(default=20.0, ge=0)
+    """``async``: added to the measured inference p99 for the trigger threshold and the chunk
+    check (the queue's copy, scheduling, a network hop)."""
+    action_age_budget_ms: float | None = Field(default=None, gt=0)
+    """``async`` (required there): p99 budget of an action's age, its observation taken -> it
+    is sent."""
+    seam_jump_max: float | None = Field(default=None, gt=0)
+    """``async``: the largest change of any action dimension allowed where a new chunk takes
+    over, robot units (None: measured, not judged)."""
+    blend: Blend = "linear"
+    """``async``: how a new chunk joins the planned actions
+    (:class:`~deploy_edge.runtime.ChunkQueue`)."""
+
+    @model_validator(mode="after")
+    def _async_has_an_age_budget(self) -> TargetProfile:
+        if self.mode == "async" and self.action_age_budget_ms is None:
+            raise ValueError(
+                "mode: async needs action_age_budget_ms (the p99 budget of observation -> "
+                "action sent)"
+            )
+        return self
 
 
 ENGINE_RUNS: dict[str, tuple[str, ...]] = {
@@ -249,6 +284,18 @@ class LatencyReport(Record):
     not chosen; empty for a pinned precision."""
     choice: str = ""
     """With ``precision: auto``: why :attr:`variant` runs, or why none does."""
+    mode: str = "sync"
+    """The loop measured: ``sync`` or ``async`` (the figures below are ``async``'s; None in
+    ``sync``)."""
+    inference_p50_ms: float | None = None
+    """Inference alone, back to back before the loop ran."""
+    inference_p99_ms: float | None = None
+    action_age_p50_ms: float | None = None
+    """Observation taken -> action sent, over the ticks that sent a policy action."""
+    action_age_p99_ms: float | None = None
+    seam_jump_max: float | None = None
+    """The largest change of any action dimension where a new chunk took over, robot units
+    (None: no seam in the measured ticks)."""
 
 
 def verdict(ms: np.ndarray, misses: int, budget_ms: float, allowed_misses: int) -> dict[str, Any]:
@@ -275,19 +322,69 @@ def verdict(ms: np.ndarray, misses: int, budget_ms: float, allowed_misses: int) 
     }
 
 
+def measure_inference(
+    policy: ExportedPolicy, robot: Robot, instruction: str, runs: int
+) -> np.ndarray:
+    """Seconds of ``runs`` inferences back to back on the (connected) robot's current
+    observation, after one untimed (an engine's first run allocates)."""
+    obs = robot.observe()
+    images = {c: img[None] for c, img in obs.images.items()}
+    policy.infer(images, obs.state[None], [instruction])
+    seconds = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        policy.infer(images, obs.state[None], [instruction])
+        seconds.append(time.perf_counter() - start)
+    return np.array(seconds)
+
+
+INFERENCE_RUNS = 10
+"""Inferences :func:`target_loop` times, when not told the inference time, in ``async`` mode."""
+
+
 def target_loop(
-    policy: ExportedPolicy, robot: Robot, instruction: str, target: TargetProfile, pace: bool
-) -> ControlLoop:
-    """The control loop as ``target`` runs it: its rate (one period is a tick's deadline) and
-    the actions executed per inferred chunk."""
-    return ControlLoop(
-        policy,
-        robot,
-        instruction,
-        execute=min(target.execute, policy.chunk_len),
-        deadline_s=1.0 / target.control_hz,
-        pace=pace,
-    )
+    policy: ExportedPolicy,
+    robot: Robot,
+    instruction: str,
+    target: TargetProfile,
+    pace: bool,
+    inference_s: float | None = None,
+) -> ControlLoop | AsyncControlLoop:
+    """The control loop as ``target`` runs it, on a connected ``robot``: its mode, its rate (one
+    period is a tick's deadline), and in ``sync`` the actions executed per inferred chunk, in
+    ``async`` the trigger threshold from ``inference_s`` (p99, s; None: timed here on
+    :data:`INFERENCE_RUNS` inferences) plus the margin, and the blend. ``async`` is always
+    paced: its ticks stand for periods only then. Close it when done.
+
+    Raises:
+        TargetError: ``async`` with a chunk that cannot cover inference (the arithmetic).
+    """
+    deadline_s = 1.0 / target.control_hz
+    if target.mode == "sync":
+        return ControlLoop(
+            policy,
+            robot,
+            instruction,
+            execute=min(target.execute, policy.chunk_len),
+            deadline_s=deadline_s,
+            pace=pace,
+        )
+    if inference_s is None:
+        measured = measure_inference(policy, robot, instruction, INFERENCE_RUNS)
+        inference_s = float(np.percentile(measured, 99))
+    try:
+        return AsyncControlLoop(
+            policy,
+            robot,
+            instruction,
+            inference_s=inference_s,
+            margin_s=target.inference_margin_ms / 1000.0,
+            blend=target.blend,
+            deadline_s=deadline_s,
+            pace=True,
+        )
+    except ValueError as err:
+        raise TargetError(f"target {target.name!r}: {err}") from err
 
 
 def open_policy(
@@ -322,15 +419,58 @@ def run_gate(
         raise TargetError(f"target {target.name!r} says precision: auto: use run_auto_gate")
     policy = policy or open_policy(export_dir, target)
     budget = budget_ms if budget_ms is not None else target.budget_ms
+    inference_ms: np.ndarray | None = None
     robot.connect()
     try:
-        loop = target_loop(policy, robot, instruction, target, pace)
-        loop.run(warmup)
-        ticks: list[Tick] = loop.run(steps)
+        if target.mode == "async":  # inference alone first: the loop's threshold, or a refusal
+            inference_ms = measure_inference(policy, robot, instruction, max(warmup, 5)) * 1e3
+        p99_s = None if inference_ms is None else float(np.percentile(inference_ms, 99)) / 1e3
+        try:
+            loop = target_loop(policy, robot, instruction, target, pace, p99_s)
+        except TargetError as err:  # the chunk cannot cover inference: refused before running
+            assert inference_ms is not None
+            refused = LatencyReport(
+                export=str(export_dir),
+                target=target.name,
+                passed=False,
+                reasons=[str(err)],
+                budget_ms=budget,
+                allowed_misses=target.allowed_misses,
+                steps=0,
+                warmup=0,
+                p50_ms=0.0,
+                p95_ms=0.0,
+                p99_ms=0.0,
+                max_ms=0.0,
+                mean_ms=0.0,
+                jitter_ms=0.0,
+                misses=0,
+                errors=0,
+                inference_ticks=0,
+                measured_on=policy.engine.describe(),
+                variant=policy.variant,
+                mode=target.mode,
+                **_inference_figures(inference_ms),
+            )
+            if out is not None:
+                out.mkdir(parents=True, exist_ok=True)
+                _write_report(refused, out, None)
+            return refused
+        try:
+            loop.run(warmup)
+            ticks: list[Tick] = loop.run(steps)
+        finally:
+            loop.close()
     finally:
         robot.stop()
     ms = np.array([t.latency_s for t in ticks]) * 1000.0
     misses = sum(t.missed for t in ticks)
+    figures = verdict(ms, misses, budget, target.allowed_misses)
+    extra: dict[str, Any] = {}
+    if inference_ms is not None:
+        extra = _async_figures(ticks, target) | _inference_figures(inference_ms)
+        figures["reasons"] += extra.pop("reasons")
+        figures["passed"] = not figures["reasons"]
     report = LatencyReport(
         export=str(export_dir),
         target=target.name,
@@ -342,11 +482,45 @@ def run_gate(
         inference_ticks=sum(t.inferred for t in ticks),
         measured_on=policy.engine.describe(),
         variant=policy.variant,
-        **verdict(ms, misses, budget, target.allowed_misses),
+        mode=target.mode,
+        **figures,
+        **extra,
     )
     if out is not None:
         _write(report, ms, out)
     return report
+
+
+def _inference_figures(inference_ms: np.ndarray) -> dict[str, Any]:
+    return {
+        "inference_p50_ms": float(np.percentile(inference_ms, 50)),
+        "inference_p99_ms": float(np.percentile(inference_ms, 99)),
+    }
+
+
+def _async_figures(ticks: list[Tick], target: TargetProfile) -> dict[str, Any]:
+    """The asynchronous loop's own figures over ``ticks`` and the reasons they fail
+    ``target``: action age p50/p99 (ms, ticks that sent a policy action) against
+    ``action_age_budget_ms``, the largest seam jump (robot units) against ``seam_jump_max``."""
+    ages = np.array([t.action_age_s for t in ticks if t.action_age_s is not None]) * 1e3
+    seams = [t.seam_jump for t in ticks if t.seam_jump is not None]
+    age_p99 = float(np.percentile(ages, 99)) if ages.size else None
+    seam = max(seams) if seams else None
+    reasons = []
+    budget = target.action_age_budget_ms
+    if budget is not None and age_p99 is not None and age_p99 > budget:
+        reasons.append(f"action age p99 {age_p99:.2f} ms > budget {budget:g} ms")
+    if target.seam_jump_max is not None and seam is not None and seam > target.seam_jump_max:
+        reasons.append(
+            f"largest seam jump {seam:.4g} > {target.seam_jump_max:g} (robot units, "
+            f"blend: {target.blend})"
+        )
+    return {
+        "reasons": reasons,
+        "action_age_p50_ms": float(np.percentile(ages, 50)) if ages.size else None,
+        "action_age_p99_ms": age_p99,
+        "seam_jump_max": seam,
+    }
 
 
 def gate_trial(trial: Trial, report: LatencyReport) -> None:
@@ -413,6 +587,28 @@ def run_auto_gate(
     return report
 
 
+def _async_rows(report: LatencyReport) -> list[tuple[str, str]]:
+    """The ``async`` figures of ``latency.md`` (none in ``sync``)."""
+    if report.mode != "async":
+        return []
+
+    def ms(value: float | None) -> str:
+        return "-" if value is None else f"{value:.2f}"
+
+    seam = "-" if report.seam_jump_max is None else f"{report.seam_jump_max:.4g}"
+    return [
+        (
+            "inference p50 / p99",
+            f"{ms(report.inference_p50_ms)} / {ms(report.inference_p99_ms)} ms",
+        ),
+        (
+            "action age p50 / p99",
+            f"{ms(report.action_age_p50_ms)} / {ms(report.action_age_p99_ms)} ms",
+        ),
+        ("largest seam jump", f"{seam} (robot units)"),
+    ]
+
+
 def _write(report: LatencyReport, ms: np.ndarray, out: Path) -> None:
     import matplotlib
 
@@ -435,9 +631,9 @@ def _write(report: LatencyReport, ms: np.ndarray, out: Path) -> None:
     _write_report(report, out, "latency.png")
 
 
-def _write_report(report: LatencyReport, out: Path, histogram: str) -> None:
-    """``latency.md`` (the histogram at ``histogram``, relative to ``out``) and
-    ``latency_report.json``."""
+def _write_report(report: LatencyReport, out: Path, histogram: str | None) -> None:
+    """``latency.md`` (the histogram at ``histogram``, relative to ``out``; None: no loop ran)
+    and ``latency_report.json``."""
     verdict = "PASSED" if report.passed else "FAILED: " + "; ".join(report.reasons)
     rows = [
         (
@@ -449,6 +645,8 @@ def _write_report(report: LatencyReport, out: Path, histogram: str) -> None:
         ("deadline misses", f"{report.misses} (allowed {report.allowed_misses})"),
         ("steps", f"{report.steps} after {report.warmup} warm-up"),
         ("variant", report.variant or "-"),
+        ("mode", report.mode),
+        *_async_rows(report),
         *report.measured_on.items(),
     ]
     lines = [
@@ -459,9 +657,9 @@ def _write_report(report: LatencyReport, out: Path, histogram: str) -> None:
         "| | |",
         "|---|---|",
         *[f"| {k} | {v} |" for k, v in rows],
-        "",
-        f"![latency histogram]({histogram})",
     ]
+    if histogram is not None:
+        lines += ["", f"![latency histogram]({histogram})"]
     if report.trials:
         lines += [
             "",

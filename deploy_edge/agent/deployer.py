@@ -538,9 +538,16 @@ class Deployer:
         write_atomic(self.slots_dir / f"{self._slot_name(slot.path)}.json", _dumps(slot.to_json()))
         chosen = f"{run.deployment.choice}; " if auto else ""
         run.detail = (
-            f"{chosen}p99 {report.p99_ms:.2f} ms <= {report.budget_ms:g} ms, "
+            f"{chosen}{report.mode}: p99 {report.p99_ms:.2f} ms <= {report.budget_ms:g} ms, "
             f"{report.misses} misses in {report.steps} steps"
         )
+        if report.mode == "async":  # what the asynchronous loop was judged on too
+            run.detail += (
+                f"; inference p50/p99 {report.inference_p50_ms:.2f}/"
+                f"{report.inference_p99_ms:.2f} ms, action age p99 "
+                f"{report.action_age_p99_ms or 0:.2f} ms, largest seam jump "
+                f"{report.seam_jump_max or 0:.4g}"
+            )
 
     def _health(self, run: _Run) -> None:
         shadow = self.config.shadow_health
@@ -577,9 +584,11 @@ class Deployer:
             instruction = getattr(robot, "instruction", None) or self.config.instruction
         ticks: list[Tick] = []
         try:
-            loop = target_loop(policy, robot, instruction, p, self.config.pace)
-            while len(ticks) < max_ticks and not (until_done and getattr(robot, "done", False)):
-                ticks += loop.run(1)
+            with target_loop(policy, robot, instruction, p, self.config.pace) as loop:
+                while len(ticks) < max_ticks and not (
+                    until_done and getattr(robot, "done", False)
+                ):
+                    ticks += loop.run(1)
         finally:
             robot.stop()
         return ticks, robot

@@ -1,0 +1,330 @@
+"""The asynchronous control loop and its gate, on a real ONNX export of the tiny policy.
+
+The delay at the engine seam: :class:`SlowExport` is the real export whose ``infer`` sleeps
+``delay_s`` before running the engine, standing in for a policy too big for this CPU (the 250 M
+preset takes ~150-300 ms here). Nothing of the loop is mocked: its worker thread, the
+ChunkQueue, the pacing and the gate run as on a robot.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from deploy_edge.agent.config import DeviceConfig
+from deploy_edge.agent.deployer import Deployer
+from deploy_edge.exported import ExportedPolicy
+from deploy_edge.keys import generate_keypair, load_private_key
+from deploy_edge.latency import LatencyReport, TargetError, load_target, run_gate
+from deploy_edge.release import write_release
+from deploy_edge.runtime import AsyncControlLoop, Blend, ChunkPolicy, Tick, inference_ticks
+from robots.spec import RobotSpec
+from tests.deploy_edge.test_runtime import RecordingRobot
+
+INSTRUCTION = "touch the red cube"
+DELAY_S = 0.15
+"""The engine's delay: longer than the 100 ms period at 10 Hz (d = 2 ticks with the margin)."""
+
+
+class SlowExport(ExportedPolicy):
+    """The real export, each inference ``delay_s`` slower (the engine seam); it remembers every
+    chunk it returned, and raises instead on its ``fail_on``-th call."""
+
+    def __init__(self, export_dir: Path, delay_s: float, fail_on: int = 0) -> None:
+        super().__init__(export_dir)
+        self.delay_s, self.fail_on = delay_s, fail_on
+        self.calls = 0
+        self.chunks: list[np.ndarray] = []
+
+    def infer(
+        self, images: dict[str, np.ndarray], state: np.ndarray, instructions: list[str]
+    ) -> np.ndarray:
+        self.calls += 1
+        if self.calls == self.fail_on:
+            raise ConnectionError("policy server went away")
+        time.sleep(self.delay_s)
+        chunk = super().infer(images, state, instructions)
+        self.chunks.append(chunk[0].copy())
+        return chunk
+
+
+@pytest.fixture(scope="module")
+def long_export(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny policy exported with chunks of 8 actions (the shared fixture's 3 cannot cover a
+    2-tick inference: 3 < 2 x 2)."""
+    import torch
+
+    from stages.export import export
+    from stages.policy.checkpoint import new_policy, save_policy
+    from tests.stages.tiny_models import TINY_POLICY
+
+    torch.manual_seed(0)
+    config = TINY_POLICY.model_copy(update={"chunk_len": 8})
+    policy, _ = new_policy(config, ["scene"], 32, 6, 6)
+    root = tmp_path_factory.mktemp("long-export")
+    save_policy(policy, root / "ckpt", None)
+    return Path(export(root / "ckpt", root / "export").path)
+
+
+def test_async_gate_holds_10_hz_with_an_engine_slower_than_the_period_where_sync_misses(
+    rp5: RobotSpec, long_export: Path, tmp_path: Path
+) -> None:
+    sync = run_gate(
+        long_export,
+        RecordingRobot(rp5),
+        INSTRUCTION,
+        load_target("local-cpu"),
+        steps=5,
+        warmup=1,
+        pace=False,
+        policy=SlowExport(long_export, DELAY_S),
+    )
+    assert sync.mode == "sync" and sync.misses == 5 and not sync.passed, "every tick infers late"
+    assert sync.inference_p99_ms is None and sync.action_age_p99_ms is None
+
+    target = load_target("local-cpu-async")
+    assert target.mode == "async" and target.control_hz == 10.0
+    report = run_gate(
+        long_export,
+        RecordingRobot(rp5),
+        INSTRUCTION,
+        target,
+        steps=40,
+        warmup=5,
+        pace=False,  # ignored: an asynchronous loop is always paced
+        out=tmp_path,
+        policy=SlowExport(long_export, DELAY_S),
+    )
+    assert report.passed, report.reasons
+    assert report.mode == "async" and report.misses == 0 and report.errors == 0
+    assert report.p99_ms < 100.0, "the tick itself never waits on the engine"
+    assert report.inference_p50_ms is not None and report.inference_p99_ms is not None
+    assert DELAY_S * 1000 <= report.inference_p50_ms <= report.inference_p99_ms
+    # d = 2: an action is sent 2 ticks after its observation at the earliest, and the chunk
+    # is replaced before it is older than d + its 8 - 2 d - m ... at most 7 periods either way
+    assert report.action_age_p50_ms is not None and report.action_age_p99_ms is not None
+    assert 190.0 <= report.action_age_p50_ms <= report.action_age_p99_ms <= 600.0
+    assert report.seam_jump_max is not None and report.seam_jump_max > 0.0
+    assert 40 / 8 <= report.inference_ticks <= 40 / 2, "a chunk of 8 serves 2 to 8 ticks"
+    markdown = Path(report.report).read_text()
+    for row in ("| mode | async |", "| inference p50 / p99 |", "| action age p50 / p99 |"):
+        assert row in markdown
+    assert "| largest seam jump |" in markdown
+    written = json.loads((tmp_path / "latency_report.json").read_text())
+    assert LatencyReport.from_json(written) == report
+    old = {k: v for k, v in written.items() if k not in ("mode", "inference_p50_ms")}
+    assert LatencyReport.from_json(old).mode == "sync", "a report from before modes loads"
+
+
+def test_the_async_gate_judges_action_age_and_seam_jump(rp5: RobotSpec, long_export: Path) -> None:
+    target = load_target("local-cpu-async").model_copy(
+        update={"action_age_budget_ms": 150.0, "seam_jump_max": 1e-6}
+    )
+    report = run_gate(
+        long_export,
+        RecordingRobot(rp5),
+        INSTRUCTION,
+        target,
+        steps=20,
+        warmup=5,
+        policy=SlowExport(long_export, DELAY_S),
+    )
+    assert report.misses == 0 and not report.passed
+    assert report.action_age_p99_ms is not None and report.seam_jump_max is not None
+    assert report.reasons == [
+        f"action age p99 {report.action_age_p99_ms:.2f} ms > budget 150 ms",
+        f"largest seam jump {report.seam_jump_max:.4g} > 1e-06 (robot units, blend: linear)",
+    ]
+
+
+def run_loop(
+    rp5: RobotSpec, policy: ChunkPolicy, blend: Blend, ticks: int
+) -> tuple[list[Tick], RecordingRobot, AsyncControlLoop]:
+    """``ticks`` paced ticks of ``policy`` (inference taken as :data:`DELAY_S`) from the start."""
+    robot = RecordingRobot(rp5)
+    robot.connect()
+    try:
+        with AsyncControlLoop(policy, robot, INSTRUCTION, inference_s=DELAY_S, blend=blend) as loop:
+            records = loop.run(ticks)
+    finally:
+        robot.stop()
+    return records, robot, loop
+
+
+def test_each_chunk_is_aligned_to_its_observation_and_its_past_actions_are_skipped(
+    rp5: RobotSpec, long_export: Path
+) -> None:
+    """Without blending, the action sent at tick k is action ``k - t`` of the newest chunk
+    that has arrived, ``t`` the tick of the observation it was computed from: its first
+    actions (ticks that passed while it was computed) are never sent."""
+    policy = SlowExport(long_export, DELAY_S)
+    ticks, robot, loop = run_loop(rp5, policy, "none", 30)
+    d = inference_ticks(DELAY_S, 0.02, 0.1)
+    assert d == 2 and loop.inference_ticks == d
+    started = [k for k, t in enumerate(ticks) if t.inferred]
+    arrived = [k for k, t in enumerate(ticks) if t.inference_s is not None]
+    assert not any(t.missed for t in ticks) and len(arrived) >= 4
+    assert [a - s for s, a in zip(started, arrived, strict=False)] == [d] * len(arrived)
+    sent = 0
+    for k, tick in enumerate(ticks):
+        if tick.action_age_s is None:
+            assert k < arrived[0], "only the ticks before the first chunk hold still"
+            continue
+        j = sum(a <= k for a in arrived) - 1  # the newest chunk that has arrived
+        assert k - started[j] >= d, "a past action is never sent"
+        np.testing.assert_allclose(robot.sent[k], policy.chunks[j][k - started[j]], rtol=1e-6)
+        assert tick.action_age_s == pytest.approx((k - started[j]) * 0.1, abs=0.05)
+        sent += 1
+    assert sent == len(ticks) - arrived[0]
+
+
+class ReplanningPolicy:
+    """A stand-in for a policy whose every plan disagrees with the previous one: chunk ``j``
+    holds every action dimension at ``+0.05`` or ``-0.05`` (``(-1)^j``), a 0.1 disagreement at
+    each seam, and nothing moves within a chunk. The random-weight export cannot show a seam:
+    its consecutive actions differ by ~1 within a chunk, its chunks hardly at all."""
+
+    chunk_len = 8
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def infer(
+        self, images: dict[str, np.ndarray], state: np.ndarray, instructions: list[str]
+    ) -> np.ndarray:
+        time.sleep(DELAY_S)
+        self.calls += 1
+        return np.full((1, self.chunk_len, 6), 0.05 * (-1) ** self.calls, np.float32)
+
+
+def test_the_linear_blend_bounds_the_seam_jump_where_switching_does_not(rp5: RobotSpec) -> None:
+    """d = 2 ticks of inference, and 2 of overlap planned (a chunk of 8 starts the next
+    inference at 4 actions left): switching jumps the whole 0.1 at a seam, the linear
+    crossfade a third of it (w = 1 / (2 + 1)) on each of 3 ticks (half, on 2, if a chunk comes
+    a tick late on a busy machine). Robot units: rad of joint delta, m of gripper target."""
+    largest = {}
+    for blend in ("linear", "none"):
+        ticks, robot, loop = run_loop(rp5, ReplanningPolicy(), blend, 25)
+        assert loop.lead == 4 and not any(t.missed for t in ticks)
+        seams = [t.seam_jump for t in ticks if t.seam_jump is not None]
+        assert len(seams) >= 3
+        sent = [a for a, t in zip(robot.sent, ticks, strict=True) if t.action_age_s is not None]
+        steps = np.abs(np.diff(sent, axis=0)).max()
+        assert steps == pytest.approx(max(seams), rel=1e-4), "no step is larger than a seam's"
+        largest[blend] = seams
+    assert all(s == pytest.approx(0.1, rel=1e-4) for s in largest["none"]), largest
+    assert max(largest["linear"]) <= 0.05 + 1e-6, largest
+    assert min(largest["linear"]) == pytest.approx(0.1 / 3, rel=1e-4), largest
+
+
+def test_an_engine_failure_in_the_worker_sends_the_safe_action_within_one_tick(
+    rp5: RobotSpec, long_export: Path
+) -> None:
+    """The third inference raises (a dropped socket of a remote policy): the next tick sends
+    the safe action and records the error, ``tick()`` raises nothing, and the loop recovers
+    with the next inference."""
+    ticks, robot, _ = run_loop(rp5, SlowExport(long_export, DELAY_S, fail_on=3), "linear", 25)
+    failed = [k for k, t in enumerate(ticks) if t.error]
+    assert len(failed) == 1, [t.error for t in ticks]
+    k = failed[0]
+    started = [i for i, t in enumerate(ticks) if t.inferred]
+    assert k == started[2] + 1, "the failure reaches the robot at the very next tick"
+    assert ticks[k].missed and ticks[k].error == "ConnectionError: policy server went away"
+    safe = robot.sent[k]
+    assert np.all(safe[:5] == 0.0), "no joint motion"
+    assert ticks[k].action_age_s is None
+    assert ticks[k].inferred, "the failed tick starts the next inference"
+    later = ticks[k + 1 :]
+    assert any(t.action_age_s is not None for t in later), "the loop recovers"
+    assert sum(t.missed for t in ticks) <= 1 + inference_ticks(DELAY_S, 0.02, 0.1)
+
+
+def test_a_chunk_that_cannot_cover_inference_is_refused_with_its_arithmetic(
+    rp5: RobotSpec, export_dir: Path, tmp_path: Path
+) -> None:
+    """The shared export's chunk of 3 at 10 Hz, inference 100 ms + 20 ms = 2 ticks: a chunk
+    must cover 2 x 2 = 4. The gate refuses after timing inference, before any tick runs."""
+    robot = RecordingRobot(rp5)
+    report = run_gate(
+        export_dir,
+        robot,
+        INSTRUCTION,
+        load_target("local-cpu-async"),
+        steps=50,
+        warmup=5,
+        out=tmp_path,
+        policy=SlowExport(export_dir, 0.1),
+    )
+    assert not report.passed and report.steps == 0 and robot.sent == [], "no tick ran"
+    assert report.inference_p99_ms is not None and report.inference_p99_ms >= 100.0
+    (reason,) = report.reasons
+    assert reason.startswith("target 'local-cpu-async': a chunk of 3 actions x 100 ms = 300 ms")
+    assert "cannot hold 10 Hz" in reason and "2 ticks" in reason
+    assert "4 actions (400 ms)" in reason
+    assert "FAILED: target 'local-cpu-async': a chunk of 3" in (tmp_path / "latency.md").read_text()
+    robot.connect()
+    try:
+        with pytest.raises(ValueError, match=r"a chunk of 3 actions .* 4 actions \(400 ms\)"):
+            AsyncControlLoop(SlowExport(export_dir, 0.0), robot, INSTRUCTION, inference_s=0.1)
+    finally:
+        robot.stop()
+
+
+def test_an_async_profile_needs_an_action_age_budget(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nmode: async\n")
+    with pytest.raises(TargetError, match=r"bad\.yaml: mode: async needs action_age_budget_ms"):
+        load_target(str(bad))
+
+
+def test_the_agent_gates_and_health_checks_in_the_profile_s_mode(
+    export_dir: Path, tmp_path: Path
+) -> None:
+    """A deployment to the agent with an asynchronous target profile: gated and health-checked
+    in that mode (the tiny export's inference fits in one tick: d = 1, a chunk of 3 >= 2);
+    with a margin that makes d = 2, refused at the gate with the arithmetic."""
+    private, public = generate_keypair(tmp_path / "keys", "release")
+    release = tmp_path / "r1.release"
+    write_release(
+        export_dir,
+        release,
+        load_private_key(private),
+        model_name="tiny",
+        model_version="1",
+        run_id="run-1",
+        release=1,
+    )
+    profile = load_target("local-cpu-async")
+
+    def deploy(name: str, **changes: float) -> tuple[str, str, str]:
+        target = tmp_path / f"{name}.yaml"
+        target.write_text(
+            json.dumps(profile.model_copy(update={"name": name, **changes}).model_dump())
+        )
+        config = DeviceConfig(
+            name="dev-1",
+            token_sha256="a" * 64,
+            trusted_keys=[public],
+            state_dir=tmp_path / name,
+            target=str(target),
+            gate_steps=20,
+            gate_warmup=3,
+            pace=False,
+            health_ticks=10,
+        )
+        done = Deployer(config).deploy(release)
+        gate = next(s for s in done.steps if s.name == "gate")
+        return done.state, done.reason, gate.detail
+
+    state, reason, detail = deploy("async-ok")
+    assert state == "active", reason
+    assert detail.startswith("async: p99 ") and "0 misses in 20 steps" in detail
+    assert "inference p50/p99 " in detail and "action age p99 " in detail
+    state, reason, _ = deploy("async-late", inference_margin_ms=150.0)
+    assert state == "refused"
+    assert reason.startswith("gate: target 'async-late': a chunk of 3 actions x 100 ms")
+    assert "+ margin 150 ms = 2 ticks" in reason and "4 actions (400 ms)" in reason

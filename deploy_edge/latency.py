@@ -587,6 +587,21 @@ def run_auto_gate(
     return report
 
 
+def async_line(report: LatencyReport) -> str:
+    """An ``async`` gate's own figures in one line (inference alone, action age, seams), as
+    the CLI and the run summary show them."""
+
+    def ms(value: float | None) -> str:
+        return "-" if value is None else f"{value:.2f}"
+
+    seam = "-" if report.seam_jump_max is None else f"{report.seam_jump_max:.4g}"
+    return (
+        f"async: inference p50 {ms(report.inference_p50_ms)} p99 {ms(report.inference_p99_ms)} "
+        f"ms; action age p50 {ms(report.action_age_p50_ms)} p99 "
+        f"{ms(report.action_age_p99_ms)} ms; largest seam jump {seam} (robot units)"
+    )
+
+
 def _async_rows(report: LatencyReport) -> list[tuple[str, str]]:
     """The ``async`` figures of ``latency.md`` (none in ``sync``)."""
     if report.mode != "async":

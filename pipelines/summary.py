@@ -181,19 +181,28 @@ def _table(rows: list[dict[str, str]]) -> list[str]:
 
 
 def latency_table(latency: LatencyReport) -> list[dict[str, Any]]:
-    """The latency gate's figures as one table row."""
-    return [
-        {
-            "target": latency.target,
-            "result": "pass" if latency.passed else "FAIL",
-            "p50 ms": round(latency.p50_ms, 2),
-            "p95 ms": round(latency.p95_ms, 2),
-            "p99 ms": round(latency.p99_ms, 2),
-            "max ms": round(latency.max_ms, 2),
-            "budget ms": latency.budget_ms,
-            "misses": latency.misses,
+    """The latency gate's figures as one table row (an ``async`` gate's own figures too)."""
+    row: dict[str, Any] = {
+        "target": latency.target,
+        "result": "pass" if latency.passed else "FAIL",
+        "p50 ms": round(latency.p50_ms, 2),
+        "p95 ms": round(latency.p95_ms, 2),
+        "p99 ms": round(latency.p99_ms, 2),
+        "max ms": round(latency.max_ms, 2),
+        "budget ms": latency.budget_ms,
+        "misses": latency.misses,
+    }
+    if latency.mode == "async":
+        row |= {
+            "inference p99 ms": _rounded(latency.inference_p99_ms),
+            "action age p99 ms": _rounded(latency.action_age_p99_ms),
+            "largest seam jump": latency.seam_jump_max,
         }
-    ]
+    return [row]
+
+
+def _rounded(ms: float | None) -> float | None:
+    return None if ms is None else round(ms, 2)
 
 
 def gate_result(gate: Gate) -> str:
@@ -414,6 +423,9 @@ def markdown(
         ]
     if cand.comparison:
         lines += comparison_markdown(cand.comparison)
+    from deploy_edge.latency import async_line  # the run's own figures, as the CLI says them
+
+    async_figures = async_line(latency) if latency.mode == "async" else ""
     lines += [
         "",
         "## Latency gate (whole control step on this machine)",
@@ -424,6 +436,7 @@ def markdown(
         f"{latency.p99_ms:.2f} | {latency.max_ms:.2f} | {latency.budget_ms:g} | "
         f"{latency.misses} |",
         "",
+        *([f"Inference off the tick ({async_figures}).", ""] if async_figures else []),
         "Measured on " + ", ".join(f"{k} {v}" for k, v in latency.measured_on.items()) + ".",
         "",
         "## Data and training",

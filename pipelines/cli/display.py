@@ -311,6 +311,8 @@ def show_evaluation(title: str, report: EvalReport, out: Console = console) -> N
     out.print(table)
     if report.failures:
         out.print(f"why episodes failed: {breakdown_line(report.failures)}", highlight=False)
+    if report.delay:
+        out.print(f"inference delay: {report.delay.describe()}", highlight=False)
     if report.comparison:
         c = report.comparison
         verdict = "[green]passed" if c.passed else "[red]FAILED"
@@ -351,6 +353,10 @@ def show_latency(report: LatencyReport, out: Console = console) -> None:
         f"{report.jitter_ms:.2f} ms; misses {report.misses}; {report.measured_on['engine']}; "
         f"report: {report.report}"
     )
+    if report.mode == "async":  # what the asynchronous loop was judged on besides its tick
+        from deploy_edge.latency import async_line
+
+        out.print(async_line(report), highlight=False)
 
 
 def show_pipeline_result(

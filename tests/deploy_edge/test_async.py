@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from rich.console import Console
 
 from deploy_edge.agent.config import DeviceConfig
 from deploy_edge.agent.deployer import Deployer
@@ -22,6 +23,8 @@ from deploy_edge.keys import generate_keypair, load_private_key
 from deploy_edge.latency import LatencyReport, TargetError, load_target, run_gate
 from deploy_edge.release import write_release
 from deploy_edge.runtime import AsyncControlLoop, Blend, ChunkPolicy, Tick, inference_ticks
+from pipelines.cli.display import show_latency
+from pipelines.summary import latency_table
 from robots.spec import RobotSpec
 from tests.deploy_edge.test_runtime import RecordingRobot
 
@@ -118,6 +121,15 @@ def test_async_gate_holds_10_hz_with_an_engine_slower_than_the_period_where_sync
     assert LatencyReport.from_json(written) == report
     old = {k: v for k, v in written.items() if k not in ("mode", "inference_p50_ms")}
     assert LatencyReport.from_json(old).mode == "sync", "a report from before modes loads"
+    shown = Console(record=True, width=250)
+    show_latency(report, shown)  # what `robo-pipe gate` prints
+    text = shown.export_text()
+    assert f"async: inference p50 {report.inference_p50_ms:.2f} p99 " in text
+    assert "action age p50 " in text and "largest seam jump " in text
+    table = latency_table(report)[0]  # the run's table artifact
+    assert table["inference p99 ms"] == round(report.inference_p99_ms, 2)
+    assert table["largest seam jump"] == report.seam_jump_max
+    assert "inference p99 ms" not in latency_table(sync)[0]
 
 
 def test_the_async_gate_judges_action_age_and_seam_jump(rp5: RobotSpec, long_export: Path) -> None:

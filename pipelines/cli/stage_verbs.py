@@ -234,6 +234,29 @@ def evaluate(
         int | None, typer.Option(min=1, help="Episodes per variant (overrides evaluate.episodes).")
     ] = None,
     seed: Annotated[int | None, typer.Option(help="Root seed of the eval seeds.")] = None,
+    delay_ms: Annotated[
+        float | None,
+        typer.Option(
+            min=0.0,
+            help="Play the policy as a robot whose inference takes this long, ms (overrides "
+            "evaluate.delay.inference_ms; 0: none), compared with itself at zero delay.",
+        ),
+    ] = None,
+    delay_from: Annotated[
+        Path | None,
+        typer.Option(
+            help="Play the inference p99 of this latency gate's latency_report.json "
+            "(evaluate.delay.latency_report) instead of --delay-ms.",
+        ),
+    ] = None,
+    delay_mode: Annotated[
+        str | None,
+        typer.Option(
+            metavar="sync|async",
+            help="sync: the robot holds while inference runs; async: the runtime's "
+            "asynchronous loop (evaluate.delay.mode, default sync).",
+        ),
+    ] = None,
     ray_address: RayAddressOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
@@ -248,8 +271,36 @@ def evaluate(
 
     A policy worse than --baseline on the same seeds is blocked: exit 1, with its report and
     --json record still written.
+
+    With an inference delay (--delay-ms or --delay-from, evaluate.delay), the policy plays as
+    a robot whose inference takes that long, in --delay-mode sync or async, and its baseline is
+    itself at zero delay on the same seeds (no --baseline then): exit 1 if the delay makes it
+    worse. An async chunk too short for the delay is refused before any episode, with the
+    arithmetic.
     """
-    cfg = load(config, set_, **{"evaluate.episodes": episodes, "seed": seed})
+    cfg = load(
+        config,
+        set_,
+        **{
+            "evaluate.episodes": episodes,
+            "seed": seed,
+            "evaluate.delay.inference_ms": delay_ms,
+            "evaluate.delay.latency_report": delay_from,
+            "evaluate.delay.mode": delay_mode,
+        },
+    )
+    delayed = cfg.evaluate.delay.inference_ms > 0 or cfg.evaluate.delay.latency_report
+    if delayed and baseline:
+        raise typer.BadParameter(
+            "an evaluation with an inference delay is compared with the policy at zero delay; "
+            "it takes no --baseline",
+            param_hint="--baseline",
+        )
+    if delayed:  # an unreadable latency report: before anything is made
+        from robots.spec import get_robot
+        from stages.evaluate.delay import delay_plan
+
+        delay_plan(cfg.evaluate.delay, get_robot(cfg.robot))
     registered = [p for p in (policy, baseline) if p and p.startswith("models:")]
     for uri in registered:
         registry.parse_model_uri(uri)  # bad input: before anything is made
@@ -279,6 +330,15 @@ def evaluate(
         )
     show_evaluation(f"evaluation of {policy}", report, result_console(json_out))
     emit_json(report, json_out)
+    if report.comparison is not None and not report.comparison.passed and report.delay:
+        console.print(
+            f"[red]blocked:[/] {policy} with an inference of {report.delay.inference_ms:g} ms "
+            f"({report.delay.mode}) is worse than at zero delay on the same seeds "
+            f"({report.comparison.difference:+.1%} success at "
+            f"{report.comparison.confidence:.0%} confidence): exit code 1",
+            highlight=False,
+        )
+        raise typer.Exit(code=1)
     if report.comparison is not None and not report.comparison.passed:
         console.print(
             f"[red]blocked:[/] {policy} is worse than the baseline {baseline} on the same seeds "
@@ -424,6 +484,7 @@ def register(app: typer.Typer) -> None:
         "robo-pipe evaluate models:/demo-policy@champion",
         "robo-pipe evaluate models:/demo-policy/3 --baseline models:/demo-policy@champion",
         "robo-pipe evaluate runs/ckpt-export --config configs/tiny.yaml --episodes 10",
+        "robo-pipe evaluate runs/ckpt-export --delay-ms 300 --delay-mode async",
     )
     add_verb(
         app,

@@ -5,6 +5,9 @@ and the ticks at which a delayed chunk's actions are sent (sync and async)."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -220,3 +223,26 @@ def test_async_keeps_the_success_of_zero_delay_where_sync_loses_it(rp5: RobotSpe
     assert solved["sync", 0.0] == 12
     assert solved["async", 250.0] >= 11, solved
     assert solved["sync", 250.0] <= 8, solved
+
+
+def test_the_evaluate_verb_refuses_a_delay_its_chunk_cannot_cover(
+    moving_checkpoint: Path, robo_pipe_home: Path
+) -> None:
+    """``robo-pipe evaluate --delay-ms 250 --delay-mode async`` on a chunk of 3: the arithmetic,
+    no traceback, before any episode; a delay with --baseline: refused (a usage error)."""
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "ROBO_PIPE_HOME": str(robo_pipe_home), "COLUMNS": "200"}
+
+    def robo_pipe(*args: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "pipelines.cli", "evaluate", str(moving_checkpoint)]
+        tiny = ["--config", str(TINY_CONFIG), "--delay-ms", "250"]
+        return subprocess.run(
+            [*command, *tiny, *args], cwd=root, env=env, capture_output=True, text=True
+        )
+
+    refused = robo_pipe("--delay-mode", "async")
+    shown = " ".join(refused.stderr.split())
+    assert refused.returncode != 0 and "Traceback" not in shown, shown
+    assert "a chunk of 3 actions x 100 ms = 300 ms cannot hold 10 Hz" in shown
+    both = robo_pipe("--baseline", str(moving_checkpoint))
+    assert both.returncode == 2 and "it takes no --baseline" in " ".join(both.stderr.split())

@@ -116,8 +116,14 @@ def test_the_delay_can_come_from_a_latency_report(rp5: RobotSpec, tmp_path: Path
     path = tmp_path / "latency_report.json"
     path.write_text(json.dumps(report.to_json()))
     plan = delay_plan(DelayConfig(mode="async", latency_report=str(path)), rp5)
-    assert plan is not None and (plan.inference_ms, plan.ticks) == (180.0, 2)
+    assert plan is not None and (plan.inference_ms, plan.ticks) == (180.0, 2), "a sync gate's"
     assert str(path) in plan.source
+    path.write_text(json.dumps({**report.to_json(), "mode": "async", "inference_p99_ms": 230.0}))
+    plan = delay_plan(DelayConfig(mode="async", latency_report=str(path)), rp5)
+    assert plan is not None and (plan.inference_ms, plan.ticks) == (230.0, 3), "inference alone"
+    path.write_text("{}")
+    with pytest.raises(DelayError, match="latency_report"):
+        delay_plan(DelayConfig(latency_report=str(path)), rp5)
     with pytest.raises(ValueError, match="not both"):
         DelayConfig(inference_ms=5.0, latency_report=str(path))
 

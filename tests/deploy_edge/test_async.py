@@ -250,9 +250,12 @@ def test_an_engine_failure_in_the_worker_sends_the_safe_action_within_one_tick(
     assert np.all(safe[:5] == 0.0), "no joint motion"
     assert ticks[k].action_age_s is None
     assert ticks[k].inferred, "the failed tick starts the next inference"
-    later = ticks[k + 1 :]
-    assert any(t.action_age_s is not None for t in later), "the loop recovers"
-    assert sum(t.missed for t in ticks) <= 1 + inference_ticks(DELAY_S, 0.02, 0.1)
+    # The plan was dropped: the queue is dry (a miss each tick, the safe action) until the
+    # next chunk arrives d = 2 ticks later (3 on a busy machine), then policy actions again.
+    missed = [i for i, t in enumerate(ticks) if t.missed]
+    assert missed in ([k, k + 1], [k, k + 1, k + 2]), missed
+    assert all(np.all(robot.sent[i][:5] == 0.0) for i in missed)
+    assert all(t.action_age_s is not None for t in ticks[missed[-1] + 1 :]), "it recovers"
 
 
 def test_a_chunk_that_cannot_cover_inference_is_refused_with_its_arithmetic(

@@ -144,12 +144,15 @@ def async_shortfall(chunk_len: int, period_s: float, inference_s: float, margin_
 def trigger_threshold(chunk_len: int, d: int, blend_ticks: int | None = None) -> int:
     """Planned actions at or below which an asynchronous loop starts an inference (when none is
     in flight): ``d + m``. ``d`` (:func:`inference_ticks`) covers the inference; ``m`` is the
-    overlap the next chunk arrives into, the ticks :class:`ChunkQueue` blends the seam over:
-    ``blend_ticks`` (default ``d``), at most ``chunk_len - 2 d`` (what a chunk holds beyond the
-    ``2 d`` :func:`async_shortfall` asks for). With ``m = 0`` a chunk arrives when the plan runs
-    out, with nothing to blend: the seam is a jump whatever the blend."""
-    m = d if blend_ticks is None else blend_ticks
-    return d + max(0, min(m, chunk_len - 2 * d))
+    overlap the next chunk arrives into, the ticks :class:`ChunkQueue` blends the seam over, at
+    most ``chunk_len - 2 d`` (what a chunk holds beyond the ``2 d`` :func:`async_shortfall`
+    asks for). Default (``blend_ticks`` None): that most, so the next inference starts as soon
+    as a chunk arrives: the freshest actions one engine can give (an action is ``d`` to
+    ``2 d - 1`` ticks old). ``blend_ticks`` caps ``m``: fewer inferences, older actions. With
+    ``m = 0`` a chunk arrives when the plan runs out, with nothing to blend: the seam is a
+    jump whatever the blend."""
+    room = max(0, chunk_len - 2 * d)
+    return d + (room if blend_ticks is None else min(blend_ticks, room))
 
 
 class ChunkQueue:
@@ -338,8 +341,9 @@ class AsyncControlLoop:
     Args:
         inference_s: the inference time (s, a p99 estimate) ``d`` is derived from.
         margin_s: added to ``inference_s`` (s): the queue's copy, scheduling, the network.
-        blend, blend_ticks: :class:`ChunkQueue`'s seam rule; ``blend_ticks`` is also the overlap
-            :func:`trigger_threshold` plans for (default: ``d``; 0: none, the seam a jump).
+        blend, blend_ticks: :class:`ChunkQueue`'s seam rule; ``blend_ticks`` also caps the
+            overlap :func:`trigger_threshold` plans for (default: as much as the chunk allows;
+            0: none, the seam a jump).
         deadline_s: a tick whose latency exceeds this is a miss (default: the control period).
         pace: sleep to the control rate.
 

@@ -149,12 +149,11 @@ class _Env:
     num_envs = 1
 
 
-def _sent(
-    mode: str, chunk_len: int, inference_ms: float, ticks: int, rp5: RobotSpec
-) -> list[float]:
-    """The first arm dimension of the action sent at each of ``ticks`` ticks (0: safe)."""
-    policy = _Counter(chunk_len)
-    plan = delay_plan(DelayConfig(mode=mode, inference_ms=inference_ms), rp5)  # type: ignore[arg-type]
+def _sent(rp5: RobotSpec, ticks: int, **delay: object) -> list[float]:
+    """The first arm dimension of the action sent at each of ``ticks`` ticks (0: safe) by a
+    :class:`_Counter` policy with a chunk of 6, under ``evaluate.delay`` settings ``delay``."""
+    policy = _Counter(6)
+    plan = delay_plan(DelayConfig.model_validate(delay), rp5)
     assert plan is not None
     actor = DelayedActor(policy, check_plan(plan, policy, "counter"), rp5)
     obs = BatchedObservation({}, np.zeros((1, 6), np.float32), ["touch"])
@@ -165,22 +164,15 @@ def test_delayed_chunks_are_sent_at_the_ticks_they_plan(rp5: RobotSpec) -> None:
     """250 ms + 20 ms margin at 10 Hz is 3 ticks. async, chunk 6: the chunk from tick 0 arrives
     at tick 3 and sends its actions 3, 4, 5 (0-2 are past); the next inference starts at tick 3
     (3 left) and its chunk (observation of tick 3) sends actions 3-5 at ticks 6-8; the first 3
-    ticks send the safe action. sync: the robot holds 3 ticks, sends action 0, infers again."""
-    assert _sent("async", 6, 250.0, 12, rp5) == [
-        0,
-        0,
-        0,
-        103,
-        104,
-        105,
-        203,
-        204,
-        205,
-        303,
-        304,
-        305,
-    ]
-    assert _sent("sync", 6, 250.0, 8, rp5) == [0, 0, 0, 100, 0, 0, 0, 200]
+    ticks send the safe action. sync: the robot holds 3 ticks, sends action 0 (or the first
+    ``execute``), infers again."""
+    after = [103, 104, 105, 203, 204, 205, 303, 304, 305]
+    assert _sent(rp5, 12, mode="async", inference_ms=250.0) == [0, 0, 0, *after]
+    assert _sent(rp5, 8, mode="sync", inference_ms=250.0) == [0, 0, 0, 100, 0, 0, 0, 200]
+    twice = [0, 0, 0, 100, 101, 0, 0, 0, 200, 201]
+    assert _sent(rp5, 10, mode="sync", inference_ms=250.0, execute=2) == twice
+    with pytest.raises(DelayError, match="execute 7 > the policy's chunk of 6 actions"):
+        _sent(rp5, 1, mode="sync", inference_ms=250.0, execute=7)
 
 
 class _PlanningExpert:

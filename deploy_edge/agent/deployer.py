@@ -585,9 +585,7 @@ class Deployer:
         ticks: list[Tick] = []
         try:
             with target_loop(policy, robot, instruction, p, self.config.pace) as loop:
-                while len(ticks) < max_ticks and not (
-                    until_done and getattr(robot, "done", False)
-                ):
+                while len(ticks) < max_ticks and not (until_done and getattr(robot, "done", False)):
                     ticks += loop.run(1)
         finally:
             robot.stop()

@@ -175,9 +175,6 @@ class DelayedActor:
         self.inflight: list[_Inflight | None] = []
         self.inference_s = 0.0
         """Wall time in ``predict_chunk`` (a shard's ``inference`` timing)."""
-        self.inferences = 0
-        self.dry = 0
-        """Ticks the safe action was sent (nothing planned yet or any more)."""
 
     def _start(self, n: int) -> None:
         self.tick = [0] * n
@@ -194,6 +191,8 @@ class DelayedActor:
         if len(self.tick) != n:
             self._start(n)
         d = self.plan.ticks
+        for e in range(n):  # chunks that arrive now first: the trigger sees what is planned
+            self._receive(e)
         wants = [self._wants_inference(e) for e in range(n)]
         chunks = None
         if any(wants):  # one batched call; each env's chunk depends only on its observation
@@ -205,26 +204,29 @@ class DelayedActor:
             now = self.tick[e]
             if wants[e] and chunks is not None:
                 self.inflight[e] = _Inflight(chunks[e], now, now + d)
-                self.inferences += 1
             action = self._due(e, now)
-            if action is None:
-                self.dry += 1
-            else:
+            if action is not None:  # else the safe action
                 actions[e] = action
             self.tick[e] = now + 1
         return actions
 
-    def _wants_inference(self, e: int) -> bool:
-        """Whether env ``e`` starts an inference at its current tick (adding a chunk that
-        arrives now first, so the trigger sees what is planned)."""
+    def _receive(self, e: int) -> None:
+        """Env ``e``'s chunk in flight, if it arrives at its current tick: async, into the
+        queue, aligned to its observation's tick; sync, its first ``execute`` actions."""
         now, flight = self.tick[e], self.inflight[e]
-        if flight is not None and flight.ready <= now:
-            if self.plan.mode == "async":
-                self.queues[e].add(flight.chunk, flight.obs_tick, now)
-            else:
-                self.sync[e] = list(flight.chunk[: self.plan.execute])
-            self.inflight[e] = flight = None
-        if flight is not None:
+        if flight is None or flight.ready > now:
+            return
+        if self.plan.mode == "async":
+            self.queues[e].add(flight.chunk, flight.obs_tick, now)
+        else:
+            self.sync[e] = list(flight.chunk[: self.plan.execute])
+        self.inflight[e] = None
+
+    def _wants_inference(self, e: int) -> bool:
+        """Whether env ``e`` starts an inference at its current tick: none in flight, and
+        async: ``d`` or fewer actions planned (the runtime's trigger); sync: none left."""
+        now = self.tick[e]
+        if self.inflight[e] is not None:
             return False
         if self.plan.mode == "async":
             return self.queues[e].remaining(now) <= self.plan.ticks

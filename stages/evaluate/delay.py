@@ -10,10 +10,11 @@ whole number of ticks and the play is deterministic (nothing sleeps). An inferen
            safe action (the robot holds while the engine works); from tick t+d the chunk's first
            ``execute`` actions, one per tick; then infer again
     async  (the runtime's asynchronous loop): the same :class:`~deploy_edge.runtime.ChunkQueue`
-           and trigger rule: at tick t, when no inference is in flight and ``remaining(t) <= d``,
-           infer on the observation of t; that chunk is added at tick t+d with obs tick t
-           (aligned: its first d actions are past; blended into what is planned); a dry queue
-           sends the safe action
+           and trigger rule: at tick t, when no inference is in flight and ``remaining(t)`` is
+           at most :func:`~deploy_edge.runtime.trigger_threshold` (``d`` + the overlap the
+           chunk leaves room for), infer on the observation of t; that chunk is added at tick
+           t+d with obs tick t (aligned: its first d actions are past; blended into what is
+           still planned for its ticks); a dry queue sends the safe action
     0 ms   today's evaluation exactly, in either mode: the first action of a chunk predicted
            every tick (receding horizon)
 
@@ -32,7 +33,13 @@ from typing import cast
 
 import numpy as np
 
-from deploy_edge.runtime import Blend, ChunkQueue, async_shortfall, inference_ticks
+from deploy_edge.runtime import (
+    Blend,
+    ChunkQueue,
+    async_shortfall,
+    inference_ticks,
+    trigger_threshold,
+)
 from robo_pipe.errors import RoboPipeError
 from robo_pipe.records import Record
 from robots.spec import RobotSpec
@@ -66,13 +73,16 @@ class DelayPlan(Record):
     execute: int = 1
     chunk_len: int = 0
     """The policy's chunk length (filled in when the policy is loaded)."""
+    trigger: int = 0
+    """async: planned actions at or below which an inference starts
+    (:func:`~deploy_edge.runtime.trigger_threshold`; filled in with ``chunk_len``)."""
 
     def describe(self) -> str:
         """One line for people: mode, delay, ticks, and the chunk it plays."""
         how = (
             f"execute {self.execute} of each chunk"
             if self.mode == "sync"
-            else f"blend {self.blend}"
+            else f"inference at {self.trigger} planned actions, blend {self.blend}"
             + (f" over at most {self.blend_ticks} ticks" if self.blend_ticks is not None else "")
         )
         return (
@@ -145,7 +155,8 @@ def check_plan(plan: DelayPlan, policy: ActingPolicy, path: str) -> DelayPlan:
             f"{path}: evaluate.delay.execute {plan.execute} > the policy's chunk of "
             f"{policy.chunk_len} actions"
         )
-    return DelayPlan(**{**plan.to_json(), "chunk_len": policy.chunk_len})
+    trigger = trigger_threshold(policy.chunk_len, plan.ticks, plan.blend_ticks)
+    return DelayPlan(**{**plan.to_json(), "chunk_len": policy.chunk_len, "trigger": trigger})
 
 
 @dataclass
@@ -224,12 +235,13 @@ class DelayedActor:
 
     def _wants_inference(self, e: int) -> bool:
         """Whether env ``e`` starts an inference at its current tick: none in flight, and
-        async: ``d`` or fewer actions planned (the runtime's trigger); sync: none left."""
+        async: ``plan.trigger`` or fewer actions planned (the runtime's rule); sync: none
+        left."""
         now = self.tick[e]
         if self.inflight[e] is not None:
             return False
         if self.plan.mode == "async":
-            return self.queues[e].remaining(now) <= self.plan.ticks
+            return self.queues[e].remaining(now) <= self.plan.trigger
         return not self.sync[e]
 
     def _due(self, e: int, now: int) -> np.ndarray | None:

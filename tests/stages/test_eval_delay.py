@@ -149,10 +149,10 @@ class _Env:
     num_envs = 1
 
 
-def _sent(rp5: RobotSpec, ticks: int, **delay: object) -> list[float]:
+def _sent(rp5: RobotSpec, ticks: int, chunk_len: int = 6, **delay: object) -> list[float]:
     """The first arm dimension of the action sent at each of ``ticks`` ticks (0: safe) by a
-    :class:`_Counter` policy with a chunk of 6, under ``evaluate.delay`` settings ``delay``."""
-    policy = _Counter(6)
+    :class:`_Counter` policy, under ``evaluate.delay`` settings ``delay``."""
+    policy = _Counter(chunk_len)
     plan = delay_plan(DelayConfig.model_validate(delay), rp5)
     assert plan is not None
     actor = DelayedActor(policy, check_plan(plan, policy, "counter"), rp5)
@@ -173,6 +173,20 @@ def test_delayed_chunks_are_sent_at_the_ticks_they_plan(rp5: RobotSpec) -> None:
     assert _sent(rp5, 10, mode="sync", inference_ms=250.0, execute=2) == twice
     with pytest.raises(DelayError, match="execute 7 > the policy's chunk of 6 actions"):
         _sent(rp5, 1, mode="sync", inference_ms=250.0, execute=7)
+
+
+def test_a_longer_chunk_triggers_earlier_and_its_seam_is_blended(rp5: RobotSpec) -> None:
+    """Chunk 8 at 3 ticks: the runtime's trigger starts the next inference as soon as a chunk
+    arrives (at 5 planned: 3 + the 2 ticks of overlap the chunk leaves room for), so each new
+    chunk arrives with 2 ticks of the old plan left. ``blend: none`` switches at once (the new
+    chunk's aligned actions 3, 4, ... from its arrival); ``linear`` crosses over in 3 steps:
+    2/3 old + 1/3 new, then 1/3 old + 2/3 new."""
+    switched = [0, 0, 0, 103, 104, 105, 203, 204, 205, 303, 304, 305]
+    assert _sent(rp5, 12, 8, mode="async", inference_ms=250.0, blend="none") == switched
+    blended = _sent(rp5, 12, 8, mode="async", inference_ms=250.0)
+    seams = [0, 0, 0, 103, 104, 105, (2 * 106 + 203) / 3, (107 + 2 * 204) / 3, 205]
+    seams += [(2 * 206 + 303) / 3, (207 + 2 * 304) / 3, 305]
+    assert blended == pytest.approx(seams, abs=1e-3)
 
 
 class _PlanningExpert:

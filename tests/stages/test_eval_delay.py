@@ -233,8 +233,8 @@ def test_async_keeps_the_success_of_zero_delay_where_sync_loses_it(rp5: RobotSpe
                 records = play_episodes(env, actor.act, seeds, on_step=actor.on_step)
         solved[mode, ms] = sum(r.success for r in records)
     assert solved["sync", 0.0] == 12
-    assert solved["async", 250.0] >= 11, solved
-    assert solved["sync", 250.0] <= 8, solved
+    assert solved["async", 250.0] >= 10, solved  # 11 measured
+    assert solved["sync", 250.0] <= 7, solved  # 6 measured
 
 
 def test_the_evaluate_verb_refuses_a_delay_its_chunk_cannot_cover(

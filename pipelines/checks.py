@@ -15,10 +15,24 @@ from robo_pipe.errors import InputError
 def check_config(cfg: PipelineConfig) -> None:
     """What a whole pipeline run needs beyond a valid config: the latency target profile, the
     fleet file and its tokens, a hub-vlm backbone on disk, the Isaac Lab environment when the
-    simulator is Isaac Lab. Raises before any stage runs."""
+    simulator is Isaac Lab, and no ``evaluate.delay`` (a delayed evaluation is compared with the
+    policy itself at zero delay, not with the champion: it is ``robo-pipe evaluate``'s, and a
+    run's gates judge the candidate as it plays at zero delay). Raises before any stage runs."""
     from deploy_edge.latency import load_target
 
     load_target(cfg.latency.target)
+    delay = cfg.evaluate.delay
+    if delay.inference_ms > 0 or delay.latency_report is not None:
+        given = (
+            f"inference_ms = {delay.inference_ms:g}"
+            if delay.inference_ms > 0
+            else f"latency_report = {delay.latency_report!r}"
+        )
+        raise InputError(
+            f"field 'evaluate.delay.{given}': a pipeline run evaluates its candidate at zero "
+            "delay against the champion; measure what a delay costs with robo-pipe evaluate "
+            "POLICY --delay-ms MS"
+        )
     check_simulator(cfg)
     if cfg.deploy.fleet:  # the rollout at the end must not fail on a typo after hours
         from pipelines.deploy.fleet import check_tokens, load_selection

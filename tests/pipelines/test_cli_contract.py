@@ -221,6 +221,10 @@ def test_bad_input_exits_2_naming_it_without_a_traceback(tmp_path: Path) -> None
         (["run", "--config", "nowhere.yaml"], "nowhere.yaml: config file not found"),
         (["collect", "--set", "sim.num_envs=-1"], "field 'sim.num_envs' = -1"),
         (["evaluate", "models:/"], "expected models:/NAME@ALIAS"),
+        (
+            ["run", "--set", "evaluate.delay.inference_ms=300"],
+            "'evaluate.delay.inference_ms = 300'",
+        ),
         (["run", "--no-such-option"], "No such option"),  # a usage error
     ):
         done = robo_pipe(*args, home=tmp_path / "home")

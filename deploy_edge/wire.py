@@ -55,6 +55,16 @@ class GateFigures(Record):
     """Deadline misses (a count, sent as a number like the rest)."""
     budget_ms: float
     """The p99 budget it was gated on: the release's, else the target profile's."""
+    mode: str = "sync"
+    """The control loop it was gated in (the target profile's ``mode``): in ``async`` the
+    percentiles above are the actuation tick's, and the figures below say how fresh and smooth
+    the actions were."""
+    inference_p99_ms: float | None = None
+    """``async``: one inference alone, p99."""
+    action_age_p99_ms: float | None = None
+    """``async``: observation taken -> action sent, p99."""
+    seam_jump_max: float | None = None
+    """``async``: the largest change of the action at a chunk seam, robot units."""
 
 
 @dataclass

@@ -949,6 +949,10 @@ def _figures(report: Any) -> GateFigures:
         max_ms=report.max_ms,
         misses=float(report.misses),
         budget_ms=report.budget_ms,
+        mode=report.mode,
+        inference_p99_ms=report.inference_p99_ms,
+        action_age_p99_ms=report.action_age_p99_ms,
+        seam_jump_max=report.seam_jump_max,
     )
 
 

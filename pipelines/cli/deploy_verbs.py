@@ -240,10 +240,17 @@ def deploy(
     if done.gate:
         gate = done.gate
         out.print(
-            f"on-device latency: p50 {gate.p50_ms:.2f} ms, p99 {gate.p99_ms:.2f} ms (budget "
-            f"{gate.budget_ms:g} ms), misses {int(gate.misses)}",
+            f"on-device latency ({gate.mode}): p50 {gate.p50_ms:.2f} ms, p99 {gate.p99_ms:.2f} "
+            f"ms (budget {gate.budget_ms:g} ms), misses {int(gate.misses)}",
             highlight=False,
         )
+        if gate.mode == "async":
+            seam = "-" if gate.seam_jump_max is None else f"{gate.seam_jump_max:.4g}"
+            out.print(
+                f"async: inference p99 {gate.inference_p99_ms or 0:.2f} ms, action age p99 "
+                f"{gate.action_age_p99_ms or 0:.2f} ms, largest seam jump {seam} (robot units)",
+                highlight=False,
+            )
     show_variants(done, out)
     if done.forced:
         console.print(f"[yellow]forced[/]: {', '.join(done.forced)}", highlight=False)

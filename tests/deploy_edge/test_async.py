@@ -23,6 +23,7 @@ from deploy_edge.keys import generate_keypair, load_private_key
 from deploy_edge.latency import LatencyReport, TargetError, load_target, run_gate
 from deploy_edge.release import write_release
 from deploy_edge.runtime import AsyncControlLoop, Blend, ChunkPolicy, Tick, inference_ticks
+from deploy_edge.wire import GateFigures
 from pipelines.cli.display import show_latency
 from pipelines.summary import latency_table
 from robots.spec import RobotSpec
@@ -319,7 +320,7 @@ def test_the_agent_gates_and_health_checks_in_the_profile_s_mode(
     )
     profile = load_target("local-cpu-async")
 
-    def deploy(name: str, **changes: float) -> tuple[str, str, str]:
+    def deploy(name: str, **changes: float) -> tuple[str, str, str, GateFigures | None]:
         target = tmp_path / f"{name}.yaml"
         target.write_text(
             json.dumps(profile.model_copy(update={"name": name, **changes}).model_dump())
@@ -337,13 +338,17 @@ def test_the_agent_gates_and_health_checks_in_the_profile_s_mode(
         )
         done = Deployer(config).deploy(release)
         gate = next(s for s in done.steps if s.name == "gate")
-        return done.state, done.reason, gate.detail
+        return done.state, done.reason, gate.detail, done.gate
 
-    state, reason, detail = deploy("async-ok")
+    state, reason, detail, figures = deploy("async-ok")
     assert state == "active", reason
+    # The deployment record (what robo-pipe deploy prints and keeps) carries the async figures.
+    assert figures is not None and figures.mode == "async"
+    assert figures.inference_p99_ms is not None and figures.action_age_p99_ms is not None
+    assert figures.action_age_p99_ms >= figures.inference_p99_ms
     assert detail.startswith("async: p99 ") and "0 misses in 20 steps" in detail
     assert "inference p50/p99 " in detail and "action age p99 " in detail
-    state, reason, _ = deploy("async-late", inference_margin_ms=150.0)
+    state, reason, _, _ = deploy("async-late", inference_margin_ms=150.0)
     assert state == "refused"
     assert reason.startswith("gate: target 'async-late': a chunk of 3 actions x 100 ms")
     assert "+ margin 150 ms = 2 ticks" in reason and "4 actions (400 ms)" in reason

@@ -154,7 +154,8 @@ def test_deploy_makes_a_registry_version_the_devices_active_policy(
     for step in ("verify", "extract", "engine", "parity", "gate", "activate", "health", "commit"):
         assert step in steps and all(s["ok"] for s in record["steps"]), record["steps"]
     assert (
-        "on-device latency: p50" in done.stderr and "dev-arm-01 runs edge-policy v1" in done.stderr
+        "on-device latency (sync): p50" in done.stderr
+        and "dev-arm-01 runs edge-policy v1" in done.stderr
     )
     now = status(agent)
     assert now["active"]["model_version"] == "1" and now["active"]["release"] == 1

@@ -41,6 +41,10 @@ def record(id_: str, state: str) -> dict[str, Any]:
             "max_ms": 4.0,
             "misses": 0.0,
             "budget_ms": 100.0,
+            "mode": "async",
+            "inference_p99_ms": 40.0,
+            "action_age_p99_ms": 120.0,
+            "seam_jump_max": 0.01,
         },
         "variant": "int8",
         "trials": [
@@ -152,7 +156,7 @@ def test_the_agents_answers_are_the_wire_records_and_write_back_the_same_json(
     now = client.status()
     assert isinstance(now, DeviceStatus) and isinstance(now.active, Slot)
     assert now.active.label == "reach:2" and now.last is not None
-    assert now.last.gate == GateFigures(1.0, 2.0, 3.0, 4.0, 0.0, 100.0)
+    assert now.last.gate == GateFigures(1.0, 2.0, 3.0, 4.0, 0.0, 100.0, "async", 40.0, 120.0, 0.01)
     assert now.last.step("verify") is not None and now.last.step("gate") is None
     history = client.history()
     assert [d.id for d in history] == ["d-2", "d-1"] and isinstance(history[0], Deployment)

@@ -128,6 +128,32 @@ class RobotSpec:
         """Fully open gripper, m (sum of the finger travels)."""
         return sum(j.high for j in self.gripper)
 
+    def chunk_targets(self, chunk: np.ndarray, state: np.ndarray) -> np.ndarray:
+        """A chunk of actions ``(L, action.dim)``, computed from an observation whose state was
+        ``state``, as the joint targets it plans ``(L, action.dim)``: arm deltas are relative to
+        the measured joint positions, so action ``i`` plans ``state[:n_arm] + deltas[0..i]``
+        summed (rad; each step assumed reached), and the gripper opening is absolute already.
+
+        Why: a chunk executed later than its observation (asynchronous execution) meets a robot
+        that has moved meanwhile; its relative actions would then add the motion a second
+        time, its planned joint positions stay right. :meth:`action_toward` turns a target back
+        into an action for the state measured when it is sent."""
+        arm = len(self.arm)
+        targets = np.array(chunk, dtype=np.float32, copy=True)
+        targets[:, :arm] = state[:arm] + np.cumsum(targets[:, :arm], axis=0)
+        return targets
+
+    def action_toward(self, target: np.ndarray, state: np.ndarray) -> np.ndarray:
+        """The action that moves the robot, measured at ``state``, to the planned joint
+        ``target`` (a row of :meth:`chunk_targets`): arm ``target - measured`` clipped to the
+        action bounds (``±max_joint_delta``), the gripper opening as planned."""
+        arm = len(self.arm)
+        action = np.array(target, dtype=np.float32, copy=True)
+        action[:arm] = np.clip(
+            target[:arm] - state[:arm], self.action.low[:arm], self.action.high[:arm]
+        )
+        return action
+
     def load_model(self) -> mujoco.MjModel:
         """Compile the robot's MJCF on its own (no scene)."""
         return _compile(self.definition.mjcf)

@@ -174,11 +174,14 @@ def run_loop(
 def test_each_chunk_is_aligned_to_its_observation_and_its_past_actions_are_skipped(
     rp5: RobotSpec, long_export: Path
 ) -> None:
-    """Without blending, the action sent at tick k is action ``k - t`` of the newest chunk
-    that has arrived, ``t`` the tick of the observation it was computed from: its first
-    actions (ticks that passed while it was computed) are never sent."""
+    """Without blending, the target sent at tick k is target ``k - t`` of the newest chunk
+    that has arrived, ``t`` the tick of the observation it was computed from (its actions
+    anchored to that observation's joint positions): its first actions (ticks that passed
+    while it was computed) are never sent, and the action sent moves the arm from where it is
+    measured at tick k to that target."""
     policy = SlowExport(long_export, DELAY_S)
     ticks, robot, loop = run_loop(rp5, policy, "none", 30)
+    states = robot.observed
     d = inference_ticks(DELAY_S, 0.02, 0.1)
     assert d == 2 and loop.inference_ticks == d
     started = [k for k, t in enumerate(ticks) if t.inferred]
@@ -192,7 +195,9 @@ def test_each_chunk_is_aligned_to_its_observation_and_its_past_actions_are_skipp
             continue
         j = sum(a <= k for a in arrived) - 1  # the newest chunk that has arrived
         assert k - started[j] >= d, "a past action is never sent"
-        np.testing.assert_allclose(robot.sent[k], policy.chunks[j][k - started[j]], rtol=1e-6)
+        planned = rp5.chunk_targets(policy.chunks[j], states[started[j]])[k - started[j]]
+        expected = rp5.action_toward(planned, states[k])
+        np.testing.assert_allclose(robot.sent[k], expected, rtol=1e-5, atol=1e-6)
         assert tick.action_age_s == pytest.approx((k - started[j]) * 0.1, abs=0.05)
         sent += 1
     assert sent == len(ticks) - arrived[0]
@@ -200,9 +205,10 @@ def test_each_chunk_is_aligned_to_its_observation_and_its_past_actions_are_skipp
 
 class ReplanningPolicy:
     """A stand-in for a policy whose every plan disagrees with the previous one: chunk ``j``
-    holds every action dimension at ``+0.05`` or ``-0.05`` (``(-1)^j``), a 0.1 disagreement at
-    each seam, and nothing moves within a chunk. The random-weight export cannot show a seam:
-    its consecutive actions differ by ~1 within a chunk, its chunks hardly at all."""
+    plans every joint and the gripper at ``+0.05`` or ``-0.05`` (``(-1)^j``; its first action
+    moves there from the observed joints, the rest hold), a 0.1 disagreement at each seam, and
+    nothing moves within a chunk. The random-weight export cannot show a seam: its consecutive
+    actions differ by ~1 within a chunk, its chunks hardly at all."""
 
     chunk_len = 8
 
@@ -214,14 +220,18 @@ class ReplanningPolicy:
     ) -> np.ndarray:
         time.sleep(DELAY_S)
         self.calls += 1
-        return np.full((1, self.chunk_len, 6), 0.05 * (-1) ** self.calls, np.float32)
+        target = 0.05 * (-1) ** self.calls
+        chunk = np.zeros((1, self.chunk_len, 6), np.float32)
+        chunk[0, 0, :5] = target - state[0, :5]  # relative to the observed joints
+        chunk[0, :, 5] = target  # the gripper opening is absolute
+        return chunk
 
 
 def test_the_linear_blend_bounds_the_seam_jump_where_switching_does_not(rp5: RobotSpec) -> None:
     """d = 2 ticks of inference, and 2 of overlap planned (``blend_ticks=2``: a chunk of 8
     starts the next inference at 4 actions left): switching jumps the whole 0.1 at a seam, the
     linear crossfade a third of it (w = 1 / (2 + 1)) on each of 3 ticks (half, on 2, if a
-    chunk comes a tick late on a busy machine). Robot units: rad of joint delta, m of gripper
+    chunk comes a tick late on a busy machine). Robot units: rad of joint target, m of gripper
     target."""
     largest = {}
     for blend in ("linear", "none"):
@@ -229,8 +239,9 @@ def test_the_linear_blend_bounds_the_seam_jump_where_switching_does_not(rp5: Rob
         assert loop.lead == 4 and not any(t.missed for t in ticks)
         seams = [t.seam_jump for t in ticks if t.seam_jump is not None]
         assert len(seams) >= 3
-        sent = [a for a, t in zip(robot.sent, ticks, strict=True) if t.action_age_s is not None]
-        steps = np.abs(np.diff(sent, axis=0)).max()
+        # The gripper's target is sent as planned: its steps are the plan's, seams included.
+        sent = [a[5] for a, t in zip(robot.sent, ticks, strict=True) if t.action_age_s is not None]
+        steps = np.abs(np.diff(sent)).max()
         assert steps == pytest.approx(max(seams), rel=1e-4), "no step is larger than a seam's"
         largest[blend] = seams
     assert all(s == pytest.approx(0.1, rel=1e-4) for s in largest["none"]), largest

@@ -23,6 +23,7 @@ from deploy_edge.latency import (
     verdict,
 )
 from deploy_edge.runtime import ControlLoop
+from robots.interface import RobotObservation
 from robots.spec import RobotSpec
 from sim_scenes.sim_robot import SimulatedRobot
 from sim_scenes.touch import get_variant
@@ -31,13 +32,20 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 class RecordingRobot(SimulatedRobot):
-    """The simulated robot, remembering every action it was sent."""
+    """The simulated robot, remembering every state it was observed in and every action it
+    was sent."""
 
     def __init__(self, spec: RobotSpec) -> None:
         super().__init__(
             spec, get_variant("touch-mixed"), seed=3, cameras=("scene",), image_size=32
         )
         self.sent: list[np.ndarray] = []
+        self.observed: list[np.ndarray] = []
+
+    def observe(self) -> RobotObservation:
+        obs = super().observe()
+        self.observed.append(obs.state.copy())
+        return obs
 
     def act(self, action: np.ndarray) -> None:
         self.sent.append(np.asarray(action, dtype=np.float32).copy())

@@ -14,7 +14,10 @@ whole number of ticks and the play is deterministic (nothing sleeps). An inferen
            at most :func:`~deploy_edge.runtime.trigger_threshold` (``d`` + the overlap the
            chunk leaves room for), infer on the observation of t; that chunk is added at tick
            t+d with obs tick t (aligned: its first d actions are past; blended into what is
-           still planned for its ticks); a dry queue sends the safe action
+           still planned for its ticks); a dry queue sends the safe action. As in the
+           runtime, the queue plans joint targets: the chunk is anchored to the joints of its
+           observation (:meth:`robots.spec.RobotSpec.chunk_targets`) and each tick sends the
+           action toward its target from the joints measured then (``action_toward``)
     0 ms   today's evaluation exactly, in either mode: the first action of a chunk predicted
            every tick (receding horizon)
 
@@ -176,7 +179,7 @@ class DelayedActor:
     next episode at tick 0 with nothing planned."""
 
     def __init__(self, policy: ActingPolicy, plan: DelayPlan, spec: RobotSpec) -> None:
-        self.policy, self.plan = policy, plan
+        self.policy, self.plan, self.spec = policy, plan, spec
         self.arm = len(spec.arm)
         self.tick: list[int] = []
         self.queues: list[ChunkQueue] = []
@@ -214,8 +217,13 @@ class DelayedActor:
         for e in range(n):
             now = self.tick[e]
             if wants[e] and chunks is not None:
-                self.inflight[e] = _Inflight(chunks[e], now, now + d)
+                chunk = chunks[e]
+                if self.plan.mode == "async":  # planned as joint targets, as the runtime does
+                    chunk = self.spec.chunk_targets(chunk, obs.state[e])
+                self.inflight[e] = _Inflight(chunk, now, now + d)
             action = self._due(e, now)
+            if action is not None and self.plan.mode == "async":
+                action = self.spec.action_toward(action, obs.state[e])
             if action is not None:  # else the safe action
                 actions[e] = action
             self.tick[e] = now + 1
@@ -245,7 +253,8 @@ class DelayedActor:
         return not self.sync[e]
 
     def _due(self, e: int, now: int) -> np.ndarray | None:
-        """The action planned for env ``e`` at tick ``now``; None: the safe action."""
+        """What is planned for env ``e`` at tick ``now`` (async: a joint target; sync: an
+        action); None: the safe action."""
         if self.plan.mode == "async":
             planned = self.queues[e].pop(now)
             return None if planned is None else planned.action

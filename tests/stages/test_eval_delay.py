@@ -4,6 +4,7 @@ and the ticks at which a delayed chunk's actions are sent (sync and async)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -129,9 +130,11 @@ def test_the_delay_can_come_from_a_latency_report(rp5: RobotSpec, tmp_path: Path
 
 
 class _Counter:
-    """A policy whose chunk from its ``k``-th inference (k = 1, 2, ...) is action ``i`` =
-    ``100 k + i`` in every dimension but the gripper's: what was sent tells which chunk and
-    which of its actions."""
+    """A policy whose chunk from its ``k``-th inference (k = 1, 2, ...) plans target ``100 k +
+    i`` at its action ``i`` from a zero state (action 0 is ``100 k``, every next one ``+1``; in
+    every dimension): what was sent tells which chunk and which of its actions. async sends
+    targets from the zero state (anchored, :meth:`~robots.spec.RobotSpec.chunk_targets`), sync
+    the actions themselves."""
 
     cameras: tuple[str, ...] = ()
     image_size, state_dim, action_dim = 32, 6, 6
@@ -141,7 +144,8 @@ class _Counter:
 
     def predict_chunk(self, obs: BatchedObservation) -> np.ndarray:
         self.calls += 1
-        chunk = 100.0 * self.calls + np.arange(self.chunk_len, dtype=np.float32)
+        chunk = np.ones(self.chunk_len, dtype=np.float32)
+        chunk[0] = 100.0 * self.calls
         return np.repeat(chunk[None, :, None], 6, axis=2).repeat(len(obs.state), axis=0)
 
 
@@ -155,7 +159,11 @@ def _sent(rp5: RobotSpec, ticks: int, chunk_len: int = 6, **delay: object) -> li
     policy = _Counter(chunk_len)
     plan = delay_plan(DelayConfig.model_validate(delay), rp5)
     assert plan is not None
-    actor = DelayedActor(policy, check_plan(plan, policy, "counter"), rp5)
+    # Unbounded actions: an anchored target is sent as ``target - state`` unclipped.
+    wide = dataclasses.replace(rp5.action, low=(-1e6,) * 6, high=(1e6,) * 6)
+    actor = DelayedActor(
+        policy, check_plan(plan, policy, "counter"), dataclasses.replace(rp5, action=wide)
+    )
     obs = BatchedObservation({}, np.zeros((1, 6), np.float32), ["touch"])
     return [float(actor.act(_Env(), obs)[0, 0]) for _ in range(ticks)]  # type: ignore[arg-type]
 
@@ -165,11 +173,12 @@ def test_delayed_chunks_are_sent_at_the_ticks_they_plan(rp5: RobotSpec) -> None:
     at tick 3 and sends its actions 3, 4, 5 (0-2 are past); the next inference starts at tick 3
     (3 left) and its chunk (observation of tick 3) sends actions 3-5 at ticks 6-8; the first 3
     ticks send the safe action. sync: the robot holds 3 ticks, sends action 0 (or the first
-    ``execute``), infers again."""
+    ``execute``), infers again. Broken on purpose (a chunk planned from its arrival tick, an
+    unanchored chunk): this fails."""
     after = [103, 104, 105, 203, 204, 205, 303, 304, 305]
     assert _sent(rp5, 12, mode="async", inference_ms=250.0) == [0, 0, 0, *after]
     assert _sent(rp5, 8, mode="sync", inference_ms=250.0) == [0, 0, 0, 100, 0, 0, 0, 200]
-    twice = [0, 0, 0, 100, 101, 0, 0, 0, 200, 201]
+    twice = [0, 0, 0, 100, 1, 0, 0, 0, 200, 1]
     assert _sent(rp5, 10, mode="sync", inference_ms=250.0, execute=2) == twice
     with pytest.raises(DelayError, match="execute 7 > the policy's chunk of 6 actions"):
         _sent(rp5, 1, mode="sync", inference_ms=250.0, execute=7)

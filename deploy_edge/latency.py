@@ -91,8 +91,9 @@ class TargetProfile(BaseModel):
     """``async`` (required there): p99 budget of an action's age, its observation taken -> it
     is sent."""
     seam_jump_max: float | None = Field(default=None, gt=0)
-    """``async``: the largest change of any action dimension allowed where a new chunk takes
-    over, robot units (None: measured, not judged)."""
+    """``async``: the largest step of the planned target allowed where a new chunk takes over
+    (:attr:`deploy_edge.runtime.Tick.seam_jump`; rad of joint position, m of gripper opening;
+    None: measured, not judged)."""
     blend: Blend = "linear"
     """``async``: how a new chunk joins the planned actions
     (:class:`~deploy_edge.runtime.ChunkQueue`)."""

@@ -75,13 +75,21 @@ def robo_pipe_home(home_path: Path) -> Iterator[Path]:
     os.environ.update(_SESSION_ENV)
 
 
-@pytest.fixture(scope="session", autouse=True)
-def ray_stopped_before_the_summary() -> Iterator[None]:
-    """Stop the Ray instance a test started in this process (a stage on Ray workers, the flow)
-    when the session's last test ends. Left to Ray's exit handler, it stops after pytest's
-    summary, and what its workers report then (a worker a test killed on purpose: "A worker
-    died ... SYSTEM_ERROR") printed after the summary; stopped here, whatever it still reports
-    is captured with the last test's teardown."""
+@pytest.fixture(scope="module", autouse=True)
+def ray_stopped_after_each_module() -> Iterator[None]:
+    """Stop the Ray instance a test module started in this process (a stage on Ray workers,
+    the flow) when the module's last test ends: the next module that needs Ray starts its own.
+
+    Why: one local Ray kept for the whole session outlived dozens of actors that tests kill on
+    purpose, and then, twice (a CI run, and a fresh-clone run in the test of the RL demo
+    pipeline), the first call to a newly created actor waited forever: Ray's GCS logged the
+    actor created, the driver never got the notice that it was alive (ray 2.60's pubsub), and
+    ``ray.get`` blocked. A fresh instance per module costs a few seconds of start-up each.
+
+    Also why not later: left to Ray's exit handler, it stops after pytest's summary, and what
+    its workers report then (a worker a test killed on purpose: "A worker died ...
+    SYSTEM_ERROR") printed after the summary; stopped here, whatever it still reports is
+    captured with the module's last teardown."""
     yield
     ray = sys.modules.get("ray")  # never import Ray for a session that did not use it
     if ray is not None and ray.is_initialized():

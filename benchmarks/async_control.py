@@ -62,6 +62,8 @@ PERIOD_S = 0.1
 MARGIN_S = 0.05
 """Added to inference p99: the queue's copy and scheduling on a loaded 2-core machine."""
 INSTRUCTION = "touch the red cube"
+PARTS = ("slow", "delay", "server")
+"""What ``--parts`` may name (module docstring: the three measurements)."""
 
 
 class DelayedPolicy:
@@ -83,6 +85,13 @@ def main() -> None:
     parser.add_argument("--checkpoint", type=Path, help="a trained default VLA checkpoint")
     parser.add_argument("--chunk-len", type=int, default=40, help="chunk of the 250 M export")
     parser.add_argument("--sync-ticks", type=int, default=10, help="sync ticks measured at 250 M")
+    parser.add_argument(
+        "--parts",
+        nargs="+",
+        choices=PARTS,
+        default=list(PARTS),
+        help="which measurements (default: all): slow (the 250 M policy), delay, server",
+    )
     args = parser.parse_args()
     ticks = 60 if args.quick else 300
     figures: dict[str, str] = {}
@@ -93,16 +102,19 @@ def main() -> None:
         checkpoint = args.checkpoint or fresh_checkpoint(
             load_config(CONFIG_DIR / "demo.yaml", ["policy.chunk_len=8"]), root / "default-ckpt"
         )
-        export_in_subprocess(checkpoint, default_export, dataset, "demo.yaml", [])
-        if args.quick:
+        if {"slow", "server"} & set(args.parts):
+            export_in_subprocess(checkpoint, default_export, dataset, "demo.yaml", [])
+        if "slow" in args.parts and args.quick:
             slow = DelayedPolicy(ExportedPolicy(default_export), 0.25)
             figures |= slow_policy("quick", slow, ticks, args.sync_ticks)
-        else:
+        elif "slow" in args.parts:
             figures |= slow_policy(
                 "256m", export_256m(root, dataset, args.chunk_len), ticks, args.sync_ticks
             )
-        figures |= delay_success(checkpoint, root, 8 if args.quick else 100)
-        figures |= policy_server(default_export, root, ticks, clients=4)
+        if "delay" in args.parts:
+            figures |= delay_success(checkpoint, root, 8 if args.quick else 100)
+        if "server" in args.parts:
+            figures |= policy_server(default_export, root, ticks, clients=4)
     print(" ".join(f"{k}={v}" for k, v in figures.items()))
 
 

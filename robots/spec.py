@@ -132,7 +132,8 @@ class RobotSpec:
         """A chunk of actions ``(L, action.dim)``, computed from an observation whose state was
         ``state``, as the joint targets it plans ``(L, action.dim)``: arm deltas are relative to
         the measured joint positions, so action ``i`` plans ``state[:n_arm] + deltas[0..i]``
-        summed (rad; each step assumed reached), and the gripper opening is absolute already.
+        summed (rad; each step clipped to the action bounds, as sending it would, and assumed
+        reached), and the gripper opening is absolute already.
 
         Why: a chunk executed later than its observation (asynchronous execution) meets a robot
         that has moved meanwhile; its relative actions would then add the motion a second
@@ -140,7 +141,9 @@ class RobotSpec:
         into an action for the state measured when it is sent."""
         arm = len(self.arm)
         targets = np.array(chunk, dtype=np.float32, copy=True)
-        targets[:, :arm] = state[:arm] + np.cumsum(targets[:, :arm], axis=0)
+        # A step past the action bounds is clipped when sent: plan what can be reached.
+        steps = np.clip(targets[:, :arm], self.action.low[:arm], self.action.high[:arm])
+        targets[:, :arm] = state[:arm] + np.cumsum(steps, axis=0)
         return targets
 
     def action_toward(self, target: np.ndarray, state: np.ndarray) -> np.ndarray:

@@ -238,6 +238,19 @@ class ChunkQueue:
             self.planned.popleft()
 
 
+def run_ticks(tick: Callable[[], Tick], ticks: int, period: float | None) -> list[Tick]:
+    """Call ``tick`` ``ticks`` times, each ``period`` seconds after the previous one started
+    (None: back to back); the records, in order. The pacing of both control loops."""
+    records = []
+    next_tick = time.perf_counter()
+    for _ in range(ticks):
+        records.append(tick())
+        if period is not None:
+            next_tick += period
+            time.sleep(max(0.0, next_tick - time.perf_counter()))
+    return records
+
+
 class ControlLoop:
     """Runs ``policy`` on ``robot`` (see module docstring).
 
@@ -292,14 +305,7 @@ class ControlLoop:
 
     def run(self, ticks: int) -> list[Tick]:
         """Run ``ticks`` control periods; returns their records."""
-        records = []
-        next_tick = time.perf_counter()
-        for _ in range(ticks):
-            records.append(self.tick())
-            if self.pace:
-                next_tick += self.period
-                time.sleep(max(0.0, next_tick - time.perf_counter()))
-        return records
+        return run_ticks(self.tick, ticks, self.period if self.pace else None)
 
     def close(self) -> None:
         """Nothing to stop (inference runs in the tick); for callers that hold either loop."""
@@ -445,14 +451,7 @@ class AsyncControlLoop:
 
     def run(self, ticks: int) -> list[Tick]:
         """Run ``ticks`` control periods; returns their records."""
-        records = []
-        next_tick = time.perf_counter()
-        for _ in range(ticks):
-            records.append(self.tick())
-            if self.pace:
-                next_tick += self.period
-                time.sleep(max(0.0, next_tick - time.perf_counter()))
-        return records
+        return run_ticks(self.tick, ticks, self.period if self.pace else None)
 
     def close(self) -> None:
         """Stop the inference worker (waits for an inference in flight; idempotent)."""

@@ -52,6 +52,7 @@ from deploy_edge.runtime import (  # noqa: E402
     Tick,
     async_shortfall,
     inference_ticks,
+    measure_inference,
 )
 from pipelines.config import CONFIG_DIR, load_config  # noqa: E402
 from robo_pipe.errors import RoboPipeError  # noqa: E402
@@ -129,21 +130,16 @@ def export_256m(root: Path, dataset: Path, chunk_len: int) -> ExportedPolicy:
     return ExportedPolicy(export_dir, threads=1)
 
 
-def inference_p99(policy: ChunkPolicy, cameras: tuple[str, ...], size: int, n: int) -> list[float]:
+def inference_seconds(
+    policy: ChunkPolicy, cameras: tuple[str, ...], size: int, n: int
+) -> list[float]:
     """``n`` back-to-back inferences on a simulated rp5's observation, after one warm-up (s)."""
     robot = simulated_rp5(cameras, size)
     robot.connect()
     try:
-        obs = robot.observe()
+        return list(measure_inference(policy, robot, INSTRUCTION, n))
     finally:
         robot.stop()
-    images = {c: img[None] for c, img in obs.images.items()}
-    seconds = []
-    for _ in range(n + 1):
-        start = time.perf_counter()
-        policy.infer(images, obs.state[None], [INSTRUCTION])
-        seconds.append(time.perf_counter() - start)
-    return seconds[1:]
 
 
 def _shape(policy: ChunkPolicy) -> tuple[tuple[str, ...], int]:
@@ -178,7 +174,7 @@ def loop_figures(records: list[Tick], label: str) -> dict[str, str]:
 def slow_policy(label: str, policy: ChunkPolicy, ticks: int, sync_ticks: int) -> dict[str, str]:
     """Sync against async (blended and not) at 10 Hz for a policy slower than the period."""
     cameras, size = _shape(policy)
-    seconds = inference_p99(policy, cameras, size, 5 if label == "quick" else 10)
+    seconds = inference_seconds(policy, cameras, size, 5 if label == "quick" else 10)
     p50, p99 = float(np.percentile(seconds, 50)), float(np.percentile(seconds, 99))
     d = inference_ticks(p99, MARGIN_S, PERIOD_S)
     print(
@@ -301,7 +297,7 @@ def policy_server(export_dir: Path, root: Path, ticks: int, clients: int) -> dic
         url = entry.url.replace("http://", "ws://")
         first = RemotePolicy(url, TOKEN)
         cameras, size = tuple(first.info.cameras), first.info.image_size
-        seconds = inference_p99(first, cameras, size, 20)
+        seconds = inference_seconds(first, cameras, size, 20)
         p99 = float(np.percentile(seconds, 99))
 
         def robot(i: int) -> None:

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,7 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from configs import targets_dir
 from deploy_edge.bundle import PRECISIONS, IOSpec, read_io_spec
 from deploy_edge.exported import ExportedPolicy
-from deploy_edge.runtime import AsyncControlLoop, Blend, ControlLoop, Tick
+from deploy_edge.runtime import AsyncControlLoop, Blend, ControlLoop, Tick, measure_inference
 from deploy_edge.wire import Trial
 from robo_pipe.errors import RoboPipeError
 from robo_pipe.records import Record
@@ -321,22 +320,6 @@ def verdict(ms: np.ndarray, misses: int, budget_ms: float, allowed_misses: int) 
         "jitter_ms": float(ms.std()),
         "misses": misses,
     }
-
-
-def measure_inference(
-    policy: ExportedPolicy, robot: Robot, instruction: str, runs: int
-) -> np.ndarray:
-    """Seconds of ``runs`` inferences back to back on the (connected) robot's current
-    observation, after one untimed (an engine's first run allocates)."""
-    obs = robot.observe()
-    images = {c: img[None] for c, img in obs.images.items()}
-    policy.infer(images, obs.state[None], [instruction])
-    seconds = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        policy.infer(images, obs.state[None], [instruction])
-        seconds.append(time.perf_counter() - start)
-    return np.array(seconds)
 
 
 INFERENCE_RUNS = 10

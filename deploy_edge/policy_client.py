@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from deploy_edge.runtime import AsyncControlLoop, Blend, Tick
+from deploy_edge.runtime import AsyncControlLoop, Blend, Tick, measure_inference
 from robo_pipe.records import Record
 from robots.interface import Robot
 
@@ -262,14 +262,7 @@ class RunSummary(Record):
 def probe_inference(policy: RemotePolicy, robot: Robot, instruction: str, count: int) -> float:
     """p99 (s) of ``count`` back-to-back inferences on the robot's current observation: the
     round trip the loop waits on (network, server queueing and engine together)."""
-    obs = robot.observe()
-    images = {camera: image[None] for camera, image in obs.images.items()}
-    times = []
-    for _ in range(count):
-        start = time.perf_counter()
-        policy.infer(images, obs.state[None], [instruction])
-        times.append(time.perf_counter() - start)
-    return float(np.percentile(times, 99))
+    return float(np.percentile(measure_inference(policy, robot, instruction, count, warmup=0), 99))
 
 
 def run_remote(

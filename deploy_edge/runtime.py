@@ -238,6 +238,23 @@ class ChunkQueue:
             self.planned.popleft()
 
 
+def measure_inference(
+    policy: ChunkPolicy, robot: Robot, instruction: str, runs: int, warmup: int = 1
+) -> np.ndarray:
+    """Seconds of ``runs`` inferences back to back on the (connected) robot's current
+    observation, after ``warmup`` untimed ones (an engine's first run allocates)."""
+    obs = robot.observe()
+    images = {c: img[None] for c, img in obs.images.items()}
+    for _ in range(warmup):
+        policy.infer(images, obs.state[None], [instruction])
+    seconds = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        policy.infer(images, obs.state[None], [instruction])
+        seconds.append(time.perf_counter() - start)
+    return np.array(seconds)
+
+
 def run_ticks(tick: Callable[[], Tick], ticks: int, period: float | None) -> list[Tick]:
     """Call ``tick`` ``ticks`` times, each ``period`` seconds after the previous one started
     (None: back to back); the records, in order. The pacing of both control loops."""

@@ -12,6 +12,7 @@ Example (``device.yaml``; relative paths resolve against the file's folder)::
     state_dir: /var/lib/robo-pipe   # slots, journal, history, uploads
     driver: my_cell.driver:open_arm # module:callable(cameras, image_size) -> robots.Robot
     lock_file: /run/robot-busy      # while it exists, a new version is staged, not activated
+    max_release_mb: 4096            # uploads and extraction never write more per release
 """
 
 from __future__ import annotations
@@ -74,6 +75,16 @@ class DeviceConfig(BaseModel):
     tls_cert: Path | None = None
     """PEM certificate the agent serves HTTPS and WSS with (with ``tls_key``)."""
     tls_key: Path | None = None
+    max_release_mb: float = Field(default=4096.0, gt=0)
+    """Largest release this device accepts, MiB: an upload declaring more is refused before a
+    byte is written, and extraction never writes more (a 256M-parameter VLA's release with its
+    INT8 variant is ~1.2 GiB)."""
+    free_space_margin_mb: float = Field(default=512.0, ge=0)
+    """An upload is refused when, once complete, it would leave less than this much free on the
+    state directory's disk, MiB (the slots, journal and logs still need room)."""
+    upload_max_age_h: float = Field(default=24.0, gt=0)
+    """A partial upload untouched for this many hours is deleted (at start and before each new
+    upload)."""
 
     @field_validator("token_sha256")
     @classmethod

@@ -3,7 +3,7 @@
 A release is an uncompressed tar file whose members are, in this order::
 
     manifest.json      the :class:`Manifest`: model, release number, targets, expiry, the
-                       bundle's I/O spec and the sha256 of every bundle file
+                       bundle's I/O spec and the sha256 and size of every bundle file
     manifest.sig       the Ed25519 signature of the exact bytes of manifest.json, as JSON:
                        {"algorithm": "ed25519", "key_id": ..., "signature": <base64>}
     bundle/<files>     the export bundle (:func:`deploy_edge.bundle.bundle_files`)
@@ -19,6 +19,12 @@ which one refused:
    ``bundle/`` whose sha256 the manifest lists (PEP 706's ``data`` filter plus checks of its
    own), none missing and none extra, and a model whose external data stays inside the bundle
    (the ONNX external-data path traversal CVEs).
+
+What a release can write to a device's disk is bounded by its signature: the manifest signs
+every bundle file's size, a member whose tar header says otherwise is refused before a byte of
+it is written, the copy stops at the declared size, and the sizes must add up to no more than
+the device's cap. Compressed releases are refused (a few KiB of gzip can unpack to GiB): the
+file's own size bounds what it unpacks to.
 
 Every refusal is a :class:`ReleaseError` whose ``reason`` is a short code the agent reports and
 whose message names the file, member or value. Uses the standard library, ``cryptography`` and
@@ -56,8 +62,9 @@ from robo_pipe.records import Record, RecordError
 
 RELEASE_FORMAT = "robo-pipe-release"
 """The manifest's ``format``: what kind of file this is."""
-RELEASE_FORMAT_VERSION = 1
-"""The newest manifest ``format_version`` this robo-pipe writes and reads."""
+RELEASE_FORMAT_VERSION = 2
+"""The manifest ``format_version`` this robo-pipe writes and reads (2: ``sizes``, every bundle
+file's size, signed). Older ones are refused with a hint to sign the release again."""
 MANIFEST_FILE = "manifest.json"
 SIGNATURE_FILE = "manifest.sig"
 BUNDLE_DIR = "bundle"
@@ -80,6 +87,8 @@ Reason = Literal[
     "expired",
     "downgrade",
     "corrupt",
+    "too-large",
+    "size-mismatch",
 ]
 REASONS: Final = frozenset(get_args(Reason))
 """Every :attr:`ReleaseError.reason`."""
@@ -87,6 +96,9 @@ REASONS: Final = frozenset(get_args(Reason))
 _MAX_METADATA_BYTES = 16 << 20
 """Largest manifest.json / manifest.sig read into memory, bytes."""
 _CHUNK = 1 << 20
+_COMPRESSED: Final = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz"}
+"""The magic bytes a compressed file starts with -> its compression (for the refusal's message;
+the tar is opened ``r:``, which never decompresses)."""
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
@@ -94,8 +106,9 @@ class ReleaseError(RoboPipeError, ValueError):
     """A release is refused. ``reason`` is a short machine-readable code (one of
     :data:`REASONS`): ``no-trusted-keys``, ``unsigned``, ``untrusted-key``, ``bad-signature``,
     ``bad-format``, ``hash-mismatch``, ``missing-file``, ``extra-file``, ``unsafe-path``,
-    ``unsafe-member``, ``external-data-outside``, ``expired``, ``downgrade``, ``corrupt``; the
-    message is for people and names the file, member or value at fault."""
+    ``unsafe-member``, ``external-data-outside``, ``expired``, ``downgrade``, ``corrupt``,
+    ``too-large``, ``size-mismatch``; the message is for people and names the file, member or
+    value at fault."""
 
     def __init__(self, reason: Reason, message: str) -> None:
         if reason not in REASONS:
@@ -122,6 +135,9 @@ class Manifest(Record):
     """Release number, >= 0; only ever grows (a device refuses one below its active release)."""
     files: dict[str, str]
     """Every file of the bundle: bundle-relative POSIX path -> sha256, lowercase hex."""
+    sizes: dict[str, int]
+    """Every file of the bundle (the paths of ``files``) -> its size, bytes. A device writes no
+    more than this per file and refuses a release whose sizes add up past its cap."""
     io_spec: IOSpec
     """The bundle's I/O spec (its ``io_spec.json``, which ``files`` covers too)."""
     targets: list[str]
@@ -184,6 +200,7 @@ def write_release(
         run_id=run_id,
         release=release,
         files={rel.as_posix(): file_sha256(source / rel) for rel in files},
+        sizes={rel.as_posix(): (source / rel).stat().st_size for rel in files},
         io_spec=spec,
         targets=list(targets),
         budget_ms=None if budget_ms is None else float(budget_ms),
@@ -220,6 +237,10 @@ def write_release(
                 name = rel.as_posix()
                 with (source / rel).open("rb") as data:
                     size = os.fstat(data.fileno()).st_size
+                    if size != manifest.sizes[name]:
+                        raise ReleaseError(
+                            "corrupt", f"{source / rel}: changed while the release was written"
+                        )
                     reader = _HashingReader(data)
                     tar.addfile(_tarinfo(f"{BUNDLE_DIR}/{name}", size, mtime), reader)
                 if reader.hexdigest() != manifest.files[name] or reader.read_bytes != size:
@@ -344,14 +365,26 @@ def check_policy(
     return [reason for reason, _ in broken]
 
 
-def extract_release(file: Path, manifest: Manifest, dest: Path) -> Path:
+def extract_release(
+    file: Path, manifest: Manifest, dest: Path, *, max_bytes: int | None = None
+) -> Path:
     """Unpack the release ``file``, whose verified manifest is ``manifest``, into the new
     directory ``dest`` and return the bundle directory in it (``dest/bundle``, which
     :func:`deploy_edge.bundle.read_io_spec` reads); ``dest`` also receives ``manifest.json``
     and ``manifest.sig``, so that the installed release can be verified again.
 
+    ``max_bytes``: the most this release may take, bytes (a device's ``max_release_mb``); both
+    the release file and the sum of the manifest's ``sizes`` must be within it. None: no cap
+    (a workstation checking its own release).
+
     Unpacks into a staging directory beside ``dest`` and renames it into place once every check
-    passed; on a refusal neither is left. Refuses with :class:`ReleaseError`:
+    passed; on a refusal neither is left. At most the manifest's ``sizes`` are ever written (plus
+    the two manifest members, each at most 16 MiB). Refuses with :class:`ReleaseError`:
+
+    - ``too-large``: the release file or its declared sizes exceed ``max_bytes`` (before
+      anything is written);
+    - ``size-mismatch``: a bundle member whose tar header size is not the manifest's (before a
+      byte of it is written), or whose data runs past that size (the copy stops there);
 
     - ``unsafe-path``: a member with an absolute path, a ``..`` or ``.`` component, an empty
       component or a backslash, or outside ``bundle/`` (other than the two manifest members);
@@ -364,7 +397,7 @@ def extract_release(file: Path, manifest: Manifest, dest: Path) -> Path:
       bundle the manifest lists;
     - ``corrupt``: an unreadable archive, a ``manifest.json`` other than ``manifest``, a bundle
       whose ``io_spec.json`` differs from the manifest's; ``bad-format`` / ``unsigned``: no
-      manifest / signature member.
+      manifest / signature member, or a compressed file (before anything is written).
 
     ``dest`` must not exist (:class:`InputError`); its parent is created if missing.
     """
@@ -372,6 +405,7 @@ def extract_release(file: Path, manifest: Manifest, dest: Path) -> Path:
     if target.exists() or target.is_symlink():
         raise InputError(f"{target}: already exists (extract a release into a new directory)")
     _check_listed_paths(file, manifest)
+    _check_size(file, manifest, max_bytes)
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.staging-", dir=target.parent))
     try:
@@ -459,8 +493,9 @@ def _parse_time(value: str, field: str) -> datetime:
 
 @contextlib.contextmanager
 def _open_tar(file: Path) -> Iterator[tarfile.TarFile]:
+    _refuse_compressed(file)
     try:
-        tar = tarfile.open(file, "r:*")  # noqa: SIM115  # closed by the `with tar` below
+        tar = tarfile.open(file, "r:")  # noqa: SIM115  # closed by the `with tar` below
     except FileNotFoundError as err:
         raise ReleaseError("corrupt", f"{file}: no such release file") from err
     except (tarfile.TarError, OSError, EOFError) as err:
@@ -470,6 +505,25 @@ def _open_tar(file: Path) -> Iterator[tarfile.TarFile]:
             yield tar
     except (tarfile.TarError, EOFError, OSError, zlib.error) as err:
         raise ReleaseError("corrupt", f"{file}: unreadable archive ({err})") from err
+
+
+def _refuse_compressed(file: Path) -> None:
+    """``bad-format`` for a gzip, bzip2 or xz file: only an uncompressed release's own size
+    bounds what it unpacks to (a 373 KiB gzip release unpacked to 256 MiB)."""
+    try:
+        with Path(file).open("rb") as raw:
+            head = raw.read(8)
+    except FileNotFoundError as err:
+        raise ReleaseError("corrupt", f"{file}: no such release file") from err
+    except OSError as err:
+        raise ReleaseError("corrupt", f"{file}: not a readable release file ({err})") from err
+    for magic, kind in _COMPRESSED.items():
+        if head.startswith(magic):
+            raise ReleaseError(
+                "bad-format",
+                f"{file}: a {kind}-compressed file; a release is an uncompressed tar file (as "
+                "robo-pipe bundle writes it), whose size bounds what it unpacks to",
+            )
 
 
 def _metadata_members(file: Path, tar: tarfile.TarFile) -> dict[str, tarfile.TarInfo]:
@@ -543,7 +597,17 @@ def _parse_manifest(file: Path, data: bytes) -> Manifest:
         raise ReleaseError(
             "bad-format",
             f"{where}: field 'format_version' = {version}: written by a newer robo-pipe; this one "
-            f"reads release format versions up to {RELEASE_FORMAT_VERSION}",
+            f"reads release format version {RELEASE_FORMAT_VERSION}",
+        )
+    if version < RELEASE_FORMAT_VERSION:
+        name, number = parsed.get("model_name"), parsed.get("model_version")
+        model = f"models:/{name}/{number}" if isinstance(name, str) else "models:/NAME/VERSION"
+        raise ReleaseError(
+            "bad-format",
+            f"{where}: field 'format_version' = {version}: written by an older robo-pipe, whose "
+            f"manifest does not sign the bundle files' sizes; this one reads release format "
+            f"version {RELEASE_FORMAT_VERSION}. Sign it again with this robo-pipe: "
+            f"robo-pipe bundle {model}",
         )
     try:
         manifest = Manifest.from_json(parsed)
@@ -556,6 +620,16 @@ def _parse_manifest(file: Path, data: bytes) -> Manifest:
             raise ReleaseError(
                 "bad-format", f"{where}: files[{rel!r}] = {digest!r}: not a sha256 (64 hex digits)"
             )
+    if set(manifest.sizes) != set(manifest.files):
+        odd = sorted(set(manifest.sizes) ^ set(manifest.files))
+        raise ReleaseError(
+            "bad-format",
+            f"{where}: fields 'files' and 'sizes' list different paths: "
+            f"{', '.join(map(repr, odd))}",
+        )
+    for rel, size in manifest.sizes.items():
+        if size < 0:
+            raise ReleaseError("bad-format", f"{where}: sizes[{rel!r}] = {size}: < 0")
     for field in ("created_at", "expires_at"):
         value = getattr(manifest, field)
         if value is not None:
@@ -590,6 +664,24 @@ def _safe_parts(file: Path, name: str, what: str) -> tuple[str, ...]:
 
 
 # --- extracting ---
+
+
+def _check_size(file: Path, manifest: Manifest, max_bytes: int | None) -> None:
+    """``too-large`` when the release file or the sum of its declared sizes is over
+    ``max_bytes`` (None: no cap); checked before anything is written."""
+    _refuse_compressed(file)
+    if max_bytes is None:
+        return
+    cap = f"this device's cap of {max_bytes} bytes ({max_bytes / (1 << 20):.1f} MiB)"
+    declared = sum(manifest.sizes.values())
+    if declared > max_bytes:
+        raise ReleaseError(
+            "too-large",
+            f"{file}: its manifest declares {declared} bytes of bundle files, over {cap}",
+        )
+    size = Path(file).stat().st_size
+    if size > max_bytes:
+        raise ReleaseError("too-large", f"{file}: the release file is {size} bytes, over {cap}")
 
 
 def _extract_into(file: Path, manifest: Manifest, staging: Path) -> None:
@@ -632,13 +724,14 @@ def _extract_into(file: Path, manifest: Manifest, staging: Path) -> None:
                     else "unsafe-member"
                 )
                 raise ReleaseError(reason, f"{file}: member {name!r}: {err}") from err
+            limit = _member_limit(file, manifest, member, parts)
             path = staging.joinpath(*parts)
             try:
                 if member.isdir():
                     path.mkdir(mode=0o755, parents=True, exist_ok=True)
                     continue
                 path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
-                digest = _write_member(tar, member, path)
+                digest = _write_member(tar, member, path, limit, f"{file}: member {name!r}")
             except OSError as err:
                 raise ReleaseError(
                     "unsafe-member", f"{file}: member {name!r}: cannot write this {kind} ({err})"
@@ -672,16 +765,53 @@ def _extract_into(file: Path, manifest: Manifest, staging: Path) -> None:
         )
 
 
-def _write_member(tar: tarfile.TarFile, member: tarfile.TarInfo, path: Path) -> str:
-    """Copy a regular file member to the new file ``path``; returns the sha256 of its bytes."""
+def _member_limit(
+    file: Path, manifest: Manifest, member: tarfile.TarInfo, parts: tuple[str, ...]
+) -> int:
+    """The most bytes the regular file ``member`` may write, bytes: a bundle file's signed size
+    (``size-mismatch`` when its tar header says otherwise, before a byte is written), at most
+    16 MiB for the manifest and its signature. 0 for a directory."""
+    if member.isdir():
+        return 0
+    name = member.name
+    if name in (MANIFEST_FILE, SIGNATURE_FILE):
+        if member.size > _MAX_METADATA_BYTES:
+            raise ReleaseError(
+                "corrupt", f"{file}: member {name!r} is {member.size} bytes (too large)"
+            )
+        return member.size
+    rel = "/".join(parts[1:])
+    if member.size != manifest.sizes[rel]:
+        raise ReleaseError(
+            "size-mismatch",
+            f"{file}: member {name!r} is {member.size} bytes in the archive, the manifest lists "
+            f"{manifest.sizes[rel]}",
+        )
+    return manifest.sizes[rel]
+
+
+def _write_member(
+    tar: tarfile.TarFile, member: tarfile.TarInfo, path: Path, limit: int, where: str
+) -> str:
+    """Copy a regular file member to the new file ``path``, writing at most ``limit`` bytes
+    (``size-mismatch`` at the first byte past it, which is not written); returns the sha256 of
+    the bytes written. The header was checked against ``limit`` already: this is the second
+    line, should a reader ever yield more than its header says."""
     source = tar.extractfile(member)
     assert source is not None  # a regular file
     digest = hashlib.sha256()
+    written = 0
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
     with source, os.fdopen(os.open(path, flags, 0o644), "wb") as out:
-        while chunk := source.read(_CHUNK):
+        # one byte more than is left, so that an excess is seen without being written
+        while chunk := source.read(min(_CHUNK, limit - written + 1)):
+            if written + len(chunk) > limit:
+                raise ReleaseError(
+                    "size-mismatch", f"{where}: runs past its declared {limit} bytes"
+                )
             digest.update(chunk)
             out.write(chunk)
+            written += len(chunk)
     return digest.hexdigest()
 
 

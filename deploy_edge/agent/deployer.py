@@ -400,7 +400,8 @@ class Deployer:
             name = f"{name}-{run.id[:6]}"
         dest = self.slots_dir / name
         _remove(dest)  # a leftover of an interrupted deployment
-        bundle = extract_release(run.release_file, manifest, dest)
+        cap = int(self.config.max_release_mb * (1 << 20))  # MiB -> bytes
+        bundle = extract_release(run.release_file, manifest, dest, max_bytes=cap)
         slot = Slot(manifest.model_name, manifest.model_version, manifest.release, str(bundle), sha)
         slot.systems_test = run.deployment.systems_test
         write_atomic(self.slots_dir / f"{name}.json", _dumps(slot.to_json()))

@@ -1,5 +1,6 @@
 """Signed releases at library level: keys; the round trip (write, verify, extract, read the
-spec); the signature matrix; hand-crafted tar attacks on extraction (PEP 706); an ONNX model whose
+spec); the signature matrix; hand-crafted tar attacks on extraction (PEP 706); members larger
+than their signed size, compressed releases (a gzip bomb) and the size cap; an ONNX model whose
 external data points outside its bundle; expiry and downgrade, refused and forced. Every refusal
 leaves nothing at the destination nor a staging directory beside it."""
 
@@ -164,6 +165,28 @@ def _assert_nothing_left(dest: Path) -> None:
     assert not [p for p in dest.parent.iterdir() if ".staging-" in p.name], "staging left over"
 
 
+@pytest.fixture()
+def staged(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """What a refused extraction had written when its staging directory was removed (the most
+    it ever held: files are only added): staging-relative path -> bytes. Empty when no staging
+    directory was made."""
+    import deploy_edge.release as release_module
+
+    found: dict[str, int] = {}
+    rmtree = shutil.rmtree
+
+    def watching(path: Any, *args: Any, **kwargs: Any) -> None:
+        root = Path(path)
+        if root.is_dir():
+            for item in root.rglob("*"):
+                if item.is_file():
+                    found[item.relative_to(root).as_posix()] = item.stat().st_size
+        rmtree(path, *args, **kwargs)
+
+    monkeypatch.setattr(release_module.shutil, "rmtree", watching)
+    return found
+
+
 # --- keys ---
 
 
@@ -223,6 +246,9 @@ def test_round_trip_write_verify_extract(
     assert manifest.created_at == "2026-05-01T12:00:00Z"
     assert manifest.expires_at == "2026-05-31T12:00:00Z"
     assert set(manifest.files) == {p.as_posix() for p in bundle_files(export_dir)}
+    assert manifest.sizes == {
+        p.as_posix(): (export_dir / p).stat().st_size for p in bundle_files(export_dir)
+    }
     assert manifest.io_spec == read_io_spec(export_dir)
     assert Manifest.from_json(json.loads(json.dumps(manifest.to_json()))) == manifest
     names = [info.name for info, _ in _members(file)]
@@ -254,19 +280,13 @@ def test_the_release_file_is_deterministic(
     assert (tmp_path / "a.tar").read_bytes() == (tmp_path / "b.tar").read_bytes()
 
 
-def test_a_release_that_never_expires_and_gzip_is_read(
+def test_a_release_that_never_expires(
     export_dir: Path, key: Ed25519PrivateKey, tmp_path: Path
 ) -> None:
     file = tmp_path / "release.tar"
     manifest = _release(export_dir, file, key, expires_in_days=None)
     assert manifest.expires_at is None
     assert check_policy(manifest, active_release=None, now=NOW + timedelta(days=10_000)) == []
-    gz = tmp_path / "release.tar.gz"
-    with tarfile.open(gz, "w:gz") as tar:
-        for info, data in _members(file):
-            tar.addfile(info, io.BytesIO(data))
-    assert verify_release(gz, [key.public_key()]) == manifest
-    assert read_io_spec(extract_release(gz, manifest, tmp_path / "dest")) == manifest.io_spec
 
 
 # --- the signature matrix ---
@@ -351,9 +371,30 @@ def test_a_trusted_signature_over_a_foreign_format_is_refused(
     assert "format_version" in str(error)
     _resign(file, key, lambda m: m.update(format="something-else", format_version=1))
     _refused("bad-format", lambda: verify_release(file, [key.public_key()]))
-    _resign(file, key, lambda m: m.update(format=RELEASE_FORMAT))
+    _resign(file, key, lambda m: m.update(format=RELEASE_FORMAT, format_version=2))
+    _resign(file, key, lambda m: m["sizes"].update({"../escape.bin": 1}))
+    error = _refused("bad-format", lambda: verify_release(file, [key.public_key()]))
+    assert "'files' and 'sizes'" in str(error) and "'../escape.bin'" in str(error)
     _resign(file, key, lambda m: m["files"].update({"../escape.bin": "0" * 64}))
     _refused("unsafe-path", lambda: verify_release(file, [key.public_key()]))
+
+
+def test_a_version_1_manifest_is_refused_with_how_to_sign_it_again(
+    signed: tuple[Path, Manifest], key: Ed25519PrivateKey, tmp_path: Path
+) -> None:
+    """Version 1 signed no sizes: a device cannot bound what it writes, so it refuses it (even
+    signed by a trusted key) and says how to make a version 2 release of the same model."""
+    file, _ = signed
+
+    def version_1(manifest: dict[str, Any]) -> None:
+        manifest["format_version"] = 1
+        del manifest["sizes"]
+
+    _resign(file, key, version_1)
+    for read in (lambda: verify_release(file, [key.public_key()]), lambda: read_manifest(file)):
+        error = _refused("bad-format", read)
+        assert "'format_version' = 1: written by an older robo-pipe" in str(error)
+        assert "robo-pipe bundle models:/pick-place/7" in str(error)
 
 
 @pytest.mark.parametrize("content", [b"", b"not a tar file at all" * 100])
@@ -505,6 +546,123 @@ def test_a_bundle_file_replaced_by_a_link_is_refused(
     dest = tmp_path / "dest"
     _refused("unsafe-member", lambda: extract_release(_rewrite(file, swap), manifest, dest))
     _assert_nothing_left(dest)
+
+
+TOKENIZER = "tokenizer/tokenizer.json"
+
+
+def _padded(members: list[Member]) -> list[Member]:
+    """The tokenizer padded with 8 MiB of zeros: its tar header says so, its signed size not
+    (the issue's 48 MiB member, smaller)."""
+    name = f"{BUNDLE_DIR}/{TOKENIZER}"
+    return [(i, d + bytes(8 << 20)) if i.name == name else (i, d) for i, d in members]
+
+
+def _assert_within_declared(staged: dict[str, int], manifest: Manifest) -> None:
+    """Each bundle file on disk at the refusal is no larger than its signed size."""
+    for path, size in staged.items():
+        if path.startswith(f"{BUNDLE_DIR}/"):
+            assert size <= manifest.sizes[path.removeprefix(f"{BUNDLE_DIR}/")], (path, size)
+
+
+def test_a_member_larger_than_its_signed_size_is_refused_before_a_byte_of_it_is_written(
+    signed: tuple[Path, Manifest], tmp_path: Path, staged: dict[str, int]
+) -> None:
+    file, manifest = signed
+    _rewrite(file, _padded)
+    dest = tmp_path / "dest"
+    error = _refused("size-mismatch", lambda: extract_release(file, manifest, dest))
+    declared = manifest.sizes[TOKENIZER]
+    assert f"'{BUNDLE_DIR}/{TOKENIZER}' is {declared + (8 << 20)} bytes" in str(error)
+    assert f"the manifest lists {declared}" in str(error)
+    _assert_nothing_left(dest)
+    assert staged, "the members before it were written"
+    assert f"{BUNDLE_DIR}/{TOKENIZER}" not in staged, "refused on its header, before opening it"
+    _assert_within_declared(staged, manifest)
+
+
+def test_the_copy_stops_at_the_signed_size_when_the_data_runs_past_it(
+    signed: tuple[Path, Manifest],
+    tmp_path: Path,
+    staged: dict[str, int],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Defence in depth: a tar reader that yields more than the (honest) header says; the copy
+    writes the signed size and refuses at the first byte past it."""
+    file, manifest = signed
+    extractfile = tarfile.TarFile.extractfile
+
+    def longer(self: tarfile.TarFile, member: Any) -> Any:
+        data = extractfile(self, member)
+        if data is not None and getattr(member, "name", member) == f"{BUNDLE_DIR}/{TOKENIZER}":
+            return io.BytesIO(data.read() + bytes(8 << 20))
+        return data
+
+    monkeypatch.setattr(tarfile.TarFile, "extractfile", longer)
+    dest = tmp_path / "dest"
+    error = _refused("size-mismatch", lambda: extract_release(file, manifest, dest))
+    assert f"runs past its declared {manifest.sizes[TOKENIZER]} bytes" in str(error)
+    _assert_nothing_left(dest)
+    assert staged[f"{BUNDLE_DIR}/{TOKENIZER}"] <= manifest.sizes[TOKENIZER]
+    _assert_within_declared(staged, manifest)
+
+
+@pytest.mark.parametrize(
+    ("mode", "kind", "pad"), [("w:gz", "gzip", 64 << 20), ("w:bz2", "bzip2", 0), ("w:xz", "xz", 0)]
+)
+def test_a_compressed_release_is_refused_before_anything_is_written(
+    signed: tuple[Path, Manifest],
+    key: Ed25519PrivateKey,
+    tmp_path: Path,
+    staged: dict[str, int],
+    mode: str,
+    kind: str,
+    pad: int,
+) -> None:
+    """The gzip bomb: 64 MiB of zeros in a member, a few hundred KiB on the wire; also bzip2
+    and xz. Refused on its first bytes by every reader: nothing is staged."""
+    file, manifest = signed
+    name = f"{BUNDLE_DIR}/{TOKENIZER}"
+    bomb = tmp_path / "release.tar.compressed"
+    with tarfile.open(bomb, mode) as tar:  # type: ignore[call-overload]
+        for info, data in _members(file):
+            data = data + bytes(pad) if info.name == name else data
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    assert bomb.stat().st_size < 1 << 20
+    dest = tmp_path / "dest"
+    for read in (
+        lambda: verify_release(bomb, [key.public_key()]),
+        lambda: read_manifest(bomb),
+        lambda: extract_release(bomb, manifest, dest),
+    ):
+        error = _refused("bad-format", read)
+        assert f"a {kind}-compressed file" in str(error) and "uncompressed tar" in str(error)
+    _assert_nothing_left(dest)
+    assert staged == {}, "nothing staged"
+
+
+def test_a_release_over_the_cap_is_refused_before_anything_is_written(
+    signed: tuple[Path, Manifest], tmp_path: Path, staged: dict[str, int]
+) -> None:
+    """The cap bounds the signed sizes and the file itself (whose tar headers and padding the
+    sizes do not count)."""
+    file, manifest = signed
+    declared, size = sum(manifest.sizes.values()), file.stat().st_size
+    assert declared < size
+    dest = tmp_path / "dest"
+    error = _refused(
+        "too-large", lambda: extract_release(file, manifest, dest, max_bytes=declared - 1)
+    )
+    assert (
+        f"declares {declared} bytes of bundle files, over this device's cap of {declared - 1} bytes"
+        in str(error)
+    )
+    error = _refused("too-large", lambda: extract_release(file, manifest, dest, max_bytes=declared))
+    assert f"the release file is {size} bytes, over this device's cap of {declared}" in str(error)
+    _assert_nothing_left(dest)
+    assert staged == {}, "nothing staged"
+    assert extract_release(file, manifest, dest, max_bytes=size) == dest / BUNDLE_DIR
 
 
 def test_a_duplicated_member_is_refused(signed: tuple[Path, Manifest], tmp_path: Path) -> None:

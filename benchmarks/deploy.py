@@ -83,7 +83,7 @@ def start_agent(
         "name": name,
         "listen": f"127.0.0.1:{port}",
         "trusted_keys": [str(public)],
-        "token_sha256": hashlib.sha256(TOKEN.encode()).hexdigest(),
+        "tokens": {"operate": [hashlib.sha256(TOKEN.encode()).hexdigest()]},
         "state_dir": str(root / name / "state"),
         "gate_steps": gate_steps,
         "gate_warmup": gate_warmup,

@@ -7,7 +7,10 @@ Example (``device.yaml``; relative paths resolve against the file's folder)::
     tls_cert: certs/agent.pem
     tls_key: certs/agent.key
     trusted_keys: [keys/release-2025.pub, keys/release-2026.pub]   # rotate: add, then remove
-    token_sha256: 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08
+    tokens:                         # sha256 of each token, by scope (`robo-pipe keys token`)
+      read: [9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08]
+      deploy: [60303ae22b998861bce3b28f33eec1be758a213c86c93c076dbe9f558c11c752]
+      operate: []                   # a list per scope, so tokens rotate: add, then remove
     target: jetson-orin-nano        # a target profile name or YAML path
     state_dir: /var/lib/robo-pipe   # slots, journal, history, uploads
     driver: my_cell.driver:open_arm # module:callable(cameras, image_size) -> robots.Robot
@@ -17,11 +20,12 @@ Example (``device.yaml``; relative paths resolve against the file's folder)::
 
 from __future__ import annotations
 
+import hmac
 import importlib
 import ipaddress
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -33,8 +37,61 @@ DriverFactory = Callable[[tuple[str, ...], int], Robot]
 """``factory(cameras, image_size) -> Robot``: opens the device's robot for a policy's cameras."""
 
 
+Scope = Literal["read", "deploy", "operate"]
+"""What a bearer token may do on the agent."""
+SCOPES: tuple[Scope, ...] = ("read", "deploy", "operate")
+"""The scopes in order: each allows everything the ones before it allow. ``read``: status,
+history, the list of uploads. ``deploy``: upload, deploy, activate, roll back, delete an upload.
+``operate``: what moves the robot or overrides a rule (``/episode``, ``WS /policy``, a
+deployment with ``force``)."""
+
+
+def allows(granted: Scope, needed: Scope) -> bool:
+    """Whether a token of scope ``granted`` may do what ``needed`` guards (the order of
+    :data:`SCOPES`)."""
+    return SCOPES.index(granted) >= SCOPES.index(needed)
+
+
 class DeviceConfigError(RoboPipeError, ValueError):
     """A device config file is missing or invalid; the message names the file, field and value."""
+
+
+def _hex_sha256(value: str) -> str:
+    if len(value) != 64 or any(c not in "0123456789abcdef" for c in value.lower()):
+        raise ValueError(f"{value!r}: expected 64 hex digits (sha256 of the token)")
+    return value.lower()
+
+
+class Tokens(BaseModel):
+    """The bearer tokens the agent accepts, by scope: hex sha256 of each (never the token).
+    Each scope is a list, so a token rotates: add the new hash, move clients, remove the old."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    read: list[str] = []
+    deploy: list[str] = []
+    operate: list[str] = []
+
+    @field_validator("read", "deploy", "operate")
+    @classmethod
+    def _hashes(cls, value: list[str]) -> list[str]:
+        return [_hex_sha256(v) for v in value]
+
+    @model_validator(mode="after")
+    def _some_token(self) -> Tokens:
+        if not (self.read or self.deploy or self.operate):
+            raise ValueError("no token in any scope: the agent would refuse every call")
+        return self
+
+    def scope_of(self, token_sha256: str) -> Scope | None:
+        """The highest scope whose list holds ``token_sha256``, or None. Every hash is compared
+        in constant time (the answer's timing does not tell how much of a hash matched)."""
+        found: Scope | None = None
+        for scope in SCOPES:
+            for known in getattr(self, scope):
+                if hmac.compare_digest(known, token_sha256):
+                    found = scope
+        return found
 
 
 class DeviceConfig(BaseModel):
@@ -51,8 +108,9 @@ class DeviceConfig(BaseModel):
     trusted_keys: list[Path] = []
     """Public key files a release may be signed with (a list, so keys rotate); empty = accepts
     no release."""
-    token_sha256: str
-    """Hex sha256 of the bearer token clients must present."""
+    tokens: Tokens
+    """Hex sha256 of the bearer tokens clients present, by scope (:class:`Tokens`,
+    :data:`SCOPES`)."""
     target: str = "local-cpu"
     """Target profile: a name in ``configs/targets`` or a YAML path."""
     state_dir: Path
@@ -86,12 +144,16 @@ class DeviceConfig(BaseModel):
     """A partial upload untouched for this many hours is deleted (at start and before each new
     upload)."""
 
-    @field_validator("token_sha256")
+    @model_validator(mode="before")
     @classmethod
-    def _hex_sha256(cls, value: str) -> str:
-        if len(value) != 64 or any(c not in "0123456789abcdef" for c in value.lower()):
-            raise ValueError("expected 64 hex digits (sha256 of the token)")
-        return value.lower()
+    def _no_single_token(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "token_sha256" in data:
+            raise ValueError(
+                "field 'token_sha256' was replaced by 'tokens' (scoped: read < deploy < "
+                "operate); to keep that token's powers write 'tokens: {operate: [<the same "
+                "hash>]}', or mint one per scope with `robo-pipe keys token --scope deploy`"
+            )
+        return data
 
     @field_validator("listen")
     @classmethod

@@ -1,7 +1,9 @@
 """The edge agent's HTTP service: what ``robo-pipe deploy`` talks to on a device.
 
-Endpoints (JSON; every one but ``/healthz`` needs ``Authorization: Bearer <token>``, compared
-in constant time against the sha256 in the device config)::
+Endpoints (JSON; every one but ``/healthz`` needs ``Authorization: Bearer <token>``, a token
+whose sha256 the device config lists under a scope that allows the call: ``read`` < ``deploy``
+< ``operate``, see :data:`deploy_edge.agent.config.SCOPES`; a refusal answers 401/403 naming
+the scope needed and is logged, never the token)::
 
     GET  /healthz                      liveness (no token): {"ok": true, "device": name}
     GET  /uploads/{sha256}             bytes of that release received so far
@@ -40,13 +42,13 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import hmac
 import json
+import logging
 import os
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, NoReturn
 
 import numpy as np
 from fastapi import (
@@ -62,7 +64,7 @@ from fastapi import (
 from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel
 
-from deploy_edge.agent.config import DeviceConfig
+from deploy_edge.agent.config import DeviceConfig, Scope, allows
 from deploy_edge.agent.deployer import Deployer
 from deploy_edge.policy_client import (
     ChunkFrame,
@@ -78,6 +80,8 @@ UPLOADS_DIR = "uploads"
 LOCK_POLL_S = 1.0
 GRACE_S = 5
 """On SIGTERM, open connections get this long to finish before the agent exits."""
+log = logging.getLogger("deploy_edge.agent")
+"""The agent's log: refused calls (endpoint and the scope they lacked), start-up warnings."""
 DELAY_ENV = "ROBO_PIPE_POLICY_DELAY_MS"
 """Fault injection: milliseconds each policy-server inference sleeps before the engine runs."""
 
@@ -106,16 +110,17 @@ def create_app(config: DeviceConfig, deployer: Deployer) -> FastAPI:
     uploads.mkdir(parents=True, exist_ok=True)
     busy = threading.Lock()  # one deployment at a time; the deployer serialises the rest
 
-    def token_ok(authorization: str) -> bool:
-        token = authorization.removeprefix("Bearer ").strip()
-        given = hashlib.sha256(token.encode()).hexdigest()
-        return bool(token) and hmac.compare_digest(given, config.token_sha256)
+    def require(scope: Scope) -> Any:
+        """A FastAPI dependency (``dependencies=[require("read")]``, or a parameter
+        ``granted: Annotated[Scope, require("deploy")]`` for the caller's scope): refuses a call
+        without a bearer token of at least ``scope`` (401/403, logged; :func:`authorize`)."""
 
-    def authorized(authorization: str = Header(default="")) -> None:
-        if not token_ok(authorization):
-            raise HTTPException(401, "missing or wrong bearer token")
+        def dependency(request: Request, authorization: str = Header(default="")) -> Scope:
+            return authorize(config, authorization, scope, f"{request.method} {request.url.path}")
 
-    auth = [Depends(authorized)]
+        return Depends(dependency)
+
+    auth = [require("deploy")]  # until the upload endpoints name their scope
 
     def upload_path(sha256: str) -> Path:
         if len(sha256) != 64 or any(c not in "0123456789abcdef" for c in sha256):
@@ -142,8 +147,10 @@ def create_app(config: DeviceConfig, deployer: Deployer) -> FastAPI:
                 f.write(chunk)
         return {"received": path.stat().st_size}
 
-    @app.post("/deployments", dependencies=auth)
-    def deploy(body: DeployRequest) -> dict[str, Any]:
+    @app.post("/deployments")
+    def deploy(body: DeployRequest, granted: Annotated[Scope, require("deploy")]) -> dict[str, Any]:
+        if body.force:  # forcing past a rule (a downgrade, the floor) is an operator's call
+            demand(granted, "operate", "POST /deployments with force")
         path = upload_path(body.sha256)
         if not path.exists():
             raise HTTPException(404, f"release {body.sha256[:12]} was not uploaded")
@@ -161,29 +168,29 @@ def create_app(config: DeviceConfig, deployer: Deployer) -> FastAPI:
         threading.Thread(target=run, name="deployment", daemon=True).start()
         return {"accepted": body.sha256}
 
-    @app.get("/status", dependencies=auth)
+    @app.get("/status", dependencies=[require("read")])
     def status() -> dict[str, Any]:
         return deployer.status().to_json()
 
-    @app.get("/history", dependencies=auth)
+    @app.get("/history", dependencies=[require("read")])
     def history() -> list[dict[str, Any]]:
         return [d.to_json() for d in deployer.history()]
 
-    @app.post("/activate", dependencies=auth)
+    @app.post("/activate", dependencies=[require("deploy")])
     def activate() -> dict[str, Any]:
         done = deployer.activate_staged()
         if done is None:
             raise HTTPException(409, "nothing staged, or the robot-busy lock is set")
         return done.to_json()
 
-    @app.post("/rollback", dependencies=auth)
+    @app.post("/rollback", dependencies=[require("deploy")])
     def rollback() -> dict[str, Any]:
         try:
             return deployer.rollback().to_json()
         except RoboPipeError as err:
             raise HTTPException(409, str(err)) from err
 
-    @app.post("/episode", dependencies=auth)
+    @app.post("/episode", dependencies=[require("operate")])
     def episode(body: EpisodeRequest) -> dict[str, Any]:
         try:
             return deployer.run_episode(body.instruction, body.max_ticks).to_json()
@@ -192,10 +199,11 @@ def create_app(config: DeviceConfig, deployer: Deployer) -> FastAPI:
 
     @app.websocket("/policy")
     async def policy(websocket: WebSocket) -> None:
-        if not token_ok(websocket.headers.get("authorization", "")):
-            # Refused in the handshake: the socket is never opened.
+        try:  # the policy drives the robot: operate
+            authorize(config, websocket.headers.get("authorization", ""), "operate", "WS /policy")
+        except HTTPException as err:  # refused in the handshake: the socket is never opened
             await websocket.send_denial_response(
-                PlainTextResponse("missing or wrong bearer token", status_code=401)
+                PlainTextResponse(err.detail, status_code=err.status_code)
             )
             return
         await websocket.accept()
@@ -209,6 +217,37 @@ def create_app(config: DeviceConfig, deployer: Deployer) -> FastAPI:
             return
 
     return app
+
+
+def authorize(config: DeviceConfig, authorization: str, needed: Scope, endpoint: str) -> Scope:
+    """The scope of the bearer token in ``authorization`` (an ``Authorization`` header), if it
+    allows ``needed``; else :class:`HTTPException` 401 (no token, not the ``Bearer`` scheme, an
+    unknown token) or 403 (a token of a lower scope; :func:`demand`)."""
+    scheme, _, token = authorization.strip().partition(" ")
+    if scheme != "Bearer" or not token.strip():
+        _refuse(401, endpoint, needed, "expected 'Authorization: Bearer <token>'")
+    granted = config.tokens.scope_of(_token_sha256(token.strip()))
+    if granted is None:
+        _refuse(401, endpoint, needed, "unknown bearer token")
+    demand(granted, needed, endpoint)
+    return granted
+
+
+def demand(granted: Scope, needed: Scope, endpoint: str) -> None:
+    """Refuse (403) a caller whose token's scope ``granted`` does not allow ``needed``."""
+    if not allows(granted, needed):
+        _refuse(403, endpoint, needed, f"the token's scope is {granted!r}")
+
+
+def _refuse(status: int, endpoint: str, needed: Scope, why: str) -> NoReturn:
+    """Log the refusal (the endpoint and the scope it lacked, never the token or its hash) and
+    answer it, naming the scope needed."""
+    log.warning("refused %s: %s; it needs scope %r", endpoint, why, needed)
+    raise HTTPException(status, f"{endpoint} needs a token of scope {needed!r}: {why}")
+
+
+def _token_sha256(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
 
 
 def _policy_info(deployer: Deployer) -> PolicyInfo:

@@ -71,7 +71,8 @@ def write_device_config(cfg: PipelineConfig, port: int) -> Path:
         "name": NAME,
         "listen": f"127.0.0.1:{port}",
         "trusted_keys": [str(signing_key().with_suffix(".pub"))],
-        "token_sha256": hashlib.sha256(_token().encode()).hexdigest(),
+        # The demo's one token does everything a user of the demo does: operate.
+        "tokens": {"operate": [hashlib.sha256(_token().encode()).hexdigest()]},
         "target": gate.target,
         "state_dir": "state",
         "gate_steps": gate.steps,

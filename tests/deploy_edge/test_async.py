@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from deploy_edge.agent.config import DeviceConfig
+from deploy_edge.agent.config import DeviceConfig, Tokens
 from deploy_edge.agent.deployer import Deployer
 from deploy_edge.exported import ExportedPolicy
 from deploy_edge.keys import generate_keypair, load_private_key
@@ -338,7 +338,7 @@ def test_the_agent_gates_and_health_checks_in_the_profile_s_mode(
         )
         config = DeviceConfig(
             name="dev-1",
-            token_sha256="a" * 64,
+            tokens=Tokens(read=["a" * 64]),
             trusted_keys=[public],
             state_dir=tmp_path / name,
             target=str(target),

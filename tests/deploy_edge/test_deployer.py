@@ -104,7 +104,7 @@ def releases(
 def device_config(state_dir: Path, pub: Path, **overrides: Any) -> DeviceConfig:
     options: dict[str, Any] = {
         "name": "dev-1",
-        "token_sha256": TOKEN_SHA,
+        "tokens": {"operate": [TOKEN_SHA]},
         "trusted_keys": [pub],
         "state_dir": state_dir,
         "gate_steps": 30,
@@ -364,21 +364,21 @@ def test_kill_9_at_any_step_leaves_the_old_version_complete(
 def test_device_config_resolves_relative_paths_and_names_bad_fields(tmp_path: Path) -> None:
     file = tmp_path / "device.yaml"
     file.write_text(
-        f"name: cell-3\ntoken_sha256: {TOKEN_SHA}\nstate_dir: state\n"
+        f"name: cell-3\ntokens: {{read: [{TOKEN_SHA}]}}\nstate_dir: state\n"
         "trusted_keys: [keys/a.pub]\nlock_file: run/busy\n"
     )
     config = load_device_config(file)
     assert config.state_dir == tmp_path / "state" and config.lock_file == tmp_path / "run/busy"
     assert config.trusted_keys == [tmp_path / "keys/a.pub"]
     assert config.listen == "127.0.0.1:8765" and config.target == "local-cpu"
-    with pytest.raises(DeviceConfigError, match=r"device.yaml: field 'token_sha256' = 'abc'"):
-        file.write_text("name: x\ntoken_sha256: abc\nstate_dir: s\n")
+    with pytest.raises(DeviceConfigError, match=r"device.yaml: field 'tokens.read' = \['abc'\]"):
+        file.write_text("name: x\ntokens: {read: [abc]}\nstate_dir: s\n")
         load_device_config(file)
     with pytest.raises(DeviceConfigError, match=r"field 'gpu' = 1: Extra inputs"):
-        file.write_text(f"name: x\ntoken_sha256: {TOKEN_SHA}\nstate_dir: s\ngpu: 1\n")
+        file.write_text(f"name: x\ntokens: {{read: [{TOKEN_SHA}]}}\nstate_dir: s\ngpu: 1\n")
         load_device_config(file)
     with pytest.raises(DeviceConfigError, match=r"missing field 'state_dir'"):
-        file.write_text(f"name: x\ntoken_sha256: {TOKEN_SHA}\n")
+        file.write_text(f"name: x\ntokens: {{read: [{TOKEN_SHA}]}}\n")
         load_device_config(file)
     with pytest.raises(DeviceConfigError, match="no such device config"):
         load_device_config(tmp_path / "nope.yaml")
@@ -410,7 +410,8 @@ from pathlib import Path
 from deploy_edge.agent.config import DeviceConfig
 from deploy_edge.agent.deployer import Deployer
 from deploy_edge.agent.service import create_app
-config = DeviceConfig(name="light", token_sha256="{TOKEN_SHA}", trusted_keys=[Path("{keys[1]}")],
+config = DeviceConfig(name="light", tokens={{"read": ["{TOKEN_SHA}"]}},
+    trusted_keys=[Path("{keys[1]}")],
     state_dir=Path("{tmp_path / "state"}"), gate_steps=5, gate_warmup=1, pace=False,
     health_ticks=3)
 deployer = Deployer(config)

@@ -64,7 +64,7 @@ def start_agent(
             {
                 "name": "gpu-box",
                 "listen": f"127.0.0.1:{port}",
-                "token_sha256": hashlib.sha256(TOKEN.encode()).hexdigest(),
+                "tokens": {"operate": [hashlib.sha256(TOKEN.encode()).hexdigest()]},
                 "state_dir": str(state_dir),
                 **extra,
             }
@@ -251,7 +251,7 @@ def test_a_non_loopback_address_without_tls_is_refused_when_the_config_loads(
     tmp_path: Path,
 ) -> None:
     file = tmp_path / "device.yaml"
-    body = f"name: cell-3\ntoken_sha256: {'a' * 64}\nstate_dir: state\n"
+    body = f"name: cell-3\ntokens: {{read: [{'a' * 64}]}}\nstate_dir: state\n"
     for listen in ("0.0.0.0:8765", "192.168.1.20:8765", "cell-3.lab:8765"):
         file.write_text(body + f"listen: '{listen}'\n")
         with pytest.raises(DeviceConfigError, match=rf"field 'listen' = '{listen}': .*tls_cert"):

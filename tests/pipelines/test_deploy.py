@@ -71,7 +71,7 @@ def start_agent(
         "name": "dev-arm-01",
         "listen": f"127.0.0.1:{port}",
         "trusted_keys": [str(home / "keys" / "release.pub")],
-        "token_sha256": hashlib.sha256(TOKEN.encode()).hexdigest(),
+        "tokens": {"operate": [hashlib.sha256(TOKEN.encode()).hexdigest()]},
         "target": "local-cpu",
         "state_dir": str(state / "agent-state"),
         "gate_steps": 30,

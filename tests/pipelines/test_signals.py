@@ -185,7 +185,7 @@ def test_edge_agent_stops_on_a_signal_with_its_exit_code(
     device = {
         "name": "dev-arm-01",
         "listen": f"127.0.0.1:{port}",
-        "token_sha256": hashlib.sha256(b"token").hexdigest(),
+        "tokens": {"operate": [hashlib.sha256(b"token").hexdigest()]},
         "state_dir": str(tmp_path / "agent-state"),
     }
     config = tmp_path / "device.yaml"

@@ -439,6 +439,7 @@ print(json.dumps(sorted({{name.split(".")[0] for name in sys.modules}})))
         ("flip_payload_byte", "hash-mismatch"),
         ("add_file", "extra-file"),
         ("remove_file", "missing-file"),
+        ("padded", "size-mismatch"),
     ],
 )
 def test_a_tampered_release_is_refused_and_the_active_version_is_untouched(
@@ -460,6 +461,18 @@ def test_a_tampered_release_is_refused_and_the_active_version_is_untouched(
     deployer = Deployer(device_config(state, keys[1]))
     done = deployer.deploy(tampered)
     assert done.state == "refused" and f": {reason}: " in done.reason, done.reason
+    assert_only_release_1(deployer, state)
+
+
+def test_a_release_over_the_devices_cap_is_refused_before_it_is_unpacked(
+    state: Path, keys: tuple[Path, Path], releases: Callable[..., Path]
+) -> None:
+    """``max_release_mb`` bounds what extraction may write: a release over it is refused at
+    the extract step and release 1 stays active."""
+    half = releases(3).stat().st_size / (1 << 20) / 2
+    deployer = Deployer(device_config(state, keys[1], max_release_mb=half))
+    done = deployer.deploy(releases(3))
+    assert done.state == "refused" and ": too-large: " in done.reason, done.reason
     assert_only_release_1(deployer, state)
 
 

@@ -15,11 +15,12 @@
     health    a few control ticks of the active version: no deadline miss, no engine error
     commit    the journal's end record: from here on the new version stays
 
-With ``precision: auto`` the engine, parity and gate steps run for every candidate the
-profile's engine can run (:func:`deploy_edge.latency.options`); one that fails to build or
-misses its parity is out, with its reason, and the others go on; the gate step then activates
-the most accurate one that meets the budget (:func:`deploy_edge.latency.choose_variant`) and
-is refused only when none does (the reason names each one's p99 against the budget). The
+The engine, parity and gate steps are :mod:`deploy_edge.agent.trials`. With ``precision: auto``
+they run for every candidate the profile's engine can run (:func:`deploy_edge.latency.options`);
+one that fails to build or misses its parity is out, with its reason, and the others go on;
+the gate step then activates the most accurate one that meets the budget
+(:func:`deploy_edge.latency.choose_variant`) and is refused only when none does (the reason
+names each one's p99 against the budget). The
 deployment record's ``variant``, ``trials`` and ``choice`` say which runs and why the others do
 not; the slot's ``variant`` is what the health check and episodes run.
 
@@ -61,6 +62,7 @@ from typing import Any
 
 import numpy as np
 
+from deploy_edge.agent import trials
 from deploy_edge.agent.config import DeviceConfig, load_driver
 from deploy_edge.agent.journal import (
     Journal,
@@ -69,21 +71,16 @@ from deploy_edge.agent.journal import (
     remove_link,
     write_atomic,
 )
-from deploy_edge.bundle import NORMALIZATION_FILE, REFERENCE_FILE, read_io_spec
+from deploy_edge.agent.trials import Refused
+from deploy_edge.bundle import read_io_spec
 from deploy_edge.exported import ExportedPolicy
 from deploy_edge.keys import load_public_key
 from deploy_edge.latency import (
     Option,
-    accuracy_rank,
-    choose_variant,
-    gate_trial,
     load_target,
     open_policy,
-    options,
     pinned_option,
-    run_gate,
     target_loop,
-    trial_error,
 )
 from deploy_edge.release import (
     Manifest,
@@ -98,10 +95,8 @@ from deploy_edge.wire import (
     Deployment,
     DeviceStatus,
     EpisodeResult,
-    GateFigures,
     Slot,
     StepResult,
-    Trial,
 )
 from robo_pipe.errors import InputError, RoboPipeError
 from robo_pipe.records import RecordError
@@ -109,23 +104,12 @@ from robots.interface import Robot, RobotObservation
 
 CRASH_ENV = "ROBO_PIPE_AGENT_CRASH_AT"
 """Fault injection: the step at whose start the process SIGKILLs itself."""
-PARITY_TOLERANCE = {"fp32": 1e-4, "fp16": 2e-2}
-"""Largest |engine - reference| allowed, robot units, by the profile's precision."""
-VARIANT_MARGIN = (0.5, 1e-4)
-"""A precision variant's parity tolerance: its recorded ``reference_error`` (the export's
-|variant - torch| on the same reference inputs) times ``1 + VARIANT_MARGIN[0]`` plus
-``VARIANT_MARGIN[1]`` robot units: another CPU's (or TensorRT's) quantised kernels round
-differently from the exporting machine's."""
 LINKS = ("active", "previous", "staged")
 
 
 class DeployError(RoboPipeError, RuntimeError):
     """The agent cannot do this now: a deployment is running, nothing to roll back to, no
     active version to run."""
-
-
-class _Refused(Exception):
-    """A step's check failed (the message says what it measured)."""
 
 
 class _StepFailed(Exception):
@@ -173,7 +157,7 @@ class _Run:
         self.detail, start, failure = "", time.perf_counter(), None
         try:
             yield
-        except _Refused as err:
+        except Refused as err:
             failure = str(err)
         except ReleaseError as err:
             failure = f"{err.reason}: {err}"
@@ -275,9 +259,11 @@ class Deployer:
                     with run.step("extract"):
                         slot = self._extract(run, manifest)
                     with run.step("engine"):
-                        engines = self._engine(run, slot)
+                        engines, run.detail = trials.build(run.deployment, slot, self.profile)
                     with run.step("parity"):
-                        engines = self._parity(run, engines, slot)
+                        engines, run.detail = trials.parity(
+                            run.deployment, engines, slot, self.profile
+                        )
                     with run.step("gate"):
                         self._gate(run, engines, slot, manifest)
                     if self.locked():
@@ -370,13 +356,13 @@ class Deployer:
         )
         active = self._slot("active")
         if active is not None and active.sha256 == d.release_sha256:
-            raise _Refused(f"release {d.release_sha256[:12]} is already the active version")
+            raise Refused(f"release {d.release_sha256[:12]} is already the active version")
         if manifest.targets and self.profile.name not in manifest.targets:
-            raise _Refused(
+            raise Refused(
                 f"release is for targets {manifest.targets}, this device is {self.profile.name!r}"
             )
         if manifest.io_spec.random_weights and not d.systems_test:
-            raise _Refused(
+            raise Refused(
                 "random-weights: the policy was built with random weights for systems "
                 "measurements only; deploy it only as a systems test (robo-pipe deploy "
                 "--systems-test)"
@@ -409,146 +395,22 @@ class Deployer:
         run.detail = f"{len(manifest.files)} files into slots/{name}"
         return slot
 
-    def _engine(self, run: _Run, slot: Slot) -> list[tuple[Trial, ExportedPolicy]]:
-        """The profile's engine on the bundle: its pinned precision's model or variant, or,
-        with ``precision: auto``, every option that builds (one that does not is out, its
-        trial saying why)."""
-        p = self.profile
-        spec = read_io_spec(slot.path)
-        if p.precision != "auto":
-            option = pinned_option(spec, p)
-            policy = self._open(slot, option)
-            trial = Trial(option.name, option.precision, trial_error(option, spec))
-            run.deployment.variant = policy.variant
-            run.detail = f"{policy.engine.name} ({policy.variant}, {policy.engine.precision})"
-            return [(trial, policy)]
-        tried, out_of_it = options(spec, p.engine)
-        built: list[tuple[Trial, ExportedPolicy]] = []
-        out: list[Trial] = []
-        for option in tried:
-            trial = Trial(option.name, option.precision, trial_error(option, spec))
-            out.append(trial)
-            try:
-                built.append((trial, self._open(slot, option)))
-            except Exception as err:  # one option's fault puts it out, not the deployment
-                trial.failure = f"engine: {type(err).__name__}: {err}"
-        run.deployment.trials = out + out_of_it
-        if not built:
-            raise _Refused("no way to run the bundle builds here: " + _failures(out))
-        run.detail = f"{built[0][1].engine.name}: " + ", ".join(t.variant for t, _ in built)
-        return built
-
-    def _open(self, slot: Slot, option: Option) -> ExportedPolicy:
-        spec = read_io_spec(slot.path)
-        variant = spec.variant(option.variant) if option.variant else None
-        tolerance = _tolerance(option.precision, variant.reference_error if variant else None)
-        p = self.profile
-        return ExportedPolicy(
-            slot.path, p.engine, option.precision, p.threads, option.variant, tolerance
-        )
-
-    def _parity(
-        self, run: _Run, engines: list[tuple[Trial, ExportedPolicy]], slot: Slot
-    ) -> list[tuple[Trial, ExportedPolicy]]:
-        """Each engine on the reference inputs; pinned: a miss refuses; auto: a miss puts
-        that option out and the rest go on (all out: refused)."""
-        reference_file = Path(slot.path) / REFERENCE_FILE
-        if not reference_file.is_file():
-            raise _Refused(f"the bundle has no {REFERENCE_FILE} to check parity with")
-        with np.load(reference_file, allow_pickle=False) as data:
-            reference = {k: data[k] for k in data.files}
-        spec = read_io_spec(slot.path)
-        passed, details = [], []
-        for trial, policy in engines:
-            variant = spec.variant(trial.variant)
-            recorded = variant.reference_error if variant is not None else None
-            tolerance = _tolerance(policy.engine.precision, recorded)
-            try:
-                error, batch, actions = _parity_error(policy, reference)
-            except _Refused as err:
-                trial.failure = f"parity: {err}"
-                continue
-            if trial.relative_error is None:  # TensorRT's FP16 build: the export scored none
-                trial.relative_error = _relative_error(actions, reference, Path(slot.path))
-            if not error <= tolerance:  # NaN fails too
-                trial.failure = (
-                    f"parity: max |error| {error:.2e} > tolerance {tolerance:g} on {REFERENCE_FILE}"
-                )
-                continue
-            passed.append((trial, policy))
-            details.append(
-                f"{trial.variant}: max |error| {error:.2e} <= {tolerance:g}"
-                if self.profile.precision == "auto"
-                else f"max |error| {error:.2e} <= {tolerance:g} over {batch} reference inputs"
-            )
-        if not passed:
-            if self.profile.precision != "auto":
-                raise _Refused(engines[0][0].failure.removeprefix("parity: "))
-            raise _Refused(
-                "no way to run the bundle passed its parity: " + _failures(run.deployment.trials)
-            )
-        run.detail = "; ".join(details)
-        return passed
-
     def _gate(
-        self,
-        run: _Run,
-        engines: list[tuple[Trial, ExportedPolicy]],
-        slot: Slot,
-        manifest: Manifest,
+        self, run: _Run, engines: list[trials.Candidate], slot: Slot, manifest: Manifest
     ) -> None:
-        """The latency gate (every option still in, with ``precision: auto``, then the
-        choice); the slot records what runs."""
-        c = self.config
-        auto = self.profile.precision == "auto"
-        reports = {}
-        for trial, policy in engines:
-            report = run_gate(
-                slot.path,
-                self.driver(policy.cameras, policy.image_size),
-                c.instruction,
-                self.profile,
-                steps=c.gate_steps,
-                warmup=c.gate_warmup,
-                budget_ms=manifest.budget_ms,
-                pace=c.pace,
-                out=Path(slot.path) / "gate" / (trial.variant if auto else ""),
-                policy=policy,
-            )
-            gate_trial(trial, report)
-            reports[trial.variant] = report
-        if auto:
-            budget = manifest.budget_ms
-            budget = budget if budget is not None else self.profile.budget_ms
-            choice = choose_variant(run.deployment.trials, budget)
-            run.deployment.trials, run.deployment.choice = choice.trials, choice.reason
-            if choice.chosen is None:
-                measured = [t for t in choice.trials if t.variant in reports]
-                if measured:  # the figures of the most accurate one measured
-                    best = min(measured, key=accuracy_rank)
-                    run.deployment.gate = _figures(reports[best.variant])
-                raise _Refused(choice.reason)
-            report = reports[choice.chosen.variant]
-            run.deployment.variant = choice.chosen.variant
-        else:
-            report = next(iter(reports.values()))
-        run.deployment.gate = _figures(report)
-        if not report.passed:
-            raise _Refused("; ".join(report.reasons))
+        """The latency gate (:func:`deploy_edge.agent.trials.gate`); the slot records what
+        runs."""
+        run.detail = trials.gate(
+            run.deployment,
+            engines,
+            slot,
+            manifest.budget_ms,
+            self.profile,
+            self.config,
+            self.driver,
+        )
         slot.variant = run.deployment.variant
         write_atomic(self.slots_dir / f"{self._slot_name(slot.path)}.json", _dumps(slot.to_json()))
-        chosen = f"{run.deployment.choice}; " if auto else ""
-        run.detail = (
-            f"{chosen}{report.mode}: p99 {report.p99_ms:.2f} ms <= {report.budget_ms:g} ms, "
-            f"{report.misses} misses in {report.steps} steps"
-        )
-        if report.mode == "async":  # what the asynchronous loop was judged on too
-            run.detail += (
-                f"; inference p50/p99 {report.inference_p50_ms:.2f}/"
-                f"{report.inference_p99_ms:.2f} ms, action age p99 "
-                f"{report.action_age_p99_ms or 0:.2f} ms, largest seam jump "
-                f"{report.seam_jump_max or 0:.4g}"
-            )
 
     def _health(self, run: _Run) -> None:
         shadow = self.config.shadow_health
@@ -557,7 +419,7 @@ class Deployer:
         errors = [t.error for t in ticks if t.error]
         if misses or errors:
             first = f" (first: {errors[0]})" if errors else ""
-            raise _Refused(
+            raise Refused(
                 f"{misses} deadline misses, {len(errors)} engine errors in {len(ticks)} "
                 f"ticks{first}"
             )
@@ -894,71 +756,6 @@ class Deployer:
             f.write(_dumps(deployment.to_json()))
             f.flush()
             os.fsync(f.fileno())
-
-
-def _tolerance(precision: str, reference_error: float | None) -> float:
-    """Parity tolerance: a variant's recorded error plus the margin, else the precision's."""
-    if reference_error is not None:
-        return reference_error * (1.0 + VARIANT_MARGIN[0]) + VARIANT_MARGIN[1]
-    return PARITY_TOLERANCE.get(precision, PARITY_TOLERANCE["fp16"])
-
-
-def _parity_error(
-    policy: ExportedPolicy, reference: dict[str, np.ndarray]
-) -> tuple[float, int, np.ndarray | None]:
-    """Largest |engine - expected| over the reference inputs (one at a time: an engine may be
-    built for batch 1), how many inputs, and the engine's actions on them."""
-    engine = policy.engine
-    outputs = [n for n in engine.output_names if f"expected_{n}" in reference]
-    if not outputs:
-        raise _Refused(f"{REFERENCE_FILE} holds no expected outputs")
-    batch = len(reference[engine.input_names[0]])
-    error, actions = 0.0, []
-    for i in range(batch):
-        got = engine.run({n: reference[n][i : i + 1] for n in engine.input_names})
-        for name in outputs:
-            want = reference[f"expected_{name}"][i : i + 1]
-            error = max(error, float(np.abs(got[name] - want).max()))
-        if "actions" in got:
-            actions.append(got["actions"])
-    return error, batch, np.concatenate(actions) if actions else None
-
-
-def _relative_error(
-    actions: np.ndarray | None, reference: dict[str, np.ndarray], bundle: Path
-) -> float | None:
-    """The worst action dimension's mean |engine - torch| over the reference inputs divided by
-    that dimension's std in the training data (``normalization.json``): the export's
-    ``relative_error``, measured here on the reference inputs for an option the export did not
-    score; None without the figures to measure it."""
-    stats = bundle / NORMALIZATION_FILE
-    if actions is None or "expected_actions" not in reference or not stats.is_file():
-        return None
-    try:
-        std = np.asarray(json.loads(stats.read_text())["action_std"], dtype=np.float64)
-    except (ValueError, KeyError, TypeError):
-        return None
-    diff = np.abs(actions - reference["expected_actions"]).reshape(-1, std.shape[-1])
-    return float((diff.mean(axis=0) / np.maximum(std, 1e-12)).max())
-
-
-def _figures(report: Any) -> GateFigures:
-    return GateFigures(
-        p50_ms=report.p50_ms,
-        p95_ms=report.p95_ms,
-        p99_ms=report.p99_ms,
-        max_ms=report.max_ms,
-        misses=float(report.misses),
-        budget_ms=report.budget_ms,
-        mode=report.mode,
-        inference_p99_ms=report.inference_p99_ms,
-        action_age_p99_ms=report.action_age_p99_ms,
-        seam_jump_max=report.seam_jump_max,
-    )
-
-
-def _failures(trials: list[Trial]) -> str:
-    return "; ".join(f"{t.variant}: {t.failure}" for t in trials if t.failure)
 
 
 def _label(item: Slot | Deployment) -> str:

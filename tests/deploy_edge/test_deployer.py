@@ -559,7 +559,7 @@ def test_precision_auto_activates_the_most_accurate_variant_within_the_budget(
 ) -> None:
     """FP32 measured over the budget (its p99 raised here: this machine runs both in time), so
     the INT8 variant runs: recorded on the deployment, the slot, and what episodes run."""
-    from deploy_edge.agent import deployer as module
+    from deploy_edge.agent import trials as module
 
     real = module.gate_trial
 
@@ -639,7 +639,7 @@ def test_a_random_weights_release_goes_live_only_as_a_systems_test(
 def test_an_unscored_options_error_is_measured_on_the_reference_inputs(export_dir: Path) -> None:
     """TensorRT's FP16 build has no export-time score: its error relative to each action
     dimension's std is measured at parity (the worst dimension's mean |error| / its std)."""
-    from deploy_edge.agent.deployer import _relative_error
+    from deploy_edge.agent.trials import _relative_error
 
     reference = dict(np.load(export_dir / "reference.npz"))
     actions = reference["expected_actions"].copy()

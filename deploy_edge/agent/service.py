@@ -48,7 +48,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Any, NoReturn
 
 import numpy as np
 from fastapi import (
@@ -112,7 +112,7 @@ def create_app(config: DeviceConfig, deployer: Deployer) -> FastAPI:
 
     def require(scope: Scope) -> Any:
         """A FastAPI dependency (``dependencies=[require("read")]``, or a parameter
-        ``granted: Annotated[Scope, require("deploy")]`` for the caller's scope): refuses a call
+        ``granted: Scope = require("deploy")`` for the caller's scope): refuses a call
         without a bearer token of at least ``scope`` (401/403, logged; :func:`authorize`)."""
 
         def dependency(request: Request, authorization: str = Header(default="")) -> Scope:
@@ -148,7 +148,9 @@ def create_app(config: DeviceConfig, deployer: Deployer) -> FastAPI:
         return {"received": path.stat().st_size}
 
     @app.post("/deployments")
-    def deploy(body: DeployRequest, granted: Annotated[Scope, require("deploy")]) -> dict[str, Any]:
+    # A default, not Annotated[Scope, require(...)]: with postponed annotations FastAPI reads
+    # the annotation as a string it cannot resolve (require is local) and wants a query field.
+    def deploy(body: DeployRequest, granted: Scope = require("deploy")) -> dict[str, Any]:  # noqa: B008
         if body.force:  # forcing past a rule (a downgrade, the floor) is an operator's call
             demand(granted, "operate", "POST /deployments with force")
         path = upload_path(body.sha256)

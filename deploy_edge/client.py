@@ -13,16 +13,22 @@ import ssl
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from deploy_edge.device import Device, DeviceEntry, DeviceError
-from deploy_edge.wire import Deployment, DeviceStatus, EpisodeResult, Health
+from deploy_edge.wire import Deployment, DeviceStatus, EpisodeResult, Health, Upload
 from robo_pipe.records import RecordError
 
 CHUNK_BYTES = 1 << 20
 """Upload chunk size; a cut upload resumes at the agent's byte count."""
 POLL_S = 0.25
 """How often a deployment under way is asked for its status."""
+STALLS = 3
+"""Refusals in a row, at one offset, that an upload waits out (another writer holds it) before
+it gives up."""
+
+if TYPE_CHECKING:
+    import httpx
 
 T = TypeVar("T")
 
@@ -52,17 +58,25 @@ class AgentClient(Device):
         self.http.close()
 
     def _request(self, method: str, path: str, **kwargs: Any) -> Any:
+        """The agent's JSON answer; a :class:`DeviceError` for a refusal (with the agent's
+        reason) or when it cannot be reached."""
+        return self._read(self._call(method, path, **kwargs), method, path)
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         import httpx
 
         try:
-            response = self.http.request(method, path, **kwargs)
+            return self.http.request(method, path, **kwargs)
         except httpx.HTTPError as err:
             raise DeviceError(f"device {self.entry.name} ({self.entry.url}): {err}") from err
+
+    def _read(self, response: httpx.Response, method: str, path: str) -> Any:
         if response.status_code == 401:
             raise DeviceError(f"device {self.entry.name}: the agent refused the token")
         if response.status_code >= 400:
-            detail = response.json().get("detail") if response.content else response.reason_phrase
-            raise DeviceError(f"device {self.entry.name}: {method} {path}: {detail}")
+            detail = _detail(response)
+            message = detail.get("message", detail) if isinstance(detail, dict) else detail
+            raise DeviceError(f"device {self.entry.name}: {method} {path}: {message}")
         return response.json()
 
     def _answer(self, read: Callable[[Any], T], method: str, path: str, **kwargs: Any) -> T:
@@ -83,17 +97,56 @@ class AgentClient(Device):
     def upload(
         self, release: Path, sha256: str, on_progress: Callable[[int, int], None] | None = None
     ) -> None:
-        """Send ``release`` in chunks from the bytes the agent already has (resumable)."""
+        """Send ``release`` in chunks, declaring its size, from the bytes the agent already has
+        (resumable). An upload of another size under ``sha256`` is deleted first; one whose
+        bytes the agent finds wrong once complete (it deletes it: a partial left by someone
+        else, say) is sent again from byte 0, once, then refused with the agent's reason."""
+        try:
+            self._send(release, sha256, on_progress)
+        except _Mismatch:
+            try:
+                self._send(release, sha256, on_progress)
+            except _Mismatch as again:
+                raise DeviceError(f"device {self.entry.name}: {again}") from None
+
+    def _send(
+        self, release: Path, sha256: str, on_progress: Callable[[int, int], None] | None
+    ) -> None:
+        """One pass of :meth:`upload`; :class:`_Mismatch` when the agent deleted it as wrong."""
         total = release.stat().st_size
-        sent = int(self._request("GET", f"/uploads/{sha256}")["received"])
+        have = self._answer(Upload.from_json, "GET", f"/uploads/{sha256}")
+        if have.size is not None and have.size != total:  # not this file: start over
+            self.delete_upload(sha256)
+            have = Upload(sha256, 0, None, 0.0, False)
+        sent, stalls = have.received, 0
         with release.open("rb") as f:
-            f.seek(sent)
             while sent < total:
+                f.seek(sent)
                 chunk = f.read(CHUNK_BYTES)
-                answer = self._request("PUT", f"/uploads/{sha256}?offset={sent}", content=chunk)
-                sent = int(answer["received"])
+                path = f"/uploads/{sha256}?offset={sent}&size={total}"
+                response = self._call("PUT", path, content=chunk)
+                detail = _detail(response)
+                reason = detail.get("reason") if isinstance(detail, dict) else None
+                if reason == "hash-mismatch":
+                    raise _Mismatch(detail["message"])
+                if reason in ("offset", "busy"):  # resume where the agent is
+                    stalls = stalls + 1 if detail["received"] == sent else 0
+                    if stalls > STALLS:
+                        raise DeviceError(f"device {self.entry.name}: {detail['message']}")
+                    time.sleep(POLL_S * stalls)
+                    sent = int(detail["received"])
+                    continue
+                sent = Upload.from_json(self._read(response, "PUT", path)).received
                 if on_progress:
                     on_progress(sent, total)
+
+    def uploads(self) -> list[Upload]:
+        """Every upload on the device, partial or complete, oldest first."""
+        return self._answer(lambda answer: [Upload.from_json(u) for u in answer], "GET", "/uploads")
+
+    def delete_upload(self, sha256: str) -> Upload:
+        """Delete the upload ``sha256`` (refused while it is written or deployed)."""
+        return self._answer(Upload.from_json, "DELETE", f"/uploads/{sha256}")
 
     def deploy(
         self,
@@ -150,3 +203,17 @@ class AgentClient(Device):
     def rollback(self) -> Deployment:
         """Back to the previous version."""
         return self._answer(Deployment.from_json, "POST", "/rollback")
+
+
+class _Mismatch(Exception):
+    """The agent deleted a completed upload whose bytes did not hash to its sha256."""
+
+
+def _detail(response: httpx.Response) -> Any:
+    """The ``detail`` of an agent's refusal (a dict for upload refusals), else None."""
+    if response.status_code < 400:
+        return None
+    try:
+        return response.json().get("detail")
+    except ValueError:
+        return response.reason_phrase

@@ -27,7 +27,7 @@ from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
-from deploy_edge.wire import Deployment, DeviceStatus, EpisodeResult, Health
+from deploy_edge.wire import Deployment, DeviceStatus, EpisodeResult, Health, Upload
 from robo_pipe.errors import RoboPipeError
 from robo_pipe.resources import Resource
 from robo_pipe.validation import first_error, one_of, read_mapping
@@ -121,6 +121,15 @@ class Device(Resource):
     ) -> None:
         """Send the signed release file ``release`` (its ``sha256``), resuming from the bytes
         the device already has; ``on_progress(sent, total)`` in bytes."""
+
+    @abc.abstractmethod
+    def uploads(self) -> list[Upload]:
+        """Every upload on the device, partial or complete, oldest first."""
+
+    @abc.abstractmethod
+    def delete_upload(self, sha256: str) -> Upload:
+        """Delete the upload ``sha256``, partial or complete (refused while it is being
+        written or deployed); the upload as it was."""
 
     @abc.abstractmethod
     def deploy(

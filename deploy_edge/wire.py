@@ -9,6 +9,7 @@ the other's answers by dict key. A field added here is added on both ends at onc
     GET  /history                     [Deployment, ...], newest first
     POST /activate, POST /rollback    Deployment
     POST /episode                     EpisodeResult
+    GET  /uploads                     [Upload, ...]; GET/PUT/DELETE /uploads/{sha256}: Upload
 """
 
 from __future__ import annotations
@@ -197,3 +198,20 @@ class EpisodeResult(Record):
     p99_ms: float
     misses: int
     errors: int
+
+
+@dataclass
+class Upload(Record):
+    """A release file on its way to the device (``GET /uploads``, ``GET/PUT/DELETE
+    /uploads/{sha256}``; the rules: :class:`deploy_edge.agent.uploads.UploadStore`)."""
+
+    sha256: str
+    """The release file's sha256, which names the upload."""
+    received: int
+    """Bytes on the device."""
+    size: int | None
+    """The declared total, bytes (None: nothing uploaded)."""
+    age_s: float
+    """Seconds since its last byte was written."""
+    complete: bool
+    """Every byte received and hashed to ``sha256``: ready to deploy."""

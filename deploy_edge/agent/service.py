@@ -6,9 +6,16 @@ whose sha256 the device config lists under a scope that allows the call: ``read`
 the scope needed and is logged, never the token)::
 
     GET  /healthz                      liveness (no token): {"ok": true, "device": name}
-    GET  /uploads/{sha256}             bytes of that release received so far
-    PUT  /uploads/{sha256}?offset=N    append a chunk at byte N (a cut upload resumes at the
-                                       bytes the agent has; a wrong offset answers 409 with it)
+    GET  /uploads                      every upload: sha256, received, size, age (read)
+    GET  /uploads/{sha256}             that upload: bytes received so far, its size (read)
+    PUT  /uploads/{sha256}?offset=N&size=S
+                                       append a chunk at byte N of a release of S bytes (a cut
+                                       upload resumes at the bytes the agent has; a wrong offset
+                                       answers 409 with it); refused (413) past max_release_mb
+                                       or the free-space margin; hashed when complete, deleted
+                                       (422) when the hash is wrong (deploy; rules:
+                                       :class:`~deploy_edge.agent.uploads.UploadStore`)
+    DELETE /uploads/{sha256}           delete an upload, partial or complete (deploy)
     POST /deployments                  {"sha256", "force", "systems_test"}: deploy the uploaded
                                        release (in the background; follow it with /status);
                                        ``systems_test`` lets a random-weights release go live
@@ -47,7 +54,6 @@ import logging
 import os
 import threading
 import time
-from pathlib import Path
 from typing import Any, NoReturn
 
 import numpy as np
@@ -66,13 +72,13 @@ from pydantic import BaseModel
 
 from deploy_edge.agent.config import DeviceConfig, Scope, allows
 from deploy_edge.agent.deployer import Deployer
+from deploy_edge.agent.uploads import MIB, Reason, UploadRefused, UploadStore
 from deploy_edge.policy_client import (
     ChunkFrame,
     ObservationFrame,
     PolicyInfo,
     decode_image,
 )
-from deploy_edge.release import file_sha256
 from deploy_edge.wire import Health
 from robo_pipe.errors import RoboPipeError
 
@@ -106,8 +112,14 @@ class EpisodeRequest(BaseModel):
 def create_app(config: DeviceConfig, deployer: Deployer) -> FastAPI:
     """The agent's FastAPI app over ``deployer`` (see the module docstring)."""
     app = FastAPI(title=f"robo-pipe edge agent {config.name}", docs_url=None, redoc_url=None)
-    uploads = config.state_dir / UPLOADS_DIR
-    uploads.mkdir(parents=True, exist_ok=True)
+    store = UploadStore(
+        config.state_dir / UPLOADS_DIR,
+        max_bytes=int(config.max_release_mb * MIB),
+        margin_bytes=int(config.free_space_margin_mb * MIB),
+        max_age_s=config.upload_max_age_h * 3600.0,
+    )
+    for sha256 in store.expired_at_start:
+        log.info("deleted partial upload %s: older than upload_max_age_h", sha256[:12])
     busy = threading.Lock()  # one deployment at a time; the deployer serialises the rest
 
     def require(scope: Scope) -> Any:
@@ -120,32 +132,40 @@ def create_app(config: DeviceConfig, deployer: Deployer) -> FastAPI:
 
         return Depends(dependency)
 
-    auth = [require("deploy")]  # until the upload endpoints name their scope
-
-    def upload_path(sha256: str) -> Path:
-        if len(sha256) != 64 or any(c not in "0123456789abcdef" for c in sha256):
-            raise HTTPException(400, f"not a sha256: {sha256!r}")
-        return uploads / f"{sha256}.release"
-
     @app.get("/healthz")
     def healthz() -> dict[str, Any]:
         return Health(ok=True, device=config.name).to_json()
 
-    @app.get("/uploads/{sha256}", dependencies=auth)
-    def received(sha256: str) -> dict[str, int]:
-        path = upload_path(sha256)
-        return {"received": path.stat().st_size if path.exists() else 0}
+    @app.get("/uploads", dependencies=[require("read")])
+    def uploads() -> list[dict[str, Any]]:
+        return [u.to_json() for u in store.uploads()]
 
-    @app.put("/uploads/{sha256}", dependencies=auth)
-    async def upload(sha256: str, request: Request, offset: int = Query(ge=0)) -> dict[str, int]:
-        path = upload_path(sha256)
-        have = path.stat().st_size if path.exists() else 0
-        if offset != have:
-            raise HTTPException(409, {"received": have})
-        with path.open("ab") as f:
-            async for chunk in request.stream():
-                f.write(chunk)
-        return {"received": path.stat().st_size}
+    @app.get("/uploads/{sha256}", dependencies=[require("read")])
+    def received(sha256: str) -> dict[str, Any]:
+        try:
+            return store.upload(sha256).to_json()
+        except UploadRefused as err:
+            raise _refused(err) from err
+
+    @app.put("/uploads/{sha256}", dependencies=[require("deploy")])
+    async def upload(
+        sha256: str, request: Request, offset: int = Query(ge=0), size: int = Query(ge=1)
+    ) -> dict[str, Any]:
+        length = request.headers.get("content-length")
+        try:
+            done = await store.write(
+                sha256, offset, size, int(length) if length else None, request.stream()
+            )
+        except UploadRefused as err:
+            raise _refused(err) from err
+        return done.to_json()
+
+    @app.delete("/uploads/{sha256}", dependencies=[require("deploy")])
+    def delete_upload(sha256: str) -> dict[str, Any]:
+        try:
+            return store.delete(sha256).to_json()
+        except UploadRefused as err:
+            raise _refused(err) from err
 
     @app.post("/deployments")
     # A default, not Annotated[Scope, require(...)]: with postponed annotations FastAPI reads
@@ -153,18 +173,19 @@ def create_app(config: DeviceConfig, deployer: Deployer) -> FastAPI:
     def deploy(body: DeployRequest, granted: Scope = require("deploy")) -> dict[str, Any]:  # noqa: B008
         if body.force:  # forcing past a rule (a downgrade, the floor) is an operator's call
             demand(granted, "operate", "POST /deployments with force")
-        path = upload_path(body.sha256)
-        if not path.exists():
-            raise HTTPException(404, f"release {body.sha256[:12]} was not uploaded")
-        if file_sha256(path) != body.sha256:
-            raise HTTPException(422, f"release {body.sha256[:12]}: upload incomplete or corrupt")
         if not busy.acquire(blocking=False):
             raise HTTPException(409, "a deployment is running")
+        try:  # held (not deletable) until the deployment ends
+            path = store.hold_for_deployment(body.sha256)
+        except UploadRefused as err:
+            busy.release()
+            raise _refused(err) from err
 
         def run() -> None:
             try:
                 deployer.deploy(path, force=body.force, systems_test=body.systems_test)
             finally:
+                store.done_with(body.sha256)
                 busy.release()
 
         threading.Thread(target=run, name="deployment", daemon=True).start()
@@ -225,7 +246,7 @@ def authorize(config: DeviceConfig, authorization: str, needed: Scope, endpoint:
     """The scope of the bearer token in ``authorization`` (an ``Authorization`` header), if it
     allows ``needed``; else :class:`HTTPException` 401 (no token, not the ``Bearer`` scheme, an
     unknown token) or 403 (a token of a lower scope; :func:`demand`)."""
-    scheme, _, token = authorization.strip().partition(" ")
+    scheme, token = "Bearer", authorization.removeprefix("Bearer ")
     if scheme != "Bearer" or not token.strip():
         _refuse(401, endpoint, needed, "expected 'Authorization: Bearer <token>'")
     granted = config.tokens.scope_of(_token_sha256(token.strip()))
@@ -250,6 +271,33 @@ def _refuse(status: int, endpoint: str, needed: Scope, why: str) -> NoReturn:
 
 def _token_sha256(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
+
+
+UPLOAD_STATUS: dict[Reason, int] = {
+    "not-a-sha256": 400,
+    "too-large": 413,
+    "no-space": 413,
+    "past-size": 413,
+    "size-differs": 409,
+    "offset": 409,
+    "busy": 409,
+    "hash-mismatch": 422,
+    "not-uploaded": 404,
+    "incomplete": 409,
+}
+"""The HTTP status of each upload refusal."""
+
+
+def _refused(err: UploadRefused) -> HTTPException:
+    """An upload refusal as the agent answers it: the detail carries the reason, the message
+    and the upload's ``received`` and ``size`` (a client resumes or starts over from them)."""
+    detail = {
+        "reason": err.reason,
+        "message": str(err),
+        "received": err.received,
+        "size": err.size,
+    }
+    return HTTPException(UPLOAD_STATUS[err.reason], detail)
 
 
 def _policy_info(deployer: Deployer) -> PolicyInfo:

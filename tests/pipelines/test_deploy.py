@@ -219,12 +219,12 @@ def test_a_cut_upload_resumes_from_the_bytes_the_agent_has(
     sha256 = hashlib.sha256(data).hexdigest()
     url = f"http://127.0.0.1:{agent['port']}/uploads/{sha256}"
     auth = {"Authorization": f"Bearer {TOKEN}"}
-    half = len(data) // 2
-    assert httpx.put(f"{url}?offset=0", content=data[:half], headers=auth).status_code == 200
+    half, size = len(data) // 2, f"size={len(data)}"
+    assert httpx.put(f"{url}?offset=0&{size}", content=data[:half], headers=auth).status_code == 200
     # the connection drops here; a retry at a wrong offset is told where to resume
-    stale = httpx.put(f"{url}?offset=0", content=data[:half], headers=auth)
+    stale = httpx.put(f"{url}?offset=0&{size}", content=data[:half], headers=auth)
     assert stale.status_code == 409 and stale.json()["detail"]["received"] == half
-    assert httpx.put(f"{url}?offset=0", content=b"x", headers={}).status_code == 401
+    assert httpx.put(f"{url}?offset=0&{size}", content=b"x", headers={}).status_code == 401
     os.environ["ARM_TOKEN"] = TOKEN
     entry = DeviceEntry(
         name="dev-arm-01", url=f"http://127.0.0.1:{agent['port']}", token_env="ARM_TOKEN"
@@ -234,6 +234,48 @@ def test_a_cut_upload_resumes_from_the_bytes_the_agent_has(
     assert sent and sent[-1] == len(data) and min(sent) > half, "resumed, not restarted"
     record = AgentClient(entry).deploy(sha256)
     assert record.state == "active" and record.model_version == "2"
+
+
+def test_device_uploads_lists_and_deletes_a_devices_uploads(
+    agent: dict[str, Any], shared_home: Path
+) -> None:
+    """``robo-pipe device uploads``: --delete SHA deletes one, --all the rest; the table (here
+    its --json) shows what is left."""
+    import httpx
+
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    partials = ["1" * 64, "2" * 64]
+    for sha256 in partials:
+        url = f"http://127.0.0.1:{agent['port']}/uploads/{sha256}?offset=0&size=100"
+        assert httpx.put(url, content=b"x" * 10, headers=auth).status_code == 200
+    devices = ("--devices", str(agent["devices"]))
+    one = robo_pipe(
+        "device",
+        "uploads",
+        "dev-arm-01",
+        *devices,
+        "--delete",
+        partials[0],
+        "--json",
+        home=shared_home,
+        ARM_TOKEN=TOKEN,
+    )
+    assert one.returncode == 0, one.stderr[-2000:]
+    assert [(u["sha256"], u["received"], u["size"]) for u in json.loads(one.stdout)] == [
+        (partials[1], 10, 100)
+    ]
+    rest = robo_pipe(
+        "device",
+        "uploads",
+        "dev-arm-01",
+        *devices,
+        "--all",
+        "--json",
+        home=shared_home,
+        ARM_TOKEN=TOKEN,
+    )
+    assert rest.returncode == 0 and json.loads(rest.stdout) == [], rest.stderr[-2000:]
+    assert f"deleted {partials[1]}" in rest.stderr
 
 
 def test_the_robot_busy_lock_defers_activation_until_it_is_released(

@@ -189,8 +189,15 @@ def test_an_upload_past_the_cap_the_margin_or_its_size_writes_nothing(
 
     over = put(agent, "c" * 64, 0, 10, b"x" * 11)
     assert over.status_code == 413 and over.json()["detail"]["reason"] == "past-size"
+    assert upload_files(state) == {}, "refused by its length, before the file was opened"
     assert put(agent, "c" * 64, 0, 10, b"x" * 4).status_code == 200
-    streamed = put(agent, "c" * 64, 4, 10, iter([b"y" * 4, b"y" * 4]))  # no length given
+
+    def two_chunks() -> Iterator[bytes]:  # no length given; the first is written on its own
+        yield b"y" * 4
+        time.sleep(0.3)
+        yield b"y" * 4
+
+    streamed = put(agent, "c" * 64, 4, 10, two_chunks())
     assert streamed.status_code == 413 and streamed.json()["detail"]["reason"] == "past-size"
     assert upload_files(state) == {f"{'c' * 64}.10.part": 4}, "the chunk was undone"
 

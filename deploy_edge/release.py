@@ -13,8 +13,9 @@ which one refused:
 
 1. :func:`verify_release`: the signature is by one of the device's trusted keys and covers the
    manifest as it is in the file (Mender's signed artifacts);
-2. :func:`check_policy`: the release has not expired and is not older than the active one (TUF:
-   expiring metadata, no silent downgrade); ``force`` overrides and reports what it overrode;
+2. :func:`check_policy`: the release has not expired and is not below the device's floor, the
+   highest release it ever installed (TUF: expiring metadata, no silent downgrade, a rollback
+   does not lower the bar); ``force`` overrides and reports what it overrode;
 3. :func:`extract_release`: unpacks into a fresh directory, accepting only regular files inside
    ``bundle/`` whose sha256 the manifest lists (PEP 706's ``data`` filter plus checks of its
    own), none missing and none extra, and a model whose external data stays inside the bundle
@@ -132,7 +133,8 @@ class Manifest(Record):
     run_id: str
     """The pipeline run that produced the bundle."""
     release: int
-    """Release number, >= 0; only ever grows (a device refuses one below its active release)."""
+    """Release number, >= 0; only ever grows (a device refuses one below the highest release it
+    ever installed of this model, its floor)."""
     files: dict[str, str]
     """Every file of the bundle: bundle-relative POSIX path -> sha256, lowercase hex."""
     sizes: dict[str, int]
@@ -324,14 +326,15 @@ def verify_release(file: Path, trusted: Sequence[Ed25519PublicKey]) -> Manifest:
 def check_policy(
     manifest: Manifest,
     *,
-    active_release: int | None,
+    floor: int | None,
     now: datetime | None = None,
     force: bool = False,
 ) -> list[str]:
     """Check a verified manifest against the device's install policy: it must not have expired
     by ``now`` (default: the current time; naive is UTC), and its release number must not be
-    below ``active_release`` (the release the device runs; None: none yet). The same release
-    number again is allowed (reinstalling what runs).
+    below ``floor`` (the highest release of this model the device ever installed, which a
+    rollback does not lower; None: none yet). The same release number again is allowed
+    (reinstalling the newest).
 
     Raises :class:`ReleaseError` ``expired`` or ``downgrade`` (``bad-format`` for an unreadable
     ``expires_at``). With ``force`` nothing is raised for those two: the rules overridden are
@@ -349,12 +352,13 @@ def check_policy(
                     f"{manifest.expires_at} (now {_iso(current)})",
                 )
             )
-    if active_release is not None and manifest.release < active_release:
+    if floor is not None and manifest.release < floor:
         broken.append(
             (
                 "downgrade",
-                f"release {manifest.release} of {manifest.model_name} is older than the active "
-                f"release {active_release} (a downgrade; force to roll back on purpose)",
+                f"release {manifest.release} of {manifest.model_name} is below the device's "
+                f"floor {floor}, the highest release of it ever installed (a downgrade; force "
+                "to go back on purpose)",
             )
         )
     if broken and not force:

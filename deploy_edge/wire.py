@@ -123,6 +123,9 @@ class Slot(Record):
     recorded before variants, run as the profile pins it)."""
     systems_test: bool = False
     """Deployed as a systems test (a random-weights policy, for measurements only)."""
+    expires_at: str | None = None
+    """The signed manifest's expiry (ISO 8601, UTC; None: never): checked at install; an
+    expired active release keeps running and the device's status says so."""
 
     @property
     def label(self) -> str:
@@ -183,6 +186,12 @@ class DeviceStatus(Record):
     """Whether the robot-busy lock file exists (activation deferred)."""
     running: Deployment | None
     last: Deployment | None
+    floor: dict[str, int] = field(default_factory=dict)
+    """Model name -> the highest release of it this device ever installed: an install below
+    it needs ``force``; a rollback does not lower it."""
+    notices: list[str] = field(default_factory=list)
+    """What an operator should know: state lost at start (the floor rebuilt or gone), an
+    expired active release."""
 
 
 @dataclass

@@ -49,6 +49,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import logging
 import os
 import shutil
 import signal
@@ -64,6 +65,7 @@ import numpy as np
 
 from deploy_edge.agent import trials
 from deploy_edge.agent.config import DeviceConfig, load_driver
+from deploy_edge.agent.floor import ReleaseFloor
 from deploy_edge.agent.journal import (
     Journal,
     flip_link,
@@ -105,6 +107,8 @@ from robots.interface import Robot, RobotObservation
 CRASH_ENV = "ROBO_PIPE_AGENT_CRASH_AT"
 """Fault injection: the step at whose start the process SIGKILLs itself."""
 LINKS = ("active", "previous", "staged")
+
+log = logging.getLogger("deploy_edge.agent")
 
 
 class DeployError(RoboPipeError, RuntimeError):
@@ -221,9 +225,16 @@ class Deployer:
         self.driver = load_driver(config.driver)
         self.state_dir = Path(config.state_dir).absolute()
         self.slots_dir = self.state_dir / "slots"
+        state_dir_existed = self.state_dir.is_dir()
         self.slots_dir.mkdir(parents=True, exist_ok=True)
         self.journal = Journal(self.state_dir / "journal.jsonl")
         self.history_file = self.state_dir / "history.jsonl"
+        self.floor = ReleaseFloor(self.state_dir)
+        self._floor_notice = self.floor.load(state_dir_existed, self._installed())
+        """Why the floor may be lower than it should be ("": it is whole); until the next
+        install rewrites it."""
+        if self._floor_notice:
+            log.warning("%s", self._floor_notice)
         self._lock = threading.RLock()  # the robot and the links: one user at a time
         self._deploying = threading.Lock()
         self._running: Deployment | None = None
@@ -283,7 +294,10 @@ class Deployer:
         with run.step("health"):
             self._health(run)
         with run.step("commit"):
-            run.detail = "journaled"
+            # Before the end record: a crash in between leaves the floor high, never low.
+            self.floor.raise_to(slot.model_name, slot.release)
+            self._floor_notice = ""
+            run.detail = f"journaled; floor of {slot.model_name}: {self.floor.of(slot.model_name)}"
         return self._finish(run, "active")
 
     def activate_staged(self) -> Deployment | None:
@@ -367,10 +381,10 @@ class Deployer:
                 "measurements only; deploy it only as a systems test (robo-pipe deploy "
                 "--systems-test)"
             )
-        d.forced = check_policy(
-            manifest, active_release=active.release if active else None, force=force
-        )
-        forced = f"; forced past: {', '.join(d.forced)}" if d.forced else ""
+        floor = self.floor.of(manifest.model_name)
+        d.forced = check_policy(manifest, floor=floor, force=force)
+        past = [f"{r} (floor {floor})" if r == "downgrade" else r for r in d.forced]
+        forced = f"; forced past: {', '.join(past)}" if d.forced else ""
         test = "; a systems test" if d.systems_test else ""
         run.detail = (
             f"{manifest.model_name} {manifest.model_version} release {manifest.release}, "
@@ -390,6 +404,7 @@ class Deployer:
         bundle = extract_release(run.release_file, manifest, dest, max_bytes=cap)
         slot = Slot(manifest.model_name, manifest.model_version, manifest.release, str(bundle), sha)
         slot.systems_test = run.deployment.systems_test
+        slot.expires_at = manifest.expires_at
         write_atomic(self.slots_dir / f"{name}.json", _dumps(slot.to_json()))
         run.slot = slot
         run.detail = f"{len(manifest.files)} files into slots/{name}"
@@ -641,17 +656,29 @@ class Deployer:
     # -- what the device runs ------------------------------------------------------------------
 
     def status(self) -> DeviceStatus:
-        """Active, previous and staged version, the lock, the running and the last deployment."""
+        """Active, previous and staged version, the lock, the running and the last deployment,
+        the release floor, and what an operator should know (lost state, an expired active
+        release)."""
         history = self.history()
+        active = self._slot("active")
+        notices = [self._floor_notice] if self._floor_notice else []
+        if active is not None and _expired(active.expires_at):
+            # Expiry is an install rule: the robot keeps running what it has.
+            notices.append(
+                f"the active release {_label(active)} expired at {active.expires_at}; it keeps "
+                "running (expiry is checked at install): deploy a newer release"
+            )
         return DeviceStatus(
             device=self.config.name,
             target=self.profile.name,
-            active=self._slot("active"),
+            active=active,
             previous=self._slot("previous"),
             staged=self._slot("staged"),
             locked=self.locked(),
             running=copy.deepcopy(self._running),
             last=history[0] if history else None,
+            floor=dict(self.floor.releases),
+            notices=notices,
         )
 
     def history(self) -> list[Deployment]:
@@ -744,6 +771,19 @@ class Deployer:
         except (OSError, ValueError):  # RecordError and JSONDecodeError are ValueErrors
             return None
 
+    def _installed(self) -> dict[str, int]:
+        """Model name -> the highest release the history says went live or a slot on the
+        device holds (what a lost floor record is rebuilt from)."""
+        releases = [(d.model_name, d.release) for d in self.history() if d.state == "active"]
+        for record in self.slots_dir.glob("*.json"):
+            slot = self._read_slot(record.stem)
+            if slot is not None:
+                releases.append((slot.model_name, slot.release))
+        installed: dict[str, int] = {}
+        for model, release in releases:
+            installed[model] = max(release, installed.get(model, release))
+        return installed
+
     def _last_record(self, sha256: str, state: str) -> Deployment | None:
         """The newest deployment of the release ``sha256`` now in ``state``."""
         for deployment in self.history():
@@ -760,6 +800,17 @@ class Deployer:
 
 def _label(item: Slot | Deployment) -> str:
     return f"{item.label} (release {item.release})"
+
+
+def _expired(expires_at: str | None) -> bool:
+    """Whether ``expires_at`` (ISO 8601; naive is UTC) is past; an unreadable one is not."""
+    if expires_at is None:
+        return False
+    try:
+        when = datetime.fromisoformat(expires_at)
+    except ValueError:
+        return False
+    return datetime.now(UTC) >= (when if when.tzinfo else when.replace(tzinfo=UTC))
 
 
 def _new_id() -> str:

@@ -135,7 +135,7 @@ def bundle_release(
     if target.is_file():
         try:
             manifest = verify_release(target, [private.public_key()])
-            check_policy(manifest, active_release=None)
+            check_policy(manifest, floor=None)
             if (manifest.targets, manifest.budget_ms) == (list(targets), budget_ms):
                 return manifest, target
         except ReleaseError:

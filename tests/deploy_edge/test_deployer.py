@@ -1,16 +1,21 @@
 """The edge agent's deployer on real release files of a tiny exported policy and the simulated
-rp5: a deployment goes live through every step; a failing gate or health check leaves the old
-version active; downgrades and expired releases need force; a robot-busy lock stages a version
+rp5: a deployment goes live through every step; a release for another target, a failing parity,
+gate or health check (deadline misses alone, an engine error alone) leaves the old version
+active; releases below the floor (the highest ever installed, kept through a rollback and a
+restart) and expired ones need force; lost state is reported; a robot-busy lock stages a version
 until it is released; ``kill -9`` at any step leaves the old version complete after recovery."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -18,6 +23,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from fastapi.testclient import TestClient
 
 from deploy_edge.agent.config import (
     DeviceConfig,
@@ -26,10 +32,11 @@ from deploy_edge.agent.config import (
     load_driver,
 )
 from deploy_edge.agent.deployer import Deployer, DeployError
-from deploy_edge.bundle import bundle_files
+from deploy_edge.agent.service import create_app
+from deploy_edge.bundle import bundle_files, write_bundle_checksums
 from deploy_edge.keys import generate_keypair, load_private_key
 from deploy_edge.release import write_release
-from deploy_edge.wire import STEPS, Deployment
+from deploy_edge.wire import STEPS, Deployment, DeviceStatus
 from robots.spec import get_robot
 from sim_scenes.sim_robot import SimulatedRobot
 from sim_scenes.touch import get_variant
@@ -250,6 +257,12 @@ def test_downgrades_and_expired_releases_need_force_and_are_recorded(
     forced = deployer.deploy(expired, force=True)
     assert forced.state == "active" and forced.forced == ["expired"]
     assert "forced past: expired" in forced.steps[0].detail
+    status = deployer.status()  # expiry is an install rule: the robot keeps running it
+    assert status.active is not None and status.active.expires_at is not None
+    assert status.notices == [
+        f"the active release tiny:3 (release 3) expired at {status.active.expires_at}; it keeps "
+        "running (expiry is checked at install): deploy a newer release"
+    ]
 
     older = releases(2)
     refused = deployer.deploy(older)
@@ -272,7 +285,7 @@ def test_downgrades_and_expired_releases_need_force_and_are_recorded(
 
 
 def test_untrusted_and_target_mismatched_releases_are_refused(
-    state: Path, tmp_path: Path, releases: Callable[..., Path]
+    state: Path, tmp_path: Path, keys: tuple[Path, Path], releases: Callable[..., Path]
 ) -> None:
     _, other_pub = generate_keypair(tmp_path / "other", "other")
     deployer = Deployer(device_config(state, other_pub))
@@ -280,6 +293,171 @@ def test_untrusted_and_target_mismatched_releases_are_refused(
     assert done.state == "refused" and done.reason.startswith("verify: untrusted-key: ")
     deployer = Deployer(device_config(state, other_pub, trusted_keys=[]))
     assert deployer.deploy(releases(2)).reason.startswith("verify: no-trusted-keys: ")
+
+    deployer = Deployer(device_config(state, keys[1]))  # genuine, for another device
+    done = deployer.deploy(releases(2, targets=["jetson-orin"]))
+    assert done.state == "refused" and [s.name for s in done.steps] == ["verify"]
+    assert done.reason == (
+        "verify: release is for targets ['jetson-orin'], this device is 'local-cpu'"
+    )
+    assert_only_release_1(deployer, state)
+    done = deployer.deploy(releases(2, targets=["jetson-orin", "local-cpu"]))
+    assert done.state == "active", done.reason
+
+
+def test_a_release_whose_reference_outputs_disagree_with_its_model_is_refused_at_parity(
+    state: Path, tmp_path: Path, keys: tuple[Path, Path], export_dir: Path
+) -> None:
+    """Genuinely signed, but its reference.npz says the model should act 0.01 off what it
+    does (an export bug): refused at the parity step, before anything changes."""
+    bundle = tmp_path / "bundle"
+    shutil.copytree(export_dir, bundle)
+    reference = dict(np.load(bundle / "reference.npz"))
+    reference["expected_actions"] = reference["expected_actions"] + 0.01
+    np.savez(bundle / "reference.npz", **reference)
+    write_bundle_checksums(bundle)
+    release = tmp_path / "off.release"
+    private = load_private_key(keys[0])
+    write_release(
+        bundle, release, private, model_name="tiny", model_version="2", run_id="r", release=2
+    )
+    done = Deployer(device_config(state, keys[1])).deploy(release)
+    assert done.state == "refused"
+    assert [(s.name, s.ok) for s in done.steps][-2:] == [("engine", True), ("parity", False)]
+    assert done.reason.startswith("parity: max |error| 1.00e-02 > tolerance 0.0001 on reference")
+    assert_only_release_1(Deployer(device_config(state, keys[1])), state)
+
+
+class FaultyPolicy:
+    """The active version's policy with a fault in its inference: ``delay_s`` before each (a
+    slow engine: deadline misses, no error) or ``error`` raised (an engine error, on time)."""
+
+    def __init__(self, policy: Any, delay_s: float = 0.0, error: str = "") -> None:
+        self.policy, self.delay_s, self.error = policy, delay_s, error
+
+    def infer(self, *args: Any, **kwargs: Any) -> Any:
+        time.sleep(self.delay_s)
+        if self.error:
+            raise RuntimeError(self.error)
+        return self.policy.infer(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.policy, name)
+
+
+@pytest.mark.parametrize(
+    ("fault", "reason"),
+    [
+        ({"delay_s": 0.12}, "health: 3 deadline misses, 0 engine errors in 3 ticks"),
+        (
+            {"error": "CUDA error: an illegal memory access"},
+            "health: 3 deadline misses, 3 engine errors in 3 ticks "
+            "(first: RuntimeError: CUDA error: an illegal memory access)",
+        ),
+    ],
+    ids=["deadline-misses", "engine-error"],
+)
+def test_a_health_check_with_misses_or_engine_errors_rolls_back(
+    fault: dict[str, Any],
+    reason: str,
+    state: Path,
+    keys: tuple[Path, Path],
+    releases: Callable[..., Path],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The gate passes (its engine is fine); the active version's engine, which the health
+    check runs, is slow past the 100 ms deadline of local-cpu's 10 Hz, or raises: each alone
+    rolls back, with that reason."""
+    from deploy_edge.agent import deployer as module
+
+    real = module.open_policy
+    monkeypatch.setattr(module, "open_policy", lambda *args: FaultyPolicy(real(*args), **fault))
+    deployer = Deployer(device_config(state, keys[1], health_ticks=3))
+    done = deployer.deploy(releases(2))
+    assert done.state == "rolled_back" and done.reason == reason
+    assert [(s.name, s.ok) for s in done.steps][-3:] == [
+        ("gate", True),
+        ("activate", True),
+        ("health", False),
+    ]
+    assert deployer.status().previous is None
+    assert_only_release_1(deployer, state)
+
+
+def test_the_release_floor_survives_a_rollback_and_a_restart(
+    state: Path, keys: tuple[Path, Path], releases: Callable[..., Path]
+) -> None:
+    """The attack: roll back, then install an older genuine release. The floor is the
+    highest release ever installed, not the active one: refused without force."""
+    config = device_config(state, keys[1])
+    deployer = Deployer(config)
+    assert deployer.status().floor == {"tiny": 1} and deployer.status().notices == []
+    assert deployer.deploy(releases(3)).state == "active"
+    assert deployer.rollback().release == 1
+    status = deployer.status()
+    assert status.active is not None and status.active.release == 1
+    assert status.floor == {"tiny": 3}, "a rollback does not lower the floor"
+
+    deployer = Deployer(config)  # the agent restarts
+    assert deployer.status().floor == {"tiny": 3} and deployer.status().notices == []
+    older = deployer.deploy(releases(2))
+    assert older.state == "refused" and [s.name for s in older.steps] == ["verify"]
+    assert older.reason == (
+        "verify: downgrade: release 2 of tiny is below the device's floor 3, the highest "
+        "release of it ever installed (a downgrade; force to go back on purpose)"
+    )
+    forced = deployer.deploy(releases(2), force=True)
+    assert forced.state == "active" and forced.forced == ["downgrade"]
+    assert "forced past: downgrade (floor 3)" in forced.steps[0].detail
+    assert deployer.status().floor == {"tiny": 3}, "a forced downgrade does not lower it"
+    assert deployer.deploy(releases(3)).state == "active", "the floor's own release installs"
+
+
+def test_lost_state_is_reported_at_start_not_silently_reset(
+    state: Path,
+    tmp_path: Path,
+    keys: tuple[Path, Path],
+    releases: Callable[..., Path],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A state directory that has deployed but lost its floor record (deleted, unreadable)
+    rebuilds it from the history and says so, at start in the log and in ``GET /status``; a
+    missing state directory is reported too."""
+    token = "read-token"
+    tokens = {"read": [hashlib.sha256(token.encode()).hexdigest()]}
+    config = device_config(state, keys[1], tokens=tokens)
+    assert Deployer(config).deploy(releases(3)).state == "active"
+    assert Deployer(config).rollback().release == 1
+
+    (state / "floor.json").unlink()
+    with caplog.at_level(logging.WARNING, logger="deploy_edge.agent"):
+        deployer = Deployer(config)
+    missing = (
+        f"release floor {state.absolute() / 'floor.json'} is missing although this device has "
+        "deployed before: rebuilt from its history and slots (tiny 3)"
+    )
+    assert caplog.messages == [deployer.status().notices[0]]
+    assert deployer.status().notices[0].startswith(missing)
+    with TestClient(create_app(config, deployer)) as agent:
+        answer = agent.get("/status", headers={"Authorization": f"Bearer {token}"})
+    status = DeviceStatus.from_json(answer.json())
+    assert status.floor == {"tiny": 3} and status.notices[0].startswith(missing)
+    assert deployer.deploy(releases(2)).reason.startswith("verify: downgrade: ")
+
+    (state / "floor.json").write_text("{torn")
+    notices = Deployer(config).status().notices
+    assert (
+        notices[0].startswith("release floor ")
+        and " is unreadable (JSONDecodeError: " in notices[0]
+    )
+
+    lost = Deployer(device_config(tmp_path / "wiped", keys[1]))
+    assert lost.status().floor == {}
+    assert lost.status().notices == [
+        f"state directory {(tmp_path / 'wiped').absolute()} did not exist and was created "
+        "empty: no release floor (on a first start that is expected; otherwise the device's "
+        "state was lost and an older release would install without force)"
+    ]
 
 
 def test_the_robot_busy_lock_stages_the_version_until_it_is_released(

@@ -258,8 +258,8 @@ def test_round_trip_write_verify_extract(
 
     assert read_manifest(file) == manifest
     assert verify_release(file, [key.public_key()]) == manifest
-    assert check_policy(manifest, active_release=2, now=NOW) == []
-    assert check_policy(manifest, active_release=3, now=NOW) == [], "reinstalling is allowed"
+    assert check_policy(manifest, floor=2, now=NOW) == []
+    assert check_policy(manifest, floor=3, now=NOW) == [], "reinstalling is allowed"
     bundle = extract_release(file, manifest, tmp_path / "installed" / "r3")
     assert bundle == tmp_path / "installed" / "r3" / BUNDLE_DIR
     assert read_io_spec(bundle) == manifest.io_spec
@@ -286,7 +286,7 @@ def test_a_release_that_never_expires(
     file = tmp_path / "release.tar"
     manifest = _release(export_dir, file, key, expires_in_days=None)
     assert manifest.expires_at is None
-    assert check_policy(manifest, active_release=None, now=NOW + timedelta(days=10_000)) == []
+    assert check_policy(manifest, floor=None, now=NOW + timedelta(days=10_000)) == []
 
 
 # --- the signature matrix ---
@@ -783,25 +783,25 @@ def test_external_data_in_a_subgraph_attribute_is_found(
 
 def test_expiry_is_refused_unless_forced(signed: tuple[Path, Manifest]) -> None:
     _, manifest = signed
-    assert check_policy(manifest, active_release=None, now=NOW + timedelta(days=29)) == []
+    assert check_policy(manifest, floor=None, now=NOW + timedelta(days=29)) == []
     later = NOW + timedelta(days=31)
-    error = _refused("expired", lambda: check_policy(manifest, active_release=None, now=later))
+    error = _refused("expired", lambda: check_policy(manifest, floor=None, now=later))
     assert "2026-05-31T12:00:00Z" in str(error)
-    assert check_policy(manifest, active_release=None, now=later, force=True) == ["expired"]
+    assert check_policy(manifest, floor=None, now=later, force=True) == ["expired"]
     naive_later = later.replace(tzinfo=None)
-    _refused("expired", lambda: check_policy(manifest, active_release=None, now=naive_later))
+    _refused("expired", lambda: check_policy(manifest, floor=None, now=naive_later))
 
 
 def test_downgrade_is_refused_unless_forced(signed: tuple[Path, Manifest]) -> None:
     _, manifest = signed
     assert manifest.release == 3
-    error = _refused("downgrade", lambda: check_policy(manifest, active_release=4, now=NOW))
+    error = _refused("downgrade", lambda: check_policy(manifest, floor=4, now=NOW))
     assert "4" in str(error)
-    assert check_policy(manifest, active_release=4, now=NOW, force=True) == ["downgrade"]
+    assert check_policy(manifest, floor=4, now=NOW, force=True) == ["downgrade"]
     later = NOW + timedelta(days=31)
-    both = check_policy(manifest, active_release=4, now=later, force=True)
+    both = check_policy(manifest, floor=4, now=later, force=True)
     assert both == ["expired", "downgrade"]
-    _refused("expired", lambda: check_policy(manifest, active_release=4, now=later))
+    _refused("expired", lambda: check_policy(manifest, floor=4, now=later))
 
 
 def test_write_release_refuses_bad_arguments(

@@ -13,17 +13,15 @@ from robo_pipe.errors import RoboPipeError
 
 
 def main() -> None:
-    """Parse ``--config``, serve; a bad config is one line and exit 2."""
+    """Parse ``--config``, serve; a bad config (or a file it names) is one line and exit 2."""
     parser = argparse.ArgumentParser(prog="python -m deploy_edge.agent", description=__doc__)
     parser.add_argument("--config", type=Path, required=True, help="device config YAML")
     args = parser.parse_args()
     try:
-        config = load_device_config(args.config)
-    except RoboPipeError as err:
+        serve(load_device_config(args.config))  # stops cleanly on SIGTERM (then exits by it)
+    except RoboPipeError as err:  # the config, or a file it names, checked before listening
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
-    try:
-        serve(config)  # stops cleanly on SIGTERM (then exits by it) and on Ctrl-C
     except KeyboardInterrupt:
         sys.exit(130)  # 128 + SIGINT, as a shell reports it
 

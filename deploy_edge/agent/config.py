@@ -3,7 +3,8 @@
 Example (``device.yaml``; relative paths resolve against the file's folder)::
 
     name: cell-3
-    listen: 0.0.0.0:8765            # all interfaces: only with TLS (default 127.0.0.1:8765)
+    listen: 0.0.0.0:8765            # all interfaces: only with TLS (default 127.0.0.1:8765),
+                                    # or allow_plaintext_off_loopback: true
     tls_cert: certs/agent.pem
     tls_key: certs/agent.key
     trusted_keys: [keys/release-2025.pub, keys/release-2026.pub]   # rotate: add, then remove
@@ -23,12 +24,16 @@ from __future__ import annotations
 import hmac
 import importlib
 import ipaddress
+import ssl
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, cast
 
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from deploy_edge.keys import load_public_key
 from robo_pipe.errors import RoboPipeError
 from robo_pipe.validation import first_error, read_mapping
 from robots.interface import Robot
@@ -104,7 +109,12 @@ class DeviceConfig(BaseModel):
     listen: str = "127.0.0.1:8765"
     """``host:port`` the agent's HTTP service (and its policy server, ``WS /policy``) binds.
     Loopback unless named otherwise; any other address needs ``tls_cert`` and ``tls_key``
-    (the bearer token and the robot's camera images must not cross a network in clear)."""
+    (the bearer token and the robot's camera images must not cross a network in clear), or
+    ``allow_plaintext_off_loopback``."""
+    allow_plaintext_off_loopback: bool = False
+    """Serve plain HTTP on a non-loopback ``listen`` anyway: the tokens and camera images cross
+    the network in clear (a closed lab network, or TLS ended by a proxy on the device); the
+    agent logs a warning at start."""
     trusted_keys: list[Path] = []
     """Public key files a release may be signed with (a list, so keys rotate); empty = accepts
     no release."""
@@ -165,13 +175,19 @@ class DeviceConfig(BaseModel):
 
     @model_validator(mode="after")
     def _tls_off_loopback(self) -> DeviceConfig:
-        if not is_loopback(self.listen) and (self.tls_cert is None or self.tls_key is None):
+        if self.plaintext_off_loopback and not self.allow_plaintext_off_loopback:
             raise ValueError(
                 f"field 'listen' = {self.listen!r}: a non-loopback address needs tls_cert and "
                 "tls_key (the token and camera images would cross the network in clear); "
-                "set both, or listen on 127.0.0.1"
+                "set both, listen on 127.0.0.1, or accept plaintext with "
+                "allow_plaintext_off_loopback: true"
             )
         return self
+
+    @property
+    def plaintext_off_loopback(self) -> bool:
+        """Whether the agent serves plain HTTP on an address other machines reach."""
+        return not is_loopback(self.listen) and (self.tls_cert is None or self.tls_key is None)
 
     @field_validator("driver")
     @classmethod
@@ -222,6 +238,44 @@ def load_device_config(path: str | Path) -> DeviceConfig:
     if (config.tls_cert is None) != (config.tls_key is None):
         raise DeviceConfigError(f"{file}: field 'tls_cert'/'tls_key': give both or neither")
     return config
+
+
+def check_device_files(config: DeviceConfig) -> None:
+    """Load every file the agent serves with, before it listens: each trusted key (an Ed25519
+    public key), the TLS certificate and its key, and the two together (the key must be the
+    certificate's). :class:`DeviceConfigError` naming the field and the file otherwise (an
+    agent that starts with a broken trust store would refuse every release, or fail the first
+    TLS handshake, long after whoever configured it has gone)."""
+    for path in config.trusted_keys:
+        try:
+            load_public_key(path)
+        except RoboPipeError as err:
+            raise DeviceConfigError(f"field 'trusted_keys': {err}") from err
+    if config.tls_cert is None or config.tls_key is None:
+        return
+    checks: list[tuple[str, Path, str, Callable[[bytes], object]]] = [
+        ("tls_cert", config.tls_cert, "certificate", x509.load_pem_x509_certificate),
+        ("tls_key", config.tls_key, "private key", _unencrypted_private_key),
+    ]
+    for field, path, what, parse in checks:
+        try:
+            parse(path.read_bytes())
+        except OSError as err:
+            raise DeviceConfigError(f"field {field!r}: {path}: {err.strerror}") from err
+        except (ValueError, TypeError) as err:  # TypeError: an encrypted key
+            raise DeviceConfigError(f"field {field!r}: {path}: not a PEM {what} ({err})") from err
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(
+            config.tls_cert, config.tls_key
+        )
+    except ssl.SSLError as err:
+        raise DeviceConfigError(
+            f"field 'tls_key': {config.tls_key} does not serve {config.tls_cert} ({err.reason})"
+        ) from err
+
+
+def _unencrypted_private_key(data: bytes) -> object:
+    return serialization.load_pem_private_key(data, password=None)
 
 
 def load_driver(import_path: str) -> DriverFactory:

@@ -70,7 +70,7 @@ from fastapi import (
 from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel
 
-from deploy_edge.agent.config import DeviceConfig, Scope, allows
+from deploy_edge.agent.config import DeviceConfig, Scope, allows, check_device_files
 from deploy_edge.agent.deployer import Deployer
 from deploy_edge.agent.uploads import MIB, Reason, UploadRefused, UploadStore
 from deploy_edge.policy_client import (
@@ -246,7 +246,7 @@ def authorize(config: DeviceConfig, authorization: str, needed: Scope, endpoint:
     """The scope of the bearer token in ``authorization`` (an ``Authorization`` header), if it
     allows ``needed``; else :class:`HTTPException` 401 (no token, not the ``Bearer`` scheme, an
     unknown token) or 403 (a token of a lower scope; :func:`demand`)."""
-    scheme, token = "Bearer", authorization.removeprefix("Bearer ")
+    scheme, _, token = authorization.strip().partition(" ")
     if scheme != "Bearer" or not token.strip():
         _refuse(401, endpoint, needed, "expected 'Authorization: Bearer <token>'")
     granted = config.tokens.scope_of(_token_sha256(token.strip()))
@@ -346,12 +346,23 @@ def watch_lock(config: DeviceConfig, deployer: Deployer, stop: threading.Event) 
 
 
 def serve(config: DeviceConfig) -> None:
-    """Recover from an interrupted deployment, then serve until Ctrl-C or SIGTERM. Once the
-    service has stopped, the signal takes effect again as this process handles it (Python's
-    default: ``KeyboardInterrupt`` for Ctrl-C, the end of the process for SIGTERM), so that
-    the caller can exit with the signal's code."""
+    """Check the config's files (:func:`~deploy_edge.agent.config.check_device_files`:
+    :class:`~deploy_edge.agent.config.DeviceConfigError` before anything listens), recover
+    from an interrupted deployment, then serve until Ctrl-C or SIGTERM. Once the service has
+    stopped, the signal takes effect again as this process handles it (Python's default:
+    ``KeyboardInterrupt`` for Ctrl-C, the end of the process for SIGTERM), so that the caller
+    can exit with the signal's code."""
     import uvicorn
 
+    # The agent's own lines (refusals, start-up warnings) on stderr, beside uvicorn's.
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    check_device_files(config)
+    if config.plaintext_off_loopback:
+        log.warning(
+            "serving plain HTTP on %s (allow_plaintext_off_loopback): bearer tokens and camera "
+            "images cross the network in clear",
+            config.listen,
+        )
     deployer = Deployer(config)
     for note in deployer.recover():
         print(f"recovered: {note}", flush=True)

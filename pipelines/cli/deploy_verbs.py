@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from deploy_edge.agent.config import Scope
 from pipelines import registry
 from pipelines.cli.common import (
     console,
@@ -64,12 +65,28 @@ def generate(
     )
 
 
-def token() -> None:
-    """Make a bearer token for an edge agent: the token goes into the deploying machine's
-    environment (the devices file names the variable), its sha256 into the device config."""
+def token(
+    scope: Annotated[
+        Scope,
+        typer.Option(
+            help="What the token may do: read (status, history), deploy (also upload, deploy, "
+            "activate, roll back), operate (also /episode, the policy server, --force)."
+        ),
+    ] = "deploy",
+) -> None:
+    """Make a bearer token for an edge agent: the token (printed on stdout) goes into the
+    deploying machine's environment (the devices file names the variable); the YAML line with
+    its sha256 goes under the device config's tokens. Scopes are ordered read < deploy <
+    operate: each allows what the ones before it allow."""
     value = secrets.token_urlsafe(32)
+    digest = hashlib.sha256(value.encode()).hexdigest()
     print(value)
-    console.print(f"token_sha256: {hashlib.sha256(value.encode()).hexdigest()}", highlight=False)
+    console.print(
+        "paste under 'tokens:' in the device config (or add the hash to that scope's list):\n"
+        f"  {scope}: [{digest}]",
+        highlight=False,
+        markup=False,
+    )
 
 
 def bundle(
@@ -110,8 +127,8 @@ def edge_agent(
         Path | None,
         typer.Option(
             "--device-config",
-            help="Device config YAML (name, listen, state_dir, trusted_keys, token_sha256, "
-            "target). Required.",
+            help="Device config YAML (name, listen, state_dir, trusted_keys, tokens, target). "
+            "Required.",
             show_default=False,
         ),
     ] = None,

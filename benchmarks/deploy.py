@@ -1,6 +1,7 @@
 """Deploying the default VLA to a local edge agent: release size, and the wall time of each step
 (upload, then the agent's verify, extract, engine, parity, gate, activate, health, commit),
-with the agent's memory idle and after the deployment.
+with the agent's memory idle and after the deployment; then the agent's disk use after 100
+refused uploads (over its cap, or bytes that do not hash to their sha256).
 
 A freshly initialised default VLA (the demo's size: the same graph and cost as a trained one)
 is exported, signed into a release and deployed with the same client ``robo-pipe deploy``
@@ -232,6 +233,7 @@ def single_agent(cfg: PipelineConfig, quick: bool) -> dict[str, str]:
             record = client.deploy(sha256)
             deploy_s = time.perf_counter() - start
             after_mb = rss_mb(agent.pid)
+            refused = refused_uploads(client, root / "bench" / "state" / "uploads", sha256)
         finally:
             agent.terminate()
             agent.wait(timeout=30)
@@ -255,7 +257,25 @@ def single_agent(cfg: PipelineConfig, quick: bool) -> dict[str, str]:
         "p99_ms": f"{gate.p99_ms:.2f}",
         "agent_idle_mb": f"{idle_mb:.0f}",
         "agent_serving_mb": f"{after_mb:.0f}",
+        **refused,
     }
+
+
+def refused_uploads(client: AgentClient, uploads: Path, keep: str) -> dict[str, str]:
+    """The agent's disk use after 100 refused uploads of 1 MiB each: 50 declaring more than its
+    ``max_release_mb`` (refused before a byte is written) and 50 whose bytes do not hash to
+    the sha256 they are sent under (deleted once complete); the genuine release ``keep``
+    aside."""
+    chunk = os.urandom(1 << 20)
+    start = time.perf_counter()
+    for i in range(100):
+        declared = 4097 << 20 if i < 50 else len(chunk)  # over the default 4096 MiB cap
+        answer = client.http.put(f"/uploads/{i:064x}?offset=0&size={declared}", content=chunk)
+        assert answer.status_code in (413, 422), answer.text
+    seconds = time.perf_counter() - start
+    left = sum(p.stat().st_size for p in uploads.iterdir() if not p.name.startswith(keep))
+    print(f"100 refused uploads of 1 MiB: {seconds:.2f} s; {left} bytes left in uploads/")
+    return {"refused_uploads_s": f"{seconds:.2f}", "refused_uploads_left_bytes": str(left)}
 
 
 if __name__ == "__main__":

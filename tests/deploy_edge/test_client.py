@@ -84,6 +84,7 @@ def status(running: dict[str, Any] | None, last: dict[str, Any] | None) -> dict[
         "sha256": SHA,
         "variant": "int8",
         "systems_test": True,
+        "expires_at": "2025-02-01T00:00:00+00:00",
     }
     return {
         "device": "dev",
@@ -94,6 +95,8 @@ def status(running: dict[str, Any] | None, last: dict[str, Any] | None) -> dict[
         "locked": False,
         "running": running,
         "last": last,
+        "floor": {"reach": 3},
+        "notices": ["the active release reach:2 (release 2) expired at 2025-02-01T00:00:00+00:00"],
     }
 
 
@@ -165,6 +168,9 @@ def test_the_agents_answers_are_the_wire_records_and_write_back_the_same_json(
     # byte-compatible: a record written back is the agent's JSON, key for key, in order
     assert json.dumps(now.to_json()) == json.dumps(answers["/status"])
     assert json.dumps([d.to_json() for d in history]) == json.dumps(answers["/history"])
+    # an agent from before the release floor: its answer loads, with no floor and no notice
+    old = {k: v for k, v in answers["/status"].items() if k not in ("floor", "notices")}
+    assert DeviceStatus.from_json(old).floor == {} and DeviceStatus.from_json(old).notices == []
 
 
 def test_an_answer_the_client_cannot_read_is_a_named_device_error(

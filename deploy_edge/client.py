@@ -71,8 +71,10 @@ class AgentClient(Device):
             raise DeviceError(f"device {self.entry.name} ({self.entry.url}): {err}") from err
 
     def _read(self, response: httpx.Response, method: str, path: str) -> Any:
-        if response.status_code == 401:
-            raise DeviceError(f"device {self.entry.name}: the agent refused the token")
+        if response.status_code == 401:  # the agent's detail names the scope the call needs
+            raise DeviceError(
+                f"device {self.entry.name}: the agent refused the token: {_detail(response)}"
+            )
         if response.status_code >= 400:
             detail = _detail(response)
             message = detail.get("message", detail) if isinstance(detail, dict) else detail

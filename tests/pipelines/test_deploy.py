@@ -24,6 +24,8 @@ from tests.pipelines.test_flow import robo_pipe
 
 MODEL = "edge-policy"
 TOKEN = "s3cret-token-for-tests"
+DEPLOY_TOKEN = "deploy-scope-token-for-tests"
+"""Deploys but may not force (the agents' TOKEN is an operate token)."""
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +73,10 @@ def start_agent(
         "name": "dev-arm-01",
         "listen": f"127.0.0.1:{port}",
         "trusted_keys": [str(home / "keys" / "release.pub")],
-        "tokens": {"operate": [hashlib.sha256(TOKEN.encode()).hexdigest()]},
+        "tokens": {
+            "deploy": [hashlib.sha256(DEPLOY_TOKEN.encode()).hexdigest()],
+            "operate": [hashlib.sha256(TOKEN.encode()).hexdigest()],
+        },
         "target": "local-cpu",
         "state_dir": str(state / "agent-state"),
         "gate_steps": 30,
@@ -189,7 +194,12 @@ def test_a_wrong_token_or_an_unknown_device_is_a_named_input_error(
 ) -> None:
     wrong = deploy(agent, shared_home, "--key", str(signing["release"]), token="guess")
     assert wrong.returncode == 2 and "refused the token" in wrong.stderr
-    assert "Traceback" not in wrong.stderr
+    assert "needs a token of scope" in wrong.stderr and "Traceback" not in wrong.stderr
+    key = ("--key", str(signing["release"]))
+    forced = deploy(agent, shared_home, "--force", *key, token=DEPLOY_TOKEN)
+    assert forced.returncode == 2, forced.stdout + forced.stderr
+    assert "with force needs a token of scope 'operate'" in " ".join(forced.stderr.split())
+    assert status(agent)["active"] is None and "Traceback" not in forced.stderr
     unknown = robo_pipe(
         "deploy",
         f"models:/{MODEL}/1",

@@ -19,15 +19,18 @@ the scope needed and is logged, never the token)::
     POST /deployments                  {"sha256", "force", "systems_test"}: deploy the uploaded
                                        release (in the background; follow it with /status);
                                        ``systems_test`` lets a random-weights release go live
+                                       (deploy; with ``force``: operate)
     GET  /status                       active / previous / staged version, lock, running and
-                                       last deployment with every step's result
-    GET  /history                      every deployment, newest first
+                                       last deployment with every step's result (read)
+    GET  /history                      every deployment, newest first (read)
     POST /activate                     activate the staged version (when the lock is released)
-    POST /rollback                     back to the previous version
+                                       (deploy)
+    POST /rollback                     back to the previous version (deploy)
     POST /episode                      {"instruction", "max_ticks"}: run the active policy on
-                                       the device's robot; success and latency figures
+                                       the device's robot; success and latency figures (operate)
     WS   /policy                       the policy server: observations in, action chunks out
                                        (frames and client: :mod:`deploy_edge.policy_client`)
+                                       (operate)
 
 The answers are the records of :mod:`deploy_edge.wire` (``to_json()``), which the deploy
 client reads back. The deployment itself (verify, extract, engine, parity, gate, activate,

@@ -341,17 +341,15 @@ def check_policy(
     returned (e.g. ``["expired"]``; ``[]`` when none was) for the caller to record.
     """
     broken: list[tuple[Reason, str]] = []
-    if manifest.expires_at is not None:
-        expires = _parse_time(manifest.expires_at, "expires_at")
-        current = _utc(now)
-        if current >= expires:
-            broken.append(
-                (
-                    "expired",
-                    f"release {manifest.release} of {manifest.model_name} expired at "
-                    f"{manifest.expires_at} (now {_iso(current)})",
-                )
+    current = _utc(now)
+    if has_expired(manifest.expires_at, current):
+        broken.append(
+            (
+                "expired",
+                f"release {manifest.release} of {manifest.model_name} expired at "
+                f"{manifest.expires_at} (now {_iso(current)})",
             )
+        )
     if floor is not None and manifest.release < floor:
         broken.append(
             (
@@ -367,6 +365,14 @@ def check_policy(
             message += "; and " + "; ".join(m for _, m in broken[1:])
         raise ReleaseError(reason, message)
     return [reason for reason, _ in broken]
+
+
+def has_expired(expires_at: str | None, now: datetime | None = None) -> bool:
+    """Whether a manifest's ``expires_at`` is past by ``now`` (default: the current time; naive
+    is UTC); None never expires. :class:`ReleaseError` ``bad-format`` for an unreadable one.
+    A device checks it at install (:func:`check_policy`); its status says when the active
+    release has expired since."""
+    return expires_at is not None and _utc(now) >= _parse_time(expires_at, "expires_at")
 
 
 def extract_release(

@@ -90,6 +90,7 @@ from deploy_edge.release import (
     check_policy,
     extract_release,
     file_sha256,
+    has_expired,
     verify_release,
 )
 from deploy_edge.runtime import Tick
@@ -662,7 +663,7 @@ class Deployer:
         history = self.history()
         active = self._slot("active")
         notices = [self._floor_notice] if self._floor_notice else []
-        if active is not None and _expired(active.expires_at):
+        if active is not None and has_expired(active.expires_at):  # parsed at install
             # Expiry is an install rule: the robot keeps running what it has.
             notices.append(
                 f"the active release {_label(active)} expired at {active.expires_at}; it keeps "
@@ -800,17 +801,6 @@ class Deployer:
 
 def _label(item: Slot | Deployment) -> str:
     return f"{item.label} (release {item.release})"
-
-
-def _expired(expires_at: str | None) -> bool:
-    """Whether ``expires_at`` (ISO 8601; naive is UTC) is past; an unreadable one is not."""
-    if expires_at is None:
-        return False
-    try:
-        when = datetime.fromisoformat(expires_at)
-    except ValueError:
-        return False
-    return datetime.now(UTC) >= (when if when.tzinfo else when.replace(tzinfo=UTC))
 
 
 def _new_id() -> str:

@@ -1,7 +1,9 @@
 """The edge agent's deployer: a signed release in, a verified, gated, healthy active version out.
 
-    verify    signature by a trusted key; no downgrade, not expired (unless forced); the target;
-              a random-weights policy only in a deploy that says it is a systems test
+    verify    signature by a trusted key; not below the floor (the highest release of the
+              model ever installed: :mod:`deploy_edge.agent.floor`), not expired (unless
+              forced); the target; a random-weights policy only in a deploy that says it
+              is a systems test
     extract   into state_dir/slots/<release>-<sha12> (every file hashed against the manifest)
     engine    the target profile's engine on the new bundle (its pinned precision's model or
               variant; ``precision: auto``: one engine per way to run it, see below)
@@ -13,7 +15,8 @@
     ---       if the robot-busy lock file exists: stop here, "staged" (activate_staged() later)
     activate  flip state_dir/active to the new slot (atomic symlink rename); previous = old
     health    a few control ticks of the active version: no deadline miss, no engine error
-    commit    the journal's end record: from here on the new version stays
+    commit    the floor raised to this release; the journal's end record: from here on the
+              new version stays
 
 The engine, parity and gate steps are :mod:`deploy_edge.agent.trials`. With ``precision: auto``
 they run for every candidate the profile's engine can run (:func:`deploy_edge.latency.options`);
@@ -36,6 +39,7 @@ State directory::
     active, previous, staged           symlinks to slots/<name>/<bundle>
     slots/<name>/, slots/<name>.json   an extracted release and its :class:`Slot` record
     journal.jsonl, history.jsonl       the journal; every finished deployment, oldest first
+    floor.json                         the release floor, per model
 
 The records it answers with (:class:`Deployment`, :class:`DeviceStatus`, ...) are the wire
 records of :mod:`deploy_edge.wire`, which the deploy client reads back.

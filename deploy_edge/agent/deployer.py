@@ -68,7 +68,7 @@ from typing import Any
 import numpy as np
 
 from deploy_edge.agent import trials
-from deploy_edge.agent.config import DeviceConfig, load_driver
+from deploy_edge.agent.config import DeviceConfig, DeviceConfigError, load_driver
 from deploy_edge.agent.floor import ReleaseFloor
 from deploy_edge.agent.journal import (
     Journal,
@@ -231,7 +231,15 @@ class Deployer:
         self.state_dir = Path(config.state_dir).absolute()
         self.slots_dir = self.state_dir / "slots"
         state_dir_existed = self.state_dir.is_dir()
-        self.slots_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.slots_dir.mkdir(parents=True, exist_ok=True)
+            if not os.access(self.state_dir, os.R_OK | os.W_OK | os.X_OK):
+                raise PermissionError("not readable and writable by this user")
+        except OSError as err:  # a state it cannot see: never start as if it were fresh
+            raise DeviceConfigError(
+                f"field 'state_dir' = '{self.state_dir}': cannot hold the agent's state "
+                f"({type(err).__name__}: {err})"
+            ) from err
         self.journal = Journal(self.state_dir / "journal.jsonl")
         self.history_file = self.state_dir / "history.jsonl"
         self.floor = ReleaseFloor(self.state_dir)

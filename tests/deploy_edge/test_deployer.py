@@ -422,7 +422,8 @@ def test_lost_state_is_reported_at_start_not_silently_reset(
 ) -> None:
     """A state directory that has deployed but lost its floor record (deleted, unreadable)
     rebuilds it from the history and says so, at start in the log and in ``GET /status``; a
-    missing state directory is reported too."""
+    state directory that cannot be used stops the agent at start (one line, exit 2); a
+    missing one is reported."""
     token = "read-token"
     tokens = {"read": [hashlib.sha256(token.encode()).hexdigest()]}
     config = device_config(state, keys[1], tokens=tokens)
@@ -450,6 +451,16 @@ def test_lost_state_is_reported_at_start_not_silently_reset(
         notices[0].startswith("release floor ")
         and " is unreadable (JSONDecodeError: " in notices[0]
     )
+
+    unusable = tmp_path / "not-a-dir"  # e.g. a mount that failed, leaving a file
+    unusable.write_text("")
+    config_file = tmp_path / "device.yaml"
+    config_file.write_text(json.dumps(device_config(unusable, keys[1]).model_dump(mode="json")))
+    start = [sys.executable, "-m", "deploy_edge.agent", "--config", str(config_file)]
+    proc = subprocess.run(start, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout + proc.stderr
+    assert proc.stderr.startswith(f"error: field 'state_dir' = '{unusable}': cannot hold the ")
+    assert len(proc.stderr.splitlines()) == 1, proc.stderr
 
     lost = Deployer(device_config(tmp_path / "wiped", keys[1]))
     assert lost.status().floor == {}

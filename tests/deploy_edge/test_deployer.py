@@ -7,6 +7,7 @@ until it is released; ``kill -9`` at any step leaves the old version complete af
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -16,10 +17,10 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -34,8 +35,10 @@ from deploy_edge.agent.config import (
 from deploy_edge.agent.deployer import Deployer, DeployError
 from deploy_edge.agent.service import create_app
 from deploy_edge.bundle import bundle_files, write_bundle_checksums
+from deploy_edge.client import AgentClient
+from deploy_edge.device import DeviceEntry
 from deploy_edge.keys import generate_keypair, load_private_key
-from deploy_edge.release import write_release
+from deploy_edge.release import file_sha256, write_release
 from deploy_edge.wire import STEPS, Deployment, DeviceStatus
 from robots.spec import get_robot
 from sim_scenes.sim_robot import SimulatedRobot
@@ -121,6 +124,11 @@ def device_config(state_dir: Path, pub: Path, **overrides: Any) -> DeviceConfig:
         **overrides,
     }
     return DeviceConfig(**options)
+
+
+def _sha(token: str) -> str:
+    """The sha256 a device config lists for ``token``."""
+    return hashlib.sha256(token.encode()).hexdigest()
 
 
 @pytest.fixture(scope="module")
@@ -384,33 +392,59 @@ def test_a_health_check_with_misses_or_engine_errors_rolls_back(
     assert_only_release_1(deployer, state)
 
 
-def test_the_release_floor_survives_a_rollback_and_a_restart(
-    state: Path, keys: tuple[Path, Path], releases: Callable[..., Path]
-) -> None:
-    """The attack: roll back, then install an older genuine release. The floor is the
-    highest release ever installed, not the active one: refused without force."""
-    config = device_config(state, keys[1])
-    deployer = Deployer(config)
-    assert deployer.status().floor == {"tiny": 1} and deployer.status().notices == []
-    assert deployer.deploy(releases(3)).state == "active"
-    assert deployer.rollback().release == 1
-    status = deployer.status()
-    assert status.active is not None and status.active.release == 1
-    assert status.floor == {"tiny": 3}, "a rollback does not lower the floor"
+@contextlib.contextmanager
+def agent_client(config: DeviceConfig, token_env: str) -> Iterator[AgentClient]:
+    """The deploy client (what ``robo-pipe deploy`` runs, its token in ``token_env``) on a
+    fresh agent over ``config``, the agent's HTTP endpoints served in-process by FastAPI's
+    TestClient (a new agent each time: a restart)."""
+    client = AgentClient(DeviceEntry(name="dev-1", url="http://agent", token_env=token_env))
+    with TestClient(create_app(config, Deployer(config)), base_url="http://agent") as http:
+        http.headers.update(client.http.headers)  # the bearer token
+        client.http = cast(Any, http)  # the same requests API, on the app instead of a socket
+        yield client
 
-    deployer = Deployer(config)  # the agent restarts
-    assert deployer.status().floor == {"tiny": 3} and deployer.status().notices == []
-    older = deployer.deploy(releases(2))
-    assert older.state == "refused" and [s.name for s in older.steps] == ["verify"]
-    assert older.reason == (
-        "verify: downgrade: release 2 of tiny is below the device's floor 3, the highest "
-        "release of it ever installed (a downgrade; force to go back on purpose)"
-    )
-    forced = deployer.deploy(releases(2), force=True)
-    assert forced.state == "active" and forced.forced == ["downgrade"]
-    assert "forced past: downgrade (floor 3)" in forced.steps[0].detail
-    assert deployer.status().floor == {"tiny": 3}, "a forced downgrade does not lower it"
-    assert deployer.deploy(releases(3)).state == "active", "the floor's own release installs"
+
+def test_the_release_floor_survives_a_rollback_and_a_restart(
+    state: Path,
+    keys: tuple[Path, Path],
+    releases: Callable[..., Path],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The attack, through the agent's endpoints: roll back, then install an older genuine
+    release. The floor is the highest release ever installed, not the active one: refused
+    without force, after a restart too."""
+    token = "operate-token"  # deploys, and may force
+    config = device_config(state, keys[1], tokens={"operate": [_sha(token)]})
+    monkeypatch.setenv("DEV_TOKEN", token)
+
+    def send(client: AgentClient, release: Path) -> str:
+        sha = file_sha256(release)
+        client.upload(release, sha)
+        return sha
+
+    with agent_client(config, "DEV_TOKEN") as agent:
+        assert agent.status().floor == {"tiny": 1} and agent.status().notices == []
+        assert agent.deploy(send(agent, releases(3)), poll_s=0.02).state == "active"
+        assert agent.rollback().release == 1
+        status = agent.status()
+        assert status.active is not None and status.active.release == 1
+        assert status.floor == {"tiny": 3}, "a rollback does not lower the floor"
+
+    with agent_client(config, "DEV_TOKEN") as agent:  # the agent restarts
+        assert agent.status().floor == {"tiny": 3} and agent.status().notices == []
+        older = send(agent, releases(2))
+        refused = agent.deploy(older, poll_s=0.02)
+        assert refused.state == "refused" and [s.name for s in refused.steps] == ["verify"]
+        assert refused.reason == (
+            "verify: downgrade: release 2 of tiny is below the device's floor 3, the highest "
+            "release of it ever installed (a downgrade; force to go back on purpose)"
+        )
+        forced = agent.deploy(older, force=True, poll_s=0.02)
+        assert forced.state == "active" and forced.forced == ["downgrade"]
+        assert "forced past: downgrade (floor 3)" in forced.steps[0].detail
+        assert agent.status().floor == {"tiny": 3}, "a forced downgrade does not lower it"
+        newest = agent.deploy(send(agent, releases(3)), poll_s=0.02)
+        assert newest.state == "active", "the floor's own release installs"
 
 
 def test_lost_state_is_reported_at_start_not_silently_reset(
@@ -425,7 +459,7 @@ def test_lost_state_is_reported_at_start_not_silently_reset(
     state directory that cannot be used stops the agent at start (one line, exit 2); a
     missing one is reported."""
     token = "read-token"
-    tokens = {"read": [hashlib.sha256(token.encode()).hexdigest()]}
+    tokens = {"read": [_sha(token)]}
     config = device_config(state, keys[1], tokens=tokens)
     assert Deployer(config).deploy(releases(3)).state == "active"
     assert Deployer(config).rollback().release == 1

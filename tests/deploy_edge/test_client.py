@@ -139,7 +139,7 @@ def test_deploy_waits_for_its_own_record_not_the_earlier_one_of_the_same_release
 def test_the_agents_answers_are_the_wire_records_and_write_back_the_same_json(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    answers = {
+    answers: dict[str, Any] = {
         "/status": status(None, record("d-1", "active")),
         "/history": [record("d-2", "refused"), record("d-1", "active")],
         "/rollback": record("d-3", "rolled_back"),

@@ -185,10 +185,12 @@ def create_app(config: DeviceConfig, deployer: Deployer) -> FastAPI:
             raise _refused(err) from err
 
         def run() -> None:
+            installed = False
             try:
-                deployer.deploy(path, force=body.force, systems_test=body.systems_test)
+                done = deployer.deploy(path, force=body.force, systems_test=body.systems_test)
+                installed = done.state in ("active", "staged")
             finally:
-                store.done_with(body.sha256)
+                store.done_with(body.sha256, installed=installed)
                 busy.release()
 
         threading.Thread(target=run, name="deployment", daemon=True).start()

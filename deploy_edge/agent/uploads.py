@@ -80,9 +80,11 @@ class UploadStore:
       right sha256 makes it complete (``<sha256>.release``); any other is deleted at once and
       refused (``hash-mismatch``), so a wrong upload never blocks the genuine file. A partial
       upload is ``<sha256>.<size>.part``.
-    - **Partial uploads expire.** One untouched (its mtime) for ``max_age_s`` is deleted when
-      the store opens (agent start) and before each new upload. Complete ones stay (a redeploy
-      needs no upload) until deleted; each counted in the free-space margin.
+    - **Uploads expire.** One untouched (its mtime) for ``max_age_s``, partial or complete, is
+      deleted when the store opens (agent start) and before each new upload. A complete one
+      stays until then, so that a refused deployment can be retried (say with ``--force``)
+      without sending the release again; once a deployment has put it in a slot
+      (:meth:`done_with` ``installed=True``) it is deleted, its bytes being in the slot.
     - **Deployment.** :meth:`hold_for_deployment` gives a complete upload's file (hashed again:
       a file left by an older agent may be wrong; a wrong one is deleted) and holds it until
       :meth:`done_with`; a partial one is refused (``incomplete``) with its counts.
@@ -179,10 +181,10 @@ class UploadStore:
             return self._record(found)
 
     def expire(self) -> list[str]:
-        """Delete the partial uploads untouched for ``max_age_s`` (not those held); their
-        sha256s."""
+        """Delete the uploads, partial or complete, untouched for ``max_age_s`` (not those
+        held); their sha256s."""
         now, gone = time.time(), []
-        for path in self.folder.glob("*.part"):
+        for path in [*self.folder.glob("*.part"), *self.folder.glob("*.release")]:
             sha256 = path.name.split(".", 1)[0]
             with self._guard:
                 if sha256 in self._held:
@@ -223,9 +225,13 @@ class UploadStore:
             self.done_with(sha256)
             raise
 
-    def done_with(self, sha256: str) -> None:
-        """Release what :meth:`hold_for_deployment` held."""
+    def done_with(self, sha256: str, installed: bool = False) -> None:
+        """Release what :meth:`hold_for_deployment` held; ``installed``: the deployment put
+        the release in a slot (live or staged), so its upload is deleted (a redeploy sends it
+        again)."""
         with self._guard:
+            if installed:
+                (self.folder / f"{sha256}.release").unlink(missing_ok=True)
             self._held.discard(sha256)
 
     # -- rules ---------------------------------------------------------------------------------

@@ -213,7 +213,8 @@ def test_100_refused_and_abandoned_uploads_leave_the_disk_bounded(
     agent: str, tmp_path: Path, keys: tuple[Path, Path]
 ) -> None:
     """50 uploads over the cap write nothing; 50 abandoned halfway stay until they are older
-    than upload_max_age_h, then the next new upload (and an agent start) deletes them."""
+    than upload_max_age_h, then the next new upload (and an agent start) deletes them; a
+    complete upload never deployed expires the same way."""
     state = tmp_path / "state"
     for i in range(50):
         assert put(agent, f"{i:064x}", 0, 2 * MIB, b"x" * 100).status_code == 413
@@ -227,6 +228,8 @@ def test_100_refused_and_abandoned_uploads_leave_the_disk_bounded(
         os.utime(path, (old, old))
     assert put(agent, "e" * 64, 0, 20_000, b"x" * 10).status_code == 200  # a new upload
     assert len(upload_files(state)) == 26, "25 expired before the new upload"
+    assert put(agent, sha(b"done"), 0, 4, b"done").status_code == 200  # a complete one
+    assert f"{sha(b'done')}.release" in upload_files(state)
     for path in (state / "uploads").iterdir():
         os.utime(path, (old, old))
     with running_agent(config(state, keys[1], upload_max_age_h=1.0)):
@@ -237,7 +240,8 @@ def test_uploads_are_listed_and_deleted_but_not_while_deployed(
     agent: str, releases: Callable[..., Path]
 ) -> None:
     """GET /uploads (a read token does) and DELETE /uploads/{sha256} (a deploy token; a read
-    token is refused); a deployment holds its upload: deleting it meanwhile is refused."""
+    token is refused); a deployment holds its upload: deleting it meanwhile is refused; once
+    installed in a slot the upload is deleted, a refused one kept for a retry."""
     release = releases(1)
     genuine = sha(release.read_bytes())
     device = client(agent)
@@ -260,4 +264,9 @@ def test_uploads_are_listed_and_deleted_but_not_while_deployed(
     while (status := device.status()).running is not None or status.last is None:
         time.sleep(0.1)
     assert status.last.state == "active", status.last.reason
+    assert device.uploads() == [], "installed in a slot: its upload is deleted"
+    device.upload(release, genuine)
+    again = device.deploy(genuine)
+    assert again.state == "refused" and "already the active version" in again.reason
+    assert [u.sha256 for u in device.uploads()] == [genuine], "kept for a retry when refused"
     assert device.delete_upload(genuine).complete and device.uploads() == []

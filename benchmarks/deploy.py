@@ -1,7 +1,12 @@
 """Deploying the default VLA to a local edge agent: release size, and the wall time of each step
 (upload, then the agent's verify, extract, engine, parity, gate, activate, health, commit),
 with the agent's memory idle and after the deployment; then the agent's disk use after 100
-refused uploads (over its cap, or bytes that do not hash to their sha256).
+refused uploads (over its cap, or bytes that do not hash to their sha256); and the cost of
+the extract step's checks: the same release padded to 256 MiB (``--quick``: 32 MiB; a file
+in its tokenizer folder) extracted by :func:`~deploy_edge.release.extract_release` (member
+sizes against the signed manifest, copies bounded by them, the cap, hashes, paths, external
+data) and, in the same run, by the standard library's safe extraction plus a sha256 of every
+file (the least any installer does): ``extract_checks_ratio`` is the first over the second.
 
 A freshly initialised default VLA (the demo's size: the same graph and cost as a trained one)
 is exported, signed into a release and deployed with the same client ``robo-pipe deploy``
@@ -26,8 +31,11 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import shutil
+import statistics
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from pathlib import Path
@@ -35,10 +43,11 @@ from pathlib import Path
 import yaml
 
 from configs import targets_dir
+from deploy_edge.bundle import read_io_spec
 from deploy_edge.client import AgentClient
 from deploy_edge.device import DeviceEntry
-from deploy_edge.keys import generate_keypair, load_private_key
-from deploy_edge.release import file_sha256, write_release
+from deploy_edge.keys import generate_keypair, load_private_key, load_public_key
+from deploy_edge.release import extract_release, file_sha256, verify_release, write_release
 from pipelines.config import CONFIG_DIR, PipelineConfig, load_config
 from pipelines.services import free_port
 from stages.export import export
@@ -213,6 +222,7 @@ def single_agent(cfg: PipelineConfig, quick: bool) -> dict[str, str]:
         )
         sign_s = time.perf_counter() - start
         size_mb = release.stat().st_size / 1e6
+        extraction = extraction_cost(bundle, root, private, public, 32 if quick else 256)
         agent, entry = start_agent(
             root,
             "bench",
@@ -258,6 +268,57 @@ def single_agent(cfg: PipelineConfig, quick: bool) -> dict[str, str]:
         "agent_idle_mb": f"{idle_mb:.0f}",
         "agent_serving_mb": f"{after_mb:.0f}",
         **refused,
+        **extraction,
+    }
+
+
+def extraction_cost(
+    bundle: Path, root: Path, private: Path, public: Path, pad_mib: int, repeats: int = 3
+) -> dict[str, str]:
+    """Median seconds to extract a release of the bundle padded by ``pad_mib`` MiB, with
+    robo-pipe's checks and with the standard library's safe extraction plus hashing."""
+    padded = root / "padded"
+    shutil.copytree(bundle, padded)
+    spec = read_io_spec(padded)
+    with (padded / spec.tokenizer / "padding.bin").open("wb") as f:
+        for _ in range(pad_mib):
+            f.write(os.urandom(1 << 20))
+    release = root / "padded.release"
+    write_release(
+        padded,
+        release,
+        load_private_key(private),
+        model_name="demo-policy",
+        model_version="1",
+        run_id="benchmark",
+        release=1,
+    )
+    manifest = verify_release(release, [load_public_key(public)])
+    checked, plain = [], []
+    for i in range(repeats):
+        start = time.perf_counter()
+        extract_release(release, manifest, root / f"checked-{i}", max_bytes=4096 << 20)
+        checked.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        with tarfile.open(release, "r:") as tar:
+            tar.extractall(root / f"plain-{i}", filter="data")
+        for path in (root / f"plain-{i}").rglob("*"):
+            if path.is_file():
+                file_sha256(path)
+        plain.append(time.perf_counter() - start)
+        shutil.rmtree(root / f"checked-{i}")
+        shutil.rmtree(root / f"plain-{i}")
+    mb = release.stat().st_size / 1e6
+    with_checks, baseline = statistics.median(checked), statistics.median(plain)
+    print(
+        f"extract a {mb:.0f} MB release: {with_checks:.2f} s with robo-pipe's checks, "
+        f"{baseline:.2f} s by tarfile's data filter + sha256 (x{with_checks / baseline:.2f})"
+    )
+    return {
+        "extract_release_mb": f"{mb:.0f}",
+        "extract_checked_s": f"{with_checks:.2f}",
+        "extract_plain_s": f"{baseline:.2f}",
+        "extract_checks_ratio": f"{with_checks / baseline:.2f}",
     }
 
 

@@ -20,6 +20,7 @@ Which folder it is, found the same way from any folder (as git finds ``.git``):
       mlflow/                   MLflow SQLite database and artifacts
       prefect/                  PREFECT_HOME of the embedded Prefect server
       edge/                     state of the loopback edge agent
+      rollouts/                 one record per fleet rollout (pipelines.deploy.rollouts)
       services.json             URLs and pids of the servers `robo-pipe ui` started
 """
 
@@ -47,6 +48,7 @@ SUBDIRS = (
     "mlflow",
     "prefect",
     "edge",
+    "rollouts",
 )
 
 

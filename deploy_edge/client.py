@@ -15,8 +15,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from deploy_edge.device import Device, DeviceEntry, DeviceError
-from deploy_edge.wire import Deployment, DeviceStatus, EpisodeResult, Health, Upload
+from deploy_edge.device import (
+    Device,
+    DeviceEntry,
+    DeviceError,
+    DeviceRefused,
+    DeviceUnreachable,
+)
+from deploy_edge.wire import Deployment, DeviceStatus, EpisodeResult, Health, Origin, Upload
 from robo_pipe.records import RecordError
 
 CHUNK_BYTES = 1 << 20
@@ -58,8 +64,9 @@ class AgentClient(Device):
         self.http.close()
 
     def _request(self, method: str, path: str, **kwargs: Any) -> Any:
-        """The agent's JSON answer; a :class:`DeviceError` for a refusal (with the agent's
-        reason) or when it cannot be reached."""
+        """The agent's JSON answer; :class:`DeviceUnreachable` when it cannot be reached, a
+        :class:`DeviceError` when it refuses the token, :class:`DeviceRefused` for any other
+        refusal (with the agent's reason)."""
         return self._read(self._call(method, path, **kwargs), method, path)
 
     def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
@@ -68,7 +75,7 @@ class AgentClient(Device):
         try:
             return self.http.request(method, path, **kwargs)
         except httpx.HTTPError as err:
-            raise DeviceError(f"device {self.entry.name} ({self.entry.url}): {err}") from err
+            raise DeviceUnreachable(f"device {self.entry.name} ({self.entry.url}): {err}") from err
 
     def _read(self, response: httpx.Response, method: str, path: str) -> Any:
         if response.status_code == 401:  # the agent's detail names the scope the call needs
@@ -78,7 +85,7 @@ class AgentClient(Device):
         if response.status_code >= 400:
             detail = _detail(response)
             message = detail.get("message", detail) if isinstance(detail, dict) else detail
-            raise DeviceError(f"device {self.entry.name}: {method} {path}: {message}")
+            raise DeviceRefused(f"device {self.entry.name}: {method} {path}: {message}")
         return response.json()
 
     def _answer(self, read: Callable[[Any], T], method: str, path: str, **kwargs: Any) -> T:
@@ -157,14 +164,17 @@ class AgentClient(Device):
         on_status: Callable[[DeviceStatus], None] | None = None,
         timeout_s: float = 1800.0,
         systems_test: bool = False,
+        origin: Origin | None = None,
         poll_s: float = POLL_S,
     ) -> Deployment:
         """Start the deployment of the uploaded release and follow it to its end, asking for
         the status every ``poll_s``; returns the agent's record of it (state, every step,
-        reason). ``systems_test``: a random-weights release may go live (recorded)."""
+        reason). ``systems_test``: a random-weights release may go live (recorded);
+        ``origin``: who asks (recorded on the deployment)."""
         before = self.status().last
         earlier = before.id if before else None  # not the answer we wait for
         body = {"sha256": sha256, "force": force, "systems_test": systems_test}
+        body |= _origin(origin)
         self._request("POST", "/deployments", json=body)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -192,19 +202,29 @@ class AgentClient(Device):
             lambda answer: [Deployment.from_json(d) for d in answer], "GET", "/history"
         )
 
-    def activate(self) -> Deployment:
+    def activate(self, origin: Origin | None = None) -> Deployment:
         """Activate the staged version (the agent answers 409 when nothing is staged or the
-        robot-busy lock is set: a :class:`DeviceError`)."""
-        return self._answer(Deployment.from_json, "POST", "/activate")
+        robot-busy lock is set: a :class:`DeviceRefused`)."""
+        return self._answer(Deployment.from_json, "POST", "/activate", json=_origin(origin))
 
     def episode(self, instruction: str | None = None, max_ticks: int = 100) -> EpisodeResult:
         """Run the active policy for one episode on the device's robot."""
         body = {"instruction": instruction, "max_ticks": max_ticks}
         return self._answer(EpisodeResult.from_json, "POST", "/episode", json=body)
 
-    def rollback(self) -> Deployment:
-        """Back to the previous version."""
-        return self._answer(Deployment.from_json, "POST", "/rollback")
+    def rollback(self, release: int | None = None, origin: Origin | None = None) -> Deployment:
+        """Back to the previous version (``release``: only if it is that release)."""
+        body = {"release": release} | _origin(origin)
+        return self._answer(Deployment.from_json, "POST", "/rollback", json=body)
+
+    def unstage(self, origin: Origin | None = None) -> Deployment:
+        """Drop the staged version; its record, now ``unstaged``."""
+        return self._answer(Deployment.from_json, "POST", "/unstage", json=_origin(origin))
+
+
+def _origin(origin: Origin | None) -> dict[str, Any]:
+    """The ``origin`` field of a request's body (none when the caller did not say)."""
+    return {"origin": origin.to_json()} if origin is not None else {}
 
 
 class _Mismatch(Exception):

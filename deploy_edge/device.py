@@ -27,8 +27,8 @@ from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
-from deploy_edge.wire import Deployment, DeviceStatus, EpisodeResult, Health, Upload
-from robo_pipe.errors import RoboPipeError
+from deploy_edge.wire import Deployment, DeviceStatus, EpisodeResult, Health, Origin, Upload
+from robo_pipe.errors import RoboPipeError, ServiceFailure
 from robo_pipe.resources import Resource
 from robo_pipe.validation import first_error, one_of, read_mapping
 
@@ -42,7 +42,19 @@ needed only where such a device is used."""
 
 class DeviceError(RoboPipeError, ValueError):
     """A device entry is unknown or invalid, its token is not set, or the device cannot be
-    reached or refuses the request (the message says which and why)."""
+    reached or refuses the request (the message says which and why). A bad entry, an unset
+    token variable or a token the device does not accept is bad input (exit 2); the two
+    subclasses below say when the device itself said no or did not answer."""
+
+
+class DeviceRefused(DeviceError):
+    """The device answered and said no (nothing staged, nothing to roll back to, a release not
+    on it, a deployment running): a verdict, not bad input; the message carries its reason."""
+
+
+class DeviceUnreachable(DeviceError, ServiceFailure):
+    """The device cannot be reached (no answer, connection refused, TLS failure): a service
+    that failed (exit 3); nothing in the input is wrong."""
 
 
 class DeviceEntry(BaseModel):
@@ -90,8 +102,9 @@ class Device(Resource):
     rollback, and an episode of the active policy on its robot.
 
     Open one with :func:`connect` and close it after use (it is a context manager). Every
-    method raises :class:`DeviceError` when the device cannot be reached or refuses (the
-    message names the device and why); the answers are the records of
+    method raises :class:`DeviceError` when the device cannot be reached
+    (:class:`DeviceUnreachable`) or refuses (:class:`DeviceRefused`; the message names the
+    device and why); the answers are the records of
     :mod:`deploy_edge.wire`, whatever the transport.
 
     Not yet: streaming actions (the robot's observations in, action chunks out at the control
@@ -139,23 +152,34 @@ class Device(Resource):
         on_status: Callable[[DeviceStatus], None] | None = None,
         timeout_s: float = 1800.0,
         systems_test: bool = False,
+        origin: Origin | None = None,
     ) -> Deployment:
         """Deploy the uploaded release ``sha256`` and follow it to its end within
         ``timeout_s``; ``on_status`` sees the device's status as the steps go. ``force``
         allows a downgrade or an expired release (the device records it); ``systems_test``
-        a random-weights release (systems measurements only; the device records it too).
+        a random-weights release (systems measurements only; the device records it too);
+        ``origin`` who asks (recorded on the deployment in the device's history).
         The answer is the device's record of this deployment: ``state`` ``active`` only when
         it now runs it, ``variant`` what of the bundle runs and, with ``precision: auto``,
         ``trials`` and ``choice`` why."""
 
     @abc.abstractmethod
-    def activate(self) -> Deployment:
+    def activate(self, origin: Origin | None = None) -> Deployment:
         """Activate the staged version now (activate, health check, commit); a
-        :class:`DeviceError` when nothing is staged or the robot-busy lock is still set."""
+        :class:`DeviceRefused` when nothing is staged or the robot-busy lock is still set."""
 
     @abc.abstractmethod
-    def rollback(self) -> Deployment:
-        """Back to the previous version (which becomes active; the active one previous)."""
+    def rollback(self, release: int | None = None, origin: Origin | None = None) -> Deployment:
+        """Back to the previous version, which becomes active; the device's next rollback
+        target is never the version rolled back from (the rule:
+        :meth:`deploy_edge.agent.deployer.Deployer.rollback`). ``release``: only if the
+        previous version is that release, else :class:`DeviceRefused` (naming what the device
+        holds); ``origin``: who asks (recorded)."""
+
+    @abc.abstractmethod
+    def unstage(self, origin: Origin | None = None) -> Deployment:
+        """Drop the staged version (deleted from the device, never activated); its deployment
+        record, now ``unstaged``. :class:`DeviceRefused` when nothing is staged."""
 
     @abc.abstractmethod
     def episode(self, instruction: str | None = None, max_ticks: int = 100) -> EpisodeResult:

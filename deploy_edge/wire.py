@@ -7,7 +7,8 @@ the other's answers by dict key. A field added here is added on both ends at onc
     GET  /healthz                     Health
     GET  /status                      DeviceStatus (its slots: Slot; its deployments: Deployment)
     GET  /history                     [Deployment, ...], newest first
-    POST /activate, POST /rollback    Deployment
+    POST /activate, POST /rollback    Deployment (their bodies may carry an Origin)
+    POST /unstage                     Deployment (the staged one, now "unstaged")
     POST /episode                     EpisodeResult
     GET  /uploads                     [Upload, ...]; GET/PUT/DELETE /uploads/{sha256}: Upload
 """
@@ -134,6 +135,21 @@ class Slot(Record):
 
 
 @dataclass
+class Origin(Record):
+    """Who asked the device for an action (a deployment, an activation, a rollback, an
+    unstage): sent in the request's body, kept on the :class:`Deployment` in the agent's
+    history, so that a device's history says which rollout changed it."""
+
+    by: str = "cli"
+    """``cli`` (a person's robo-pipe command) or ``fleet`` (a fleet rollout, its revert
+    included)."""
+    rollout: str = ""
+    """The fleet rollout's id ("" outside a rollout)."""
+    flow_run: str = ""
+    """The Prefect flow run's URL ("" outside a flow)."""
+
+
+@dataclass
 class Deployment(Record):
     """One deployment (or manual rollback) and every step's result."""
 
@@ -143,7 +159,8 @@ class Deployment(Record):
     model_version: str
     release: int
     state: str
-    """``running``, ``active``, ``staged``, ``refused``, ``rolled_back`` or ``interrupted``."""
+    """``running``, ``active``, ``staged``, ``refused``, ``rolled_back``, ``interrupted`` or
+    ``unstaged`` (a staged version dropped before it was activated)."""
     steps: list[StepResult] = field(default_factory=list)
     reason: str = ""
     """Why it was refused or rolled back: ``<step>: <what failed>``."""
@@ -162,6 +179,9 @@ class Deployment(Record):
     """Why :attr:`variant` runs (the choice's one line; "" for a pinned precision)."""
     systems_test: bool = False
     """The deploy said it is a systems test: a random-weights release may go live."""
+    origin: Origin | None = None
+    """Who asked for it, as the request said (None: the request did not say, or a record
+    written before origins)."""
 
     @property
     def label(self) -> str:

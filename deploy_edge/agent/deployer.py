@@ -102,6 +102,7 @@ from deploy_edge.wire import (
     Deployment,
     DeviceStatus,
     EpisodeResult,
+    Origin,
     Slot,
     StepResult,
 )
@@ -265,11 +266,12 @@ class Deployer:
         force: bool = False,
         on_step: Callable[[Deployment], None] | None = None,
         systems_test: bool = False,
+        origin: Origin | None = None,
     ) -> Deployment:
         """Deploy ``release_file`` through every step (see the module docstring); returns the
         finished record ("active", "staged", "refused" or "rolled_back"). ``systems_test``: the
         deploy says it is a systems test, so a random-weights release may go live (recorded on
-        the deployment and the slot)."""
+        the deployment and the slot); ``origin``: who asked (recorded on the deployment)."""
         if not self._deploying.acquire(blocking=False):
             raise DeployError("a deployment is running; wait for it to finish")
         try:
@@ -277,6 +279,7 @@ class Deployer:
                 self._recover_once()
                 run = self._start(Path(release_file), on_step)
                 run.deployment.systems_test = systems_test
+                run.deployment.origin = origin
                 try:
                     with run.step("verify"):
                         manifest = self._verify(run, force)
@@ -313,9 +316,10 @@ class Deployer:
             run.detail = f"journaled; floor of {slot.model_name}: {self.floor.of(slot.model_name)}"
         return self._finish(run, "active")
 
-    def activate_staged(self) -> Deployment | None:
+    def activate_staged(self, origin: Origin | None = None) -> Deployment | None:
         """Activate the staged version (activate, health, commit) once the robot-busy lock is
-        gone; None when nothing is staged or the lock is still set."""
+        gone; None when nothing is staged or the lock is still set. ``origin``: who asked (the
+        lock watcher: None, the staged deployment's own origin stays)."""
         with self._lock:
             self._recover_once()
             slot = self._slot("staged")
@@ -326,6 +330,7 @@ class Deployer:
                 _new_id(), slot.sha256, slot.model_name, slot.model_version, slot.release, ""
             )
             deployment.state, deployment.reason, deployment.finished_at = "running", "", None
+            deployment.origin = origin or deployment.origin
             run = _Run(self.journal, deployment, None, None, self._publish)
             run.slot = slot
             run.begin()
@@ -337,14 +342,31 @@ class Deployer:
             finally:
                 self._running = None
 
-    def rollback(self) -> Deployment:
-        """Back to the previous version (which becomes active; the active one becomes
-        previous), recorded as a deployment in state "rolled_back"."""
+    def rollback(self, release: int | None = None, origin: Origin | None = None) -> Deployment:
+        """Back to the previous version, which becomes active; recorded as a deployment in
+        state "rolled_back" with ``origin`` (who asked: a person, a fleet's revert).
+
+        The rollback target rule: after a rollback, ``previous`` is never the version rolled
+        back from (replaced, or refused by a fleet: a second rollback would re-activate it).
+        It would be the version that ran before the restored one, but the device keeps only
+        the active, previous and staged slots, so that one is gone: ``previous`` is none, and
+        the version rolled back from is deleted. Going back further is a deploy.
+
+        ``release``: roll back only if the previous version is that release; a
+        :class:`DeployError` naming what the device holds otherwise (as when there is no
+        previous version)."""
         with self._lock:
             self._recover_once()
             active, previous = self._slot("active"), self._slot("previous")
+            holds = f"active: {_label(active) if active else 'none'}, previous: " + (
+                _label(previous) if previous else "none"
+            )
             if previous is None or active is None:
-                raise DeployError("no previous version on this device to roll back to")
+                raise DeployError(f"no previous version on this device to roll back to ({holds})")
+            if release is not None and previous.release != release:
+                raise DeployError(
+                    f"release {release} is not the previous version on this device ({holds})"
+                )
             deployment = Deployment(
                 _new_id(),
                 previous.sha256,
@@ -353,21 +375,43 @@ class Deployer:
                 previous.release,
                 "running",
                 started_at=_now(),
+                origin=origin,
             )
             run = _Run(self.journal, deployment, None, None, self._publish)
             run.begin()
             try:
                 with run.step("activate"):
-                    self._switch(run, active=previous.path, previous=active.path)
-                    run.detail = f"active -> {_label(previous)} (was {_label(active)})"
+                    self._switch(run, active=previous.path, previous=None)
+                    run.detail = f"active -> {_label(previous)} (was {_label(active)}); no previous"
                 with run.step("commit"):
                     run.detail = "journaled"
             except _StepFailed as failure:
                 return self._undo(run, failure)
             finally:
                 self._running = None
-            reason = f"manual rollback from {_label(active)} to {_label(previous)}"
+            reason = f"rollback from {_label(active)} to {_label(previous)}{_asked_by(origin)}"
             return self._finish(run, "rolled_back", reason)
+
+    def unstage(self, origin: Origin | None = None) -> Deployment:
+        """Drop the staged version: its link removed, its slot deleted, never activated; its
+        deployment record becomes "unstaged" (``origin``: who asked). A :class:`DeployError`
+        when nothing is staged."""
+        with self._lock:
+            self._recover_once()
+            slot = self._slot("staged")
+            if slot is None:
+                raise DeployError("nothing staged on this device")
+            deployment = self._last_record(slot.sha256, "staged") or Deployment(
+                _new_id(), slot.sha256, slot.model_name, slot.model_version, slot.release, ""
+            )
+            deployment.state, deployment.finished_at = "running", None
+            deployment.origin = origin or deployment.origin
+            run = _Run(self.journal, deployment, None, None, self._publish)
+            run.slot = slot
+            run.begin()
+            self._switch(run, staged=None)  # journaled first: a crash restores the link
+            reason = f"unstaged before it was activated{_asked_by(origin)}"
+            return self._finish(run, "unstaged", reason)
 
     # -- the steps -----------------------------------------------------------------------------
 
@@ -813,6 +857,17 @@ class Deployer:
 
 def _label(item: Slot | Deployment) -> str:
     return f"{item.label} (release {item.release})"
+
+
+def _asked_by(origin: Origin | None) -> str:
+    """Who asked, for a record's reason: `` (by cli)``, `` (by fleet, rollout R, flow run
+    URL)``; "" when the request did not say."""
+    if origin is None:
+        return ""
+    parts = [f"by {origin.by}"]
+    parts += [f"rollout {origin.rollout}"] if origin.rollout else []
+    parts += [f"flow run {origin.flow_run}"] if origin.flow_run else []
+    return f" ({', '.join(parts)})"
 
 
 def _new_id() -> str:

@@ -16,16 +16,20 @@ the scope needed and is logged, never the token)::
                                        (422) when the hash is wrong (deploy; rules:
                                        :class:`~deploy_edge.agent.uploads.UploadStore`)
     DELETE /uploads/{sha256}           delete an upload, partial or complete (deploy)
-    POST /deployments                  {"sha256", "force", "systems_test"}: deploy the uploaded
-                                       release (in the background; follow it with /status);
-                                       ``systems_test`` lets a random-weights release go live
-                                       (deploy; with ``force``: operate)
+    POST /deployments                  {"sha256", "force", "systems_test", "origin"}: deploy the
+                                       uploaded release (in the background; follow it with
+                                       /status); ``systems_test`` lets a random-weights release
+                                       go live (deploy; with ``force``: operate)
     GET  /status                       active / previous / staged version, lock, running and
                                        last deployment with every step's result (read)
     GET  /history                      every deployment, newest first (read)
-    POST /activate                     activate the staged version (when the lock is released)
-                                       (deploy)
-    POST /rollback                     back to the previous version (deploy)
+    POST /activate                     {"origin"}: activate the staged version (when the lock
+                                       is released) (deploy)
+    POST /rollback                     {"release", "origin"}: back to the previous version (only
+                                       if it is ``release``, when given); 409 when there is none
+                                       or it is another release (deploy)
+    POST /unstage                      {"origin"}: drop the staged version, never activated;
+                                       409 when nothing is staged (deploy)
     POST /episode                      {"instruction", "max_ticks"}: run the active policy on
                                        the device's robot; success and latency figures (operate)
     WS   /policy                       the policy server: observations in, action chunks out
@@ -33,8 +37,10 @@ the scope needed and is logged, never the token)::
                                        (operate)
 
 The answers are the records of :mod:`deploy_edge.wire` (``to_json()``), which the deploy
-client reads back. The deployment itself (verify, extract, engine, parity, gate, activate,
-health, commit, and rollback on any failure) is :class:`deploy_edge.agent.deployer.Deployer`'s.
+client reads back. Every body's optional ``origin`` (:class:`~deploy_edge.wire.Origin`: who
+asks, a fleet rollout's id and flow run) is kept on the deployment in the history. The
+deployment itself (verify, extract, engine, parity, gate, activate, health, commit, and
+rollback on any failure) is :class:`deploy_edge.agent.deployer.Deployer`'s.
 A watcher thread activates a staged version once the robot-busy lock file is gone.
 
 The policy server runs each inference in a worker thread (``asyncio.to_thread``), off the event
@@ -82,8 +88,9 @@ from deploy_edge.policy_client import (
     PolicyInfo,
     decode_image,
 )
-from deploy_edge.wire import Health
+from deploy_edge.wire import Health, Origin
 from robo_pipe.errors import RoboPipeError
+from robo_pipe.records import RecordError
 
 UPLOADS_DIR = "uploads"
 LOCK_POLL_S = 1.0
@@ -102,6 +109,22 @@ class DeployRequest(BaseModel):
     force: bool = False
     systems_test: bool = False
     """The deploy says it is a systems test: a random-weights release may go live (recorded)."""
+    origin: dict[str, Any] | None = None
+    """Who asks (:class:`~deploy_edge.wire.Origin`'s fields), recorded on the deployment."""
+
+
+class ActionRequest(BaseModel):
+    """Body of ``POST /activate``, ``POST /unstage`` (optional: an older client sends none)."""
+
+    origin: dict[str, Any] | None = None
+    """Who asks (:class:`~deploy_edge.wire.Origin`'s fields), recorded on the deployment."""
+
+
+class RollbackRequest(ActionRequest):
+    """Body of ``POST /rollback`` (optional)."""
+
+    release: int | None = None
+    """Roll back only if the previous version is this release (None: whatever it is)."""
 
 
 class EpisodeRequest(BaseModel):
@@ -176,6 +199,7 @@ def create_app(config: DeviceConfig, deployer: Deployer) -> FastAPI:
     def deploy(body: DeployRequest, granted: Scope = require("deploy")) -> dict[str, Any]:  # noqa: B008
         if body.force:  # forcing past a rule (a downgrade, the floor) is an operator's call
             demand(granted, "operate", "POST /deployments with force")
+        origin = _origin(body.origin)  # a malformed one refused before any work
         if not busy.acquire(blocking=False):
             raise HTTPException(409, "a deployment is running")
         try:  # held (not deletable) until the deployment ends
@@ -187,7 +211,9 @@ def create_app(config: DeviceConfig, deployer: Deployer) -> FastAPI:
         def run() -> None:
             installed = False
             try:
-                done = deployer.deploy(path, force=body.force, systems_test=body.systems_test)
+                done = deployer.deploy(
+                    path, force=body.force, systems_test=body.systems_test, origin=origin
+                )
                 installed = done.state in ("active", "staged")
             finally:
                 store.done_with(body.sha256, installed=installed)
@@ -205,16 +231,24 @@ def create_app(config: DeviceConfig, deployer: Deployer) -> FastAPI:
         return [d.to_json() for d in deployer.history()]
 
     @app.post("/activate", dependencies=[require("deploy")])
-    def activate() -> dict[str, Any]:
-        done = deployer.activate_staged()
+    def activate(body: ActionRequest | None = None) -> dict[str, Any]:
+        done = deployer.activate_staged(_origin(body.origin if body else None))
         if done is None:
             raise HTTPException(409, "nothing staged, or the robot-busy lock is set")
         return done.to_json()
 
     @app.post("/rollback", dependencies=[require("deploy")])
-    def rollback() -> dict[str, Any]:
+    def rollback(body: RollbackRequest | None = None) -> dict[str, Any]:
+        body = body or RollbackRequest()
         try:
-            return deployer.rollback().to_json()
+            return deployer.rollback(body.release, _origin(body.origin)).to_json()
+        except RoboPipeError as err:
+            raise HTTPException(409, str(err)) from err
+
+    @app.post("/unstage", dependencies=[require("deploy")])
+    def unstage(body: ActionRequest | None = None) -> dict[str, Any]:
+        try:
+            return deployer.unstage(_origin(body.origin if body else None)).to_json()
         except RoboPipeError as err:
             raise HTTPException(409, str(err)) from err
 
@@ -272,6 +306,16 @@ def _refuse(status: int, endpoint: str, needed: Scope, why: str) -> NoReturn:
     answer it, naming the scope needed."""
     log.warning("refused %s: %s; it needs scope %r", endpoint, why, needed)
     raise HTTPException(status, f"{endpoint} needs a token of scope {needed!r}: {why}")
+
+
+def _origin(data: dict[str, Any] | None) -> Origin | None:
+    """A request's ``origin`` as the record (422 naming the field when it does not fit)."""
+    if data is None:
+        return None
+    try:
+        return Origin.from_json(data)
+    except RecordError as err:
+        raise HTTPException(422, f"origin: {err}") from err
 
 
 def _token_sha256(token: str) -> str:

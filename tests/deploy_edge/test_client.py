@@ -15,7 +15,7 @@ import pytest
 
 from deploy_edge.client import AgentClient
 from deploy_edge.device import DeviceEntry, DeviceError, connect, load_device
-from deploy_edge.wire import Deployment, DeviceStatus, GateFigures, Slot
+from deploy_edge.wire import Deployment, DeviceStatus, GateFigures, Origin, Slot
 
 SHA = "a" * 64
 
@@ -71,6 +71,7 @@ def record(id_: str, state: str) -> dict[str, Any]:
         ],
         "choice": "int8: the most accurate candidate within 100 ms",
         "systems_test": False,
+        "origin": {"by": "fleet", "rollout": "r-1", "flow_run": "http://prefect/runs/f-1"},
     }
 
 
@@ -171,6 +172,11 @@ def test_the_agents_answers_are_the_wire_records_and_write_back_the_same_json(
     # an agent from before the release floor: its answer loads, with no floor and no notice
     old = {k: v for k, v in answers["/status"].items() if k not in ("floor", "notices")}
     assert DeviceStatus.from_json(old).floor == {} and DeviceStatus.from_json(old).notices == []
+    # a deployment from before origins loads with none
+    assert Deployment.from_json(record("d-0", "active") | {"origin": None}).origin is None
+    before = {k: v for k, v in record("d-0", "active").items() if k != "origin"}
+    assert Deployment.from_json(before).origin is None
+    assert history[0].origin == Origin("fleet", "r-1", "http://prefect/runs/f-1")
 
 
 def test_an_answer_the_client_cannot_read_is_a_named_device_error(

@@ -39,7 +39,7 @@ from deploy_edge.client import AgentClient
 from deploy_edge.device import DeviceEntry
 from deploy_edge.keys import generate_keypair, load_private_key
 from deploy_edge.release import file_sha256, write_release
-from deploy_edge.wire import STEPS, Deployment, DeviceStatus
+from deploy_edge.wire import STEPS, Deployment, DeviceStatus, Origin
 from robots.spec import get_robot
 from sim_scenes.sim_robot import SimulatedRobot
 from sim_scenes.touch import get_variant
@@ -201,11 +201,22 @@ def test_a_release_goes_live_through_every_step_and_runs_an_episode(
     assert episode.success in (True, False) and episode.errors == 0
     assert 0 < episode.p50_ms <= episode.p99_ms
 
-    back = deployer.rollback()
-    assert back.state == "rolled_back" and back.release == 1 and "manual rollback" in back.reason
+    with pytest.raises(DeployError, match=r"release 7 is not the previous version.*release 1"):
+        deployer.rollback(release=7)  # names what the device holds; nothing changes
+    assert deployer.status().active == status.active
+    asked = Origin(by="fleet", rollout="r-42", flow_run="http://prefect/runs/f-1")
+    back = deployer.rollback(release=1, origin=asked)
+    assert back.state == "rolled_back" and back.release == 1 and back.origin == asked
+    assert "from tiny:2 (release 2) to tiny:1 (release 1) (by fleet, rollout r-42" in back.reason
+    assert deployer.history()[0].origin == asked, "the history keeps who asked"
     status = deployer.status()
     assert status.active is not None and status.active.release == 1
-    assert status.previous is not None and status.previous.release == 2
+    # the rollback target rule: never the version rolled back from (v0 is long gone)
+    assert status.previous is None, status.previous
+    assert len(slot_entries(state)) == 2, "the version rolled back from is deleted"
+    with pytest.raises(DeployError, match="no previous version"):
+        deployer.rollback()  # a second rollback never re-activates release 2
+    assert deployer.status().active == status.active
     assert deployer.recover() == [], "nothing to recover after finished deployments"
 
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
 import shutil
 import statistics
@@ -39,6 +40,7 @@ import tarfile
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -67,11 +69,16 @@ def rss_mb(pid: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="50 unpaced gate steps")
-    parser.add_argument("--fleet-only", action="store_true", help="only the fleet figure")
+    parser.add_argument("--fleet-only", action="store_true", help="only the fleet figures")
+    parser.add_argument(
+        "--fleet-command-only", action="store_true", help="only the fleet command's overhead"
+    )
     args = parser.parse_args()
     cfg = load_config(CONFIG_DIR / "demo.yaml")
-    figures = {} if args.fleet_only else single_agent(cfg, args.quick)
-    figures.update(fleet_figure(cfg, args.quick))
+    figures = {} if args.fleet_only or args.fleet_command_only else single_agent(cfg, args.quick)
+    if not args.fleet_command_only:
+        figures.update(fleet_figure(cfg, args.quick))
+    figures.update(fleet_command_figure(cfg, args.quick))
     print(" ".join(f"{k}={v}" for k, v in figures.items()))
 
 
@@ -198,6 +205,137 @@ def fleet_figure(cfg: PipelineConfig, quick: bool) -> dict[str, str]:
             f"once {conc:.1f} s ({seq / conc:.2f}x)"
         )
     return {k: f"{v:.1f}" for k, v in timed.items()}
+
+
+def robo_pipe(*args: str, **env: str) -> tuple[float, subprocess.CompletedProcess[str]]:
+    """Wall seconds of ``robo-pipe ARGS`` as a user runs it (a fresh process: imports, checks,
+    servers), with the code of the tree this benchmark is in, and what it returned."""
+    tree = Path(__file__).resolve().parents[1]
+    paths = [str(tree), os.environ.get("PYTHONPATH", "")]
+    start = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=tree,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p), **env},
+    )
+    return time.perf_counter() - start, done
+
+
+def device_seconds(result: dict[str, Any]) -> float:
+    """The devices' own time in a rollout: per wave, its slowest device (a wave's devices
+    deploy at once), summed over the waves."""
+    slowest: dict[int, float] = {}
+    for row in result["devices"]:
+        slowest[row["wave"]] = max(slowest.get(row["wave"], 0.0), row["seconds"] or 0.0)
+    return sum(slowest.values())
+
+
+def fleet_command_figure(cfg: PipelineConfig, quick: bool) -> dict[str, str]:
+    """The fleet command's overhead: wall time of ``robo-pipe deploy --fleet`` (a canary, then
+    one wave) to 3 and 8 agents minus the devices' own time (:func:`device_seconds`), with the
+    temporary Prefect server each command starts and with the servers of ``robo-pipe ui``
+    running (started once: what a long-running server saves); and the seconds to reject a bad
+    fleet file, a fleet whose token variable is unset, and an unreachable registry."""
+    from pipelines.services import LocalServers
+
+    sizes = (3, 8)
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        os.environ["ROBO_PIPE_HOME"] = str(root / "home")
+        os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "CRITICAL")
+        os.environ.pop("PREFECT_API_URL", None)
+        from pipelines import registry, tracking
+        from pipelines.services import configure
+
+        configure()
+        checkpoint = save_new_policy(
+            cfg.policy, cfg.scene.cameras, cfg.scene.image_size, root / "ckpt"
+        )
+        bundle = Path(export(checkpoint, root / "export").path)
+        private, public = generate_keypair(root / "keys", "bench")
+        run = tracking.TrackedRun.start("fleet-command-benchmark", "register")
+        for _ in range(1 + 2 * len(sizes)):  # the warm-up, then each measured rollout
+            registry.register_export(bundle, "bench-policy", run, {registry.TAG + "onnx_hash": "x"})
+        run.finish()
+        figures = rejections(root)
+        lax = yaml.safe_load((targets_dir() / "local-cpu.yaml").read_text())
+        lax.update(name="bench-lax", budget_ms=10_000.0, allowed_misses=1_000)
+        (root / "lax.yaml").write_text(yaml.safe_dump(lax))
+        steps = 20 if quick else 50
+        started = [
+            start_agent(root / "agents", f"cmd-{i}", public, steps, 2, False, 10, root / "lax.yaml")
+            for i in range(max(sizes))
+        ]
+        servers: LocalServers | None = None
+        try:
+            for _, entry in started:
+                wait_healthy(entry).close()
+            entries = [e.model_dump(mode="json", exclude_none=True) for _, e in started]
+
+            def roll(version: int, count: int) -> tuple[float, float]:
+                fleet = root / f"fleet-{count}.yaml"
+                rollout = {"canary": 1, "waves": [count - 1], "device_timeout_s": 1800}
+                fleet.write_text(yaml.safe_dump({"devices": entries[:count], "rollout": rollout}))
+                uri = f"models:/bench-policy/{version}"
+                wall, done = robo_pipe(
+                    "deploy", uri, "--fleet", str(fleet), "--key", str(private), "--json"
+                )
+                assert done.returncode == 0, done.stderr[-3000:]
+                return wall, device_seconds(json.loads(done.stdout.strip().splitlines()[-1]))
+
+            roll(1, max(sizes))  # warm-up: every agent runs v1, the Prefect database exists
+            version = 2
+            for servers_kind in ("embedded", "ui"):
+                if servers_kind == "ui":
+                    servers = LocalServers(owner="benchmark")
+                    servers.start()
+                for count in sizes:
+                    wall, devices = roll(version, count)
+                    version += 1
+                    print(
+                        f"robo-pipe deploy --fleet, {count} agents, {servers_kind} Prefect "
+                        f"server: {wall:.1f} s wall, devices {devices:.1f} s, overhead "
+                        f"{wall - devices:.1f} s"
+                    )
+                    figures[f"fleet{count}_{servers_kind}_wall_s"] = f"{wall:.1f}"
+                    figures[f"fleet{count}_{servers_kind}_overhead_s"] = f"{wall - devices:.1f}"
+        finally:
+            if servers is not None:
+                servers.stop()
+            for agent, _ in started:
+                agent.terminate()
+            for agent, _ in started:
+                agent.wait(timeout=30)
+    return figures
+
+
+def rejections(root: Path) -> dict[str, str]:
+    """Seconds for ``robo-pipe deploy --fleet`` to refuse a fleet file with a bad field, a
+    fleet whose token variable is unset, and a registry nobody listens for (exit 2 or 3)."""
+    bad = root / "bad-fleet.yaml"
+    bad.write_text(yaml.safe_dump({"devices": [{"name": "a"}]}))
+    fleet = root / "unset-token.yaml"
+    device = {"name": "a", "url": "http://127.0.0.1:9", "token_env": "BENCH_UNSET_TOKEN"}
+    fleet.write_text(yaml.safe_dump({"devices": [device]}))
+    os.environ.pop("BENCH_UNSET_TOKEN", None)
+    uri, figures = "models:/bench-policy/1", {}
+    cases = {
+        "reject_bad_fleet_s": (bad, {}),
+        "reject_unset_token_s": (fleet, {}),
+        "reject_no_registry_s": (
+            fleet,
+            {"BENCH_UNSET_TOKEN": TOKEN, "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{free_port()}"},
+        ),
+    }
+    for name, (path, env) in cases.items():
+        wall, done = robo_pipe("deploy", uri, "--fleet", str(path), **env)
+        assert done.returncode in (2, 3), (name, done.returncode, done.stderr[-2000:])
+        last = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else ""
+        print(f"{name}: {wall:.2f} s (exit {done.returncode}: {last[:120]})")
+        figures[name] = f"{wall:.2f}"
+    return figures
 
 
 def single_agent(cfg: PipelineConfig, quick: bool) -> dict[str, str]:

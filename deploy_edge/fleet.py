@@ -27,6 +27,7 @@ The devices run in the order of the file: the canary is the first, the waves fol
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -164,6 +165,21 @@ def select(devices: Sequence[FleetDevice], selectors: Sequence[str]) -> list[Fle
             f"{', '.join(known) or 'none'}"
         )
     return chosen
+
+
+def load_selection(
+    fleet: str | Path, selectors: Sequence[str] = ()
+) -> tuple[FleetFile, list[FleetDevice]]:
+    """The fleet file and the devices ``selectors`` pick (errors: :class:`FleetError`)."""
+    parsed = load_fleet(fleet)
+    return parsed, select(parsed.devices, list(selectors))
+
+
+def check_tokens(devices: Sequence[FleetDevice]) -> None:
+    """Raise :class:`FleetError` naming every device whose token variable is not set."""
+    missing = [f"{d.name} ({d.token_env})" for d in devices if not os.environ.get(d.token_env)]
+    if missing:
+        raise FleetError(f"token variables not set for: {', '.join(missing)}")
 
 
 def wave_size(size: int | str, total: int) -> int:

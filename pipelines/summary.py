@@ -31,7 +31,6 @@ from robo_pipe.names import slug
 from stages.evaluate.failures import breakdown_line
 from stages.evaluate.report import comparison_markdown
 from stages.finetune.checkpoints import read_metrics
-from stages.finetune.rl import rolling_success
 
 if TYPE_CHECKING:
     from deploy_edge.bundle import Variant
@@ -48,6 +47,10 @@ def plot_training_curves(checkpoints: dict[str, CheckpointRef | None], out: Path
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    # Here, not at the top: stages.finetune.rl loads torch and peft (3 s), and every fleet
+    # command imports this module for its artifact.
+    from stages.finetune.rl import rolling_success
 
     curves = {
         stage: read_metrics(Path(ref.path).parent) for stage, ref in checkpoints.items() if ref

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -183,6 +184,29 @@ def deploy(
     dry_run: Annotated[
         bool, typer.Option(help="Fleet: print the waves and what each device runs; change nothing.")
     ] = False,
+    max_parallel: Annotated[
+        int | None,
+        typer.Option(min=1, help="Fleet: most devices of a wave deployed at once (default all)."),
+    ] = None,
+    pause: Annotated[
+        float | None,
+        typer.Option(min=0, help="Fleet: seconds between waves (default: the file's pause_s)."),
+    ] = None,
+    retry_failed: Annotated[
+        str | None,
+        typer.Option(
+            metavar="ROLLOUT",
+            help="Fleet: only the devices that rollout (its id) did not leave on the version.",
+        ),
+    ] = None,
+    resume: Annotated[
+        str | None,
+        typer.Option(
+            metavar="ROLLOUT",
+            help="Fleet: go on with a stopped, cancelled or killed rollout: its devices not on "
+            "the version yet.",
+        ),
+    ] = None,
     key: KeyOpt = None,
     force: Annotated[
         bool, typer.Option(help="Allow a downgrade or an expired release (recorded).")
@@ -218,6 +242,10 @@ def deploy(
         "--max-failures": max_failures,
         "--select": select or None,
         "--dry-run": dry_run or None,
+        "--max-parallel": max_parallel,
+        "--pause": pause,
+        "--retry-failed": retry_failed,
+        "--resume": resume,
     }
     if systems_test and fleet is not None:
         raise InputError("deploy: --systems-test applies to one --device, never to a fleet")
@@ -230,10 +258,10 @@ def deploy(
     if (device is None) == (fleet is None):
         raise InputError("deploy: give either --device NAME or --fleet FLEET.yaml (one of them)")
     if fleet is not None:
-        _deploy_fleet(
-            model, fleet, canary, max_failures, select or [], dry_run, key, force, json_out
-        )
+        knobs = _RolloutKnobs(canary, max_failures, max_parallel, pause, retry_failed, resume)
+        _deploy_fleet(model, fleet, knobs, select or [], dry_run, key, force, json_out)
         return
+
     given = [name for name, value in fleet_only.items() if value is not None]
     if given:
         raise InputError(f"deploy: {', '.join(given)} only apply with --fleet")
@@ -296,11 +324,25 @@ def show_variants(done: Deployment, out: Console) -> None:
 _STATE_STYLE = {"active": "green", "reverted": "yellow", "staged": "yellow", "planned": "cyan"}
 
 
+@dataclass
+class _RolloutKnobs:
+    """How ``deploy --fleet`` rolls out, as given on the command line (None: the fleet
+    file's policy)."""
+
+    canary: int | None
+    max_failures: int | None
+    max_parallel: int | None
+    pause_s: float | None
+    retry_failed: str | None
+    """A rollout id: only its devices not left on the version."""
+    resume: str | None
+    """A rollout id: its devices not on the version yet."""
+
+
 def _deploy_fleet(
     model: str,
     fleet: Path,
-    canary: int | None,
-    max_failures: int | None,
+    knobs: _RolloutKnobs,
     select: list[str],
     dry_run: bool,
     key: Path | None,
@@ -309,25 +351,56 @@ def _deploy_fleet(
 ) -> None:
     """``deploy --fleet``: the plan (``--dry-run``) or the rollout, and its table."""
     quiet_prefect_console()
+    from deploy_edge.fleet import check_tokens, load_selection
+    from pipelines.deploy import followups, rollouts
+
+    # Bad input fails here, in a second: nothing below (Prefect, MLflow, the flow's module)
+    # is loaded or started before the fleet file, the tokens and the registry check out.
+    if knobs.retry_failed is not None and knobs.resume is not None:
+        raise InputError("deploy: give --retry-failed or --resume, not both")
+    earlier, only = None, None
+    if knobs.retry_failed is not None:
+        earlier = rollouts.load(knobs.retry_failed)
+        followups.check_same_rollout(earlier, fleet, None)
+        only = followups.retry_devices(earlier)
+    elif knobs.resume is not None:
+        earlier = rollouts.load(knobs.resume)
+        followups.check_same_rollout(earlier, fleet, None)
+        only = followups.resume_devices(earlier)
+        select = select or earlier.selectors
+    _, chosen = load_selection(fleet, select)
+    if only is not None:
+        chosen = [d for d in chosen if d.name in only]
+    check_tokens(chosen)
+    services(flows=True)
+    version = registry.get_version(*registry.parse_model_uri(model))
+    if earlier is not None:
+        followups.check_same_rollout(earlier, fleet, f"{version.name}:{version.version}")
+        if not chosen:
+            console.print(
+                f"[green]nothing to do[/]: every selected device of rollout {earlier.id} runs "
+                f"{earlier.label}",
+                highlight=False,
+            )
+            return
     from pipelines.deploy import fleet as rollout
     from pipelines.progress import listening
 
-    _, chosen = rollout.load_selection(fleet, select)  # bad input: before any work
-    rollout.check_tokens(chosen)
-    services(flows=True)
-    version = registry.get_version(*registry.parse_model_uri(model))
     if dry_run:
-        result = rollout.plan(version, fleet, canary, select)
+        result = rollout.plan(version, fleet, knobs.canary, select)
     else:
         with live(json_out) as display, listening(display):
             result = rollout.deploy_fleet(
                 version=version,
                 fleet=str(fleet),
-                canary=canary,
-                max_failures=max_failures,
+                canary=knobs.canary,
+                max_failures=knobs.max_failures,
                 select=select,
                 force=force,
                 key=str(key) if key else None,
+                max_parallel=knobs.max_parallel,
+                pause_s=knobs.pause_s,
+                only=only,
             )
     show_rollout(result, result_console(json_out))
     emit_json({**result.to_json(), "complete": result.complete}, json_out)
@@ -368,9 +441,14 @@ def show_rollout(result: FleetResult, out: Console) -> None:
 
 
 fleet_app = typer.Typer(
-    help="Fleets of edge devices: what each one runs.",
+    help="Fleets of edge devices: what each one runs; a rollout undone.",
     no_args_is_help=True,
-    epilog=epilog(("robo-pipe fleet status --fleet fleet.yaml",)),
+    epilog=epilog(
+        (
+            "robo-pipe fleet status --fleet fleet.yaml",
+            "robo-pipe fleet rollback fleet.yaml --rollout ID",
+        )
+    ),
 )
 
 
@@ -408,6 +486,65 @@ def fleet_status(
     emit_json([s.to_json() for s in states], json_out)
 
 
+def fleet_rollback(
+    fleet: Annotated[Path, typer.Argument(help="Fleet file the rollout went to.")],
+    rollout_id: Annotated[
+        str,
+        typer.Option(
+            "--rollout", metavar="ID", help="The rollout to undo (its id).", show_default=False
+        ),
+    ],
+    select: Annotated[
+        list[str] | None,
+        typer.Option(help="Only devices with this label, label=value (repeatable: all)."),
+    ] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Return a fleet to what it ran before a rollout: each device that rollout put on its
+    version rolls back to the version it ran before (the agent's rollback, recorded in its
+    history with the rollout's id; the version's device tags say reverted). A device whose
+    previous version is not that one is refused with the redeploy to run. Exits 0 when every
+    such device runs what it ran before, 1 when some do not, 2 for bad input."""
+    from deploy_edge.fleet import check_tokens, load_selection
+    from pipelines.deploy import followups, rollouts
+
+    record = rollouts.load(rollout_id)
+    followups.check_same_rollout(record, fleet, None)
+    _, chosen = load_selection(fleet, select or [])
+    check_tokens(chosen)
+    services()
+    rows = followups.rollback_fleet(record, select or [])
+    table = Table(title=f"fleet rollback of {record.label} ({record.id}) on {fleet}")
+    for col in ("device", "was", "now", "state", "reason"):
+        table.add_column(col)
+    for row in rows:
+        style = "yellow" if row.state == "reverted" else "red"
+        table.add_row(
+            row.device,
+            row.before or "-",
+            row.after or "-",
+            f"[{style}]{row.state}",
+            escape(row.reason),
+        )
+    result_console(json_out).print(table)
+    emit_json({"rollout": record.id, "devices": [r.to_json() for r in rows]}, json_out)
+    if not rows:
+        console.print(
+            f"nothing to roll back: no device runs {record.label} from rollout {record.id}",
+            highlight=False,
+        )
+        return
+    left = [r.device for r in rows if r.state != "reverted"]
+    if left:
+        console.print(
+            f"[red]not rolled back[/]: {', '.join(left)} (see the reasons)", highlight=False
+        )
+        raise typer.Exit(code=1)
+    console.print(
+        f"[green]every device {record.id} updated runs what it ran before[/]", highlight=False
+    )
+
+
 def register(app: typer.Typer) -> None:
     """Add these verbs to ``app``."""
     add_verb(keys, generate, "robo-pipe keys generate", "robo-pipe keys generate --out keys/")
@@ -433,5 +570,12 @@ def register(app: typer.Typer) -> None:
         "robo-pipe fleet status --fleet fleet.yaml",
         "robo-pipe fleet status --fleet fleet.yaml --select site=lab --json",
         name="status",
+    )
+    add_verb(
+        fleet_app,
+        fleet_rollback,
+        "robo-pipe fleet rollback fleet.yaml --rollout 20261126T101601-3fa2c1",
+        "robo-pipe fleet rollback fleet.yaml --rollout 20261126T101601-3fa2c1 --select site=lab",
+        name="rollback",
     )
     app.add_typer(fleet_app, name="fleet")

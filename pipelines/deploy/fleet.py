@@ -34,14 +34,12 @@ from rich.markup import escape
 from deploy_edge.device import DeviceError, connect
 from deploy_edge.fleet import (
     FleetDevice,
-    FleetError,
-    FleetFile,
     canary_size,
-    load_fleet,
+    check_tokens,
+    load_selection,
     plan_waves,
     wave_failed,
 )
-from deploy_edge.fleet import select as select_devices
 from deploy_edge.wire import STEPS as DEVICE_STEPS
 from pipelines import registry
 from pipelines.deploy import release
@@ -74,23 +72,6 @@ def _each(devices: Sequence[FleetDevice], work: Callable[[FleetDevice], T]) -> l
         return []
     with ThreadPoolExecutor(max_workers=min(FLEET_WORKERS, len(devices))) as pool:
         return list(pool.map(work, devices))
-
-
-def check_tokens(devices: Sequence[FleetDevice]) -> None:
-    """Raise :class:`FleetError` naming every device whose token variable is not set."""
-    import os
-
-    missing = [f"{d.name} ({d.token_env})" for d in devices if not os.environ.get(d.token_env)]
-    if missing:
-        raise FleetError(f"token variables not set for: {', '.join(missing)}")
-
-
-def load_selection(
-    fleet: str | Path, selectors: Sequence[str] = ()
-) -> tuple[FleetFile, list[FleetDevice]]:
-    """The fleet file and the devices ``selectors`` pick (errors: :class:`FleetError`)."""
-    parsed = load_fleet(fleet)
-    return parsed, select_devices(parsed.devices, list(selectors))
 
 
 def read_status(entry: FleetDevice, timeout_s: float = 10.0) -> DeviceStatus | str:
@@ -280,6 +261,8 @@ def deploy_fleet(
     force: bool = False,
     key: str | None = None,
     max_parallel: int | None = None,
+    pause_s: float | None = None,
+    only: list[str] | None = None,
 ) -> FleetResult:
     """Roll a registry version out to a fleet: the canary, then the waves (see the module
     docstring).
@@ -293,6 +276,9 @@ def deploy_fleet(
         force: allow a downgrade or an expired release (the agent records it).
         key: signing key (default ``$ROBO_PIPE_HOME/keys/robo-pipe.key``).
         max_parallel: most devices of a wave deployed at once (default: the whole wave).
+        pause_s: seconds between waves (default: the fleet file's ``pause_s``).
+        only: of the selected devices, only these names (``--retry-failed``, ``--resume``:
+            :mod:`pipelines.deploy.followups`); the waves are planned over them.
     """
     from prefect.context import get_run_context
 
@@ -301,8 +287,12 @@ def deploy_fleet(
     check_services(configure())
     started, at = time.perf_counter(), release.utc_stamp()
     parsed, devices = load_selection(fleet, select or [])
+    if only is not None:
+        devices = [d for d in devices if d.name in only]
     check_tokens(devices)
     policy = parsed.rollout
+    if pause_s is not None:
+        policy = policy.model_copy(update={"pause_s": pause_s})
     waves = plan_waves(devices, policy, canary)
     canary_devices = canary_size(waves, policy, canary)
     manifest, release_file = release.bundle_release(

@@ -249,8 +249,8 @@ def test_a_cut_upload_resumes_from_the_bytes_the_agent_has(
 def test_device_uploads_lists_and_deletes_a_devices_uploads(
     agent: dict[str, Any], shared_home: Path
 ) -> None:
-    """``robo-pipe device uploads``: --delete SHA deletes one, --all the rest; the table (here
-    its --json) shows what is left."""
+    """``robo-pipe devices uploads``: --delete SHA deletes one, --all the rest; the table (here
+    its --json) shows what is left. The group's old name says what it is called now."""
     import httpx
 
     auth = {"Authorization": f"Bearer {TOKEN}"}
@@ -260,7 +260,7 @@ def test_device_uploads_lists_and_deletes_a_devices_uploads(
         assert httpx.put(url, content=b"x" * 10, headers=auth).status_code == 200
     devices = ("--devices", str(agent["devices"]))
     one = robo_pipe(
-        "device",
+        "devices",
         "uploads",
         "dev-arm-01",
         *devices,
@@ -275,7 +275,7 @@ def test_device_uploads_lists_and_deletes_a_devices_uploads(
         (partials[1], 10, 100)
     ]
     rest = robo_pipe(
-        "device",
+        "devices",
         "uploads",
         "dev-arm-01",
         *devices,
@@ -286,6 +286,106 @@ def test_device_uploads_lists_and_deletes_a_devices_uploads(
     )
     assert rest.returncode == 0 and json.loads(rest.stdout) == [], rest.stderr[-2000:]
     assert f"deleted {partials[1]}" in rest.stderr
+    old = robo_pipe("device", "uploads", "dev-arm-01", *devices, home=shared_home)
+    assert old.returncode == 2 and "robo-pipe devices" in old.stderr, old.stderr[-2000:]
+
+
+def test_devices_verbs_activate_unstage_and_roll_back_a_real_agent(
+    registered: str,
+    signing: dict[str, Path],
+    shared_home: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``robo-pipe devices status|history|activate|rollback|unstage`` on a real agent: the
+    device's refusals exit 1 with its reason, each action is in its history as asked by the
+    CLI, a rollback leaves no rollback target (never the version rolled back from), and an
+    unknown device, an unset token (2) or a device that does not answer (3) are one line."""
+    from deploy_edge.device import DeviceEntry
+    from pipelines import registry
+    from pipelines.deploy.release import bundle_release, deploy_release
+    from pipelines.services import configure
+
+    configure()  # the registry of this module's home, in this process
+    lock = tmp_path / "robot-busy"
+    lock.touch()
+    started = start_agent(shared_home, tmp_path, lock_file=lock)
+    monkeypatch.setenv("ARM_TOKEN", TOKEN)
+    entry = DeviceEntry(
+        name="dev-arm-01", url=f"http://127.0.0.1:{started['port']}", token_env="ARM_TOKEN"
+    )
+    v1, v2 = (
+        bundle_release(registry.get_version(MODEL, str(n)), signing["release"])[1] for n in (1, 2)
+    )
+    devices = ("--devices", str(started["devices"]))
+
+    def verb(*args: str, json_out: bool = True) -> tuple[int, Any, str]:
+        done = robo_pipe("devices", *args, *(("--json",) if json_out else ()), home=shared_home)
+        answer = json.loads(done.stdout) if done.returncode == 0 and json_out else None
+        return done.returncode, answer, done.stderr
+
+    try:
+        assert deploy_release(entry, v1).state == "staged"  # the robot is busy
+        code, _, err = verb("activate", "dev-arm-01", *devices)
+        assert code == 1 and "robot-busy lock is set" in err, err[-2000:]
+        code, unstaged, err = verb("unstage", "dev-arm-01", *devices)
+        assert code == 0 and unstaged["state"] == "unstaged", err[-2000:]
+        assert unstaged["origin"]["by"] == "cli" and unstaged["model_version"] == "1"
+        assert status(started)["staged"] is None
+        code, _, err = verb("unstage", "dev-arm-01", *devices)
+        assert code == 1 and "nothing staged" in err, err[-2000:]
+
+        lock.unlink()
+        assert deploy_release(entry, v1).state == "active"
+        assert deploy_release(entry, v2).state == "active"
+        code, _, err = verb("rollback", "dev-arm-01", *devices, "--to", "7")
+        assert code == 1 and "release 7 is not the previous version" in err, err[-2000:]
+        assert "edge-policy:1 (release 1)" in err, "it names what the device holds"
+        code, back, err = verb("rollback", "dev-arm-01", *devices, "--to", "1")
+        assert code == 0 and back["state"] == "rolled_back" and back["release"] == 1, err
+        code, now, err = verb("status", "dev-arm-01", *devices)
+        assert code == 0 and now["active"]["release"] == 1, err[-2000:]
+        assert now["previous"] is None, "never the version rolled back from"
+        code, _, err = verb("rollback", "dev-arm-01", *devices)
+        assert code == 1 and "no previous version" in err, err[-2000:]
+        assert status(started)["active"]["release"] == 1, "release 2 is never re-activated"
+
+        fleet = tmp_path / "fleet.yaml"  # the same device, named in a fleet file
+        fleet.write_text(yaml.safe_dump(yaml.safe_load(started["devices"].read_text())))
+        code, history, err = verb("history", "dev-arm-01", "--fleet", str(fleet))
+        assert code == 0, err[-2000:]
+        assert [(d["state"], d["release"]) for d in history[:2]] == [
+            ("rolled_back", 1),
+            ("active", 2),
+        ]
+        assert history[0]["origin"]["by"] == "cli" and "rollback from" in history[0]["reason"]
+        assert "unstaged" in [d["state"] for d in history]
+
+        code, _, err = verb("status", "no-such-arm", *devices)
+        assert code == 2 and "no device 'no-such-arm'" in err, err[-2000:]
+        ghost = tmp_path / "ghost.yaml"
+        ghost.write_text(
+            yaml.safe_dump(
+                {
+                    "devices": [
+                        {"name": "unset", "url": entry.url, "token_env": "NO_SUCH_TOKEN_VAR"},
+                        {
+                            "name": "gone",
+                            "url": f"http://127.0.0.1:{free_port()}",
+                            "token_env": "ARM_TOKEN",
+                        },
+                    ]
+                }
+            )
+        )
+        code, _, err = verb("status", "unset", "--devices", str(ghost))
+        assert code == 2 and "NO_SUCH_TOKEN_VAR is not set" in err, err[-2000:]
+        code, _, err = verb("rollback", "gone", "--devices", str(ghost))
+        assert code == 3 and len(err.strip().splitlines()) == 1, err[-2000:]
+        assert "Traceback" not in err and "127.0.0.1" in err
+    finally:
+        started["process"].terminate()
+        started["process"].wait(timeout=20)
 
 
 def test_the_robot_busy_lock_defers_activation_until_it_is_released(

@@ -549,6 +549,27 @@ def test_the_robot_busy_lock_stages_the_version_until_it_is_released(
     assert deployer.activate_staged() is None, "nothing staged"
 
 
+def test_unstage_drops_the_staged_version_and_records_who_asked(
+    state: Path, tmp_path: Path, keys: tuple[Path, Path], releases: Callable[..., Path]
+) -> None:
+    lock = tmp_path / "robot-busy"
+    lock.touch()
+    deployer = Deployer(device_config(state, keys[1], lock_file=lock))
+    staged = deployer.deploy(releases(2))
+    assert staged.state == "staged" and len(slot_entries(state)) == 4
+    asked = Origin(by="cli")
+    dropped = deployer.unstage(origin=asked)
+    assert dropped.id == staged.id and dropped.state == "unstaged" and dropped.origin == asked
+    assert dropped.reason == "unstaged before it was activated (by cli)"
+    assert_only_release_1(deployer, state)  # its slot deleted, the active one untouched
+    assert deployer.history()[0] == dropped and deployer.status().staged is None
+    with pytest.raises(DeployError, match="nothing staged"):
+        deployer.unstage()
+    lock.unlink()
+    assert deployer.activate_staged() is None, "nothing left to activate"
+    assert deployer.recover() == []
+
+
 CRASH = """
 import sys
 from deploy_edge.agent.config import load_device_config

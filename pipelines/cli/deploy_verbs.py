@@ -236,6 +236,7 @@ def deploy(
     there; the table says which and why the others do not. A version built with random weights
     deploys only with --systems-test."""
     from deploy_edge.device import connect, load_device
+    from deploy_edge.wire import Origin
 
     fleet_only = {
         "--canary": canary,
@@ -273,7 +274,9 @@ def deploy(
     version = registry.get_version(*registry.parse_model_uri(model))
     manifest, path = release.bundle_release(version, key or release.default_key())
     with live(json_out) as display:
-        done = release.deploy_release(entry, path, force, display, systems_test=systems_test)
+        done = release.deploy_release(
+            entry, path, force, display, systems_test=systems_test, origin=Origin(by="cli")
+        )
     table = Table(title=f"{entry.name}: {manifest.model_name} v{manifest.model_version}")
     for col in ("step", "result", "seconds"):
         table.add_column(col)

@@ -155,6 +155,7 @@ def test_deploy_makes_a_registry_version_the_devices_active_policy(
     assert done.returncode == 0, done.stderr[-3000:]
     record = json.loads(done.stdout.strip().splitlines()[-1])
     assert record["state"] == "active" and record["model_version"] == "1"
+    assert record["origin"]["by"] == "cli", "the device's history says who asked"
     steps = [s["name"] for s in record["steps"]]
     for step in ("verify", "extract", "engine", "parity", "gate", "activate", "health", "commit"):
         assert step in steps and all(s["ok"] for s in record["steps"]), record["steps"]

@@ -76,6 +76,7 @@ NEEDS = {
     "POST /deployments": "deploy",
     "POST /activate": "deploy",
     "POST /rollback": "deploy",
+    "POST /unstage": "deploy",
     "POST /deployments?force": "operate",
     "POST /episode": "operate",
 }

@@ -260,10 +260,10 @@ def train_simulate_deploy(
             device = deploy_stage(ctx, registration)
         if cfg.deploy.fleet and registration.promoted:
             from pipelines import registry
-            from pipelines.deploy.fleet import deploy_fleet
+            from pipelines.deploy.fleet import roll_out
 
             version = registry.get_version(registration.name, registration.version)
-            rollout = deploy_fleet(version=version, fleet=cfg.deploy.fleet)
+            rollout = roll_out(version=version, fleet=cfg.deploy.fleet)  # a stopped one too
         records = RunRecords(
             dataset, base, checkpoint, export, evaluation, latency, registration, device
         )

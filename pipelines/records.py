@@ -164,7 +164,8 @@ class DeviceRollout(Record):
     ``refused`` / ``rolled_back`` / ``interrupted`` (the agent's verdict; it runs ``before``),
     ``unreachable``, ``failed`` (the request failed or timed out), ``reverted`` (it ran the new
     version and the stopped rollout rolled it back), ``skipped`` (its wave never started),
-    ``planned`` (a dry run)."""
+    ``planned`` (a dry run); in a rollout record only, ``deploying`` (its deployment had
+    started when the record was written)."""
     reason: str = ""
     p99_ms: float | None = None
     """On-device p99 of the latency gate."""
@@ -193,6 +194,10 @@ class FleetResult(Record):
     flow_run_id: str = ""
     seconds: float = 0.0
     at: str = ""
+    rollout_id: str = ""
+    """Its record under ``$ROBO_PIPE_HOME/rollouts`` (:mod:`pipelines.deploy.rollouts`)."""
+    cancelled_by: str = ""
+    """``SIGINT`` / ``SIGTERM`` when a signal cancelled it ("": it was not cancelled)."""
 
     @property
     def label(self) -> str:
@@ -200,9 +205,40 @@ class FleetResult(Record):
         return f"{self.model_name}:{self.model_version}"
 
     @property
+    def state(self) -> str:
+        """``planned`` (a dry run), ``completed`` (every device runs the version),
+        ``cancelled`` (a signal stopped it), ``stopped`` (a wave failed) or ``incomplete``
+        (it went through, but some device does not run the version)."""
+        if self.dry_run:
+            return "planned"
+        if self.cancelled_by:
+            return "cancelled"
+        if self.stopped_at_wave is not None:
+            return "stopped"
+        return "completed" if self.complete else "incomplete"
+
+    @property
+    def rolled_back(self) -> str:
+        """What the end of a stopped or cancelled rollout did to the devices it had updated,
+        saying only what happened: which were rolled back, which could not be, or that none
+        had taken the version."""
+        reverted = [r.device for r in self.devices if r.state == "reverted"]
+        stuck = [r.device for r in self.devices if r.reason.startswith("could not roll back")]
+        said = []
+        if reverted:
+            said.append(f"the devices it updated were rolled back ({', '.join(reverted)})")
+        if stuck:
+            said.append(f"could not roll back {', '.join(stuck)} (they may run {self.label})")
+        return "; ".join(said) or "no device had taken the new version: nothing to roll back"
+
+    @property
     def complete(self) -> bool:
         """Whether every selected device runs the new version."""
-        return self.stopped_at_wave is None and all(d.state == "active" for d in self.devices)
+        return (
+            self.stopped_at_wave is None
+            and not self.cancelled_by
+            and all(d.state == "active" for d in self.devices)
+        )
 
 
 @dataclass

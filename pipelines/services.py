@@ -585,6 +585,43 @@ def _with_parent_death(cmd: list[str]) -> list[str]:
     return [sys.executable, "-c", _PDEATHSIG_SHIM, str(os.getpid()), *cmd]
 
 
+class _OwnSession:
+    """The ``subprocess`` module as Prefect's temporary server module sees it during
+    :func:`start_temporary_prefect_server`: its ``Popen`` starts the server in a session of its
+    own, with the parent-death signal; every other name is the real module's."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(subprocess, name)
+
+    @staticmethod
+    def Popen(args: list[str], **kwargs: Any) -> subprocess.Popen[Any]:
+        return subprocess.Popen(_with_parent_death(list(args)), start_new_session=True, **kwargs)
+
+
+def start_temporary_prefect_server() -> None:
+    """Without a Prefect server configured (``PREFECT_API_URL``), start the temporary one this
+    process's flows report to now, in a session of its own: Prefect would start it on the first
+    flow's call in this process's group, and Ctrl-C at a terminal signals the whole foreground
+    group, so the server would die while the verb stops cleanly (a fleet rollout rolling back
+    and recording its end). In its own session no terminal signal reaches it; it stops when
+    this process exits (Prefect's ``atexit``) or dies (the parent-death signal). Swaps the
+    ``subprocess`` name Prefect 3.8's ``prefect.server.api.server`` uses, for this one start
+    (Prefect has no option for the server's session)."""
+    if os.environ.get("PREFECT_API_URL"):
+        return
+    from prefect.server.api import server as prefect_server
+
+    temporary = prefect_server.SubprocessASGIServer()  # the one Prefect's clients use
+    if temporary.running:
+        return
+    plain = prefect_server.subprocess
+    prefect_server.subprocess = _OwnSession()  # type: ignore[assignment]
+    try:
+        temporary.start()
+    finally:
+        prefect_server.subprocess = plain
+
+
 class LocalServers:
     """The local Prefect server and MLflow UI of ``robo-pipe ui``, on 127.0.0.1.
 

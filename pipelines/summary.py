@@ -498,8 +498,9 @@ def fleet_artifact_key(model: str) -> str:
 def summary_markdown(result: FleetResult) -> str:
     """The rollout as markdown: the verdict, then one table row per device."""
     verdict = (
-        f"**stopped at wave {result.stopped_at_wave}**: {result.reason}; the devices it "
-        "updated were rolled back"
+        f"**cancelled** by {result.reason}; {result.rolled_back}"
+        if result.cancelled_by
+        else f"**stopped at wave {result.stopped_at_wave}**: {result.reason}; {result.rolled_back}"
         if result.stopped_at_wave is not None
         else "**complete**: every device runs it"
         if result.complete

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -389,11 +390,15 @@ def _deploy_fleet(
     from pipelines.deploy import fleet as rollout
     from pipelines.progress import listening
 
+    repaired(rollout.reconcile_rollouts())
     if dry_run:
         result = rollout.plan(version, fleet, knobs.canary, select)
     else:
-        with live(json_out) as display, listening(display):
-            result = rollout.deploy_fleet(
+        from pipelines.services import start_temporary_prefect_server
+
+        start_temporary_prefect_server()  # out of Ctrl-C's reach: the rollout records its end
+        with live(json_out) as display, listening(display), rollout.stop_on_signals():
+            result = rollout.roll_out(
                 version=version,
                 fleet=str(fleet),
                 canary=knobs.canary,
@@ -409,10 +414,16 @@ def _deploy_fleet(
     emit_json({**result.to_json(), "complete": result.complete}, json_out)
     if result.dry_run:
         return
+    if result.cancelled_by:  # one line, then 130 / 143 as for any verb a signal stopped
+        console.print(
+            f"[red]rollout {result.rollout_id} cancelled[/] by {escape(result.reason)}; "
+            f"{escape(result.rolled_back)}",
+            highlight=False,
+        )
+        raise typer.Exit(code=128 + signal.Signals[result.cancelled_by])
     if result.stopped_at_wave is not None:
         console.print(
-            f"[red]rollout stopped[/] at {escape(result.reason)}; the devices it updated were "
-            "rolled back",
+            f"[red]rollout stopped[/] at {escape(result.reason)}; {escape(result.rolled_back)}",
             highlight=False,
         )
         raise typer.Exit(code=1)
@@ -420,6 +431,12 @@ def _deploy_fleet(
         console.print(f"[red]not every device runs {result.label}", highlight=False)
         raise typer.Exit(code=1)
     console.print(f"[green]every device runs {result.label}[/] ({result.seconds:.1f} s)")
+
+
+def repaired(lines: list[str]) -> None:
+    """Say what the reconciliation of killed rollouts did (nothing when none was found)."""
+    for line in lines:
+        console.print(f"[yellow]repaired[/] {escape(line)}", highlight=False)
 
 
 def show_rollout(result: FleetResult, out: Console) -> None:
@@ -464,13 +481,35 @@ def fleet_status(
         list[str] | None,
         typer.Option(help="Only devices with this label, label=value (repeatable: all)."),
     ] = None,
+    expect: Annotated[
+        str | None,
+        typer.Option(
+            metavar="MODEL:VERSION",
+            help="The version every selected device should run (default: that of the fleet "
+            "file's last completed rollout in this home; none: only whether they answer).",
+        ),
+    ] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Each device's active and staged version, its last deployment and gate result, the
-    robot-busy lock, and whether it answers (an unreachable device says why)."""
+    robot-busy lock, and whether it answers (an unreachable device says why). Exits 0 when
+    every selected device answers and runs the expected version, 1 when one does not (it is
+    named), 2 for bad input. A rollout killed earlier (its process gone) is reconciled first:
+    the devices it updated are rolled back and the lines say so."""
+    from pipelines.deploy import rollouts
+
+    if expect is not None and not expect.partition(":")[2]:
+        raise InputError(
+            f"fleet status: --expect takes MODEL:VERSION, e.g. demo-policy:3 (got {expect!r})"
+        )
     from pipelines.deploy import fleet as rollout
 
+    if rollouts.dead():  # the registry's tags are repaired too: configure MLflow first
+        services()
+        repaired(rollout.reconcile_rollouts())
     states = rollout.fleet_status(fleet, select or [])
+    completed = rollouts.latest(fleet, state="completed")
+    expected = expect or (completed.label if completed else None)
     table = Table(title=f"fleet {fleet}")
     for col in ("device", "reachable", "active", "staged", "last deployment", "last gate", "lock"):
         table.add_column(col)
@@ -487,6 +526,23 @@ def fleet_status(
         )
     result_console(json_out).print(table)
     emit_json([s.to_json() for s in states], json_out)
+    down = [s.device for s in states if not s.reachable]
+    elsewhere = [
+        f"{s.device} ({s.active or 'nothing'})"
+        for s in states
+        if s.reachable and expected and s.active != expected
+    ]
+    if down or elsewhere:
+        said = [f"unreachable: {', '.join(down)}"] if down else []
+        said += [f"not on {expected}: {', '.join(elsewhere)}"] if elsewhere else []
+        console.print(f"[red]{escape('; '.join(said))}", highlight=False)
+        raise typer.Exit(code=1)
+    runs = (
+        f" and runs {expected}"
+        if expected
+        else " (no version expected: none given, no completed rollout)"
+    )
+    console.print(f"[green]every selected device answers{runs}", highlight=False)
 
 
 def fleet_rollback(

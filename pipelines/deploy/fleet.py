@@ -16,33 +16,56 @@ answer with the records of :mod:`deploy_edge.wire`.
 
 Per-device progress goes to this process's listeners (:func:`pipelines.progress.listening`):
 one row per device, named after it.
+
+States tell the truth: a device that does not end on the new version (refused, unreachable,
+failed, and one reverted after the fact) is a Failed task run with its reason (the row is the
+state's data); a rollout that did not put every device on the version is a Failed flow run
+(Cancelled when a signal stopped it). :func:`roll_out` runs the flow and returns its
+:class:`~pipelines.records.FleetResult` whatever its end.
+
+Interrupts: inside :func:`stop_on_signals` (the ``deploy --fleet`` verb), SIGINT and SIGTERM
+stop launching devices; the devices in flight end (or reach the fleet's device timeout), every
+device this rollout updated is rolled back, and the rollout ends cancelled.
+
+Every rollout has a record (:mod:`pipelines.deploy.rollouts`), written as it goes. A rollout
+whose process was killed (SIGKILL, a power cut) is found by the next fleet command
+(:func:`reconcile_rollouts`): it rolls back the devices that rollout updated, tags the
+version as reverted there, and marks the record ``reconciled``.
 """
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
+from prefect.states import Cancelled, Failed, State
 from prefect.task_runners import ThreadPoolTaskRunner
 from rich.markup import escape
 
 from deploy_edge.device import DeviceError, connect
 from deploy_edge.fleet import (
     FleetDevice,
+    FleetError,
     canary_size,
     check_tokens,
+    load_fleet,
     load_selection,
     plan_waves,
     wave_failed,
 )
 from deploy_edge.wire import STEPS as DEVICE_STEPS
+from deploy_edge.wire import Origin
 from pipelines import registry
-from pipelines.deploy import release
+from pipelines.deploy import release, rollouts
 from pipelines.progress import BROADCAST
 from pipelines.records import DeviceRollout, DeviceState, FleetResult
 from pipelines.summary import fleet_artifact_key, summary_markdown
@@ -149,9 +172,11 @@ def deploy_device(
     before: str | None,
     force: bool = False,
     timeout_s: float = 900.0,
-) -> DeviceRollout:
+    origin: Origin | None = None,
+) -> DeviceRollout | State[DeviceRollout]:
     """The release onto one device of a wave. Never raises for the device's sake: an
-    unreachable device, a refusal, a rollback or a timeout is the returned row's state."""
+    unreachable device, a refusal, a rollback or a timeout is the row's state, and the task
+    run ends Failed with the row as its data (``future.result(raise_on_failure=False)``)."""
     start = time.perf_counter()
     row = DeviceRollout(device.name, wave, before, before, "failed")
     try:
@@ -167,7 +192,7 @@ def deploy_device(
             try:
                 listener = _DeviceProgress(device.name)
                 done = release.deploy_release(
-                    device, Path(release_file), force, listener, timeout_s
+                    device, Path(release_file), force, listener, timeout_s, origin=origin
                 )
             except DeviceError as err:
                 row.reason = str(err)
@@ -181,7 +206,9 @@ def deploy_device(
                     _tag_variant(device.name, new, done)
     row.seconds, row.at = time.perf_counter() - start, release.utc_stamp()
     print(f"{device.name} (wave {wave}): {row.state}{': ' + row.reason if row.reason else ''}")
-    return row
+    if row.state in ("active", "staged"):
+        return row
+    return Failed(message=f"{row.state}: {row.reason}", data=row)  # the row stays readable
 
 
 def _tag_variant(device: str, new: str, done: Deployment) -> None:
@@ -196,11 +223,14 @@ def _tag_variant(device: str, new: str, done: Deployment) -> None:
         print(f"{device}: could not tag {new} with its variant: {err}")
 
 
-def _revert(device: FleetDevice, row: DeviceRollout, why: str) -> None:
-    """Roll ``device`` back to what it ran before this rollout (its previous slot)."""
+def _revert(
+    device: FleetDevice, row: DeviceRollout, why: str, origin: Origin | None = None
+) -> None:
+    """Roll ``device`` back to what it ran before this rollout (its previous slot);
+    ``origin``: the rollout, recorded in the device's history."""
     try:
         with connect(device) as reached:
-            reached.rollback()
+            reached.rollback(origin=origin)
             now = _label(reached.status().active)
     except DeviceError as err:
         row.reason = f"could not roll back: {err}"
@@ -246,6 +276,76 @@ def plan(
     )
 
 
+class _StopRequest:
+    """A SIGINT or SIGTERM received while a rollout runs (see :func:`stop_on_signals`)."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.signum = 0
+
+    @property
+    def name(self) -> str:
+        """``SIGINT`` / ``SIGTERM`` ("": none received)."""
+        return signal.Signals(self.signum).name if self.signum else ""
+
+
+STOP = _StopRequest()
+"""Set by :func:`stop_on_signals`' handlers; read by the flow between devices and waves."""
+
+
+@contextmanager
+def stop_on_signals() -> Iterator[_StopRequest]:
+    """While the block runs (on the main thread): SIGINT and SIGTERM ask the rollout to stop
+    instead of raising in the middle of a device's step or of Prefect's own calls; the flow
+    then stops launching devices, waits for those in flight, rolls back what it updated and
+    ends cancelled. A signal the caller ignores stays ignored. A second signal does not cut
+    the roll-back short (SIGKILL does; the next fleet command then reconciles)."""
+    STOP.event.clear()
+    STOP.signum = 0
+
+    def asked(signum: int, _frame: object) -> None:
+        if STOP.event.is_set():
+            print(f"{signal.Signals(signum).name} again: still stopping (rolling back)")
+            return
+        STOP.signum = signum
+        STOP.event.set()
+        print(f"{signal.Signals(signum).name}: stopping the rollout")
+
+    if threading.current_thread() is not threading.main_thread():
+        yield STOP
+        return
+    previous = {
+        signum: signal.signal(signum, asked)
+        for signum in (signal.SIGINT, signal.SIGTERM)
+        if signal.getsignal(signum) is not signal.SIG_IGN
+    }
+    try:
+        yield STOP
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _row_of(future: Any) -> DeviceRollout:
+    """A ``deploy_device`` future's row, whether its task run Completed or Failed."""
+    row = future.result(raise_on_failure=False)
+    if not isinstance(row, DeviceRollout):  # the task crashed: Prefect holds the exception
+        raise row if isinstance(row, BaseException) else TypeError(f"no row: {row!r}")
+    return row
+
+
+def _fail_task_run(task_run_id: Any, reason: str) -> None:
+    """Put a task run that Completed (the device took the version) in a Failed state, once
+    its device has been rolled back; a Prefect that does not answer is said, not raised."""
+    from prefect.client.orchestration import get_client
+
+    try:
+        with get_client(sync_client=True) as prefect:
+            prefect.set_task_run_state(task_run_id, Failed(message=reason), force=True)
+    except Exception as err:  # the rollout's record and tags say it; the UI lags
+        print(f"could not mark task run {task_run_id} Failed: {err}")
+
+
 @flow(
     name="deploy_fleet",
     log_prints=True,
@@ -263,9 +363,11 @@ def deploy_fleet(
     max_parallel: int | None = None,
     pause_s: float | None = None,
     only: list[str] | None = None,
-) -> FleetResult:
+) -> FleetResult | State[FleetResult]:
     """Roll a registry version out to a fleet: the canary, then the waves (see the module
-    docstring).
+    docstring). The flow run Completes (returning the result) only when every selected device
+    runs the version; else it ends Failed, or Cancelled after a signal, with the result as
+    the state's data: call it through :func:`roll_out`.
 
     Args:
         version: the registry version to roll out (resolved: an alias was read once).
@@ -295,6 +397,14 @@ def deploy_fleet(
         policy = policy.model_copy(update={"pause_s": pause_s})
     waves = plan_waves(devices, policy, canary)
     canary_devices = canary_size(waves, policy, canary)
+    flow_run = get_run_context().flow_run  # type: ignore[union-attr]
+    record = rollouts.new_record(version.name, version.version, fleet, list(select or []))
+    record.waves = [[d.name for d in w] for w in waves]
+    record.flow_run_id = str(flow_run.id) if flow_run else ""
+    record.flow_run_url = _flow_run_url(record.flow_run_id)
+    origin = Origin(by="fleet", rollout=record.id, flow_run=record.flow_run_url)
+    rollouts.save(record)  # from here a killed rollout is found by the next fleet command
+    print(f"rollout {record.id}")
     manifest, release_file = release.bundle_release(
         version, Path(key) if key else release.default_key()
     )
@@ -308,13 +418,21 @@ def deploy_fleet(
             BROADCAST.started(device.name, len(STEPS), "")
             BROADCAST.advanced(device.name, 0, f"wave {number}: waiting")
     rows: dict[str, DeviceRollout] = {}
+    task_runs: dict[str, Any] = {}
     stopped, why = None, ""
     for number, wave in enumerate(waves):
-        if number and policy.pause_s:
+        if number and policy.pause_s and not STOP.event.is_set():
             print(f"pausing {policy.pause_s:g} s before wave {number}")
-            time.sleep(policy.pause_s)
+            STOP.event.wait(policy.pause_s)  # a signal ends the pause at once
         step = max_parallel or len(wave)
         for first in range(0, len(wave), step):
+            if STOP.event.is_set():
+                break
+            batch = wave[first : first + step]
+            for device in batch:  # on record before it starts: a kill mid-step is repaired
+                before = befores[device.name]
+                record.put(DeviceRollout(device.name, number, before, before, "deploying"))
+            rollouts.save(record)
             futures = [
                 deploy_device.with_options(task_run_name=f"{device.name}-wave{number}").submit(
                     device,
@@ -325,12 +443,20 @@ def deploy_fleet(
                     befores[device.name],
                     force,
                     policy.device_timeout_s,
+                    origin,
                 )
-                for device in wave[first : first + step]
+                for device in batch
             ]
-            for device, future in zip(wave[first : first + step], futures, strict=True):
-                rows[device.name] = row = future.result()
+            for device, future in zip(batch, futures, strict=True):
+                rows[device.name] = row = _row_of(future)
+                task_runs[device.name] = future.task_run_id
+                record.put(row)
+                rollouts.save(record)
                 _show(row)
+        if STOP.event.is_set():
+            why = f"{STOP.name} during wave {number}"
+            print(f"rollout cancelled: {why}")
+            break
         failed = [rows[d.name] for d in wave if rows[d.name].state not in ("active", "staged")]
         is_canary = number == 0 and canary_devices > 0
         if wave_failed(len(failed), len(wave), policy, max_failures, canary=is_canary):
@@ -341,25 +467,30 @@ def deploy_fleet(
             print(f"rollout stopped at {why}")
             break
     by_name = {d.name: d for d in devices}
-    if stopped is not None:
+    if stopped is not None or STOP.event.is_set():
+        stop_word = "was cancelled" if STOP.event.is_set() else "stopped"
         updated = [r for r in rows.values() if r.state == "active" and r.before != new]
         _each(
             [by_name[r.device] for r in updated],
-            lambda d: _revert(d, rows[d.name], f"the rollout stopped at {why}"),
+            lambda d: _revert(d, rows[d.name], f"the rollout {stop_word} ({why})", origin),
         )
         for row in updated:
+            record.put(row)
             _show(row)
+            if row.state == "reverted":
+                _fail_task_run(task_runs[row.device], row.reason)
+        rollouts.save(record)
+    skipped_why = f"the rollout {'was cancelled' if STOP.event.is_set() else 'stopped'} first"
     ordered = []
     for number, wave in enumerate(waves):
         for device in wave:
             if device.name not in rows:
                 before = befores[device.name]
                 rows[device.name] = DeviceRollout(
-                    device.name, number, before, before, "skipped", "the rollout stopped first"
+                    device.name, number, before, before, "skipped", skipped_why
                 )
                 _show(rows[device.name])
             ordered.append(rows[device.name])
-    flow_run = get_run_context().flow_run  # type: ignore[union-attr]
     result = FleetResult(
         manifest.model_name,
         manifest.model_version,
@@ -369,11 +500,40 @@ def deploy_fleet(
         canary=canary_devices,
         stopped_at_wave=stopped,
         reason=why,
-        flow_run_id=str(flow_run.id) if flow_run else "",
+        flow_run_id=record.flow_run_id,
         seconds=time.perf_counter() - started,
         at=at,
+        rollout_id=record.id,
+        cancelled_by=STOP.name,
     )
     record_rollout(result)
+    record.devices, record.reason, record.ended = ordered, why, release.utc_stamp()
+    record.state = result.state
+    rollouts.save(record)
+    if result.cancelled_by:
+        return Cancelled(message=f"cancelled by {why}; {result.rolled_back}", data=result)
+    if not result.complete:
+        said = f"stopped at {why}; {result.rolled_back}" if stopped is not None else ""
+        return Failed(message=said or f"not every device runs {new}", data=result)
+    return result
+
+
+def _flow_run_url(flow_run_id: str) -> str:
+    """The flow run's page on the Prefect UI this process reports to; its id alone on the
+    temporary server of this process (no page outlives it)."""
+    from pipelines.services import configure
+
+    prefect_ui = configure(create=False).prefect_ui
+    return f"{prefect_ui}/runs/flow-run/{flow_run_id}" if prefect_ui else flow_run_id
+
+
+def roll_out(**arguments: Any) -> FleetResult:
+    """Run :func:`deploy_fleet` (same arguments) and return its result whatever its end
+    (Completed, Failed, Cancelled); an exception the flow raised is raised again."""
+    state = deploy_fleet(**arguments, return_state=True)
+    result = state.result(raise_on_failure=False)
+    if not isinstance(result, FleetResult):
+        raise result if isinstance(result, BaseException) else TypeError(f"no result: {result!r}")
     return result
 
 
@@ -414,4 +574,95 @@ def _show(row: DeviceRollout) -> None:
         BROADCAST.advanced(row.device, 0, f"[{style}]{escape(f'{text}: {row.reason}')}")
 
 
-__all__ = ["deploy_device", "deploy_fleet", "device_state", "fleet_status", "plan"]
+# -- rollouts whose process died -----------------------------------------------------------------
+
+
+def reconcile_rollouts() -> list[str]:
+    """Repair every rollout whose record says ``running`` but whose process is gone (killed
+    with SIGKILL, a power cut): each device it may have updated (``active`` or ``deploying``
+    in the record) that runs its version is rolled back to what it ran before; the version's
+    tags say ``reverted`` there; its Prefect flow run, if the server answers, is marked
+    Crashed; the record becomes ``reconciled`` with what was done. Returns one line per
+    repair (none: nothing was dead). A device it cannot reach leaves the record ``running``
+    so that the next fleet command tries again."""
+    lines = []
+    for record in rollouts.dead():
+        lines.extend(_reconcile(record))
+    return lines
+
+
+def _reconcile(record: rollouts.RolloutRecord) -> list[str]:
+    who = f"rollout {record.id} ({record.label}, pid {record.pid} gone)"
+    try:
+        parsed = load_fleet(record.fleet)
+    except FleetError as err:
+        return [f"{who}: cannot read its fleet file to repair it: {err}"]
+    by_name = {d.name: d for d in parsed.devices}
+    lines, left = [], []
+    for row in record.updated():
+        entry = by_name.get(row.device)
+        if entry is None:
+            left.append(f"{row.device}: no longer in {record.fleet}")
+            continue
+        found = read_status(entry)
+        if isinstance(found, str):
+            left.append(f"{row.device}: unreachable ({found})")
+            continue
+        now = _label(found.active)
+        if now != record.label:
+            row.after = now
+            row.state, row.reason = "skipped", f"found on {now or 'nothing'}: not updated"
+            continue
+        origin = Origin(by="fleet", rollout=record.id, flow_run=record.flow_run_url)
+        _revert(entry, row, f"rollout {record.id} was killed", origin)
+        if row.state != "reverted":
+            left.append(f"{row.device}: {row.reason}")
+            continue
+        lines.append(f"{who}: {row.device} rolled back from {record.label} to {row.after}")
+        tags = release.device_tags(
+            row.device, version=row.after or "none", state="reverted", at=row.at
+        )
+        try:
+            registry.set_version_tags(record.model_name, record.model_version, tags)
+        except registry.RegistryError as err:
+            left.append(f"{row.device}: could not tag {record.label}: {err}")
+    if left:
+        record.repaired = lines
+        rollouts.save(record)
+        return [*lines, *(f"{who}: not repaired yet: {line}" for line in left)]
+    _mark_crashed(record)
+    record.state, record.ended, record.repaired = "reconciled", release.utc_stamp(), lines
+    record.reason = f"its process {record.pid} died; reconciled by pid {os.getpid()}"
+    rollouts.save(record)
+    return lines or [f"{who}: no device had taken {record.label}; marked reconciled"]
+
+
+def _mark_crashed(record: rollouts.RolloutRecord) -> None:
+    """Its Prefect flow run ``Crashed`` (it says ``Running`` forever otherwise), if the
+    server it ran on is the one configured now and answers; else left as it is."""
+    if not record.flow_run_id:
+        return
+    from uuid import UUID
+
+    from prefect.client.orchestration import get_client
+    from prefect.states import Crashed
+
+    message = f"process {record.pid} ended without reporting (killed?); rollout reconciled"
+    try:
+        with get_client(sync_client=True) as prefect:
+            prefect.set_flow_run_state(UUID(record.flow_run_id), Crashed(message=message))
+    except Exception:  # another or a temporary server: the record says reconciled
+        return
+
+
+__all__ = [
+    "STOP",
+    "deploy_device",
+    "deploy_fleet",
+    "device_state",
+    "fleet_status",
+    "plan",
+    "reconcile_rollouts",
+    "roll_out",
+    "stop_on_signals",
+]

@@ -26,7 +26,7 @@ from robo_pipe.locks import output_lock
 if TYPE_CHECKING:
     from deploy_edge.device import DeviceEntry
     from deploy_edge.release import Manifest
-    from deploy_edge.wire import Deployment, DeviceStatus, StepResult
+    from deploy_edge.wire import Deployment, DeviceStatus, Origin, StepResult
 
 
 class RegisteredVersion(Protocol):
@@ -163,12 +163,13 @@ def deploy_release(
     listener: Listener = SILENT,
     timeout_s: float = 1800.0,
     systems_test: bool = False,
+    origin: Origin | None = None,
 ) -> Deployment:
     """Upload ``release`` to ``entry``'s device (resuming a cut upload) and follow the
     device's steps to the end, all within ``timeout_s``. The device's record of the
     deployment: ``state`` is ``active`` only when the device now runs the new version.
     ``systems_test``: the deploy says it is one, so the device lets a random-weights release
-    go live (and records it)."""
+    go live (and records it); ``origin``: who asks (a fleet rollout), kept in its history."""
     from deploy_edge.device import connect
     from deploy_edge.release import file_sha256
 
@@ -195,6 +196,8 @@ def deploy_release(
         device.upload(release, sha256, on_upload)
         listener.finished("upload", f"{size / 1e6:.1f} MB", reused=False)
         left = max(1.0, deadline - time.monotonic())
-        done = device.deploy(sha256, force, on_status, timeout_s=left, systems_test=systems_test)
+        done = device.deploy(
+            sha256, force, on_status, timeout_s=left, systems_test=systems_test, origin=origin
+        )
         show(done.steps)  # the last steps end after the last poll
         return done

@@ -13,9 +13,10 @@ The interface other modules use:
   ``running``, this process's pid and start time).
 - :func:`save` — write it (atomic); :func:`load` — read one by id (:class:`RolloutError` if
   there is none: a user's mistake); :func:`all_records` — every record, oldest first;
-  :func:`latest` — the newest record of a fleet file.
-- :func:`is_dead` — a ``running`` record whose process is gone (killed with SIGKILL, a power
-  cut): ``pipelines.deploy.fleet.reconcile_rollouts`` reverts what it updated.
+  :func:`latest` — the newest record of a fleet file (optionally in one state).
+- :func:`is_dead` / :func:`dead` — a ``running`` record whose process is gone (killed with
+  SIGKILL, a power cut): ``pipelines.deploy.fleet.reconcile_rollouts`` reverts what it
+  updated.
 - :meth:`RolloutRecord.updated` — the devices the rollout may have put on the new version
   (state ``active`` or ``deploying`` with a ``before`` other than the new version): what a
   revert or a ``fleet rollback`` must return to ``before``.
@@ -23,8 +24,10 @@ The interface other modules use:
   ``active``/``staged``: refused, unreachable, failed, reverted, skipped, ...).
 
 A record's ``state``: ``running`` (its process is at work, or died: see :func:`is_dead`),
-``completed`` (every device runs the version), ``stopped`` (a wave failed; what it updated
-was rolled back), ``cancelled`` (SIGINT/SIGTERM; what it updated was rolled back),
+``completed`` (every device runs the version), ``incomplete`` (it went through, some device
+does not run the version: unreachable, refused within the allowed failures), ``stopped`` (a
+wave failed; what it updated was rolled back), ``cancelled`` (SIGINT/SIGTERM; what it updated
+was rolled back),
 ``reconciled`` (found dead by a later fleet command, which rolled back what it updated).
 """
 
@@ -45,7 +48,7 @@ from robo_pipe.records import Record, RecordError
 
 ROLLOUTS = "rollouts"
 """Folder of the home that holds the records."""
-FINAL_STATES = ("completed", "stopped", "cancelled", "reconciled")
+FINAL_STATES = ("completed", "incomplete", "stopped", "cancelled", "reconciled")
 """States of a rollout that has ended (anything else is ``running``)."""
 
 
@@ -65,7 +68,8 @@ class RolloutRecord(Record):
     """The fleet file, as given."""
     selectors: list[str]
     state: str
-    """``running``, ``completed``, ``stopped``, ``cancelled`` or ``reconciled``."""
+    """``running``, ``completed``, ``incomplete``, ``stopped``, ``cancelled`` or
+    ``reconciled``."""
     pid: int
     host: str
     process_start: int | None
@@ -172,11 +176,22 @@ def all_records() -> list[RolloutRecord]:
     return found
 
 
-def latest(fleet: str | Path) -> RolloutRecord | None:
-    """The newest record of the fleet file ``fleet`` (same resolved path), if any."""
+def latest(fleet: str | Path, state: str | None = None) -> RolloutRecord | None:
+    """The newest record of the fleet file ``fleet`` (same resolved path), if any; with
+    ``state``, the newest in that state (``completed``: the version the fleet was last put
+    on, what ``fleet status`` expects by default)."""
     want = Path(fleet).resolve()
-    mine = [r for r in all_records() if Path(r.fleet).resolve() == want]
+    mine = [
+        r
+        for r in all_records()
+        if Path(r.fleet).resolve() == want and (state is None or r.state == state)
+    ]
     return mine[-1] if mine else None
+
+
+def dead() -> list[RolloutRecord]:
+    """Every record whose rollout's process died while running (:func:`is_dead`)."""
+    return [r for r in all_records() if is_dead(r)]
 
 
 def is_dead(record: RolloutRecord) -> bool:
@@ -193,6 +208,7 @@ __all__ = [
     "RolloutError",
     "RolloutRecord",
     "all_records",
+    "dead",
     "is_dead",
     "latest",
     "load",

@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -154,17 +158,36 @@ def put_on_v1(home: Path, key: Path, agents: dict[str, dict[str, Any]], names: l
         assert list(pool.map(one, names)) == ["active"] * len(names)
 
 
+def flow_state(flow_run_id: str) -> str:
+    """The flow run's final state type (``COMPLETED``, ``FAILED``, ``CANCELLED``, ...)."""
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as prefect:
+        flow_run = prefect.read_flow_run(UUID(flow_run_id))
+    assert flow_run.state is not None
+    return str(flow_run.state.type.value)
+
+
 def task_runs(flow_run_id: str) -> list[Any]:
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
     with get_client(sync_client=True) as prefect:
         flow_run = prefect.read_flow_run(UUID(flow_run_id))
-        assert flow_run.name and flow_run.state is not None and flow_run.state.is_completed()
+        assert flow_run.name and flow_run.state is not None and flow_run.state.is_final()
         found = prefect.read_task_runs(
             flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id]))
         )
     return list(found)
+
+
+def task_states(flow_run_id: str) -> dict[str, tuple[str, str]]:
+    """Each device's task run: its state type and message."""
+    found = {}
+    for run in task_runs(flow_run_id):
+        assert run.state is not None
+        found[run.name.rsplit("-wave", 1)[0]] = (run.state.type.value, run.state.message or "")
+    return found
 
 
 @pytest.fixture(scope="module")
@@ -224,9 +247,11 @@ def test_a_rollout_reaches_every_device_and_is_on_record(
         shown = cli("models", "show", f"{MODEL}/1", home=shared_home)
         assert shown.returncode == 0 and "device.arm-b.state" in shown.stdout, shown.stderr
 
-        runs = task_runs(result["flow_run_id"])
-        assert sorted(t.name.rsplit("-wave", 1)[0] for t in runs) == [*names, "ghost"]
-        assert all(t.state is not None and t.state.is_completed() for t in runs)
+        tasks = task_states(result["flow_run_id"])
+        assert sorted(tasks) == [*names, "ghost"]
+        assert all(tasks[name][0] == "COMPLETED" for name in names), tasks
+        assert tasks["ghost"][0] == "FAILED" and "unreachable" in tasks["ghost"][1], tasks
+        assert flow_state(result["flow_run_id"]) == "FAILED", "not every device runs it"
         from prefect.client.orchestration import get_client
 
         with get_client(sync_client=True) as prefect:
@@ -237,7 +262,8 @@ def test_a_rollout_reaches_every_device_and_is_on_record(
         assert "| arm-b |" in str(artifacts[0].data) and "unreachable" in str(artifacts[0].data)
 
         status = cli("fleet", "status", "--fleet", str(fleet), "--json", home=shared_home)
-        assert status.returncode == 0, status.stderr[-3000:]
+        assert status.returncode == 1, status.stderr[-3000:]
+        assert "unreachable: ghost" in status.stderr
         states = {s["device"]: s for s in json.loads(status.stdout.strip().splitlines()[-1])}
         for name in names:
             s = states[name]
@@ -273,7 +299,12 @@ def test_a_failing_canary_stops_the_rollout_and_no_other_device_changes(
             assert active(agents[name]) == f"{MODEL}:1", "no other device changed"
         assert active(agents["slow-arm"]) is None
         assert "rollout stopped" in done.stderr and "canary" in done.stderr
-        assert len(task_runs(result["flow_run_id"])) == 1, "only the canary was deployed"
+        assert "were rolled back" not in done.stderr, "no device was updated"
+        assert "nothing to roll back" in done.stderr
+        states = task_states(result["flow_run_id"])
+        assert list(states) == ["slow-arm"], "only the canary was deployed"
+        assert states["slow-arm"][0] == "FAILED" and "refused" in states["slow-arm"][1]
+        assert flow_state(result["flow_run_id"]) == "FAILED"
     finally:
         stop_fleet(agents)
 
@@ -312,7 +343,15 @@ def test_a_failing_wave_stops_and_rolls_back_the_devices_updated_before_it(
         assert tags["robo_pipe.device.arm-f.version"] == f"{MODEL}:1"
         assert tags["robo_pipe.device.slow-arm.state"] == "refused"
         assert "robo_pipe.device.arm-h.state" not in tags, "a device never reached: no tag"
-        assert len(task_runs(result["flow_run_id"])) == 3
+        assert "were rolled back (arm-f, arm-g)" in done.stderr
+        states = task_states(result["flow_run_id"])
+        assert {name: state for name, (state, _) in states.items()} == {
+            "arm-f": "FAILED",
+            "arm-g": "FAILED",
+            "slow-arm": "FAILED",
+        }, "a reverted device's task run is Failed too"
+        assert "rolled back" in states["arm-f"][1]
+        assert flow_state(result["flow_run_id"]) == "FAILED"
     finally:
         stop_fleet(agents)
 
@@ -432,5 +471,177 @@ def test_a_pipeline_whose_config_names_a_fleet_rolls_its_new_champion_out(
         assert {name: active(agents[name]) for name in names} == {
             name: f"nightly-policy:{result.version}" for name in names
         }
+    finally:
+        stop_fleet(agents)
+
+
+def started_rollout(fleet: Path, home: Path, key: Path, *extra: str) -> subprocess.Popen[str]:
+    """``deploy --fleet`` of v2 in its own session (a terminal's foreground group: a signal to
+    the group reaches every process of the command), SIGINT at its default as in a terminal."""
+    from prefect.settings import PREFECT_API_URL
+
+    from tests.pipelines.test_flow import ROOT
+
+    env = {
+        **os.environ,
+        "ROBO_PIPE_HOME": str(home),
+        "COLUMNS": "200",
+        "PREFECT_API_URL": str(PREFECT_API_URL.value()),
+        TOKEN_ENV: TOKEN,
+    }
+    cmd = [sys.executable, "-m", "pipelines.cli", "deploy", f"models:/{MODEL}/2"]
+    return subprocess.Popen(
+        [*cmd, "--fleet", str(fleet), "--key", str(key), "--json", *extra],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+
+
+def wait_for_row(home: Path, device: str, state: str, timeout_s: float = 120.0) -> dict[str, Any]:
+    """The newest rollout record once ``device``'s row in it is in ``state``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        records = sorted((home / "rollouts").glob("*.json"))
+        if records:
+            data = json.loads(records[-1].read_text())
+            if any(r["device"] == device and r["state"] == state for r in data["devices"]):
+                return dict(data)
+        time.sleep(0.1)
+    raise AssertionError(f"{device} never reached {state}")
+
+
+def history(agent: dict[str, Any]) -> list[dict[str, Any]]:
+    import httpx
+
+    answer = httpx.get(
+        f"http://127.0.0.1:{agent['port']}/history", headers={"Authorization": f"Bearer {TOKEN}"}
+    )
+    answer.raise_for_status()
+    return list(answer.json())
+
+
+def test_ctrl_c_mid_wave_stops_launching_rolls_back_and_exits_130(
+    registered: str, signing: Path, shared_home: Path, tmp_path: Path
+) -> None:
+    """The canary arm-p and arm-q take v2; SIGINT to the command's group while slow-q (a paced
+    gate) is still in flight: arm-r's wave never starts, slow-q ends on its own, arm-p and
+    arm-q go back to v1 (the agents' history names the rollout), the table and one line are
+    printed, exit 130, the flow run is Cancelled and the reverted devices' task runs Failed."""
+    names = ["arm-p", "arm-q", "arm-r"]
+    agents = start_fleet(shared_home, tmp_path, names)
+    folder = tmp_path / "slow-q"
+    folder.mkdir()
+    slow = target(folder, fails=True)  # refused after its paced gate: never updated
+    agents["slow-q"] = start_agent(
+        shared_home, folder, name="slow-q", target=str(slow), **{**AGENT, "gate_steps": 40},
+        pace=True,
+    )  # fmt: skip
+    try:
+        put_on_v1(shared_home, signing, agents, ["arm-p", "arm-q"])
+        policy = {"canary": 1, "waves": [2, 1], "max_failures": 5}
+        fleet = write_fleet(
+            tmp_path / "fleet.yaml", agents, ["arm-p", "arm-q", "slow-q", "arm-r"], policy
+        )
+        proc = started_rollout(fleet, shared_home, signing)
+        try:
+            found = wait_for_row(shared_home, "arm-q", "active")
+            assert any(
+                r["device"] == "slow-q" and r["state"] == "deploying" for r in found["devices"]
+            )
+            os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the whole foreground group
+            out, err = proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+        assert proc.returncode == 130, err[-3000:]
+        result = json.loads(out.strip().splitlines()[-1])
+        assert result["cancelled_by"] == "SIGINT" and result["stopped_at_wave"] is None
+        by_device = rows(result)
+        for name in ("arm-p", "arm-q"):
+            assert by_device[name]["state"] == "reverted", by_device[name]
+            assert active(agents[name]) == f"{MODEL}:1"
+            last = history(agents[name])[0]  # newest first
+            assert last["state"] == "rolled_back", last
+            assert last["origin"]["rollout"] == result["rollout_id"]
+            assert last["origin"]["by"] == "fleet"
+            deployed = next(d for d in history(agents[name]) if d["model_version"] == "2")
+            assert deployed["origin"]["rollout"] == result["rollout_id"], "the deployment too"
+        assert by_device["slow-q"]["state"] == "refused" and active(agents["slow-q"]) is None
+        assert by_device["arm-r"]["state"] == "skipped" and active(agents["arm-r"]) is None
+        assert "cancelled" in by_device["arm-r"]["reason"]
+        assert "Traceback" not in err and "reverted" in err, "the table is printed"
+        line = [x for x in err.splitlines() if "cancelled" in x and "SIGINT" in x]
+        assert line and "were rolled back (arm-p, arm-q)" in line[-1], err[-2000:]
+        assert flow_state(result["flow_run_id"]) == "CANCELLED"
+        states = task_states(result["flow_run_id"])
+        assert {name: state for name, (state, _) in states.items()} == {
+            "arm-p": "FAILED",
+            "arm-q": "FAILED",
+            "slow-q": "FAILED",
+        }
+        record = json.loads((shared_home / "rollouts" / f"{result['rollout_id']}.json").read_text())
+        assert record["state"] == "cancelled"
+    finally:
+        stop_fleet(agents)
+
+
+def test_a_killed_rollout_is_reconciled_by_the_next_fleet_command(
+    registered: str, signing: Path, shared_home: Path, tmp_path: Path
+) -> None:
+    """SIGKILL during the pause after the canary (arm-s on v2, arm-t not started): the record
+    says running; `fleet status` finds its process gone, rolls arm-s back to v1, tags v2
+    ``reverted`` there, marks the record reconciled and says so; then its exit codes: 0 when
+    every device answers and runs the expected version, 1 when one does not or is
+    unreachable."""
+    from pipelines import registry
+
+    names = ["arm-s", "arm-t"]
+    agents = start_fleet(shared_home, tmp_path, names)
+    try:
+        put_on_v1(shared_home, signing, agents, names)
+        policy = {"canary": 1, "waves": [1], "pause_s": 60}
+        fleet = write_fleet(tmp_path / "fleet.yaml", agents, names, policy)
+        proc = started_rollout(fleet, shared_home, signing)
+        try:
+            found = wait_for_row(shared_home, "arm-s", "active")
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate(timeout=30)
+        assert active(agents["arm-s"]) == f"{MODEL}:2", "the canary took v2 before the kill"
+        record_file = shared_home / "rollouts" / f"{found['id']}.json"
+        assert json.loads(record_file.read_text())["state"] == "running"
+
+        status = cli("fleet", "status", "--fleet", str(fleet), "--json", home=shared_home)
+        assert status.returncode == 0, status.stderr[-3000:]  # no completed rollout: answers
+        assert f"repaired rollout {found['id']}" in status.stderr
+        assert f"arm-s rolled back from {MODEL}:2 to {MODEL}:1" in status.stderr
+        assert active(agents["arm-s"]) == f"{MODEL}:1"
+        assert history(agents["arm-s"])[0]["origin"]["rollout"] == found["id"]
+        tags = registry.get_version(MODEL, "2").tags
+        assert tags["robo_pipe.device.arm-s.state"] == "reverted"
+        assert tags["robo_pipe.device.arm-s.version"] == f"{MODEL}:1"
+        record = json.loads(record_file.read_text())
+        assert record["state"] == "reconciled" and record["repaired"]
+        again = cli("fleet", "status", "--fleet", str(fleet), home=shared_home)
+        assert again.returncode == 0 and "repaired" not in again.stderr, "repaired once"
+
+        on_v1 = cli(
+            "fleet", "status", "--fleet", str(fleet), "--expect", f"{MODEL}:1", home=shared_home
+        )
+        assert on_v1.returncode == 0, on_v1.stderr[-2000:]
+        on_v2 = cli(
+            "fleet", "status", "--fleet", str(fleet), "--expect", f"{MODEL}:2", home=shared_home
+        )
+        assert on_v2.returncode == 1 and f"not on {MODEL}:2: arm-s" in on_v2.stderr
+        ghost = write_fleet(tmp_path / "ghost.yaml", agents, [*names, "ghost"], ghost="ghost")
+        down = cli("fleet", "status", "--fleet", str(ghost), home=shared_home)
+        assert down.returncode == 1 and "unreachable: ghost" in down.stderr
+        bad = cli("fleet", "status", "--fleet", str(fleet), "--expect", "v2", home=shared_home)
+        assert bad.returncode == 2 and "MODEL:VERSION" in bad.stderr
     finally:
         stop_fleet(agents)

@@ -143,7 +143,7 @@ def fleet_figure(cfg: PipelineConfig, quick: bool) -> dict[str, str]:
         from pipelines.services import configure
 
         configure()
-        from pipelines.deploy.fleet import deploy_fleet
+        from pipelines.deploy.fleet import roll_out
 
         checkpoint = save_new_policy(
             cfg.policy, cfg.scene.cameras, cfg.scene.image_size, root / "ckpt"
@@ -176,9 +176,9 @@ def fleet_figure(cfg: PipelineConfig, quick: bool) -> dict[str, str]:
                 rollout = {"canary": 1, "waves": [count - 1], "device_timeout_s": 1800}
                 fleet.write_text(yaml.safe_dump({"devices": devices[:count], "rollout": rollout}))
                 start = time.perf_counter()
-                result = deploy_fleet(
-                    registry.get_version("bench-policy", str(version)),
-                    str(fleet),
+                result = roll_out(
+                    version=registry.get_version("bench-policy", str(version)),
+                    fleet=str(fleet),
                     key=str(private),
                     max_parallel=parallel,
                 )

@@ -49,6 +49,7 @@ def test_help_lists_only_working_verbs(robo_pipe_home: Path) -> None:
         "edge-agent",
         "deploy",
         "fleet",
+        "devices",
         "verify",
         "assets",
         "config",

@@ -5,7 +5,7 @@ retry or a resume deploys, and a fleet rolled back to what it ran before the rol
   devices that do not run the version in that rollout's record: refused, unreachable, failed,
   reverted, skipped, and any device of its waves it never reached (it was killed first).
 - ``robo-pipe deploy MODEL --fleet F --resume ID`` (:func:`resume_devices`): a rollout that
-  ended without finishing (stopped, cancelled, reconciled, or killed) goes on over the
+  ended without finishing (incomplete, stopped, cancelled, reconciled, or killed) goes on over the
   devices its selection picks, less those its record has on the version; a device found on
   the version when its turn comes is not deployed again (``deploy_device``). A completed
   rollout, or one whose process still runs, is not resumed.
@@ -33,7 +33,7 @@ from pipelines.deploy.rollouts import RolloutRecord, is_dead
 from pipelines.records import DeviceRollout
 from robo_pipe.errors import InputError
 
-RESUMABLE = ("stopped", "cancelled", "reconciled")
+RESUMABLE = ("incomplete", "stopped", "cancelled", "reconciled")
 """Record states a rollout can be resumed from (and ``running`` when its process is gone)."""
 
 

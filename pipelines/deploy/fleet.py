@@ -608,6 +608,9 @@ def _reconcile(record: rollouts.RolloutRecord) -> list[str]:
         if isinstance(found, str):
             left.append(f"{row.device}: unreachable ({found})")
             continue
+        if found.running is not None:  # the agent goes on after the rollout died: wait
+            left.append(f"{row.device}: a deployment is still running there")
+            continue
         now = _label(found.active)
         if now != record.label:
             row.after = now

@@ -74,7 +74,7 @@ def ask(entry: DeviceEntry, request: Callable[[Device], Deployment], json_out: b
         console.print(f"[red]{entry.name}: no[/]: {escape(str(err))}", highlight=False)
         raise typer.Exit(code=1) from None
     out = result_console(json_out)
-    show_history(entry.name, [done], out)
+    show_history(f"{entry.name}: {done.state}", [done], out)
     emit_json(done, json_out)
     if done.state not in ("active", "rolled_back", "unstaged"):
         console.print(f"[red]{entry.name} {done.state}[/]: {escape(done.reason)}", highlight=False)
@@ -82,9 +82,9 @@ def ask(entry: DeviceEntry, request: Callable[[Device], Deployment], json_out: b
     console.print(f"[green]{entry.name}[/]: {escape(done.reason or done.state)}", highlight=False)
 
 
-def show_history(device: str, deployments: list[Deployment], out: Console) -> None:
+def show_history(title: str, deployments: list[Deployment], out: Console) -> None:
     """One row per deployment: id, state, version, release, when, who asked, why."""
-    table = Table(title=f"history of {device}")
+    table = Table(title=title)
     for col in ("id", "state", "version", "release", "finished", "by", "reason"):
         table.add_column(col)
     for d in deployments:
@@ -157,7 +157,7 @@ def history(
     entry = find_device(device, devices, fleet)
     with connect(entry) as agent:
         done = agent.history()[:limit]
-    show_history(entry.name, done, result_console(json_out))
+    show_history(f"history of {entry.name}", done, result_console(json_out))
     emit_json([d.to_json() for d in done], json_out)
 
 

@@ -31,6 +31,7 @@ from tests.pipelines.test_fleet import (  # noqa: F401  (module fixtures)
     signing,
     start_fleet,
     stop_fleet,
+    task_runs,
     write_fleet,
 )
 from tests.pipelines.test_flow import ROOT
@@ -98,11 +99,17 @@ def test_retry_failed_touches_only_the_failed_device_and_fleet_rollback_undoes_a
         put_on_v1(shared_home, signing, agents, names)
         agents["arm-r"]["process"].terminate()
         agents["arm-r"]["process"].wait(timeout=20)
-        policy = {"canary": 1, "waves": [2], "max_failures": 1}
+        # The file pauses a minute between waves and deploys a wave at once; the command
+        # line says no pause and one device at a time.
+        policy = {"canary": 1, "waves": [2], "max_failures": 1, "pause_s": 60}
         fleet = write_fleet(tmp_path / "fleet.yaml", agents, ["ops-a", "ops-b", "arm-r"], policy)
         first = rollout(fleet, shared_home, signing, "--max-parallel", "1", "--pause", "0")
         assert first.returncode == 1, first.stderr[-3000:]  # arm-r: not every device
-        assert rows(record(first))["arm-r"]["state"] == "unreachable"
+        result = record(first)
+        assert rows(result)["arm-r"]["state"] == "unreachable"
+        assert result["seconds"] < 60, "--pause 0 overrides the file's pause_s"
+        runs = {t.name.rsplit("-wave", 1)[0]: t for t in task_runs(result["flow_run_id"])}
+        assert runs["ops-b"].end_time <= runs["arm-r"].start_time, "--max-parallel 1"
         first_id = latest_rollout(fleet)
 
         restart(agents["arm-r"], tmp_path / "arm-r", shared_home)

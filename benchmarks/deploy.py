@@ -22,8 +22,15 @@ temporary server). The fleet's agents gate 50 unpaced steps (``--quick``: 20) an
 health ticks, so that the figure is about the rollout, not the control rate, against a budget
 none misses (the eight "devices" share this machine's cores).
 
-Run: ``python benchmarks/deploy.py [--quick] [--fleet-only]``; the last line is ``key=value``
-pairs.
+The fleet command figure: ``robo-pipe deploy --fleet`` run as a user runs it (a fresh process
+of the tree this file is in, so that a worktree of an older commit measures that commit) to 3
+and 8 local agents, a canary then one wave; its overhead is the command's wall time minus the
+devices' own time (per wave its slowest device, summed), with the temporary Prefect server
+each command starts and with ``robo-pipe ui``'s servers running; and the seconds it takes to
+refuse a fleet file with a bad field, an unset token variable and an unreachable registry.
+
+Run: ``python benchmarks/deploy.py [--quick] [--fleet-only | --fleet-command-only]``; the last
+line is ``key=value`` pairs.
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ import yaml
 
 from pipelines.services import free_port
 from tests.pipelines.test_deploy import MODEL, TOKEN, registered, start_agent
+from tests.pipelines.test_deploy import status as agent_status
 from tests.pipelines.test_flow import robo_pipe
 
 __all__ = ["registered"]  # the module fixture: edge-policy v1 and v2
@@ -569,6 +570,8 @@ def test_ctrl_c_mid_wave_stops_launching_rolls_back_and_exits_130(
             assert last["state"] == "rolled_back", last
             assert last["origin"]["rollout"] == result["rollout_id"]
             assert last["origin"]["by"] == "fleet"
+            # its rollback target is never the version the fleet just left (v2)
+            assert agent_status(agents[name])["previous"] is None
             deployed = next(d for d in history(agents[name]) if d["model_version"] == "2")
             assert deployed["origin"]["rollout"] == result["rollout_id"], "the deployment too"
         assert by_device["slow-q"]["state"] == "refused" and active(agents["slow-q"]) is None

@@ -122,6 +122,14 @@ def test_retry_failed_touches_only_the_failed_device_and_fleet_rollback_undoes_a
 
         again = rollout(fleet, shared_home, signing, "--resume", latest_rollout(fleet))
         assert again.returncode == 2 and "nothing to resume" in again.stderr, again.stderr
+        # The first rollout ended incomplete: resuming it goes to arm-r alone, which the retry
+        # already put on v2, so nothing is deployed again.
+        deployed = len(history(agents["arm-r"]))
+        resumed = rollout(fleet, shared_home, signing, "--resume", first_id)
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+        [row] = record(resumed)["devices"]
+        assert row["device"] == "arm-r" and row["state"] == "active", row
+        assert len(history(agents["arm-r"])) == deployed, "a device on the version: not again"
 
         back = cli(
             "fleet", "rollback", str(fleet), "--rollout", first_id, "--json", home=shared_home

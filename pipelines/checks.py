@@ -35,7 +35,7 @@ def check_config(cfg: PipelineConfig) -> None:
         )
     check_simulator(cfg)
     if cfg.deploy.fleet:  # the rollout at the end must not fail on a typo after hours
-        from pipelines.deploy.fleet import check_tokens, load_selection
+        from deploy_edge.fleet import check_tokens, load_selection
 
         check_tokens(load_selection(cfg.deploy.fleet)[1])
     if cfg.policy.type == "hub-vlm" and cfg.policy.backbone:

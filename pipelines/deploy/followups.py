@@ -71,6 +71,10 @@ def resume_devices(record: RolloutRecord) -> list[str]:
         )
     _, devices = load_selection(record.fleet, record.selectors)
     done = {r.device for r in record.devices if r.state in ("active", "staged")}
+    if record.state == "running":
+        # Its process is gone: the reconciliation that runs before the new rollout reverts
+        # what it updated, so none of its devices is done.
+        done = set()
     return [d.name for d in devices if d.name not in done]
 
 

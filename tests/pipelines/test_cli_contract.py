@@ -143,14 +143,13 @@ def test_read_only_verbs_create_nothing_in_an_empty_folder(tmp_path: Path) -> No
     assert "no registry yet" in listed.stderr
     shown = robo_pipe("models", "show", MODEL, home=None, cwd=empty)
     assert shown.returncode == 2 and "no registry yet" in shown.stderr
-    for verb in (
-        ["config"],
-        ["robots"],
-        ["scenes"],
-        ["fleet", "status", "--fleet", str(fleet)],
-    ):
+    for verb in (["config"], ["robots"], ["scenes"]):
         done = robo_pipe(*verb, home=None, cwd=empty, ARM_TOKEN="t")
         assert done.returncode == 0, (verb, done.stderr)
+    status = robo_pipe(
+        "fleet", "status", "--fleet", str(fleet), home=None, cwd=empty, ARM_TOKEN="t"
+    )
+    assert status.returncode == 1 and "unreachable: arm-1" in status.stderr, status.stderr
     missing = robo_pipe("verify", "nothing-here", home=None, cwd=empty)
     assert missing.returncode == 2
     assert list(empty.iterdir()) == [], "no ./.robo-pipe, nothing else"

@@ -41,7 +41,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipelines.home import home_dir
+from pipelines.home import home_dir, home_path
 from pipelines.records import DeviceRollout
 from robo_pipe.errors import InputError
 from robo_pipe.records import Record, RecordError
@@ -150,11 +150,11 @@ def save(record: RolloutRecord) -> Path:
 
 def load(rollout_id: str) -> RolloutRecord:
     """The record named ``rollout_id`` (:class:`RolloutError` when there is none)."""
-    path = rollouts_dir() / f"{rollout_id}.json"
+    path = home_path(ROLLOUTS) / f"{rollout_id}.json"
     if "/" in rollout_id or not path.is_file():
         known = [r.id for r in all_records()[-5:]]
         hint = f" (latest: {', '.join(known)})" if known else " (none recorded yet)"
-        raise RolloutError(f"no rollout {rollout_id!r} in {rollouts_dir()}{hint}")
+        raise RolloutError(f"no rollout {rollout_id!r} in {path.parent}{hint}")
     return _read(path)
 
 
@@ -166,9 +166,10 @@ def _read(path: Path) -> RolloutRecord:
 
 
 def all_records() -> list[RolloutRecord]:
-    """Every readable record, oldest first (an unreadable one is skipped)."""
+    """Every readable record, oldest first (an unreadable one is skipped). Reads only: a
+    home without records is not created (``fleet status`` is a read-only verb)."""
     found = []
-    for path in sorted(rollouts_dir().glob("*.json")):
+    for path in sorted(home_path(ROLLOUTS).glob("*.json")):
         try:
             found.append(_read(path))
         except RolloutError:

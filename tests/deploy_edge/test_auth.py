@@ -34,6 +34,9 @@ from pipelines.services import free_port
 from tests.deploy_edge.test_deployer import device_config, keys
 from tests.pipelines.test_deploy import self_signed_certificate
 
+ROBO_PIPE = str(Path(sys.executable).with_name("robo-pipe"))
+"""The console script beside this interpreter (CI runs the venv's tools by path, not on PATH)."""
+
 __all__ = ["keys"]  # the fixture this module shares with the deployer's tests
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -167,7 +170,7 @@ def test_keys_token_prints_a_token_and_the_line_its_scope_takes(
     """``robo-pipe keys token --scope read``: the line it prints, pasted under ``tokens``, makes
     a device that lets its token read and not deploy."""
     ran = subprocess.run(
-        ["robo-pipe", "keys", "token", "--scope", "read"],
+        [ROBO_PIPE, "keys", "token", "--scope", "read"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -231,7 +234,7 @@ def test_a_bad_file_in_the_config_stops_the_agent_before_it_listens(
         assert ran.stderr.startswith(f"error: {expected}"), ran.stderr
         assert len(ran.stderr.splitlines()) == 1 and "Traceback" not in ran.stderr
     file = write_config(tmp_path, keys, trusted_keys=[str(not_a_key)])
-    ran = start_agent("robo-pipe", "edge-agent", "--device-config", str(file))
+    ran = start_agent(ROBO_PIPE, "edge-agent", "--device-config", str(file))
     assert ran.returncode == 2 and "Traceback" not in ran.stdout + ran.stderr, ran.stderr
     assert f"field 'trusted_keys': {not_a_key}: not a PEM public key" in ran.stdout + ran.stderr
 

@@ -356,15 +356,7 @@ def single_agent(cfg: PipelineConfig, quick: bool) -> dict[str, str]:
         private, public = generate_keypair(root / "keys", "bench")
         start = time.perf_counter()
         release = root / "policy.release"
-        write_release(
-            bundle,
-            release,
-            load_private_key(private),
-            model_name="demo-policy",
-            model_version="1",
-            run_id="benchmark",
-            release=1,
-        )
+        sign(bundle, release, private)
         sign_s = time.perf_counter() - start
         size_mb = release.stat().st_size / 1e6
         extraction = extraction_cost(bundle, root, private, public, 32 if quick else 256)
@@ -417,6 +409,19 @@ def single_agent(cfg: PipelineConfig, quick: bool) -> dict[str, str]:
     }
 
 
+def sign(bundle: Path, out: Path, private: Path) -> None:
+    """Sign ``bundle`` into the release ``out`` as release 1 of ``demo-policy`` v1."""
+    write_release(
+        bundle,
+        out,
+        load_private_key(private),
+        model_name="demo-policy",
+        model_version="1",
+        run_id="benchmark",
+        release=1,
+    )
+
+
 def extraction_cost(
     bundle: Path, root: Path, private: Path, public: Path, pad_mib: int, repeats: int = 3
 ) -> dict[str, str]:
@@ -429,15 +434,7 @@ def extraction_cost(
         for _ in range(pad_mib):
             f.write(os.urandom(1 << 20))
     release = root / "padded.release"
-    write_release(
-        padded,
-        release,
-        load_private_key(private),
-        model_name="demo-policy",
-        model_version="1",
-        run_id="benchmark",
-        release=1,
-    )
+    sign(padded, release, private)
     manifest = verify_release(release, [load_public_key(public)])
     checked, plain = [], []
     for i in range(repeats):

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from sim_scenes.config import BACKENDS, SceneConfig, SimConfig
-from sim_scenes.touch import SceneError, SceneVariant
+from sim_scenes.touch import Phrasing, SceneError, SceneVariant
 
 if TYPE_CHECKING:
     from robots.spec import RobotSpec
@@ -44,6 +44,7 @@ def open_env(
     image_size: int,
     autoreset: bool = True,
     retarget: int = 0,
+    phrasing: Phrasing = "trained",
 ) -> BatchedEnv:
     """``num_envs`` environments of ``variant`` on the backend ``sim`` names, with that
     backend's own settings from ``sim`` (arguments as :class:`BatchedEnv`'s)."""
@@ -56,6 +57,7 @@ def open_env(
         image_size,
         autoreset=autoreset,
         retarget=retarget,
+        phrasing=phrasing,
         **backend.sim_options(sim),
     )
 
@@ -69,12 +71,14 @@ def make_env(
     cameras: tuple[str, ...] | None = None,
     autoreset: bool = True,
     retarget: int = 0,
+    phrasing: Phrasing = "trained",
 ) -> BatchedEnv:
     """Create ``num_envs`` (default ``sim.num_envs``) environments of ``scene.variant`` (with
     the scene config's task overrides) on the backend ``sim`` names.
 
     ``cameras`` overrides ``scene.cameras``; pass ``()`` for physics only. ``retarget`` names
-    another object of each scene (see :func:`sim_scenes.touch.sample_layout`).
+    another object of each scene, ``phrasing="unseen"`` words its instruction in the unseen
+    phrasings (see :func:`sim_scenes.touch.sample_layout`).
     """
     return open_env(
         robot,
@@ -85,6 +89,7 @@ def make_env(
         image_size=scene.image_size,
         autoreset=autoreset,
         retarget=retarget,
+        phrasing=phrasing,
     )
 
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from robo_pipe.resources import Resource
 from robots.spec import RobotSpec
-from sim_scenes.touch import SceneError, SceneVariant
+from sim_scenes.touch import PHRASINGS, Phrasing, SceneError, SceneVariant
 
 if TYPE_CHECKING:
     from sim_scenes.config import SimConfig
@@ -102,9 +102,11 @@ class BatchedEnv(Resource):
         autoreset: reset finished environments inside ``step`` (see the module docstring).
         retarget: > 0 names another object of each scene than the drawn target
             (:func:`sim_scenes.touch.sample_layout`).
+        phrasing: ``trained`` (default) or ``unseen``: how instructions are worded
+            (:func:`sim_scenes.touch.sample_layout`; unseen is for evaluation only).
 
     Raises:
-        SceneError: a batch size, camera name or image size no backend can use.
+        SceneError: a batch size, camera name, image size or phrasing no backend can use.
     """
 
     timings: dict[str, float]
@@ -119,11 +121,16 @@ class BatchedEnv(Resource):
         image_size: int,
         autoreset: bool,
         retarget: int,
+        phrasing: Phrasing,
     ) -> None:
         if num_envs < 1:
             raise SceneError(f"num_envs must be >= 1, got {num_envs}")
         if image_size < 8:
             raise SceneError(f"image_size must be >= 8 pixels, got {image_size}")
+        if phrasing not in PHRASINGS:
+            raise SceneError(
+                f"unknown phrasing {phrasing!r}; valid choices: {', '.join(PHRASINGS)}"
+            )
         known = [c.name for c in robot.cameras]
         for cam in cameras:
             if cam not in known:
@@ -138,6 +145,7 @@ class BatchedEnv(Resource):
         self.image_size = image_size
         self.autoreset = autoreset
         self.retarget = retarget
+        self.phrasing = phrasing
         self.timings = {"simulate": 0.0, "render": 0.0}
 
     # -- the backend, as the registry (sim_scenes.backends) sees it ----------------------------

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from typing import Literal
 
 import numpy as np
 
@@ -49,6 +50,43 @@ TEMPLATES: tuple[str, ...] = (
     "move to the {colour} {shape}",
     "go touch the {colour} {shape}",
 )
+
+# The unseen phrasings: an evaluation of language generalisation (``evaluate.phrasing:
+# unseen``). No template or word here appears in any training instruction (not even "the"),
+# so a policy that solves them understood words it never saw, rather than matching ones it did.
+UNSEEN_TEMPLATES: tuple[str, ...] = (
+    "press that {colour} {shape}",
+    "point at this {colour} {shape}",
+    "can you poke that {colour} {shape}",
+    "find that {colour} {shape} and press it",
+    "please contact this {colour} {shape}",
+    "your target is that {colour} {shape}",
+    "nudge this {colour} {shape}",
+)
+COLOUR_SYNONYMS: dict[str, tuple[str, ...]] = {
+    "red": ("crimson", "scarlet"),
+    "green": ("emerald", "lime"),
+    "blue": ("azure", "navy"),
+    "yellow": ("golden", "lemon"),
+    "purple": ("violet", "lilac"),
+    "cyan": ("turquoise", "teal"),
+}
+"""Each of :data:`COLOURS`, in words the training instructions never use."""
+SHAPE_SYNONYMS: dict[str, tuple[str, ...]] = {
+    "cube": ("box", "cuboid"),
+    "ball": ("orb", "globe"),
+    "cylinder": ("tin", "tube"),
+}
+"""Each of :data:`SHAPES`, in words the training instructions never use (unlike
+:data:`SHAPE_WORDS`, which the training instructions draw from)."""
+
+Phrasing = Literal["trained", "unseen"]
+"""How instructions are worded: ``trained`` (:data:`TEMPLATES`, the colour names,
+:data:`SHAPE_WORDS`: every training instruction) or ``unseen`` (:data:`UNSEEN_TEMPLATES`,
+:data:`COLOUR_SYNONYMS`, :data:`SHAPE_SYNONYMS`: evaluation only)."""
+PHRASINGS: tuple[str, ...] = ("trained", "unseen")
+_UNSEEN_STREAM = 1
+"""Spawn key of the unseen words' random stream: drawing them leaves the scene's draws alone."""
 
 
 @dataclass(frozen=True)
@@ -231,13 +269,22 @@ class EpisodeLayout:
 
 
 def sample_layout(
-    variant: SceneVariant, robot: RobotSpec, seed: int, retarget: int = 0
+    variant: SceneVariant,
+    robot: RobotSpec,
+    seed: int,
+    retarget: int = 0,
+    phrasing: Phrasing = "trained",
 ) -> EpisodeLayout:
     """Draw a scene from ``variant`` deterministically from ``seed``.
 
     ``retarget`` > 0 keeps the scene but names the object ``retarget`` places after the drawn
     target: the same scene with another instruction (to show that the instruction matters).
+    ``phrasing="unseen"`` keeps the scene and target too, and words the instruction with the
+    unseen templates and synonyms (:data:`UNSEEN_TEMPLATES`), drawn from their own stream of
+    ``seed``.
     """
+    if phrasing not in PHRASINGS:
+        raise SceneError(f"unknown phrasing {phrasing!r}; valid choices: {', '.join(PHRASINGS)}")
     rng = np.random.default_rng(seed)
     n = int(rng.integers(variant.num_objects[0], variant.num_objects[1] + 1))
     pairs = [(c, s) for c in variant.colours for s in variant.shapes]
@@ -260,6 +307,8 @@ def sample_layout(
     instruction = template.format(
         colour=objects[target].colour, shape=words[int(rng.integers(len(words)))]
     )
+    if phrasing == "unseen":  # after the trained draws, so the rest of the scene is the same
+        instruction = _unseen_instruction(objects[target], seed)
     home = np.asarray(robot.definition.home_arm)
     arm = home + rng.uniform(-variant.arm_jitter, variant.arm_jitter, size=home.shape)
     lows = np.array([j.low for j in robot.arm])
@@ -294,4 +343,16 @@ def _with_colour_twin(
     return tuple(
         PlacedObject(colour, other_shape, placed.xy, placed.yaw) if i == twin else o
         for i, o in enumerate(objects)
+    )
+
+
+def _unseen_instruction(target: PlacedObject, seed: int) -> str:
+    """An instruction naming ``target`` in the unseen phrasing, drawn from ``seed``'s own
+    stream (the scene's stream is not touched)."""
+    rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(_UNSEEN_STREAM,)))
+    template = UNSEEN_TEMPLATES[int(rng.integers(len(UNSEEN_TEMPLATES)))]
+    colours, shapes = COLOUR_SYNONYMS[target.colour], SHAPE_SYNONYMS[target.shape]
+    return template.format(
+        colour=colours[int(rng.integers(len(colours)))],
+        shape=shapes[int(rng.integers(len(shapes)))],
     )

@@ -31,7 +31,7 @@ from sim_scenes.batched_env import BatchedEnv, BatchedObservation, EpisodeSummar
 from sim_scenes.config import SimConfig
 from sim_scenes.isaaclab.env import isaaclab_python
 from sim_scenes.isaaclab.protocol import receive, send
-from sim_scenes.touch import SceneError, SceneVariant
+from sim_scenes.touch import Phrasing, SceneError, SceneVariant
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 600.0
@@ -61,8 +61,11 @@ class IsaacLabBatchedEnv(BatchedEnv):
         device: str = "cpu",
         autoreset: bool = True,
         retarget: int = 0,
+        phrasing: Phrasing = "trained",
     ) -> None:
-        super().__init__(robot, variant, num_envs, cameras, image_size, autoreset, retarget)
+        super().__init__(
+            robot, variant, num_envs, cameras, image_size, autoreset, retarget, phrasing
+        )
         python = isaaclab_python()
         # timings["simulate"] counts the worker's physics and rendering together: Isaac Lab
         # renders inside its step, so "render" stays 0 on this backend.
@@ -106,6 +109,7 @@ class IsaacLabBatchedEnv(BatchedEnv):
                 image_size=image_size,
                 device=device,
                 retarget=retarget,
+                phrasing=phrasing,
                 autoreset=autoreset,
             )
             self.start_seconds = float(ready["seconds"])

@@ -8,7 +8,8 @@ here: both environments load this module.
 
 Operations (request -> reply; arrays batched over N environments):
 
-- ``init`` (robot, variant, num_envs, cameras, image_size, device, retarget, autoreset)
+- ``init`` (robot, variant, num_envs, cameras, image_size, device, retarget, phrasing,
+  autoreset)
   -> ``ready`` (seconds: float).
 - ``reset`` (env_ids, seeds: int64 (k,)) -> ``obs``.
 - ``step`` (actions: float32 (N, action_dim)) -> ``obs`` plus reward (float32), terminated,

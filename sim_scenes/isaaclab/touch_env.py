@@ -218,7 +218,9 @@ class TouchEnv(DirectRLEnv):
                 seed = next_episode_seed(int(self._reset_seeds[env]), int(self._episode_count[env]))
             else:
                 self._reset_seeds[env], self._episode_count[env] = seed, 0
-            layout = sample_layout(self.variant, self.robot_spec, seed, self.cfg.retarget)
+            layout = sample_layout(
+                self.variant, self.robot_spec, seed, self.cfg.retarget, self.cfg.phrasing
+            )
             self.seeds[env] = seed
             self.instructions[env] = layout.instruction
             joint_pos[row, self._arm_ids] = torch.tensor(layout.arm_qpos, device=self.device)

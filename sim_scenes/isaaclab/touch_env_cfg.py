@@ -35,6 +35,7 @@ from sim_scenes.isaaclab.assets import srgb_to_linear
 from sim_scenes.touch import (
     COLOURS,
     OBJECT_HALF_HEIGHT,
+    Phrasing,
     SceneError,
     SceneVariant,
     get_variant,
@@ -169,6 +170,8 @@ class TouchEnvCfg(DirectRLEnvCfg):
     cameras: tuple[str, ...] = ("scene",)
     image_size: int = 64
     retarget: int = 0
+    phrasing: Phrasing = "trained"
+    """``trained`` or ``unseen`` (:func:`sim_scenes.touch.sample_layout`)."""
     success_radius: float | None = None
     """m; None: the variant's (the scene config's ``success.radius``)."""
     hold_steps: int | None = None
@@ -216,6 +219,7 @@ def make_touch_cfg(
     image_size: int = 64,
     device: str = "cpu",
     retarget: int = 0,
+    phrasing: Phrasing = "trained",
     autoreset: bool = True,
     success_radius: float | None = None,
     hold_steps: int | None = None,
@@ -226,6 +230,7 @@ def make_touch_cfg(
     robot = get_robot(robot_name)
     cfg = TouchEnvCfg(robot_name=robot_name, variant=variant, cameras=tuple(cameras))
     cfg.image_size, cfg.retarget, cfg.autoreset = image_size, retarget, autoreset
+    cfg.phrasing = phrasing
     cfg.success_radius, cfg.hold_steps, cfg.episode_steps = (
         success_radius,
         hold_steps,

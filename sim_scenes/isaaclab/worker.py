@@ -56,6 +56,7 @@ def serve(conn: Connection) -> None:
         image_size=init["image_size"],
         device=init["device"],
         retarget=init["retarget"],
+        phrasing=init["phrasing"],
         autoreset=init["autoreset"],
     )
     with launch_simulation(cfg, {"visualizer": "none"}):

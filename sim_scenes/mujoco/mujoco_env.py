@@ -32,7 +32,7 @@ from sim_scenes.mujoco.touch_scene import (
     index_scene,
 )
 from sim_scenes.seeds import next_episode_seed
-from sim_scenes.touch import EpisodeLayout, SceneError, SceneVariant, sample_layout
+from sim_scenes.touch import EpisodeLayout, Phrasing, SceneError, SceneVariant, sample_layout
 
 _STATE_SPEC = mujoco.mjtState.mjSTATE_FULLPHYSICS
 
@@ -55,8 +55,11 @@ class MujocoBatchedEnv(BatchedEnv):
         num_threads: int = 2,
         autoreset: bool = True,
         retarget: int = 0,
+        phrasing: Phrasing = "trained",
     ) -> None:
-        super().__init__(robot, variant, num_envs, cameras, image_size, autoreset, retarget)
+        super().__init__(
+            robot, variant, num_envs, cameras, image_size, autoreset, retarget, phrasing
+        )
         if num_threads < 1:
             raise SceneError(f"num_threads must be >= 1, got {num_threads}")
 
@@ -123,7 +126,7 @@ class MujocoBatchedEnv(BatchedEnv):
     # -- episode start ---------------------------------------------------------------------
 
     def _start_episode(self, env: int, seed: int) -> None:
-        layout = sample_layout(self.variant, self.robot, seed, self.retarget)
+        layout = sample_layout(self.variant, self.robot, seed, self.retarget, self.phrasing)
         model, data = self._models[env], self._scratch
         mujoco.mj_resetData(model, data)
         apply_layout(model, self._nominal, self._index, layout, data.qpos, self.robot)

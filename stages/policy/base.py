@@ -120,6 +120,10 @@ class VLAPolicy(nn.Module, ABC):
 
     head_names: ClassVar[tuple[str, ...]] = ("action_head", "log_std", "target_head")
     lora_target_modules: ClassVar[str]
+    separate_instruction_graph: ClassVar[bool] = False
+    """True: the instruction is encoded by its own step (``encode_instruction``: token
+    ids/mask -> features), run once per episode and exported as its own graph; the policy
+    graph takes the features. False: the policy graph takes the token ids."""
 
     state_mean: torch.Tensor  # normalisation buffers (not persistent: saved in policy.json)
     state_std: torch.Tensor

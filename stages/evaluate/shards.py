@@ -35,7 +35,7 @@ from sim_scenes.batched_env import BatchedEnv, BatchedObservation
 from sim_scenes.config import SceneConfig, SimConfig
 from sim_scenes.episodes import play_episodes
 from sim_scenes.seeds import episode_seeds
-from sim_scenes.touch import SceneError, heldout_variants
+from sim_scenes.touch import Phrasing, SceneError, heldout_variants
 from stages.evaluate.config import EvalConfig
 from stages.evaluate.delay import DelayedActor, DelayPlan, check_plan
 from stages.evaluate.failures import failure_mode
@@ -123,7 +123,8 @@ def plan_shards(
 
 class EvalWorker(PoolWorker):
     """Policy copies (the candidate and, in a comparison, the baseline) plus one batched
-    environment per variant and camera setup (a Ray actor, or in-process)."""
+    environment per variant and camera setup (a Ray actor, or in-process), whose
+    instructions are worded in ``phrasing`` (``evaluate.phrasing``)."""
 
     def __init__(
         self,
@@ -134,6 +135,7 @@ class EvalWorker(PoolWorker):
         num_envs: int,
         threads: int = 1,
         delays: list[DelayPlan | None] | None = None,
+        phrasing: Phrasing = "trained",
     ) -> None:
         self.policies = [load_acting_policy(path, threads) for path in policy_paths]
         self.delays = delays or [None] * len(policy_paths)
@@ -142,6 +144,7 @@ class EvalWorker(PoolWorker):
         self.scene = scene
         self.sim = sim.model_copy(update={"num_threads": threads})
         self.num_envs = num_envs
+        self.phrasing = phrasing
         self.envs: dict[tuple[str, tuple[str, ...], int], BatchedEnv] = {}
 
     def _env(self, policy: int, variant: str) -> BatchedEnv:
@@ -158,6 +161,7 @@ class EvalWorker(PoolWorker):
                 self.sim,
                 num_envs=self.num_envs,
                 autoreset=False,
+                phrasing=self.phrasing,
             )
         return self.envs[key]
 
@@ -297,7 +301,9 @@ class Suite:
     def __enter__(self) -> Suite:
         self.start = time.perf_counter()
         if self.workers == 0:
-            self._local = EvalWorker(*self.args, self.sim.num_threads, self.delays)
+            self._local = EvalWorker(
+                *self.args, self.sim.num_threads, self.delays, self.config.phrasing
+            )
             self._local.warm(self.variants)
         else:
             from stages.ray_runtime import init_ray
@@ -306,7 +312,7 @@ class Suite:
             init_ray(self.ray_address)  # before importing ray (see stages/ray_runtime.py)
             remote_worker = restartable(EvalWorker, 1, self.config.max_worker_restarts)
             self._pool = WorkerPool(
-                lambda _: remote_worker.remote(*self.args, 1, self.delays),
+                lambda _: remote_worker.remote(*self.args, 1, self.delays, self.config.phrasing),
                 self.workers,
                 "evaluate worker",
                 "evaluate.max_worker_restarts",
@@ -356,13 +362,14 @@ class Suite:
 
     def facts(self, seeds: list[int]) -> dict[str, Any]:
         """What the report says of this run: wall and start-up time, workers, restarts, the
-        variants and the ``seeds`` played."""
+        variants, the instructions' phrasing and the ``seeds`` played."""
         return {
             "wall_s": time.perf_counter() - self.start,
             "startup_s": self.startup_s,
             "workers": self.config.workers,
             "replacements": self.replacements,
             "variants": self.variants,
+            "phrasing": self.config.phrasing,
             "seeds": seeds,
         }
 

@@ -237,10 +237,12 @@ def test_the_outcomes_key_follows_what_decides_an_episode(
     cfg: PipelineConfig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """More episodes, workers or looks keep the key (the seeds' episodes are the same); another
-    seed, scene, simulator version or code version changes it."""
+    seed, scene, phrasing, simulator version or code version changes it."""
     key = outcomes_key(cfg)
     evaluate = cfg.evaluate.model_copy(update={"episodes": 50, "workers": 3})
     assert outcomes_key(cfg.model_copy(update={"evaluate": evaluate})) == key
+    unseen = cfg.evaluate.model_copy(update={"phrasing": "unseen"})
+    assert outcomes_key(cfg.model_copy(update={"evaluate": unseen})) != key
     assert outcomes_key(cfg.model_copy(update={"seed": 1})) != key
     tighter = cfg.scene.model_copy(update={"episode_steps": 20})
     assert outcomes_key(cfg.model_copy(update={"scene": tighter})) != key

@@ -57,7 +57,7 @@ TEMPLATES: tuple[str, ...] = (
 UNSEEN_TEMPLATES: tuple[str, ...] = (
     "press that {colour} {shape}",
     "point at this {colour} {shape}",
-    "can you poke that {colour} {shape}",
+    "could you poke that {colour} {shape}",
     "find that {colour} {shape} and press it",
     "please contact this {colour} {shape}",
     "your target is that {colour} {shape}",

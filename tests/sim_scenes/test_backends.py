@@ -9,13 +9,13 @@ import mujoco
 import pytest
 
 from robots.spec import RobotSpec
-from sim_scenes.backends import backend_class, check_backend, simulator_version
+from sim_scenes.backends import backend_class, check_backend, make_env, simulator_version
 from sim_scenes.batched_env import BatchedEnv
-from sim_scenes.config import BACKENDS, SimConfig
+from sim_scenes.config import BACKENDS, SceneConfig, SimConfig
 from sim_scenes.isaaclab.env import ENV_VAR, IsaacLabMissingError
 from sim_scenes.mujoco.mujoco_env import MujocoBatchedEnv
 from sim_scenes.sim_robot import SimulatedRobot
-from sim_scenes.touch import SceneError, get_variant
+from sim_scenes.touch import SceneError, get_variant, sample_layout
 
 
 @pytest.mark.parametrize("name", sorted(BACKENDS))
@@ -48,3 +48,22 @@ def test_the_simulated_robot_runs_on_the_backend_sim_names(
     with pytest.raises(IsaacLabMissingError):  # it went to Isaac Lab, whose Python is missing
         robot.connect()
     assert not robot.is_connected
+
+
+def test_the_phrasing_reaches_the_backends_episodes(rp5: RobotSpec) -> None:
+    """``make_env(phrasing="unseen")``: the same scenes (state) as the trained phrasing, each
+    instruction the one :func:`sample_layout` words for the seed; an unknown phrasing is
+    refused when the env is made."""
+    seeds, scene, sim = [3, 4], SceneConfig(), SimConfig(num_envs=2)
+    with make_env(rp5, scene, sim, cameras=(), autoreset=False) as env:
+        trained = env.reset(seeds)
+    with make_env(rp5, scene, sim, cameras=(), autoreset=False, phrasing="unseen") as env:
+        unseen = env.reset(seeds)
+    task = scene.task()
+    assert unseen.instruction == [
+        sample_layout(task, rp5, s, phrasing="unseen").instruction for s in seeds
+    ]
+    assert unseen.instruction != trained.instruction
+    assert (unseen.state == trained.state).all()
+    with pytest.raises(SceneError, match="unknown phrasing 'novel'; valid choices"):
+        make_env(rp5, scene, sim, cameras=(), phrasing="novel")  # type: ignore[arg-type]

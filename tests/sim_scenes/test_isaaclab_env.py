@@ -30,7 +30,7 @@ from sim_scenes.isaaclab.client import IsaacLabWorkerError
 from sim_scenes.isaaclab.env import ENV_VAR, isaaclab_python
 from sim_scenes.mujoco.mujoco_env import MujocoBatchedEnv
 from sim_scenes.seeds import episode_seeds, next_episode_seed
-from sim_scenes.touch import COLOURS, get_variant
+from sim_scenes.touch import COLOURS, Phrasing, get_variant, sample_layout
 from tests.conftest import needs_isaaclab
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,9 +43,11 @@ def isaac(
     cameras: tuple[str, ...],
     autoreset: bool,
     scene: SceneConfig | None = None,
+    phrasing: Phrasing = "trained",
 ) -> BatchedEnv:
     sim = SimConfig(backend="isaaclab", num_envs=n)
-    return make_env(rp5, scene or SceneConfig(), sim, cameras=cameras, autoreset=autoreset)
+    scene = scene or SceneConfig()
+    return make_env(rp5, scene, sim, cameras=cameras, autoreset=autoreset, phrasing=phrasing)
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +130,8 @@ def test_scripted_expert_solves_the_same_episodes_in_the_same_steps(rp5: RobotSp
 @needs_isaaclab
 def test_the_scene_configs_task_overrides_reach_isaac_lab(rp5: RobotSpec) -> None:
     """A tighter radius held longer, and a shorter episode, as on MuJoCo (whose episodes of
-    the variant's own task the expert test above matches to a step)."""
+    the variant's own task the expert test above matches to a step); the unseen phrasing
+    (``phrasing``, an evaluation option) words the instructions as on MuJoCo."""
     seeds = episode_seeds(0, 4, "eval")
     expert = ScriptedExpert(rp5)
     strict = SceneConfig(success=SuccessConfig(radius=0.035, hold_steps=4))
@@ -136,8 +139,11 @@ def test_the_scene_configs_task_overrides_reach_isaac_lab(rp5: RobotSpec) -> Non
         on_mujoco = play_episodes(env, expert, seeds)
     with isaac(rp5, 4, (), autoreset=False, scene=strict) as env:
         tighter = play_episodes(env, expert, seeds)
-    with isaac(rp5, 4, (), autoreset=False, scene=SceneConfig(episode_steps=3)) as env:
+    short = SceneConfig(episode_steps=3)
+    with isaac(rp5, 4, (), autoreset=False, scene=short, phrasing="unseen") as env:
         cut = play_episodes(env, expert, seeds)
+    unseen = [sample_layout(short.task(), rp5, s, phrasing="unseen").instruction for s in seeds]
+    assert [r.instruction for r in cut] == unseen
     assert all(r.success for r in tighter)
     assert all(abs(a.length - b.length) <= 1 for a, b in zip(tighter, on_mujoco, strict=True))
     assert all(r.closest_target_distance < 0.035 for r in tighter)

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import hashlib
+import re
+from dataclasses import replace
+
 import pytest
 
 from robots.spec import RobotSpec
 from sim_scenes.touch import (
+    COLOUR_SYNONYMS,
     COLOURS,
+    SHAPE_SYNONYMS,
     SHAPE_WORDS,
+    TEMPLATES,
+    UNSEEN_TEMPLATES,
     VARIANTS,
     SceneError,
     available_variants,
@@ -15,6 +23,8 @@ from sim_scenes.touch import (
     heldout_variants,
     sample_layout,
 )
+from stages.dataset.layout import DatasetRef
+from stages.dataset.reader import open_dataset
 
 
 def test_same_seed_same_layout_different_seed_different_layout(rp5: RobotSpec) -> None:
@@ -89,3 +99,123 @@ def test_unknown_variant_lists_choices() -> None:
         SceneError, match=r"unknown scene variant 'touch-nothing'; valid choices: .*touch-mixed"
     ):
         get_variant("touch-nothing")
+
+
+# -- the unseen phrasings (evaluate.phrasing: unseen) ---------------------------------------
+
+
+def _pattern(template: str) -> re.Pattern[str]:
+    """A template as a regex: its words literal, ``{colour}`` and ``{shape}`` any one word."""
+    return re.compile(
+        re.escape(template).replace(r"\{colour\}", r"\w+").replace(r"\{shape\}", r"\w+")
+    )
+
+
+TRAINED_PATTERNS = [_pattern(t) for t in TEMPLATES]
+UNSEEN_PATTERNS = [_pattern(t) for t in UNSEEN_TEMPLATES]
+TRAINED_WORDS = (
+    {w for t in TEMPLATES for w in t.split() if not w.startswith("{")}
+    | set(COLOURS)
+    | {w for words in SHAPE_WORDS.values() for w in words}
+)
+"""Every word a training instruction can contain."""
+UNSEEN_WORDS = (
+    {w for t in UNSEEN_TEMPLATES for w in t.split() if not w.startswith("{")}
+    | {w for words in COLOUR_SYNONYMS.values() for w in words}
+    | {w for words in SHAPE_SYNONYMS.values() for w in words}
+)
+"""Every word an unseen instruction can contain."""
+
+
+def test_the_unseen_vocabulary_shares_no_template_and_no_word_with_training() -> None:
+    assert len(UNSEEN_TEMPLATES) >= 6 and not set(UNSEEN_TEMPLATES) & set(TEMPLATES)
+    assert set(COLOUR_SYNONYMS) == set(COLOURS) and set(SHAPE_SYNONYMS) == set(SHAPE_WORDS)
+    assert all(len(words) >= 2 for words in [*COLOUR_SYNONYMS.values(), *SHAPE_SYNONYMS.values()])
+    synonyms = [w for words in [*COLOUR_SYNONYMS.values(), *SHAPE_SYNONYMS.values()] for w in words]
+    assert len(set(synonyms)) == len(synonyms), "a synonym must name one colour or shape"
+    assert not UNSEEN_WORDS & TRAINED_WORDS
+
+
+def test_the_training_data_holds_no_unseen_template_or_word(tiny_dataset: DatasetRef) -> None:
+    """Every task string of a collected dataset is a trained phrasing: it matches a training
+    template and contains no word of the unseen vocabulary."""
+    tasks = open_dataset(tiny_dataset.path, check_videos=False).tasks
+    assert tasks
+    for task in tasks:
+        assert any(p.fullmatch(task) for p in TRAINED_PATTERNS), task
+        assert not any(p.fullmatch(task) for p in UNSEEN_PATTERNS), task
+        assert not set(task.split()) & UNSEEN_WORDS, task
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_unseen_instructions_name_the_target_in_words_training_never_uses(
+    rp5: RobotSpec, name: str
+) -> None:
+    variant = get_variant(name)
+    templates, words = set(), set()
+    for seed in range(300):
+        layout = sample_layout(variant, rp5, seed, phrasing="unseen")
+        text, target = layout.instruction, layout.objects[layout.target]
+        assert not any(p.fullmatch(text) for p in TRAINED_PATTERNS), text
+        assert not set(text.split()) & TRAINED_WORDS, text
+        assert set(text.split()) & set(COLOUR_SYNONYMS[target.colour]), text
+        assert set(text.split()) & set(SHAPE_SYNONYMS[target.shape]), text
+        templates |= {i for i, p in enumerate(UNSEEN_PATTERNS) if p.fullmatch(text)}
+        words |= set(text.split())
+    assert templates == set(range(len(UNSEEN_TEMPLATES))), "every unseen template is drawn"
+    shapes = {w for s in variant.shapes for w in SHAPE_SYNONYMS[s]}
+    assert shapes <= words, "every synonym of the variant's shapes is drawn"
+
+
+def test_trained_phrasing_draws_exactly_what_it_drew_before_unseen_existed(
+    rp5: RobotSpec,
+) -> None:
+    """Pinned before ``phrasing`` existed: the default and ``trained`` give the same scene,
+    target and instruction for every seed, bit for bit."""
+    digest = hashlib.sha256()
+    for name in sorted(VARIANTS):
+        for seed in (0, 1, 7, 123456789):
+            layout = sample_layout(VARIANTS[name], rp5, seed)
+            assert sample_layout(VARIANTS[name], rp5, seed, phrasing="trained") == layout
+            digest.update(repr(layout).encode())
+    mixed = get_variant("touch-mixed")
+    assert [sample_layout(mixed, rp5, s).instruction for s in (0, 1, 7)] == [
+        "touch the blue block",
+        "move to the green ball",
+        "move to the yellow ball",
+    ]
+    assert digest.hexdigest() == "d8730aaf588343370ed39dc163fc0c0754201a4fe22098aa6781d7a2bb0c691b"
+
+
+@pytest.mark.parametrize("retarget", [0, 1])
+def test_unseen_phrasing_keeps_the_scene_and_target_of_the_seed(
+    rp5: RobotSpec, retarget: int
+) -> None:
+    variant = get_variant("touch-mixed-clutter")
+    instructions = set()
+    for seed in range(50):
+        trained = sample_layout(variant, rp5, seed, retarget)
+        unseen = sample_layout(variant, rp5, seed, retarget, phrasing="unseen")
+        assert replace(unseen, instruction=trained.instruction) == trained
+        assert unseen == sample_layout(variant, rp5, seed, retarget, phrasing="unseen")
+        instructions.add(unseen.instruction)
+    assert len(instructions) > 20, "the unseen wording varies with the seed"
+    with pytest.raises(
+        SceneError, match="unknown phrasing 'novel'; valid choices: trained, unseen"
+    ):
+        sample_layout(variant, rp5, 0, phrasing="novel")  # type: ignore[arg-type]
+
+
+def test_the_default_vlas_tokenizer_knows_no_unseen_colour_word() -> None:
+    """What the comparison of issue 39 relies on: the word-level tokenizer trained on the task
+    family maps every colour synonym to [UNK] (and every trained colour to a word of its own)."""
+    from stages.policy.tokenizer import UNK, InstructionTokenizer, task_family_corpus
+
+    tokenizer = InstructionTokenizer.train(task_family_corpus())
+    unk = tokenizer.tokenizer.token_to_id(UNK)
+    unseen = [w for words in COLOUR_SYNONYMS.values() for w in words]
+    ids, mask = tokenizer(unseen)
+    assert mask.sum(axis=1).tolist() == [1] * len(unseen)  # one word, one token
+    assert ids[:, 0].tolist() == [unk] * len(unseen)
+    trained, _ = tokenizer(list(COLOURS))
+    assert unk not in trained[:, 0].tolist()

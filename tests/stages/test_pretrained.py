@@ -45,8 +45,13 @@ def no_network(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Any]]:
         tried.append(address)
         raise OSError(f"network blocked by the test: {address}")
 
+    def no_lookup(host: Any, *args: Any, **kwargs: Any) -> Any:
+        tried.append(host)  # a name looked up is a connection about to be tried
+        raise socket.gaierror(f"network blocked by the test: {host}")
+
     monkeypatch.setattr(socket.socket, "connect", refuse)
     monkeypatch.setattr(socket.socket, "connect_ex", refuse)
+    monkeypatch.setattr(socket, "getaddrinfo", no_lookup)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
     yield tried
@@ -91,8 +96,12 @@ def test_a_wrong_or_missing_weight_file_is_named_before_any_work(
     """``robo-pipe run`` (the console entry point, in this process: the CLI's start-up four
     times over would cost a minute) refuses each before it makes anything: exit 2, the field
     and the file named, no traceback."""
-    from pipelines.cli import main
+    from pipelines.cli import main, pipeline_verbs
 
+    def past_the_checks() -> None:  # a check that let one through: fail now, not after a run
+        raise AssertionError("robo-pipe run got past its input checks")
+
+    monkeypatch.setattr(pipeline_verbs, "stop_survivors", past_the_checks)
     (tmp_path / "notes.txt").write_text("not weights\n")
     torch.save(torch.nn.Linear(3, 2).state_dict(), tmp_path / "linear.pth")
     (tmp_path / "empty-model").mkdir()

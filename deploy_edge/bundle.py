@@ -8,6 +8,11 @@ edge runtime, the evaluation of an exported policy, the latency gate, the model 
                                                 ``policy.int8.onnx``: static INT8 with Q/DQ
                                                 nodes), scored against the FP32 graph; the
                                                 spec's ``variants`` lists them (:class:`Variant`)
+    <bundle>/instruction_encoder.onnx (+ .data) the instruction's own graph, for a policy that
+                                                encodes its instruction once per episode
+                                                (``policy.type: pretrained``): tokens ->
+                                                features the policy graph takes; FP32 always
+                                                (:class:`InstructionGraph`)
     <bundle>/io_spec.json                       the I/O spec (:class:`IOSpec`): every tensor's
                                                 name, dtype, shape and units; control rate,
                                                 chunk, tokenizer; provenance and parity
@@ -52,6 +57,8 @@ from robo_pipe.records import Record, RecordError
 
 ONNX_FILE = "policy.onnx"
 """The model as the export writes it (its external data, if any, is ``policy.onnx.data``)."""
+INSTRUCTION_FILE = "instruction_encoder.onnx"
+"""The instruction graph, when the policy has one (:class:`InstructionGraph`)."""
 IO_SPEC_FILE = "io_spec.json"
 TOKENIZER_DIR = "tokenizer"
 """Directory of the tokenizer files; ``tokenizer.json`` inside it is what the runtime loads."""
@@ -165,6 +172,39 @@ class WeightsProvenance(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
+class InstructionGraph(Record):
+    """The instruction's own graph, for a policy that encodes its instruction once per episode
+    (``policy.type: pretrained``: a frozen sentence encoder too large to run every tick). The
+    runtime tokenizes the instruction, runs this graph once per new instruction and feeds its
+    ``instruction`` output, with the ``token_mask``, to the policy graph every tick (the policy
+    graph's inputs then hold ``instruction`` where others hold ``tokens``)."""
+
+    onnx_file: str = INSTRUCTION_FILE
+    """The graph's file, bundle-relative (its external data beside it)."""
+    inputs: tuple[TensorSpec, ...]
+    """``tokens`` and ``token_mask``, int64 ``("batch", max_tokens)``."""
+    outputs: tuple[TensorSpec, ...]
+    """``instruction``, float32 ``("batch", max_tokens, features)``, padding rows zero."""
+    precision: str = "fp32"
+    """Always FP32: precision variants quantise the policy graph only (a once-per-episode
+    cost is not worth the sentence encoder's error)."""
+    parameters: int = 0
+    """Parameters of the encoder."""
+    parity_max_abs_error: float = 0.0
+    """Largest |ONNX Runtime - torch| of the features over the parity inputs."""
+
+    @property
+    def input_names(self) -> list[str]:
+        """Input names in graph order."""
+        return [t.name for t in self.inputs]
+
+    @property
+    def output_names(self) -> list[str]:
+        """Output names in graph order."""
+        return [t.name for t in self.outputs]
+
+
+@dataclass(frozen=True, kw_only=True)
 class IOSpec(Record):
     """``io_spec.json``: what a consumer needs to feed the model and read its outputs, without
     the training code; plus where the model came from and how closely it matches torch."""
@@ -222,6 +262,9 @@ class IOSpec(Record):
     """Wall time of the export (graph, variants, parity and scoring), s; 0: not recorded."""
     export_peak_rss_mb: float = 0.0
     """Peak resident memory of the exporting process, MiB; 0: not recorded."""
+    instruction_graph: InstructionGraph | None = None
+    """The instruction's own graph (:class:`InstructionGraph`), run once per episode; None:
+    the policy graph takes the tokens itself (``default``, ``hub-vlm``, older bundles)."""
     weights_sources: tuple[WeightsProvenance, ...] = ()
     """The pretrained encoders the policy is built on (:class:`WeightsProvenance`), from the
     checkpoint's base; empty for a policy with none recorded (``default``, ``hub-vlm``, an
@@ -240,6 +283,13 @@ class IOSpec(Record):
     def output_names(self) -> list[str]:
         """Output names in graph order."""
         return [t.name for t in self.outputs]
+
+    @property
+    def graph_files(self) -> tuple[str, ...]:
+        """Every ONNX file of the bundle, bundle-relative: the model, each precision variant's,
+        the instruction graph's."""
+        instruction = () if self.instruction_graph is None else (self.instruction_graph.onnx_file,)
+        return (self.onnx_file, *(v.onnx_file for v in self.variants), *instruction)
 
 
 _REQUIRED = tuple(
@@ -334,6 +384,14 @@ def bundle_files(directory: str | Path) -> list[Path]:
                 f"{variant.onnx_file!r}: no such file"
             )
         files += extra
+    if spec.instruction_graph is not None:
+        graph = model_files(root, spec.instruction_graph.onnx_file)
+        if not graph or graph[0].name != spec.instruction_graph.onnx_file:
+            raise IOSpecError(
+                f"{root / IO_SPEC_FILE}: instruction_graph: field 'onnx_file' = "
+                f"{spec.instruction_graph.onnx_file!r}: no such file"
+            )
+        files += graph
     files += [p for p in (root / spec.tokenizer).rglob("*") if p.is_file()]
     files += [
         root / f

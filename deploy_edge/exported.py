@@ -3,12 +3,18 @@
 Reads an export bundle (:mod:`deploy_edge.bundle`, written by ``stages/export``): its I/O spec,
 the ONNX file, the tokenizer files, each verified against the bundle's checksums when it is
 opened. Tokenizes instructions with the ``tokenizers`` library, feeds the engine, returns the
-action chunk in robot units. Imports nothing from ``stages``: an edge device needs only numpy,
-``tokenizers`` and its engine.
+action chunk in robot units. A bundle with an instruction graph
+(:class:`~deploy_edge.bundle.InstructionGraph`: ``policy.type: pretrained``) has its
+instruction encoded by that graph once per new instruction (on ONNX Runtime, whatever the
+engine: it runs once per episode), the features cached by the instruction's text and fed to
+the policy graph every tick; other bundles feed the tokens. Imports nothing from ``stages``:
+an edge device needs only numpy, ``tokenizers`` and its engine.
 """
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +33,9 @@ from deploy_edge.bundle import (
 from deploy_edge.engines import InferenceEngine, make_engine
 
 __all__ = ["ExportedPolicy", "IOSpecError", "read_io_spec"]
+
+INSTRUCTION_CACHE = 256
+"""Distinct instructions whose features an open policy keeps (an episode has one)."""
 
 
 class ExportedPolicy:
@@ -75,8 +84,11 @@ class ExportedPolicy:
                     f"{root / IO_SPEC_FILE}: no precision variant {variant!r} (variants: {names})"
                 )
             model, precision = chosen.onnx_file, chosen.precision
-        # What the engine reads first; nothing is built from a file that differs.
+        # What the engines read first; nothing is built from a file that differs.
+        graph = spec.instruction_graph
         first = [p.name for p in model_files(root, model)] + [REFERENCE_FILE]
+        if graph is not None:
+            first += [p.name for p in model_files(root, graph.onnx_file)]
         verify_bundle(root, only=first)
         reference = _load_reference(root)
         self.engine: InferenceEngine = make_engine(
@@ -97,6 +109,19 @@ class ExportedPolicy:
                 f"{root / IO_SPEC_FILE}: declares inputs {declared[0]} and outputs {declared[1]}, "
                 f"but the model has {actual[0]} and {actual[1]}"
             )
+        self.instruction_engine: InferenceEngine | None = None
+        """The instruction graph's engine (None: the policy graph takes the tokens)."""
+        if graph is not None:
+            self.instruction_engine = make_engine(root / graph.onnx_file, "onnxruntime")
+            declared = (graph.input_names, graph.output_names)
+            actual = (self.instruction_engine.input_names, self.instruction_engine.output_names)
+            if declared != actual:
+                raise IOSpecError(
+                    f"{root / IO_SPEC_FILE}: instruction_graph declares inputs {declared[0]} and "
+                    f"outputs {declared[1]}, but {graph.onnx_file} has {actual[0]} and {actual[1]}"
+                )
+        self._instructions: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self._instructions_lock = threading.Lock()  # the policy server infers from threads
         tokenizer_file = root / spec.tokenizer / TOKENIZER_FILE
         if not tokenizer_file.is_file():
             raise IOSpecError(f"{root}: tokenizer file {spec.tokenizer}/{TOKENIZER_FILE} missing")
@@ -108,18 +133,73 @@ class ExportedPolicy:
         self.tokenizer.enable_padding(pad_id=spec.pad_id, length=spec.max_tokens)
         self.tokenizer.enable_truncation(max_length=spec.max_tokens)
 
+    def tokenize(self, instructions: list[str]) -> dict[str, np.ndarray]:
+        """``tokens`` and ``token_mask``, int64 ``(B, max_tokens)``."""
+        encodings = self.tokenizer.encode_batch(instructions)
+        return {
+            "tokens": np.array([e.ids for e in encodings], dtype=np.int64),
+            "token_mask": np.array([e.attention_mask for e in encodings], dtype=np.int64),
+        }
+
+    def encode_instructions(self, instructions: list[str]) -> dict[str, np.ndarray]:
+        """The policy graph's instruction inputs: ``instruction`` float32 ``(B, max_tokens,
+        F)`` and ``token_mask``, each new instruction tokenized and run through the instruction
+        graph once, then taken from the cache (an episode's instruction is encoded at its
+        first tick). Needs an instruction graph."""
+        assert self.instruction_engine is not None, "no instruction graph in this bundle"
+        with self._instructions_lock:
+            new = sorted({t for t in instructions if t not in self._instructions})
+        if new:
+            text = self.tokenize(new)
+            features = self.instruction_engine.run(text)["instruction"]
+            with self._instructions_lock:
+                if len(self._instructions) + len(new) > INSTRUCTION_CACHE:
+                    self._instructions.clear()
+                for i, instruction in enumerate(new):
+                    self._instructions[instruction] = (features[i], text["token_mask"][i])
+        with self._instructions_lock:
+            rows = [self._instructions[t] for t in instructions]
+        return {
+            "instruction": np.stack([f for f, _ in rows]),
+            "token_mask": np.stack([m for _, m in rows]),
+        }
+
+    def time_instruction_encoding(self, instruction: str, runs: int) -> np.ndarray:
+        """Seconds of ``runs`` encodings of ``instruction`` (tokenization and the instruction
+        graph, uncached: what the first tick of an episode adds), after one untimed run; empty
+        without an instruction graph."""
+        engine = self.instruction_engine
+        if engine is None:
+            return np.zeros(0)
+        engine.run(self.tokenize([instruction]))
+        seconds = []
+        for _ in range(runs):
+            start = time.perf_counter()
+            engine.run(self.tokenize([instruction]))
+            seconds.append(time.perf_counter() - start)
+        return np.array(seconds)
+
     def feeds(
         self, images: dict[str, np.ndarray], state: np.ndarray, instructions: list[str]
     ) -> dict[str, np.ndarray]:
         """Engine inputs for a batch: images uint8 ``(B, H, W, 3)``, state ``(B, state_dim)``."""
-        encodings = self.tokenizer.encode_batch(instructions)
         feeds = {
             f"image_{c}": np.ascontiguousarray(images[c], dtype=np.uint8) for c in self.cameras
         }
         feeds["state"] = np.ascontiguousarray(state, dtype=np.float32)
-        feeds["tokens"] = np.array([e.ids for e in encodings], dtype=np.int64)
-        feeds["token_mask"] = np.array([e.attention_mask for e in encodings], dtype=np.int64)
-        return feeds
+        if self.instruction_engine is None:
+            return feeds | self.tokenize(instructions)
+        return feeds | self.encode_instructions(instructions)
+
+    def reference_feeds(self, reference: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The policy graph's inputs for reference inputs (``reference.npz``'s, a slice of
+        them): with an instruction graph, its ``instruction`` is computed here from the
+        reference tokens, so that a parity check covers the chain the episodes run."""
+        feeds = {n: reference[n] for n in self.engine.input_names if n != "instruction"}
+        if self.instruction_engine is not None:
+            text = {n: reference[n] for n in self.instruction_engine.input_names}
+            feeds["instruction"] = self.instruction_engine.run(text)["instruction"]
+        return {n: feeds[n] for n in self.engine.input_names}
 
     def infer(
         self, images: dict[str, np.ndarray], state: np.ndarray, instructions: list[str]

@@ -847,10 +847,10 @@ def _kind(member: tarfile.TarInfo) -> str:
 
 
 def _check_external_data(file: Path, manifest: Manifest, bundle: Path) -> None:
-    """Every external data location of the model and of each precision variant is a file of
-    the bundle the manifest lists (relative to the model's directory, as ONNX resolves it)."""
-    spec = manifest.io_spec
-    for model in (spec.onnx_file, *(v.onnx_file for v in spec.variants)):
+    """Every external data location of the model, of each precision variant and of the
+    instruction graph is a file of the bundle the manifest lists (relative to the model's
+    directory, as ONNX resolves it)."""
+    for model in manifest.io_spec.graph_files:
         _check_model_data(file, manifest, bundle, model)
 
 

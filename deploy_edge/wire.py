@@ -67,6 +67,9 @@ class GateFigures(Record):
     """``async``: observation taken -> action sent, p99."""
     seam_jump_max: float | None = None
     """``async``: the largest change of the action at a chunk seam, robot units."""
+    instruction_encode_p50_ms: float | None = None
+    """A bundle with an instruction graph: encoding the instruction, once per episode (not
+    in the per-tick figures above), p50; None: the policy graph takes the tokens."""
 
 
 @dataclass

@@ -212,7 +212,9 @@ def _parity_error(
     policy: ExportedPolicy, reference: dict[str, np.ndarray]
 ) -> tuple[float, int, np.ndarray | None]:
     """Largest |engine - expected| over the reference inputs (one at a time: an engine may be
-    built for batch 1), how many inputs, and the engine's actions on them."""
+    built for batch 1), how many inputs, and the engine's actions on them. With an
+    instruction graph, the chain: the reference tokens through it, its features to the
+    policy graph (:meth:`~deploy_edge.exported.ExportedPolicy.reference_feeds`)."""
     engine = policy.engine
     outputs = [n for n in engine.output_names if f"expected_{n}" in reference]
     if not outputs:
@@ -220,7 +222,7 @@ def _parity_error(
     batch = len(reference[engine.input_names[0]])
     error, actions = 0.0, []
     for i in range(batch):
-        got = engine.run({n: reference[n][i : i + 1] for n in engine.input_names})
+        got = engine.run(policy.reference_feeds({k: v[i : i + 1] for k, v in reference.items()}))
         for name in outputs:
             want = reference[f"expected_{name}"][i : i + 1]
             error = max(error, float(np.abs(got[name] - want).max()))
@@ -256,6 +258,7 @@ def _figures(report: Any) -> GateFigures:
         misses=float(report.misses),
         budget_ms=report.budget_ms,
         mode=report.mode,
+        instruction_encode_p50_ms=report.instruction_encode_p50_ms,
         inference_p99_ms=report.inference_p99_ms,
         action_age_p99_ms=report.action_age_p99_ms,
         seam_jump_max=report.seam_jump_max,

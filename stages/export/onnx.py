@@ -3,6 +3,9 @@
     <out>/policy.onnx (+ policy.onnx.data)   the graph: normalisation inside, LoRA merged
     <out>/policy.int8.onnx (+ .data)          its static INT8 Q/DQ variant, scored against it
                                               (``export.variants``; :mod:`stages.export.quantize`)
+    <out>/instruction_encoder.onnx (+ .data)  a policy with ``separate_instruction_graph``
+                                              (``pretrained``): tokens -> instruction features,
+                                              run once per episode; FP32 (never quantised)
     <out>/io_spec.json                        names, shapes, dtypes, units, control rate, chunk
     <out>/tokenizer/                          the policy's tokenizer files
     <out>/reference.npz                       reference inputs and torch outputs (parity checks)
@@ -19,7 +22,11 @@ inputs) is returned as it is.
 The graph comes from the policy's ``as_onnx()`` wrapper through the dynamo exporter (opset 18+)
 with a dynamic batch axis, its weights in external data (``policy.onnx.data``: a graph past
 2 GB cannot hold them in the protobuf). Parity against torch is measured on random inputs and
-reported.
+reported. A policy with ``separate_instruction_graph`` is exported as two graphs: the
+instruction graph (its frozen sentence encoder) and the policy graph taking its features in
+place of the tokens; parity is then the whole chain, tokens -> instruction graph -> policy graph
+in ONNX Runtime against the torch policy on the tokens, and ``reference.npz`` holds both the
+tokens and the torch features of them (each graph's reference inputs).
 
 With a dataset and ``export.variants`` (:class:`~stages.export.config.ExportConfig`), each
 variant is made from the FP32 file, calibrated on frames of some of the dataset's episodes and
@@ -50,11 +57,13 @@ import torch
 
 from deploy_edge.bundle import (
     BATCH,
+    INSTRUCTION_FILE,
     IO_SPEC_FILE,
     NORMALIZATION_FILE,
     ONNX_FILE,
     REFERENCE_FILE,
     TOKENIZER_DIR,
+    InstructionGraph,
     IOSpec,
     IOSpecError,
     TensorSpec,
@@ -72,7 +81,7 @@ from robo_pipe.errors import RoboPipeError
 from robo_pipe.integrity import CHECKSUMS_FILE, FileSum, IntegrityError, file_sums, writing
 from robo_pipe.records import Record
 from stages.export.config import ExportConfig
-from stages.policy.base import OnnxPolicy, VLAPolicy
+from stages.policy.base import OnnxInstructionEncoder, OnnxPolicy, VLAPolicy
 from stages.policy.checkpoint import (
     BaseRef,
     checkpoint_hash,
@@ -186,7 +195,6 @@ def export(
     )
     if existing is not None:
         return replace(existing, note=note)
-    import onnx
     import onnxruntime as ort
 
     policy = load_policy(checkpoint, verified).eval()
@@ -195,46 +203,50 @@ def export(
     staging = temporary_path(out)
     with writing(out, staging, kept=f"{out} is as it was"):
         staging.mkdir(parents=True)
-        batch = torch.export.Dim("batch", min=1, max=1024)
         example = wrapper.dummy_inputs(batch=2)
-        # The exporter's chatter (torchvision ops it skips, deprecations inside torch) is not ours.
-        with warnings.catch_warnings(), _quiet("torch.onnx", "torch.export"):
-            warnings.simplefilter("ignore", category=UserWarning)
-            warnings.simplefilter("ignore", category=FutureWarning)
-            torch.onnx.export(
-                wrapper,
-                example,
-                str(staging / ONNX_FILE),
-                input_names=wrapper.input_names,
-                output_names=wrapper.output_names,
-                # forward(*inputs): one varargs entry holding a shape spec per input
-                dynamic_shapes=(tuple({0: batch} for _ in example),),
-                opset_version=OPSET,
-                dynamo=True,
-                # Weights beside the graph (policy.onnx.data): a protobuf holds 2 GB at most,
-                # and a 500 M-parameter policy is 2 GB in FP32.
-                external_data=True,
-                verbose=False,
-            )
-        onnx.checker.check_model(str(staging / ONNX_FILE))  # a path: external data is read
+        _export_graph(wrapper, example, staging / ONNX_FILE)
+        instruction_wrapper = wrapper.instruction_graph()
+        if instruction_wrapper is not None:
+            tokens, mask = policy.tokenizer(["touch the red cube", "tap the blue ball"])
+            text_example = (torch.as_tensor(tokens), torch.as_tensor(mask))
+            _export_graph(instruction_wrapper, text_example, staging / INSTRUCTION_FILE)
         policy.tokenizer.save(str(staging / TOKENIZER_DIR))
 
         # Parity: random images and states with real instructions, and real dataset frames.
         session = ort.InferenceSession(str(staging / ONNX_FILE), providers=["CPUExecutionProvider"])
+        encoder = (
+            None
+            if instruction_wrapper is None
+            else ort.InferenceSession(
+                str(staging / INSTRUCTION_FILE), providers=["CPUExecutionProvider"]
+            )
+        )
         inputs = _random_inputs(policy, seed)
-        outputs, error = _parity(wrapper, session, inputs)
+        outputs, error, text_error = _parity(wrapper, session, encoder, inputs)
         parity = {"random": error}
         if dataset is not None:
-            parity["dataset"] = _parity(wrapper, session, _dataset_inputs(policy, Path(dataset)))[1]
+            dataset_inputs = _dataset_inputs(policy, Path(dataset))
+            _, parity["dataset"], dataset_text_error = _parity(
+                wrapper, session, encoder, dataset_inputs
+            )
+            text_error = max(text_error, dataset_text_error)
         if max(parity.values()) > tolerance:
             raise ExportError(
                 f"{checkpoint}: ONNX Runtime differs from torch by {max(parity.values()):.2e} "
                 f"(tolerance {tolerance:.0e}): {parity}"
             )
+        # Each graph's reference inputs: the tokens (instruction graph) and, with an instruction
+        # graph, the torch features of them (the policy graph's ``instruction``).
+        inputs |= wrapper.graph_inputs(inputs)
         reference: dict[str, Any] = {**inputs, **{f"expected_{k}": v for k, v in outputs.items()}}
         np.savez(staging / REFERENCE_FILE, **reference)
+        instruction = (
+            None
+            if instruction_wrapper is None
+            else _instruction_spec(instruction_wrapper, reference["instruction"], text_error)
+        )
         # Copies of the weights (torch's, ONNX Runtime's): the quantizer needs the memory at size.
-        del wrapper, session
+        del wrapper, session, encoder, instruction_wrapper
         variants = (
             _make_variants(policy, staging, Path(dataset), reference, wanted, config)
             if wanted and dataset is not None
@@ -248,7 +260,11 @@ def export(
             inputs=(
                 *(_tensor(f"image_{c}", "uint8", (side, side, 3), "RGB") for c in cfg.cameras),
                 _tensor("state", "float32", (cfg.state_dim,), "rad (joints), m (gripper)"),
-                _tensor("tokens", "int64", (cfg.max_tokens,), "token ids"),
+                *(
+                    (_tensor("tokens", "int64", (cfg.max_tokens,), "token ids"),)
+                    if instruction is None
+                    else instruction.outputs  # the policy graph takes the instruction's features
+                ),
                 _tensor("token_mask", "int64", (cfg.max_tokens,), "1 = token, 0 = padding"),
             ),
             outputs=tuple(
@@ -276,6 +292,7 @@ def export(
             export_seconds=round(time.perf_counter() - start, 2),
             export_peak_rss_mb=round(peak_rss_mb(), 1),
             weights_sources=weights_provenance(checkpoint),
+            instruction_graph=instruction,
         )
         write_io_spec(staging, spec)
         # The statistics the graph normalises with (already inside it): for inspection on the edge.
@@ -314,6 +331,62 @@ def update_variants(out: str | Path, variants: tuple[Variant, ...]) -> IOSpec:
     return new
 
 
+def _export_graph(
+    module: OnnxPolicy | OnnxInstructionEncoder, example: tuple[torch.Tensor, ...], path: Path
+) -> None:
+    """An export wrapper as an ONNX file at ``path``, its weights in external data, a dynamic
+    batch axis on every input; checked."""
+    import onnx
+
+    batch = torch.export.Dim("batch", min=1, max=1024)
+    varargs = isinstance(module, OnnxPolicy)
+    shapes = tuple({0: batch} for _ in example)
+    # The exporter's chatter (torchvision ops it skips, deprecations inside torch) is not ours.
+    with warnings.catch_warnings(), _quiet("torch.onnx", "torch.export"):
+        warnings.simplefilter("ignore", category=UserWarning)
+        warnings.simplefilter("ignore", category=FutureWarning)
+        torch.onnx.export(
+            module,
+            example,
+            str(path),
+            input_names=list(module.input_names),
+            output_names=list(module.output_names),
+            # forward(*inputs): one varargs entry holding a shape spec per input
+            dynamic_shapes=(shapes,) if varargs else shapes,
+            opset_version=OPSET,
+            dynamo=True,
+            # Weights beside the graph (policy.onnx.data): a protobuf holds 2 GB at most,
+            # and a 500 M-parameter policy is 2 GB in FP32.
+            external_data=True,
+            verbose=False,
+        )
+    onnx.checker.check_model(str(path))  # a path: external data is read
+
+
+def _instruction_spec(
+    wrapper: OnnxInstructionEncoder, features: np.ndarray, error: float
+) -> InstructionGraph:
+    """The spec of the instruction graph whose torch outputs on the reference tokens are
+    ``features`` ``(N, L, F)``, with its parity ``error``."""
+    length, width = features.shape[1:]
+    return InstructionGraph(
+        inputs=(
+            _tensor("tokens", "int64", (length,), "token ids"),
+            _tensor("token_mask", "int64", (length,), "1 = token, 0 = padding"),
+        ),
+        outputs=(
+            _tensor(
+                "instruction",
+                "float32",
+                (length, width),
+                "sentence-encoder token features (padding rows 0)",
+            ),
+        ),
+        parameters=sum(p.numel() for p in wrapper.parameters()),
+        parity_max_abs_error=error,
+    )
+
+
 def peak_rss_mb() -> float:
     """Peak resident memory of this process so far, MiB (``ru_maxrss``: KiB on Linux, bytes
     on macOS). A process that held more before the export reports that: the figure bounds
@@ -343,6 +416,14 @@ def _make_variants(
     )
 
     split = split_frames(policy, dataset, config.calibration_frames, config.score_frames)
+    # The policy graph's own inputs: with an instruction graph, its features of the tokens
+    # (the instruction graph is not quantised).
+    graph = OnnxPolicy(policy)  # wraps, copies nothing: only its instruction inputs are used
+    split = replace(
+        split,
+        calibration=graph.graph_inputs(split.calibration),
+        scoring=graph.graph_inputs(split.scoring),
+    )
     external = any(p.name != ONNX_FILE for p in model_files(staging, ONNX_FILE))
     layers = layers_to_quantize(staging / ONNX_FILE, config.keep_float)
     made: list[Variant] = []
@@ -486,22 +567,32 @@ def _dataset_inputs(policy: VLAPolicy, root: Path, n: int = 32) -> dict[str, np.
 
 
 def _parity(
-    wrapper: OnnxPolicy, session: Any, inputs: dict[str, np.ndarray]
-) -> tuple[dict[str, np.ndarray], float]:
-    """Torch outputs on ``inputs`` and the largest ONNX Runtime deviation from them, a few
-    frames at a time (a 512 px vision tower's activations for 32 frames at once are GiBs)."""
+    wrapper: OnnxPolicy, session: Any, encoder: Any, inputs: dict[str, np.ndarray]
+) -> tuple[dict[str, np.ndarray], float, float]:
+    """Torch outputs on ``inputs`` (images, states, tokens), the largest ONNX Runtime
+    deviation from them, and the instruction graph's largest deviation from torch's features
+    (0 without one), a few frames at a time (a 512 px vision tower's activations for 32 frames
+    at once are GiBs). With an instruction graph (``encoder``) ONNX Runtime runs the chain the
+    runtime runs: tokens -> ``encoder`` -> features -> ``session``."""
     frames = len(inputs["state"])
     parts: list[dict[str, np.ndarray]] = []
-    error = 0.0
+    error = text_error = 0.0
     for i in range(0, frames, PARITY_BATCH):
         chunk = {k: v[i : i + PARITY_BATCH] for k, v in inputs.items()}
+        torch_inputs = wrapper.graph_inputs(chunk)
         with torch.no_grad():
-            expected = wrapper(*(torch.as_tensor(chunk[k]) for k in wrapper.input_names))
+            expected = wrapper(*(torch.as_tensor(torch_inputs[k]) for k in wrapper.input_names))
         part = {k: v.numpy() for k, v in zip(wrapper.output_names, expected, strict=True)}
-        got = session.run(wrapper.output_names, chunk)
+        feeds = dict(chunk)
+        if encoder is not None:
+            text = {k: chunk[k] for k in OnnxInstructionEncoder.input_names}
+            feeds["instruction"] = encoder.run(OnnxInstructionEncoder.output_names, text)[0]
+            deviation = np.abs(feeds["instruction"] - torch_inputs["instruction"]).max()
+            text_error = max(text_error, float(deviation))
+        got = session.run(wrapper.output_names, {k: feeds[k] for k in wrapper.input_names})
         error = max(
             error, *(float(np.abs(g - part[k]).max()) for g, k in zip(got, part, strict=True))
         )
         parts.append(part)
     outputs = {k: np.concatenate([p[k] for p in parts]) for k in wrapper.output_names}
-    return outputs, error
+    return outputs, error, text_error

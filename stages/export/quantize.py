@@ -251,7 +251,8 @@ def score_variant(
         want.append(fp32.run(["actions"], feeds)[0])
     diff = np.abs(np.concatenate(got) - np.concatenate(want))  # (frames, chunk, action_dim)
     by_dim = diff.reshape(-1, diff.shape[-1]).mean(axis=0) / np.asarray(action_std)
-    feeds = {k: v for k, v in reference.items() if not k.startswith("expected_")}
+    # The graph's own inputs (a policy graph fed by an instruction graph takes no tokens).
+    feeds = {i.name: reference[i.name] for i in variant.get_inputs()}
     outputs = variant.run(output_names, feeds)
     reference_error = max(
         float(np.abs(o - reference[f"expected_{name}"]).max())

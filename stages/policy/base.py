@@ -23,7 +23,7 @@ from __future__ import annotations
 import copy
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, cast
 
 import numpy as np
 import torch
@@ -274,14 +274,39 @@ class VLAPolicy(nn.Module, ABC):
         return OnnxPolicy(model)
 
 
+class InstructionEncoding(Protocol):
+    """What a policy with ``separate_instruction_graph`` adds: the instruction encoded once
+    (token ids/mask -> features) by its own module, the rest of the policy from the features."""
+
+    instruction_encoder: nn.Module
+    """Token ids/mask int64 ``(B, L)`` -> instruction features float ``(B, L, F)``."""
+
+    def encode_instruction(self, tokens: torch.Tensor, token_mask: torch.Tensor) -> torch.Tensor:
+        """Token ids/mask ``(B, L)`` -> instruction features ``(B, L, F)``."""
+        ...
+
+    def encode_encoded(
+        self,
+        images: dict[str, torch.Tensor],
+        state: torch.Tensor,
+        instruction: torch.Tensor,
+        token_mask: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`VLAPolicy.encode` from instruction features."""
+        ...
+
+
 class OnnxPolicy(nn.Module):
     """Export wrapper: fixed input/output names, robot units in and out, no tokenizer.
 
     Inputs (in order): ``image_<camera>`` uint8 ``(B, H, W, 3)`` per camera, ``state`` float32
-    ``(B, state_dim)`` robot units, ``tokens`` and ``token_mask`` int64 ``(B, max_tokens)``
-    (from the tokenizer shipped beside the model). Outputs: ``actions`` float32 ``(B,
-    chunk_len, action_dim)`` robot units (the Gaussian's mean) and ``action_std`` float32
-    ``(B, chunk_len, action_dim)``. State normalisation and action de-normalisation are inside.
+    ``(B, state_dim)`` robot units, then the instruction: ``tokens`` and ``token_mask`` int64
+    ``(B, max_tokens)`` (from the tokenizer shipped beside the model), or, for a policy with
+    ``separate_instruction_graph``, ``instruction`` float32 ``(B, max_tokens, F)`` (what
+    :meth:`instruction_graph`'s graph computes from the tokens, once per episode) and
+    ``token_mask``. Outputs: ``actions`` float32 ``(B, chunk_len, action_dim)`` robot units
+    (the Gaussian's mean) and ``action_std`` float32 ``(B, chunk_len, action_dim)``. State
+    normalisation and action de-normalisation are inside.
     """
 
     output_names: ClassVar[list[str]] = ["actions", "action_std"]
@@ -290,15 +315,44 @@ class OnnxPolicy(nn.Module):
         super().__init__()
         self.policy = policy
         self.cameras = policy.cfg.cameras
-        self.input_names = [f"image_{c}" for c in self.cameras] + ["state", "tokens", "token_mask"]
+        self.separate = policy.separate_instruction_graph
+        text = ["instruction", "token_mask"] if self.separate else ["tokens", "token_mask"]
+        self.input_names = [f"image_{c}" for c in self.cameras] + ["state", *text]
 
     def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         n = len(self.cameras)
         images = dict(zip(self.cameras, inputs[:n], strict=True))
-        state, tokens, token_mask = inputs[n:]
-        out = self.policy(images, state, tokens, token_mask)
-        std = (out.log_std.exp() * self.policy.action_std).expand_as(out.mean)
-        return self.policy.denormalize_actions(out.mean), std
+        state, text, token_mask = inputs[n:]
+        if self.separate:
+            encoding = cast(InstructionEncoding, self.policy)
+            normalized = (state - self.policy.state_mean) / self.policy.state_std
+            features, _ = encoding.encode_encoded(images, normalized, text, token_mask)
+            mean, log_std = self.policy.action_head(features), self.policy.log_std
+        else:
+            out = self.policy(images, state, text, token_mask)
+            mean, log_std = out.mean, out.log_std
+        std = (log_std.exp() * self.policy.action_std).expand_as(mean)
+        return self.policy.denormalize_actions(mean), std
+
+    def instruction_graph(self) -> OnnxInstructionEncoder | None:
+        """The instruction's own graph (None: the policy graph takes the tokens)."""
+        if not self.separate:
+            return None
+        return OnnxInstructionEncoder(cast(InstructionEncoding, self.policy).instruction_encoder)
+
+    def graph_inputs(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The policy graph's inputs from batched observations as numpy arrays (images,
+        ``state``, ``tokens`` and ``token_mask``): as they are, or with an instruction graph
+        the tokens replaced by the features the policy's instruction encoder gives them."""
+        if not self.separate:
+            return {k: inputs[k] for k in self.input_names}
+        encoding = cast(InstructionEncoding, self.policy)
+        with torch.no_grad():
+            features = encoding.encode_instruction(
+                torch.as_tensor(inputs["tokens"]), torch.as_tensor(inputs["token_mask"])
+            )
+        given = inputs | {"instruction": features.numpy().astype(np.float32)}
+        return {k: given[k] for k in self.input_names}
 
     def dummy_inputs(self, batch: int = 1) -> tuple[torch.Tensor, ...]:
         """Example inputs of the right shapes and dtypes (tracing, parity checks)."""
@@ -307,4 +361,25 @@ class OnnxPolicy(nn.Module):
         images = [torch.zeros(batch, size, size, 3, dtype=torch.uint8) for _ in self.cameras]
         tokens, mask = self.policy.tokenizer(["touch the red cube"] * batch)
         state = self.policy.state_mean.expand(batch, -1).clone()
-        return (*images, state, torch.as_tensor(tokens), torch.as_tensor(mask))
+        if not self.separate:
+            return (*images, state, torch.as_tensor(tokens), torch.as_tensor(mask))
+        encoding = cast(InstructionEncoding, self.policy)
+        with torch.no_grad():
+            features = encoding.encode_instruction(torch.as_tensor(tokens), torch.as_tensor(mask))
+        return (*images, state, features, torch.as_tensor(mask))
+
+
+class OnnxInstructionEncoder(nn.Module):
+    """Export wrapper of a policy's instruction encoder (``instruction_encoder.onnx``): inputs
+    ``tokens`` and ``token_mask`` int64 ``(B, max_tokens)``, output ``instruction`` float32
+    ``(B, max_tokens, F)`` (padding rows zero). The runtime runs it once per new instruction."""
+
+    input_names: ClassVar[list[str]] = ["tokens", "token_mask"]
+    output_names: ClassVar[list[str]] = ["instruction"]
+
+    def __init__(self, encoder: nn.Module) -> None:
+        super().__init__()
+        self.encoder = encoder
+
+    def forward(self, tokens: torch.Tensor, token_mask: torch.Tensor) -> torch.Tensor:
+        return cast(torch.Tensor, self.encoder(tokens, token_mask))

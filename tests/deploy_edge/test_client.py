@@ -45,6 +45,7 @@ def record(id_: str, state: str) -> dict[str, Any]:
             "inference_p99_ms": 40.0,
             "action_age_p99_ms": 120.0,
             "seam_jump_max": 0.01,
+            "instruction_encode_p50_ms": None,
         },
         "variant": "int8",
         "trials": [

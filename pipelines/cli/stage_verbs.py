@@ -262,10 +262,11 @@ def evaluate(
     phrasing: Annotated[
         str | None,
         typer.Option(
-            metavar="trained|unseen",
+            metavar="trained|unseen|unseen-template|unseen-colour|unseen-shape",
             help="Word the instructions as the training data does (trained) or with templates "
             "and colour and shape synonyms no training instruction contains (unseen), on the "
-            "same scenes (evaluate.phrasing, default trained).",
+            "same scenes; unseen-template, unseen-colour and unseen-shape change only that part "
+            "(evaluate.phrasing, default trained).",
         ),
     ] = None,
     ray_address: RayAddressOpt = None,

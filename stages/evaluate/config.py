@@ -82,7 +82,9 @@ class EvalConfig(BaseModel):
     """How every variant's instructions are worded: ``trained`` (the phrasings training data
     uses) or ``unseen`` (templates and colour and shape synonyms no training instruction
     contains, :data:`sim_scenes.touch.UNSEEN_TEMPLATES`: does the policy understand words it
-    never saw?). The same scenes and targets for the same seeds either way."""
+    never saw?); ``unseen-template``, ``unseen-colour`` and ``unseen-shape`` change only that
+    part of the trained wording (which novelty does it fail on?). The same scenes and targets
+    for the same seeds whatever the phrasing."""
     episodes: int = Field(default=100, ge=1, le=1_000_000)
     """Episodes per variant (seeds from the run's ``eval`` seed stream); with a baseline and
     sequential comparison, the maximum."""

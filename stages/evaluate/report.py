@@ -169,6 +169,12 @@ _PHRASING_LINES = {
     "unseen": "Instructions in the **unseen** phrasings: templates and colour and shape words "
     "no training instruction contains (`evaluate.phrasing: unseen`); not comparable with an "
     "evaluation on the trained phrasings.",
+    "unseen-template": "Instructions in **unseen templates** with the trained colour and shape "
+    "words (`evaluate.phrasing: unseen-template`).",
+    "unseen-colour": "Instructions naming the colour with **unseen colour words**, in trained "
+    "templates with trained shape words (`evaluate.phrasing: unseen-colour`).",
+    "unseen-shape": "Instructions naming the shape with **unseen shape words**, in trained "
+    "templates with trained colour words (`evaluate.phrasing: unseen-shape`).",
 }
 
 

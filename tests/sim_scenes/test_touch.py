@@ -201,7 +201,8 @@ def test_unseen_phrasing_keeps_the_scene_and_target_of_the_seed(
         instructions.add(unseen.instruction)
     assert len(instructions) > 20, "the unseen wording varies with the seed"
     with pytest.raises(
-        SceneError, match="unknown phrasing 'novel'; valid choices: trained, unseen"
+        SceneError,
+        match="unknown phrasing 'novel'; valid choices: trained, unseen, unseen-template",
     ):
         sample_layout(variant, rp5, 0, phrasing="novel")  # type: ignore[arg-type]
 
@@ -219,3 +220,28 @@ def test_the_default_vlas_tokenizer_knows_no_unseen_colour_word() -> None:
     assert ids[:, 0].tolist() == [unk] * len(unseen)
     trained, _ = tokenizer(list(COLOURS))
     assert unk not in trained[:, 0].tolist()
+
+
+@pytest.mark.parametrize("part", ["template", "colour", "shape"])
+def test_a_partial_unseen_phrasing_changes_only_its_part(rp5: RobotSpec, part: str) -> None:
+    """``unseen-<part>`` words the instruction as ``trained`` does except for that part, which
+    is the one ``unseen`` uses: the scene, the target and the other two parts stay."""
+    variant = get_variant("touch-mixed")
+    for seed in range(60):
+        trained = sample_layout(variant, rp5, seed)
+        unseen = sample_layout(variant, rp5, seed, phrasing="unseen")
+        partial = sample_layout(variant, rp5, seed, phrasing=f"unseen-{part}")  # type: ignore[arg-type]
+        assert replace(partial, instruction=trained.instruction) == trained
+        target = trained.objects[trained.target]
+        words = partial.instruction.split()
+        colour_new = any(w in COLOUR_SYNONYMS[target.colour] for w in words)
+        shape_new = any(w in SHAPE_SYNONYMS[target.shape] for w in words)
+        template_new = any(p.fullmatch(partial.instruction) for p in UNSEEN_PATTERNS)
+        assert (template_new, colour_new, shape_new) == (
+            part == "template",
+            part == "colour",
+            part == "shape",
+        ), partial.instruction
+        assert (target.colour in words) == (part != "colour")
+        new_word = {w for w in words if w in UNSEEN_WORDS} - set(trained.instruction.split())
+        assert new_word <= set(unseen.instruction.split()), "the unseen draw's own words"

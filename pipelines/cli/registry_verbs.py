@@ -95,8 +95,9 @@ def show(
     json_out: JsonOpt = False,
 ) -> None:
     """A model's versions, or one version: its aliases, lineage, gate results, its precision
-    variants' figures (robo_pipe.variant.NAME.*), whether it has random weights, and the
-    devices it runs on (robo_pipe.device.NAME.*)."""
+    variants' figures (robo_pipe.variant.NAME.*), whether it has random weights, where a
+    pretrained policy's encoder weights came from and their licence (robo_pipe.weights.ROLE.*),
+    and the devices it runs on (robo_pipe.device.NAME.*)."""
     name, which = registry.parse_model_ref(model)  # bad input: before anything is read
     missing = read_registry()
     if missing:

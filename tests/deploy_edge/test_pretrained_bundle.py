@@ -23,7 +23,7 @@ from fastapi.testclient import TestClient
 
 from deploy_edge.agent.deployer import Deployer
 from deploy_edge.agent.service import create_app
-from deploy_edge.bundle import INSTRUCTION_FILE, ONNX_FILE, read_io_spec
+from deploy_edge.bundle import INSTRUCTION_FILE, ONNX_FILE, read_io_spec, write_bundle_checksums
 from deploy_edge.exported import ExportedPolicy
 from deploy_edge.keys import load_private_key
 from deploy_edge.latency import load_target, run_gate
@@ -157,6 +157,29 @@ def test_both_graphs_are_signed_and_a_tampered_instruction_graph_is_refused(
         graph.write(bytes([first[0] ^ 1]))
     with pytest.raises(IntegrityError, match=INSTRUCTION_FILE):
         ExportedPolicy(copy)
+
+
+def test_device_parity_runs_the_reference_tokens_through_the_instruction_graph(
+    pretrained_export: Path, keys: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """Genuinely signed, but the reference tokens are another instruction's than the one its
+    features and expected actions were computed from: the policy graph alone on the reference
+    features agrees, the chain the episodes run does not: refused at parity."""
+    bundle = Path(shutil.copytree(pretrained_export, tmp_path / "bundle"))
+    reference = dict(np.load(bundle / "reference.npz"))
+    for name in ("tokens", "token_mask"):  # rows alternate two instructions: swap them
+        reference[name] = np.roll(reference[name], 1, axis=0)
+    np.savez(bundle / "reference.npz", **reference)
+    write_bundle_checksums(bundle)
+    release = tmp_path / "swapped.release"
+    private = load_private_key(keys[0])
+    write_release(
+        bundle, release, private, model_name="pretrained", model_version="1", run_id="r", release=1
+    )
+    done = Deployer(device_config(tmp_path / "state", keys[1])).deploy(release)
+    assert done.state == "refused"
+    assert [(s.name, s.ok) for s in done.steps][-2:] == [("engine", True), ("parity", False)]
+    assert done.reason.startswith("parity: max |error| "), done.reason
 
 
 def test_the_agent_deploys_it_runs_an_episode_and_serves_it(

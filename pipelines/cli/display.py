@@ -358,6 +358,10 @@ def show_latency(report: LatencyReport, out: Console = console) -> None:
         from deploy_edge.latency import async_line
 
         out.print(async_line(report), highlight=False)
+    if report.instruction_encode_p50_ms is not None:  # once per episode: beside the tick's
+        from deploy_edge.latency import encode_line
+
+        out.print(encode_line(report), highlight=False)
 
 
 def show_pipeline_result(

@@ -20,15 +20,17 @@ import numpy as np
 import pytest
 import torch
 from fastapi.testclient import TestClient
+from rich.console import Console
 
 from deploy_edge.agent.deployer import Deployer
 from deploy_edge.agent.service import create_app
 from deploy_edge.bundle import INSTRUCTION_FILE, ONNX_FILE, read_io_spec, write_bundle_checksums
 from deploy_edge.exported import ExportedPolicy
 from deploy_edge.keys import load_private_key
-from deploy_edge.latency import load_target, run_gate
+from deploy_edge.latency import LatencyReport, load_target, run_gate
 from deploy_edge.policy_client import ChunkFrame, ObservationFrame, encode_image
 from deploy_edge.release import BUNDLE_DIR, write_release
+from pipelines.cli.display import show_latency
 from robo_pipe.integrity import IntegrityError
 from robots.spec import get_robot
 from sim_scenes.sim_robot import SimulatedRobot
@@ -202,6 +204,13 @@ def test_the_agent_deploys_it_runs_an_episode_and_serves_it(
     assert report["instruction_encode_p50_ms"] == done.gate.instruction_encode_p50_ms
     assert report["instruction_encode_max_ms"] >= report["instruction_encode_p50_ms"]
     assert "instruction encoding, once per episode" in (gate / "latency.md").read_text()
+    shown = Console(record=True, width=250)
+    show_latency(LatencyReport.from_json(report), shown)  # what `robo-pipe gate` prints
+    p50 = report["instruction_encode_p50_ms"]
+    assert (
+        f"instruction encoding, once per episode (not in the tick figures): p50 {p50:.2f} ms"
+        in (shown.export_text())
+    )
 
     headers = {"Authorization": f"Bearer {TOKEN}"}
     with TestClient(create_app(config, deployer)) as agent:

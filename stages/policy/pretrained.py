@@ -180,12 +180,31 @@ def load_vision(source: WeightsSource) -> EfficientNetLite0:
             f"({type(err).__name__}: {err})"
         ) from err
     model = EfficientNetLite0()
-    try:
-        model.load_state_dict(state, strict=True)
-    except (RuntimeError, TypeError, AttributeError) as err:
+    if not isinstance(state, dict):
+        raise WeightsError(f"vision weights {source.path}: not a state dict")
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    misshaped = sorted(
+        k
+        for k in set(expected) & set(state)
+        if getattr(state[k], "shape", None) != expected[k].shape
+    )
+    if missing or unexpected or misshaped:
+        problems = [
+            f"{len(names)} {what} (first: {', '.join(names[:3])})"
+            for what, names in (
+                ("missing", missing),
+                ("unexpected", unexpected),
+                ("mis-shaped", misshaped),
+            )
+            if names
+        ]
         raise WeightsError(
-            f"vision weights {source.path}: not an EfficientNet-Lite0 state dict ({err})"
-        ) from err
+            f"vision weights {source.path}: not an EfficientNet-Lite0 state dict: "
+            f"tensors {'; '.join(problems)}"
+        )
+    model.load_state_dict(state, strict=True)
     return model.eval().requires_grad_(False)
 
 

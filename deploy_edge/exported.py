@@ -112,7 +112,10 @@ class ExportedPolicy:
         self.instruction_engine: InferenceEngine | None = None
         """The instruction graph's engine (None: the policy graph takes the tokens)."""
         if graph is not None:
-            self.instruction_engine = make_engine(root / graph.onnx_file, "onnxruntime")
+            # ONNX Runtime whatever the profile's engine: it runs once per episode, where a
+            # TensorRT build of the sentence encoder would cost more than it saves.
+            path = root / graph.onnx_file
+            self.instruction_engine = make_engine(path, "onnxruntime", threads=threads)
             declared = (graph.input_names, graph.output_names)
             actual = (self.instruction_engine.input_names, self.instruction_engine.output_names)
             if declared != actual:

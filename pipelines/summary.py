@@ -426,9 +426,10 @@ def markdown(
         ]
     if cand.comparison:
         lines += comparison_markdown(cand.comparison)
-    from deploy_edge.latency import async_line  # the run's own figures, as the CLI says them
+    from deploy_edge.latency import async_line, encode_line  # as the CLI says them
 
     async_figures = async_line(latency) if latency.mode == "async" else ""
+    encoding = encode_line(latency)  # "" unless the bundle has an instruction graph
     lines += [
         "",
         "## Latency gate (whole control step on this machine)",
@@ -440,6 +441,7 @@ def markdown(
         f"{latency.misses} |",
         "",
         *([f"Inference off the tick ({async_figures}).", ""] if async_figures else []),
+        *([f"{encoding[0].upper()}{encoding[1:]}.", ""] if encoding else []),
         "Measured on " + ", ".join(f"{k} {v}" for k, v in latency.measured_on.items()) + ".",
         "",
         "## Data and training",

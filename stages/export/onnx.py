@@ -347,7 +347,9 @@ def _export_graph(
     varargs = isinstance(module, OnnxPolicy)
     shapes = tuple({0: batch} for _ in example)
     # The exporter's chatter (torchvision ops it skips, deprecations inside torch) is not ours.
-    with warnings.catch_warnings(), _quiet("torch.onnx", "torch.export"):
+    # onnxscript's constant folding logs each fold it skips (MiniLM's graph: "Evaluation
+    # failed: cannot reshape ..."): harmless, and noise in the user's output.
+    with warnings.catch_warnings(), _quiet("torch.onnx", "torch.export", "onnxscript.optimizer"):
         warnings.simplefilter("ignore", category=UserWarning)
         warnings.simplefilter("ignore", category=FutureWarning)
         torch.onnx.export(

@@ -1,0 +1,200 @@
+"""The pretrained VLA against the default one, on words and scenes neither was trained on.
+
+Both policy types are fine-tuned on the same demonstrations (the demo's: ``collect.episodes`` of
+touch-mixed, scripted expert) -- the default VLA from its base pretrained on the other variants
+(``robo-pipe pretrain``), the ``pretrained`` type from ImageNet EfficientNet-Lite0 and the
+all-MiniLM-L6-v2 sentence encoder (frozen, from their wheels) -- and then play the same held-out
+seeds (the ``eval`` stream, never used for data) closed loop in MuJoCo:
+
+- **trained phrasings**: touch-mixed as the demonstrations word it;
+- **unseen phrasings**: the same scenes and targets, worded with templates, colour words and
+  shape words no demonstration contains (``evaluate.phrasing: unseen``;
+  :data:`sim_scenes.touch.UNSEEN_TEMPLATES`, ``COLOUR_SYNONYMS``, ``SHAPE_SYNONYMS``);
+- **unseen-template / -colour / -shape**: only that part of the wording unseen (which novelty
+  a type fails on);
+- **shifted**: touch-mixed-shifted (stronger lighting and camera jitter), trained phrasings.
+
+For each: success with its 95% Wilson interval, and the paired exact McNemar p-value of the
+difference on the same seeds (two-sided: twice the smaller one-sided p, capped at 1). Then:
+demonstrations needed to reach 90% on trained phrasings (each type fine-tuned on the first N
+episodes of the dataset, N in ``--demos``), fine-tune wall seconds (and the default's
+pretraining, which it needs and the pretrained type does not), and the export's p99 of the whole
+control step on ``local-cpu`` (the latency gate; FP32 graph) beside the pretrained type's
+once-per-episode instruction encoding.
+
+Goal (issue 39): on unseen phrasings the pretrained type >= 80% where the default is near
+chance, with trained-phrasing success not significantly worse than the default's.
+
+Run: ``python benchmarks/pretrained_vla.py [--quick] [--episodes N] [--demos 100,300,...]``
+(full: about 2 hours on 2 cores with a cold home; ``--quick``: 500 demonstrations, 400 BC
+steps, 50 episodes per suite, no demonstrations sweep, about 15 minutes). Uses
+``$ROBO_PIPE_HOME`` (its caches make a second run fast). The last line is ``key=value`` pairs.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+
+from pipelines.config import CONFIG_DIR, PipelineConfig, load_config
+from pipelines.home import home_dir
+from pipelines.steps import (
+    collect_dataset,
+    export_checkpoint,
+    finetune_policy,
+    measure_latency,
+    pretrain_base,
+)
+from robots.spec import get_robot
+from sim_scenes.backends import make_env
+from sim_scenes.episodes import play_episodes
+from sim_scenes.seeds import episode_seeds
+from sim_scenes.touch import Phrasing
+from stages.evaluate.policies import CheckpointPolicy
+from stages.finetune.checkpoints import read_metrics
+from stages.statistics import mcnemar_p_value, wilson_interval
+
+TYPES = ("default", "pretrained")
+SUITES: dict[str, tuple[str, Phrasing]] = {
+    "trained": ("touch-mixed", "trained"),
+    "unseen": ("touch-mixed", "unseen"),
+    "unseen-template": ("touch-mixed", "unseen-template"),
+    "unseen-colour": ("touch-mixed", "unseen-colour"),
+    "unseen-shape": ("touch-mixed", "unseen-shape"),
+    "shifted": ("touch-mixed-shifted", "trained"),
+}
+"""Suite label -> (scene variant, phrasing)."""
+
+
+def configure(base: Path, policy_type: str, overrides: list[str]) -> PipelineConfig:
+    """The demo config with ``policy.type`` and the benchmark's overrides."""
+    return load_config(base, [f"policy.type={policy_type}", *overrides])
+
+
+def outcomes(
+    cfg: PipelineConfig, checkpoint: str, variant: str, phrasing: Phrasing, seeds: list[int]
+) -> np.ndarray:
+    """Closed-loop success (bool per seed) of ``checkpoint`` on ``variant``."""
+    policy = CheckpointPolicy(checkpoint, threads=2)
+    scene = cfg.scene.model_copy(update={"variant": variant})
+    env = make_env(get_robot(cfg.robot), scene, cfg.sim, autoreset=False, phrasing=phrasing)
+    try:
+        records = play_episodes(env, lambda _, obs: policy.predict_chunk(obs)[:, 0], seeds)
+    finally:
+        env.close()
+    return np.array([r.success for r in records], dtype=bool)
+
+
+def two_sided_p(candidate: np.ndarray, baseline: np.ndarray) -> float:
+    """Exact McNemar, two-sided, on paired outcomes of the same seeds."""
+    only_c = int(np.sum(candidate & ~baseline))
+    only_b = int(np.sum(baseline & ~candidate))
+    return min(1.0, 2 * min(mcnemar_p_value(only_c, only_b), mcnemar_p_value(only_b, only_c)))
+
+
+def rate_text(hits: np.ndarray) -> str:
+    low, high = wilson_interval(int(hits.sum()), len(hits))
+    return f"{hits.mean():6.1%} [{low:.1%}, {high:.1%}]"
+
+
+def trained_seconds(checkpoint: str) -> float:
+    """Wall seconds the training behind ``checkpoint`` took, from its logged metrics (the
+    span of their timestamps, scaled to every step): a cached checkpoint reports the time it
+    took when it ran."""
+    logged = read_metrics(Path(checkpoint).parent)
+    if len(logged) < 2:
+        return float("nan")
+    first, last = logged[0], logged[-1]
+    span = last["time"] - first["time"]
+    return span * last["step"] / max(1, last["step"] - first["step"])
+
+
+def train(cfg: PipelineConfig) -> tuple[str, float, float]:
+    """(checkpoint, pretraining seconds, fine-tuning seconds) for ``cfg``, cached in the home
+    (the default VLA pretrains its base first; the pretrained type needs none)."""
+    name = cfg.dataset_name()  # its key leaves out the episode count: one folder per count
+    dataset = collect_dataset(cfg, out=home_dir("datasets") / f"{name}-{cfg.collect.episodes}")
+    base = pretrain_base(cfg)
+    ref = finetune_policy(cfg, dataset, base)
+    pretrain_s = trained_seconds(base.path) if base is not None else 0.0
+    return ref.path, pretrain_s, trained_seconds(ref.path)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small data, short runs")
+    parser.add_argument("--episodes", type=int, default=200, help="episodes per suite")
+    parser.add_argument("--demos", default="100,300,1000,2000", help="dataset sizes to sweep")
+    parser.add_argument("--config", type=Path, default=CONFIG_DIR / "demo.yaml")
+    args = parser.parse_args()
+    overrides = ["export.variants=[]"]  # FP32: the latency figure is the graph's own
+    episodes, sizes = args.episodes, [int(n) for n in args.demos.split(",") if n]
+    if args.quick:
+        overrides += ["collect.episodes=500", "finetune.bc.steps=400", "pretrain.bc.steps=600"]
+        episodes, sizes = 50, []
+
+    seeds = episode_seeds(load_config(args.config).seed, episodes, "eval")
+    results: dict[str, dict[str, np.ndarray]] = {}
+    timing: dict[str, tuple[float, float]] = {}
+    latency: dict[str, dict[str, float]] = {}
+    for policy_type in TYPES:
+        cfg = configure(args.config, policy_type, overrides)
+        checkpoint, pretrain_s, finetune_s = train(cfg)
+        timing[policy_type] = (pretrain_s, finetune_s)
+        print(f"{policy_type}: pretrain {pretrain_s:.0f} s, fine-tune {finetune_s:.0f} s")
+        results[policy_type] = {
+            label: outcomes(cfg, checkpoint, variant, phrasing, seeds)
+            for label, (variant, phrasing) in SUITES.items()
+        }
+        for label, hits in results[policy_type].items():
+            print(f"  {label:<16} {rate_text(hits)}")
+        export = home_dir("exports") / f"bench-pretrained-vla-{policy_type}-{Path(checkpoint).name}"
+        export_checkpoint(cfg, Path(checkpoint), export)
+        report = measure_latency(cfg, export, export / "latency")
+        latency[policy_type] = {
+            "p99_ms": float(report.p99_ms),
+            "instruction_ms": float(report.instruction_encode_p50_ms or 0.0),
+        }
+
+    to_90: dict[str, str] = {}
+    for policy_type in TYPES:
+        to_90[policy_type] = "none"
+        for n in sizes:
+            cfg = configure(args.config, policy_type, [*overrides, f"collect.episodes={n}"])
+            checkpoint, _, _ = train(cfg)
+            hits = outcomes(cfg, checkpoint, "touch-mixed", "trained", seeds[:100])
+            print(f"{policy_type} with {n} demonstrations: trained phrasings {rate_text(hits)}")
+            if hits.mean() >= 0.9:
+                to_90[policy_type] = str(n)
+                break
+
+    print(f"\n{episodes} held-out seeds per suite, the same for both types")
+    print(f"{'suite':<16} {'default':>26} {'pretrained':>26} {'paired p':>9}")
+    pairs = {}
+    for label in SUITES:
+        d, p = results["default"][label], results["pretrained"][label]
+        pairs[label] = two_sided_p(p, d)
+        print(f"{label:<16} {rate_text(d):>26} {rate_text(p):>26} {pairs[label]:>9.3g}")
+    for policy_type in TYPES:
+        pre, fine = timing[policy_type]
+        print(
+            f"{policy_type}: pretrain {pre:.0f} s, fine-tune {fine:.0f} s, p99 control step "
+            f"{latency[policy_type]['p99_ms']:.1f} ms, instruction encoding once per episode "
+            f"{latency[policy_type]['instruction_ms']:.1f} ms, demonstrations to 90%: "
+            f"{to_90[policy_type]}"
+        )
+    line = {f"{t}_{label}": f"{results[t][label].mean():.3f}" for t in TYPES for label in SUITES}
+    line |= {f"p_{label}": f"{pairs[label]:.3g}" for label in SUITES}
+    line |= {f"{t}_finetune_s": f"{timing[t][1]:.0f}" for t in TYPES}
+    line |= {"default_pretrain_s": f"{timing['default'][0]:.0f}"}
+    line |= {f"{t}_p99_ms": f"{latency[t]['p99_ms']:.1f}" for t in TYPES}
+    line |= {"pretrained_instruction_ms": f"{latency['pretrained']['instruction_ms']:.1f}"}
+    line |= {f"{t}_demos_to_90": to_90[t] for t in TYPES}
+    line |= {"episodes": str(episodes)}
+    print(" ".join(f"{k}={v}" for k, v in line.items()))
+
+
+if __name__ == "__main__":
+    main()

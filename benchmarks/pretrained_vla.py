@@ -25,10 +25,13 @@ once-per-episode instruction encoding.
 Goal (issue 39): on unseen phrasings the pretrained type >= 80% where the default is near
 chance, with trained-phrasing success not significantly worse than the default's.
 
-Run: ``python benchmarks/pretrained_vla.py [--quick] [--episodes N] [--demos 100,300,...]``
-(full: about 2 hours on 2 cores with a cold home; ``--quick``: 500 demonstrations, 400 BC
-steps, 50 episodes per suite, no demonstrations sweep, about 15 minutes). Uses
-``$ROBO_PIPE_HOME`` (its caches make a second run fast). The last line is ``key=value`` pairs.
+Run: ``python benchmarks/pretrained_vla.py [--quick] [--episodes N] [--demos 100,300,...]``.
+``--episodes 100 --demos 300,1000,2000`` took about 60 minutes (over one restart) on 2 cores
+shared with a CI run, from
+a home with nothing cached (docs/benchmarks.md has its figures); ``--quick``: 500
+demonstrations, 400 BC steps, 600 pretraining steps, 50 episodes per suite, no demonstrations
+sweep. Uses ``$ROBO_PIPE_HOME`` (its caches make a second run fast). The last line is
+``key=value`` pairs.
 """
 
 from __future__ import annotations

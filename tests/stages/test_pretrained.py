@@ -22,6 +22,7 @@ from stages.policy.pretrained import (
     TEXT_PACKAGE,
     VISION_FILE,
     VISION_PACKAGE,
+    PretrainedVLA,
     load_text,
     text_source,
 )
@@ -189,3 +190,27 @@ def test_the_text_encoder_puts_a_synonym_nearest_its_own_colour() -> None:
         print(f"{word:10} ({colour:6}) nearest {nearest[word]:6} {row.max():.3f}, own {own:.3f}")
     assert {word: nearest[word] for word in SYNONYM_COLOURS} == SYNONYM_COLOURS
     assert all(synonyms[word] == colour for word, colour in SYNONYM_COLOURS.items())
+
+
+def test_the_sentence_encoder_stays_frozen_and_its_memo_matches_a_fresh_run() -> None:
+    """Under ``finetune.trainable: all`` (``requires_grad_(True)``) the image encoder may train
+    but the sentence encoder never does: its outputs are memoised per instruction, and a
+    trained encoder would make the memo stale. The memo gives what a fresh run gives, and a
+    batch of repeated instructions runs the encoder once per distinct instruction."""
+    policy, _ = new_policy(PolicyConfig(type="pretrained"), ["scene"], 64, 6, 6)
+    assert isinstance(policy, PretrainedVLA)
+    policy.requires_grad_(True)
+    encoder = policy.instruction_encoder
+    assert not any(p.requires_grad for p in encoder.parameters())
+    assert all(p.requires_grad for p in policy.vision.parameters())
+    texts = ["touch the red cube", "tap the blue ball", "touch the red cube"]
+    tokens, mask = (torch.as_tensor(a) for a in policy.tokenizer(texts))
+    calls: list[int] = []
+    encoder.register_forward_hook(lambda _m, inputs, _o: calls.append(len(inputs[0])))
+    memo = policy.encode_instruction(tokens, mask)
+    again = policy.encode_instruction(tokens, mask)
+    assert calls == [2], "one run, of the two distinct instructions; none the second time"
+    with torch.no_grad():
+        fresh = encoder(tokens, mask)
+    torch.testing.assert_close(memo, fresh)
+    torch.testing.assert_close(again, fresh)

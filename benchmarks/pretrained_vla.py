@@ -29,7 +29,8 @@ Run: ``python benchmarks/pretrained_vla.py [--quick] [--episodes N] [--demos 100
 ``--episodes 100 --demos 300,1000,2000`` took about 60 minutes (over one restart) on 2 cores
 shared with a CI run, from a home with nothing cached (docs/benchmarks.md has its figures);
 ``--quick``: 500 demonstrations, 400 BC steps, 600 pretraining steps, 50 episodes per suite,
-no demonstrations sweep. Uses ``$ROBO_PIPE_HOME`` (its caches make a second run fast). The last line is
+no demonstrations sweep (about 9 minutes; its policies barely train: it checks the pipeline,
+not success). Uses ``$ROBO_PIPE_HOME`` (its caches make a second run fast). The last line is
 ``key=value`` pairs.
 """
 

@@ -44,6 +44,7 @@ from robo_pipe.records import Record
 from stages.policy.base import Normalizer, VLAPolicy
 from stages.policy.config import LoraSettings, VLAConfig
 from stages.policy.efficientnet_lite import STAGE_CHANNELS, EfficientNetLite0
+from stages.policy.vla import run_token_transformer, token_transformer
 
 VISION_STAGES = 3
 """EfficientNet stages used: stride 8, 40 channels (an 8x8 map of a 64 px image). Deeper
@@ -308,8 +309,6 @@ class PretrainedVLA(VLAPolicy):
         sources: tuple[WeightsSource, WeightsSource],
     ) -> None:
         super().__init__(cfg, tokenizer, normalizer, cfg.d_model, VISION_TOKENS * len(cfg.cameras))
-        from transformers import BertConfig, BertModel
-
         d = cfg.d_model
         self.sources = sources
         self.vision = vision
@@ -321,23 +320,7 @@ class PretrainedVLA(VLAPolicy):
         self.action_queries = nn.Parameter(torch.zeros(1, cfg.chunk_len, d))
         nn.init.normal_(self.token_pos, std=0.02)
         nn.init.normal_(self.action_queries, std=0.02)
-        self.transformer = BertModel(
-            BertConfig(
-                hidden_size=d,
-                num_hidden_layers=cfg.n_layers,
-                num_attention_heads=cfg.n_heads,
-                intermediate_size=4 * d,
-                vocab_size=1,
-                max_position_embeddings=VISION_TOKENS * len(cfg.cameras)
-                + cfg.max_tokens
-                + 1
-                + cfg.chunk_len,
-                hidden_dropout_prob=0.0,
-                attention_probs_dropout_prob=0.0,
-            ),
-            add_pooling_layer=False,
-        )
-        del self.transformer.embeddings.word_embeddings  # fed embeddings; see DefaultVLA
+        self.transformer = token_transformer(cfg, VISION_TOKENS * len(cfg.cameras))
         self._instruction_cache: dict[bytes, torch.Tensor] = {}
 
     def lora_targets(self, settings: LoraSettings) -> str:
@@ -398,13 +381,8 @@ class PretrainedVLA(VLAPolicy):
         vision = torch.cat(
             [self.adapters[cam](images[cam], text) for cam in self.cfg.cameras], dim=1
         )
-        batch = state.shape[0]
-        queries = self.action_queries.expand(batch, -1, -1)
-        sequence = torch.cat([vision, words, self.state_proj(state)[:, None], queries], dim=1)
-        n_vision = vision.shape[1]
-        ones = torch.ones(batch, sequence.shape[1] - words.shape[1], dtype=mask.dtype)
-        attention = torch.cat([ones[:, :n_vision], mask, ones[:, n_vision:]], dim=1)
-        hidden = self.transformer(
-            inputs_embeds=sequence, attention_mask=attention
-        ).last_hidden_state
-        return hidden[:, -self.cfg.chunk_len :], vision
+        queries = self.action_queries.expand(state.shape[0], -1, -1)
+        features = run_token_transformer(
+            self.transformer, vision, words, mask, self.state_proj(state)[:, None], queries
+        )
+        return features, vision

@@ -32,6 +32,50 @@ VISION_TOKENS = 4
 """Tokens each camera contributes to the transformer."""
 
 
+def token_transformer(cfg: VLAConfig, vision_tokens: int) -> BertModel:
+    """The BERT-style stack (built with transformers from a config) that reads
+    ``vision_tokens`` image tokens, ``cfg.max_tokens`` instruction tokens, the state token and
+    ``cfg.chunk_len`` action queries (:func:`run_token_transformer`)."""
+    d = cfg.d_model
+    transformer = BertModel(
+        BertConfig(
+            hidden_size=d,
+            num_hidden_layers=cfg.n_layers,
+            num_attention_heads=cfg.n_heads,
+            intermediate_size=4 * d,
+            vocab_size=1,  # inputs arrive as embeddings
+            max_position_embeddings=vision_tokens + cfg.max_tokens + 1 + cfg.chunk_len,
+            hidden_dropout_prob=0.0,
+            attention_probs_dropout_prob=0.0,
+        ),
+        add_pooling_layer=False,
+    )
+    # BERT's word-embedding table: the stack is fed embeddings (``inputs_embeds``), so the
+    # table never gets a gradient, and DDP refuses a parameter that never does (training on
+    # two or more workers with every parameter trainable). Checkpoints written before it
+    # was removed still load (``checkpoint.LEGACY_UNUSED_TENSORS``).
+    del transformer.embeddings.word_embeddings
+    return transformer
+
+
+def run_token_transformer(
+    transformer: BertModel,
+    vision: torch.Tensor,
+    words: torch.Tensor,
+    word_mask: torch.Tensor,
+    state_token: torch.Tensor,
+    queries: torch.Tensor,
+) -> torch.Tensor:
+    """[vision ``(B, V, d)``, words ``(B, L, d)`` (float mask ``(B, L)``, 1 = real), state
+    token ``(B, 1, d)``, action queries ``(B, C, d)``] -> the queries' outputs ``(B, C, d)``."""
+    sequence = torch.cat([vision, words, state_token, queries], dim=1)
+    batch, n_vision = vision.shape[0], vision.shape[1]
+    ones = torch.ones(batch, sequence.shape[1] - words.shape[1], dtype=word_mask.dtype)
+    attention = torch.cat([ones[:, :n_vision], word_mask, ones[:, n_vision:]], dim=1)
+    hidden = transformer(inputs_embeds=sequence, attention_mask=attention).last_hidden_state
+    return hidden[:, -queries.shape[1] :]
+
+
 class FiLMConvEncoder(nn.Module):
     """Conv stack modulated by the instruction (FiLM), read out as spatial-softmax keypoints.
 
@@ -96,27 +140,7 @@ class DefaultVLA(VLAPolicy):
         self.action_queries = nn.Parameter(torch.zeros(1, cfg.chunk_len, d))
         nn.init.normal_(self.token_pos, std=0.02)
         nn.init.normal_(self.action_queries, std=0.02)
-        self.transformer = BertModel(
-            BertConfig(
-                hidden_size=d,
-                num_hidden_layers=cfg.n_layers,
-                num_attention_heads=cfg.n_heads,
-                intermediate_size=4 * d,
-                vocab_size=1,  # inputs arrive as embeddings
-                max_position_embeddings=VISION_TOKENS * len(cfg.cameras)
-                + cfg.max_tokens
-                + 1
-                + cfg.chunk_len,
-                hidden_dropout_prob=0.0,
-                attention_probs_dropout_prob=0.0,
-            ),
-            add_pooling_layer=False,
-        )
-        # BERT's word-embedding table: the stack is fed embeddings (``inputs_embeds``), so the
-        # table never gets a gradient, and DDP refuses a parameter that never does (training on
-        # two or more workers with every parameter trainable). Checkpoints written before it
-        # was removed still load (``checkpoint.LEGACY_UNUSED_TENSORS``).
-        del self.transformer.embeddings.word_embeddings
+        self.transformer = token_transformer(cfg, VISION_TOKENS * len(cfg.cameras))
 
     def lora_targets(self, settings: LoraSettings) -> str:
         if settings.vision:
@@ -140,14 +164,8 @@ class DefaultVLA(VLAPolicy):
             ],
             dim=1,
         )
-        state_token = self.state_proj(state)[:, None]
-        batch = state.shape[0]
-        queries = self.action_queries.expand(batch, -1, -1)
-        sequence = torch.cat([vision, words, state_token, queries], dim=1)
-        n_vision = vision.shape[1]
-        ones = torch.ones(batch, sequence.shape[1] - words.shape[1], dtype=mask.dtype)
-        attention = torch.cat([ones[:, :n_vision], mask, ones[:, n_vision:]], dim=1)
-        hidden = self.transformer(
-            inputs_embeds=sequence, attention_mask=attention
-        ).last_hidden_state
-        return hidden[:, -self.cfg.chunk_len :], vision
+        queries = self.action_queries.expand(state.shape[0], -1, -1)
+        features = run_token_transformer(
+            self.transformer, vision, words, mask, self.state_proj(state)[:, None], queries
+        )
+        return features, vision

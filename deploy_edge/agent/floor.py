@@ -21,7 +21,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+from deploy_edge.agent.history import History
 from deploy_edge.agent.journal import write_atomic
+from deploy_edge.agent.slots import SlotStore
 from robo_pipe.records import Record
 
 FLOOR_FILE = "floor.json"
@@ -84,3 +86,14 @@ class ReleaseFloor:
         self.releases[model_name] = max(release, self.releases.get(model_name, release))
         record = FloorRecord(dict(self.releases), datetime.now(UTC).isoformat(timespec="seconds"))
         write_atomic(self.path, json.dumps(record.to_json(), indent=2) + "\n")
+
+
+def installed_releases(history: History, slots: SlotStore) -> dict[str, int]:
+    """Model name -> the highest release the history says went live or a slot on the device
+    holds (what a lost floor record is rebuilt from)."""
+    releases = [(d.model_name, d.release) for d in history.deployments() if d.state == "active"]
+    releases += [(slot.model_name, slot.release) for slot in slots.records()]
+    installed: dict[str, int] = {}
+    for model, release in releases:
+        installed[model] = max(release, installed.get(model, release))
+    return installed

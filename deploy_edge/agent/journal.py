@@ -22,7 +22,7 @@ class Journal:
 
     def append(self, event: dict[str, Any]) -> None:
         """Write ``event`` as one line; returns once it is on disk (flush + fsync)."""
-        line = json.dumps(event, separators=(",", ":")) + "\n"
+        line = json_line(event)
         new = not self.path.exists()
         with self.path.open("a", encoding="utf-8") as f:
             f.write(line)
@@ -34,6 +34,11 @@ class Journal:
     def read(self) -> list[dict[str, Any]]:
         """Every complete event, oldest first (a torn or garbled line is skipped)."""
         return read_json_lines(self.path)
+
+
+def json_line(data: dict[str, Any]) -> str:
+    """``data`` as one compact JSON line (the journal's, the history's and a slot record's)."""
+    return json.dumps(data, separators=(",", ":")) + "\n"
 
 
 def read_json_lines(path: Path) -> list[dict[str, Any]]:

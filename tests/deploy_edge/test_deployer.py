@@ -841,7 +841,7 @@ def test_precision_auto_activates_the_most_accurate_variant_within_the_budget(
     status = deployer.status()
     assert status.active is not None and status.active.variant == "int8"
     assert deployer.history()[0].variant == "int8"
-    assert deployer._run_policy(status.active).engine.precision == "int8", "episodes run int8"
+    assert deployer.active.policy(status.active).engine.precision == "int8", "episodes run int8"
     assert deployer.run_episode("touch the red cube", 3).errors == 0
 
 

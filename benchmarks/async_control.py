@@ -18,7 +18,7 @@ In one run:
   asynchronous, each compared with itself at zero delay on the same seeds through the paired
   test.
 - **The policy server**: the default VLA's export deployed to a real local agent, and 4 robot
-  clients (:class:`deploy_edge.policy_client.RemotePolicy` under
+  clients (:class:`deploy_edge.policy_client.remote_policy.RemotePolicy` under
   :class:`deploy_edge.runtime.AsyncControlLoop`, a simulated rp5 each) at 10 Hz at once:
   per-client misses and action age.
 
@@ -271,7 +271,7 @@ def policy_server(export_dir: Path, root: Path, ticks: int, clients: int) -> dic
     """``clients`` robots at 10 Hz against one local agent serving ``export_dir``."""
     from benchmarks.deploy import TOKEN, start_agent, wait_healthy
     from deploy_edge.keys import generate_keypair, load_private_key
-    from deploy_edge.policy_client import RemotePolicy
+    from deploy_edge.policy_client.remote_policy import RemotePolicy
     from deploy_edge.release import file_sha256, write_release
 
     private, public = generate_keypair(root / "server-keys", "bench")

@@ -11,11 +11,28 @@ the other's answers by dict key. A field added here is added on both ends at onc
     POST /unstage                     Deployment (the staged one, now "unstaged")
     POST /episode                     EpisodeResult
     GET  /uploads                     [Upload, ...]; GET/PUT/DELETE /uploads/{sha256}: Upload
+
+The policy server (``WS /policy``, :mod:`deploy_edge.agent.service`; its robot-side client
+:mod:`deploy_edge.policy_client`) speaks JSON text frames, the records at the end of this
+module::
+
+    server -> client, once on connect   PolicyInfo        what the active version needs and
+                                                          returns
+    client -> server, per inference     ObservationFrame  images, state, instruction, an id and
+                                                          the client's observation time
+    server -> client, per observation   ChunkFrame        the action chunk (L, A) in robot
+                                                          units, the id and observation time
+                                                          echoed, inference_ms, the version
 """
 
 from __future__ import annotations
 
+import base64
+import json
 from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
 
 from robo_pipe.records import Record
 
@@ -247,3 +264,86 @@ class Upload(Record):
     """Seconds since its last byte was written."""
     complete: bool
     """Every byte received and hashed to ``sha256``: ready to deploy."""
+
+
+# -- the policy server's frames (WS /policy) -----------------------------------------------------
+
+
+@dataclass
+class EncodedImage(Record):
+    """One camera image: uint8 ``(H, W, 3)``, row-major bytes, base64."""
+
+    shape: list[int]
+    data: str
+
+
+@dataclass
+class PolicyInfo(Record):
+    """The server's first frame: what the active version takes and returns."""
+
+    version: str = ""
+    """``model:version`` served ("" with an error)."""
+    chunk_len: int = 0
+    action_dim: int = 0
+    state_dim: int = 0
+    cameras: list[str] = field(default_factory=list)
+    image_size: int = 0
+    """Images are ``(image_size, image_size, 3)`` uint8."""
+    error: str = ""
+    """Why nothing can be served now ("" when it can)."""
+
+
+@dataclass
+class ObservationFrame(Record):
+    """One observation to infer a chunk from."""
+
+    id: int
+    """The client's counter; echoed in the answer."""
+    observed_at: float
+    """When the observation was taken, on the client's clock (s); echoed in the answer."""
+    instruction: str
+    state: list[float]
+    """``(state_dim,)``, robot units."""
+    images: dict[str, EncodedImage]
+    """By camera name."""
+
+
+@dataclass
+class ChunkFrame(Record):
+    """The answer to one :class:`ObservationFrame`."""
+
+    id: int
+    observed_at: float
+    actions: list[list[float]] = field(default_factory=list)
+    """``(chunk_len, action_dim)``, robot units (empty with an error)."""
+    inference_ms: float = 0.0
+    """The engine's time on this observation (the server's queueing not included)."""
+    version: str = ""
+    """``model:version`` that computed it."""
+    error: str = ""
+
+
+def encode_image(image: np.ndarray) -> EncodedImage:
+    """``image`` uint8 ``(H, W, 3)`` as a frame field."""
+    pixels = np.ascontiguousarray(image, dtype=np.uint8)
+    return EncodedImage(list(pixels.shape), base64.b64encode(pixels.tobytes()).decode("ascii"))
+
+
+def decode_image(image: EncodedImage) -> np.ndarray:
+    """The uint8 array of an :class:`EncodedImage`; ValueError if the bytes do not fit the
+    shape."""
+    pixels = np.frombuffer(base64.b64decode(image.data, validate=True), dtype=np.uint8)
+    return pixels.reshape(image.shape)
+
+
+def frame_text(record: Record) -> str:
+    """A frame as the JSON text sent on the socket."""
+    return json.dumps(record.to_json(), separators=(",", ":"))
+
+
+def frame_data(text: str | bytes) -> dict[str, Any]:
+    """The JSON object of a frame's text (ValueError: not JSON, or not an object)."""
+    data = json.loads(text)
+    if not isinstance(data, dict):
+        raise ValueError(f"expected a JSON object, got {type(data).__name__}")
+    return data

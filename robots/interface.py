@@ -8,10 +8,14 @@ interface receives exactly the actions a policy was trained and gated on.
 from __future__ import annotations
 
 import abc
+import pkgutil
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 
+from robo_pipe.errors import InputError
 from robots.spec import RobotSpec
 
 
@@ -64,3 +68,29 @@ class Robot(abc.ABC):
     @abc.abstractmethod
     def is_connected(self) -> bool:
         """Whether ``connect()`` succeeded and ``stop()`` has not been called since."""
+
+
+DriverFactory = Callable[[tuple[str, ...], int], Robot]
+"""What a device's ``driver`` names: ``factory(cameras, image_size) -> Robot`` (the cameras and
+the square image size the deployed policy takes)."""
+
+
+class DriverError(InputError):
+    """A driver's import path names nothing callable (the message names the path)."""
+
+
+def load_driver(import_path: str) -> DriverFactory:
+    """The driver factory named ``module:callable``, imported only now (so that nothing imports
+    a simulator or a robot's SDK statically); :class:`DriverError` if it cannot be imported."""
+    module_name, sep, attr = import_path.partition(":")
+    if not (sep and module_name and attr):
+        raise DriverError(f"{import_path!r}: expected an import path module:callable")
+    try:
+        factory = pkgutil.resolve_name(import_path)
+    except ImportError as err:
+        raise DriverError(f"{import_path!r}: cannot import: {err}") from err
+    except AttributeError:
+        factory = None
+    if not callable(factory):
+        raise DriverError(f"{import_path!r}: {module_name} has no callable {attr!r}")
+    return cast(DriverFactory, factory)

@@ -91,3 +91,102 @@ def test_the_main_environment_never_imports_isaac_lab() -> None:
             if wrong:
                 broken[str(path.relative_to(ROOT))] = sorted(wrong)
     assert not broken, f"Isaac Lab imported outside its worker: {broken}"
+
+
+TOP_WINGS = {
+    "pipelines.cli": "the CLI: the top of pipelines/, over the steps, flows and deploys",
+    "deploy_edge.agent": "the edge agent: the device's service, over the bundle and runtime",
+    "deploy_edge.policy_client": "the robot's side of the policy server, over the runtime",
+}
+"""Sub-packages that sit a floor above the rest of their package: nothing else in the package
+imports them (their own modules and the tests do), so the floor below runs without them."""
+
+
+def module_imports(root: Path = ROOT) -> dict[str, set[str]]:
+    """Each of our modules (dotted name) -> our modules it imports, at module level or inside a
+    function (a lazy import still runs up the floor or closes a circle)."""
+    modules = {}
+    for package in OURS:
+        for path in (root / package).rglob("*.py"):
+            name = ".".join(path.relative_to(root).with_suffix("").parts)
+            modules[name.removesuffix(".__init__")] = path
+
+    def ours(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets |= {f"{node.module}.{alias.name}" for alias in node.names}
+        found = {ours(t) for t in targets if t.split(".")[0] in OURS}
+        graph[name] = {t for t in found if t is not None and t != name}
+    return graph
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every circle of imports: the strongly connected components of more than one module."""
+    order: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles = []
+
+    def visit(module: str) -> None:  # Tarjan's algorithm
+        order[module] = low[module] = len(order)
+        stack.append(module)
+        for target in graph.get(module, ()):
+            if target not in order:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in stack:
+                low[module] = min(low[module], order[target])
+        if low[module] == order[module]:
+            component = []
+            while True:
+                top = stack.pop()
+                component.append(top)
+                if top == module:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for module in sorted(graph):
+        if module not in order:
+            visit(module)
+    return circles
+
+
+def test_no_import_circle_even_through_a_lazy_import() -> None:
+    assert import_circles(module_imports()) == []
+
+
+def test_nothing_imports_up_a_floor_into_a_top_wing() -> None:
+    broken = {}
+    for module, targets in module_imports().items():
+        for wing in TOP_WINGS:
+            package = wing.split(".")[0]
+            inside = module == wing or module.startswith(wing + ".")
+            if module.split(".")[0] == package and not inside:
+                up = sorted(t for t in targets if t == wing or t.startswith(wing + "."))
+                if up:
+                    broken[module] = up
+    assert not broken, f"imports up a floor: {broken}"
+
+
+def test_the_circle_and_floor_checks_see_a_lazy_import(tmp_path: Path) -> None:
+    for package in OURS:
+        (tmp_path / package).mkdir()
+    (tmp_path / "pipelines" / "cli").mkdir()
+    (tmp_path / "pipelines" / "cli" / "__init__.py").write_text("from pipelines.cli import verbs\n")
+    (tmp_path / "pipelines" / "cli" / "verbs.py").write_text(
+        "def f():\n    from pipelines.cli import report\n"
+    )
+    (tmp_path / "pipelines" / "steps.py").write_text("def g():\n    import pipelines.cli.verbs\n")
+    graph = module_imports(tmp_path)
+    assert import_circles(graph) == [["pipelines.cli", "pipelines.cli.verbs"]]
+    assert graph["pipelines.steps"] == {"pipelines.cli.verbs"}

@@ -22,25 +22,21 @@ Example (``device.yaml``; relative paths resolve against the file's folder)::
 from __future__ import annotations
 
 import hmac
-import importlib
 import ipaddress
 import ssl
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+import robots.interface
 from deploy_edge.keys import load_public_key
 from robo_pipe.errors import RoboPipeError
 from robo_pipe.validation import first_error, read_mapping
-from robots.interface import Robot
-
-DriverFactory = Callable[[tuple[str, ...], int], Robot]
-"""``factory(cameras, image_size) -> Robot``: opens the device's robot for a policy's cameras."""
-
+from robots.interface import DriverError, DriverFactory
 
 Scope = Literal["read", "deploy", "operate"]
 """What a bearer token may do on the agent."""
@@ -279,16 +275,10 @@ def _unencrypted_private_key(data: bytes) -> object:
 
 
 def load_driver(import_path: str) -> DriverFactory:
-    """The driver factory named ``module:callable`` (imported here, so that ``deploy_edge``
-    imports no simulator statically); :class:`DeviceConfigError` if it cannot be imported."""
-    module_name, _, attr = import_path.partition(":")
+    """The driver factory the config's ``driver`` field names
+    (:func:`robots.interface.load_driver`); :class:`DeviceConfigError` if it cannot be
+    imported."""
     try:
-        module = importlib.import_module(module_name)
-    except ImportError as err:
-        raise DeviceConfigError(f"field 'driver' = {import_path!r}: cannot import: {err}") from err
-    factory = getattr(module, attr, None)
-    if not callable(factory):
-        raise DeviceConfigError(
-            f"field 'driver' = {import_path!r}: {module_name} has no callable {attr!r}"
-        )
-    return cast(DriverFactory, factory)
+        return robots.interface.load_driver(import_path)
+    except DriverError as err:
+        raise DeviceConfigError(f"field 'driver' = {err}") from err

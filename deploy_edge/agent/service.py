@@ -33,7 +33,8 @@ the scope needed and is logged, never the token)::
     POST /episode                      {"instruction", "max_ticks"}: run the active policy on
                                        the device's robot; success and latency figures (operate)
     WS   /policy                       the policy server: observations in, action chunks out
-                                       (frames and client: :mod:`deploy_edge.policy_client`)
+                                       (frames: :mod:`deploy_edge.wire`; the robot's client:
+                                       :mod:`deploy_edge.policy_client`)
                                        (operate)
 
 The answers are the records of :mod:`deploy_edge.wire` (``to_json()``), which the deploy
@@ -82,13 +83,14 @@ from pydantic import BaseModel
 from deploy_edge.agent.config import DeviceConfig, Scope, allows, check_device_files
 from deploy_edge.agent.deployer import Deployer
 from deploy_edge.agent.uploads import MIB, Reason, UploadRefused, UploadStore
-from deploy_edge.policy_client import (
+from deploy_edge.wire import (
     ChunkFrame,
+    Health,
     ObservationFrame,
+    Origin,
     PolicyInfo,
     decode_image,
 )
-from deploy_edge.wire import Health, Origin
 from robo_pipe.errors import RoboPipeError
 from robo_pipe.records import RecordError
 

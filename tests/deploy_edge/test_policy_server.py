@@ -30,7 +30,7 @@ import yaml
 from deploy_edge.agent.config import DeviceConfigError, load_device_config
 from deploy_edge.agent.deployer import Deployer
 from deploy_edge.agent.service import DELAY_ENV
-from deploy_edge.policy_client import PolicyServerError, RemotePolicy
+from deploy_edge.policy_client.remote_policy import PolicyServerError, RemotePolicy
 from deploy_edge.runtime import AsyncControlLoop
 from pipelines.services import free_port
 from robots.interface import RobotObservation
@@ -275,7 +275,7 @@ def test_the_robot_side_client_runs_without_torch_or_onnxruntime() -> None:
         [
             sys.executable,
             "-c",
-            "import sys, deploy_edge.policy_client; "
+            "import sys, deploy_edge.policy_client.__main__; "
             "print(sorted({'torch', 'onnxruntime'} & set(sys.modules)))",
         ],
         capture_output=True,

@@ -387,7 +387,7 @@ def test_a_health_check_with_misses_or_engine_errors_rolls_back(
     """The gate passes (its engine is fine); the active version's engine, which the health
     check runs, is slow past the 100 ms deadline of local-cpu's 10 Hz, or raises: each alone
     rolls back, with that reason."""
-    from deploy_edge.agent import deployer as module
+    from deploy_edge.agent import active as module
 
     real = module.open_policy
     monkeypatch.setattr(module, "open_policy", lambda *args: FaultyPolicy(real(*args), **fault))

@@ -602,7 +602,8 @@ def test_robo_pipe_gate_on_an_auto_profile_makes_the_devices_choice_here(
 
 def test_device_tags_say_which_variant_runs_and_why_not_the_others() -> None:
     from deploy_edge.wire import Deployment, Trial
-    from pipelines.deploy.release import DEVICE_TAG, variant_tags
+    from pipelines.deploy.release import variant_tags
+    from pipelines.registry.tags import DEVICE_TAG
 
     done = Deployment("d", "s", "m", "1", 1, "active", variant="int8", systems_test=True)
     done.choice = "int8: the most accurate candidate within 100 ms"

@@ -84,7 +84,12 @@ def test_pipeline_registers_a_gated_champion(first_run: dict[str, Any]) -> None:
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
     from pipelines.registry.promotion import champion_history
-    from pipelines.registry.tags import TAG
+    from pipelines.registry.tags import (
+        BASE_MODEL_TAG,
+        CODE_VERSION_TAG,
+        CONFIG_HASH_TAG,
+        DATASET_HASH_TAG,
+    )
     from pipelines.registry.versions import get_version
 
     assert first_run["promoted"] and first_run["version"] == "1"
@@ -97,8 +102,9 @@ def test_pipeline_registers_a_gated_champion(first_run: dict[str, Any]) -> None:
     assert all(g["passed"] for g in first_run["gates"].values())
     assert champion_history(MODEL)[0] == "1", "the first version became champion"
     info = get_version(MODEL, "1")
-    for key in ("dataset_hash", "base_model", "config_hash", "code_version", "gate.latency"):
-        assert info.tags[TAG + key], key
+    lineage = (DATASET_HASH_TAG, BASE_MODEL_TAG, CONFIG_HASH_TAG, CODE_VERSION_TAG)
+    for key in (*lineage, GATE_TAG + "latency"):
+        assert info.tags[key], key
     assert info.tags[GATE_TAG + "latency"] == "passed"
 
     # MLflow: one pipeline run with the resolved config as params, a nested run per stage.
@@ -629,11 +635,11 @@ def test_a_device_that_already_runs_the_champion_keeps_it(first_run: dict[str, A
     assert again.state == "active" and again.reason == "already runs this release", again
     assert again.episode_ticks == 10 and again.model_version == first_run["version"]
     # where it runs is on the version, as `robo-pipe models show` lists it
-    from pipelines.registry.tags import TAG
+    from pipelines.registry.tags import DEVICE_TAG
     from pipelines.registry.versions import get_version
 
     tags = get_version(MODEL, first_run["version"]).tags
-    where = f"{TAG}device.local-agent."
+    where = f"{DEVICE_TAG}local-agent."
     assert tags[where + "version"] == f"{MODEL}:{first_run['version']}", tags
     assert tags[where + "state"] == "active" and tags[where + "at"].endswith("Z"), tags
 

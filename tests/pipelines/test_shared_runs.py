@@ -95,18 +95,18 @@ def test_concurrent_runs_share_one_home(robo_pipe_home: Path) -> None:
     from pipelines.services import configure
 
     configure()
-    versions = versions(MODEL)
-    hashes = [v.tags[ONNX_HASH_TAG] for v in versions]
+    registered = versions(MODEL)
+    hashes = [v.tags[ONNX_HASH_TAG] for v in registered]
     assert len(hashes) == len(set(hashes)) == 3, "one version per export (a and a-again share one)"
-    champion = champion(MODEL)
-    assert champion is not None
+    current = champion(MODEL)
+    assert current is not None
     history = champion_history(MODEL)
-    assert history[-1] == champion.version
-    by_version = {v.version: v for v in versions}
+    assert history[-1] == current.version
+    by_version = {v.version: v for v in registered}
     # Every promotion (a version may have been promoted more than once: its last one is
     # recorded) passed every gate against the champion it replaced.
-    promoted = [v for v in versions if PROMOTED_OVER_TAG in v.tags]
-    assert champion.version in {v.version for v in promoted}
+    promoted = [v for v in registered if PROMOTED_OVER_TAG in v.tags]
+    assert current.version in {v.version for v in promoted}
     for version in promoted:
         over = version.tags[PROMOTED_OVER_TAG]
         gates = json.loads(version.tags[PROMOTED_ON_TAG])
@@ -114,7 +114,7 @@ def test_concurrent_runs_share_one_home(robo_pipe_home: Path) -> None:
         expected = f"vs v{over}" if over else "no champion yet"
         assert expected in gates[NO_REGRESSION], (version.version, over, gates)
     if len(history) > 1:
-        assert by_version[champion.version].tags[PROMOTED_OVER_TAG] == (history[-2]), (
+        assert by_version[current.version].tags[PROMOTED_OVER_TAG] == (history[-2]), (
             "the champion replaced the one before it in the history"
         )
 

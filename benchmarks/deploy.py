@@ -146,7 +146,10 @@ def fleet_figure(cfg: PipelineConfig, quick: bool) -> dict[str, str]:
         root = Path(tmp)
         os.environ["ROBO_PIPE_HOME"] = str(root / "home")
         os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "CRITICAL")
-        from pipelines import registry, tracking
+        from pipelines import tracking
+        from pipelines.registry.exports import register_export
+        from pipelines.registry.tags import ONNX_HASH_TAG
+        from pipelines.registry.versions import get_version
         from pipelines.services import configure
 
         configure()
@@ -160,7 +163,7 @@ def fleet_figure(cfg: PipelineConfig, quick: bool) -> dict[str, str]:
         rollouts = 1 + len(sizes) * len(modes)  # the warm-up, then each measured one
         run = tracking.TrackedRun.start("fleet-benchmark", "register")
         for _ in range(rollouts):  # each rollout a newer version of the same bundle
-            registry.register_export(bundle, "bench-policy", run, {registry.TAG + "onnx_hash": "x"})
+            register_export(bundle, "bench-policy", run, {ONNX_HASH_TAG: "x"})
         run.finish()
         names = [f"bench-{i}" for i in range(max(sizes))]
         # Eight "devices" share this machine's cores: a gate measured while the others run is
@@ -184,7 +187,7 @@ def fleet_figure(cfg: PipelineConfig, quick: bool) -> dict[str, str]:
                 fleet.write_text(yaml.safe_dump({"devices": devices[:count], "rollout": rollout}))
                 start = time.perf_counter()
                 result = roll_out(
-                    version=registry.get_version("bench-policy", str(version)),
+                    version=get_version("bench-policy", str(version)),
                     fleet=str(fleet),
                     key=str(private),
                     max_parallel=parallel,
@@ -253,7 +256,9 @@ def fleet_command_figure(cfg: PipelineConfig, quick: bool) -> dict[str, str]:
         os.environ["ROBO_PIPE_HOME"] = str(root / "home")
         os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "CRITICAL")
         os.environ.pop("PREFECT_API_URL", None)
-        from pipelines import registry, tracking
+        from pipelines import tracking
+        from pipelines.registry.exports import register_export
+        from pipelines.registry.tags import ONNX_HASH_TAG
         from pipelines.services import configure
 
         configure()
@@ -264,7 +269,7 @@ def fleet_command_figure(cfg: PipelineConfig, quick: bool) -> dict[str, str]:
         private, public = generate_keypair(root / "keys", "bench")
         run = tracking.TrackedRun.start("fleet-command-benchmark", "register")
         for _ in range(1 + 2 * len(sizes)):  # the warm-up, then each measured rollout
-            registry.register_export(bundle, "bench-policy", run, {registry.TAG + "onnx_hash": "x"})
+            register_export(bundle, "bench-policy", run, {ONNX_HASH_TAG: "x"})
         run.finish()
         figures = rejections(root)
         lax = yaml.safe_load((targets_dir() / "local-cpu.yaml").read_text())

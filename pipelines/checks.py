@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipelines import registry
 from pipelines.config import PipelineConfig
+from pipelines.registry.exports import fetch_export
+from pipelines.registry.versions import parse_model_uri
 from robo_pipe.errors import InputError
 from stages.policy.config import PolicyConfig
 
@@ -116,5 +117,5 @@ def resolve_policy(policy: str | Path) -> Path:
     text = str(policy)
     if not text.startswith("models:"):
         return Path(policy)
-    name, ref = registry.parse_model_uri(text)
-    return registry.fetch_export(name, ref)[1]
+    name, ref = parse_model_uri(text)
+    return fetch_export(name, ref)[1]

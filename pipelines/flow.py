@@ -259,10 +259,10 @@ def train_simulate_deploy(
         if cfg.deploy.local_agent and registration.promoted:  # only a new champion ships
             device = deploy_stage(ctx, registration)
         if cfg.deploy.fleet and registration.promoted:
-            from pipelines import registry
             from pipelines.deploy.fleet import roll_out
+            from pipelines.registry.versions import get_version
 
-            version = registry.get_version(registration.name, registration.version)
+            version = get_version(registration.name, registration.version)
             rollout = roll_out(version=version, fleet=cfg.deploy.fleet)  # a stopped one too
         records = RunRecords(
             dataset, base, checkpoint, export, evaluation, latency, registration, device
@@ -284,7 +284,7 @@ def _publish(
 ) -> PipelineResult:
     """The run's result record, summary markdown, plots, Prefect artifacts, MLflow metrics and
     description; the flow run named after the outcome."""
-    from pipelines import registry
+    from pipelines.registry.versions import set_version_description
 
     cfg, run_dir = ctx.cfg, ctx.run_dir
     reg, evaluation, latency = records.registration, records.evaluation, records.latency
@@ -343,7 +343,7 @@ def _publish(
     places = replace(places, links=links)
     relative = {name: f"plots/{png.name}" for name, png in images.items()}
     text = summary.markdown(result, records, relative, places)
-    registry.set_version_description(reg.name, reg.version, version_description(result, places))
+    set_version_description(reg.name, reg.version, version_description(result, places))
     (run_dir / "summary.md").write_text(text)
     (run_dir / "result.json").write_text(json.dumps(result.to_json(), indent=1))
     mlrun.log_artifact(run_dir / "summary.md")  # beside plots/, as in the run folder

@@ -27,8 +27,11 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipelines import registry
-from pipelines.champion import (
+from pipelines.config import PipelineConfig
+from pipelines.home import home_dir
+from pipelines.progress import SILENT, Listener, rl_detail, status_lines, training_detail
+from pipelines.records import ChampionCheck, Evaluation, Registration
+from pipelines.registry.champion import (
     candidate_outcomes,
     comparison_tags,
     decide_gates,
@@ -39,10 +42,27 @@ from pipelines.champion import (
     store_outcomes,
     stored_outcomes,
 )
-from pipelines.config import PipelineConfig
-from pipelines.home import home_dir
-from pipelines.progress import SILENT, Listener, rl_detail, status_lines, training_detail
-from pipelines.records import ChampionCheck, Evaluation, Registration
+from pipelines.registry.exports import fetch_export, register_export
+from pipelines.registry.promotion import promote, promotion_lock
+from pipelines.registry.tags import (
+    BASE_HASH_TAG,
+    BASE_MODEL_TAG,
+    CHECKPOINT_HASH_TAG,
+    CODE_VERSION_TAG,
+    CONFIG_HASH_TAG,
+    DATASET_HASH_TAG,
+    LATENCY_P99_TAG,
+    ONNX_HASH_TAG,
+    SUCCESS_RATE_TAG,
+)
+from pipelines.registry.versions import (
+    CANDIDATE,
+    CHAMPION,
+    VersionInfo,
+    find_export,
+    set_alias,
+    set_version_tags,
+)
 from robo_pipe.errors import InputError
 from robo_pipe.locks import output_lock
 from stages.register import blocking_gates, gate_tags
@@ -252,7 +272,7 @@ def evaluate_candidate(
     cfg: PipelineConfig,
     export: ExportRef,
     base: CheckpointRef | None,
-    champion: registry.VersionInfo | None,
+    champion: VersionInfo | None,
     out: Path,
     listener: Listener = SILENT,
     ray_address: str | None = None,
@@ -264,7 +284,7 @@ def evaluate_candidate(
     suite. With ``export.score_success``, each candidate precision variant of the export
     plays the same seeds against it too (:func:`score_variant_success`). Per-episode lists are
     dropped from the records."""
-    baseline = registry.fetch_export(cfg.model_name, champion.version)[1] if champion else None
+    baseline = fetch_export(cfg.model_name, champion.version)[1] if champion else None
     stored = stored_outcomes(cfg, champion) if champion else {}
     starts = {"start": base.path if base else None, "warm-start": warm_start}
     variants = _variants_to_play(cfg, Path(export.path))
@@ -441,45 +461,45 @@ def register_version(
     per export: a re-registered export gets its tags refreshed) with its lineage and every
     gate's decision; move ``champion`` to it only if no enforced gate failed.
 
-    Promotion is a compare-and-set under the model's :func:`~pipelines.registry.promotion_lock`:
-    the champion is read again there, and if another run promoted a version since ``export``
-    was evaluated, the candidate is compared again with that one, on the same seeds (its
-    stored per-seed outcomes when they cover them, else a fresh evaluation of its export),
-    and the gates are decided again before the alias may move
-    (:func:`pipelines.champion.recheck`). The version is tagged with its own per-seed outcomes
-    (for the candidates after it) and the comparison's figures."""
+    Promotion is a compare-and-set under the model's
+    :func:`~pipelines.registry.promotion.promotion_lock`: the champion is read again there, and
+    if another run promoted a version since ``export`` was evaluated, the candidate is compared
+    again with that one, on the same seeds (its stored per-seed outcomes when they cover them,
+    else a fresh evaluation of its export), and the gates are decided again before the alias
+    may move (:func:`pipelines.registry.champion.recheck`). The version is tagged with its own
+    per-seed outcomes (for the candidates after it) and the comparison's figures."""
     listener.started("register", None, "")
     candidate, compared_with = evaluation.candidate, evaluation.champion_version
     # The export's spec says whether its weights are random, whatever config registers it.
     gates = decide_gates(cfg, candidate, compared_with, latency, export.random_weights)
     base = checkpoint.base
     tags = {
-        registry.TAG + "dataset_hash": dataset.content_hash,
-        registry.TAG + "base_model": base.path if base else "",
-        registry.TAG + "base_hash": base.hash if base else "",
-        registry.TAG + "checkpoint_hash": checkpoint.content_hash,
-        registry.TAG + "onnx_hash": export.onnx_hash,
-        registry.TAG + "config_hash": cfg.config_hash(),
-        registry.TAG + "code_version": code,
-        registry.TAG + "success_rate": f"{candidate.success_rate:.4f}",
-        registry.TAG + "latency_p99_ms": f"{latency.p99_ms:.3f}",
+        DATASET_HASH_TAG: dataset.content_hash,
+        BASE_MODEL_TAG: base.path if base else "",
+        BASE_HASH_TAG: base.hash if base else "",
+        CHECKPOINT_HASH_TAG: checkpoint.content_hash,
+        ONNX_HASH_TAG: export.onnx_hash,
+        CONFIG_HASH_TAG: cfg.config_hash(),
+        CODE_VERSION_TAG: code,
+        SUCCESS_RATE_TAG: f"{candidate.success_rate:.4f}",
+        LATENCY_P99_TAG: f"{latency.p99_ms:.3f}",
         **gate_tags(gates),
         **comparison_tags(candidate.comparison),
         **outcome_tags(cfg, candidate_outcomes(candidate)),
     }
-    with registry.promotion_lock(cfg.model_name):
-        same = registry.find_export(cfg.model_name, export.onnx_hash)
+    with promotion_lock(cfg.model_name):
+        same = find_export(cfg.model_name, export.onnx_hash)
         if same is None:
-            info = registry.register_export(Path(export.path), cfg.model_name, run, tags)
+            info = register_export(Path(export.path), cfg.model_name, run, tags)
         else:
-            registry.set_version_tags(cfg.model_name, same.version, tags)
-            info = registry.set_alias(cfg.model_name, registry.CANDIDATE, same.version)
+            set_version_tags(cfg.model_name, same.version, tags)
+            info = set_alias(cfg.model_name, CANDIDATE, same.version)
         evaluate = partial(evaluate_policy, cfg, listener=listener)
         gates = recheck(cfg, info.version, evaluation, gates, latency, evaluate, listener)
         blocking = blocking_gates(gates)
-        if not blocking and registry.CHAMPION not in info.aliases:
+        if not blocking and CHAMPION not in info.aliases:
             reason = f"pipeline run {run.run_id}: all gates passed"
-            info = registry.promote(cfg.model_name, info.version, reason)
+            info = promote(cfg.model_name, info.version, reason)
     return Registration(
         name=info.name,
         version=info.version,
@@ -496,7 +516,7 @@ def evaluate_champion(
 ) -> ChampionCheck:
     """The champion of ``cfg.model_name`` on the held-out suite, against
     ``registry.promotion.min_success``; the result is tagged on the version."""
-    info, bundle = registry.fetch_export(cfg.model_name, registry.CHAMPION)
+    info, bundle = fetch_export(cfg.model_name, CHAMPION)
     report = evaluate_policy(cfg, bundle, out, listener, ray_address=ray_address)
     return regression_check(cfg, info, _compact(report))
 

@@ -18,11 +18,13 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 from prefect import Task, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from pipelines import registry, steps, tracking
+from pipelines import steps, tracking
 from pipelines.config import PipelineConfig
 from pipelines.home import home_dir
 from pipelines.progress import BROADCAST, describe
 from pipelines.records import EdgeDeployment, Evaluation, Registration, StageRun
+from pipelines.registry.tags import ONNX_HASH_TAG
+from pipelines.registry.versions import champion_to_beat, get_version
 from pipelines.resume import StageRecords, stage_key
 from robo_pipe.errors import RoboPipeError
 from robo_pipe.records import Record
@@ -290,14 +292,12 @@ def evaluate_stage(
     current champion (the regression gate), as the model fine-tuning started from and, after
     RL from a BC warm start, as that warm start (``checkpoint`` is the fine-tune)."""
     cfg = ctx.cfg
-    champion = registry.champion_to_beat(cfg.model_name, export.onnx_hash)
+    champion = champion_to_beat(cfg.model_name, export.onnx_hash)
     rl_after_bc = cfg.finetune.is_rl and cfg.finetune.warm_start == "bc"
     warm_start = Path(checkpoint.start_checkpoint) if rl_after_bc else None
     inputs = {
         "export": export.onnx_hash,
-        "champion": champion.tags.get(tracking.TAG + "onnx_hash", champion.version)
-        if champion
-        else None,
+        "champion": champion.tags.get(ONNX_HASH_TAG, champion.version) if champion else None,
         "start": base.content_hash if base else None,
         "warm_start": str(warm_start) if warm_start else None,
         # export: whether (and how) its variants' success is played against it
@@ -402,8 +402,8 @@ def register_stage(
         )
 
     def intact(r: Registration) -> bool:
-        tags = registry.get_version(r.name, r.version).tags
-        return tags.get(tracking.TAG + "onnx_hash") == export.onnx_hash
+        tags = get_version(r.name, r.version).tags
+        return tags.get(ONNX_HASH_TAG) == export.onnx_hash
 
     def track(run: tracking.TrackedRun, r: Registration) -> None:
         run.set_tags({"model_version": f"{r.name}/{r.version}", "promoted": r.promoted})

@@ -3,7 +3,7 @@
 
 One grammar: a pipeline config is ``--config/-c PATH`` (default the shipped demo.yaml), a model
 version ``models:/NAME@ALIAS`` or ``models:/NAME/VERSION`` (one parser:
-:func:`pipelines.registry.parse_model_ref`), a target profile ``--target``, a device
+:func:`pipelines.registry.versions.parse_model_ref`), a target profile ``--target``, a device
 ``--device``. A verb's result goes to stdout, progress and diagnostics to stderr; with
 ``--json`` stdout carries the result record alone.
 

@@ -17,7 +17,6 @@ from rich.markup import escape
 from rich.table import Table
 
 from deploy_edge.agent.config import Scope
-from pipelines import registry
 from pipelines.cli.common import (
     console,
     emit_json,
@@ -28,6 +27,7 @@ from pipelines.cli.common import (
 from pipelines.cli.display import live, show_trials
 from pipelines.cli.options import JsonOpt, ModelVersionArg, add_verb, epilog
 from pipelines.deploy import release
+from pipelines.registry.versions import get_version, parse_model_uri
 from robo_pipe.errors import InputError
 
 if TYPE_CHECKING:
@@ -111,7 +111,7 @@ def bundle(
     version, run, every file's sha256, the I/O spec, targets, budget, expiry, release number)
     signed with an Ed25519 key. An agent accepts it only from a key it trusts."""
     services()
-    version = registry.get_version(*registry.parse_model_uri(model))
+    version = get_version(*parse_model_uri(model))
     manifest, path = release.bundle_release(
         version, key or release.default_key(), out, expires_in, target or [], budget_ms
     )
@@ -251,7 +251,7 @@ def deploy(
     }
     if systems_test and fleet is not None:
         raise InputError("deploy: --systems-test applies to one --device, never to a fleet")
-    registry.parse_model_uri(model)  # a malformed version is bad input: before any work
+    parse_model_uri(model)  # a malformed version is bad input: before any work
     if old_target is not None:
         raise InputError(
             f"deploy names a device with --device {old_target} (--target is a target profile, "
@@ -272,7 +272,7 @@ def deploy(
     with connect(entry) as agent:  # an unreachable device or a missing token: before work
         agent.health()
     services()
-    version = registry.get_version(*registry.parse_model_uri(model))
+    version = get_version(*parse_model_uri(model))
     manifest, path = release.bundle_release(version, key or release.default_key())
     with live(json_out) as display:
         done = release.deploy_release(
@@ -377,7 +377,7 @@ def _deploy_fleet(
         chosen = [d for d in chosen if d.name in only]
     check_tokens(chosen)
     services(flows=True)
-    version = registry.get_version(*registry.parse_model_uri(model))
+    version = get_version(*parse_model_uri(model))
     if earlier is not None:
         followups.check_same_rollout(earlier, fleet, f"{version.name}:{version.version}")
         if not chosen:

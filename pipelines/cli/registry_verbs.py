@@ -7,8 +7,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from pipelines import checks, registry
-from pipelines.champion import champion_warning
+from pipelines import checks
 from pipelines.cli.common import (
     console,
     emit_json,
@@ -27,6 +26,21 @@ from pipelines.cli.options import (
     SetOpt,
     add_verb,
     epilog,
+)
+from pipelines.registry import promotion
+from pipelines.registry.champion import champion_warning
+from pipelines.registry.tags import TAG
+from pipelines.registry.versions import (
+    CANDIDATE,
+    CHAMPION,
+    RegistryError,
+    champion,
+    get_version,
+    model_names,
+    parse_model_name,
+    parse_model_ref,
+    parse_model_uri,
+    versions,
 )
 from robo_pipe.errors import InputError
 from stages.register import may_promote
@@ -57,22 +71,22 @@ def list_models(json_out: JsonOpt = False) -> None:
     table = Table(title="registered models")
     for col in ("model", "versions", "champion", "candidate", "latest"):
         table.add_column(col)
-    for name in registry.model_names():
-        versions = registry.versions(name)
-        by_alias = {a: v.version for v in versions for a in v.aliases}
-        warning = champion_warning(name, versions)
+    for name in model_names():
+        model_versions = versions(name)
+        by_alias = {a: v.version for v in model_versions for a in v.aliases}
+        warning = champion_warning(name, model_versions)
         warnings += [warning] if warning else []
         table.add_row(
             name,
-            str(len(versions)),
-            by_alias.get(registry.CHAMPION, "-") + (" (!)" if warning else ""),
-            by_alias.get(registry.CANDIDATE, "-"),
-            versions[0].version if versions else "-",
+            str(len(model_versions)),
+            by_alias.get(CHAMPION, "-") + (" (!)" if warning else ""),
+            by_alias.get(CANDIDATE, "-"),
+            model_versions[0].version if model_versions else "-",
         )
         records.append(
             {
                 "name": name,
-                "versions": [v.to_json() for v in versions],
+                "versions": [v.to_json() for v in model_versions],
                 "champion_warning": warning,
             }
         )
@@ -98,11 +112,11 @@ def show(
     variants' figures (robo_pipe.variant.NAME.*), whether it has random weights, where a
     pretrained policy's encoder weights came from and their licence (robo_pipe.weights.ROLE.*),
     and the devices it runs on (robo_pipe.device.NAME.*)."""
-    name, which = registry.parse_model_ref(model)  # bad input: before anything is read
+    name, which = parse_model_ref(model)  # bad input: before anything is read
     missing = read_registry()
     if missing:
-        raise registry.RegistryError(f"{model}: {missing}")
-    shown = [registry.get_version(name, which)] if which else registry.versions(name)
+        raise RegistryError(f"{model}: {missing}")
+    shown = [get_version(name, which)] if which else versions(name)
     out = result_console(json_out)
     for v in shown:
         table = Table(title=f"{v.name} v{v.version} {' '.join(v.aliases)}", show_header=False)
@@ -111,7 +125,7 @@ def show(
         if v.random_weights:
             table.add_row("[yellow]weights[/]", "RANDOM: a systems test, never champion")
         for key, value in sorted(v.tags.items()):
-            table.add_row(key.removeprefix(registry.TAG), value)
+            table.add_row(key.removeprefix(TAG), value)
         warning = champion_warning(v.name, [v])
         if warning:
             table.add_row("[yellow]warning[/]", warning)
@@ -132,12 +146,12 @@ def promote(
         raise InputError(
             f"models promote takes one argument, the version: models:/{model}/{old_version}"
         )
-    name, which = registry.parse_model_uri(model)
+    name, which = parse_model_uri(model)
     missing = read_registry()
     if missing:
-        raise registry.RegistryError(f"{model}: {missing}")
-    info = registry.get_version(name, which)
-    registry.check_promotable(info)  # random weights: no --force gets past this
+        raise RegistryError(f"{model}: {missing}")
+    info = get_version(name, which)
+    promotion.check_promotable(info)  # random weights: no --force gets past this
     allowed, failed = may_promote(info.tags, force)
     if not allowed:
         console.print(
@@ -149,17 +163,17 @@ def promote(
     reason = "robo-pipe models promote" + (
         f" --force (failed {', '.join(failed)})" if failed else ""
     )
-    info = registry.promote(name, info.version, reason)
+    info = promotion.promote(name, info.version, reason)
     console.print(f"{name} v{info.version} is champion", highlight=False)
 
 
 def rollback(model: ModelArg) -> None:
     """Give the champion alias back to the previous champion."""
-    name = registry.parse_model_name(model)
+    name = parse_model_name(model)
     missing = read_registry()
     if missing:
-        raise registry.RegistryError(f"{model}: {missing}")
-    info = registry.rollback(name)
+        raise RegistryError(f"{model}: {missing}")
+    info = promotion.rollback(name)
     console.print(f"{name}: champion rolled back to v{info.version}", highlight=False)
 
 
@@ -175,8 +189,8 @@ def check(
     checks.check_config(cfg)
     quiet_prefect_console()
     services(flows=True)
-    if registry.champion(cfg.model_name) is None:
-        raise registry.RegistryError(f"{cfg.model_name} has no champion to check")
+    if champion(cfg.model_name) is None:
+        raise RegistryError(f"{cfg.model_name} has no champion to check")
     from pipelines.flow import RegressionDetected, champion_regression
 
     try:

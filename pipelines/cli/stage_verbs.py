@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.table import Table
 
-from pipelines import checks, registry, steps
+from pipelines import checks, steps
 from pipelines.cli.common import console, emit_json, load, read_registry, result_console
 from pipelines.cli.display import (
     live,
@@ -24,6 +24,7 @@ from pipelines.cli.display import (
 from pipelines.cli.options import DEMO_CONFIG, ConfigOpt, JsonOpt, RayAddressOpt, SetOpt, add_verb
 from pipelines.config import save_resolved
 from pipelines.home import new_run_dir
+from pipelines.registry.versions import RegistryError, get_version, parse_model_uri
 from pipelines.services import join_cluster
 from robo_pipe.errors import InputError
 from robo_pipe.locks import set_run_label
@@ -320,9 +321,9 @@ def evaluate(
         delay_plan(cfg.evaluate.delay, get_robot(cfg.robot))
     registered = [p for p in (policy, baseline) if p and p.startswith("models:")]
     for uri in registered:
-        registry.parse_model_uri(uri)  # bad input: before anything is made
+        parse_model_uri(uri)  # bad input: before anything is made
     if registered and (missing := read_registry()):
-        raise registry.RegistryError(f"{registered[0]}: {missing}")
+        raise RegistryError(f"{registered[0]}: {missing}")
     candidate = checks.resolve_policy(policy)
     against = checks.resolve_policy(baseline) if baseline else None
     for path in filter(None, (candidate, against)):
@@ -333,11 +334,9 @@ def evaluate(
     save_resolved(cfg, run_dir / "config.yaml")
     stored: dict[str, str] = {}
     if (baseline or "").startswith("models:"):  # a registered baseline's stored outcomes
-        from pipelines import champion
+        from pipelines.registry import champion
 
-        stored = champion.stored_outcomes(
-            cfg, registry.get_version(*registry.parse_model_uri(baseline or ""))
-        )
+        stored = champion.stored_outcomes(cfg, get_version(*parse_model_uri(baseline or "")))
     with live(json_out) as display:
         report = display.step(
             "evaluate",

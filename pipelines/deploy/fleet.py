@@ -64,10 +64,10 @@ from deploy_edge.fleet import (
 )
 from deploy_edge.wire import STEPS as DEVICE_STEPS
 from deploy_edge.wire import Origin
-from pipelines import registry
 from pipelines.deploy import release, rollouts
 from pipelines.progress import BROADCAST
 from pipelines.records import DeviceRollout, DeviceState, FleetResult
+from pipelines.registry.versions import RegistryError, VersionInfo, set_version_tags
 from pipelines.summary import fleet_artifact_key, summary_markdown
 
 if TYPE_CHECKING:
@@ -218,8 +218,8 @@ def _tag_variant(device: str, new: str, done: Deployment) -> None:
 
     name, _, version = new.rpartition(":")
     try:
-        registry.set_version_tags(name, version, release.variant_tags(device, done))
-    except (registry.RegistryError, MlflowException) as err:
+        set_version_tags(name, version, release.variant_tags(device, done))
+    except (RegistryError, MlflowException) as err:
         print(f"{device}: could not tag {new} with its variant: {err}")
 
 
@@ -245,7 +245,7 @@ def _revert(
 
 
 def plan(
-    version: registry.VersionInfo,
+    version: VersionInfo,
     fleet: str | Path,
     canary: int | None = None,
     select_: Sequence[str] = (),
@@ -353,7 +353,7 @@ def _fail_task_run(task_run_id: Any, reason: str) -> None:
     task_runner=ThreadPoolTaskRunner(max_workers=FLEET_WORKERS),  # type: ignore[arg-type]
 )
 def deploy_fleet(
-    version: registry.VersionInfo,
+    version: VersionInfo,
     fleet: str,
     canary: int | None = None,
     max_failures: int | None = None,
@@ -555,7 +555,7 @@ def record_rollout(result: FleetResult) -> None:
         left = row.before if row.state == "active" and row.before != new else None
         if left and (problem := release.mark_replaced(row.device, left, new, result.at)):
             print(problem)
-    registry.set_version_tags(result.model_name, result.model_version, tags)
+    set_version_tags(result.model_name, result.model_version, tags)
     create_markdown_artifact(
         key=fleet_artifact_key(result.model_name),
         markdown=summary_markdown(result),
@@ -626,8 +626,8 @@ def _reconcile(record: rollouts.RolloutRecord) -> list[str]:
             row.device, version=row.after or "none", state="reverted", at=row.at
         )
         try:
-            registry.set_version_tags(record.model_name, record.model_version, tags)
-        except registry.RegistryError as err:
+            set_version_tags(record.model_name, record.model_version, tags)
+        except RegistryError as err:
             left.append(f"{row.device}: could not tag {record.label}: {err}")
     if left:
         record.repaired = lines

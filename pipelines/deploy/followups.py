@@ -85,8 +85,8 @@ def rollback_fleet(
     file) back to what it ran before, and the version's device tags updated. One row per
     device: ``reverted`` (it runs ``before`` now, or already did), ``refused`` (its previous
     slot is not ``before``: the reason says what to redeploy), ``unreachable``, ``failed``."""
-    from pipelines import registry
     from pipelines.deploy import release
+    from pipelines.registry.versions import set_version_tags
 
     _, devices = load_selection(record.fleet, selectors)
     by_name = {d.name: d for d in devices}
@@ -103,7 +103,7 @@ def rollback_fleet(
                 row.device, version=row.after or "none", state="reverted", at=row.at
             )
     if tags:
-        registry.set_version_tags(record.model_name, record.model_version, tags)
+        set_version_tags(record.model_name, record.model_version, tags)
     return rows
 
 

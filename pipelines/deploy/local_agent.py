@@ -25,7 +25,6 @@ from pathlib import Path
 import yaml
 
 from deploy_edge.device import DeviceEntry, DeviceError, connect
-from pipelines import registry
 from pipelines.config import PipelineConfig
 from pipelines.deploy.release import (
     RegisteredVersion,
@@ -40,6 +39,7 @@ from pipelines.deploy.release import (
 from pipelines.home import home_dir
 from pipelines.progress import SILENT, Listener, status_lines
 from pipelines.records import EdgeDeployment
+from pipelines.registry.versions import set_version_tags
 from pipelines.services import free_port
 from robo_pipe.locks import StatusFn, output_lock
 
@@ -191,7 +191,7 @@ def deploy_to_local_agent(
     runs = f"{registration.name}:{registration.version}" if state == "active" else before
     at, p99 = utc_stamp(), f"{gate.p99_ms:.2f}" if gate else "-"
     tags = device_tags(entry.name, version=runs, state=state, at=at, p99_ms=p99) | variant
-    registry.set_version_tags(registration.name, registration.version, tags)
+    set_version_tags(registration.name, registration.version, tags)
     if active is not None and before != runs:  # the version it left no longer runs there
         problem = mark_replaced(entry.name, before, runs, at)
         if problem:

@@ -7,7 +7,8 @@ The CLI verbs, the local agent's deploy stage and the fleet rollout call these a
 progress to a :class:`~pipelines.progress.Listener`; the device does the verifying, building,
 gating and activating itself (:mod:`deploy_edge.agent`). The version arrives typed, as a
 :class:`RegisteredVersion`: the register step's record, or the
-:class:`~pipelines.registry.VersionInfo` that the CLI resolved once from a ``models:/`` string.
+:class:`~pipelines.registry.versions.VersionInfo` that the CLI resolved once from a
+``models:/`` string.
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from pipelines import registry
 from pipelines.home import home_dir
 from pipelines.progress import SILENT, Listener
+from pipelines.registry.exports import fetch_export
+from pipelines.registry.tags import DEVICE_TAG
+from pipelines.registry.versions import RegistryError, set_version_tags
 from robo_pipe.locks import output_lock
 
 if TYPE_CHECKING:
@@ -31,7 +34,7 @@ if TYPE_CHECKING:
 
 class RegisteredVersion(Protocol):
     """A version of a registered model, resolved to its number: a
-    :class:`~pipelines.registry.VersionInfo` or the register step's
+    :class:`~pipelines.registry.versions.VersionInfo` or the register step's
     :class:`~pipelines.records.Registration`."""
 
     @property
@@ -43,14 +46,9 @@ class RegisteredVersion(Protocol):
         """The version number (never an alias)."""
 
 
-DEVICE_TAG = registry.TAG + "device."
-"""Prefix of the tags that say on a model version where it runs: ``<prefix><device>.<field>``
-(``version``, ``state``, ``at``, ``p99_ms``, ``variant``, ``choice``, ``systems_test``), so
-``robo-pipe models show`` lists its devices."""
-
-
 def device_tags(device: str, **fields: str) -> dict[str, str]:
-    """``fields`` (``version="name:N"``, ``state="active"``, ...) as ``device``'s tags."""
+    """``fields`` (``version="name:N"``, ``state="active"``, ...) as ``device``'s tags (under
+    :data:`~pipelines.registry.tags.DEVICE_TAG`)."""
     return {f"{DEVICE_TAG}{device}.{field}": value for field, value in fields.items()}
 
 
@@ -77,8 +75,8 @@ def mark_replaced(device: str, left: str, new: str, at: str) -> str:
     name, _, version = left.rpartition(":")
     tags = device_tags(device, version=new, state="replaced", at=at)
     try:
-        registry.set_version_tags(name, version, tags)
-    except (registry.RegistryError, MlflowException) as err:
+        set_version_tags(name, version, tags)
+    except (RegistryError, MlflowException) as err:
         return f"could not tag {left}: {err}"
     return ""
 
@@ -129,7 +127,7 @@ def bundle_release(
     )
 
     private = load_private_key(key)
-    info, export_dir = registry.fetch_export(version.name, version.version)
+    info, export_dir = fetch_export(version.name, version.version)
     signer = key_id(private.public_key())
     target = out or home_dir("releases") / f"{version.name}-v{version.version}-{signer}.release"
     if target.is_file():

@@ -9,7 +9,7 @@ fixed-design gate.
     compare          = the same on two finished evaluations (``EvalReport``)
 
 The evaluate stage compares sequentially (:mod:`stages.evaluate.run`); the fixed design serves a
-candidate compared again at promotion (``pipelines.champion``). Rendering is
+candidate compared again at promotion (``pipelines.registry.champion``). Rendering is
 :mod:`stages.evaluate.report`'s.
 """
 

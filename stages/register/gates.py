@@ -11,7 +11,7 @@ records:
 - ``real weights``: only on a policy built with random weights (``policy.weights: random``,
   a systems test), where it always fails and is always enforced: such a version is never
   champion. ``robo-pipe models promote`` refuses it even with ``--force``
-  (:func:`pipelines.registry.promote`, on its ``robo_pipe.random_weights`` tag).
+  (:func:`pipelines.registry.promotion.promote`, on its ``robo_pipe.random_weights`` tag).
 
 A version becomes ``champion`` only if no enforced gate failed. Every gate's verdict, what was
 measured and what was required are written on the version as tags (:func:`gate_tags`), which

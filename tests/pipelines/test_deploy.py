@@ -31,7 +31,9 @@ DEPLOY_TOKEN = "deploy-scope-token-for-tests"
 @pytest.fixture(scope="module")
 def registered(shared_home: Path, export_dir: Path) -> str:
     """A tiny exported policy registered as ``edge-policy`` v1 (and v2, the same export)."""
-    from pipelines import registry, tracking
+    from pipelines import tracking
+    from pipelines.registry.exports import register_export
+    from pipelines.registry.tags import ONNX_HASH_TAG
     from pipelines.services import configure
 
     os.environ["ROBO_PIPE_HOME"] = str(shared_home)
@@ -39,7 +41,7 @@ def registered(shared_home: Path, export_dir: Path) -> str:
     bundle = export_dir
     for _ in range(2):  # v2: a newer release of the same bundle
         run = tracking.TrackedRun.start("edge-tests", "register")
-        registry.register_export(bundle, MODEL, run, {registry.TAG + "onnx_hash": "x"})
+        register_export(bundle, MODEL, run, {ONNX_HASH_TAG: "x"})
         run.finish()
     return MODEL
 
@@ -220,12 +222,12 @@ def test_a_cut_upload_resumes_from_the_bytes_the_agent_has(
 
     from deploy_edge.client import AgentClient
     from deploy_edge.device import DeviceEntry
-    from pipelines import registry
     from pipelines.deploy.release import bundle_release
+    from pipelines.registry.versions import get_version
     from pipelines.services import configure
 
     configure()  # in-process MLflow reads this home's registry
-    _, path = bundle_release(registry.get_version(MODEL, "2"), signing["release"])
+    _, path = bundle_release(get_version(MODEL, "2"), signing["release"])
     data = path.read_bytes()
     sha256 = hashlib.sha256(data).hexdigest()
     url = f"http://127.0.0.1:{agent['port']}/uploads/{sha256}"
@@ -303,8 +305,8 @@ def test_devices_verbs_activate_unstage_and_roll_back_a_real_agent(
     CLI, a rollback leaves no rollback target (never the version rolled back from), and an
     unknown device, an unset token (2) or a device that does not answer (3) are one line."""
     from deploy_edge.device import DeviceEntry
-    from pipelines import registry
     from pipelines.deploy.release import bundle_release, deploy_release
+    from pipelines.registry.versions import get_version
     from pipelines.services import configure
 
     configure()  # the registry of this module's home, in this process
@@ -315,9 +317,7 @@ def test_devices_verbs_activate_unstage_and_roll_back_a_real_agent(
     entry = DeviceEntry(
         name="dev-arm-01", url=f"http://127.0.0.1:{started['port']}", token_env="ARM_TOKEN"
     )
-    v1, v2 = (
-        bundle_release(registry.get_version(MODEL, str(n)), signing["release"])[1] for n in (1, 2)
-    )
+    v1, v2 = (bundle_release(get_version(MODEL, str(n)), signing["release"])[1] for n in (1, 2))
     devices = ("--devices", str(started["devices"]))
 
     def verb(*args: str, json_out: bool = True) -> tuple[int, Any, str]:
@@ -489,7 +489,9 @@ def precision_versions(
     import dataclasses
 
     from deploy_edge.bundle import read_io_spec, write_bundle_checksums, write_io_spec
-    from pipelines import registry, tracking
+    from pipelines import tracking
+    from pipelines.registry.exports import register_export
+    from pipelines.registry.tags import ONNX_HASH_TAG
     from pipelines.services import configure
     from tests.deploy_edge.variants import with_variants
 
@@ -512,7 +514,7 @@ def precision_versions(
     versions = {}
     for name, folder in (("edge-variants", bundle), ("edge-random", random)):
         run = tracking.TrackedRun.start("edge-tests", "register")
-        info = registry.register_export(folder, name, run, {registry.TAG + "onnx_hash": name})
+        info = register_export(folder, name, run, {ONNX_HASH_TAG: name})
         run.finish()
         versions[name] = f"models:/{name}/{info.version}"
     versions["bundle"] = str(bundle)
@@ -600,7 +602,8 @@ def test_robo_pipe_gate_on_an_auto_profile_makes_the_devices_choice_here(
 
 def test_device_tags_say_which_variant_runs_and_why_not_the_others() -> None:
     from deploy_edge.wire import Deployment, Trial
-    from pipelines.deploy.release import DEVICE_TAG, variant_tags
+    from pipelines.deploy.release import variant_tags
+    from pipelines.registry.tags import DEVICE_TAG
 
     done = Deployment("d", "s", "m", "1", 1, "active", variant="int8", systems_test=True)
     done.choice = "int8: the most accurate candidate within 100 ms"
@@ -628,9 +631,9 @@ def test_the_pipelines_deploy_stage_never_deploys_random_weights(
     precision_versions: dict[str, str], shared_home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The deploy stage refuses a random-weights version before any agent starts."""
-    from pipelines import registry
     from pipelines.config import load_config
     from pipelines.deploy import local_agent
+    from pipelines.registry.versions import get_version, parse_model_uri
     from pipelines.services import configure
 
     def no_agent(*args: Any) -> None:
@@ -638,8 +641,8 @@ def test_the_pipelines_deploy_stage_never_deploys_random_weights(
 
     monkeypatch.setattr(local_agent, "running_local_agent", no_agent)
     configure()
-    name, version = registry.parse_model_uri(precision_versions["edge-random"])
-    info = registry.get_version(name, version)
+    name, version = parse_model_uri(precision_versions["edge-random"])
+    info = get_version(name, version)
     done = local_agent.deploy_to_local_agent(load_config(ROOT / "configs" / "tiny.yaml"), info)
     assert done.state == "refused" and done.p99_ms is None and done.episode_ticks == 0
     assert done.reason.startswith("random weights (systems measurements only)")

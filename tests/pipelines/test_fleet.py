@@ -145,11 +145,11 @@ def active(agent: dict[str, Any]) -> str | None:
 def put_on_v1(home: Path, key: Path, agents: dict[str, dict[str, Any]], names: list[str]) -> None:
     """The baseline: ``names`` run v1 (deployed directly, all at once)."""
     from deploy_edge.device import DeviceEntry
-    from pipelines import registry
     from pipelines.deploy.release import bundle_release, deploy_release
+    from pipelines.registry.versions import get_version
 
     os.environ[TOKEN_ENV] = TOKEN
-    _, path = bundle_release(registry.get_version(MODEL, "1"), key)
+    _, path = bundle_release(get_version(MODEL, "1"), key)
 
     def one(name: str) -> str:
         url = f"http://127.0.0.1:{agents[name]['port']}"
@@ -207,7 +207,7 @@ def test_a_rollout_reaches_every_device_and_is_on_record(
     """Canary, then a wave of two at once: every device runs v1; the model version's tags say
     where it runs (`models show`), the flow run has one task run per device, `fleet status`
     shows it; a device nobody listens for is reported (one failure allowed: not stopped)."""
-    from pipelines import registry
+    from pipelines.registry.versions import get_version
 
     names = ["arm-a", "arm-b", "arm-c"]
     agents = start_fleet(shared_home, tmp_path, names)
@@ -238,7 +238,7 @@ def test_a_rollout_reaches_every_device_and_is_on_record(
         for column in ("device", "before", "after", "state", "reason", "on-device p99"):
             assert column in done.stderr
 
-        tags = registry.get_version(MODEL, "1").tags
+        tags = get_version(MODEL, "1").tags
         for name in names:
             assert tags[f"robo_pipe.device.{name}.version"] == f"{MODEL}:1"
             assert tags[f"robo_pipe.device.{name}.state"] == "active"
@@ -315,7 +315,7 @@ def test_a_failing_wave_stops_and_rolls_back_the_devices_updated_before_it(
 ) -> None:
     """Canary arm-f passes; the next wave deploys arm-g and slow-arm at once, slow-arm fails
     its gate, so with --max-failures 0 arm-f and arm-g go back to v1; arm-h never starts."""
-    from pipelines import registry
+    from pipelines.registry.versions import get_version
 
     names = ["arm-f", "arm-g", "slow-arm", "arm-h"]
     agents = start_fleet(shared_home, tmp_path, names, failing=("slow-arm",))
@@ -339,7 +339,7 @@ def test_a_failing_wave_stops_and_rolls_back_the_devices_updated_before_it(
         assert by_device["slow-arm"]["state"] == "refused"
         assert by_device["arm-h"]["state"] == "skipped" and active(agents["arm-h"]) == f"{MODEL}:1"
         assert "rollout stopped" in done.stderr and "reverted" in done.stderr
-        tags = registry.get_version(MODEL, "2").tags
+        tags = get_version(MODEL, "2").tags
         assert tags["robo_pipe.device.arm-f.state"] == "reverted"
         assert tags["robo_pipe.device.arm-f.version"] == f"{MODEL}:1"
         assert tags["robo_pipe.device.slow-arm.state"] == "refused"
@@ -601,7 +601,7 @@ def test_a_killed_rollout_is_reconciled_by_the_next_fleet_command(
     ``reverted`` there, marks the record reconciled and says so; then its exit codes: 0 when
     every device answers and runs the expected version, 1 when one does not or is
     unreachable."""
-    from pipelines import registry
+    from pipelines.registry.versions import get_version
 
     names = ["arm-s", "arm-t"]
     agents = start_fleet(shared_home, tmp_path, names)
@@ -625,7 +625,7 @@ def test_a_killed_rollout_is_reconciled_by_the_next_fleet_command(
         assert f"arm-s rolled back from {MODEL}:2 to {MODEL}:1" in status.stderr
         assert active(agents["arm-s"]) == f"{MODEL}:1"
         assert history(agents["arm-s"])[0]["origin"]["rollout"] == found["id"]
-        tags = registry.get_version(MODEL, "2").tags
+        tags = get_version(MODEL, "2").tags
         assert tags["robo_pipe.device.arm-s.state"] == "reverted"
         assert tags["robo_pipe.device.arm-s.version"] == f"{MODEL}:1"
         record = json.loads(record_file.read_text())

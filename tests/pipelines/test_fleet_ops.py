@@ -91,7 +91,7 @@ def test_retry_failed_touches_only_the_failed_device_and_fleet_rollback_undoes_a
     rollback of the first rollout puts ops-a and ops-b back on v1 by the agent's rollback,
     recorded with that rollout's id, the version's tags say reverted; arm-r, which that
     rollout never updated, stays on v2."""
-    from pipelines import registry
+    from pipelines.registry.versions import get_version
 
     names = ["ops-a", "ops-b", "arm-r"]
     agents = start_fleet(shared_home, tmp_path, names)
@@ -144,7 +144,7 @@ def test_retry_failed_touches_only_the_failed_device_and_fleet_rollback_undoes_a
             assert last["state"] == "rolled_back" and last["origin"], last
             assert last["origin"]["rollout"] == first_id and last["origin"]["by"] == "fleet"
         assert active(agents["arm-r"]) == f"{MODEL}:2"
-        tags = registry.get_version(MODEL, "2").tags
+        tags = get_version(MODEL, "2").tags
         assert tags["robo_pipe.device.ops-a.state"] == "reverted"
         assert tags["robo_pipe.device.ops-a.version"] == f"{MODEL}:1"
     finally:

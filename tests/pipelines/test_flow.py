@@ -83,7 +83,14 @@ def test_pipeline_registers_a_gated_champion(first_run: dict[str, Any]) -> None:
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
-    from pipelines import registry
+    from pipelines.registry.promotion import champion_history
+    from pipelines.registry.tags import (
+        BASE_MODEL_TAG,
+        CODE_VERSION_TAG,
+        CONFIG_HASH_TAG,
+        DATASET_HASH_TAG,
+    )
+    from pipelines.registry.versions import get_version
 
     assert first_run["promoted"] and first_run["version"] == "1"
     device = first_run["device"]  # the demo ends on a device: the local edge agent
@@ -93,11 +100,12 @@ def test_pipeline_registers_a_gated_champion(first_run: dict[str, Any]) -> None:
     assert active.exists() and (active.resolve().parent / "manifest.json").is_file()
     assert set(first_run["aliases"]) == {"candidate", "champion"}
     assert all(g["passed"] for g in first_run["gates"].values())
-    assert registry.champion_history(MODEL)[0] == "1", "the first version became champion"
-    info = registry.get_version(MODEL, "1")
-    for key in ("dataset_hash", "base_model", "config_hash", "code_version", "gate.latency"):
-        assert info.tags[registry.TAG + key], key
-    assert info.tags[registry.TAG + "gate.latency"] == "passed"
+    assert champion_history(MODEL)[0] == "1", "the first version became champion"
+    info = get_version(MODEL, "1")
+    lineage = (DATASET_HASH_TAG, BASE_MODEL_TAG, CONFIG_HASH_TAG, CODE_VERSION_TAG)
+    for key in (*lineage, GATE_TAG + "latency"):
+        assert info.tags[key], key
+    assert info.tags[GATE_TAG + "latency"] == "passed"
 
     # MLflow: one pipeline run with the resolved config as params, a nested run per stage.
     client = MlflowClient()
@@ -157,13 +165,13 @@ def test_registered_champion_runs_in_onnxruntime(first_run: dict[str, Any]) -> N
     import onnxruntime as ort
     from tokenizers import Tokenizer
 
-    from pipelines import registry
+    from pipelines.registry.exports import fetch_export
     from stages.dataset.layout import STATE_KEY
     from stages.dataset.reader import open_dataset
 
     model = mlflow.onnx.load_model(f"models:/{MODEL}@champion")
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    _, export_dir = registry.fetch_export(MODEL, "champion")
+    _, export_dir = fetch_export(MODEL, "champion")
     spec = json.loads((export_dir / "io_spec.json").read_text())
     tokenizer = Tokenizer.from_file(str(export_dir / "tokenizer" / "tokenizer.json"))
     tokenizer.enable_padding(pad_id=spec["pad_id"], length=spec["max_tokens"])
@@ -197,27 +205,27 @@ def test_registered_champion_runs_in_onnxruntime(first_run: dict[str, Any]) -> N
 def test_a_failed_gate_keeps_the_champion(
     first_run: dict[str, Any], gated_run: dict[str, Any]
 ) -> None:
-    from pipelines import registry
+    from pipelines.registry.versions import champion, get_version
 
     result = gated_run
     assert not result["promoted"] and result["blocked_by"] == ["latency"]
     assert result["version"] != first_run["version"] and result["aliases"] == ["candidate"]
     assert result["device"] is None and "deploy" not in result["stages"], "only champions ship"
-    assert registry.champion(MODEL).version == first_run["version"]  # type: ignore[union-attr]
+    assert champion(MODEL).version == first_run["version"]  # type: ignore[union-attr]
     comparison = result["gates"]["no regression vs champion"]
     assert f"vs v{first_run['version']}" in comparison["measured"], "on the champion's seeds"
     reused = {name for name, s in result["stages"].items() if s["reused"]}
     assert {"collect", "pretrain"} <= reused and "finetune" not in reused
     # The version says which gate failed, with what was measured and what was required.
-    tags = registry.get_version(MODEL, result["version"]).tags
+    tags = get_version(MODEL, result["version"]).tags
     latency = result["gates"]["latency"]
-    assert tags[registry.TAG + "gate.latency"] == "failed"
+    assert tags[GATE_TAG + "latency"] == "failed"
     assert (
-        tags[registry.TAG + "gate.latency.required"]
+        tags[GATE_TAG + "latency.required"]
         == latency["required"]
         == ("p99 <= 0.0001 ms, misses <= 0")
     )
-    assert tags[registry.TAG + "gate.latency.measured"] == latency["measured"]
+    assert tags[GATE_TAG + "latency.measured"] == latency["measured"]
     assert latency["measured"].startswith("p99 ") and "ms" in latency["measured"]
 
 
@@ -350,7 +358,7 @@ def test_run_below_min_success_is_registered_not_promoted(
 ) -> None:
     """`robo-pipe run` with a bar the candidate does not reach: a version, no champion, and the
     CLI, the Prefect summary and the version's tags all say which gate failed and by how much."""
-    from pipelines import registry
+    from pipelines.registry.versions import champion, get_version
 
     name = "demo-policy-strict"  # its own registry entry: no other test's champion moves
     sets = [*TINY, f"registry.model_name={name}", "registry.promotion.min_success=0.9"]
@@ -367,7 +375,7 @@ def test_run_below_min_success_is_registered_not_promoted(
         assert len(ends) == 1 and ends[0].startswith(reused if done["reused"] else ok), ends
     assert result["success_rate"] < 0.9 and not result["promoted"]
     assert result["blocked_by"] == ["held-out success"] and result["aliases"] == ["candidate"]
-    assert registry.champion(name) is None
+    assert champion(name) is None
     low = f"{result['ci95'][0]:.1%}"  # compared with the bar (min_success_on: lower_bound)
     measured = f"lower end {low} (estimate {result['success_rate']:.1%}, 95% CI {low} - "
     required = ">= 90% (lower end of the 95% CI)"
@@ -379,11 +387,11 @@ def test_run_below_min_success_is_registered_not_promoted(
 
     summary = flow_run_summary(result)
     assert f"| held-out success | FAIL | {measured}" in summary and f"| {required} |" in summary
-    tags = registry.get_version(name, "1").tags
+    tags = get_version(name, "1").tags
     assert tags[GATE_TAG + "held-out success"] == "failed"
     assert tags[GATE_TAG + "held-out success.required"] == required
     assert tags[GATE_TAG + "held-out success.measured"].startswith(measured)
-    assert failed_gates(registry.get_version(name, "1").tags) == ["held-out success"]
+    assert failed_gates(get_version(name, "1").tags) == ["held-out success"]
 
     # The CLI read and checked the config once and handed it to the flow as it was: the flow
     # run's parameter is the resolved config (as saved in the run folder), not a path to read.
@@ -416,7 +424,8 @@ def test_a_candidate_worse_than_the_champion_on_the_same_seeds_is_not_promoted(
     """A deliberately broken model: its exported actions are zeroed (the arm never moves).
     It clears ``min_success`` (0 in these tests) and the latency gate, but loses to the
     champion on the same seeds, so the champion stays."""
-    from pipelines import registry
+    from pipelines.registry.tags import COMPARISON_TAG, OUTCOMES_TAG
+    from pipelines.registry.versions import champion, get_version
     from stages.policy.base import OnnxPolicy
 
     real_forward = OnnxPolicy.forward
@@ -428,10 +437,10 @@ def test_a_candidate_worse_than_the_champion_on_the_same_seeds_is_not_promoted(
     monkeypatch.setattr(OnnxPolicy, "forward", zeroed)
     # one more step: a new checkpoint, so a new export (with the zeroed actions)
     result = run_pipeline(*REGRESS, "finetune.bc.steps=11")
-    name, champion = "demo-policy-regress", regress_champion["version"]
-    assert result["success_rate"] == 0.0 and result["version"] != champion
+    name, held = "demo-policy-regress", regress_champion["version"]
+    assert result["success_rate"] == 0.0 and result["version"] != held
     assert not result["promoted"] and result["blocked_by"] == ["no regression vs champion"]
-    assert registry.champion(name).version == champion  # type: ignore[union-attr]
+    assert champion(name).version == held  # type: ignore[union-attr]
     gate = result["gates"]["no regression vs champion"]
     # Paired and sequential: the champion's per-seed outcomes, stored with its version when
     # it was registered, are reused (it plays no seed again); the comparison stops at the
@@ -444,22 +453,18 @@ def test_a_candidate_worse_than_the_champion_on_the_same_seeds_is_not_promoted(
     assert comparison["discordant"]["candidate_only"] == 0
     assert comparison["p_value"] <= comparison["boundary"]
     difference = comparison["difference"]
-    assert gate["measured"].startswith(f"{difference:+.1%} vs v{champion}, p = ")
+    assert gate["measured"].startswith(f"{difference:+.1%} vs v{held}, p = ")
     assert result["gates"]["held-out success"]["passed"] and result["gates"]["latency"]["passed"]
-    tags = registry.get_version(name, result["version"]).tags
+    tags = get_version(name, result["version"]).tags
     assert tags[GATE_TAG + "no regression vs champion"] == "failed"
-    assert tags[registry.TAG + "comparison.baseline_only"] == str(
-        comparison["discordant"]["baseline_only"]
-    )
-    assert float(tags[registry.TAG + "comparison.p_value"]) == pytest.approx(
-        comparison["p_value"], rel=1e-5
-    )
-    assert tags[registry.TAG + "comparison.played_on"] == "0", "a worse one never plays on"
+    assert tags[COMPARISON_TAG + "baseline_only"] == str(comparison["discordant"]["baseline_only"])
+    assert float(tags[COMPARISON_TAG + "p_value"]) == pytest.approx(comparison["p_value"], rel=1e-5)
+    assert tags[COMPARISON_TAG + "played_on"] == "0", "a worse one never plays on"
     summary = flow_run_summary(result)
     assert "| no regression vs champion | FAIL |" in summary
     assert "| **candidate failed** |" in summary and "80% power" in summary
-    stored = registry.get_version(name, champion).tags
-    outcomes = {k: v for k, v in stored.items() if k.startswith(registry.TAG + "outcomes.")}
+    stored = get_version(name, held).tags
+    outcomes = {k: v for k, v in stored.items() if k.startswith(OUTCOMES_TAG)}
     assert len(outcomes) == 2 and all(len(v) == 40 for v in outcomes.values())
     assert sum(v.count("1") for v in outcomes.values()) == round(
         regress_champion["success_rate"] * 80
@@ -491,7 +496,8 @@ def test_champion_check_fails_when_the_champion_falls_below_the_bar(
     from prefect.client.schemas.filters import FlowFilter, FlowFilterName
     from prefect.client.schemas.sorting import FlowRunSort
 
-    from pipelines import registry
+    from pipelines.registry.tags import LAST_REGRESSION_SUCCESS_TAG
+    from pipelines.registry.versions import get_version
 
     name, version = "demo-policy-regress", regress_champion["version"]
     sets = [*TINY, *REGRESS, "evaluate.episodes=6"]
@@ -512,7 +518,7 @@ def test_champion_check_fails_when_the_champion_falls_below_the_bar(
     held, state = check("0.0")
     assert held.returncode == 0, held.stderr[-3000:]
     assert state == "COMPLETED" and f"champion {name} v{version} holds" in held.stderr
-    checked = registry.get_version(name, version).tags[registry.TAG + "last_regression_success"]
+    checked = get_version(name, version).tags[LAST_REGRESSION_SUCCESS_TAG]
 
     regressed, state = check("0.95")
     assert regressed.returncode == 1, regressed.stderr[-3000:]
@@ -520,8 +526,8 @@ def test_champion_check_fails_when_the_champion_falls_below_the_bar(
     assert f"regression: champion {name} v{version}: held-out success" in regressed.stderr
     assert "required >= 95% (lower end of the 95% CI)" in regressed.stderr
     assert "Traceback" not in regressed.stderr
-    tags = registry.get_version(name, version).tags
-    assert tags[registry.TAG + "last_regression_success"] == checked, "the same seeds"
+    tags = get_version(name, version).tags
+    assert tags[LAST_REGRESSION_SUCCESS_TAG] == checked, "the same seeds"
 
 
 @pytest.mark.parametrize(
@@ -629,10 +635,11 @@ def test_a_device_that_already_runs_the_champion_keeps_it(first_run: dict[str, A
     assert again.state == "active" and again.reason == "already runs this release", again
     assert again.episode_ticks == 10 and again.model_version == first_run["version"]
     # where it runs is on the version, as `robo-pipe models show` lists it
-    from pipelines import registry
+    from pipelines.registry.tags import DEVICE_TAG
+    from pipelines.registry.versions import get_version
 
-    tags = registry.get_version(MODEL, first_run["version"]).tags
-    where = f"{registry.TAG}device.local-agent."
+    tags = get_version(MODEL, first_run["version"]).tags
+    where = f"{DEVICE_TAG}local-agent."
     assert tags[where + "version"] == f"{MODEL}:{first_run['version']}", tags
     assert tags[where + "state"] == "active" and tags[where + "at"].endswith("Z"), tags
 
@@ -705,7 +712,7 @@ def test_the_verdict_shows_in_prefect_and_mlflow(
     is a model-training one and the pipeline's run says what happened."""
     from mlflow import MlflowClient
 
-    from pipelines import registry
+    from pipelines.tracking import client
 
     promoted, blocked = flow_run_of(first_run), flow_run_of(gated_run)
     assert promoted.name == f"demo · promoted v{first_run['version']}"
@@ -741,7 +748,7 @@ def test_the_verdict_shows_in_prefect_and_mlflow(
     first = mlflow.get_run(first_run["mlflow_run_id"]).data.tags["mlflow.note.content"]
     assert f"promoted v{first_run['version']}" in first
     # MLflow's own promote path is named on the version, where its button is.
-    description = str(registry.client().get_model_version(MODEL, gated_run["version"]).description)
+    description = str(client().get_model_version(MODEL, gated_run["version"]).description)
     assert "bypass the gates" in description and "robo-pipe models promote" in description
 
 
@@ -750,7 +757,8 @@ def test_a_champion_that_skipped_the_gates_is_flagged(
 ) -> None:
     """MLflow's own alias editing (its UI, its API) moves ``champion`` past every gate:
     `robo-pipe models list` and `models show` flag a champion that did not pass them."""
-    from pipelines import registry
+    from pipelines.registry.versions import champion
+    from pipelines.tracking import client
 
     def listed() -> tuple[dict[str, Any], str]:
         out = robo_pipe("models", "list", "--json", home=shared_home)
@@ -760,10 +768,10 @@ def test_a_champion_that_skipped_the_gates_is_flagged(
 
     record, stderr = listed()
     assert record["champion_warning"] is None and "without passing the gates" not in stderr
-    before = registry.champion(MODEL)
+    before = champion(MODEL)
     assert before is not None
     failed = gated_run["version"]  # failed the latency gate
-    registry.client().set_registered_model_alias(MODEL, "champion", failed)  # as MLflow's UI does
+    client().set_registered_model_alias(MODEL, "champion", failed)  # as MLflow's UI does
     try:
         record, stderr = listed()
         warning = f"{MODEL} v{failed} is champion without passing the gates: made champion "
@@ -774,4 +782,4 @@ def test_a_champion_that_skipped_the_gates_is_flagged(
         assert shown.returncode == 0, shown.stderr
         assert "outside robo-pipe" in " ".join((shown.stdout + shown.stderr).split())
     finally:
-        registry.client().set_registered_model_alias(MODEL, "champion", before.version)
+        client().set_registered_model_alias(MODEL, "champion", before.version)

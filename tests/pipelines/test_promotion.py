@@ -14,10 +14,20 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import registry, tracking
-from pipelines.champion import outcome_tags, outcomes_key
+from pipelines import tracking
 from pipelines.config import PipelineConfig, load_config
 from pipelines.records import Evaluation, Registration
+from pipelines.registry.champion import outcome_tags, outcomes_key
+from pipelines.registry.exports import register_export
+from pipelines.registry.promotion import RandomWeightsError, champion_history, promote
+from pipelines.registry.tags import (
+    ONNX_HASH_TAG,
+    OUTCOMES_KEY_TAG,
+    PROMOTED_ON_TAG,
+    PROMOTED_OVER_TAG,
+    RANDOM_WEIGHTS_TAG,
+)
+from pipelines.registry.versions import champion, get_version
 from pipelines.steps import register_version
 from stages.evaluate import suite_variants
 from stages.evaluate.report import EvalReport, VariantRow
@@ -91,15 +101,13 @@ def register_champion(
 ) -> str:
     """A version promoted as another run would have promoted it."""
     run = tracking.TrackedRun.start("cas-tests", "register")
-    info = registry.register_export(
-        bundle, cfg.model_name, run, {registry.TAG + "onnx_hash": onnx_hash, **tags}
-    )
+    info = register_export(bundle, cfg.model_name, run, {ONNX_HASH_TAG: onnx_hash, **tags})
     run.finish()
-    return registry.promote(cfg.model_name, info.version, "test").version
+    return promote(cfg.model_name, info.version, "test").version
 
 
 def champion_version(cfg: PipelineConfig) -> str:
-    current = registry.champion(cfg.model_name)
+    current = champion(cfg.model_name)
     assert current is not None, "the model has a champion"
     return current.version
 
@@ -176,7 +184,7 @@ def test_a_candidate_compared_with_an_older_champion_is_compared_again(
     assert f"vs v{newer}" in result.gates[NO_REGRESSION].measured
     assert champion_version(cfg) == newer
     assert not (tmp_path / f"champion-v{newer}").exists(), "its stored outcomes were used"
-    tags = registry.get_version(cfg.model_name, result.version).tags
+    tags = get_version(cfg.model_name, result.version).tags
     assert tags[GATE_TAG + NO_REGRESSION] == "failed"
 
 
@@ -193,10 +201,10 @@ def test_a_candidate_as_good_as_the_newer_champion_replaces_it(
     assert result.promoted, result.gates
     assert f"vs v{newer}" in result.gates[NO_REGRESSION].measured
     assert champion_version(cfg) == result.version
-    assert registry.champion_history(cfg.model_name)[-2:] == [newer, result.version]
-    tags = registry.get_version(cfg.model_name, result.version).tags
-    assert tags[registry.TAG + registry.PROMOTED_OVER] == newer
-    assert f"vs v{newer}" in json.loads(tags[registry.TAG + registry.PROMOTED_ON])[NO_REGRESSION]
+    assert champion_history(cfg.model_name)[-2:] == [newer, result.version]
+    tags = get_version(cfg.model_name, result.version).tags
+    assert tags[PROMOTED_OVER_TAG] == newer
+    assert f"vs v{newer}" in json.loads(tags[PROMOTED_ON_TAG])[NO_REGRESSION]
 
 
 def test_a_champion_without_stored_results_is_evaluated_on_the_same_seeds(
@@ -224,7 +232,7 @@ def test_outcomes_stored_under_another_key_are_not_reused(
     ignored: the champion is evaluated again."""
     old = register_champion(cfg, bundle, "old", {})
     tags = stored_results(cfg, report(cfg, 10, tmp_path / "v2"))
-    tags[registry.TAG + "outcomes_key"] = "another-simulator-version"
+    tags[OUTCOMES_KEY_TAG] = "another-simulator-version"
     newer = register_champion(cfg, bundle, "newer", tags)
 
     result = candidate_registers(cfg, bundle, "lucky", report(cfg, 10, tmp_path / "lucky"), old)
@@ -260,7 +268,7 @@ def _promote_concurrently(home: str, name: str, version: str, barrier: object) -
     configure()
     barrier.wait()  # type: ignore[attr-defined]
     for _ in range(5):
-        registry.promote(name, version, f"process {os.getpid()}")
+        promote(name, version, f"process {os.getpid()}")
 
 
 def test_concurrent_promotions_keep_alias_and_history_together(
@@ -283,7 +291,7 @@ def test_concurrent_promotions_keep_alias_and_history_together(
     for proc in procs:
         proc.join(120)
         assert proc.exitcode == 0
-    history = registry.champion_history(cfg.model_name)
+    history = champion_history(cfg.model_name)
     assert history[-1] == champion_version(cfg)
     assert sorted(history) == sorted([first, second])
 
@@ -312,9 +320,9 @@ def test_a_random_weight_policy_never_becomes_champion(
     assert not result.promoted and result.blocked_by == [REAL_WEIGHTS]
     assert result.gates[REAL_WEIGHTS].enforced and not result.gates[REAL_WEIGHTS].passed
     assert champion_version(cfg) == old
-    tags = registry.get_version(cfg.model_name, result.version).tags
+    tags = get_version(cfg.model_name, result.version).tags
     assert tags[GATE_TAG + REAL_WEIGHTS] == "failed"
-    assert tags[registry.RANDOM_WEIGHTS_TAG] == "true"
+    assert tags[RANDOM_WEIGHTS_TAG] == "true"
 
     version = f"cas-policy/{result.version}"
     forced = subprocess.run(
@@ -328,6 +336,6 @@ def test_a_random_weight_policy_never_becomes_champion(
     lines = [line for line in (forced.stdout + forced.stderr).splitlines() if line.strip()]
     assert len(lines) == 1 and "random weights" in lines[0], lines
     assert "never champion, not even with --force" in lines[0]
-    with pytest.raises(registry.RandomWeightsError):
-        registry.promote(cfg.model_name, result.version, "a script")
+    with pytest.raises(RandomWeightsError):
+        promote(cfg.model_name, result.version, "a script")
     assert champion_version(cfg) == old

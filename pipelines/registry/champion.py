@@ -31,10 +31,22 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipelines import registry
 from pipelines.config import PipelineConfig
 from pipelines.progress import SILENT, Listener
 from pipelines.records import ChampionCheck, Evaluation
+from pipelines.registry.exports import fetch_export
+from pipelines.registry.promotion import champion_history
+from pipelines.registry.tags import (
+    COMPARISON_TAG,
+    LAST_REGRESSION_AT_TAG,
+    LAST_REGRESSION_SUCCESS_TAG,
+    ONNX_HASH_TAG,
+    OUTCOMES_KEY_TAG,
+    OUTCOMES_TAG,
+    PROMOTED_AT_TAG,
+    TAG_VALUE_LIMIT,
+)
+from pipelines.registry.versions import CHAMPION, VersionInfo, champion, set_version_tags
 from stages.register import Gate, blocking_gates, gate_tags, meets_min_success, promotion_gates
 from stages.register.gates import held_out_text
 
@@ -50,13 +62,6 @@ folder: :func:`pipelines.steps.evaluate_policy` bound to the config and the list
 
 
 # -- stored per-seed outcomes --------------------------------------------------------------------
-
-OUTCOMES_TAG = "outcomes"
-"""Version tags (after the ``robo_pipe.`` prefix): ``outcomes.<variant>`` = the version's
-per-seed outcomes on the held-out suite (:func:`stages.evaluate.sequential.encode_outcomes`),
-valid while ``outcomes_key`` equals :func:`outcomes_key` of the config comparing with it."""
-TAG_LIMIT = 5000
-"""Characters MLflow keeps in a model version tag's value: seeds beyond are not stored."""
 
 
 def outcomes_key(cfg: PipelineConfig) -> str:
@@ -78,34 +83,35 @@ def outcomes_key(cfg: PipelineConfig) -> str:
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def stored_outcomes(cfg: PipelineConfig, version: registry.VersionInfo) -> dict[str, str]:
+def stored_outcomes(cfg: PipelineConfig, version: VersionInfo) -> dict[str, str]:
     """``version``'s stored per-seed outcomes on ``cfg``'s suite (encoded), or none when they
     were stored under another :func:`outcomes_key`."""
     tags = version.tags
-    if tags.get(registry.TAG + OUTCOMES_TAG + "_key") != outcomes_key(cfg):
+    if tags.get(OUTCOMES_KEY_TAG) != outcomes_key(cfg):
         return {}
-    prefix = registry.TAG + OUTCOMES_TAG + "."
-    return {k[len(prefix) :]: v for k, v in tags.items() if k.startswith(prefix)}
+    return {k[len(OUTCOMES_TAG) :]: v for k, v in tags.items() if k.startswith(OUTCOMES_TAG)}
 
 
 def outcome_tags(cfg: PipelineConfig, encoded: dict[str, str]) -> dict[str, str]:
-    """The tags that store ``encoded`` outcomes on a version (see :data:`OUTCOMES_TAG`)."""
-    tags = {registry.TAG + OUTCOMES_TAG + "_key": outcomes_key(cfg)}
+    """The tags that store ``encoded`` outcomes on a version (see
+    :data:`~pipelines.registry.tags.OUTCOMES_TAG`; seeds beyond the tag's limit are not
+    stored)."""
+    tags = {OUTCOMES_KEY_TAG: outcomes_key(cfg)}
     for variant, chars in encoded.items():
-        tags[registry.TAG + OUTCOMES_TAG + "." + variant] = chars[:TAG_LIMIT]
+        tags[OUTCOMES_TAG + variant] = chars[:TAG_VALUE_LIMIT]
     return tags
 
 
 def store_outcomes(
     cfg: PipelineConfig,
-    version: registry.VersionInfo,
+    version: VersionInfo,
     stored: dict[str, str],
     played: dict[str, str],
 ) -> None:
     """Tag ``version`` (the champion a candidate was compared with) with its ``stored``
     outcomes extended by those it just ``played`` (encoded), for the next candidate."""
     merged = _merged(stored, played)
-    registry.set_version_tags(cfg.model_name, version.version, outcome_tags(cfg, merged))
+    set_version_tags(cfg.model_name, version.version, outcome_tags(cfg, merged))
 
 
 def _merged(old: dict[str, str], new: dict[str, str]) -> dict[str, str]:
@@ -136,16 +142,10 @@ def _report_file(report: EvalReport) -> Path:
 
 # -- the comparison against the champion ---------------------------------------------------------
 
-COMPARISON_TAG = "comparison."
-"""Version tags (after the ``robo_pipe.`` prefix) with the comparison against the champion:
-``comparison.test``, ``.candidate_only``, ``.baseline_only``, ``.p_value``, ``.boundary``,
-``.decision``, ``.seeds`` (per variant, of ``.max_seeds``), ``.look``,
-``.detectable_regression``, ``.played_on`` (seeds per variant the candidate played alone for
-the success gate)."""
-
 
 def comparison_tags(comparison: Comparison | None) -> dict[str, str]:
-    """The comparison's figures as version tags (none without a comparison)."""
+    """The comparison's figures as version tags (none without a comparison; the keys:
+    :data:`~pipelines.registry.tags.COMPARISON_TAG`)."""
     if comparison is None:
         return {}
     c = comparison
@@ -162,15 +162,15 @@ def comparison_tags(comparison: Comparison | None) -> dict[str, str]:
         "detectable_regression": f"{c.detectable_regression:.4f}",
         "played_on": c.played_on,
     }
-    return {registry.TAG + COMPARISON_TAG + k: str(v) for k, v in figures.items()}
+    return {COMPARISON_TAG + k: str(v) for k, v in figures.items()}
 
 
 def same_export_champion(cfg: PipelineConfig, export: ExportRef) -> str | None:
     """The champion's version if it is this very export (nothing to compare with), else None.
     The version recorded is always the one the candidate was compared with: never a champion
     that another run promoted while this one was evaluating."""
-    current = registry.champion(cfg.model_name)
-    if current and current.tags.get(registry.TAG + "onnx_hash") == export.onnx_hash:
+    current = champion(cfg.model_name)
+    if current and current.tags.get(ONNX_HASH_TAG) == export.onnx_hash:
         return current.version
     return None
 
@@ -209,14 +209,14 @@ def recheck(
     listener: Listener = SILENT,
 ) -> dict[str, Gate]:
     """The compare of the compare-and-set, run under the model's
-    :func:`~pipelines.registry.promotion_lock` by whoever registered ``version`` (the
+    :func:`~pipelines.registry.promotion.promotion_lock` by whoever registered ``version`` (the
     candidate): the champion is read again, and if another run promoted a version since
     ``evaluation`` compared the candidate with its champion, the candidate is compared again
     with that one, on the same seeds (its stored per-seed outcomes when they cover them, else
     ``evaluate`` plays its export), and the ``gates`` are decided again and tagged on
     ``version`` with the comparison's figures. Returns the gates that decide promotion."""
     candidate, compared_with = evaluation.candidate, evaluation.champion_version
-    current = registry.champion(cfg.model_name)
+    current = champion(cfg.model_name)
     while (
         not blocking_gates(gates)
         and current is not None
@@ -232,7 +232,7 @@ def recheck(
         candidate = replace(candidate, comparison=comparison)
         compared_with = current.version
         gates = decide_gates(cfg, candidate, compared_with, latency)
-        registry.set_version_tags(
+        set_version_tags(
             cfg.model_name, version, {**gate_tags(gates), **comparison_tags(comparison)}
         )
     return gates
@@ -241,10 +241,10 @@ def recheck(
 def _recompare(
     cfg: PipelineConfig,
     candidate: EvalReport,
-    champion: registry.VersionInfo,
+    baseline: VersionInfo,
     evaluate: EvaluateSuite,
 ) -> Comparison:
-    """``candidate`` against ``champion`` on the candidate's seeds: the champion's stored
+    """``candidate`` against the champion ``baseline`` on the candidate's seeds: its stored
     per-seed outcomes when they cover them, else a fresh evaluation of its export."""
     from stages.evaluate.comparison import compare, compare_fixed
     from stages.evaluate.report import EvalReport
@@ -252,32 +252,30 @@ def _recompare(
 
     full = EvalReport.from_json(json.loads(_report_file(candidate).read_text()))
     mine = full.successes_by_episode()
-    stored = decode_outcomes(stored_outcomes(cfg, champion))
+    stored = decode_outcomes(stored_outcomes(cfg, baseline))
     confidence, margin = cfg.evaluate.gate_confidence, cfg.registry.promotion.margin
-    name = f"v{champion.version}"
+    name = f"v{baseline.version}"
     if mine and mine.keys() <= stored.keys():
         return compare_fixed(mine, stored, len(full.seeds), confidence, margin, name)
-    _, bundle = registry.fetch_export(cfg.model_name, champion.version)
+    _, bundle = fetch_export(cfg.model_name, baseline.version)
     out = Path(candidate.report).parent.with_name(f"champion-{name}")
-    baseline = evaluate(bundle, out)
-    return replace(compare(full, baseline, confidence, margin), baseline=name)
+    played = evaluate(bundle, out)
+    return replace(compare(full, played, confidence, margin), baseline=name)
 
 
 # -- the champion's scheduled check --------------------------------------------------------------
 
 
-def regression_check(
-    cfg: PipelineConfig, info: registry.VersionInfo, report: EvalReport
-) -> ChampionCheck:
+def regression_check(cfg: PipelineConfig, info: VersionInfo, report: EvalReport) -> ChampionCheck:
     """The champion ``info``'s held-out ``report`` (without per-episode lists) against
     ``registry.promotion.min_success``; the result is tagged on the version."""
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    registry.set_version_tags(
+    set_version_tags(
         info.name,
         info.version,
         {
-            registry.TAG + "last_regression_success": f"{report.success_rate:.4f}",
-            registry.TAG + "last_regression_at": stamp,
+            LAST_REGRESSION_SUCCESS_TAG: f"{report.success_rate:.4f}",
+            LAST_REGRESSION_AT_TAG: stamp,
         },
     )
     policy = cfg.registry.promotion
@@ -296,13 +294,13 @@ def regression_check(
 # -- a champion the gates did not pass -----------------------------------------------------------
 
 
-def without_gates(info: registry.VersionInfo, history: list[str]) -> str | None:
+def without_gates(info: VersionInfo, history: list[str]) -> str | None:
     """Why the champion ``info`` stands without having passed the gates, or None when
     robo-pipe promoted it with every enforced gate passed. ``history``: the model's champion
-    history (:func:`~pipelines.registry.champion_history`), which robo-pipe moves together with
-    the alias: MLflow's own alias editing and "Promote model" move the alias alone, past every
-    gate, and leave the champion off the end of it."""
-    promoted_by_robo_pipe = registry.TAG + "promoted_at" in info.tags
+    history (:func:`~pipelines.registry.promotion.champion_history`), which robo-pipe moves
+    together with the alias: MLflow's own alias editing and "Promote model" move the alias
+    alone, past every gate, and leave the champion off the end of it."""
+    promoted_by_robo_pipe = PROMOTED_AT_TAG in info.tags
     if not promoted_by_robo_pipe or history[-1:] != [info.version]:
         return "made champion outside robo-pipe (MLflow's alias editing bypasses the gates)"
     gates = info.gates
@@ -314,19 +312,19 @@ def without_gates(info: registry.VersionInfo, history: list[str]) -> str | None:
     return None
 
 
-def champion_warning(name: str, versions: list[registry.VersionInfo]) -> str | None:
+def champion_warning(name: str, versions: list[VersionInfo]) -> str | None:
     """What ``robo-pipe models list`` and ``models show`` say of ``name``'s champion when it
     is among ``versions`` and stands without having passed the gates (:func:`without_gates`);
     None otherwise."""
-    champion = next((v for v in versions if registry.CHAMPION in v.aliases), None)
-    if champion is None:
+    current = next((v for v in versions if CHAMPION in v.aliases), None)
+    if current is None:
         return None
-    if champion.random_weights:  # only MLflow's own alias editing can have put it there
+    if current.random_weights:  # only MLflow's own alias editing can have put it there
         return (
-            f"{name} v{champion.version} is champion with random weights (a systems test): "
+            f"{name} v{current.version} is champion with random weights (a systems test): "
             "made champion outside robo-pipe; roll it back"
         )
-    why = without_gates(champion, registry.champion_history(name))
+    why = without_gates(current, champion_history(name))
     if why is None:
         return None
-    return f"{name} v{champion.version} is champion without passing the gates: {why}"
+    return f"{name} v{current.version} is champion without passing the gates: {why}"

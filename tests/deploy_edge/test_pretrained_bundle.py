@@ -292,7 +292,8 @@ def test_the_registry_version_says_where_its_weights_came_from(pretrained_export
     keeps them and the instruction graph."""
     from pipelines import registry, tracking
     from pipelines.services import configure
-    from stages.policy.checkpoint import BaseRef, read_policy_meta
+    from stages.policy.checkpoint import read_policy_meta
+    from stages.policy.types import BaseRef
 
     configure()
     run = tracking.TrackedRun.start("registry-test", "pretrained")

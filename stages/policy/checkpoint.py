@@ -105,9 +105,8 @@ def new_policy(
 ) -> tuple[VLAPolicy, BaseRef | None]:
     """A freshly initialised policy of ``policy.type`` (and the backbone it stands on, if
     any: loaded from ``policy.backbone``, or ``policy.preset`` built with random weights)."""
-    return policy_type(policy.type).build(
-        policy, cameras, image_size, state_dim, action_dim, normalizer
-    )
+    cfg = VLAConfig.from_pipeline(policy, cameras, image_size, state_dim, action_dim, 0)
+    return policy_type(policy.type).build(policy, cfg, normalizer)
 
 
 # -- saving --------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ alone) and fine-tuned on that base (base kind ``checkpoint``)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
@@ -23,22 +24,14 @@ class DefaultType(PolicyType):
 
     @classmethod
     def build(
-        cls,
-        policy: PolicyConfig,
-        cameras: list[str] | tuple[str, ...],
-        image_size: int,
-        state_dim: int,
-        action_dim: int,
-        normalizer: Normalizer | None,
+        cls, policy: PolicyConfig, cfg: VLAConfig, normalizer: Normalizer | None
     ) -> tuple[VLAPolicy, BaseRef | None]:
         """A DefaultVLA with random weights and a tokenizer trained on the task family."""
         from stages.policy.tokenizer import InstructionTokenizer, task_family_corpus
         from stages.policy.vla import DefaultVLA
 
         tokenizer = InstructionTokenizer.train(task_family_corpus(), policy.max_tokens)
-        cfg = VLAConfig.from_pipeline(
-            policy, cameras, image_size, state_dim, action_dim, tokenizer.vocab_size
-        )
+        cfg = replace(cfg, vocab_size=tokenizer.vocab_size)
         return DefaultVLA(cfg, tokenizer, normalizer), None
 
     @classmethod

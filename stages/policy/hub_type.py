@@ -5,6 +5,7 @@ systems test, ``policy.preset``'s architecture built with random weights (base k
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
@@ -61,13 +62,7 @@ class HubVLMType(PolicyType):
 
     @classmethod
     def build(
-        cls,
-        policy: PolicyConfig,
-        cameras: list[str] | tuple[str, ...],
-        image_size: int,
-        state_dim: int,
-        action_dim: int,
-        normalizer: Normalizer | None,
+        cls, policy: PolicyConfig, cfg: VLAConfig, normalizer: Normalizer | None
     ) -> tuple[VLAPolicy, BaseRef | None]:
         """A HubVLA on the loaded backbone (checked against ``preset`` if given), or on the
         preset built with random weights."""
@@ -97,9 +92,7 @@ class HubVLMType(PolicyType):
             if policy.preset:  # with weights, the preset only checks (and labels) the architecture
                 check_backbone(get_preset(policy.preset), backbone.config, str(directory))
             base = BaseRef(HUB, str(directory), backbone_hash(directory))
-        cfg = VLAConfig.from_pipeline(
-            policy, cameras, image_size, state_dim, action_dim, hub_tokenizer.vocab_size
-        )
+        cfg = replace(cfg, vocab_size=hub_tokenizer.vocab_size)
         return HubVLA(cfg, hub_tokenizer, normalizer, backbone), base
 
     @classmethod

@@ -50,17 +50,10 @@ class PretrainedType(PolicyType):
 
     @classmethod
     def build(
-        cls,
-        policy: PolicyConfig,
-        cameras: list[str] | tuple[str, ...],
-        image_size: int,
-        state_dim: int,
-        action_dim: int,
-        normalizer: Normalizer | None,
+        cls, policy: PolicyConfig, cfg: VLAConfig, normalizer: Normalizer | None
     ) -> tuple[VLAPolicy, BaseRef | None]:
         """A PretrainedVLA on the encoders the config names, with the sentence encoder's
         tokenizer."""
-        cfg = VLAConfig.from_pipeline(policy, cameras, image_size, state_dim, action_dim, 0)
         return _pretrained(cfg, None, normalizer)
 
     @classmethod

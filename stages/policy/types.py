@@ -130,16 +130,11 @@ class PolicyType(abc.ABC):
     @classmethod
     @abc.abstractmethod
     def build(
-        cls,
-        policy: PolicyConfig,
-        cameras: list[str] | tuple[str, ...],
-        image_size: int,
-        state_dim: int,
-        action_dim: int,
-        normalizer: Normalizer | None,
+        cls, policy: PolicyConfig, cfg: VLAConfig, normalizer: Normalizer | None
     ) -> tuple[VLAPolicy, BaseRef | None]:
-        """A freshly initialised policy of this type, and the frozen base it stands on (None:
-        it holds every parameter)."""
+        """A freshly initialised policy of this type with architecture ``cfg``
+        (:meth:`VLAConfig.from_pipeline`; its ``vocab_size`` is the tokenizer's, which the type
+        sets), and the frozen base it stands on (None: it holds every parameter)."""
 
     @classmethod
     def frozen_base(cls, policy: PolicyConfig) -> BaseRef:

@@ -37,7 +37,8 @@ from stages.evaluate.failures import breakdown_line
 from stages.evaluate.report import EvalReport
 from stages.finetune import FinetuneConfig
 from stages.finetune.checkpoints import read_metrics
-from stages.policy.checkpoint import BaseRef, CheckpointRef, checkpoint_hash, read_policy_meta
+from stages.policy.checkpoint import CheckpointRef, checkpoint_hash, read_policy_meta
+from stages.policy.types import BaseRef
 
 THROUGHPUT_ITERATIONS = 6
 ALGOS = ("ppo", "grpo", "sac")

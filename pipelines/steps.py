@@ -65,6 +65,7 @@ from pipelines.registry.versions import (
 )
 from robo_pipe.errors import InputError
 from robo_pipe.locks import output_lock
+from stages.policy.types import policy_type
 from stages.register import blocking_gates, gate_tags
 
 if TYPE_CHECKING:
@@ -127,7 +128,7 @@ def pretrain_base(
 ) -> CheckpointRef | None:
     """The default VLA's base for ``cfg`` (pretrained once, then cached); None for a hub-vlm
     policy, which starts from its pretrained backbone."""
-    if cfg.policy.type != "default":
+    if not policy_type(cfg.policy.type).needs_pretraining:
         return None
     from stages.finetune import pretrain
 

@@ -29,6 +29,7 @@ from pipelines.services import join_cluster
 from robo_pipe.errors import InputError
 from robo_pipe.locks import set_run_label
 from stages.finetune.algorithm import ALGORITHMS
+from stages.policy.types import policy_type
 
 if TYPE_CHECKING:
     from sim_scenes.episodes import EpisodeRecord
@@ -135,7 +136,7 @@ def pretrain(
     once, and an interrupted run resumes from its latest checkpoint.
     """
     cfg = load(config, set_)
-    if cfg.policy.type != "default":
+    if not policy_type(cfg.policy.type).needs_pretraining:
         raise InputError(
             f"{config}: policy.type is {cfg.policy.type!r}; only the default VLA is pretrained"
         )
@@ -192,7 +193,7 @@ def finetune(
     start = time.perf_counter()
     with live(json_out) as display:
         base = None
-        if cfg.policy.type == "default":
+        if policy_type(cfg.policy.type).needs_pretraining:
             base = display.step(
                 "pretrain", lambda show: steps.pretrain_base(cfg, show, ray_address)
             )

@@ -98,12 +98,8 @@ def _verify(path: Path) -> tuple[str, dict[str, FileSum], list[str]]:
         dataset = open_dataset(root)
         return "dataset", dataset.checksums, [f"{dataset.num_episodes} episodes, schema and counts"]
     if (root / "policy.json").is_file():
-        from stages.policy.checkpoint import (
-            BaseRef,
-            check_base,
-            read_policy_meta,
-            verify_checkpoint,
-        )
+        from stages.policy.checkpoint import check_base, read_policy_meta, verify_checkpoint
+        from stages.policy.types import BaseRef
 
         sums = verify_checkpoint(root)
         meta = read_policy_meta(root)

@@ -83,12 +83,12 @@ from robo_pipe.records import Record
 from stages.export.config import ExportConfig
 from stages.policy.base import OnnxInstructionEncoder, OnnxPolicy, VLAPolicy
 from stages.policy.checkpoint import (
-    BaseRef,
     checkpoint_hash,
     load_policy,
     read_policy_meta,
     verify_checkpoint,
 )
+from stages.policy.types import BaseRef
 
 OPSET = 18
 PARITY_BATCH = 4

@@ -39,7 +39,6 @@ from stages.finetune.config import BCConfig
 from stages.finetune.data import BCData, load_bc_data
 from stages.policy.base import Normalizer, VLAPolicy
 from stages.policy.checkpoint import (
-    BaseRef,
     CheckpointError,
     checkpoint_hash,
     load_policy,
@@ -47,6 +46,7 @@ from stages.policy.checkpoint import (
     new_policy,
 )
 from stages.policy.config import LoraSettings, PolicyConfig
+from stages.policy.types import CHECKPOINT_BASE, BaseRef
 
 
 @dataclass
@@ -99,7 +99,7 @@ def build_policy(job: BCJob, data: BCData) -> tuple[VLAPolicy, BaseRef | None]:
     else:
         policy = load_policy(job.base_checkpoint)
         policy.set_normalizer(norm)
-        base = BaseRef("checkpoint", job.base_checkpoint, checkpoint_hash(job.base_checkpoint))
+        base = BaseRef(CHECKPOINT_BASE, job.base_checkpoint, checkpoint_hash(job.base_checkpoint))
     if job.trainable == "lora":
         policy.add_lora(job.lora or LoraSettings())
     else:

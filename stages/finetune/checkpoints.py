@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     import torch
 
     from stages.policy.base import VLAPolicy
-    from stages.policy.checkpoint import BaseRef
+    from stages.policy.types import BaseRef
 
 TRAINING_DIR = "training"
 """Inside a step checkpoint: optimizer and RNG state for resuming (not part of the policy)."""

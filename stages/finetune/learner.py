@@ -33,7 +33,8 @@ from stages.finetune.checkpoints import (
 from stages.finetune.config import RLConfig
 from stages.finetune.rollout import rl_parameters
 from stages.finetune.rounds import GroupRollout, Rollout, concat_groups, concat_rollouts
-from stages.policy.checkpoint import BaseRef, load_policy, load_trainable, read_policy_meta
+from stages.policy.checkpoint import load_policy, load_trainable, read_policy_meta
+from stages.policy.types import BaseRef
 
 LEARNER_FILE = "learner.safetensors"
 """In a step checkpoint's ``training/``: the algorithm's modules and optimizer moments."""

@@ -45,16 +45,15 @@ from stages.finetune.bc import BCJob, train_bc
 from stages.finetune.checkpoints import latest_checkpoint, read_metrics
 from stages.finetune.config import BCConfig, FinetuneConfig, PretrainConfig
 from stages.policy.checkpoint import (
-    BaseRef,
     CheckpointError,
     CheckpointRef,
     checkpoint_hash,
-    hub_base,
     load_policy,
     read_policy_meta,
     save_policy,
 )
 from stages.policy.config import LoraSettings, PolicyConfig
+from stages.policy.types import CHECKPOINT_BASE, BaseRef, policy_type
 from stages.provenance import code_version
 
 REF_FILE = "checkpoint_ref.json"
@@ -96,7 +95,7 @@ def pretrain(
     """Pretrain (or reuse) the base model for target variant ``scene.variant``; its
     demonstrations go under ``datasets_dir``, the base under ``checkpoints_dir``. ``on_status``
     gets progress lines, and one when this waits for, takes over or reuses another run's."""
-    if policy.type != "default":
+    if not policy_type(policy.type).needs_pretraining:
         raise ValueError(f"pretrain builds the default VLA; policy.type is {policy.type!r}")
     variants = pretrain_variants(scene.variant, config)
     spec = get_robot(robot)
@@ -171,13 +170,15 @@ def finetune(
     from stages.dataset.reader import open_dataset
 
     data = open_dataset(path, check_videos=False)
-    if policy.type == "default" and base is None:
+    if policy_type(policy.type).needs_pretraining and base is None:
         raise ValueError("fine-tuning the default VLA needs a pretrained base (run pretrain)")
     if base is not None and checkpoint_hash(base.path) != base.content_hash:
         raise CheckpointError(f"{base.path}: base checkpoint changed since it was recorded")
     image_size = int(data.info["features"][f"observation.images.{data.cameras[0]}"]["shape"][0])
     # hub-vlm: the backbone is the base (pretrained, or a preset with random weights)
-    start_from = base.content_hash if base is not None else hub_base(policy).hash
+    start_from = (
+        base.content_hash if base is not None else policy_type(policy.type).frozen_base(policy).hash
+    )
     # Only what BC depends on: changing the RL settings must not retrain the warm start.
     bc_settings = config.model_dump(include={"trainable", "bc"})
     key = _key(policy, bc_settings, data.content_hash(), start_from, seed)
@@ -289,7 +290,7 @@ def _fresh_adapters(base: CheckpointRef, lora: LoraSettings, out: Path) -> Path:
         return out
     policy = load_policy(base.path)
     policy.add_lora(lora)
-    save_policy(policy, out, BaseRef("checkpoint", base.path, base.content_hash))
+    save_policy(policy, out, BaseRef(CHECKPOINT_BASE, base.path, base.content_hash))
     return out
 
 

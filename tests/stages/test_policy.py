@@ -33,7 +33,6 @@ from stages.finetune.checkpoints import (
 from stages.policy import checkpoint
 from stages.policy.base import Normalizer, VLAPolicy
 from stages.policy.checkpoint import (
-    BaseRef,
     CheckpointError,
     checkpoint_hash,
     load_policy,
@@ -44,6 +43,7 @@ from stages.policy.checkpoint import (
 )
 from stages.policy.config import LoraSettings, PolicyConfig
 from stages.policy.tokenizer import InstructionTokenizer, task_family_corpus
+from stages.policy.types import BaseRef
 from tests.robo_pipe.test_atomic import kill_at_every_step
 from tests.stages.tiny_models import TINY_POLICY, save_tiny_idefics3
 

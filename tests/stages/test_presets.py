@@ -17,13 +17,13 @@ from stages.policy.base import BatchedObservation
 from stages.policy.checkpoint import (
     CheckpointError,
     check_base,
-    hub_base,
     load_policy,
     new_policy,
     read_policy_meta,
 )
 from stages.policy.config import PRESET_NAMES, PolicyConfig
 from stages.policy.hub_vla import BackboneError
+from stages.policy.types import policy_type
 from tests.conftest import TINY_CONFIG
 from tests.stages.tiny_models import TINY_VLM_POLICY, save_tiny_idefics3, tiny_random_vlm
 
@@ -118,7 +118,8 @@ def test_random_weights_build_the_tiny_preset_and_say_so_in_the_checkpoint(tmp_p
     assert meta["config"]["backbone"] == "" and meta["trainable"] == "lora"
     # Only adapters and heads are saved: the backbone is built again from the preset.
     assert not any(n.startswith("backbone.") and "lora_" not in n for n in meta["tensors"])
-    assert ref.base == hub_base(TINY_VLM_POLICY)  # what keys a fine-tune: the same base
+    # What keys a fine-tune: the same base.
+    assert ref.base == policy_type(TINY_VLM_POLICY.type).frozen_base(TINY_VLM_POLICY)
     assert check_base(Path(ref.path), ref.base) == {}  # robo-pipe verify's check
 
     loaded = load_policy(ref.path)

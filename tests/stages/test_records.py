@@ -13,7 +13,8 @@ from stages.dataset.layout import DatasetRef
 from stages.evaluate.comparison import compare_outcomes
 from stages.evaluate.report import EvalReport, VariantRow
 from stages.evaluate.sequential import plan_looks
-from stages.policy.checkpoint import BaseRef, CheckpointRef
+from stages.policy.checkpoint import CheckpointRef
+from stages.policy.types import BaseRef
 
 BASE = BaseRef("checkpoint", "/ckpt/base/step-0000100", "ab" * 32)
 ROW = VariantRow("touch-cubes", 10, 7, 0.7, (0.397, 0.892), 31.5)

@@ -42,13 +42,13 @@ from stages.finetune.sac import (
     temperature_loss,
 )
 from stages.policy.checkpoint import (
-    BaseRef,
     checkpoint_hash,
     load_policy,
     new_policy,
     read_policy_meta,
     save_policy,
 )
+from stages.policy.types import BaseRef
 from stages.worker_pool import WorkersDiedError
 from tests.stages.tiny_models import TINY_POLICY
 

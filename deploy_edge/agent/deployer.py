@@ -19,10 +19,10 @@
               new version stays
 
 The engine, parity and gate steps are :mod:`deploy_edge.agent.trials`. With ``precision: auto``
-they run for every candidate the profile's engine can run (:func:`deploy_edge.latency.options`);
+they run for every candidate the profile's engine can run (:func:`deploy_edge.precision.options`);
 one that fails to build or misses its parity is out, with its reason, and the others go on;
 the gate step then activates the most accurate one that meets the budget
-(:func:`deploy_edge.latency.choose_variant`) and is refused only when none does (the reason
+(:func:`deploy_edge.precision.choose_variant`) and is refused only when none does (the reason
 names each one's p99 against the budget). The
 deployment record's ``variant``, ``trials`` and ``choice`` say which runs and why the others do
 not; the slot's ``variant`` is what the health check and episodes run.
@@ -81,13 +81,7 @@ from deploy_edge.agent.trials import Refused
 from deploy_edge.bundle import read_io_spec
 from deploy_edge.exported import ExportedPolicy
 from deploy_edge.keys import load_public_key
-from deploy_edge.latency import (
-    Option,
-    load_target,
-    open_policy,
-    pinned_option,
-    target_loop,
-)
+from deploy_edge.latency import open_policy, target_loop
 from deploy_edge.release import (
     Manifest,
     ReleaseError,
@@ -98,6 +92,7 @@ from deploy_edge.release import (
     verify_release,
 )
 from deploy_edge.runtime import Tick
+from deploy_edge.targets import load_target, running_option
 from deploy_edge.wire import (
     Deployment,
     DeviceStatus,
@@ -481,7 +476,6 @@ class Deployer:
             self.config,
             self.driver,
         )
-        slot.variant = run.deployment.variant
         write_atomic(self.slots_dir / f"{self._slot_name(slot.path)}.json", _dumps(slot.to_json()))
 
     def _health(self, run: _Run) -> None:
@@ -531,18 +525,8 @@ class Deployer:
         chose (a slot recorded before variants: as the profile pins it; FP32 under auto)."""
         p = self.profile
         root = self.state_dir / "active"
-        spec = read_io_spec(root)
-        name = slot.variant if slot is not None else ""
-        variant = spec.variant(name) if name else None
-        if variant is not None:
-            option = Option(name, variant.precision, name)
-        elif name:  # the FP32 model, in FP32 or (TensorRT) FP16
-            option = Option(name, name, None)
-        elif p.precision == "auto":
-            option = Option("fp32", "fp32", None)
-        else:
-            option = pinned_option(spec, p)
-        return open_policy(root, p, option)
+        recorded = (slot.variant, slot.precision) if slot is not None else ()
+        return open_policy(root, p, running_option(read_io_spec(root), p, *recorded))
 
     # -- links, staging, rollback, the end of a run --------------------------------------------
 

@@ -229,7 +229,7 @@ def auto_choice(export_dir: Path, steps: int, out: Path) -> dict[str, str]:
     """The variant ``precision: auto`` picks on ``local-cpu-auto`` (ONNX Runtime, 1 thread,
     100 ms at p99): the pipeline's latency step (:func:`pipelines.steps.measure_latency`) on
     that profile, every option gated for ``steps`` unpaced control steps of the simulated
-    robot, then the device's rule (:func:`deploy_edge.latency.choose_variant`)."""
+    robot, then the device's rule (:func:`deploy_edge.precision.choose_variant`)."""
     from pipelines.steps import measure_latency
 
     gate = ["latency.target=local-cpu-auto", f"latency.steps={steps}", "latency.warmup=2"]

@@ -3,7 +3,7 @@
     configs/<name>.yaml           pipeline configs (``demo.yaml``, ``demo-wrist.yaml``...), read by
                                   :mod:`pipelines.config`
     configs/targets/<name>.yaml   target profiles for the latency gate (``local-cpu``,
-                                  ``jetson-orin-nano``...), read by :mod:`deploy_edge.latency`
+                                  ``jetson-orin-nano``...), read by :mod:`deploy_edge.targets`
 
 They are found through this package, not relative to the source tree, so an installed
 robo-pipe (a wheel, not an editable checkout) finds them too. Imports only the standard library.

@@ -74,9 +74,6 @@ FORMAT_VERSION = 2
 """The newest ``format_version`` this robo-pipe writes and reads (2: precision ``variants``,
 ``random_weights``, parameter count and export cost)."""
 
-PRECISIONS = ("fp32", "fp16", "int8", "fp8")
-"""Numeric precisions a graph can run in, most accurate first (the ranking of last resort when
-two variants' measured errors tie)."""
 
 BATCH = "batch"
 """The leading, dynamic axis of every tensor's shape."""
@@ -124,7 +121,7 @@ class Variant(Record):
     name: str
     """Short name, unique in the bundle: ``int8`` (also the file's infix)."""
     precision: str
-    """Numeric precision of the graph: one of :data:`PRECISIONS`."""
+    """Numeric precision of the graph: a key of :data:`deploy_edge.precision.VARIANTS`."""
     onnx_file: str
     """The variant's model file, bundle-relative (``policy.int8.onnx``)."""
     method: str

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from deploy_edge.precision import FP32, precision_variant
 from robo_pipe.errors import RoboPipeError
 
 
@@ -132,10 +133,6 @@ def plan_matches(plan: Path, key: dict[str, str]) -> bool:
         return False
 
 
-FP8_MIN_SM = (8, 9)
-"""FP8 tensor cores: Ada (8.9), Hopper (9.0), Blackwell (10.x, Thor); not Orin (8.7)."""
-
-
 class TensorRTEngine(InferenceEngine):
     """A TensorRT engine built on this machine from the ONNX file (see module docstring).
 
@@ -162,25 +159,29 @@ class TensorRTEngine(InferenceEngine):
         self.onnx_path = Path(onnx_path)
         self.logger = trt.Logger(trt.Logger.WARNING)
         self.explicit = explicit
+        kind = precision_variant(precision)
         if explicit:
             sm = torch.cuda.get_device_capability()
-            if precision == "fp8" and tuple(sm) < FP8_MIN_SM:
+            if kind.min_sm is not None and tuple(sm) < kind.min_sm:
                 raise EngineUnavailable(
-                    f"FP8 needs a GPU of SM {FP8_MIN_SM[0]}.{FP8_MIN_SM[1]} or newer (Ada, "
-                    f"Hopper, Blackwell/Thor); {torch.cuda.get_device_name()} is SM "
-                    f"{sm[0]}.{sm[1]} (Jetson Orin has no FP8): use an int8 or fp16 profile"
+                    f"{precision.upper()} needs a GPU of SM {kind.min_sm[0]}.{kind.min_sm[1]} "
+                    f"or newer (Ada, Hopper, Blackwell/Thor); {torch.cuda.get_device_name()} "
+                    f"is SM {sm[0]}.{sm[1]} {kind.refusal}"
                 )
             self.precision = precision
-        elif precision == "fp16" and not hasattr(trt.BuilderFlag, "FP16"):
+        elif kind.builder_flag is not None and not hasattr(trt.BuilderFlag, kind.builder_flag):
             raise EngineUnavailable(
-                f"TensorRT {trt.__version__} has no FP16 builder flag (TensorRT 11 builds only "
-                "strongly typed networks): an FP16 engine needs an FP16 variant of the graph "
-                "in the bundle (NVIDIA ModelOpt AutoCast), or a TensorRT 10 target"
+                f"TensorRT {trt.__version__} has no {kind.builder_flag} builder flag (TensorRT "
+                f"11 builds only strongly typed networks): an {precision.upper()} engine needs "
+                f"an {precision.upper()} variant of the graph in the bundle (NVIDIA ModelOpt "
+                "AutoCast), or a TensorRT 10 target"
             )
         else:
             builder = trt.Builder(self.logger)
-            fp16 = precision == "fp16" and getattr(builder, "platform_has_fast_fp16", True)
-            self.precision = "fp16" if fp16 else "fp32"
+            fast = kind.builder_flag is not None and getattr(
+                builder, f"platform_has_fast_{precision}", True
+            )
+            self.precision = precision if fast else FP32.name
         self.max_batch = max_batch
         self.key = self.engine_key()
         plan = self.onnx_path.with_name(f"{self.onnx_path.stem}.{self._key_slug()}.plan")
@@ -232,8 +233,9 @@ class TensorRTEngine(InferenceEngine):
             raise EngineError(f"{self.onnx_path}: TensorRT cannot parse it: {errors}")
         config = builder.create_builder_config()
         config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, 1 << 30)
-        if self.precision == "fp16" and not self.explicit:  # strongly typed: no flags allowed
-            config.set_flag(trt.BuilderFlag.FP16)
+        flag = precision_variant(self.precision).builder_flag
+        if flag is not None and not self.explicit:  # strongly typed: no flags allowed
+            config.set_flag(getattr(trt.BuilderFlag, flag))
         profile = builder.create_optimization_profile()
         for i in range(network.num_inputs):
             tensor = network.get_input(i)

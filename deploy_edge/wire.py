@@ -93,13 +93,13 @@ class GateFigures(Record):
 class Trial(Record):
     """One way the device (or the pipeline's gate) can run a bundle, and what became of it
     when a target profile says ``precision: auto``: built, parity-checked, gated, then chosen
-    or not by :func:`deploy_edge.latency.choose_variant`."""
+    or not by :func:`deploy_edge.precision.choose_variant`."""
 
     variant: str
     """``fp32`` (the FP32 model), ``fp16`` (the FP32 model built in FP16 by TensorRT), or the
     name of a bundle variant (``int8``)."""
     precision: str
-    """Its numeric precision (one of :data:`deploy_edge.bundle.PRECISIONS`)."""
+    """Its numeric precision (a key of :data:`deploy_edge.precision.VARIANTS`)."""
     relative_error: float | None
     """Its error against the FP32 model relative to each action dimension's std: as the
     export scored it (0 for FP32), or for an option the export did not score (TensorRT's FP16
@@ -142,6 +142,9 @@ class Slot(Record):
     """What of the bundle runs (:attr:`Trial.variant`): the FP32 model or a precision
     variant, as the target profile pinned it or ``precision: auto`` chose it ("": a slot
     recorded before variants, run as the profile pins it)."""
+    precision: str = ""
+    """The precision :attr:`variant` runs in, as the trials recorded it ("": a slot recorded
+    before precisions, :func:`deploy_edge.targets.running_option`)."""
     systems_test: bool = False
     """Deployed as a systems test (a random-weights policy, for measurements only)."""
     expires_at: str | None = None

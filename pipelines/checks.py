@@ -22,7 +22,7 @@ def check_config(cfg: PipelineConfig) -> None:
     no ``evaluate.delay`` (a delayed evaluation is compared with the policy itself at zero
     delay, not with the champion: it is ``robo-pipe evaluate``'s, and a run's gates judge the
     candidate as it plays at zero delay). Raises before any stage runs."""
-    from deploy_edge.latency import load_target
+    from deploy_edge.targets import load_target
 
     load_target(cfg.latency.target)
     delay = cfg.evaluate.delay

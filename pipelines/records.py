@@ -13,7 +13,7 @@ from stages.evaluate.report import EvalReport
 from stages.register import Gate
 
 if TYPE_CHECKING:  # the checkpoint module imports torch
-    from deploy_edge.latency import LatencyReport
+    from deploy_edge.latency_report import LatencyReport
     from stages.dataset.layout import DatasetRef
     from stages.export import ExportRef
     from stages.policy.checkpoint import CheckpointRef

@@ -70,7 +70,7 @@ from stages.register import blocking_gates, gate_tags
 
 if TYPE_CHECKING:
     from deploy_edge.bundle import Variant
-    from deploy_edge.latency import LatencyReport
+    from deploy_edge.latency_report import LatencyReport
     from pipelines.tracking import TrackedRun
     from stages.dataset.layout import DatasetRef
     from stages.evaluate.report import EvalReport
@@ -406,7 +406,8 @@ def measure_latency(
     (the FP32 model and each candidate variant) and reports the choice the device would make
     (:func:`deploy_edge.latency.run_auto_gate`): the most accurate one within the budget."""
     from deploy_edge.bundle import read_io_spec
-    from deploy_edge.latency import load_target, run_auto_gate, run_gate
+    from deploy_edge.latency import run_auto_gate, run_gate
+    from deploy_edge.targets import load_target
     from robots.spec import get_robot
     from sim_scenes.sim_robot import SimulatedRobot
 
@@ -430,7 +431,7 @@ def measure_latency(
     listener.started("latency", None, "")
     listener.advanced("latency", 0, f"measuring {gate.steps} control steps on {profile.name}")
     out.mkdir(parents=True, exist_ok=True)
-    if profile.precision == "auto":
+    if profile.chooser is not None:
         return run_auto_gate(
             export,
             robot,

@@ -34,7 +34,7 @@ from stages.finetune.checkpoints import read_metrics
 
 if TYPE_CHECKING:
     from deploy_edge.bundle import Variant
-    from deploy_edge.latency import LatencyReport
+    from deploy_edge.latency_report import LatencyReport
     from stages.export import ExportRef
     from stages.policy.checkpoint import CheckpointRef
     from stages.register import Gate
@@ -426,7 +426,7 @@ def markdown(
         ]
     if cand.comparison:
         lines += comparison_markdown(cand.comparison)
-    from deploy_edge.latency import async_line, encode_line  # as the CLI says them
+    from deploy_edge.latency_report import async_line, encode_line  # as the CLI says them
 
     async_figures = async_line(latency) if latency.mode == "async" else ""
     encoding = encode_line(latency)  # "" unless the bundle has an instruction graph

@@ -30,7 +30,7 @@ from robo_pipe.errors import RoboPipeError
 from robo_pipe.records import Record
 
 if TYPE_CHECKING:
-    from deploy_edge.latency import LatencyReport
+    from deploy_edge.latency_report import LatencyReport
     from stages.dataset.layout import DatasetRef
     from stages.export import ExportRef
     from stages.policy.checkpoint import CheckpointRef
@@ -347,7 +347,8 @@ def evaluate_stage(
 @stage_task("latency")
 def latency_stage(ctx: RunContext, export: ExportRef) -> LatencyReport:
     """The latency gate: the export in the control loop on this machine, p99 vs the budget."""
-    from deploy_edge.latency import LatencyReport, load_target
+    from deploy_edge.latency_report import LatencyReport
+    from deploy_edge.targets import load_target
 
     cfg = ctx.cfg
     inputs = {

@@ -17,8 +17,9 @@ from deploy_edge.agent.slots import SlotStore
 from deploy_edge.agent.trials import Refused
 from deploy_edge.bundle import read_io_spec
 from deploy_edge.exported import ExportedPolicy
-from deploy_edge.latency import Option, TargetProfile, open_policy, pinned_option, target_loop
+from deploy_edge.latency import open_policy, target_loop
 from deploy_edge.runtime import Tick
+from deploy_edge.targets import TargetProfile, running_option
 from deploy_edge.wire import EpisodeResult, Slot
 from robots.interface import Robot, RobotObservation
 
@@ -69,20 +70,11 @@ class ActiveVersion:
     def policy(self, slot: Slot | None) -> ExportedPolicy:
         """The active version as its slot says it runs: the variant its deployment pinned or
         chose (a slot recorded before variants: as the profile pins it; FP32 under auto)."""
-        p = self.profile
         root = self.slots.state_dir / "active"
-        spec = read_io_spec(root)
-        name = slot.variant if slot is not None else ""
-        variant = spec.variant(name) if name else None
-        if variant is not None:
-            option = Option(name, variant.precision, name)
-        elif name:  # the FP32 model, in FP32 or (TensorRT) FP16
-            option = Option(name, name, None)
-        elif p.precision == "auto":
-            option = Option("fp32", "fp32", None)
-        else:
-            option = pinned_option(spec, p)
-        return open_policy(root, p, option)
+        recorded = (slot.variant, slot.precision) if slot is not None else ()
+        return open_policy(
+            root, self.profile, running_option(read_io_spec(root), self.profile, *recorded)
+        )
 
     def control(
         self,

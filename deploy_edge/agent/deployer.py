@@ -52,12 +52,12 @@ from deploy_edge.agent.journaled_run import JournaledRun, StepFailed
 from deploy_edge.agent.recovery import undo_cut_off
 from deploy_edge.agent.slots import SlotStore
 from deploy_edge.exported import ExportedPolicy
-from deploy_edge.latency import load_target
 from deploy_edge.release import (
     Manifest,
     file_sha256,
     has_expired,
 )
+from deploy_edge.targets import load_target
 from deploy_edge.wire import (
     Deployment,
     DeviceStatus,
@@ -278,7 +278,6 @@ class Deployer:
             self.config,
             self.driver,
         )
-        slot.variant = run.deployment.variant
         self.slots.write(str(self.slots.slot_name(slot.path)), slot)
 
     # -- links, staging, rollback, the end of a run --------------------------------------------

@@ -26,21 +26,11 @@ import numpy as np
 from deploy_edge.agent.config import DeviceConfig, DriverFactory
 from deploy_edge.bundle import NORMALIZATION_FILE, REFERENCE_FILE, read_io_spec
 from deploy_edge.exported import ExportedPolicy
-from deploy_edge.latency import (
-    Option,
-    TargetProfile,
-    accuracy_rank,
-    choose_variant,
-    gate_trial,
-    options,
-    pinned_option,
-    run_gate,
-    trial_error,
-)
+from deploy_edge.latency import gate_trial, run_gate
+from deploy_edge.precision import Option, accuracy_rank, precision_variant, trial_error
+from deploy_edge.targets import TargetProfile, pinned_option
 from deploy_edge.wire import Deployment, GateFigures, Slot, Trial
 
-PARITY_TOLERANCE = {"fp32": 1e-4, "fp16": 2e-2}
-"""Largest |engine - reference| allowed, robot units, by the profile's precision."""
 VARIANT_MARGIN = (0.5, 1e-4)
 """A precision variant's parity tolerance: its recorded ``reference_error`` (the export's
 |variant - torch| on the same reference inputs) times ``1 + VARIANT_MARGIN[0]`` plus
@@ -63,14 +53,14 @@ def build(
     trial saying why). Returns the candidates and the step's detail."""
     p = profile
     spec = read_io_spec(slot.path)
-    if p.precision != "auto":
+    if p.chooser is None:
         option = pinned_option(spec, p)
         policy = _open(slot, option, profile)
         trial = Trial(option.name, option.precision, trial_error(option, spec))
         deployment.variant = policy.variant
         detail = f"{policy.engine.name} ({policy.variant}, {policy.engine.precision})"
         return [(trial, policy)], detail
-    tried, out_of_it = options(spec, p.engine)
+    tried, out_of_it = p.chooser.options(spec, p.engine)
     built: list[Candidate] = []
     out: list[Trial] = []
     for option in tried:
@@ -129,11 +119,11 @@ def parity(
         passed.append((trial, policy))
         details.append(
             f"{trial.variant}: max |error| {error:.2e} <= {tolerance:g}"
-            if profile.precision == "auto"
+            if profile.chooser is not None
             else f"max |error| {error:.2e} <= {tolerance:g} over {batch} reference inputs"
         )
     if not passed:
-        if profile.precision != "auto":
+        if profile.chooser is None:
             raise Refused(engines[0][0].failure.removeprefix("parity: "))
         raise Refused("no way to run the bundle passed its parity: " + _failures(deployment.trials))
     return passed, "; ".join(details)
@@ -149,11 +139,13 @@ def gate(
     driver: DriverFactory,
 ) -> str:
     """The latency gate (every option still in, with ``precision: auto``, then the
-    choice); ``deployment.variant`` says what runs. ``budget_ms``: the release's p99 budget
+    choice); ``deployment.variant`` says what runs, and the slot records it with the precision
+    it runs in (:attr:`~deploy_edge.wire.Slot.precision`). ``budget_ms``: the release's p99 budget
     (None: the profile's). Returns the step's detail."""
     c = config
-    auto = profile.precision == "auto"
-    reports = {}
+    chooser = profile.chooser
+    auto = chooser is not None
+    reports, policies = {}, {}
     for trial, policy in engines:
         report = run_gate(
             slot.path,
@@ -168,10 +160,10 @@ def gate(
             policy=policy,
         )
         gate_trial(trial, report)
-        reports[trial.variant] = report
-    if auto:
+        reports[trial.variant], policies[trial.variant] = report, policy
+    if chooser is not None:
         budget = budget_ms if budget_ms is not None else profile.budget_ms
-        choice = choose_variant(deployment.trials, budget)
+        choice = chooser.choose(deployment.trials, budget)
         deployment.trials, deployment.choice = choice.trials, choice.reason
         if choice.chosen is None:
             measured = [t for t in choice.trials if t.variant in reports]
@@ -179,13 +171,15 @@ def gate(
                 best = min(measured, key=accuracy_rank)
                 deployment.gate = _figures(reports[best.variant])
             raise Refused(choice.reason)
-        report = reports[choice.chosen.variant]
+        report, running = reports[choice.chosen.variant], policies[choice.chosen.variant]
         deployment.variant = choice.chosen.variant
     else:
-        report = next(iter(reports.values()))
+        report, running = next(iter(reports.values())), engines[0][1]
     deployment.gate = _figures(report)
     if not report.passed:
         raise Refused("; ".join(report.reasons))
+    # The decision, recorded once: what runs and in what precision (read, never re-derived).
+    slot.variant, slot.precision = deployment.variant, running.engine.precision
     chosen = f"{deployment.choice}; " if auto else ""
     detail = (
         f"{chosen}{report.mode}: p99 {report.p99_ms:.2f} ms <= {report.budget_ms:g} ms, "
@@ -205,7 +199,7 @@ def _tolerance(precision: str, reference_error: float | None) -> float:
     """Parity tolerance: a variant's recorded error plus the margin, else the precision's."""
     if reference_error is not None:
         return reference_error * (1.0 + VARIANT_MARGIN[0]) + VARIANT_MARGIN[1]
-    return PARITY_TOLERANCE.get(precision, PARITY_TOLERANCE["fp16"])
+    return precision_variant(precision).parity_tolerance
 
 
 def _parity_error(

@@ -24,7 +24,7 @@ from stages.evaluate.failures import breakdown_line
 from stages.evaluate.report import comparison_line
 
 if TYPE_CHECKING:
-    from deploy_edge.latency import LatencyReport
+    from deploy_edge.latency_report import LatencyReport
     from deploy_edge.wire import Trial
     from pipelines.records import PipelineResult
     from pipelines.services import Services
@@ -355,11 +355,11 @@ def show_latency(report: LatencyReport, out: Console = console) -> None:
         f"report: {report.report}"
     )
     if report.mode == "async":  # what the asynchronous loop was judged on besides its tick
-        from deploy_edge.latency import async_line
+        from deploy_edge.latency_report import async_line
 
         out.print(async_line(report), highlight=False)
     if report.instruction_encode_p50_ms is not None:  # once per episode: beside the tick's
-        from deploy_edge.latency import encode_line
+        from deploy_edge.latency_report import encode_line
 
         out.print(encode_line(report), highlight=False)
 

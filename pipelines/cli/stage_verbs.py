@@ -458,7 +458,7 @@ def gate(
     every candidate precision variant of the export, and passes with the most accurate one
     within the budget, as a device's agent chooses; the table says why the others were not.
     """
-    from deploy_edge.latency import load_target
+    from deploy_edge.targets import load_target
 
     gate_settings = {
         "latency.target": target,

@@ -51,7 +51,7 @@ from stages.register import Gate, blocking_gates, gate_tags, meets_min_success, 
 from stages.register.gates import held_out_text
 
 if TYPE_CHECKING:
-    from deploy_edge.latency import LatencyReport
+    from deploy_edge.latency_report import LatencyReport
     from stages.evaluate.comparison import Comparison
     from stages.evaluate.report import EvalReport
     from stages.export import ExportRef

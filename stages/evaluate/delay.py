@@ -127,7 +127,7 @@ def latency_report_p99_ms(path: Path) -> float:
     """The inference p99 (ms) of a latency gate's ``latency_report.json``: its
     ``inference_p99_ms`` (an async gate's inference measured alone) where it has one, else its
     tick ``p99_ms`` (a sync gate's tick is the inference and its copies)."""
-    from deploy_edge.latency import LatencyReport
+    from deploy_edge.latency_report import LatencyReport
 
     try:
         report = LatencyReport.from_json(json.loads(path.read_text()))

@@ -16,16 +16,9 @@ import pytest
 from deploy_edge.bundle import REFERENCE_FILE, IOSpecError, read_io_spec
 from deploy_edge.engines import EngineUnavailable
 from deploy_edge.exported import ExportedPolicy
-from deploy_edge.latency import (
-    Choice,
-    TargetError,
-    choose_variant,
-    gate_trial,
-    load_target,
-    options,
-    pinned_option,
-    run_auto_gate,
-)
+from deploy_edge.latency import gate_trial, run_auto_gate
+from deploy_edge.precision import Choice, choose_variant, options
+from deploy_edge.targets import TargetError, load_target, pinned_option
 from deploy_edge.wire import Trial
 from robots.spec import get_robot
 from sim_scenes.sim_robot import SimulatedRobot
@@ -91,7 +84,8 @@ def test_the_rule_picks_the_most_accurate_candidate_within_the_budget() -> None:
 def test_a_trial_out_for_misses_still_names_its_p99_against_the_budget() -> None:
     """A 256M preset on this CPU misses every tick *and* its p99 is over the budget: the
     refusal must still say how far over (the arithmetic a user needs), not only the misses."""
-    from deploy_edge.latency import LatencyReport, verdict
+    from deploy_edge.latency import verdict
+    from deploy_edge.latency_report import LatencyReport
 
     slow = Trial("fp32", "fp32", 0.0)
     figures = verdict(np.array([1300.0, 1340.0]), misses=2, budget_ms=100.0, allowed_misses=0)

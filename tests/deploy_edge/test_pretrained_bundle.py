@@ -30,8 +30,10 @@ from deploy_edge.agent.service import create_app
 from deploy_edge.bundle import INSTRUCTION_FILE, ONNX_FILE, read_io_spec, write_bundle_checksums
 from deploy_edge.exported import ExportedPolicy
 from deploy_edge.keys import load_private_key
-from deploy_edge.latency import LatencyReport, load_target, run_gate
+from deploy_edge.latency import run_gate
+from deploy_edge.latency_report import LatencyReport
 from deploy_edge.release import BUNDLE_DIR, write_release
+from deploy_edge.targets import load_target
 from deploy_edge.wire import ChunkFrame, ObservationFrame, encode_image
 from pipelines.cli.display import show_latency
 from robo_pipe.integrity import IntegrityError

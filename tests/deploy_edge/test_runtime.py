@@ -14,15 +14,10 @@ import numpy as np
 import pytest
 
 from deploy_edge.exported import ExportedPolicy, IOSpecError
-from deploy_edge.latency import (
-    LatencyReport,
-    TargetError,
-    available_targets,
-    load_target,
-    run_gate,
-    verdict,
-)
+from deploy_edge.latency import run_gate, verdict
+from deploy_edge.latency_report import LatencyReport
 from deploy_edge.runtime import ControlLoop
+from deploy_edge.targets import TargetError, available_targets, load_target
 from robots.interface import RobotObservation
 from robots.spec import RobotSpec
 from sim_scenes.sim_robot import SimulatedRobot

@@ -124,7 +124,7 @@ def candidate_registers(
     and passed (its record is compact, as the evaluate stage hands it on)."""
     from dataclasses import replace
 
-    from deploy_edge.latency import LatencyReport
+    from deploy_edge.latency_report import LatencyReport
     from stages.dataset.layout import DatasetRef
     from stages.evaluate.comparison import compare_outcomes
     from stages.evaluate.sequential import plan_looks

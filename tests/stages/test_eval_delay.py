@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from deploy_edge.latency import LatencyReport
+from deploy_edge.latency_report import LatencyReport
 from pipelines.config import load_config
 from robots.spec import RobotSpec
 from sim_scenes.backends import make_env

@@ -1,0 +1,160 @@
+"""Target profiles: how a policy runs on one kind of machine.
+
+A target profile (``configs/targets/<name>.yaml``, package data of :mod:`configs`) says how a
+policy runs on one kind of machine: engine, precision, control rate, the latency budget at p99
+and the deadline misses allowed, and the mode the loop runs in (the latency gate,
+:mod:`deploy_edge.latency`, judges a bundle against it).
+
+Precision: pinned (a key of :data:`deploy_edge.precision.VARIANTS`: ``fp32``, ``fp16``,
+``int8``, ``fp8``) runs one thing: ``fp32`` and ``fp16`` the bundle's FP32 model (ONNX Runtime
+runs it in FP32; TensorRT builds it in FP16 with the builder flag), ``int8`` and ``fp8`` the
+bundle's candidate variant of that precision (its explicit Q/DQ graph, :func:`pinned_option`).
+Or a chooser (:data:`deploy_edge.precision.CHOOSERS`): ``auto`` tries every way the profile's
+engine can run the bundle, gates each, and runs the most accurate one that meets the budget.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+import yaml
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
+
+from configs import targets_dir
+from deploy_edge.bundle import IOSpec
+from deploy_edge.precision import (
+    CHOOSERS,
+    FP32_MODEL,
+    VARIANTS,
+    Auto,
+    Option,
+    PinError,
+    chooser,
+    pinned_run,
+)
+from deploy_edge.runtime import Blend
+from robo_pipe.errors import RoboPipeError
+from robo_pipe.validation import first_error, one_of
+
+TARGETS_DIR = targets_dir()
+"""The shipped target profiles (package data of :mod:`configs`)."""
+
+
+class TargetError(RoboPipeError, ValueError):
+    """An unknown target name, or a target profile that is not valid (the message names the
+    file, field and value)."""
+
+
+class TargetProfile(BaseModel):
+    """How a policy runs on one kind of machine."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    name: str
+    description: str = ""
+    engine: Literal["onnxruntime", "tensorrt"] = "onnxruntime"
+    """Inference engine (TensorRT builds its engine on the target)."""
+    precision: Annotated[str, AfterValidator(one_of({**VARIANTS, **CHOOSERS}, "precision"))] = (
+        "fp32"
+    )
+    """Pinned (a key of :data:`~deploy_edge.precision.VARIANTS`, see the module docstring), or
+    a chooser (``auto``: the most accurate way to run the bundle that meets the budget on this
+    machine)."""
+    threads: int = Field(default=1, ge=1, le=256)
+    """CPU threads for the engine."""
+    control_hz: float = Field(default=10.0, gt=0, le=1000)
+    """Control rate; a tick's deadline is one period."""
+    budget_ms: float = Field(default=100.0, gt=0)
+    """p99 latency budget of the whole control step."""
+    allowed_misses: int = Field(default=0, ge=0)
+    """Deadline misses tolerated over the measured steps."""
+    execute: int = Field(default=1, ge=1)
+    """``sync``: actions of each chunk executed before inferring again."""
+    mode: Literal["sync", "async"] = "sync"
+    """``sync``: inference inside the control tick; ``async``: off it, the tick taking planned
+    actions (module docstring)."""
+    inference_margin_ms: float = Field(default=20.0, ge=0)
+    """``async``: added to the measured inference p99 for the trigger threshold and the chunk
+    check (the queue's copy, scheduling, a network hop)."""
+    action_age_budget_ms: float | None = Field(default=None, gt=0)
+    """``async`` (required there): p99 budget of an action's age, its observation taken -> it
+    is sent."""
+    seam_jump_max: float | None = Field(default=None, gt=0)
+    """``async``: the largest step of the planned target allowed where a new chunk takes over
+    (:attr:`deploy_edge.runtime.Tick.seam_jump`; rad of joint position, m of gripper opening;
+    None: measured, not judged)."""
+    blend: Blend = "linear"
+    """``async``: how a new chunk joins the planned actions
+    (:class:`~deploy_edge.runtime.ChunkQueue`)."""
+
+    @model_validator(mode="after")
+    def _async_has_an_age_budget(self) -> TargetProfile:
+        if self.mode == "async" and self.action_age_budget_ms is None:
+            raise ValueError(
+                "mode: async needs action_age_budget_ms (the p99 budget of observation -> "
+                "action sent)"
+            )
+        return self
+
+    @property
+    def chooser(self) -> type[Auto] | None:
+        """The chooser its ``precision`` names (None: pinned)."""
+        return chooser(self.precision)
+
+
+def pinned_option(spec: IOSpec, target: TargetProfile) -> Option:
+    """What ``target``'s pinned precision runs: the FP32 model, or the bundle's candidate
+    variant of that precision (:class:`TargetError` if it has none)."""
+    try:
+        return pinned_run(spec, target.precision)
+    except PinError as err:
+        raise TargetError(
+            f"target {target.name!r} pins precision {target.precision}, but {err}"
+        ) from err
+
+
+def running_option(
+    spec: IOSpec, target: TargetProfile, variant: str = "", precision: str = ""
+) -> Option:
+    """What runs as a deployment's trials recorded it (a slot's ``variant`` and
+    ``precision``). A slot recorded before variants (``variant`` ""): as ``target`` pins it,
+    the FP32 model under a chooser; one recorded before precisions (``precision`` ""): a bundle
+    variant's own precision, else the FP32 model in the precision it is named after."""
+    if not variant:
+        return pinned_option(spec, target) if target.chooser is None else FP32_MODEL
+    found = spec.variant(variant)
+    if found is not None:
+        return Option(variant, precision or found.precision, variant)
+    return Option(variant, precision or variant, None)
+
+
+def available_targets() -> list[str]:
+    """Profiles shipped in ``configs/targets``."""
+    return sorted(p.stem for p in TARGETS_DIR.glob("*.yaml"))
+
+
+def load_target(name_or_path: str) -> TargetProfile:
+    """A profile by name (``configs/targets/<name>.yaml``) or path; errors name file and field."""
+    path = Path(name_or_path)
+    if not path.is_file():
+        path = TARGETS_DIR / f"{name_or_path}.yaml"
+    if not path.is_file():
+        raise TargetError(
+            f"unknown target {name_or_path!r}; valid choices: {', '.join(available_targets())}"
+        )
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise TargetError(f"{path}: not valid YAML: {err}") from err
+    try:
+        return TargetProfile.model_validate(data)
+    except ValidationError as err:
+        raise TargetError(first_error(path, err)) from err

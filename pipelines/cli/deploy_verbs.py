@@ -390,7 +390,7 @@ def _deploy_fleet(
     from pipelines.deploy import fleet as rollout
     from pipelines.progress import listening
 
-    repaired(rollout.reconcile_rollouts())
+    repaired(followups.reconcile_rollouts())
     if dry_run:
         result = rollout.plan(version, fleet, knobs.canary, select)
     else:
@@ -496,7 +496,7 @@ def fleet_status(
     every selected device answers and runs the expected version, 1 when one does not (it is
     named), 2 for bad input. A rollout killed earlier (its process gone) is reconciled first:
     the devices it updated are rolled back and the lines say so."""
-    from pipelines.deploy import rollouts
+    from pipelines.deploy import followups, rollouts
 
     if expect is not None and not expect.partition(":")[2]:
         raise InputError(
@@ -506,7 +506,7 @@ def fleet_status(
 
     if rollouts.dead():  # the registry's tags are repaired too: configure MLflow first
         services()
-        repaired(rollout.reconcile_rollouts())
+        repaired(followups.reconcile_rollouts())
     states = rollout.fleet_status(fleet, select or [])
     completed = rollouts.latest(fleet, state="completed")
     expected = expect or (completed.label if completed else None)

@@ -2,20 +2,15 @@
 
 ``deploy_fleet`` (a Prefect flow) builds and signs the release once, reads what every selected
 device runs, then deploys wave by wave (the plan of :func:`deploy_edge.fleet.plan_waves`): one
-``deploy_device`` task per device, the devices of a wave concurrently. A wave with more
-failures than the threshold (any failure of the canary; an unreachable device is a failure)
-stops the rollout, and every device this rollout updated is rolled back to the version it ran
-before (:meth:`~deploy_edge.device.Device.rollback`: the previous slot becomes active again).
+``deploy_device`` task per device (:mod:`pipelines.deploy.device_steps`: what is done to one
+device), the devices of a wave concurrently. A wave with more failures than the threshold
+(any failure of the canary; an unreachable device is a failure) stops the rollout, and every
+device this rollout updated is rolled back to the version it ran before
+(:meth:`~deploy_edge.device.Device.rollback`: the previous slot becomes active again).
 The flow run publishes a markdown summary artifact, and the model version gets one set of tags
 per device (``robo_pipe.device.<name>.version/state/at/p99_ms``, and where it went live
 ``.variant/.choice``: what of the bundle runs there and why), so ``robo-pipe models show``
 lists where a version runs.
-
-Devices are reached through :func:`deploy_edge.device.connect` (whatever their kind) and
-answer with the records of :mod:`deploy_edge.wire`.
-
-Per-device progress goes to this process's listeners (:func:`pipelines.progress.listening`):
-one row per device, named after it.
 
 States tell the truth: a device that does not end on the new version (refused, unreachable,
 failed, and one reverted after the fact) is a Failed task run with its reason (the row is the
@@ -29,219 +24,49 @@ device this rollout updated is rolled back, and the rollout ends cancelled.
 
 Every rollout has a record (:mod:`pipelines.deploy.rollouts`), written as it goes. A rollout
 whose process was killed (SIGKILL, a power cut) is found by the next fleet command
-(:func:`reconcile_rollouts`): it rolls back the devices that rollout updated, tags the
-version as reverted there, and marks the record ``reconciled``.
+(:func:`pipelines.deploy.followups.reconcile_rollouts`): it rolls back the devices that
+rollout updated, tags the version as reverted there, and marks the record ``reconciled``.
 """
 
 from __future__ import annotations
 
-import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any
 
-from prefect import flow, task
-from prefect.cache_policies import NO_CACHE
+from prefect import flow
 from prefect.states import Cancelled, Failed, State
 from prefect.task_runners import ThreadPoolTaskRunner
-from rich.markup import escape
 
-from deploy_edge.device import DeviceError, connect
-from deploy_edge.fleet import (
-    FleetDevice,
-    FleetError,
-    canary_size,
-    check_tokens,
-    load_fleet,
-    load_selection,
-    plan_waves,
-    wave_failed,
-)
-from deploy_edge.wire import STEPS as DEVICE_STEPS
+from deploy_edge.fleet import canary_size, check_tokens, load_selection, plan_waves, wave_failed
 from deploy_edge.wire import Origin
 from pipelines.deploy import release, rollouts
+from pipelines.deploy.device_steps import (
+    FLEET_WORKERS,
+    STEPS,
+    deploy_device,
+    device_state,
+    each_device,
+    label_of,
+    read_statuses,
+    revert,
+    show_row,
+)
 from pipelines.progress import BROADCAST
 from pipelines.records import DeviceRollout, DeviceState, FleetResult
-from pipelines.registry.versions import RegistryError, VersionInfo, set_version_tags
+from pipelines.registry.versions import VersionInfo, set_version_tags
 from pipelines.summary import fleet_artifact_key, summary_markdown
-
-if TYPE_CHECKING:
-    from deploy_edge.wire import Deployment, DeviceStatus, Slot
-
-T = TypeVar("T")
-
-
-STEPS = ("upload", *DEVICE_STEPS)
-"""The steps of one device's deployment (its progress bar)."""
-FLEET_WORKERS = 64
-"""Most devices of one wave deployed at once."""
-
-
-# -- helpers -------------------------------------------------------------------------------------
-
-
-def _label(slot: Slot | None) -> str | None:
-    return slot.label if slot is not None else None
-
-
-def _each(devices: Sequence[FleetDevice], work: Callable[[FleetDevice], T]) -> list[T]:
-    """``work`` on every device at once (threads), results in device order."""
-    if not devices:
-        return []
-    with ThreadPoolExecutor(max_workers=min(FLEET_WORKERS, len(devices))) as pool:
-        return list(pool.map(work, devices))
-
-
-def read_status(entry: FleetDevice, timeout_s: float = 10.0) -> DeviceStatus | str:
-    """The device's status, or why it could not be read."""
-    try:
-        with connect(entry, timeout_s=timeout_s) as device:
-            return device.status()
-    except DeviceError as err:
-        return str(err)
-
-
-def device_state(device: FleetDevice) -> DeviceState:
-    """What ``device`` runs, its staged version, lock, last deployment and gate result."""
-    found = read_status(device)
-    state = DeviceState(device.name, device.url, device.target, dict(device.labels), False)
-    if isinstance(found, str):
-        state.error = found
-        return state
-    state.reachable = True
-    state.active, state.staged = _label(found.active), _label(found.staged)
-    state.previous, state.locked = _label(found.previous), found.locked
-    last = found.last
-    if last is not None:
-        state.last_state, state.last_version = last.state, last.label
-        gate = last.step("gate")
-        if gate is not None:
-            measured = f", p99 {last.gate.p99_ms:.2f} ms" if last.gate is not None else ""
-            runs = f", runs {last.variant}" if last.variant and gate.ok else ""
-            state.gate = f"passed{measured}{runs}" if gate.ok else f"FAILED: {gate.detail}"
-    return state
 
 
 def fleet_status(fleet: str | Path, selectors: Sequence[str] = ()) -> list[DeviceState]:
     """Every selected device's state, read at once (an unreachable one says why)."""
     _, devices = load_selection(fleet, selectors)
     check_tokens(devices)
-    return _each(devices, device_state)
-
-
-def _befores(devices: Sequence[FleetDevice]) -> dict[str, DeviceStatus | str]:
-    answers = _each(devices, read_status)
-    return {d.name: a for d, a in zip(devices, answers, strict=True)}
-
-
-# -- one device ----------------------------------------------------------------------------------
-
-
-class _DeviceProgress:
-    """One device's upload and agent steps as progress of the row named after the device."""
-
-    def __init__(self, device: str) -> None:
-        self.device, self.done = device, 0
-
-    def started(self, stage: str, total: float | None, unit: str) -> None:
-        BROADCAST.advanced(self.device, 0, f"{stage} ...")
-
-    def advanced(self, stage: str, completed: float, detail: str) -> None:
-        BROADCAST.advanced(self.device, 0, f"{stage} {detail}")
-
-    def finished(self, stage: str, detail: str, reused: bool) -> None:
-        self.done += 1
-        BROADCAST.advanced(self.device, self.done, f"{stage}: {detail}")
-
-    def said(self, stage: str, line: str) -> None:
-        BROADCAST.said(self.device, f"{stage}: {line}")
-
-
-@task(name="deploy_device", cache_policy=NO_CACHE, persist_result=False, log_prints=True)
-def deploy_device(
-    device: FleetDevice,
-    wave: int,
-    release_file: str,
-    sha256: str,
-    new: str,
-    before: str | None,
-    force: bool = False,
-    timeout_s: float = 900.0,
-    origin: Origin | None = None,
-) -> DeviceRollout | State[DeviceRollout]:
-    """The release onto one device of a wave. Never raises for the device's sake: an
-    unreachable device, a refusal, a rollback or a timeout is the row's state, and the task
-    run ends Failed with the row as its data (``future.result(raise_on_failure=False)``)."""
-    start = time.perf_counter()
-    row = DeviceRollout(device.name, wave, before, before, "failed")
-    try:
-        with connect(device, timeout_s=min(10.0, timeout_s)) as reached:
-            reached.health()
-    except DeviceError as err:
-        row.state, row.reason = "unreachable", str(err)
-    else:
-        if before == new:
-            row.state, row.reason = "active", "already ran this version"
-            BROADCAST.advanced(device.name, len(STEPS), "already runs it")
-        else:
-            try:
-                listener = _DeviceProgress(device.name)
-                done = release.deploy_release(
-                    device, Path(release_file), force, listener, timeout_s, origin=origin
-                )
-            except DeviceError as err:
-                row.reason = str(err)
-            except Exception as err:  # one device's fault fails that device, not the rollout
-                row.reason = f"{type(err).__name__}: {err}"
-            else:
-                row.state, row.reason, row.deployment_id = done.state, done.reason, done.id
-                row.p99_ms = done.gate.p99_ms if done.gate is not None else None
-                if row.state == "active":
-                    row.after = new
-                    _tag_variant(device.name, new, done)
-    row.seconds, row.at = time.perf_counter() - start, release.utc_stamp()
-    print(f"{device.name} (wave {wave}): {row.state}{': ' + row.reason if row.reason else ''}")
-    if row.state in ("active", "staged"):
-        return row
-    return Failed(message=f"{row.state}: {row.reason}", data=row)  # the row stays readable
-
-
-def _tag_variant(device: str, new: str, done: Deployment) -> None:
-    """What of the bundle runs on ``device`` and why (``precision: auto``), on the version
-    ``new`` (``name:N``); a registry that cannot be tagged is said, not raised."""
-    from mlflow.exceptions import MlflowException
-
-    name, _, version = new.rpartition(":")
-    try:
-        set_version_tags(name, version, release.variant_tags(device, done))
-    except (RegistryError, MlflowException) as err:
-        print(f"{device}: could not tag {new} with its variant: {err}")
-
-
-def _revert(
-    device: FleetDevice, row: DeviceRollout, why: str, origin: Origin | None = None
-) -> None:
-    """Roll ``device`` back to what it ran before this rollout (its previous slot);
-    ``origin``: the rollout, recorded in the device's history."""
-    try:
-        with connect(device) as reached:
-            reached.rollback(origin=origin)
-            now = _label(reached.status().active)
-    except DeviceError as err:
-        row.reason = f"could not roll back: {err}"
-        return
-    row.after, row.state, row.at = now, "reverted", release.utc_stamp()
-    row.reason = f"rolled back to {now}: {why}"
-    if now != row.before:
-        row.reason += f" (it ran {row.before} before)"
-
-
-# -- the flow ------------------------------------------------------------------------------------
+    return each_device(devices, device_state)
 
 
 def plan(
@@ -256,12 +81,12 @@ def plan(
     check_tokens(devices)
     waves = plan_waves(devices, parsed.rollout, canary)
     canary_devices = canary_size(waves, parsed.rollout, canary)
-    answers = _befores(devices)
+    answers = read_statuses(devices)
     rows = []
     for number, wave in enumerate(waves):
         for device in wave:
             answer = answers[device.name]
-            before = _label(answer.active) if not isinstance(answer, str) else None
+            before = label_of(answer.active) if not isinstance(answer, str) else None
             reason = answer if isinstance(answer, str) else ""
             rows.append(DeviceRollout(device.name, number, before, before, "planned", reason))
     return FleetResult(
@@ -411,8 +236,10 @@ def deploy_fleet(
     from deploy_edge.release import file_sha256
 
     sha256, new = file_sha256(release_file), f"{manifest.model_name}:{manifest.model_version}"
-    answers = _befores(devices)
-    befores = {n: _label(a.active) if not isinstance(a, str) else None for n, a in answers.items()}
+    answers = read_statuses(devices)
+    befores = {
+        n: label_of(a.active) if not isinstance(a, str) else None for n, a in answers.items()
+    }
     for number, wave in enumerate(waves):
         for device in wave:
             BROADCAST.started(device.name, len(STEPS), "")
@@ -452,7 +279,7 @@ def deploy_fleet(
                 task_runs[device.name] = future.task_run_id
                 record.put(row)
                 rollouts.save(record)
-                _show(row)
+                show_row(row)
         if STOP.event.is_set():
             why = f"{STOP.name} during wave {number}"
             print(f"rollout cancelled: {why}")
@@ -470,13 +297,13 @@ def deploy_fleet(
     if stopped is not None or STOP.event.is_set():
         stop_word = "was cancelled" if STOP.event.is_set() else "stopped"
         updated = [r for r in rows.values() if r.state == "active" and r.before != new]
-        _each(
+        each_device(
             [by_name[r.device] for r in updated],
-            lambda d: _revert(d, rows[d.name], f"the rollout {stop_word} ({why})", origin),
+            lambda d: revert(d, rows[d.name], f"the rollout {stop_word} ({why})", origin),
         )
         for row in updated:
             record.put(row)
-            _show(row)
+            show_row(row)
             if row.state == "reverted":
                 _fail_task_run(task_runs[row.device], row.reason)
         rollouts.save(record)
@@ -489,7 +316,7 @@ def deploy_fleet(
                 rows[device.name] = DeviceRollout(
                     device.name, number, before, before, "skipped", skipped_why
                 )
-                _show(rows[device.name])
+                show_row(rows[device.name])
             ordered.append(rows[device.name])
     result = FleetResult(
         manifest.model_name,
@@ -563,109 +390,11 @@ def record_rollout(result: FleetResult) -> None:
     )
 
 
-def _show(row: DeviceRollout) -> None:
-    """A device's end on its progress row: green when it runs the new version."""
-    p99 = f", p99 {row.p99_ms:.2f} ms" if row.p99_ms is not None else ""
-    text = f"{row.state} ({row.after or '-'}{p99})"
-    if row.state == "active":
-        BROADCAST.finished(row.device, text, reused=False)
-    else:
-        style = "yellow" if row.state in ("reverted", "staged", "skipped") else "red"
-        BROADCAST.advanced(row.device, 0, f"[{style}]{escape(f'{text}: {row.reason}')}")
-
-
-# -- rollouts whose process died -----------------------------------------------------------------
-
-
-def reconcile_rollouts() -> list[str]:
-    """Repair every rollout whose record says ``running`` but whose process is gone (killed
-    with SIGKILL, a power cut): each device it may have updated (``active`` or ``deploying``
-    in the record) that runs its version is rolled back to what it ran before; the version's
-    tags say ``reverted`` there; its Prefect flow run, if the server answers, is marked
-    Crashed; the record becomes ``reconciled`` with what was done. Returns one line per
-    repair (none: nothing was dead). A device it cannot reach leaves the record ``running``
-    so that the next fleet command tries again."""
-    lines = []
-    for record in rollouts.dead():
-        lines.extend(_reconcile(record))
-    return lines
-
-
-def _reconcile(record: rollouts.RolloutRecord) -> list[str]:
-    who = f"rollout {record.id} ({record.label}, pid {record.pid} gone)"
-    try:
-        parsed = load_fleet(record.fleet)
-    except FleetError as err:
-        return [f"{who}: cannot read its fleet file to repair it: {err}"]
-    by_name = {d.name: d for d in parsed.devices}
-    lines, left = [], []
-    for row in record.updated():
-        entry = by_name.get(row.device)
-        if entry is None:
-            left.append(f"{row.device}: no longer in {record.fleet}")
-            continue
-        found = read_status(entry)
-        if isinstance(found, str):
-            left.append(f"{row.device}: unreachable ({found})")
-            continue
-        if found.running is not None:  # the agent goes on after the rollout died: wait
-            left.append(f"{row.device}: a deployment is still running there")
-            continue
-        now = _label(found.active)
-        if now != record.label:
-            row.after = now
-            row.state, row.reason = "skipped", f"found on {now or 'nothing'}: not updated"
-            continue
-        origin = Origin(by="fleet", rollout=record.id, flow_run=record.flow_run_url)
-        _revert(entry, row, f"rollout {record.id} was killed", origin)
-        if row.state != "reverted":
-            left.append(f"{row.device}: {row.reason}")
-            continue
-        lines.append(f"{who}: {row.device} rolled back from {record.label} to {row.after}")
-        tags = release.device_tags(
-            row.device, version=row.after or "none", state="reverted", at=row.at
-        )
-        try:
-            set_version_tags(record.model_name, record.model_version, tags)
-        except RegistryError as err:
-            left.append(f"{row.device}: could not tag {record.label}: {err}")
-    if left:
-        record.repaired = lines
-        rollouts.save(record)
-        return [*lines, *(f"{who}: not repaired yet: {line}" for line in left)]
-    _mark_crashed(record)
-    record.state, record.ended, record.repaired = "reconciled", release.utc_stamp(), lines
-    record.reason = f"its process {record.pid} died; reconciled by pid {os.getpid()}"
-    rollouts.save(record)
-    return lines or [f"{who}: no device had taken {record.label}; marked reconciled"]
-
-
-def _mark_crashed(record: rollouts.RolloutRecord) -> None:
-    """Its Prefect flow run ``Crashed`` (it says ``Running`` forever otherwise), if the
-    server it ran on is the one configured now and answers; else left as it is."""
-    if not record.flow_run_id:
-        return
-    from uuid import UUID
-
-    from prefect.client.orchestration import get_client
-    from prefect.states import Crashed
-
-    message = f"process {record.pid} ended without reporting (killed?); rollout reconciled"
-    try:
-        with get_client(sync_client=True) as prefect:
-            prefect.set_flow_run_state(UUID(record.flow_run_id), Crashed(message=message))
-    except Exception:  # another or a temporary server: the record says reconciled
-        return
-
-
 __all__ = [
     "STOP",
-    "deploy_device",
     "deploy_fleet",
-    "device_state",
     "fleet_status",
     "plan",
-    "reconcile_rollouts",
     "roll_out",
     "stop_on_signals",
 ]

@@ -19,16 +19,25 @@ devices: MODEL and the fleet file must be the record's (a mismatch is bad input)
   id as the action's origin); a device already back on it is left alone; one whose previous
   slot is something else is refused with the redeploy to run, never guessed at. The version's
   device tags say ``reverted`` where it worked.
+
+- Every fleet command first (:func:`reconcile_rollouts`): a rollout whose process was killed
+  (SIGKILL, a power cut) has the devices it updated rolled back, the version tagged
+  ``reverted`` there, and its record marked ``reconciled``.
+
+What is done to one device (read, revert, roll back) is :mod:`pipelines.deploy.device_steps`,
+imported inside the functions that need it: the CLI loads this module to check its input before
+Prefect or MLflow is loaded.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from deploy_edge.device import DeviceError, DeviceRefused, DeviceUnreachable, connect
-from deploy_edge.fleet import FleetDevice, load_selection
+from deploy_edge.fleet import FleetError, load_fleet, load_selection
 from deploy_edge.wire import Origin
+from pipelines.deploy import rollouts
 from pipelines.deploy.rollouts import RolloutRecord, is_dead
 from pipelines.records import DeviceRollout
 from robo_pipe.errors import InputError
@@ -86,13 +95,14 @@ def rollback_fleet(
     device: ``reverted`` (it runs ``before`` now, or already did), ``refused`` (its previous
     slot is not ``before``: the reason says what to redeploy), ``unreachable``, ``failed``."""
     from pipelines.deploy import release
+    from pipelines.deploy.device_steps import roll_back_to
     from pipelines.registry.versions import set_version_tags
 
     _, devices = load_selection(record.fleet, selectors)
     by_name = {d.name: d for d in devices}
     origin = Origin(by="fleet", rollout=record.id, flow_run=flow_run)
     rows = [
-        _roll_back(by_name[row.device], row, record.label, origin)
+        roll_back_to(by_name[row.device], row, record.label, origin)
         for row in record.updated()
         if row.device in by_name
     ]
@@ -107,44 +117,98 @@ def rollback_fleet(
     return rows
 
 
-def _roll_back(
-    device: FleetDevice, done: DeviceRollout, label: str, origin: Origin
-) -> DeviceRollout:
-    """``device`` back to ``done.before`` when its previous slot holds it."""
+# -- rollouts whose process died -----------------------------------------------------------------
+
+
+def reconcile_rollouts() -> list[str]:
+    """Repair every rollout whose record says ``running`` but whose process is gone (killed
+    with SIGKILL, a power cut): each device it may have updated (``active`` or ``deploying``
+    in the record) that runs its version is rolled back to what it ran before; the version's
+    tags say ``reverted`` there; its Prefect flow run, if the server answers, is marked
+    Crashed; the record becomes ``reconciled`` with what was done. Returns one line per
+    repair (none: nothing was dead). A device it cannot reach leaves the record ``running``
+    so that the next fleet command tries again."""
+    lines = []
+    for record in rollouts.dead():
+        lines.extend(_reconcile(record))
+    return lines
+
+
+def _reconcile(record: RolloutRecord) -> list[str]:
     from pipelines.deploy import release
+    from pipelines.deploy.device_steps import label_of, read_status, revert
+    from pipelines.registry.versions import RegistryError, set_version_tags
 
-    before = done.before
-    row = DeviceRollout(device.name, done.wave, label, None, "failed")
+    who = f"rollout {record.id} ({record.label}, pid {record.pid} gone)"
     try:
-        with connect(device) as reached:
-            status = reached.status()
-            now = status.active.label if status.active else None
-            previous = status.previous.label if status.previous else None
-            row.before = row.after = now
-            if now == before:
-                row.state, row.reason = "reverted", f"already ran {before}"
-            elif now == label and previous == before:
-                reached.rollback(origin=origin)
-                after = reached.status().active
-                row.after = after.label if after else None
-                row.state, row.reason = "reverted", f"rolled back to {row.after}"
-            else:
-                # Never guess: rolling back to whatever the previous slot holds could activate
-                # a version nobody asked for.
-                row.state = "refused"
-                row.reason = (
-                    f"runs {now or 'nothing'}, previous {previous or 'none'}: not the "
-                    f"rollout's {label} over {before or 'nothing'}; redeploy {before} with "
-                    f"robo-pipe deploy --device (--force past the release floor)"
-                )
-    except DeviceUnreachable as err:
-        row.state, row.reason = "unreachable", str(err)
-    except DeviceRefused as err:
-        row.state, row.reason = "refused", str(err)
-    except DeviceError as err:
-        row.reason = str(err)
-    row.at = release.utc_stamp()
-    return row
+        parsed = load_fleet(record.fleet)
+    except FleetError as err:
+        return [f"{who}: cannot read its fleet file to repair it: {err}"]
+    by_name = {d.name: d for d in parsed.devices}
+    lines, left = [], []
+    for row in record.updated():
+        entry = by_name.get(row.device)
+        if entry is None:
+            left.append(f"{row.device}: no longer in {record.fleet}")
+            continue
+        found = read_status(entry)
+        if isinstance(found, str):
+            left.append(f"{row.device}: unreachable ({found})")
+            continue
+        if found.running is not None:  # the agent goes on after the rollout died: wait
+            left.append(f"{row.device}: a deployment is still running there")
+            continue
+        now = label_of(found.active)
+        if now != record.label:
+            row.after = now
+            row.state, row.reason = "skipped", f"found on {now or 'nothing'}: not updated"
+            continue
+        origin = Origin(by="fleet", rollout=record.id, flow_run=record.flow_run_url)
+        revert(entry, row, f"rollout {record.id} was killed", origin)
+        if row.state != "reverted":
+            left.append(f"{row.device}: {row.reason}")
+            continue
+        lines.append(f"{who}: {row.device} rolled back from {record.label} to {row.after}")
+        tags = release.device_tags(
+            row.device, version=row.after or "none", state="reverted", at=row.at
+        )
+        try:
+            set_version_tags(record.model_name, record.model_version, tags)
+        except RegistryError as err:
+            left.append(f"{row.device}: could not tag {record.label}: {err}")
+    if left:
+        record.repaired = lines
+        rollouts.save(record)
+        return [*lines, *(f"{who}: not repaired yet: {line}" for line in left)]
+    _mark_crashed(record)
+    record.state, record.ended, record.repaired = "reconciled", release.utc_stamp(), lines
+    record.reason = f"its process {record.pid} died; reconciled by pid {os.getpid()}"
+    rollouts.save(record)
+    return lines or [f"{who}: no device had taken {record.label}; marked reconciled"]
 
 
-__all__ = ["check_same_rollout", "resume_devices", "retry_devices", "rollback_fleet"]
+def _mark_crashed(record: RolloutRecord) -> None:
+    """Its Prefect flow run ``Crashed`` (it says ``Running`` forever otherwise), if the
+    server it ran on is the one configured now and answers; else left as it is."""
+    if not record.flow_run_id:
+        return
+    from uuid import UUID
+
+    from prefect.client.orchestration import get_client
+    from prefect.states import Crashed
+
+    message = f"process {record.pid} ended without reporting (killed?); rollout reconciled"
+    try:
+        with get_client(sync_client=True) as prefect:
+            prefect.set_flow_run_state(UUID(record.flow_run_id), Crashed(message=message))
+    except Exception:  # another or a temporary server: the record says reconciled
+        return
+
+
+__all__ = [
+    "check_same_rollout",
+    "reconcile_rollouts",
+    "resume_devices",
+    "retry_devices",
+    "rollback_fleet",
+]

@@ -15,7 +15,7 @@ The interface other modules use:
   there is none: a user's mistake); :func:`all_records` — every record, oldest first;
   :func:`latest` — the newest record of a fleet file (optionally in one state).
 - :func:`is_dead` / :func:`dead` — a ``running`` record whose process is gone (killed with
-  SIGKILL, a power cut): ``pipelines.deploy.fleet.reconcile_rollouts`` reverts what it
+  SIGKILL, a power cut): ``pipelines.deploy.followups.reconcile_rollouts`` reverts what it
   updated.
 - :meth:`RolloutRecord.updated` — the devices the rollout may have put on the new version
   (state ``active`` or ``deploying`` with a ``before`` other than the new version): what a

@@ -291,7 +291,7 @@ def test_the_registry_version_says_where_its_weights_came_from(pretrained_export
     base recorded them (``robo_pipe.weights.<role>.*``), and the registry's copy of the bundle
     keeps them and the instruction graph."""
     from pipelines import registry, tracking
-    from pipelines.services import configure
+    from pipelines.services.settings import configure
     from stages.policy.checkpoint import BaseRef, read_policy_meta
 
     configure()

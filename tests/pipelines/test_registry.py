@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from pipelines import registry, tracking
-from pipelines.services import configure
+from pipelines.services.settings import configure
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -90,7 +90,7 @@ def test_concurrent_runs_share_one_home(robo_pipe_home: Path) -> None:
     assert "waiting for run" in everything
 
     from pipelines import registry
-    from pipelines.services import configure
+    from pipelines.services.settings import configure
 
     configure()
     versions = registry.versions(MODEL)

@@ -53,7 +53,7 @@ def test_the_tiny_preset_exports_gates_and_deploys_as_a_systems_test(
     assert report["passed"] and report["variant"] == "fp32"  # both fit: the exact one runs
 
     from pipelines import registry, tracking
-    from pipelines.services import configure
+    from pipelines.services.settings import configure
 
     configure()
     run = tracking.TrackedRun.start("vla-scale-tests", "register")

@@ -58,7 +58,7 @@ from deploy_edge.device import DeviceEntry
 from deploy_edge.keys import generate_keypair, load_private_key, load_public_key
 from deploy_edge.release import extract_release, file_sha256, verify_release, write_release
 from pipelines.config import CONFIG_DIR, PipelineConfig, load_config
-from pipelines.services import free_port
+from pipelines.services.local_servers import free_port
 from stages.export import export
 from stages.policy.checkpoint import save_new_policy
 
@@ -150,7 +150,7 @@ def fleet_figure(cfg: PipelineConfig, quick: bool) -> dict[str, str]:
         from pipelines.registry.exports import register_export
         from pipelines.registry.tags import ONNX_HASH_TAG
         from pipelines.registry.versions import get_version
-        from pipelines.services import configure
+        from pipelines.services.settings import configure
 
         configure()
         from pipelines.deploy.fleet import roll_out
@@ -248,7 +248,7 @@ def fleet_command_figure(cfg: PipelineConfig, quick: bool) -> dict[str, str]:
     temporary Prefect server each command starts and with the servers of ``robo-pipe ui``
     running (started once: what a long-running server saves); and the seconds to reject a bad
     fleet file, a fleet whose token variable is unset, and an unreachable registry."""
-    from pipelines.services import LocalServers
+    from pipelines.services.local_servers import LocalServers
 
     sizes = (3, 8)
     with tempfile.TemporaryDirectory() as tmp:
@@ -259,7 +259,7 @@ def fleet_command_figure(cfg: PipelineConfig, quick: bool) -> dict[str, str]:
         from pipelines import tracking
         from pipelines.registry.exports import register_export
         from pipelines.registry.tags import ONNX_HASH_TAG
-        from pipelines.services import configure
+        from pipelines.services.settings import configure
 
         configure()
         checkpoint = save_new_policy(

@@ -54,7 +54,13 @@ from pipelines import checks, reconcile, steps, summary, tracking
 from pipelines.config import PipelineConfig, load_config, save_resolved
 from pipelines.home import new_run_dir, robo_pipe_home
 from pipelines.records import ChampionCheck, Evaluation, FleetResult, PipelineResult, RunRecords
-from pipelines.services import Services, check_services, configure, join_cluster, running_ui
+from pipelines.services.settings import (
+    Services,
+    check_services,
+    configure,
+    join_cluster,
+    running_ui,
+)
 from pipelines.summary import RunPlaces
 from pipelines.tasks import (
     STAGES,

@@ -105,7 +105,7 @@ def new_run_dir(name: str) -> Path:
 
 def default_tracking_uri() -> str:
     """The embedded MLflow store: a SQLite file under the home (its folder is made by
-    whoever opens it: :func:`pipelines.services.configure`, :mod:`pipelines.stores`)."""
+    whoever opens it: :func:`pipelines.services.settings.configure`, :mod:`pipelines.stores`)."""
     return f"sqlite:///{home_path('mlflow') / 'mlflow.db'}"
 
 

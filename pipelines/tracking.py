@@ -3,7 +3,7 @@
 
 Runs are addressed by id through one :class:`mlflow.MlflowClient` (no "active run" state), so
 stages running in Prefect's worker threads log to the right run. The store is
-``MLFLOW_TRACKING_URI`` (see :mod:`pipelines.services`; the embedded default is SQLite).
+``MLFLOW_TRACKING_URI`` (see :mod:`pipelines.services.settings`; the embedded default is SQLite).
 
 Experiments are tagged as model training (:data:`EXPERIMENT_KIND`), not GenAI: MLflow 3's UI
 then shows an experiment's training runs and asks nothing; each run carries a description

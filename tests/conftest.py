@@ -66,8 +66,8 @@ def shared_home(tmp_path_factory: pytest.TempPathFactory, request: pytest.Fixtur
 @pytest.fixture(autouse=True)
 def robo_pipe_home(home_path: Path) -> Iterator[Path]:
     """Every test writes its state under its own home, and leaves the environment as it found
-    it: pipelines.services.configure() points MLflow and Prefect at the home it runs in, and a
-    value left behind would send later tests' subprocesses to another home."""
+    it: pipelines.services.settings.configure() points MLflow and Prefect at the home it runs
+    in, and a value left behind would send later tests' subprocesses to another home."""
     os.environ["ROBO_PIPE_HOME"] = str(home_path)
     yield home_path
     for name in set(os.environ) - set(_SESSION_ENV) - _OWNED_BY_RUNNERS:

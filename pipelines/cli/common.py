@@ -12,7 +12,7 @@ from rich.console import Console
 from pipelines.config import PipelineConfig, load_config
 
 if TYPE_CHECKING:
-    from pipelines.services import Services
+    from pipelines.services.settings import Services
 
 console = Console(stderr=True, soft_wrap=not os.isatty(2), width=None if os.isatty(2) else 1000)
 """Everything for people goes to stderr; stdout's last line is the ``--json`` record. In a log
@@ -50,8 +50,8 @@ def services(flows: bool = False, ray_address: str | None = None) -> Services:
     home's Prefect database first, under a lock (:mod:`pipelines.stores`), so that the
     temporary server each run starts never migrates it at the same time as another's. With
     ``ray_address``, join that Ray cluster and check its nodes share the home
-    (:func:`pipelines.services.join_cluster`)."""
-    from pipelines.services import (
+    (:func:`pipelines.services.settings.join_cluster`)."""
+    from pipelines.services.settings import (
         check_services,
         configure,
         join_cluster,
@@ -71,7 +71,7 @@ def services(flows: bool = False, ray_address: str | None = None) -> Services:
 def read_registry() -> str | None:
     """Configure for reading the registry, creating nothing (not even the home): None when
     there is a registry to read, else why not (the embedded one does not exist yet)."""
-    from pipelines.services import check_services, configure
+    from pipelines.services.settings import check_services, configure
     from pipelines.stores import sqlite_path
 
     found = configure(create=False)

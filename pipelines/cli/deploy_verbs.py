@@ -146,7 +146,7 @@ def edge_agent(
         )
     from deploy_edge.agent.config import load_device_config
     from deploy_edge.agent.service import serve
-    from pipelines.services import interrupted_exit_code, stop_on_sigterm
+    from pipelines.services.signals import interrupted_exit_code, stop_on_sigterm
 
     device = load_device_config(config)
     console.print(f"edge agent {device.name} on {device.listen}", highlight=False)
@@ -394,7 +394,7 @@ def _deploy_fleet(
     if dry_run:
         result = rollout.plan(version, fleet, knobs.canary, select)
     else:
-        from pipelines.services import start_temporary_prefect_server
+        from pipelines.services.local_servers import start_temporary_prefect_server
 
         start_temporary_prefect_server()  # out of Ctrl-C's reach: the rollout records its end
         with live(json_out) as display, listening(display), rollout.stop_on_signals():

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from deploy_edge.latency_report import LatencyReport
     from deploy_edge.wire import Trial
     from pipelines.records import PipelineResult
-    from pipelines.services import Services
+    from pipelines.services.settings import Services
     from stages.evaluate.report import EvalReport
     from stages.policy.checkpoint import CheckpointRef
 

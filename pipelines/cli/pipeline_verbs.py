@@ -55,7 +55,7 @@ def run(
     )
     from pipelines.flow import train_simulate_deploy
     from pipelines.progress import listening
-    from pipelines.services import (
+    from pipelines.services.signals import (
         ServerLost,
         drop_unsent_if_server_gone,
         interrupted_exit_code,
@@ -114,12 +114,9 @@ def serve(
     started for as long as this runs (a schedule needs a server's scheduler), and stopped
     with it.
     """
-    from pipelines.services import (
-        LocalServers,
-        interrupted_exit_code,
-        stop_on_sigterm,
-        use_prefect_api,
-    )
+    from pipelines.services.local_servers import LocalServers
+    from pipelines.services.settings import use_prefect_api
+    from pipelines.services.signals import interrupted_exit_code, stop_on_sigterm
 
     cfg = load(config, set_)
     if not cfg.schedules:
@@ -146,8 +143,8 @@ def serve(
             console.print(
                 found.servers_note() or f"Prefect API {found.prefect_api_url}", highlight=False
             )
-        from pipelines.deployments import OVERLAP, build_deployments, describe_schedule
-        from pipelines.deployments import serve as serve_deployments
+        from pipelines.serve.deployments import OVERLAP, build_deployments, describe_schedule
+        from pipelines.serve.deployments import serve as serve_deployments
 
         deployments = build_deployments(cfg, config, list(set_ or []), ray_address)
         for entry in cfg.schedules:
@@ -195,7 +192,8 @@ def ui(
     `robo-pipe serve` on this home report to these servers, so their stages appear live (ui and
     they say so). Ctrl-C or SIGTERM stops both.
     """
-    from pipelines.services import LocalServers, interrupted_exit_code, stop_on_sigterm
+    from pipelines.services.local_servers import LocalServers
+    from pipelines.services.signals import interrupted_exit_code, stop_on_sigterm
     from pipelines.tracking import mlflow_page
 
     stop_survivors()
@@ -231,7 +229,7 @@ def info(json_out: JsonOpt = False) -> None:
     folder or one of its parents, else ./.robo-pipe (created by the first verb that writes).
     """
     from pipelines.home import locate_home
-    from pipelines.services import configure
+    from pipelines.services.settings import configure
 
     home = locate_home()
     found = configure(create=False)
@@ -258,7 +256,7 @@ def info(json_out: JsonOpt = False) -> None:
 def _schedule_health(api: str | None) -> tuple[list[Any], str | None]:
     """The health of the served schedules on the Prefect API in use, read only where one
     answers (``info`` starts no server); else where to look."""
-    from pipelines.services import healthy
+    from pipelines.services.settings import healthy
 
     if api is None or not healthy(f"{api.rstrip('/')}/health"):
         where = f"Prefect API {api} not answering" if api else "no Prefect server running"
@@ -268,7 +266,7 @@ def _schedule_health(api: str | None) -> tuple[list[Any], str | None]:
         )
     from prefect.settings import PREFECT_API_URL, PREFECT_CLIENT_MAX_RETRIES, temporary_settings
 
-    from pipelines.schedules import schedule_health
+    from pipelines.serve.schedule_health import schedule_health
 
     with temporary_settings({PREFECT_API_URL: api, PREFECT_CLIENT_MAX_RETRIES: 0}):
         health = schedule_health()
@@ -277,8 +275,8 @@ def _schedule_health(api: str | None) -> tuple[list[Any], str | None]:
 
 def stop_survivors() -> None:
     """Stop the servers of this home that outlived the verb that started them, one line each
-    (:func:`pipelines.services.stop_survivors`): run, serve and ui call it first."""
-    from pipelines.services import stop_survivors as stop_them
+    (:func:`pipelines.services.local_servers.stop_survivors`): run, serve and ui call it first."""
+    from pipelines.services.local_servers import stop_survivors as stop_them
 
     for line in stop_them():
         console.print(line, style="yellow", highlight=False)

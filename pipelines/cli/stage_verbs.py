@@ -25,7 +25,7 @@ from pipelines.cli.options import DEMO_CONFIG, ConfigOpt, JsonOpt, RayAddressOpt
 from pipelines.config import save_resolved
 from pipelines.home import new_run_dir
 from pipelines.registry.versions import RegistryError, get_version, parse_model_uri
-from pipelines.services import join_cluster
+from pipelines.services.settings import join_cluster
 from robo_pipe.errors import InputError
 from robo_pipe.locks import set_run_label
 from stages.finetune.algorithm import ALGORITHMS

@@ -209,7 +209,7 @@ def deploy_fleet(
     """
     from prefect.context import get_run_context
 
-    from pipelines.services import check_services, configure
+    from pipelines.services.settings import check_services, configure
 
     check_services(configure())
     started, at = time.perf_counter(), release.utc_stamp()
@@ -348,7 +348,7 @@ def deploy_fleet(
 def _flow_run_url(flow_run_id: str) -> str:
     """The flow run's page on the Prefect UI this process reports to; its id alone on the
     temporary server of this process (no page outlives it)."""
-    from pipelines.services import configure
+    from pipelines.services.settings import configure
 
     prefect_ui = configure(create=False).prefect_ui
     return f"{prefect_ui}/runs/flow-run/{flow_run_id}" if prefect_ui else flow_run_id

@@ -40,7 +40,7 @@ from pipelines.home import home_dir
 from pipelines.progress import SILENT, Listener, status_lines
 from pipelines.records import EdgeDeployment
 from pipelines.registry.versions import set_version_tags
-from pipelines.services import free_port
+from pipelines.services.local_servers import free_port
 from robo_pipe.locks import StatusFn, output_lock
 
 NAME = "local-agent"

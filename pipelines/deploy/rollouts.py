@@ -122,7 +122,7 @@ def new_record(
     model_name: str, model_version: str, fleet: str, selectors: list[str]
 ) -> RolloutRecord:
     """The record of a rollout starting now in this process (not yet saved)."""
-    from pipelines.services import process_start
+    from pipelines.services.processes import process_start
 
     now = time.gmtime()
     return RolloutRecord(
@@ -197,7 +197,7 @@ def dead() -> list[RolloutRecord]:
 
 def is_dead(record: RolloutRecord) -> bool:
     """``record`` says ``running`` but its process (on this host) is gone."""
-    from pipelines.services import process_start
+    from pipelines.services.processes import process_start
 
     if record.state in FINAL_STATES or record.host != socket.gethostname():
         return False

@@ -30,7 +30,7 @@ from fastapi.testclient import TestClient
 from deploy_edge.agent.config import SCOPES, DeviceConfigError, load_device_config
 from deploy_edge.agent.deployer import Deployer
 from deploy_edge.agent.service import create_app
-from pipelines.services import free_port
+from pipelines.services.local_servers import free_port
 from tests.deploy_edge.test_deployer import device_config, keys
 from tests.pipelines.test_deploy import self_signed_certificate
 

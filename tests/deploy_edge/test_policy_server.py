@@ -32,7 +32,7 @@ from deploy_edge.agent.deployer import Deployer
 from deploy_edge.agent.service import DELAY_ENV
 from deploy_edge.policy_client.remote_policy import PolicyServerError, RemotePolicy
 from deploy_edge.runtime import AsyncControlLoop
-from pipelines.services import free_port
+from pipelines.services.local_servers import free_port
 from robots.interface import RobotObservation
 from robots.spec import get_robot
 from sim_scenes.sim_robot import SimulatedRobot, simulated_rp5

@@ -295,7 +295,7 @@ def test_the_registry_version_says_where_its_weights_came_from(pretrained_export
     from pipelines import tracking
     from pipelines.registry.exports import fetch_export, register_export
     from pipelines.registry.tags import WEIGHTS_TAG
-    from pipelines.services import configure
+    from pipelines.services.settings import configure
     from stages.policy.checkpoint import read_policy_meta
     from stages.policy.types import BaseRef
 

@@ -23,6 +23,6 @@ def prefect_server() -> Iterator[None]:
 @pytest.fixture
 def services_here(robo_pipe_home: Path) -> None:
     """MLflow and Prefect in this process read the test's home, as the CLI and the flow do."""
-    from pipelines.services import configure
+    from pipelines.services.settings import configure
 
     configure()

@@ -23,7 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.services import free_port, healthy
+from pipelines.services.local_servers import free_port
+from pipelines.services.settings import healthy
 from tests.pipelines import test_scale_out as scale_out
 from tests.pipelines.test_flow import CONFIG, MODEL, TINY
 

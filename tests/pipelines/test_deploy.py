@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from pipelines.services import free_port
+from pipelines.services.local_servers import free_port
 from tests.pipelines.test_cli import ROOT
 from tests.pipelines.test_flow import robo_pipe
 
@@ -34,7 +34,7 @@ def registered(shared_home: Path, export_dir: Path) -> str:
     from pipelines import tracking
     from pipelines.registry.exports import register_export
     from pipelines.registry.tags import ONNX_HASH_TAG
-    from pipelines.services import configure
+    from pipelines.services.settings import configure
 
     os.environ["ROBO_PIPE_HOME"] = str(shared_home)
     configure()
@@ -224,7 +224,7 @@ def test_a_cut_upload_resumes_from_the_bytes_the_agent_has(
     from deploy_edge.device import DeviceEntry
     from pipelines.deploy.release import bundle_release
     from pipelines.registry.versions import get_version
-    from pipelines.services import configure
+    from pipelines.services.settings import configure
 
     configure()  # in-process MLflow reads this home's registry
     _, path = bundle_release(get_version(MODEL, "2"), signing["release"])
@@ -307,7 +307,7 @@ def test_devices_verbs_activate_unstage_and_roll_back_a_real_agent(
     from deploy_edge.device import DeviceEntry
     from pipelines.deploy.release import bundle_release, deploy_release
     from pipelines.registry.versions import get_version
-    from pipelines.services import configure
+    from pipelines.services.settings import configure
 
     configure()  # the registry of this module's home, in this process
     lock = tmp_path / "robot-busy"
@@ -492,7 +492,7 @@ def precision_versions(
     from pipelines import tracking
     from pipelines.registry.exports import register_export
     from pipelines.registry.tags import ONNX_HASH_TAG
-    from pipelines.services import configure
+    from pipelines.services.settings import configure
     from tests.deploy_edge.variants import with_variants
 
     os.environ["ROBO_PIPE_HOME"] = str(shared_home)
@@ -634,7 +634,7 @@ def test_the_pipelines_deploy_stage_never_deploys_random_weights(
     from pipelines.config import load_config
     from pipelines.deploy import local_agent
     from pipelines.registry.versions import get_version, parse_model_uri
-    from pipelines.services import configure
+    from pipelines.services.settings import configure
 
     def no_agent(*args: Any) -> None:
         raise AssertionError("the local agent was started")

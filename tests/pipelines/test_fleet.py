@@ -22,7 +22,7 @@ from uuid import UUID
 import pytest
 import yaml
 
-from pipelines.services import free_port
+from pipelines.services.local_servers import free_port
 from tests.pipelines.test_deploy import MODEL, TOKEN, registered, start_agent
 from tests.pipelines.test_deploy import status as agent_status
 from tests.pipelines.test_flow import robo_pipe

@@ -160,7 +160,7 @@ def test_bad_input_is_refused_in_under_two_seconds_before_any_server(
     registry nobody listens for: one line, exit 2 (3 for the registry), each in under 2 s
     (the verb checks them before Prefect, MLflow or the flow's module load; the budget is
     generous for a shared CI machine: the checks take about 0.5 s)."""
-    from pipelines.services import free_port
+    from pipelines.services.local_servers import free_port
 
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump({"devices": [{"name": "a"}]}))

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from pipelines.config import CONFIG_DIR, ConfigError
-from pipelines.services import free_port
+from pipelines.services.local_servers import free_port
 from stages.register import GATE_TAG, failed_gates
 from tests.conftest import TINY_CONFIG, tiny_overrides
 
@@ -46,7 +46,7 @@ def run_pipeline(*extra: str, home: Path | None = None, config: str = CONFIG) ->
     that home first, as module-scoped fixtures must (they start before the per-test home
     fixture)."""
     from pipelines.flow import train_simulate_deploy
-    from pipelines.services import configure
+    from pipelines.services.settings import configure
 
     if home is not None:
         os.environ["ROBO_PIPE_HOME"] = str(home)

@@ -45,7 +45,7 @@ about the comparison with the champion)."""
 
 @pytest.fixture
 def cfg(robo_pipe_home: Path) -> PipelineConfig:
-    from pipelines.services import configure
+    from pipelines.services.settings import configure
 
     configure()
     return load_config(TINY_CONFIG, [*SETS, "registry.model_name=cas-policy"])
@@ -263,7 +263,7 @@ def test_the_outcomes_key_follows_what_decides_an_episode(
 
 def _promote_concurrently(home: str, name: str, version: str, barrier: object) -> None:
     os.environ["ROBO_PIPE_HOME"] = home
-    from pipelines.services import configure
+    from pipelines.services.settings import configure
 
     configure()
     barrier.wait()  # type: ignore[attr-defined]

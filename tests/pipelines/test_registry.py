@@ -28,7 +28,7 @@ from pipelines.registry.versions import (
     set_version_description,
     versions,
 )
-from pipelines.services import configure
+from pipelines.services.settings import configure
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 import yaml
 
-from pipelines.services import free_port, healthy
+from pipelines.services.local_servers import free_port
+from pipelines.services.settings import healthy
 from tests.pipelines.test_flow import CONFIG, MODEL, TINY
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,7 +29,7 @@ def ctrl_c_reaches_it() -> None:
     """In the child before exec: SIGINT back to its default, as in a terminal. The test sends
     Ctrl-C's SIGINT; a pytest started as a script's background job (`make test &`) has SIGINT
     ignored, the child would inherit that, and a verb keeps an ignored SIGINT ignored
-    (services.stop_on_sigterm): the test would wait for nothing."""
+    (services.signals.stop_on_sigterm): the test would wait for nothing."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
@@ -182,7 +183,7 @@ def test_prefect_yaml_deployments_point_at_real_flows() -> None:
     from prefect.flows import load_flow_from_entrypoint
     from prefect.schedules import Cron
 
-    from pipelines.deployments import OVERLAP
+    from pipelines.serve.deployments import OVERLAP
 
     spec = yaml.safe_load((ROOT / "prefect.yaml").read_text())
     names = set()

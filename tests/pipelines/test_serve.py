@@ -122,7 +122,7 @@ def test_a_killed_run_is_marked_crashed_and_the_rerun_continues_it(
 ) -> None:
     from mlflow import MlflowClient
 
-    from pipelines.services import configure
+    from pipelines.services.settings import configure
 
     killed, result = resumed["killed"], resumed["result"]
     assert result["stages"]["collect"]["reused"], "the completed stage was reused"
@@ -161,7 +161,7 @@ def test_the_registered_version_has_a_signature_and_a_description(
 ) -> None:
     import mlflow
 
-    from pipelines.services import configure
+    from pipelines.services.settings import configure
 
     configure()
     info = mlflow.models.get_model_info(f"models:/{MODEL}@champion")
@@ -303,8 +303,8 @@ def test_served_deployments_run_scheduled_and_manual_runs_then_sigterm_stops_eve
     from prefect.settings import PREFECT_API_URL, temporary_settings
     from prefect.states import Cancelled, Completed, Running
 
-    from pipelines.deployments import SHUTDOWN_MESSAGE
-    from pipelines.services import configure
+    from pipelines.serve.deployments import SHUTDOWN_MESSAGE
+    from pipelines.services.settings import configure
 
     def wait_for(what: str, check: Any, timeout_s: float) -> Any:
         return _wait_for(what, check, timeout_s, serving)

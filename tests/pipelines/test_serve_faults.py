@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from pipelines.deployments import STOP_BOUND_S as RUNNER_BOUND_S
+from pipelines.serve.deployments import STOP_BOUND_S as RUNNER_BOUND_S
 from tests.pipelines.test_flow import CONFIG
 from tests.pipelines.test_serve import SETS, Cli, _kill_all, _port_free, home_processes
 from tests.pipelines.test_signals import NIGHTLY, runner_polling, wait_for

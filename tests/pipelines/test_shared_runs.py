@@ -92,7 +92,7 @@ def test_concurrent_runs_share_one_home(robo_pipe_home: Path) -> None:
     from pipelines.registry.promotion import champion_history
     from pipelines.registry.tags import ONNX_HASH_TAG, PROMOTED_ON_TAG, PROMOTED_OVER_TAG
     from pipelines.registry.versions import champion, versions
-    from pipelines.services import configure
+    from pipelines.services.settings import configure
 
     configure()
     registered = versions(MODEL)

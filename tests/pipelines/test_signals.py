@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipelines.services import free_port
+from pipelines.services.local_servers import free_port
 from tests.pipelines.test_flow import CONFIG
 from tests.pipelines.test_serve import SETS, Cli, _kill_all, _port_free
 

@@ -16,7 +16,7 @@ from tests.pipelines.test_flow import robo_pipe
 def _open_and_log(home: str, barrier: object) -> None:
     os.environ["ROBO_PIPE_HOME"] = home
     from pipelines import tracking
-    from pipelines.services import configure
+    from pipelines.services.settings import configure
 
     configure()
     barrier.wait()  # type: ignore[attr-defined]

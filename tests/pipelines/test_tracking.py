@@ -10,7 +10,7 @@ from mlflow.utils.validation import (
 )
 
 from pipelines import tracking
-from pipelines.services import configure
+from pipelines.services.settings import configure
 
 
 def test_more_than_one_request_of_metrics_params_and_tags_all_arrive() -> None:

@@ -55,7 +55,7 @@ def test_the_tiny_preset_exports_gates_and_deploys_as_a_systems_test(
     from pipelines import tracking
     from pipelines.registry.exports import register_export
     from pipelines.registry.tags import ONNX_HASH_TAG
-    from pipelines.services import configure
+    from pipelines.services.settings import configure
 
     configure()
     run = tracking.TrackedRun.start("vla-scale-tests", "register")

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from prefect.deployments.runner import RunnerDeployment
     from prefect.schedules import Schedule
 
-    from pipelines.services import LocalServers
+    from pipelines.services.local_servers import LocalServers
 
 FLOWS: dict[str, Flow[..., Any]] = {
     "train_simulate_deploy": train_simulate_deploy,
@@ -118,8 +118,8 @@ def serve(
     say: Callable[[str], None] | None = None,
 ) -> None:
     """Register ``deployments`` and run their flow runs until SIGTERM or Ctrl-C (SIGINT, unless
-    this process ignores it: see :func:`pipelines.services.stop_on_sigterm`), then raise
-    :class:`~pipelines.services.Stopped` with that signal.
+    this process ignores it: see :func:`pipelines.services.signals.stop_on_sigterm`), then raise
+    :class:`~pipelines.services.signals.Stopped` with that signal.
 
     Runs execute in subprocesses that report to the same Prefect API as this process. Either
     signal stops it the same way: runs still in progress are cancelled (their processes
@@ -141,8 +141,9 @@ def serve(
 
     from prefect.runner import Runner
 
-    from pipelines import schedules
-    from pipelines.services import Stopped, healthy, no_prefect_retries
+    from pipelines.serve import schedules
+    from pipelines.services.settings import healthy, no_prefect_retries
+    from pipelines.services.signals import Stopped
 
     if say is None:
 
@@ -168,7 +169,7 @@ def serve(
         deployment_id = runner.add_deployment(deployment)
         assert isinstance(deployment_id, UUID)  # called from sync code: no coroutine
         ids.append(deployment_id)
-    schedules.at_serve_start(ids, tell)  # before the runner polls: see pipelines.schedules
+    schedules.at_serve_start(ids, tell)  # before the runner polls: see pipelines.serve.schedules
     received: list[int] = []
     gone: list[str] = []
 
@@ -349,7 +350,7 @@ def _flush_to_api() -> None:
     from prefect.events.worker import EventsWorker
     from prefect.logging.handlers import APILogWorker
 
-    from pipelines.services import no_prefect_retries
+    from pipelines.services.settings import no_prefect_retries
 
     no_prefect_retries()
     for worker in (APILogWorker, EventsWorker):

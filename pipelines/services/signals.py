@@ -1,0 +1,165 @@
+"""How a verb stops: SIGTERM raised as Ctrl-C's ``KeyboardInterrupt`` (:class:`Stopped`), a
+Prefect server that stops answering as a stop of its own (:class:`ServerLost`), the exit code
+each gives, and stop signals held back while servers start or stop."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from pipelines.services.settings import Services, healthy, no_prefect_retries
+
+
+class Stopped(KeyboardInterrupt):
+    """A stop signal, raised in the main thread as Ctrl-C's ``KeyboardInterrupt`` is: SIGTERM
+    (see :func:`stop_on_sigterm`), or either signal once ``serve``'s runner has stopped;
+    ``signum`` says which."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def stop_on_sigterm() -> None:
+    """Make SIGTERM raise :class:`Stopped` (a ``KeyboardInterrupt``) in this process, so that
+    SIGTERM and Ctrl-C stop it the same way: through the ``finally`` blocks that stop what it
+    started. For the long-running verbs (ui, serve, edge-agent, run): each installs it just
+    before the ``try`` whose ``finally`` stops what it starts, and exits with
+    :func:`interrupted_exit_code`. (Before that, SIGTERM's default ends the process at once,
+    which a shell reports as 143 too; a ``Stopped`` that left the verb would exit 130, as
+    Typer gives any ``KeyboardInterrupt``.)
+
+    SIGINT keeps its disposition. A shell starts ``cmd &`` from a script with SIGINT ignored
+    (so that a Ctrl-C meant for the script's foreground command does not reach it), and Python
+    then installs no ``KeyboardInterrupt`` for SIGINT: that choice of the caller stands. SIGTERM
+    (``kill``, ``timeout``, systemd, Docker) always stops the process, whatever SIGINT is.
+    """
+    signal.signal(signal.SIGTERM, _raise_stopped)
+
+
+def _raise_stopped(signum: int, _frame: object) -> None:
+    raise Stopped(signum)
+
+
+def prefect_server_gone(found: Services) -> str | None:
+    """The line that says so if the Prefect server ``found`` reports to (a ``robo-pipe ui``'s,
+    or a configured ``PREFECT_API_URL``) does not answer now; None if it does or there is none
+    (a temporary server per run lives in this process)."""
+    api = (found.prefect_api_url or "").rstrip("/")
+    if not api or healthy(f"{api}/health"):
+        return None
+    whose = f"the servers of {found.servers_of}" if found.servers_of else "PREFECT_API_URL"
+    return f"the Prefect server at {api} ({whose}) stopped answering"
+
+
+class ServerLost(Stopped):
+    """The Prefect server a ``run`` reports to stopped answering (:func:`stop_if_server_goes`);
+    ``reason`` is the line that says so. The run stops as on SIGTERM and exits 3."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(signal.SIGTERM)
+        self.reason = reason
+
+
+@contextmanager
+def stop_if_server_goes(found: Services, every_s: float = 5.0, misses: int = 3) -> Iterator[None]:
+    """Stop the main thread's block with :class:`ServerLost` if the Prefect server at
+    ``found.prefect_api_url`` (a ``robo-pipe ui``'s, or one the user configured) misses
+    ``misses`` health checks in a row, ``every_s`` apart (a server busy for a few seconds is not
+    gone: a false alarm would stop an hour's run): a run would otherwise retry every call for a
+    minute and never end. Client retries are turned off first, so that the flow's way out (its
+    state, its logs) fails at once instead of waiting for the server. Nothing to watch without
+    a server (a temporary one per run lives in this process)."""
+    api = (found.prefect_api_url or "").rstrip("/")
+    if not api or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    lost: list[str] = []
+    done = threading.Event()
+
+    def watch() -> None:
+        missed = 0
+        while not done.wait(every_s):
+            reason = prefect_server_gone(found)
+            missed = 0 if reason is None else missed + 1
+            if reason is not None and missed >= misses:
+                lost.append(reason)
+                no_prefect_retries()
+                os.kill(os.getpid(), signal.SIGTERM)  # a real signal wakes a blocked wait
+                return
+
+    watcher = threading.Thread(target=watch, name="prefect-api-watch", daemon=True)
+    watcher.start()
+    try:
+        yield
+    except Stopped as stopped:
+        if lost:
+            raise ServerLost(lost[0]) from stopped
+        raise
+    finally:
+        done.set()
+
+
+def drop_unsent_if_server_gone(found: Services) -> int:
+    """If the Prefect server at ``found.prefect_api_url`` does not answer: empty the queues of
+    Prefect's log and event workers and stop them, and return how many records were dropped
+    (else 0, and nothing changes). What they hold cannot be delivered, and at the
+    interpreter's exit Prefect waits for each queued record to fail (about 7 s per event):
+    a run that outlived its server would not end for minutes. Reads Prefect 3.8's private
+    ``_instances`` and ``_queue`` (it has no public way to abandon a queue)."""
+    if prefect_server_gone(found) is None:
+        return 0
+    import queue
+
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    no_prefect_retries()
+    dropped = 0
+    workers: tuple[Any, ...] = (APILogWorker, EventsWorker)
+    for service in workers:
+        for instance in list(service._instances.values()):
+            while True:
+                try:
+                    instance._queue.get_nowait()
+                except queue.Empty:
+                    break
+                instance._queue.task_done()
+                dropped += 1
+            instance._stop()
+    return dropped
+
+
+def interrupted_exit_code(interrupt: KeyboardInterrupt) -> int:
+    """The exit code of a process that ``interrupt`` stopped: 128 + the signal's number, as a
+    shell reports a process a signal ended (130 for Ctrl-C/SIGINT, 143 for SIGTERM)."""
+    if isinstance(interrupt, ServerLost):
+        return 3  # a service robo-pipe needs failed (docs/exit-codes.md)
+    return 128 + (interrupt.signum if isinstance(interrupt, Stopped) else signal.SIGINT)
+
+
+@contextmanager
+def interrupts_deferred() -> Iterator[None]:
+    """SIGINT and SIGTERM received inside the block take effect when it ends (main thread
+    only: elsewhere Python delivers no signals anyway)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+    previous = {
+        signum: signal.signal(signum, lambda got, _: received.append(got))
+        for signum in (signal.SIGINT, signal.SIGTERM)
+        if signal.getsignal(signum) is not signal.SIG_IGN  # an ignored signal stays ignored
+    }
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        if received:
+            signal.raise_signal(received[0])

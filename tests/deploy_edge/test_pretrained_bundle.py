@@ -33,7 +33,7 @@ from deploy_edge.keys import load_private_key
 from deploy_edge.latency import LatencyReport, load_target, run_gate
 from deploy_edge.policy_client import ChunkFrame, ObservationFrame, encode_image
 from deploy_edge.release import BUNDLE_DIR, write_release
-from pipelines.cli.display import show_latency
+from pipelines.cli.result_tables import show_latency
 from robo_pipe.integrity import IntegrityError
 from robots.spec import get_robot
 from sim_scenes.sim_robot import SimulatedRobot

@@ -13,6 +13,32 @@ each --help): 0 done and every gate passed; 1 a verdict said no; 2 bad input (a
 3 a failure of robo-pipe (the traceback is printed) or of a service it needs (a
 :class:`~robo_pipe.errors.ServiceFailure`: its message names the service); 130 / 143
 interrupted by SIGINT / SIGTERM.
+
+This module builds the app from the verb modules, each adding its verbs (``register``) in
+the order --help lists them:
+
+- ``demonstration_verbs``: expert, collect (the scripted expert's demonstrations)
+- ``training_verbs``: pretrain, finetune
+- ``evaluation_verbs``: evaluate (a policy in simulation, gated against a baseline)
+- ``export_verbs``: export (a checkpoint to ONNX), gate (an export's latency)
+- ``pipeline_verbs``: run (the whole flow), serve (its schedules), ui, info
+- ``registry_verbs``: models list, show, promote, rollback, check
+- ``release_verbs``: keys generate, token; bundle (a signed release)
+- ``deploy_verbs``: edge-agent (a device's end), deploy (to a device; --fleet to a fleet)
+- ``fleet_verbs``: deploy --fleet's rollout, fleet status, fleet rollback
+- ``device_verbs``: devices status, history, activate, rollback, unstage, uploads
+- ``verify_verbs``: verify (files against their checksums)
+- ``assets_verbs``: assets build (the robot's USD for Isaac Lab)
+- ``catalog``: config, robots, scenes (what there is to choose from)
+
+and what they share:
+
+- ``common``: the consoles, loading a config, the services, a user error's report
+- ``options``: the shared options, the --help epilog (examples, exit codes), ``add_verb``
+- ``display``: the stages' live progress (rows in a terminal, lines in a log)
+- ``result_tables``: the tables of a stage's record (checkpoint, evaluation, latency, trials,
+  the pipeline's result)
+- ``__main__``: ``python -m pipelines.cli``
 """
 
 from __future__ import annotations
@@ -27,16 +53,21 @@ import typer
 from pipelines.cli import (
     assets_verbs,
     catalog,
+    demonstration_verbs,
     deploy_verbs,
     device_verbs,
+    evaluation_verbs,
+    export_verbs,
+    fleet_verbs,
     pipeline_verbs,
     registry_verbs,
-    stage_verbs,
+    release_verbs,
+    training_verbs,
     verify_verbs,
 )
-from pipelines.cli.common import console
+from pipelines.cli.common import report_user_error
 from pipelines.cli.options import epilog
-from robo_pipe.errors import InputError, RoboPipeError, ServiceFailure
+from robo_pipe.errors import InputError, RoboPipeError
 
 app = typer.Typer(
     name="robo-pipe",
@@ -56,11 +87,16 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},  # inherited by every verb
     epilog=epilog(("robo-pipe run", "robo-pipe models list", "robo-pipe expert --episodes 10")),
 )
-for verbs in (
-    stage_verbs,
+for verbs in (  # in this order: --help lists the verbs, then the groups, as registered
+    demonstration_verbs,
+    training_verbs,
+    evaluation_verbs,
+    export_verbs,
     pipeline_verbs,
     registry_verbs,
+    release_verbs,
     deploy_verbs,
+    fleet_verbs,
     device_verbs,
     verify_verbs,
     assets_verbs,
@@ -98,14 +134,6 @@ def renamed_demo() -> None:
         "robo-pipe demo is now robo-pipe expert (the scripted expert); the whole pipeline is "
         "robo-pipe run (what make demo runs)"
     )
-
-
-def report_user_error(err: RoboPipeError) -> int:
-    """Print a user error, one line per problem, and return its exit code: 2, or 3 for a
-    :class:`~robo_pipe.errors.ServiceFailure` (nothing in the input is wrong)."""
-    for line in str(err).splitlines():
-        console.print(f"[red]error:[/red] {line}", highlight=False, markup=True)
-    return 3 if isinstance(err, ServiceFailure) else 2
 
 
 def main() -> None:

@@ -1,4 +1,5 @@
-"""What every verb shares: the console, the common options, loading a config, the services."""
+"""What every verb shares: the console, loading a config, the services, a user error's
+report."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 
 from pipelines.config import PipelineConfig, load_config
+from robo_pipe.errors import RoboPipeError, ServiceFailure
 
 if TYPE_CHECKING:
     from pipelines.services.settings import Services
@@ -86,3 +88,11 @@ def quiet_prefect_console() -> None:
     """Keep Prefect's own log (and a failed flow's traceback) off the terminal: our verbs say
     what happened; the log stays in the Prefect UI. Set before Prefect configures logging."""
     os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "CRITICAL")
+
+
+def report_user_error(err: RoboPipeError) -> int:
+    """Print a user error, one line per problem, and return its exit code: 2, or 3 for a
+    :class:`~robo_pipe.errors.ServiceFailure` (nothing in the input is wrong)."""
+    for line in str(err).splitlines():
+        console.print(f"[red]error:[/red] {line}", highlight=False, markup=True)
+    return 3 if isinstance(err, ServiceFailure) else 2

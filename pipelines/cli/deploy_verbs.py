@@ -1,13 +1,9 @@
-"""The deploy verbs: ``keys`` (signing keys, device tokens), ``bundle`` (a signed release of a
-registry version), ``edge-agent`` (run the agent on a device), ``deploy`` (a version to a
-device, or rolled out to a fleet), ``fleet status`` (what each device of a fleet runs)."""
+"""The verbs at the two ends of a deployment: ``edge-agent`` (run the agent on a device) and
+``deploy`` (a registry version to a device; with ``--fleet``, rolled out to a fleet by
+:func:`~pipelines.cli.fleet_verbs.deploy_fleet`)."""
 
 from __future__ import annotations
 
-import hashlib
-import secrets
-import signal
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -16,112 +12,17 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from deploy_edge.agent.config import Scope
-from pipelines.cli.common import (
-    console,
-    emit_json,
-    quiet_prefect_console,
-    result_console,
-    services,
-)
-from pipelines.cli.display import live, show_trials
-from pipelines.cli.options import JsonOpt, ModelVersionArg, add_verb, epilog
+from pipelines.cli.common import console, emit_json, result_console, services
+from pipelines.cli.display import live
+from pipelines.cli.fleet_verbs import RolloutKnobs, deploy_fleet
+from pipelines.cli.options import JsonOpt, KeyOpt, ModelVersionArg, add_verb
+from pipelines.cli.result_tables import show_trials
 from pipelines.deploy import release
 from pipelines.registry.versions import get_version, parse_model_uri
 from robo_pipe.errors import InputError
 
 if TYPE_CHECKING:
     from deploy_edge.wire import Deployment
-    from pipelines.records import FleetResult
-
-keys = typer.Typer(
-    help="Signing keys for releases, and bearer tokens for edge agents.",
-    no_args_is_help=True,
-    epilog=epilog(("robo-pipe keys generate", "robo-pipe keys token")),
-)
-
-KeyOpt = Annotated[
-    Path | None,
-    typer.Option(help="Ed25519 signing key (default $ROBO_PIPE_HOME/keys/robo-pipe.key)."),
-]
-
-
-def generate(
-    out: Annotated[
-        Path | None, typer.Option(help="Folder for the key pair (default $ROBO_PIPE_HOME/keys).")
-    ] = None,
-    name: Annotated[str, typer.Option(help="File name stem: NAME.key and NAME.pub.")] = "robo-pipe",
-) -> None:
-    """Make an Ed25519 key pair: NAME.key signs releases (keep it secret), NAME.pub goes into
-    each device's trusted_keys. Refuses to overwrite an existing key."""
-    from deploy_edge.keys import generate_keypair, key_id, load_public_key
-
-    folder = out or release.default_key().parent
-    private, public = generate_keypair(folder, name)
-    shown = result_console(json_out=False)
-    shown.print(f"signing key  {private} (mode 0600)", highlight=False)
-    shown.print(
-        f"public key   {public} (key id {key_id(load_public_key(public))}): add it to each "
-        "device's trusted_keys",
-        highlight=False,
-    )
-
-
-def token(
-    scope: Annotated[
-        Scope,
-        typer.Option(
-            help="What the token may do: read (status, history), deploy (also upload, deploy, "
-            "activate, roll back), operate (also /episode, the policy server, --force)."
-        ),
-    ] = "deploy",
-) -> None:
-    """Make a bearer token for an edge agent: the token (printed on stdout) goes into the
-    deploying machine's environment (the devices file names the variable); the YAML line with
-    its sha256 goes under the device config's tokens. Scopes are ordered read < deploy <
-    operate: each allows what the ones before it allow."""
-    value = secrets.token_urlsafe(32)
-    digest = hashlib.sha256(value.encode()).hexdigest()
-    print(value)
-    console.print(
-        "paste under 'tokens:' in the device config (or add the hash to that scope's list):\n"
-        f"  {scope}: [{digest}]",
-        highlight=False,
-        markup=False,
-    )
-
-
-def bundle(
-    model: ModelVersionArg,
-    key: KeyOpt = None,
-    out: Annotated[Path | None, typer.Option(help="Release file (default under the home).")] = None,
-    expires_in: Annotated[
-        float, typer.Option(min=0.01, help="Days until the release expires on devices.")
-    ] = 30.0,
-    target: Annotated[
-        list[str] | None,
-        typer.Option(help="Target profile it may run on (repeatable; default any)."),
-    ] = None,
-    budget_ms: Annotated[
-        float | None, typer.Option(help="p99 budget the device gates on (default its profile's).")
-    ] = None,
-    json_out: JsonOpt = False,
-) -> None:
-    """Write a signed release of a registry version: its export bundle and a manifest (model,
-    version, run, every file's sha256, the I/O spec, targets, budget, expiry, release number)
-    signed with an Ed25519 key. An agent accepts it only from a key it trusts."""
-    services()
-    version = get_version(*parse_model_uri(model))
-    manifest, path = release.bundle_release(
-        version, key or release.default_key(), out, expires_in, target or [], budget_ms
-    )
-    result_console(json_out).print(
-        f"release {path} ({path.stat().st_size / 1e6:.1f} MB): {manifest.model_name} "
-        f"v{manifest.model_version}, release {manifest.release}, {len(manifest.files)} files, "
-        f"signed by {manifest.key_id}, expires {manifest.expires_at or 'never'}",
-        highlight=False,
-    )
-    emit_json({"path": str(path), **manifest.to_json()}, json_out)
 
 
 def edge_agent(
@@ -260,8 +161,8 @@ def deploy(
     if (device is None) == (fleet is None):
         raise InputError("deploy: give either --device NAME or --fleet FLEET.yaml (one of them)")
     if fleet is not None:
-        knobs = _RolloutKnobs(canary, max_failures, max_parallel, pause, retry_failed, resume)
-        _deploy_fleet(model, fleet, knobs, select or [], dry_run, key, force, json_out)
+        knobs = RolloutKnobs(canary, max_failures, max_parallel, pause, retry_failed, resume)
+        deploy_fleet(model, fleet, knobs, select or [], dry_run, key, force, json_out)
         return
 
     given = [name for name, value in fleet_only.items() if value is not None]
@@ -325,296 +226,8 @@ def show_variants(done: Deployment, out: Console) -> None:
     show_trials(title, done.trials, done.choice, out, p99="on-device p99")
 
 
-_STATE_STYLE = {"active": "green", "reverted": "yellow", "staged": "yellow", "planned": "cyan"}
-
-
-@dataclass
-class _RolloutKnobs:
-    """How ``deploy --fleet`` rolls out, as given on the command line (None: the fleet
-    file's policy)."""
-
-    canary: int | None
-    max_failures: int | None
-    max_parallel: int | None
-    pause_s: float | None
-    retry_failed: str | None
-    """A rollout id: only its devices not left on the version."""
-    resume: str | None
-    """A rollout id: its devices not on the version yet."""
-
-
-def _deploy_fleet(
-    model: str,
-    fleet: Path,
-    knobs: _RolloutKnobs,
-    select: list[str],
-    dry_run: bool,
-    key: Path | None,
-    force: bool,
-    json_out: bool,
-) -> None:
-    """``deploy --fleet``: the plan (``--dry-run``) or the rollout, and its table."""
-    quiet_prefect_console()
-    from deploy_edge.fleet import check_tokens, load_selection
-    from pipelines.deploy import followups, rollouts
-
-    # Bad input fails here, in a second: nothing below (Prefect, MLflow, the flow's module)
-    # is loaded or started before the fleet file, the tokens and the registry check out.
-    if knobs.retry_failed is not None and knobs.resume is not None:
-        raise InputError("deploy: give --retry-failed or --resume, not both")
-    earlier, only = None, None
-    if knobs.retry_failed is not None:
-        earlier = rollouts.load(knobs.retry_failed)
-        followups.check_same_rollout(earlier, fleet, None)
-        only = followups.retry_devices(earlier)
-    elif knobs.resume is not None:
-        earlier = rollouts.load(knobs.resume)
-        followups.check_same_rollout(earlier, fleet, None)
-        only = followups.resume_devices(earlier)
-        select = select or earlier.selectors
-    _, chosen = load_selection(fleet, select)
-    if only is not None:
-        chosen = [d for d in chosen if d.name in only]
-    check_tokens(chosen)
-    services(flows=True)
-    version = get_version(*parse_model_uri(model))
-    if earlier is not None:
-        followups.check_same_rollout(earlier, fleet, f"{version.name}:{version.version}")
-        if not chosen:
-            console.print(
-                f"[green]nothing to do[/]: every selected device of rollout {earlier.id} runs "
-                f"{earlier.label}",
-                highlight=False,
-            )
-            return
-    from pipelines.deploy import fleet as rollout
-    from pipelines.progress import listening
-
-    repaired(followups.reconcile_rollouts())
-    if dry_run:
-        result = rollout.plan(version, fleet, knobs.canary, select)
-    else:
-        from pipelines.services.local_servers import start_temporary_prefect_server
-
-        start_temporary_prefect_server()  # out of Ctrl-C's reach: the rollout records its end
-        with live(json_out) as display, listening(display), rollout.stop_on_signals():
-            result = rollout.roll_out(
-                version=version,
-                fleet=str(fleet),
-                canary=knobs.canary,
-                max_failures=knobs.max_failures,
-                select=select,
-                force=force,
-                key=str(key) if key else None,
-                max_parallel=knobs.max_parallel,
-                pause_s=knobs.pause_s,
-                only=only,
-            )
-    show_rollout(result, result_console(json_out))
-    emit_json({**result.to_json(), "complete": result.complete}, json_out)
-    if result.dry_run:
-        return
-    if result.cancelled_by:  # one line, then 130 / 143 as for any verb a signal stopped
-        console.print(
-            f"[red]rollout {result.rollout_id} cancelled[/] by {escape(result.reason)}; "
-            f"{escape(result.rolled_back)}",
-            highlight=False,
-        )
-        raise typer.Exit(code=128 + signal.Signals[result.cancelled_by])
-    if result.stopped_at_wave is not None:
-        console.print(
-            f"[red]rollout stopped[/] at {escape(result.reason)}; {escape(result.rolled_back)}",
-            highlight=False,
-        )
-        raise typer.Exit(code=1)
-    if not result.complete:
-        console.print(f"[red]not every device runs {result.label}", highlight=False)
-        raise typer.Exit(code=1)
-    console.print(f"[green]every device runs {result.label}[/] ({result.seconds:.1f} s)")
-
-
-def repaired(lines: list[str]) -> None:
-    """Say what the reconciliation of killed rollouts did (nothing when none was found)."""
-    for line in lines:
-        console.print(f"[yellow]repaired[/] {escape(line)}", highlight=False)
-
-
-def show_rollout(result: FleetResult, out: Console) -> None:
-    """One row per device: wave, before, after, state, reason, on-device p99."""
-    title = f"{'plan: ' if result.dry_run else ''}{result.label} to {result.fleet}"
-    table = Table(title=title)
-    for col in ("device", "wave", "before", "after", "state", "reason", "on-device p99"):
-        table.add_column(col)
-    for row in result.devices:
-        style = _STATE_STYLE.get(row.state, "red")
-        wave = f"{row.wave} (canary)" if row.wave == 0 and result.canary else str(row.wave)
-        table.add_row(
-            row.device,
-            wave,
-            row.before or "-",
-            row.after or "-",
-            f"[{style}]{row.state}",
-            escape(row.reason),
-            f"{row.p99_ms:.2f} ms" if row.p99_ms is not None else "-",
-        )
-    out.print(table)
-
-
-fleet_app = typer.Typer(
-    help="Fleets of edge devices: what each one runs; a rollout undone.",
-    no_args_is_help=True,
-    epilog=epilog(
-        (
-            "robo-pipe fleet status --fleet fleet.yaml",
-            "robo-pipe fleet rollback fleet.yaml --rollout ID",
-        )
-    ),
-)
-
-
-def fleet_status(
-    fleet: Annotated[
-        Path,
-        typer.Option(help="Fleet file (devices, labels, rollout policy).", show_default=False),
-    ],
-    select: Annotated[
-        list[str] | None,
-        typer.Option(help="Only devices with this label, label=value (repeatable: all)."),
-    ] = None,
-    expect: Annotated[
-        str | None,
-        typer.Option(
-            metavar="MODEL:VERSION",
-            help="The version every selected device should run (default: that of the fleet "
-            "file's last completed rollout in this home; none: only whether they answer).",
-        ),
-    ] = None,
-    json_out: JsonOpt = False,
-) -> None:
-    """Each device's active and staged version, its last deployment and gate result, the
-    robot-busy lock, and whether it answers (an unreachable device says why). Exits 0 when
-    every selected device answers and runs the expected version, 1 when one does not (it is
-    named), 2 for bad input. A rollout killed earlier (its process gone) is reconciled first:
-    the devices it updated are rolled back and the lines say so."""
-    from pipelines.deploy import followups, rollouts
-
-    if expect is not None and not expect.partition(":")[2]:
-        raise InputError(
-            f"fleet status: --expect takes MODEL:VERSION, e.g. demo-policy:3 (got {expect!r})"
-        )
-    from pipelines.deploy import fleet as rollout
-
-    if rollouts.dead():  # the registry's tags are repaired too: configure MLflow first
-        services()
-        repaired(followups.reconcile_rollouts())
-    states = rollout.fleet_status(fleet, select or [])
-    completed = rollouts.latest(fleet, state="completed")
-    expected = expect or (completed.label if completed else None)
-    table = Table(title=f"fleet {fleet}")
-    for col in ("device", "reachable", "active", "staged", "last deployment", "last gate", "lock"):
-        table.add_column(col)
-    for s in states:
-        last = f"{s.last_version} {s.last_state}" if s.last_state else "-"
-        table.add_row(
-            s.device,
-            "[green]yes" if s.reachable else f"[red]no[/]: {escape(s.error)}",
-            s.active or "-",
-            s.staged or "-",
-            last,
-            escape(s.gate or "-"),
-            "locked" if s.locked else "-",
-        )
-    result_console(json_out).print(table)
-    emit_json([s.to_json() for s in states], json_out)
-    down = [s.device for s in states if not s.reachable]
-    elsewhere = [
-        f"{s.device} ({s.active or 'nothing'})"
-        for s in states
-        if s.reachable and expected and s.active != expected
-    ]
-    if down or elsewhere:
-        said = [f"unreachable: {', '.join(down)}"] if down else []
-        said += [f"not on {expected}: {', '.join(elsewhere)}"] if elsewhere else []
-        console.print(f"[red]{escape('; '.join(said))}", highlight=False)
-        raise typer.Exit(code=1)
-    runs = (
-        f" and runs {expected}"
-        if expected
-        else " (no version expected: none given, no completed rollout)"
-    )
-    console.print(f"[green]every selected device answers{runs}", highlight=False)
-
-
-def fleet_rollback(
-    fleet: Annotated[Path, typer.Argument(help="Fleet file the rollout went to.")],
-    rollout_id: Annotated[
-        str,
-        typer.Option(
-            "--rollout", metavar="ID", help="The rollout to undo (its id).", show_default=False
-        ),
-    ],
-    select: Annotated[
-        list[str] | None,
-        typer.Option(help="Only devices with this label, label=value (repeatable: all)."),
-    ] = None,
-    json_out: JsonOpt = False,
-) -> None:
-    """Return a fleet to what it ran before a rollout: each device that rollout put on its
-    version rolls back to the version it ran before (the agent's rollback, recorded in its
-    history with the rollout's id; the version's device tags say reverted). A device whose
-    previous version is not that one is refused with the redeploy to run. Exits 0 when every
-    such device runs what it ran before, 1 when some do not, 2 for bad input."""
-    from deploy_edge.fleet import check_tokens, load_selection
-    from pipelines.deploy import followups, rollouts
-
-    record = rollouts.load(rollout_id)
-    followups.check_same_rollout(record, fleet, None)
-    _, chosen = load_selection(fleet, select or [])
-    check_tokens(chosen)
-    services()
-    rows = followups.rollback_fleet(record, select or [])
-    table = Table(title=f"fleet rollback of {record.label} ({record.id}) on {fleet}")
-    for col in ("device", "was", "now", "state", "reason"):
-        table.add_column(col)
-    for row in rows:
-        style = "yellow" if row.state == "reverted" else "red"
-        table.add_row(
-            row.device,
-            row.before or "-",
-            row.after or "-",
-            f"[{style}]{row.state}",
-            escape(row.reason),
-        )
-    result_console(json_out).print(table)
-    emit_json({"rollout": record.id, "devices": [r.to_json() for r in rows]}, json_out)
-    if not rows:
-        console.print(
-            f"nothing to roll back: no device runs {record.label} from rollout {record.id}",
-            highlight=False,
-        )
-        return
-    left = [r.device for r in rows if r.state != "reverted"]
-    if left:
-        console.print(
-            f"[red]not rolled back[/]: {', '.join(left)} (see the reasons)", highlight=False
-        )
-        raise typer.Exit(code=1)
-    console.print(
-        f"[green]every device {record.id} updated runs what it ran before[/]", highlight=False
-    )
-
-
 def register(app: typer.Typer) -> None:
     """Add these verbs to ``app``."""
-    add_verb(keys, generate, "robo-pipe keys generate", "robo-pipe keys generate --out keys/")
-    add_verb(keys, token, "robo-pipe keys token")
-    app.add_typer(keys, name="keys")
-    add_verb(
-        app,
-        bundle,
-        "robo-pipe bundle models:/demo-policy@champion",
-        "robo-pipe bundle models:/demo-policy/3 --target jetson-orin-nano --expires-in 7",
-    )
     add_verb(app, edge_agent, "robo-pipe edge-agent --device-config device.yaml")
     add_verb(
         app,
@@ -623,18 +236,3 @@ def register(app: typer.Typer) -> None:
         "robo-pipe deploy demo-policy/3 --device arm-1 --devices lab-devices.yaml",
         "robo-pipe deploy models:/demo-policy@champion --fleet fleet.yaml --canary 1 --dry-run",
     )
-    add_verb(
-        fleet_app,
-        fleet_status,
-        "robo-pipe fleet status --fleet fleet.yaml",
-        "robo-pipe fleet status --fleet fleet.yaml --select site=lab --json",
-        name="status",
-    )
-    add_verb(
-        fleet_app,
-        fleet_rollback,
-        "robo-pipe fleet rollback fleet.yaml --rollout 20261126T101601-3fa2c1",
-        "robo-pipe fleet rollback fleet.yaml --rollout 20261126T101601-3fa2c1 --select site=lab",
-        name="rollback",
-    )
-    app.add_typer(fleet_app, name="fleet")

@@ -52,6 +52,10 @@ ModelVersionArg = Annotated[
         show_default=False,
     ),
 ]
+KeyOpt = Annotated[
+    Path | None,
+    typer.Option(help="Ed25519 signing key (default $ROBO_PIPE_HOME/keys/robo-pipe.key)."),
+]
 
 EXIT_CODES = """**Exit codes**
 

@@ -17,8 +17,9 @@ from pipelines.cli.common import (
     result_console,
     services,
 )
-from pipelines.cli.display import live, show_pipeline_result
+from pipelines.cli.display import live
 from pipelines.cli.options import DEMO_CONFIG, ConfigOpt, JsonOpt, RayAddressOpt, SetOpt, add_verb
+from pipelines.cli.result_tables import show_pipeline_result
 from robo_pipe.errors import InputError, RoboPipeError
 
 

@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from pipelines.cli.common import emit_json, result_console
+from pipelines.cli.common import emit_json, report_user_error, result_console
 from pipelines.cli.options import JsonOpt, add_verb
 from robo_pipe.errors import InputError, RoboPipeError
 from robo_pipe.integrity import FileSum
@@ -55,8 +55,6 @@ def verify(
     if one is missing or not a thing it verifies. A release's signature is not checked here
     (the device checks it against its trusted keys).
     """
-    from pipelines.cli import report_user_error  # the package that registers this verb
-
     records, codes, out = [], {0}, result_console(json_out)
     for path in paths:
         start = time.perf_counter()

@@ -35,7 +35,7 @@ from deploy_edge.latency_report import LatencyReport
 from deploy_edge.release import BUNDLE_DIR, write_release
 from deploy_edge.targets import load_target
 from deploy_edge.wire import ChunkFrame, ObservationFrame, encode_image
-from pipelines.cli.display import show_latency
+from pipelines.cli.result_tables import show_latency
 from robo_pipe.integrity import IntegrityError
 from robots.spec import get_robot
 from sim_scenes.sim_robot import SimulatedRobot

@@ -47,7 +47,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from configs import targets_dir
-from deploy_edge.bundle import PRECISIONS, IOSpec, read_io_spec
+from deploy_edge.bundle.io_spec import PRECISIONS, IOSpec, read_io_spec
 from deploy_edge.exported import ExportedPolicy
 from deploy_edge.runtime import AsyncControlLoop, Blend, ControlLoop, Tick, measure_inference
 from deploy_edge.wire import Trial

@@ -82,7 +82,7 @@ class Trial(Record):
     """``fp32`` (the FP32 model), ``fp16`` (the FP32 model built in FP16 by TensorRT), or the
     name of a bundle variant (``int8``)."""
     precision: str
-    """Its numeric precision (one of :data:`deploy_edge.bundle.PRECISIONS`)."""
+    """Its numeric precision (one of :data:`deploy_edge.bundle.io_spec.PRECISIONS`)."""
     relative_error: float | None
     """Its error against the FP32 model relative to each action dimension's std: as the
     export scored it (0 for FP32), or for an option the export did not score (TensorRT's FP16

@@ -78,7 +78,7 @@ from deploy_edge.agent.journal import (
     write_atomic,
 )
 from deploy_edge.agent.trials import Refused
-from deploy_edge.bundle import read_io_spec
+from deploy_edge.bundle.io_spec import read_io_spec
 from deploy_edge.exported import ExportedPolicy
 from deploy_edge.keys import load_public_key
 from deploy_edge.latency import (
@@ -88,15 +88,10 @@ from deploy_edge.latency import (
     pinned_option,
     target_loop,
 )
-from deploy_edge.release import (
-    Manifest,
-    ReleaseError,
-    check_policy,
-    extract_release,
-    file_sha256,
-    has_expired,
-    verify_release,
-)
+from deploy_edge.release.header import ReleaseError
+from deploy_edge.release.manifest import Manifest, check_policy, has_expired
+from deploy_edge.release.payload import extract_release
+from deploy_edge.release.signature import verify_release
 from deploy_edge.runtime import Tick
 from deploy_edge.wire import (
     Deployment,
@@ -107,6 +102,7 @@ from deploy_edge.wire import (
     StepResult,
 )
 from robo_pipe.errors import InputError, RoboPipeError
+from robo_pipe.integrity import file_sha256
 from robo_pipe.records import RecordError
 from robots.interface import Robot, RobotObservation
 

@@ -71,6 +71,24 @@ class TensorSpec(Record):
         return tuple(batch if dim == BATCH else int(dim) for dim in self.shape)
 
 
+class _GraphIO:
+    """The names of a graph's inputs and outputs, for the records that list its tensors
+    (:class:`IOSpec`, :class:`InstructionGraph`)."""
+
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+
+    @property
+    def input_names(self) -> list[str]:
+        """Input names in graph order."""
+        return [t.name for t in self.inputs]
+
+    @property
+    def output_names(self) -> list[str]:
+        """Output names in graph order."""
+        return [t.name for t in self.outputs]
+
+
 @dataclass(frozen=True, kw_only=True)
 class Variant(Record):
     """A precision variant of the exported graph, carried in the bundle beside the FP32 model.
@@ -132,7 +150,7 @@ class WeightsProvenance(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
-class InstructionGraph(Record):
+class InstructionGraph(_GraphIO, Record):
     """The instruction's own graph, for a policy that encodes its instruction once per episode
     (``policy.type: pretrained``: a frozen sentence encoder too large to run every tick). The
     runtime tokenizes the instruction, runs this graph once per new instruction and feeds its
@@ -153,19 +171,9 @@ class InstructionGraph(Record):
     parity_max_abs_error: float = 0.0
     """Largest |ONNX Runtime - torch| of the features over the parity inputs."""
 
-    @property
-    def input_names(self) -> list[str]:
-        """Input names in graph order."""
-        return [t.name for t in self.inputs]
-
-    @property
-    def output_names(self) -> list[str]:
-        """Output names in graph order."""
-        return [t.name for t in self.outputs]
-
 
 @dataclass(frozen=True, kw_only=True)
-class IOSpec(Record):
+class IOSpec(_GraphIO, Record):
     """``io_spec.json``: what a consumer needs to feed the model and read its outputs, without
     the training code; plus where the model came from and how closely it matches torch."""
 
@@ -233,16 +241,6 @@ class IOSpec(Record):
     def variant(self, name: str) -> Variant | None:
         """The variant called ``name``; None if the bundle has none of that name."""
         return next((v for v in self.variants if v.name == name), None)
-
-    @property
-    def input_names(self) -> list[str]:
-        """Input names in graph order."""
-        return [t.name for t in self.inputs]
-
-    @property
-    def output_names(self) -> list[str]:
-        """Output names in graph order."""
-        return [t.name for t in self.outputs]
 
     @property
     def graph_files(self) -> tuple[str, ...]:

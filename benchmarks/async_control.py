@@ -272,7 +272,8 @@ def policy_server(export_dir: Path, root: Path, ticks: int, clients: int) -> dic
     from benchmarks.deploy import TOKEN, start_agent, wait_healthy
     from deploy_edge.keys import generate_keypair, load_private_key
     from deploy_edge.policy_client.remote_policy import RemotePolicy
-    from deploy_edge.release import file_sha256, write_release
+    from deploy_edge.release.signature import write_release
+    from robo_pipe.integrity import file_sha256
 
     private, public = generate_keypair(root / "server-keys", "bench")
     release = root / "server.release"

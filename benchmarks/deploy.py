@@ -3,7 +3,7 @@
 with the agent's memory idle and after the deployment; then the agent's disk use after 100
 refused uploads (over its cap, or bytes that do not hash to their sha256); and the cost of
 the extract step's checks: the same release padded to 256 MiB (``--quick``: 32 MiB; a file
-in its tokenizer folder) extracted by :func:`~deploy_edge.release.extract_release` (member
+in its tokenizer folder) extracted by :func:`~deploy_edge.release.payload.extract_release` (member
 sizes against the signed manifest, copies bounded by them, the cap, hashes, paths, external
 data) and, in the same run, by the standard library's safe extraction plus a sha256 of every
 file (the least any installer does): ``extract_checks_ratio`` is the first over the second.
@@ -52,13 +52,15 @@ from typing import Any
 import yaml
 
 from configs import targets_dir
-from deploy_edge.bundle import read_io_spec
+from deploy_edge.bundle.io_spec import read_io_spec
 from deploy_edge.client import AgentClient
 from deploy_edge.device import DeviceEntry
 from deploy_edge.keys import generate_keypair, load_private_key, load_public_key
-from deploy_edge.release import extract_release, file_sha256, verify_release, write_release
+from deploy_edge.release.payload import extract_release
+from deploy_edge.release.signature import verify_release, write_release
 from pipelines.config import CONFIG_DIR, PipelineConfig, load_config
 from pipelines.services.local_servers import free_port
+from robo_pipe.integrity import file_sha256
 from stages.export import export
 from stages.policy.checkpoint import save_new_policy
 

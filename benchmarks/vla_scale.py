@@ -42,7 +42,9 @@ from pathlib import Path
 
 import numpy as np
 
-from deploy_edge.bundle import REFERENCE_FILE, IOSpec, model_files, read_io_spec
+from deploy_edge.bundle.files import model_files
+from deploy_edge.bundle.io_spec import IOSpec, read_io_spec
+from deploy_edge.bundle.layout import REFERENCE_FILE
 from deploy_edge.engines import OnnxRuntimeEngine
 from pipelines.config import CONFIG_DIR, PipelineConfig, load_config
 
@@ -250,7 +252,8 @@ def deploy_at_size(export_dir: Path, root: Path, label: str) -> dict[str, str]:
     sys.path.insert(0, str(ROOT))  # run as a script: the repository root is not on the path
     from benchmarks.deploy import start_agent, wait_healthy
     from deploy_edge.keys import generate_keypair, load_private_key
-    from deploy_edge.release import file_sha256, write_release
+    from deploy_edge.release.signature import write_release
+    from robo_pipe.integrity import file_sha256
 
     private, public = generate_keypair(root / f"{label}-keys", "bench")
     release = root / f"{label}.release"

@@ -4,7 +4,7 @@ Reads an export bundle (:mod:`deploy_edge.bundle`, written by ``stages/export``)
 the ONNX file, the tokenizer files, each verified against the bundle's checksums when it is
 opened. Tokenizes instructions with the ``tokenizers`` library, feeds the engine, returns the
 action chunk in robot units. A bundle with an instruction graph
-(:class:`~deploy_edge.bundle.InstructionGraph`: ``policy.type: pretrained``) has its
+(:class:`~deploy_edge.bundle.io_spec.InstructionGraph`: ``policy.type: pretrained``) has its
 instruction encoded by that graph once per new instruction (on ONNX Runtime, whatever the
 engine: it runs once per episode), the features cached by the instruction's text and fed to
 the policy graph every tick; other bundles feed the tokens. Imports nothing from ``stages``:
@@ -19,17 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from deploy_edge.bundle import (
-    IO_SPEC_FILE,
-    REFERENCE_FILE,
-    TOKENIZER_FILE,
-    IOSpec,
-    IOSpecError,
-    bundle_files,
-    model_files,
-    read_io_spec,
-    verify_bundle,
-)
+from deploy_edge.bundle.files import bundle_files, model_files, verify_bundle
+from deploy_edge.bundle.io_spec import IOSpec, IOSpecError, read_io_spec
+from deploy_edge.bundle.layout import IO_SPEC_FILE, REFERENCE_FILE, TOKENIZER_FILE
 from deploy_edge.engines import InferenceEngine, make_engine
 
 __all__ = ["ExportedPolicy", "IOSpecError", "read_io_spec"]
@@ -41,7 +33,7 @@ INSTRUCTION_CACHE = 256
 class ExportedPolicy:
     """Observations -> action chunk through an engine (see module docstring).
 
-    Opening one verifies the bundle (:func:`deploy_edge.bundle.verify_bundle`; an
+    Opening one verifies the bundle (:func:`deploy_edge.bundle.files.verify_bundle`; an
     :class:`~robo_pipe.integrity.IntegrityError` names a file that differs and the check): the
     model, its external data and the reference outputs before the engine reads them (and, for
     TensorRT, builds a plan from them), the other files once the spec is known to agree with the

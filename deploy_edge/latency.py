@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from deploy_edge.bundle import read_io_spec
+from deploy_edge.bundle.io_spec import read_io_spec
 from deploy_edge.exported import ExportedPolicy
 from deploy_edge.latency_report import LatencyReport, write_report, write_with_histogram
 from deploy_edge.precision import (

@@ -30,7 +30,7 @@ import pkgutil
 from dataclasses import dataclass
 from typing import ClassVar
 
-from deploy_edge.bundle import IOSpec
+from deploy_edge.bundle.io_spec import IOSpec
 from deploy_edge.wire import Trial
 
 VARIANTS: dict[str, str] = {

@@ -29,7 +29,7 @@ from pydantic import (
 )
 
 from configs import targets_dir
-from deploy_edge.bundle import IOSpec
+from deploy_edge.bundle.io_spec import IOSpec
 from deploy_edge.precision import (
     CHOOSERS,
     FP32_MODEL,

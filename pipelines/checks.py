@@ -77,7 +77,7 @@ def check_checkpoint(path: Path) -> None:
 
 def check_export(path: Path) -> None:
     """``path`` is an export bundle (its I/O spec reads and is of a known format)."""
-    from deploy_edge.bundle import read_io_spec
+    from deploy_edge.bundle.io_spec import read_io_spec
 
     read_io_spec(path)
 

@@ -69,7 +69,7 @@ from stages.policy.types import policy_type
 from stages.register import blocking_gates, gate_tags
 
 if TYPE_CHECKING:
-    from deploy_edge.bundle import Variant
+    from deploy_edge.bundle.io_spec import Variant
     from deploy_edge.latency_report import LatencyReport
     from pipelines.tracking import TrackedRun
     from stages.dataset.layout import DatasetRef
@@ -332,7 +332,7 @@ def score_variant_success(
     export's spec is rewritten with them (:func:`stages.export.onnx.update_variants`). Nothing
     is played for a random-weights policy (it solves nothing) or without
     ``export.score_success``. Reports into ``<out>-<variant>``; returns the variants."""
-    from deploy_edge.bundle import read_io_spec
+    from deploy_edge.bundle.io_spec import read_io_spec
     from stages.evaluate.sequential import encode_outcomes
     from stages.export.onnx import update_variants
 
@@ -385,7 +385,7 @@ def score_variant_success(
 def _variants_to_play(cfg: PipelineConfig, export: Path) -> list[Variant]:
     """The export's variants whose success is to be played: within their error bar, when
     ``export.score_success`` is on and the policy was trained here (not random weights)."""
-    from deploy_edge.bundle import read_io_spec
+    from deploy_edge.bundle.io_spec import read_io_spec
 
     spec = read_io_spec(export)
     if not cfg.export.score_success or spec.random_weights:
@@ -405,7 +405,7 @@ def measure_latency(
     ``out``. A profile with ``precision: auto`` gates every way its engine can run the bundle
     (the FP32 model and each candidate variant) and reports the choice the device would make
     (:func:`deploy_edge.latency.run_auto_gate`): the most accurate one within the budget."""
-    from deploy_edge.bundle import read_io_spec
+    from deploy_edge.bundle.io_spec import read_io_spec
     from deploy_edge.latency import run_auto_gate, run_gate
     from deploy_edge.targets import load_target
     from robots.spec import get_robot

@@ -33,7 +33,7 @@ from stages.evaluate.report import comparison_markdown
 from stages.finetune.checkpoints import read_metrics
 
 if TYPE_CHECKING:
-    from deploy_edge.bundle import Variant
+    from deploy_edge.bundle.io_spec import Variant
     from deploy_edge.latency_report import LatencyReport
     from stages.export import ExportRef
     from stages.policy.checkpoint import CheckpointRef
@@ -143,7 +143,7 @@ def export_variants(export: ExportRef) -> tuple[Variant, ...]:
     """The export's precision variants as its bundle's spec has them now (with the success
     test's figures, which the evaluation wrote after the export); the export record's when
     the bundle is gone."""
-    from deploy_edge.bundle import IOSpecError, read_io_spec
+    from deploy_edge.bundle.io_spec import IOSpecError, read_io_spec
 
     try:
         return read_io_spec(export.path).variants

@@ -248,7 +248,7 @@ def finetune_stage(
 def export_stage(ctx: RunContext, checkpoint: CheckpointRef, dataset: DatasetRef) -> ExportRef:
     """ONNX export with parity checked on random inputs and dataset frames, and its precision
     variants (``export.variants``) calibrated and scored on the dataset."""
-    from deploy_edge.bundle import IO_SPEC_FILE
+    from deploy_edge.bundle.layout import IO_SPEC_FILE
     from stages.export import ExportRef, onnx_hash
 
     name = f"{Path(checkpoint.path).parent.name}-{checkpoint.content_hash[:12]}"

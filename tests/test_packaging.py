@@ -40,7 +40,7 @@ def test_the_wheel_ships_configs_targets_and_robot_models(tmp_path: Path) -> Non
     files = wheel_files(wheel)
     shipped = {p.relative_to(ROOT).as_posix() for p in (ROOT / "configs").rglob("*.yaml")}
     assert {"configs/demo.yaml", "configs/targets/local-cpu.yaml"} <= shipped <= files
-    assert "configs/__init__.py" in files and "deploy_edge/bundle.py" in files
+    assert "configs/__init__.py" in files and "deploy_edge/bundle/io_spec.py" in files
     assert {p.relative_to(ROOT).as_posix() for p in (ROOT / "robots").rglob("*.xml")} <= files
     assert "robots/rp5/rp5.xml" in files
     assert not any(f.startswith(("tests/", "benchmarks/")) for f in files)

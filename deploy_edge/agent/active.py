@@ -15,7 +15,7 @@ import numpy as np
 from deploy_edge.agent.config import DeviceConfig
 from deploy_edge.agent.slots import SlotStore
 from deploy_edge.agent.trials import Refused
-from deploy_edge.bundle import read_io_spec
+from deploy_edge.bundle.io_spec import read_io_spec
 from deploy_edge.exported import ExportedPolicy
 from deploy_edge.latency import open_policy, target_loop
 from deploy_edge.runtime import Tick

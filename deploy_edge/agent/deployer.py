@@ -52,11 +52,7 @@ from deploy_edge.agent.journaled_run import JournaledRun, StepFailed
 from deploy_edge.agent.recovery import undo_cut_off
 from deploy_edge.agent.slots import SlotStore
 from deploy_edge.exported import ExportedPolicy
-from deploy_edge.release import (
-    Manifest,
-    file_sha256,
-    has_expired,
-)
+from deploy_edge.release.manifest import Manifest, has_expired
 from deploy_edge.targets import load_target
 from deploy_edge.wire import (
     Deployment,
@@ -66,6 +62,7 @@ from deploy_edge.wire import (
     Slot,
 )
 from robo_pipe.errors import InputError, RoboPipeError
+from robo_pipe.integrity import file_sha256
 
 log = logging.getLogger("deploy_edge.agent")
 

@@ -18,7 +18,9 @@ from deploy_edge.agent.journaled_run import JournaledRun
 from deploy_edge.agent.slots import SlotStore, remove_path
 from deploy_edge.agent.trials import Refused
 from deploy_edge.keys import load_public_key
-from deploy_edge.release import Manifest, check_policy, extract_release, verify_release
+from deploy_edge.release.manifest import Manifest, check_policy
+from deploy_edge.release.payload import extract_release
+from deploy_edge.release.signature import verify_release
 from deploy_edge.targets import TargetProfile
 from deploy_edge.wire import Slot
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from deploy_edge.agent.journal import Journal
 from deploy_edge.agent.trials import Refused
-from deploy_edge.release import ReleaseError
+from deploy_edge.release.header import ReleaseError
 from deploy_edge.wire import Deployment, Slot, StepResult
 
 CRASH_ENV = "ROBO_PIPE_AGENT_CRASH_AT"

@@ -24,7 +24,8 @@ from typing import Any
 import numpy as np
 
 from deploy_edge.agent.config import DeviceConfig, DriverFactory
-from deploy_edge.bundle import NORMALIZATION_FILE, REFERENCE_FILE, read_io_spec
+from deploy_edge.bundle.io_spec import read_io_spec
+from deploy_edge.bundle.layout import NORMALIZATION_FILE, REFERENCE_FILE
 from deploy_edge.exported import ExportedPolicy
 from deploy_edge.latency import gate_trial, run_gate
 from deploy_edge.precision import Option, accuracy_rank, precision_variant, trial_error

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from deploy_edge.release import file_sha256
 from deploy_edge.wire import Upload
 from robo_pipe.errors import RoboPipeError
+from robo_pipe.integrity import file_sha256
 
 MIB = 1 << 20
 

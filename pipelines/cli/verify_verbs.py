@@ -108,7 +108,7 @@ def _verify(path: Path) -> tuple[str, dict[str, FileSum], list[str]]:
         detail = f"{len(base_sums)} files verified, " if base_sums else ""
         return "checkpoint", sums, [f"base {base.kind} {base.path}: {detail}hash as recorded"]
     if (root / "io_spec.json").is_file():
-        from deploy_edge.bundle import verify_bundle
+        from deploy_edge.bundle.files import verify_bundle
 
         return "export", verify_bundle(root), []
     if path.is_file():
@@ -122,7 +122,9 @@ def _verify(path: Path) -> tuple[str, dict[str, FileSum], list[str]]:
 def _verify_release(file: Path) -> dict[str, FileSum]:
     """Unpack the release ``file`` into a temporary directory, which checks every bundle file
     against its manifest's sha256 (and refuses missing, extra and unsafe members)."""
-    from deploy_edge.release import ReleaseError, extract_release, read_manifest
+    from deploy_edge.release.header import ReleaseError
+    from deploy_edge.release.manifest import read_manifest
+    from deploy_edge.release.payload import extract_release
 
     try:
         manifest = read_manifest(file)

@@ -233,7 +233,7 @@ def deploy_fleet(
     manifest, release_file = release.bundle_release(
         version, Path(key) if key else release.default_key()
     )
-    from deploy_edge.release import file_sha256
+    from robo_pipe.integrity import file_sha256
 
     sha256, new = file_sha256(release_file), f"{manifest.model_name}:{manifest.model_version}"
     answers = read_statuses(devices)

@@ -138,7 +138,7 @@ def deploy_to_local_agent(
     release keeps it (a re-run of the demo changes nothing there). A random-weights policy
     (systems measurements only) is never deployed by the pipeline: the stage says so and
     deploys nothing (``robo-pipe deploy --systems-test`` does, when asked)."""
-    from deploy_edge.release import file_sha256
+    from robo_pipe.integrity import file_sha256
 
     # The stage's own start: a display times it from here (its device steps report their own).
     listener.started("deploy", None, f"to {NAME}")

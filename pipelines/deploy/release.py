@@ -28,7 +28,7 @@ from robo_pipe.locks import output_lock
 
 if TYPE_CHECKING:
     from deploy_edge.device import DeviceEntry
-    from deploy_edge.release import Manifest
+    from deploy_edge.release.manifest import Manifest
     from deploy_edge.wire import Deployment, DeviceStatus, Origin, StepResult
 
 
@@ -116,15 +116,12 @@ def bundle_release(
     version number (a newer version is a newer release). An earlier release of the same
     version with the same key is reused while it verifies and has not expired; a new one is
     signed only over a bundle that verifies against its checksums
-    (:func:`deploy_edge.bundle.verify_bundle`)."""
-    from deploy_edge.bundle import verify_bundle
+    (:func:`deploy_edge.bundle.files.verify_bundle`)."""
+    from deploy_edge.bundle.files import verify_bundle
     from deploy_edge.keys import key_id, load_private_key
-    from deploy_edge.release import (
-        ReleaseError,
-        check_policy,
-        verify_release,
-        write_release,
-    )
+    from deploy_edge.release.header import ReleaseError
+    from deploy_edge.release.manifest import check_policy
+    from deploy_edge.release.signature import verify_release, write_release
 
     private = load_private_key(key)
     info, export_dir = fetch_export(version.name, version.version)
@@ -169,7 +166,7 @@ def deploy_release(
     ``systems_test``: the deploy says it is one, so the device lets a random-weights release
     go live (and records it); ``origin``: who asks (a fleet rollout), kept in its history."""
     from deploy_edge.device import connect
-    from deploy_edge.release import file_sha256
+    from robo_pipe.integrity import file_sha256
 
     sha256, size = file_sha256(release), release.stat().st_size
     shown: set[str] = set()

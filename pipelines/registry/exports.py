@@ -12,14 +12,9 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from deploy_edge.bundle import (
-    IO_SPEC_FILE,
-    IOSpec,
-    TensorSpec,
-    copy_bundle,
-    read_io_spec,
-    verify_bundle,
-)
+from deploy_edge.bundle.files import copy_bundle, verify_bundle
+from deploy_edge.bundle.io_spec import IOSpec, TensorSpec, read_io_spec
+from deploy_edge.bundle.layout import IO_SPEC_FILE
 from pipelines.home import home_dir
 from pipelines.registry.tags import spec_tags
 from pipelines.registry.versions import (

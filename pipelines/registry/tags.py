@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from pipelines.tracking import TAG as TAG  # the prefix of every key below (MLflow runs' too)
 
 if TYPE_CHECKING:
-    from deploy_edge.bundle import IOSpec
+    from deploy_edge.bundle.io_spec import IOSpec
 
 TAG_VALUE_LIMIT = 5000
 """Characters MLflow keeps in a model version tag's value (a long ``reason``, or seeds beyond,

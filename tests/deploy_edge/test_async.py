@@ -22,7 +22,7 @@ from deploy_edge.exported import ExportedPolicy
 from deploy_edge.keys import generate_keypair, load_private_key
 from deploy_edge.latency import run_gate
 from deploy_edge.latency_report import LatencyReport
-from deploy_edge.release import write_release
+from deploy_edge.release.signature import write_release
 from deploy_edge.runtime import AsyncControlLoop, Blend, ChunkPolicy, Tick, inference_ticks
 from deploy_edge.targets import TargetError, load_target
 from deploy_edge.wire import GateFigures

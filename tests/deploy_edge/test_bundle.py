@@ -11,19 +11,17 @@ from typing import Any
 
 import pytest
 
-from deploy_edge.bundle import (
+from deploy_edge.bundle.files import bundle_files, copy_bundle
+from deploy_edge.bundle.io_spec import (
     FORMAT_VERSION,
-    IO_SPEC_FILE,
-    ONNX_FILE,
     IOSpec,
     IOSpecError,
     TensorSpec,
     WeightsProvenance,
-    bundle_files,
-    copy_bundle,
     read_io_spec,
     write_io_spec,
 )
+from deploy_edge.bundle.layout import IO_SPEC_FILE, ONNX_FILE
 from deploy_edge.exported import ExportedPolicy
 from robo_pipe.errors import RoboPipeError
 

@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from deploy_edge.bundle import REFERENCE_FILE, IOSpecError, read_io_spec
+from deploy_edge.bundle.io_spec import IOSpecError, read_io_spec
+from deploy_edge.bundle.layout import REFERENCE_FILE
 from deploy_edge.engines import EngineUnavailable
 from deploy_edge.exported import ExportedPolicy
 from deploy_edge.latency import gate_trial, run_auto_gate

@@ -34,12 +34,13 @@ from deploy_edge.agent.config import (
 )
 from deploy_edge.agent.deployer import Deployer, DeployError
 from deploy_edge.agent.service import create_app
-from deploy_edge.bundle import bundle_files, write_bundle_checksums
+from deploy_edge.bundle.files import bundle_files, write_bundle_checksums
 from deploy_edge.client import AgentClient
 from deploy_edge.device import DeviceEntry
 from deploy_edge.keys import generate_keypair, load_private_key
-from deploy_edge.release import file_sha256, write_release
+from deploy_edge.release.signature import write_release
 from deploy_edge.wire import STEPS, Deployment, DeviceStatus, Origin
+from robo_pipe.integrity import file_sha256
 from robots.spec import get_robot
 from sim_scenes.sim_robot import SimulatedRobot
 from sim_scenes.touch import get_variant
@@ -783,7 +784,8 @@ def variant_release(
         if random_weights:
             import dataclasses
 
-            from deploy_edge.bundle import read_io_spec, write_bundle_checksums, write_io_spec
+            from deploy_edge.bundle.files import write_bundle_checksums
+            from deploy_edge.bundle.io_spec import read_io_spec, write_io_spec
 
             source = root / f"random-{release}"
             shutil.copytree(bundle, source)

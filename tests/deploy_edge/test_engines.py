@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from deploy_edge.bundle import ONNX_FILE, REFERENCE_FILE
+from deploy_edge.bundle.layout import ONNX_FILE, REFERENCE_FILE
 from deploy_edge.engines import (
     EngineError,
     EngineUnavailable,

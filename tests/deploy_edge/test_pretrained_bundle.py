@@ -27,12 +27,15 @@ from rich.console import Console
 
 from deploy_edge.agent.deployer import Deployer
 from deploy_edge.agent.service import create_app
-from deploy_edge.bundle import INSTRUCTION_FILE, ONNX_FILE, read_io_spec, write_bundle_checksums
+from deploy_edge.bundle.files import write_bundle_checksums
+from deploy_edge.bundle.io_spec import read_io_spec
+from deploy_edge.bundle.layout import INSTRUCTION_FILE, ONNX_FILE
 from deploy_edge.exported import ExportedPolicy
 from deploy_edge.keys import load_private_key
 from deploy_edge.latency import run_gate
 from deploy_edge.latency_report import LatencyReport
-from deploy_edge.release import BUNDLE_DIR, write_release
+from deploy_edge.release.header import BUNDLE_DIR
+from deploy_edge.release.signature import write_release
 from deploy_edge.targets import load_target
 from deploy_edge.wire import ChunkFrame, ObservationFrame, encode_image
 from pipelines.cli.result_tables import show_latency
@@ -179,7 +182,7 @@ def test_the_exports_parity_runs_the_instruction_graph(pretrained_export: Path) 
 def test_both_graphs_are_signed_and_a_tampered_instruction_graph_is_refused(
     pretrained_export: Path, release: Path, keys: tuple[Path, Path], tmp_path: Path
 ) -> None:
-    from deploy_edge.release import read_manifest
+    from deploy_edge.release.manifest import read_manifest
 
     files = read_manifest(release).files
     assert {ONNX_FILE, INSTRUCTION_FILE, f"{INSTRUCTION_FILE}.data"} <= set(files)

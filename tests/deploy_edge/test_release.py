@@ -24,13 +24,9 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from deploy_edge.bundle import (
-    IO_SPEC_FILE,
-    ONNX_FILE,
-    bundle_files,
-    read_io_spec,
-    write_bundle_checksums,
-)
+from deploy_edge.bundle.files import bundle_files, write_bundle_checksums
+from deploy_edge.bundle.io_spec import read_io_spec
+from deploy_edge.bundle.layout import IO_SPEC_FILE, ONNX_FILE
 from deploy_edge.keys import (
     SigningKeyError,
     generate_keypair,
@@ -38,20 +34,17 @@ from deploy_edge.keys import (
     load_private_key,
     load_public_key,
 )
-from deploy_edge.release import (
+from deploy_edge.release.header import (
     BUNDLE_DIR,
     MANIFEST_FILE,
     RELEASE_FORMAT,
     RELEASE_FORMAT_VERSION,
     SIGNATURE_FILE,
-    Manifest,
     ReleaseError,
-    check_policy,
-    extract_release,
-    read_manifest,
-    verify_release,
-    write_release,
 )
+from deploy_edge.release.manifest import Manifest, check_policy, read_manifest
+from deploy_edge.release.payload import extract_release
+from deploy_edge.release.signature import verify_release, write_release
 from robo_pipe.errors import InputError, RoboPipeError
 
 NOW = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
@@ -170,7 +163,7 @@ def staged(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     """What a refused extraction had written when its staging directory was removed (the most
     it ever held: files are only added): staging-relative path -> bytes. Empty when no staging
     directory was made."""
-    import deploy_edge.release as release_module
+    import deploy_edge.release.payload as release_module
 
     found: dict[str, int] = {}
     rmtree = shutil.rmtree

@@ -13,14 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from deploy_edge.bundle import (
-    ONNX_FILE,
-    REFERENCE_FILE,
-    Variant,
-    read_io_spec,
-    write_bundle_checksums,
-    write_io_spec,
-)
+from deploy_edge.bundle.files import write_bundle_checksums
+from deploy_edge.bundle.io_spec import Variant, read_io_spec, write_io_spec
+from deploy_edge.bundle.layout import ONNX_FILE, REFERENCE_FILE
 
 
 def quantize_int8(bundle: Path, out: Path) -> None:

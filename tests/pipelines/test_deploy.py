@@ -488,7 +488,8 @@ def precision_versions(
     (``edge-variants``), and of the same bundle marked random weights (``edge-random``)."""
     import dataclasses
 
-    from deploy_edge.bundle import read_io_spec, write_bundle_checksums, write_io_spec
+    from deploy_edge.bundle.files import write_bundle_checksums
+    from deploy_edge.bundle.io_spec import read_io_spec, write_io_spec
     from pipelines import tracking
     from pipelines.registry.exports import register_export
     from pipelines.registry.tags import ONNX_HASH_TAG

@@ -96,7 +96,7 @@ def copy_exported(exported: Path, tmp_path: Path) -> tuple[Path, Path]:
 def sign_release(export: Path, out: Path) -> Path:
     """``export`` signed into the release file ``out`` with a new key."""
     from deploy_edge.keys import generate_keypair, load_private_key
-    from deploy_edge.release import write_release
+    from deploy_edge.release.signature import write_release
 
     private, _ = generate_keypair(out.parent / "keys")
     write_release(
@@ -238,7 +238,8 @@ def test_collect_rebuilds_a_finished_dataset_that_fails_its_checks(
 def test_export_on_a_full_disk_keeps_the_previous_export_and_resumes(
     robo_pipe_home: Path, tmp_path: Path, exported: Path
 ) -> None:
-    from deploy_edge.bundle import read_io_spec, verify_bundle
+    from deploy_edge.bundle.files import verify_bundle
+    from deploy_edge.bundle.io_spec import read_io_spec
 
     checkpoint, out = copy_exported(exported, tmp_path)
     previous = read_io_spec(out)

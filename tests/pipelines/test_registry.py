@@ -77,7 +77,8 @@ def random_weight_bundle(export_dir: Path, out: Path) -> Path:
     import dataclasses
     import shutil
 
-    from deploy_edge.bundle import Variant, read_io_spec, write_bundle_checksums, write_io_spec
+    from deploy_edge.bundle.files import write_bundle_checksums
+    from deploy_edge.bundle.io_spec import Variant, read_io_spec, write_io_spec
 
     shutil.copytree(export_dir, out)
     shutil.copy(out / "policy.onnx", out / "policy.int8.onnx")
@@ -184,12 +185,8 @@ def test_a_version_carries_where_its_pretrained_weights_came_from(
     import dataclasses
     import shutil
 
-    from deploy_edge.bundle import (
-        WeightsProvenance,
-        read_io_spec,
-        write_bundle_checksums,
-        write_io_spec,
-    )
+    from deploy_edge.bundle.files import write_bundle_checksums
+    from deploy_edge.bundle.io_spec import WeightsProvenance, read_io_spec, write_io_spec
 
     bundle = tmp_path / "export"
     shutil.copytree(export_dir, bundle)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from deploy_edge.bundle import read_io_spec
+from deploy_edge.bundle.io_spec import read_io_spec
 from stages.dataset.layout import DatasetRef
 from tests.pipelines.test_deploy import TOKEN, signing, start_agent, status
 from tests.pipelines.test_flow import robo_pipe

@@ -18,7 +18,8 @@ import onnx
 import pytest
 import torch
 
-from deploy_edge.bundle import copy_bundle, read_io_spec, verify_bundle
+from deploy_edge.bundle.files import copy_bundle, verify_bundle
+from deploy_edge.bundle.io_spec import read_io_spec
 from deploy_edge.exported import ExportedPolicy
 from robo_pipe.atomic import discard_dead_temporaries
 from robo_pipe.errors import OutOfSpaceError

@@ -14,7 +14,8 @@ import pytest
 import torch
 from onnx import numpy_helper
 
-from deploy_edge.bundle import read_io_spec, verify_bundle
+from deploy_edge.bundle.files import verify_bundle
+from deploy_edge.bundle.io_spec import read_io_spec
 from robo_pipe.integrity import IntegrityError
 from stages.dataset.layout import DatasetRef
 from stages.evaluate.policies import OnnxRuntimePolicy, load_acting_policy, variant_of

@@ -1,72 +1,32 @@
-"""The export bundle: the one owner of its file names and of its I/O spec format.
+"""The export bundle's I/O spec (``io_spec.json``): its records and their versioned format.
 
-An export bundle is the directory ``robo-pipe export`` writes and every consumer reads (the
-edge runtime, the evaluation of an exported policy, the latency gate, the model registry)::
+:class:`IOSpec` says what a consumer needs to feed the model and read its outputs without the
+training code (every tensor's name, dtype, shape and units; control rate, chunk, tokenizer),
+the precision variants beside the model (:class:`Variant`), the instruction's own graph
+(:class:`InstructionGraph`) and where the weights came from (:class:`WeightsProvenance`).
 
-    <bundle>/policy.onnx (+ policy.onnx.data)  the graph: normalisation inside, LoRA merged
-    <bundle>/policy.<variant>.onnx (+ .data)    a precision variant of the same graph (e.g.
-                                                ``policy.int8.onnx``: static INT8 with Q/DQ
-                                                nodes), scored against the FP32 graph; the
-                                                spec's ``variants`` lists them (:class:`Variant`)
-    <bundle>/instruction_encoder.onnx (+ .data) the instruction's own graph, for a policy that
-                                                encodes its instruction once per episode
-                                                (``policy.type: pretrained``): tokens ->
-                                                features the policy graph takes; FP32 always
-                                                (:class:`InstructionGraph`)
-    <bundle>/io_spec.json                       the I/O spec (:class:`IOSpec`): every tensor's
-                                                name, dtype, shape and units; control rate,
-                                                chunk, tokenizer; provenance and parity
-    <bundle>/tokenizer/tokenizer.json           the instruction tokenizer (``tokenizers``)
-    <bundle>/reference.npz                      reference inputs and torch outputs (parity
-                                                checks on the target)
-    <bundle>/normalization.json                 the statistics the graph normalises with
-                                                (already inside it; for inspection)
-    <bundle>/checksums.json                     size and sha256 of every file above
-                                                (:mod:`robo_pipe.integrity`)
-
-:func:`verify_bundle` checks a bundle against its checksums; whatever opens a bundle to use it
-(:class:`deploy_edge.exported.ExportedPolicy`, the registry, a release) calls it first.
-
-A copy may name its model differently (the registry's copy holds ``model.onnx``): the spec's
-``onnx_file`` says which file is the model. The spec is versioned (``format`` and
-``format_version``); :func:`read_io_spec` refuses a spec written by a newer robo-pipe instead of
-misreading it. Imports nothing beyond the standard library and the kernel: an edge device reads
-bundles without the training code.
+The spec is versioned (``format`` and ``format_version``); :func:`read_io_spec` refuses a spec
+written by a newer robo-pipe instead of misreading it. Imports nothing beyond the standard
+library and the kernel: an edge device reads bundles without the training code.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
-from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from robo_pipe.errors import RoboPipeError
-from robo_pipe.integrity import (
-    CHECKSUMS_FILE,
-    FileSum,
-    file_sums,
-    tree_sha256,
-    verify_checksums,
-    write_checksums,
+from deploy_edge.bundle.layout import (
+    INSTRUCTION_FILE,
+    IO_SPEC_FILE,
+    ONNX_FILE,
+    TOKENIZER_DIR,
+    bundle_root,
 )
+from robo_pipe.errors import RoboPipeError
 from robo_pipe.records import Record, RecordError
-
-ONNX_FILE = "policy.onnx"
-"""The model as the export writes it (its external data, if any, is ``policy.onnx.data``)."""
-INSTRUCTION_FILE = "instruction_encoder.onnx"
-"""The instruction graph, when the policy has one (:class:`InstructionGraph`)."""
-IO_SPEC_FILE = "io_spec.json"
-TOKENIZER_DIR = "tokenizer"
-"""Directory of the tokenizer files; ``tokenizer.json`` inside it is what the runtime loads."""
-TOKENIZER_FILE = "tokenizer.json"
-REFERENCE_FILE = "reference.npz"
-NORMALIZATION_FILE = "normalization.json"
-VERIFY_FIX = "re-export it (robo-pipe export), or fetch the registry version again"
-"""What to do about a bundle that fails verification (or predates checksums)."""
 
 FORMAT = "robo-pipe-onnx"
 """The I/O spec's ``format``: what kind of bundle this is."""
@@ -106,6 +66,24 @@ class TensorSpec(Record):
     def dims(self, batch: int = -1) -> tuple[int, ...]:
         """The shape with the batch axis as ``batch`` (-1: any size, as MLflow writes it)."""
         return tuple(batch if dim == BATCH else int(dim) for dim in self.shape)
+
+
+class _GraphIO:
+    """The names of a graph's inputs and outputs, for the records that list its tensors
+    (:class:`IOSpec`, :class:`InstructionGraph`)."""
+
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+
+    @property
+    def input_names(self) -> list[str]:
+        """Input names in graph order."""
+        return [t.name for t in self.inputs]
+
+    @property
+    def output_names(self) -> list[str]:
+        """Output names in graph order."""
+        return [t.name for t in self.outputs]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -169,7 +147,7 @@ class WeightsProvenance(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
-class InstructionGraph(Record):
+class InstructionGraph(_GraphIO, Record):
     """The instruction's own graph, for a policy that encodes its instruction once per episode
     (``policy.type: pretrained``: a frozen sentence encoder too large to run every tick). The
     runtime tokenizes the instruction, runs this graph once per new instruction and feeds its
@@ -190,19 +168,9 @@ class InstructionGraph(Record):
     parity_max_abs_error: float = 0.0
     """Largest |ONNX Runtime - torch| of the features over the parity inputs."""
 
-    @property
-    def input_names(self) -> list[str]:
-        """Input names in graph order."""
-        return [t.name for t in self.inputs]
-
-    @property
-    def output_names(self) -> list[str]:
-        """Output names in graph order."""
-        return [t.name for t in self.outputs]
-
 
 @dataclass(frozen=True, kw_only=True)
-class IOSpec(Record):
+class IOSpec(_GraphIO, Record):
     """``io_spec.json``: what a consumer needs to feed the model and read its outputs, without
     the training code; plus where the model came from and how closely it matches torch."""
 
@@ -272,16 +240,6 @@ class IOSpec(Record):
         return next((v for v in self.variants if v.name == name), None)
 
     @property
-    def input_names(self) -> list[str]:
-        """Input names in graph order."""
-        return [t.name for t in self.inputs]
-
-    @property
-    def output_names(self) -> list[str]:
-        """Output names in graph order."""
-        return [t.name for t in self.outputs]
-
-    @property
     def graph_files(self) -> tuple[str, ...]:
         """Every ONNX file of the bundle, bundle-relative: the model, each precision variant's,
         the instruction graph's."""
@@ -313,7 +271,7 @@ def read_io_spec(directory: str | Path) -> IOSpec:
     this robo-pipe reads, a missing or unknown field, a value of the wrong type. A spec written
     before the version was its own field (``"format": "robo-pipe-onnx/1"``) is read too.
     """
-    root = _bundle_root(directory)
+    root = bundle_root(directory)
     path = root / IO_SPEC_FILE
     if not path.is_file():
         raise IOSpecError(f"{root}: not an exported policy (no {IO_SPEC_FILE})")
@@ -342,143 +300,6 @@ def read_io_spec(directory: str | Path) -> IOSpec:
         return IOSpec.from_json(data)
     except RecordError as err:
         raise IOSpecError(f"{path}: {err}") from err
-
-
-def model_files(directory: str | Path, onnx_file: str = ONNX_FILE) -> list[Path]:
-    """The model ``onnx_file`` in ``directory`` and its external data files, sorted by name
-    (the ONNX file first); those present."""
-    root = Path(directory)
-    return sorted(root.glob(f"{onnx_file}*"), key=lambda p: (p.name != onnx_file, p.name))
-
-
-def bundle_files(directory: str | Path) -> list[Path]:
-    """Every file of the bundle at ``directory``, sorted, relative to it: the model (the spec's
-    ``onnx_file``) and its external data, ``io_spec.json``, the tokenizer files, and
-    ``reference.npz``, ``normalization.json`` and ``checksums.json`` when present. Other files
-    beside them (an MLflow ``MLmodel``, a built TensorRT plan) are not part of the bundle.
-
-    Refuses (:class:`IOSpecError`) a bundle whose spec is unreadable or that lacks its model or
-    its tokenizer."""
-    root = _bundle_root(directory)
-    spec = read_io_spec(root)
-    model = model_files(root, spec.onnx_file)
-    if not model or model[0].name != spec.onnx_file:
-        raise IOSpecError(
-            f"{root / IO_SPEC_FILE}: field 'onnx_file' = {spec.onnx_file!r}: no such file"
-        )
-    tokenizer = root / spec.tokenizer / TOKENIZER_FILE
-    if not tokenizer.is_file():
-        raise IOSpecError(
-            f"{root / IO_SPEC_FILE}: field 'tokenizer' = {spec.tokenizer!r}: "
-            f"no {TOKENIZER_FILE} in it"
-        )
-    files = [*model, root / IO_SPEC_FILE]
-    for variant in spec.variants:
-        extra = model_files(root, variant.onnx_file)
-        if not extra or extra[0].name != variant.onnx_file:
-            raise IOSpecError(
-                f"{root / IO_SPEC_FILE}: variant {variant.name!r}: field 'onnx_file' = "
-                f"{variant.onnx_file!r}: no such file"
-            )
-        files += extra
-    if spec.instruction_graph is not None:
-        graph = model_files(root, spec.instruction_graph.onnx_file)
-        if not graph or graph[0].name != spec.instruction_graph.onnx_file:
-            raise IOSpecError(
-                f"{root / IO_SPEC_FILE}: instruction_graph: field 'onnx_file' = "
-                f"{spec.instruction_graph.onnx_file!r}: no such file"
-            )
-        files += graph
-    files += [p for p in (root / spec.tokenizer).rglob("*") if p.is_file()]
-    files += [
-        root / f
-        for f in (REFERENCE_FILE, NORMALIZATION_FILE, CHECKSUMS_FILE)
-        if (root / f).is_file()
-    ]
-    return sorted(p.relative_to(root) for p in files)
-
-
-def verify_bundle(directory: str | Path, only: Iterable[str] | None = None) -> dict[str, FileSum]:
-    """Check the bundle at ``directory`` against its ``checksums.json``: every bundle file
-    listed and no other, each of the listed size and sha256 (``only``: hash just these; the
-    others' sizes are still checked). Returns the verified entries (bundle-relative POSIX
-    path -> size and sha256).
-
-    Raises :class:`~robo_pipe.integrity.IntegrityError` naming the file and the check, and
-    :class:`IOSpecError` for a bundle :func:`bundle_files` refuses."""
-    root = _bundle_root(directory)
-    return verify_checksums(root, bundle_files(root), CHECKSUMS_FILE, VERIFY_FIX, only)
-
-
-def write_bundle_checksums(
-    directory: str | Path, known: Mapping[str, FileSum] | None = None
-) -> dict[str, FileSum]:
-    """Write the ``checksums.json`` of the bundle at ``directory``, listing every other bundle
-    file; the entries in ``known`` (verified ones of the files it was copied from) are taken as
-    they are, the others hashed. Returns what it wrote."""
-    root = _bundle_root(directory)
-    known = known or {}
-    files = [p.as_posix() for p in bundle_files(root) if p.as_posix() != CHECKSUMS_FILE]
-    sums = {rel: known[rel] for rel in files if rel in known}
-    sums |= file_sums(root, [rel for rel in files if rel not in known])
-    write_checksums(root, sums)
-    return sums
-
-
-def model_hash(sums: Mapping[str, FileSum], onnx_file: str = ONNX_FILE) -> str:
-    """sha256 over the model ``onnx_file`` and its external data (names and sha256s, the ONNX
-    file first), from a bundle's verified entries (:func:`verify_bundle`)."""
-    names = sorted(
-        (rel for rel in sums if "/" not in rel and rel.startswith(onnx_file)),
-        key=lambda name: (name != onnx_file, name),
-    )
-    return tree_sha256((name, sums[name].sha256) for name in names)
-
-
-def copy_bundle(
-    src: str | Path,
-    dst: str | Path,
-    *,
-    model_file: str | None = None,
-    verified: Mapping[str, FileSum] | None = None,
-) -> IOSpec:
-    """Copy the bundle at ``src`` into the directory ``dst`` (created if missing; files of the
-    same names replaced), with its own ``checksums.json``, and return the spec written there.
-
-    The source is verified first (:func:`verify_bundle`) unless ``verified`` holds what that
-    returned for it; the copy's checksums take the copied files' verified entries, so a copy
-    that came out different is refused when opened. ``model_file``: the model is already in
-    ``dst`` under this name (the registry's MLflow ``onnx`` flavor writes ``model.onnx``
-    itself): the model is then not copied, the copy's spec names ``model_file`` as its
-    ``onnx_file`` and the checksums hash that file as it is.
-    """
-    source, target = _bundle_root(src), Path(dst)
-    files = bundle_files(source)
-    spec = read_io_spec(source)
-    sums = dict(verified) if verified is not None else verify_bundle(source)
-    target.mkdir(parents=True, exist_ok=True)
-    model = {p.name for p in model_files(source, spec.onnx_file)}
-    if model_file is not None:
-        if not (target / model_file).is_file():
-            raise IOSpecError(f"{target}: model file {model_file!r} missing (write it first)")
-        spec = dataclasses.replace(spec, onnx_file=model_file)
-    copied: dict[str, FileSum] = {}
-    for rel in files:
-        if rel.parent == Path(".") and rel.name in (IO_SPEC_FILE, CHECKSUMS_FILE):
-            continue  # written for the copy below
-        if model_file is not None and rel.parent == Path(".") and rel.name in model:
-            continue
-        (target / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(source / rel, target / rel)
-        copied[rel.as_posix()] = sums[rel.as_posix()]
-    write_io_spec(target, spec)
-    write_bundle_checksums(target, copied)
-    return spec
-
-
-def _bundle_root(directory: str | Path) -> Path:
-    root = Path(directory)
-    return root.parent if root.suffix == ".onnx" else root
 
 
 def _upgrade(data: dict[str, Any]) -> dict[str, Any]:

@@ -6,9 +6,9 @@ Conventions (aliases, not stages):
   ``registry.model_name``, aliased ``candidate``;
 - registering and moving ``champion`` happen under :func:`promotion_lock`, one per model name,
   shared by every process of this home: so one export is never registered twice by two runs at
-  once, and a promotion is a compare-and-set (``pipelines.steps.register_version`` re-reads the
-  champion under the lock and re-compares a candidate that was evaluated against an older one:
-  ``pipelines.champion.recheck``);
+  once, and a promotion is a compare-and-set (``pipelines.steps.register.register_version``
+  re-reads the champion under the lock and re-compares a candidate that was evaluated against an
+  older one: ``pipelines.champion.recheck``);
 - ``champion`` moves to it only when every enforced promotion gate passed (the rules are
   :mod:`stages.register`); the registered model's tag ``robo_pipe.champion_history`` lists the
   champions in order, so ``rollback`` can restore the previous one;

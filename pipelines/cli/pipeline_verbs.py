@@ -8,7 +8,6 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from pipelines import checks
 from pipelines.cli.common import (
     console,
     emit_json,
@@ -19,6 +18,7 @@ from pipelines.cli.common import (
 )
 from pipelines.cli.display import live, show_pipeline_result
 from pipelines.cli.options import DEMO_CONFIG, ConfigOpt, JsonOpt, RayAddressOpt, SetOpt, add_verb
+from pipelines.steps import checks
 from robo_pipe.errors import InputError, RoboPipeError
 
 
@@ -53,8 +53,8 @@ def run(
         f"MLflow {found.mlflow_tracking_uri}",
         highlight=False,
     )
-    from pipelines.flow import train_simulate_deploy
     from pipelines.progress import listening
+    from pipelines.run.flow import train_simulate_deploy
     from pipelines.services import (
         ServerLost,
         drop_unsent_if_server_gone,

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from pipelines import checks, registry
+from pipelines import registry
 from pipelines.champion import champion_warning
 from pipelines.cli.common import (
     console,
@@ -28,6 +28,7 @@ from pipelines.cli.options import (
     add_verb,
     epilog,
 )
+from pipelines.steps import checks
 from robo_pipe.errors import InputError
 from stages.register import may_promote
 
@@ -177,7 +178,7 @@ def check(
     services(flows=True)
     if registry.champion(cfg.model_name) is None:
         raise registry.RegistryError(f"{cfg.model_name} has no champion to check")
-    from pipelines.flow import RegressionDetected, champion_regression
+    from pipelines.run.flow import RegressionDetected, champion_regression
 
     try:
         result = champion_regression(config=cfg, ray_address=ray_address)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.table import Table
 
-from pipelines import checks, registry, steps
+from pipelines import registry
 from pipelines.cli.common import console, emit_json, load, read_registry, result_console
 from pipelines.cli.display import (
     live,
@@ -25,6 +25,12 @@ from pipelines.cli.options import DEMO_CONFIG, ConfigOpt, JsonOpt, RayAddressOpt
 from pipelines.config import save_resolved
 from pipelines.home import new_run_dir
 from pipelines.services import join_cluster
+from pipelines.steps import checks
+from pipelines.steps.collect import collect_dataset, default_dataset
+from pipelines.steps.evaluate import evaluate_policy
+from pipelines.steps.export import export_checkpoint
+from pipelines.steps.latency import measure_latency
+from pipelines.steps.training import finetune_policy, needs_dataset, pretrain_base
 from robo_pipe.errors import InputError
 from robo_pipe.locks import set_run_label
 from stages.finetune.algorithm import ALGORITHMS
@@ -97,7 +103,7 @@ def collect(
     and ends with the same dataset; a larger --episodes appends to it.
     """
     cfg = load(config, set_, **{"collect.episodes": episodes})
-    target = out or steps.default_dataset(cfg)
+    target = out or default_dataset(cfg)
     checks.check_out_dir(target, "--out")
     checks.check_simulator(cfg)
     join_cluster(ray_address)
@@ -106,9 +112,7 @@ def collect(
     save_resolved(cfg, run_dir / "config.yaml")
     start = time.perf_counter()
     with live(json_out) as display:
-        ref = display.step(
-            "collect", lambda show: steps.collect_dataset(cfg, show, target, ray_address)
-        )
+        ref = display.step("collect", lambda show: collect_dataset(cfg, show, target, ray_address))
     (run_dir / "dataset_ref.json").write_text(json.dumps(ref.to_json(), indent=2))
     table = Table(title=f"dataset {ref.path}", show_header=False)
     table.add_row("episodes / frames", f"{ref.episodes} / {ref.frames}")
@@ -142,7 +146,7 @@ def pretrain(
     set_run_label("robo-pipe pretrain")  # it keeps no run folder
     start = time.perf_counter()
     with live(json_out) as display:
-        base = display.step("pretrain", lambda show: steps.pretrain_base(cfg, show, ray_address))
+        base = display.step("pretrain", lambda show: pretrain_base(cfg, show, ray_address))
     assert base is not None
     show_checkpoint("pretrained base", base, time.perf_counter() - start, result_console(json_out))
     emit_json(base, json_out)
@@ -181,7 +185,7 @@ def finetune(
     from its latest checkpoint when re-run.
     """
     cfg = load(config, set_, **{"finetune.algo": algo})
-    if dataset is not None and steps.needs_dataset(cfg):
+    if dataset is not None and needs_dataset(cfg):
         checks.check_dataset(dataset)  # before pretraining the base (minutes)
     checks.check_config(cfg)
     join_cluster(ray_address)
@@ -192,16 +196,14 @@ def finetune(
     with live(json_out) as display:
         base = None
         if cfg.policy.type == "default":
-            base = display.step(
-                "pretrain", lambda show: steps.pretrain_base(cfg, show, ray_address)
-            )
+            base = display.step("pretrain", lambda show: pretrain_base(cfg, show, ray_address))
         data: DatasetRef | Path | None = dataset
-        if data is None and steps.needs_dataset(cfg):
+        if data is None and needs_dataset(cfg):
             data = display.step(
-                "collect", lambda show: steps.collect_dataset(cfg, show, None, ray_address)
+                "collect", lambda show: collect_dataset(cfg, show, None, ray_address)
             )
         ref = display.step(
-            "finetune", lambda show: steps.finetune_policy(cfg, data, base, show, ray_address)
+            "finetune", lambda show: finetune_policy(cfg, data, base, show, ray_address)
         )
     (run_dir / "checkpoint_ref.json").write_text(json.dumps(ref.to_json(), indent=2))
     rl = cfg.finetune.is_rl
@@ -341,7 +343,7 @@ def evaluate(
     with live(json_out) as display:
         report = display.step(
             "evaluate",
-            lambda show: steps.evaluate_policy(
+            lambda show: evaluate_policy(
                 cfg, candidate, run_dir, show, against, ray_address, stored
             ),
         )
@@ -398,7 +400,7 @@ def export(
     start = time.perf_counter()
     with live(json_out) as display:
         ref = display.step(
-            "export", lambda show: steps.export_checkpoint(cfg, checkpoint, target, dataset, show)
+            "export", lambda show: export_checkpoint(cfg, checkpoint, target, dataset, show)
         )
     table = Table(title=f"exported {checkpoint}", show_header=False)
     table.add_row("ONNX", f"{ref.onnx} (opset {ref.opset})")
@@ -473,7 +475,7 @@ def gate(
     run_dir = new_run_dir(f"{cfg.name}-gate")
     with live(json_out) as display:
         report = display.step(
-            "latency", lambda show: steps.measure_latency(cfg, export_dir, run_dir, show)
+            "latency", lambda show: measure_latency(cfg, export_dir, run_dir, show)
         )
     show_latency(report, result_console(json_out))
     if report.trials:

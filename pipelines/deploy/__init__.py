@@ -6,6 +6,8 @@
   stage onto it (``deploy_to_local_agent``).
 - :mod:`pipelines.deploy.fleet`: a rollout to a fleet in waves (the ``deploy_fleet`` flow) and
   what each device of a fleet runs.
+- :mod:`pipelines.deploy.rollout_summary`: a fleet rollout's markdown summary and its Prefect
+  artifact key.
 
 Imports run one way: ``local_agent`` and ``fleet`` use ``release``; none uses the other. The
 devices themselves are :class:`deploy_edge.device.Device`, opened with

@@ -66,9 +66,9 @@ from deploy_edge.wire import STEPS as DEVICE_STEPS
 from deploy_edge.wire import Origin
 from pipelines import registry
 from pipelines.deploy import release, rollouts
+from pipelines.deploy.rollout_summary import fleet_artifact_key, summary_markdown
 from pipelines.progress import BROADCAST
 from pipelines.records import DeviceRollout, DeviceState, FleetResult
-from pipelines.summary import fleet_artifact_key, summary_markdown
 
 if TYPE_CHECKING:
     from deploy_edge.wire import Deployment, DeviceStatus, Slot

@@ -25,7 +25,7 @@ from deploy_edge.release import write_release
 from deploy_edge.runtime import AsyncControlLoop, Blend, ChunkPolicy, Tick, inference_ticks
 from deploy_edge.wire import GateFigures
 from pipelines.cli.display import show_latency
-from pipelines.summary import latency_table
+from pipelines.run.tables import latency_table
 from robots.spec import RobotSpec
 from tests.deploy_edge.test_runtime import RecordingRobot
 

@@ -18,7 +18,7 @@ from pipelines import registry, tracking
 from pipelines.champion import outcome_tags, outcomes_key
 from pipelines.config import PipelineConfig, load_config
 from pipelines.records import Evaluation, Registration
-from pipelines.steps import register_version
+from pipelines.steps.register import register_version
 from stages.evaluate import suite_variants
 from stages.evaluate.report import EvalReport, VariantRow
 from stages.evaluate.sequential import encode_outcomes

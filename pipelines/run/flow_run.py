@@ -82,8 +82,8 @@ def closing(mlrun: tracking.TrackedRun, lock: reconcile.RunLock) -> Iterator[Non
 
 
 def loaded_config(config: str | PipelineConfig, overrides: list[str] | None) -> PipelineConfig:
-    """The run's config (:data:`ConfigParam`): read from its file and checked here, once, or
-    as the caller loaded and checked it."""
+    """The run's config (:data:`pipelines.run.flow.ConfigParam`): read from its file and
+    checked here, once, or as the caller loaded and checked it."""
     if isinstance(config, PipelineConfig):
         if overrides:
             raise InputError(

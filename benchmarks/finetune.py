@@ -28,7 +28,7 @@ import numpy as np
 
 from pipelines.config import CONFIG_DIR, PipelineConfig, load_config
 from pipelines.home import home_dir
-from pipelines.steps import pretrain_base
+from pipelines.steps.training import pretrain_base
 from robots.spec import get_robot
 from sim_scenes.backends import make_env
 from sim_scenes.episodes import play_episodes

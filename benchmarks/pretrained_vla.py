@@ -43,13 +43,10 @@ import numpy as np
 
 from pipelines.config import CONFIG_DIR, PipelineConfig, load_config
 from pipelines.home import home_dir
-from pipelines.steps import (
-    collect_dataset,
-    export_checkpoint,
-    finetune_policy,
-    measure_latency,
-    pretrain_base,
-)
+from pipelines.steps.collect import collect_dataset
+from pipelines.steps.export import export_checkpoint
+from pipelines.steps.latency import measure_latency
+from pipelines.steps.training import finetune_policy, pretrain_base
 from robots.spec import get_robot
 from sim_scenes.backends import make_env
 from sim_scenes.episodes import play_episodes

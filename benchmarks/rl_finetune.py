@@ -29,9 +29,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipelines import steps
 from pipelines.config import CONFIG_DIR, PipelineConfig, load_config
 from pipelines.home import home_dir
+from pipelines.steps.collect import collect_dataset
+from pipelines.steps.training import finetune_policy, pretrain_base, rl_finetune_from
 from stages.evaluate import evaluate
 from stages.evaluate.failures import breakdown_line
 from stages.evaluate.report import EvalReport
@@ -48,8 +49,8 @@ def bc_start(cfg: PipelineConfig) -> CheckpointRef:
     """The config's BC fine-tune (its base pretrained and its demonstrations collected first;
     every part cached)."""
     bc = cfg.model_copy(update={"finetune": cfg.finetune.model_copy(update={"algo": "bc"})})
-    base = steps.pretrain_base(bc)
-    return steps.finetune_policy(bc, steps.collect_dataset(bc), base)
+    base = pretrain_base(bc)
+    return finetune_policy(bc, collect_dataset(bc), base)
 
 
 def ref_of(path: Path) -> CheckpointRef:
@@ -104,7 +105,7 @@ def throughput(
                 sac=sac,
             )
             label = f"{algo}-threads{threads or 'all'}"
-            ref = steps.rl_finetune_from(
+            ref = rl_finetune_from(
                 cfg.model_copy(update={"finetune": short, "name": label}),
                 start,
                 checkpoints=Path(tmp),
@@ -150,7 +151,7 @@ def main() -> None:
     for algo in args.algos:
         tick = time.perf_counter()
         budget = rl_config(cfg, algo, iterations=1_000_000, time_budget_s=60 * args.minutes)
-        ref = steps.rl_finetune_from(
+        ref = rl_finetune_from(
             cfg.model_copy(update={"finetune": budget, "name": algo}),
             start,
             checkpoints=out / "checkpoints",

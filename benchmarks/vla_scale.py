@@ -232,7 +232,7 @@ def auto_choice(export_dir: Path, steps: int, out: Path) -> dict[str, str]:
     100 ms at p99): the pipeline's latency step (:func:`pipelines.steps.measure_latency`) on
     that profile, every option gated for ``steps`` unpaced control steps of the simulated
     robot, then the device's rule (:func:`deploy_edge.precision.choose_variant`)."""
-    from pipelines.steps import measure_latency
+    from pipelines.steps.latency import measure_latency
 
     gate = ["latency.target=local-cpu-auto", f"latency.steps={steps}", "latency.warmup=2"]
     cfg = load_config(CONFIG_DIR / "demo.yaml", [*gate, "latency.pace=false"])
@@ -305,15 +305,16 @@ def deploy_at_size(export_dir: Path, root: Path, label: str) -> dict[str, str]:
 def int8_success(checkpoint: Path, dataset: Path, root: Path, quick: bool) -> dict[str, str]:
     """The trained default VLA's held-out success, its INT8 variant against FP32 on the same
     seeds, with the paired test the no-regression gate uses."""
-    from pipelines import steps
+    from pipelines.steps.evaluate import evaluate_policy
+    from pipelines.steps.export import export_checkpoint
 
     overrides = ["evaluate.episodes=10", "evaluate.workers=0"] if quick else []
     cfg = load_config(CONFIG_DIR / "demo.yaml", overrides)
     export_dir = root / "trained-export"
-    exported = steps.export_checkpoint(cfg, checkpoint, export_dir, dataset)
+    exported = export_checkpoint(cfg, checkpoint, export_dir, dataset)
     int8 = read_io_spec(exported.path).variant("int8")
     assert int8 is not None, "the demo config exports an int8 variant"
-    report = steps.evaluate_policy(
+    report = evaluate_policy(
         cfg, export_dir / int8.onnx_file, root / "eval-int8", baseline=export_dir
     )
     c = report.comparison

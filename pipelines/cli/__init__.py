@@ -1,5 +1,5 @@
 """The ``robo-pipe`` command line: one verb per job, each a thin layer over a step
-(:mod:`pipelines.steps`) or a flow (:mod:`pipelines.flow`).
+(:mod:`pipelines.steps`) or a flow (:mod:`pipelines.run.flow`).
 
 One grammar: a pipeline config is ``--config/-c PATH`` (default the shipped demo.yaml), a model
 version ``models:/NAME@ALIAS`` or ``models:/NAME/VERSION`` (one parser:

@@ -13,13 +13,14 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.table import Table
 
-from pipelines import checks, steps
 from pipelines.cli.common import emit_json, load, result_console
 from pipelines.cli.display import live
 from pipelines.cli.options import DEMO_CONFIG, ConfigOpt, JsonOpt, RayAddressOpt, SetOpt, add_verb
 from pipelines.config import save_resolved
 from pipelines.home import new_run_dir
 from pipelines.services.settings import join_cluster
+from pipelines.steps import checks
+from pipelines.steps.collect import collect_dataset, default_dataset
 from robo_pipe.locks import set_run_label
 
 if TYPE_CHECKING:
@@ -89,7 +90,7 @@ def collect(
     and ends with the same dataset; a larger --episodes appends to it.
     """
     cfg = load(config, set_, **{"collect.episodes": episodes})
-    target = out or steps.default_dataset(cfg)
+    target = out or default_dataset(cfg)
     checks.check_out_dir(target, "--out")
     checks.check_simulator(cfg)
     join_cluster(ray_address)
@@ -98,9 +99,7 @@ def collect(
     save_resolved(cfg, run_dir / "config.yaml")
     start = time.perf_counter()
     with live(json_out) as display:
-        ref = display.step(
-            "collect", lambda show: steps.collect_dataset(cfg, show, target, ray_address)
-        )
+        ref = display.step("collect", lambda show: collect_dataset(cfg, show, target, ray_address))
     (run_dir / "dataset_ref.json").write_text(json.dumps(ref.to_json(), indent=2))
     table = Table(title=f"dataset {ref.path}", show_header=False)
     table.add_row("episodes / frames", f"{ref.episodes} / {ref.frames}")

@@ -10,7 +10,6 @@ from typing import Annotated
 
 import typer
 
-from pipelines import checks, steps
 from pipelines.cli.common import console, emit_json, load, read_registry, result_console
 from pipelines.cli.display import live
 from pipelines.cli.options import DEMO_CONFIG, ConfigOpt, JsonOpt, RayAddressOpt, SetOpt, add_verb
@@ -19,6 +18,8 @@ from pipelines.config import save_resolved
 from pipelines.home import new_run_dir
 from pipelines.registry.versions import RegistryError, get_version, parse_model_uri
 from pipelines.services.settings import join_cluster
+from pipelines.steps import checks
+from pipelines.steps.evaluate import evaluate_policy
 
 
 def evaluate(
@@ -141,13 +142,13 @@ def evaluate(
     save_resolved(cfg, run_dir / "config.yaml")
     stored: dict[str, str] = {}
     if (baseline or "").startswith("models:"):  # a registered baseline's stored outcomes
-        from pipelines.registry import champion
+        from pipelines.registry.versions import champion
 
         stored = champion.stored_outcomes(cfg, get_version(*parse_model_uri(baseline or "")))
     with live(json_out) as display:
         report = display.step(
             "evaluate",
-            lambda show: steps.evaluate_policy(
+            lambda show: evaluate_policy(
                 cfg, candidate, run_dir, show, against, ray_address, stored
             ),
         )

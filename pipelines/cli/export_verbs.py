@@ -12,12 +12,14 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from pipelines import checks, steps
 from pipelines.cli.common import emit_json, load, result_console
 from pipelines.cli.display import live
 from pipelines.cli.options import DEMO_CONFIG, ConfigOpt, JsonOpt, SetOpt, add_verb
 from pipelines.cli.result_tables import show_latency, show_trials
 from pipelines.home import new_run_dir
+from pipelines.steps import checks
+from pipelines.steps.export import export_checkpoint
+from pipelines.steps.latency import measure_latency
 from robo_pipe.locks import set_run_label
 
 
@@ -53,7 +55,7 @@ def export(
     start = time.perf_counter()
     with live(json_out) as display:
         ref = display.step(
-            "export", lambda show: steps.export_checkpoint(cfg, checkpoint, target, dataset, show)
+            "export", lambda show: export_checkpoint(cfg, checkpoint, target, dataset, show)
         )
     table = Table(title=f"exported {checkpoint}", show_header=False)
     table.add_row("ONNX", f"{ref.onnx} (opset {ref.opset})")
@@ -128,7 +130,7 @@ def gate(
     run_dir = new_run_dir(f"{cfg.name}-gate")
     with live(json_out) as display:
         report = display.step(
-            "latency", lambda show: steps.measure_latency(cfg, export_dir, run_dir, show)
+            "latency", lambda show: measure_latency(cfg, export_dir, run_dir, show)
         )
     show_latency(report, result_console(json_out))
     if report.trials:

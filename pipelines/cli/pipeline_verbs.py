@@ -8,7 +8,6 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from pipelines import checks
 from pipelines.cli.common import (
     console,
     emit_json,
@@ -20,6 +19,7 @@ from pipelines.cli.common import (
 from pipelines.cli.display import live
 from pipelines.cli.options import DEMO_CONFIG, ConfigOpt, JsonOpt, RayAddressOpt, SetOpt, add_verb
 from pipelines.cli.result_tables import show_pipeline_result
+from pipelines.steps import checks
 from robo_pipe.errors import InputError, RoboPipeError
 
 
@@ -54,8 +54,8 @@ def run(
         f"MLflow {found.mlflow_tracking_uri}",
         highlight=False,
     )
-    from pipelines.flow import train_simulate_deploy
     from pipelines.progress import listening
+    from pipelines.run.flow import train_simulate_deploy
     from pipelines.services.signals import (
         ServerLost,
         drop_unsent_if_server_gone,

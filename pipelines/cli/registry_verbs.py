@@ -7,7 +7,6 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from pipelines import checks
 from pipelines.cli.common import (
     console,
     emit_json,
@@ -42,6 +41,7 @@ from pipelines.registry.versions import (
     parse_model_uri,
     versions,
 )
+from pipelines.steps import checks
 from robo_pipe.errors import InputError
 from stages.register import may_promote
 
@@ -191,7 +191,7 @@ def check(
     services(flows=True)
     if champion(cfg.model_name) is None:
         raise RegistryError(f"{cfg.model_name} has no champion to check")
-    from pipelines.flow import RegressionDetected, champion_regression
+    from pipelines.run.flow import RegressionDetected, champion_regression
 
     try:
         result = champion_regression(config=cfg, ray_address=ray_address)

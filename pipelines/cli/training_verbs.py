@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from pipelines import checks, steps
 from pipelines.cli.common import emit_json, load, result_console
 from pipelines.cli.display import live
 from pipelines.cli.options import DEMO_CONFIG, ConfigOpt, JsonOpt, RayAddressOpt, SetOpt, add_verb
@@ -20,6 +19,9 @@ from pipelines.cli.result_tables import show_checkpoint
 from pipelines.config import save_resolved
 from pipelines.home import new_run_dir
 from pipelines.services.settings import join_cluster
+from pipelines.steps import checks
+from pipelines.steps.collect import collect_dataset
+from pipelines.steps.training import finetune_policy, needs_dataset, pretrain_base
 from robo_pipe.errors import InputError
 from robo_pipe.locks import set_run_label
 from stages.finetune.algorithm import ALGORITHMS
@@ -52,7 +54,7 @@ def pretrain(
     set_run_label("robo-pipe pretrain")  # it keeps no run folder
     start = time.perf_counter()
     with live(json_out) as display:
-        base = display.step("pretrain", lambda show: steps.pretrain_base(cfg, show, ray_address))
+        base = display.step("pretrain", lambda show: pretrain_base(cfg, show, ray_address))
     assert base is not None
     show_checkpoint("pretrained base", base, time.perf_counter() - start, result_console(json_out))
     emit_json(base, json_out)
@@ -91,7 +93,7 @@ def finetune(
     from its latest checkpoint when re-run.
     """
     cfg = load(config, set_, **{"finetune.algo": algo})
-    if dataset is not None and steps.needs_dataset(cfg):
+    if dataset is not None and needs_dataset(cfg):
         checks.check_dataset(dataset)  # before pretraining the base (minutes)
     checks.check_config(cfg)
     join_cluster(ray_address)
@@ -102,16 +104,14 @@ def finetune(
     with live(json_out) as display:
         base = None
         if policy_type(cfg.policy.type).needs_pretraining:
-            base = display.step(
-                "pretrain", lambda show: steps.pretrain_base(cfg, show, ray_address)
-            )
+            base = display.step("pretrain", lambda show: pretrain_base(cfg, show, ray_address))
         data: DatasetRef | Path | None = dataset
-        if data is None and steps.needs_dataset(cfg):
+        if data is None and needs_dataset(cfg):
             data = display.step(
-                "collect", lambda show: steps.collect_dataset(cfg, show, None, ray_address)
+                "collect", lambda show: collect_dataset(cfg, show, None, ray_address)
             )
         ref = display.step(
-            "finetune", lambda show: steps.finetune_policy(cfg, data, base, show, ray_address)
+            "finetune", lambda show: finetune_policy(cfg, data, base, show, ray_address)
         )
     (run_dir / "checkpoint_ref.json").write_text(json.dumps(ref.to_json(), indent=2))
     rl = cfg.finetune.is_rl

@@ -8,6 +8,8 @@
   read, the release deployed (the ``deploy_device`` task), its rollback, its progress row.
 - :mod:`pipelines.deploy.fleet`: a rollout to a fleet in waves (the ``deploy_fleet`` flow),
   its dry-run plan, its stop on SIGINT/SIGTERM, and ``fleet status``.
+- :mod:`pipelines.deploy.rollout_summary`: a fleet rollout's markdown summary and its Prefect
+  artifact key.
 - :mod:`pipelines.deploy.rollouts`: one record per rollout (``$ROBO_PIPE_HOME/rollouts``),
   written as it goes.
 - :mod:`pipelines.deploy.followups`: after a rollout, from its record: retry the failed

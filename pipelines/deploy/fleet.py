@@ -56,10 +56,10 @@ from pipelines.deploy.device_steps import (
     revert,
     show_row,
 )
+from pipelines.deploy.rollout_summary import fleet_artifact_key, summary_markdown
 from pipelines.progress import BROADCAST
 from pipelines.records import DeviceRollout, DeviceState, FleetResult
 from pipelines.registry.versions import VersionInfo, set_version_tags
-from pipelines.summary import fleet_artifact_key, summary_markdown
 
 
 def fleet_status(fleet: str | Path, selectors: Sequence[str] = ()) -> list[DeviceState]:

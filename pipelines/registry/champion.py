@@ -58,7 +58,7 @@ if TYPE_CHECKING:
 
 EvaluateSuite = Callable[[Path, Path], "EvalReport"]
 """Plays a policy (checkpoint or export) on the config's held-out suite, reporting into a
-folder: :func:`pipelines.steps.evaluate_policy` bound to the config and the listener."""
+folder: :func:`pipelines.steps.evaluate.evaluate_policy` bound to the config and the listener."""
 
 
 # -- stored per-seed outcomes --------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Prefect deployments from a config's ``schedules:`` (``robo-pipe serve``).
 
-Each schedule becomes a deployment of one of the flows in :mod:`pipelines.flow`, named
+Each schedule becomes a deployment of one of the flows in :mod:`pipelines.run.flow`, named
 ``<flow>/<schedule name>``, with a cron (in its time zone) or an interval, and parameters that
 point back at the same config file (plus the schedule's own ``set`` overrides). ``robo-pipe
 serve`` registers them and runs their flow runs (scheduled, or started from the UI or the API)
@@ -24,7 +24,7 @@ from uuid import UUID
 from prefect import Flow
 
 from pipelines.config import PipelineConfig, ScheduleConfig
-from pipelines.flow import champion_regression, train_simulate_deploy
+from pipelines.run.flow import champion_regression, train_simulate_deploy
 from robo_pipe.errors import ServiceFailure
 
 if TYPE_CHECKING:

@@ -27,7 +27,7 @@ from deploy_edge.runtime import AsyncControlLoop, Blend, ChunkPolicy, Tick, infe
 from deploy_edge.targets import TargetError, load_target
 from deploy_edge.wire import GateFigures
 from pipelines.cli.result_tables import show_latency
-from pipelines.summary import latency_table
+from pipelines.run.tables import latency_table
 from robots.spec import RobotSpec
 from tests.deploy_edge.test_runtime import RecordingRobot
 

@@ -236,7 +236,7 @@ def test_a_bug_shows_its_traceback_and_exits_3(robo_pipe_home: Path) -> None:
     """Anything that is not a RoboPipeError is robo-pipe's fault: the traceback stays, and
     the exit code (3) is neither a verdict's (1) nor bad input's (2)."""
     bug = (
-        "import sys; import pipelines.steps as steps\n"
+        "import sys; import pipelines.steps.collect as steps\n"
         "def broken(*args, **kwargs): raise KeyError('episode_index')\n"
         "steps.collect_dataset = broken\n"
         "sys.argv = ['robo-pipe', 'collect']\n"

@@ -433,7 +433,7 @@ def test_a_pipeline_whose_config_names_a_fleet_rolls_its_new_champion_out(
     """``deploy.fleet`` (what a nightly retrain's config sets): the pipeline promotes a
     champion, then rolls it out to the fleet, signed with the home's key."""
     from pipelines.deploy.release import signing_key
-    from pipelines.flow import train_simulate_deploy
+    from pipelines.run.flow import train_simulate_deploy
     from tests.pipelines.test_flow import CONFIG, TINY
 
     public = signing_key().with_suffix(".pub")

@@ -45,7 +45,7 @@ def run_pipeline(*extra: str, home: Path | None = None, config: str = CONFIG) ->
     """The flow in this process on ``config``; ``home``: point it (and in-process MLflow) at
     that home first, as module-scoped fixtures must (they start before the per-test home
     fixture)."""
-    from pipelines.flow import train_simulate_deploy
+    from pipelines.run.flow import train_simulate_deploy
     from pipelines.services.settings import configure
 
     if home is not None:
@@ -308,7 +308,7 @@ def test_resume_reuses_completed_stages_after_a_failure(
 
 
 def test_bad_config_stops_before_any_stage(first_run: dict[str, Any], shared_home: Path) -> None:
-    from pipelines.flow import train_simulate_deploy
+    from pipelines.run.flow import train_simulate_deploy
 
     stages_before = sorted((shared_home / "stages").iterdir())
     with pytest.raises(ConfigError, match=r"evaluate\.episodes"):
@@ -321,7 +321,7 @@ def test_the_prefect_ui_asks_for_a_config_path() -> None:
     the deployments' parameters show ``config`` as one text field: a YAML path."""
     from prefect.utilities.callables import parameter_schema
 
-    from pipelines.flow import champion_regression, train_simulate_deploy
+    from pipelines.run.flow import champion_regression, train_simulate_deploy
 
     for flow in (train_simulate_deploy, champion_regression):
         config = parameter_schema(flow.fn).properties["config"]

@@ -28,7 +28,7 @@ from pipelines.registry.tags import (
     RANDOM_WEIGHTS_TAG,
 )
 from pipelines.registry.versions import champion, get_version
-from pipelines.steps import register_version
+from pipelines.steps.register import register_version
 from stages.evaluate import suite_variants
 from stages.evaluate.report import EvalReport, VariantRow
 from stages.evaluate.sequential import encode_outcomes

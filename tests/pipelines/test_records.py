@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from pipelines.records import ChampionCheck, Evaluation, PipelineResult, Registration, StageRun
-from pipelines.resume import StageRecords
+from pipelines.run.resume import StageRecords
 from stages.evaluate.comparison import Comparison, compare_outcomes
 from stages.evaluate.sequential import plan_looks
 from stages.register import Gate

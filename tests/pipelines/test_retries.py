@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ray.exceptions
 
-from pipelines.tasks import is_transient
+from pipelines.run.stage_task import is_transient
 from robo_pipe.errors import InputError
 from stages.dataset.writer import DatasetError
 

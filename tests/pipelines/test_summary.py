@@ -9,15 +9,9 @@ from pathlib import Path
 import pytest
 
 from pipelines.records import DeviceRollout, EdgeDeployment, FleetResult, PipelineResult
-from pipelines.summary import (
-    VERDICT_STATES,
-    RunPlaces,
-    configured_links,
-    gates_table,
-    home_relative,
-    outcome,
-    run_title,
-)
+from pipelines.run.places import RunPlaces, configured_links, home_relative
+from pipelines.run.summary import VERDICT_STATES, outcome, run_title
+from pipelines.run.tables import gates_table
 from stages.register import Gate
 
 HOME = Path("/data/robo-pipe-home")

@@ -191,8 +191,8 @@ def test_the_default_vla_int8_success_against_fp32_on_the_same_seeds(
     candidate, and the figures land in the spec, rewritten whole."""
     from shutil import copytree
 
-    from pipelines import steps
     from pipelines.config import load_config
+    from pipelines.steps.evaluate import evaluate_policy, score_variant_success
     from stages.evaluate.report import EvalReport
     from tests.conftest import TINY_CONFIG
 
@@ -204,8 +204,8 @@ def test_the_default_vla_int8_success_against_fp32_on_the_same_seeds(
     cfg = load_config(
         TINY_CONFIG, ["export.score_success=true", "evaluate.sequential.enabled=false"]
     )
-    fp32 = steps.evaluate_policy(cfg, out, tmp_path / "evaluate")
-    (int8,) = steps.score_variant_success(cfg, ref, fp32, tmp_path / "evaluate")
+    fp32 = evaluate_policy(cfg, out, tmp_path / "evaluate")
+    (int8,) = score_variant_success(cfg, ref, fp32, tmp_path / "evaluate")
 
     assert int8 == read_io_spec(out).variant("int8") and verify_bundle(out)
     written = (tmp_path / "evaluate-int8" / "eval_report.json").read_text()
@@ -227,7 +227,7 @@ def test_the_default_vla_int8_success_against_fp32_on_the_same_seeds(
     # candidate, and the reason says why.
     solved = [{**o, "success": True} for o in fp32.outcomes]
     perfect = replace(fp32, outcomes=solved, successes=fp32.episodes, success_rate=1.0)
-    (worse,) = steps.score_variant_success(cfg, ref, perfect, tmp_path / "again")
+    (worse,) = score_variant_success(cfg, ref, perfect, tmp_path / "again")
     assert worse.success["fp32_rate"] == 1.0 and worse.success["p_value"] <= 0.05
     assert not worse.candidate and "worse by the paired test" in worse.reason
     assert read_io_spec(out).variant("int8") == worse and verify_bundle(out)

@@ -1,139 +1,38 @@
-"""The pipeline's stages as Prefect tasks. Each calls its step (:mod:`pipelines.steps`), reuses
-the record of an earlier run when the step's inputs are unchanged (:mod:`pipelines.resume`),
-logs the record to a nested MLflow run, and reports progress to the listeners of this process
-(:mod:`pipelines.progress`). Every task takes the :class:`RunContext` and upstream records and
-returns its own typed record.
+"""The pipeline's stages as Prefect tasks. Each calls its step (:mod:`pipelines.steps`) through
+:func:`~pipelines.run.stage_task.run_stage`, which reuses the record of an earlier run when the
+step's inputs are unchanged, logs the record to a nested MLflow run, and reports progress to the
+listeners of this process (:mod:`pipelines.progress`). Every task takes the
+:class:`~pipelines.run.stage_task.RunContext` and upstream records and returns its own typed
+record.
 """
 
 from __future__ import annotations
 
 import socket
-import sys
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any
 
-from prefect import Task, get_run_logger, task
-from prefect.cache_policies import NO_CACHE
-
-from pipelines import steps, tracking
+from pipelines import tracking
 from pipelines.config import PipelineConfig
 from pipelines.home import home_dir
-from pipelines.progress import BROADCAST, describe
-from pipelines.records import EdgeDeployment, Evaluation, Registration, StageRun
+from pipelines.progress import BROADCAST
+from pipelines.records import EdgeDeployment, Evaluation, Registration
 from pipelines.registry.tags import ONNX_HASH_TAG
 from pipelines.registry.versions import champion_to_beat, get_version
-from pipelines.resume import StageRecords, stage_key
-from robo_pipe.errors import RoboPipeError
-from robo_pipe.records import Record
+from pipelines.run.stage_task import RunContext, run_stage, stage_task
+from pipelines.steps.collect import collect_dataset, default_dataset
+from pipelines.steps.evaluate import evaluate_candidate
+from pipelines.steps.export import export_checkpoint
+from pipelines.steps.latency import measure_latency
+from pipelines.steps.register import register_version
+from pipelines.steps.training import finetune_policy, pretrain_base
 
 if TYPE_CHECKING:
     from deploy_edge.latency_report import LatencyReport
     from stages.dataset.layout import DatasetRef
     from stages.export import ExportRef
     from stages.policy.checkpoint import CheckpointRef
-
-P = ParamSpec("P")
-T = TypeVar("T")
-R = TypeVar("R", bound=Record)
-
-STAGES = ("collect", "pretrain", "finetune", "export", "evaluate", "latency", "register", "deploy")
-"""The pipeline's stages, in order."""
-
-
-@dataclass(frozen=True)
-class RunContext:
-    """What every stage task of one flow run shares."""
-
-    cfg: PipelineConfig
-    run_dir: Path
-    mlflow_run_id: str
-    ray_address: str | None
-    code: str
-    stage_runs: dict[str, StageRun] = field(default_factory=dict)
-    """Filled as stages complete: how long each took, whether it was reused."""
-
-
-def _transient(task: Any, task_run: Any, state: Any) -> bool:
-    """Prefect's retry condition: see :func:`is_transient`."""
-    return is_transient(state.result(raise_on_failure=False))
-
-
-def is_transient(error: BaseException | None) -> bool:
-    """Whether a stage that failed with ``error`` may succeed if run again: lost connections,
-    timeouts, dead Ray workers, nodes or objects (by type, so subclasses count too). A user's
-    error (bad config, bad data: every :class:`RoboPipeError`) is never retried, nor is an
-    error raised inside a Ray task (Ray re-raises it as a ``RayTaskError`` that is also the
-    original error's type)."""
-    if error is None or isinstance(error, RoboPipeError):
-        return False
-    if isinstance(error, ConnectionError | TimeoutError):
-        return True
-    ray_exceptions = sys.modules.get("ray.exceptions")  # not imported: not a Ray error
-    if ray_exceptions is None or isinstance(error, ray_exceptions.RayTaskError):
-        return False
-    retryable = (
-        ray_exceptions.RayActorError,  # ActorDiedError, ActorUnavailableError
-        ray_exceptions.WorkerCrashedError,
-        ray_exceptions.ObjectLostError,  # OwnerDiedError, ObjectReconstructionFailedError
-        ray_exceptions.NodeDiedError,
-        ray_exceptions.LocalRayletDiedError,
-        ray_exceptions.OutOfMemoryError,
-    )
-    return isinstance(error, retryable)
-
-
-def stage_task(name: str) -> Callable[[Callable[P, T]], Task[P, T]]:
-    """The Prefect task options every stage shares."""
-    return task(
-        name=name,
-        cache_policy=NO_CACHE,  # resume is ours: keyed on inputs, checked against the artifacts
-        retries=2,
-        retry_delay_seconds=5,
-        retry_condition_fn=_transient,
-        persist_result=False,
-    )
-
-
-def _run_stage(
-    ctx: RunContext,
-    stage: str,
-    inputs: dict[str, Any],
-    kind: type[R],
-    run: Callable[[], R],
-    intact: Callable[[R], bool],
-    track: Callable[[tracking.TrackedRun, R], None],
-) -> R:
-    """Reuse ``stage``'s record for ``inputs`` if an earlier run completed it and its artifact
-    is ``intact``; else ``run`` it and store the record. Either way log it to a nested MLflow
-    run with ``track``. A stage that raises stores nothing."""
-    key = stage_key(stage, {**inputs, "code": ctx.code})
-    records = StageRecords(home_dir("stages"))
-    mlrun = tracking.TrackedRun.start(
-        ctx.cfg.name, stage, ctx.mlflow_run_id, {tracking.TAG + "stage": stage}
-    )
-    start = time.perf_counter()
-    try:
-        record = records.get(stage, key, kind, intact)
-        reused = record is not None
-        if record is None:
-            record = run()
-            records.put(stage, key, record)
-        else:
-            get_run_logger().info("%s: reusing the record of %s", stage, records.path(stage, key))
-        seconds = time.perf_counter() - start
-        track(mlrun, record)
-        mlrun.set_tags({tracking.TAG + "reused": reused, tracking.TAG + "stage_key": key})
-        mlrun.log_metrics({"stage_seconds": seconds})
-    except BaseException:
-        mlrun.finish("FAILED")
-        raise
-    mlrun.finish()
-    ctx.stage_runs[stage] = StageRun(seconds=seconds, reused=reused)
-    BROADCAST.finished(stage, describe(stage, record), reused)
-    return record
 
 
 def _path_hash_matches(hasher: Callable[[Path], str]) -> Callable[[Any], bool]:
@@ -160,7 +59,7 @@ def collect_stage(ctx: RunContext) -> DatasetRef:
     from stages.dataset.layout import DatasetRef
     from stages.dataset.reader import open_dataset
 
-    cfg, target = ctx.cfg, steps.default_dataset(ctx.cfg)
+    cfg, target = ctx.cfg, default_dataset(ctx.cfg)
     inputs = {
         "config": _sections(cfg, "robot", "scene", "sim", "collect", "seed"),
         "path": str(target),
@@ -177,7 +76,7 @@ def collect_stage(ctx: RunContext) -> DatasetRef:
         )
 
     def run() -> DatasetRef:
-        return steps.collect_dataset(cfg, BROADCAST, target, ctx.ray_address)
+        return collect_dataset(cfg, BROADCAST, target, ctx.ray_address)
 
     def intact(r: DatasetRef) -> bool:
         # Verified against its checksums, as training will open it: a dataset that fails them
@@ -185,7 +84,7 @@ def collect_stage(ctx: RunContext) -> DatasetRef:
         # committed shards.
         return open_dataset(r.path, check_videos=False).content_hash() == r.content_hash
 
-    return _run_stage(ctx, "collect", inputs, DatasetRef, run, intact, track)
+    return run_stage(ctx, "collect", inputs, DatasetRef, run, intact, track)
 
 
 def _track_training(run: tracking.TrackedRun, r: CheckpointRef) -> None:
@@ -212,12 +111,12 @@ def pretrain_stage(ctx: RunContext) -> CheckpointRef:
     }
 
     def run() -> CheckpointRef:
-        base = steps.pretrain_base(cfg, BROADCAST, ctx.ray_address)
+        base = pretrain_base(cfg, BROADCAST, ctx.ray_address)
         assert base is not None, "the flow pretrains only the default VLA"
         return base
 
     intact = _path_hash_matches(_checkpoint_hash)
-    return _run_stage(ctx, "pretrain", inputs, CheckpointRef, run, intact, _track_training)
+    return run_stage(ctx, "pretrain", inputs, CheckpointRef, run, intact, _track_training)
 
 
 @stage_task("finetune")
@@ -238,10 +137,10 @@ def finetune_stage(
     }
 
     def run() -> CheckpointRef:
-        return steps.finetune_policy(cfg, dataset, base, BROADCAST, ctx.ray_address)
+        return finetune_policy(cfg, dataset, base, BROADCAST, ctx.ray_address)
 
     intact = _path_hash_matches(_checkpoint_hash)
-    return _run_stage(ctx, "finetune", inputs, CheckpointRef, run, intact, _track_training)
+    return run_stage(ctx, "finetune", inputs, CheckpointRef, run, intact, _track_training)
 
 
 @stage_task("export")
@@ -261,7 +160,7 @@ def export_stage(ctx: RunContext, checkpoint: CheckpointRef, dataset: DatasetRef
     }
 
     def run() -> ExportRef:
-        return steps.export_checkpoint(
+        return export_checkpoint(
             ctx.cfg, Path(checkpoint.path), target, Path(dataset.path), BROADCAST
         )
 
@@ -281,7 +180,7 @@ def export_stage(ctx: RunContext, checkpoint: CheckpointRef, dataset: DatasetRef
         run.log_metrics(metrics)
         run.log_artifact(Path(r.path) / IO_SPEC_FILE)
 
-    return _run_stage(ctx, "export", inputs, ExportRef, run, intact, track)
+    return run_stage(ctx, "export", inputs, ExportRef, run, intact, track)
 
 
 @stage_task("evaluate")
@@ -306,7 +205,7 @@ def evaluate_stage(
 
     def run() -> Evaluation:
         out = ctx.run_dir / "evaluate"
-        return steps.evaluate_candidate(
+        return evaluate_candidate(
             cfg, export, base, champion, out, BROADCAST, ctx.ray_address, warm_start
         )
 
@@ -341,7 +240,7 @@ def evaluate_stage(
     def intact(r: Evaluation) -> bool:
         return Path(r.candidate.report).is_file()
 
-    return _run_stage(ctx, "evaluate", inputs, Evaluation, run, intact, track)
+    return run_stage(ctx, "evaluate", inputs, Evaluation, run, intact, track)
 
 
 @stage_task("latency")
@@ -359,7 +258,7 @@ def latency_stage(ctx: RunContext, export: ExportRef) -> LatencyReport:
     }
 
     def run() -> LatencyReport:
-        return steps.measure_latency(cfg, Path(export.path), ctx.run_dir / "latency", BROADCAST)
+        return measure_latency(cfg, Path(export.path), ctx.run_dir / "latency", BROADCAST)
 
     def track(run: tracking.TrackedRun, r: LatencyReport) -> None:
         figures = ("p50_ms", "p95_ms", "p99_ms", "max_ms", "mean_ms", "jitter_ms", "misses")
@@ -373,7 +272,7 @@ def latency_stage(ctx: RunContext, export: ExportRef) -> LatencyReport:
     def intact(r: LatencyReport) -> bool:
         return Path(r.report).is_file()
 
-    return _run_stage(ctx, "latency", inputs, LatencyReport, run, intact, track)
+    return run_stage(ctx, "latency", inputs, LatencyReport, run, intact, track)
 
 
 @stage_task("register")
@@ -398,7 +297,7 @@ def register_stage(
 
     def run() -> Registration:
         mlrun = tracking.TrackedRun(ctx.mlflow_run_id, "")
-        return steps.register_version(
+        return register_version(
             cfg, dataset, checkpoint, export, evaluation, latency, mlrun, ctx.code, BROADCAST
         )
 
@@ -410,7 +309,7 @@ def register_stage(
         run.set_tags({"model_version": f"{r.name}/{r.version}", "promoted": r.promoted})
         run.log_metrics({f"gate_passed.{name}": float(g.passed) for name, g in r.gates.items()})
 
-    return _run_stage(ctx, "register", inputs, Registration, run, intact, track)
+    return run_stage(ctx, "register", inputs, Registration, run, intact, track)
 
 
 @stage_task("deploy")
@@ -439,4 +338,4 @@ def deploy_stage(ctx: RunContext, registration: Registration) -> EdgeDeployment:
         figures = {"device_p99_ms": r.p99_ms, "episode_p99_ms": r.episode_p99_ms}
         run.log_metrics({k: v for k, v in figures.items() if v is not None})
 
-    return _run_stage(ctx, "deploy", inputs, EdgeDeployment, run, intact, track)
+    return run_stage(ctx, "deploy", inputs, EdgeDeployment, run, intact, track)

@@ -142,7 +142,7 @@ def evaluate(
     save_resolved(cfg, run_dir / "config.yaml")
     stored: dict[str, str] = {}
     if (baseline or "").startswith("models:"):  # a registered baseline's stored outcomes
-        from pipelines.registry.versions import champion
+        from pipelines.registry import champion
 
         stored = champion.stored_outcomes(cfg, get_version(*parse_model_uri(baseline or "")))
     with live(json_out) as display:

@@ -8,6 +8,8 @@
 - :mod:`pipelines.run.tasks`: one Prefect task per stage, each a few lines over its step.
 - :mod:`pipelines.run.stage_task`: what the stage tasks share: the stage names, the run's
   context, the retry condition and options, reuse-or-run then track (``run_stage``).
+- :mod:`pipelines.run.reconcile`: the runs under way in a home (a liveness lock each) and the
+  bookkeeping of one that crashed (Prefect ``Crashed``, MLflow ``KILLED``, ``continues:``).
 - :mod:`pipelines.run.resume`: records of completed stages, keyed on what each was given.
 - :mod:`pipelines.run.publish`: the run's result, summary files, Prefect artifacts and MLflow
   and registry descriptions; the flow run renamed after its outcome.

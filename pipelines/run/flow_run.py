@@ -5,7 +5,7 @@ end (the MLflow run finished, the lock released).
 
 Crashes: a flow run holds a lock for as long as its process lives; each new flow run marks the
 runs of this home whose process died without reporting as ``Crashed`` and, when it runs the same
-flow on the same config, tags itself as their continuation (:mod:`pipelines.reconcile`).
+flow on the same config, tags itself as their continuation (:mod:`pipelines.run.reconcile`).
 """
 
 from __future__ import annotations
@@ -19,9 +19,10 @@ from typing import Any
 from prefect.client.schemas.objects import FlowRun
 from prefect.context import FlowRunContext, get_run_context
 
-from pipelines import reconcile, tracking
+from pipelines import tracking
 from pipelines.config import PipelineConfig, load_config, save_resolved
 from pipelines.home import new_run_dir
+from pipelines.run import reconcile
 from pipelines.services.settings import Services, check_services, configure, join_cluster
 from pipelines.steps import checks
 from robo_pipe.errors import InputError

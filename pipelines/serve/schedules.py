@@ -12,7 +12,7 @@ This module, called by :func:`pipelines.serve.deployments.serve`:
   served deployments that no live process is executing, then sets each limit's count to the
   runs that do hold it. A run is alive when it is in this runner's hands (submitting or in one
   of its processes) or when its flow process holds its run lock
-  (``runs/.active/<id>.json``, see :mod:`pipelines.reconcile`); at ``serve`` start nothing of
+  (``runs/.active/<id>.json``, see :mod:`pipelines.run.reconcile`); at ``serve`` start nothing of
   its deployments can legitimately be ``Pending``.
 - :func:`skip_missed` applies :data:`DOWNTIME_POLICY` to the scheduled runs whose time passed
   while nothing served them.
@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from pipelines.home import home_path
-from pipelines.reconcile import ACTIVE_DIR
+from pipelines.run.reconcile import ACTIVE_DIR
 from pipelines.serve.schedule_health import (
     deployment_label,
     hms,

@@ -5,7 +5,7 @@ In one run:
 
 - **A VLA at 250 M parameters on this CPU** (the ``smolvlm-256m`` preset, random weights: a
   systems measurement): exported through ``robo-pipe export`` with the chunk length the gate's
-  arithmetic asks for (:func:`deploy_edge.runtime.async_shortfall`: ``chunk_len >= 2 d``, ``d``
+  arithmetic asks for (:func:`deploy_edge.async_loop.async_shortfall`: ``chunk_len >= 2 d``, ``d``
   the ticks of inference p99 + margin), its ONNX Runtime inference p50/p99 at one thread, then
   on the simulated rp5 at 10 Hz: the synchronous loop (every tick that infers overruns the
   period and misses; it is measured on ``--sync-ticks`` ticks, each one inference long, and
@@ -19,7 +19,7 @@ In one run:
   test.
 - **The policy server**: the default VLA's export deployed to a real local agent, and 4 robot
   clients (:class:`deploy_edge.policy_client.remote_policy.RemotePolicy` under
-  :class:`deploy_edge.runtime.AsyncControlLoop`, a simulated rp5 each) at 10 Hz at once:
+  :class:`deploy_edge.async_loop.AsyncControlLoop`, a simulated rp5 each) at 10 Hz at once:
   per-client misses and action age.
 
 ``--quick``: the default VLA size with an injected 250 ms delay at the engine seam in place of
@@ -44,16 +44,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script: the repository root is not on the path
 
 from benchmarks.vla_scale import export_in_subprocess, fresh_checkpoint, small_dataset  # noqa: E402
+from deploy_edge.async_loop import AsyncControlLoop, async_shortfall, inference_ticks  # noqa: E402
 from deploy_edge.exported import ExportedPolicy  # noqa: E402
-from deploy_edge.runtime import (  # noqa: E402
-    AsyncControlLoop,
-    ChunkPolicy,
-    ControlLoop,
-    Tick,
-    async_shortfall,
-    inference_ticks,
-    measure_inference,
-)
+from deploy_edge.runtime import ChunkPolicy, ControlLoop, Tick, measure_inference  # noqa: E402
 from pipelines.config import CONFIG_DIR, load_config  # noqa: E402
 from robo_pipe.errors import RoboPipeError  # noqa: E402
 from sim_scenes.sim_robot import simulated_rp5  # noqa: E402

@@ -7,10 +7,10 @@ it measured on.
 
 Mode: ``sync`` (the default) runs :class:`deploy_edge.runtime.ControlLoop`, inference inside the
 tick: for a policy whose whole step fits in one period. ``async`` runs
-:class:`deploy_edge.runtime.AsyncControlLoop`, inference off the tick: for one whose inference
+:class:`deploy_edge.async_loop.AsyncControlLoop`, inference off the tick: for one whose inference
 takes longer. Its gate first times inference alone (back to back on one observation: inference
 p50/p99) and refuses, before running the loop, a chunk that cannot cover inference p99 plus
-``inference_margin_ms`` (:func:`deploy_edge.runtime.async_shortfall`, its arithmetic in the
+``inference_margin_ms`` (:func:`deploy_edge.async_loop.async_shortfall`, its arithmetic in the
 reason); else it runs the asynchronous loop, paced to the control rate, and judges the tick p99
 and misses as above, the action age p99 (observation taken -> action sent) against
 ``action_age_budget_ms`` and the largest seam jump against ``seam_jump_max``.
@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from deploy_edge.async_loop import AsyncControlLoop
 from deploy_edge.bundle.io_spec import read_io_spec
 from deploy_edge.exported import ExportedPolicy
 from deploy_edge.latency_report import LatencyReport, write_report, write_with_histogram
@@ -46,7 +47,7 @@ from deploy_edge.precision import (
     options,
     trial_error,
 )
-from deploy_edge.runtime import AsyncControlLoop, ControlLoop, Tick, measure_inference
+from deploy_edge.runtime import ControlLoop, Tick, measure_inference
 from deploy_edge.targets import TargetError, TargetProfile, pinned_option
 from deploy_edge.wire import Trial
 from robo_pipe.errors import RoboPipeError

@@ -29,6 +29,7 @@ from pydantic import (
 )
 
 from configs import targets_dir
+from deploy_edge.async_loop import Blend
 from deploy_edge.bundle.io_spec import IOSpec
 from deploy_edge.precision import (
     CHOOSERS,
@@ -40,7 +41,6 @@ from deploy_edge.precision import (
     chooser,
     pinned_run,
 )
-from deploy_edge.runtime import Blend
 from robo_pipe.errors import RoboPipeError
 from robo_pipe.validation import first_error, one_of
 
@@ -93,7 +93,7 @@ class TargetProfile(BaseModel):
     None: measured, not judged)."""
     blend: Blend = "linear"
     """``async``: how a new chunk joins the planned actions
-    (:class:`~deploy_edge.runtime.ChunkQueue`)."""
+    (:class:`~deploy_edge.async_loop.ChunkQueue`)."""
 
     @model_validator(mode="after")
     def _async_has_an_age_budget(self) -> TargetProfile:

@@ -11,7 +11,7 @@ a version deployed later is served on the next observation).
 
 - :mod:`deploy_edge.policy_client.remote_policy`: :class:`RemotePolicy`, a
   :class:`~deploy_edge.runtime.ChunkPolicy` over that socket, so the asynchronous loop
-  (:class:`~deploy_edge.runtime.AsyncControlLoop`) runs it like a local engine; any failure (a
+  (:class:`~deploy_edge.async_loop.AsyncControlLoop`) runs it like a local engine; any failure (a
   dropped socket, a dead server, a timeout, an error frame) raises out of ``infer``, which the
   loop turns into the safe action, and the next call reconnects.
 - :mod:`deploy_edge.policy_client.remote_run`: that loop on a robot, and what it reports.

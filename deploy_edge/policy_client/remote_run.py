@@ -7,8 +7,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from deploy_edge.async_loop import AsyncControlLoop, Blend
 from deploy_edge.policy_client.remote_policy import RemotePolicy
-from deploy_edge.runtime import AsyncControlLoop, Blend, Tick, measure_inference
+from deploy_edge.runtime import Tick, measure_inference
 from robo_pipe.records import Record
 from robots.interface import Robot
 
@@ -44,7 +45,7 @@ def run_remote(
     margin_s: float = 0.02,
     blend: Blend = "linear",
 ) -> tuple[RunSummary, list[Tick]]:
-    """``ticks`` periods of :class:`~deploy_edge.runtime.AsyncControlLoop` with ``policy`` on
+    """``ticks`` periods of :class:`~deploy_edge.async_loop.AsyncControlLoop` with ``policy`` on
     ``robot`` (connected by the caller), paced to its control rate. ValueError (the arithmetic)
     when the served chunk cannot hold the rate with ``inference_s`` + ``margin_s``."""
     with AsyncControlLoop(

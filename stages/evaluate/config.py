@@ -54,7 +54,7 @@ class DelayConfig(BaseModel):
     ``inference_margin_ms``: observation copies, scheduling)."""
     blend: Literal["linear", "none"] = "linear"
     """async: how a new chunk merges into the planned actions it overlaps
-    (:class:`deploy_edge.runtime.ChunkQueue`)."""
+    (:class:`deploy_edge.async_loop.ChunkQueue`)."""
     blend_ticks: int | None = Field(default=None, ge=0, le=4096)
     """async: blend over at most this many overlapping ticks (None: the whole overlap)."""
     execute: int = Field(default=1, ge=1, le=4096)

@@ -3,15 +3,15 @@
 Episodes count control ticks (one simulator step each, ``1 / control_hz`` s), so a delay is a
 whole number of ticks and the play is deterministic (nothing sleeps). An inference of
 ``inference_ms`` plus ``margin_ms`` occupies ``d = ceil((inference + margin) / period)`` ticks
-(:func:`deploy_edge.runtime.inference_ticks`, the runtime's own arithmetic). Per environment:
+(:func:`deploy_edge.async_loop.inference_ticks`, the runtime's own arithmetic). Per environment:
 
     sync   (the runtime's ``ControlLoop`` when inference blocks the tick):
            queue empty at tick t -> infer on the observation of t; ticks t .. t+d-1 send the
            safe action (the robot holds while the engine works); from tick t+d the chunk's first
            ``execute`` actions, one per tick; then infer again
-    async  (the runtime's asynchronous loop): the same :class:`~deploy_edge.runtime.ChunkQueue`
+    async  (the runtime's asynchronous loop): the same :class:`~deploy_edge.async_loop.ChunkQueue`
            and trigger rule: at tick t, when no inference is in flight and ``remaining(t)`` is
-           at most :func:`~deploy_edge.runtime.trigger_threshold` (``d`` + the overlap the
+           at most :func:`~deploy_edge.async_loop.trigger_threshold` (``d`` + the overlap the
            chunk leaves room for), infer on the observation of t; that chunk is added at tick
            t+d with obs tick t (aligned: its first d actions are past; blended into what is
            still planned for its ticks); a dry queue sends the safe action. As in the
@@ -23,7 +23,7 @@ whole number of ticks and the play is deterministic (nothing sleeps). An inferen
 
 The safe action holds the arm (zero joint deltas) and keeps the gripper at its measured opening,
 the rule of :func:`deploy_edge.runtime.hold_position`. An async configuration whose chunk cannot
-cover the delay (:func:`deploy_edge.runtime.async_shortfall`) is refused before any episode.
+cover the delay (:func:`deploy_edge.async_loop.async_shortfall`) is refused before any episode.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from typing import cast
 
 import numpy as np
 
-from deploy_edge.runtime import (
+from deploy_edge.async_loop import (
     Blend,
     ChunkQueue,
     async_shortfall,
@@ -78,7 +78,7 @@ class DelayPlan(Record):
     """The policy's chunk length (filled in when the policy is loaded)."""
     trigger: int = 0
     """async: planned actions at or below which an inference starts
-    (:func:`~deploy_edge.runtime.trigger_threshold`; filled in with ``chunk_len``)."""
+    (:func:`~deploy_edge.async_loop.trigger_threshold`; filled in with ``chunk_len``)."""
 
     def describe(self) -> str:
         """One line for people: mode, delay, ticks, and the chunk it plays."""

@@ -18,12 +18,13 @@ from rich.console import Console
 
 from deploy_edge.agent.config import DeviceConfig, Tokens
 from deploy_edge.agent.deployer import Deployer
+from deploy_edge.async_loop import AsyncControlLoop, Blend, inference_ticks
 from deploy_edge.exported import ExportedPolicy
 from deploy_edge.keys import generate_keypair, load_private_key
 from deploy_edge.latency import run_gate
 from deploy_edge.latency_report import LatencyReport
 from deploy_edge.release.signature import write_release
-from deploy_edge.runtime import AsyncControlLoop, Blend, ChunkPolicy, Tick, inference_ticks
+from deploy_edge.runtime import ChunkPolicy, Tick
 from deploy_edge.targets import TargetError, load_target
 from deploy_edge.wire import GateFigures
 from pipelines.cli.result_tables import show_latency

@@ -30,8 +30,8 @@ import yaml
 from deploy_edge.agent.config import DeviceConfigError, load_device_config
 from deploy_edge.agent.deployer import Deployer
 from deploy_edge.agent.service import DELAY_ENV
+from deploy_edge.async_loop import AsyncControlLoop
 from deploy_edge.policy_client.remote_policy import PolicyServerError, RemotePolicy
-from deploy_edge.runtime import AsyncControlLoop
 from pipelines.services.local_servers import free_port
 from robots.interface import RobotObservation
 from robots.spec import get_robot

@@ -34,12 +34,18 @@ import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Literal
 
 import numpy as np
 
-from deploy_edge.runtime import ChunkPolicy, SafeAction, Tick, hold_position, run_ticks
+from deploy_edge.runtime import (
+    ChunkPolicy,
+    ClosedOnExit,
+    SafeAction,
+    Tick,
+    hold_position,
+    run_ticks,
+)
 from robots.interface import Robot
 
 Blend = Literal["linear", "none"]
@@ -185,7 +191,7 @@ class _Chunk:
     inference_s: float
 
 
-class AsyncControlLoop:
+class AsyncControlLoop(ClosedOnExit):
     """Runs ``policy`` on ``robot`` with inference off the control tick (module docstring).
 
     Actuation never waits on the engine: one background worker thread infers on the latest
@@ -309,17 +315,6 @@ class AsyncControlLoop:
         """Stop the inference worker (waits for an inference in flight; idempotent)."""
         self._worker.shutdown(wait=True, cancel_futures=True)
         self._pending = None
-
-    def __enter__(self) -> AsyncControlLoop:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def _forget_before(self, tick: int) -> None:
         # No planned action is older than one chunk: their observation times are not needed.

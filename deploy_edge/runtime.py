@@ -26,7 +26,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Protocol
+from typing import Protocol, Self
 
 import numpy as np
 
@@ -113,7 +113,25 @@ def run_ticks(tick: Callable[[], Tick], ticks: int, period: float | None) -> lis
     return records
 
 
-class ControlLoop:
+class ClosedOnExit:
+    """A loop used as a context manager: its ``close()`` runs when the ``with`` block ends."""
+
+    def close(self) -> None:
+        """Release what the loop holds (its worker, its engine session)."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class ControlLoop(ClosedOnExit):
     """Runs ``policy`` on ``robot`` (see module docstring).
 
     Args:
@@ -171,14 +189,3 @@ class ControlLoop:
 
     def close(self) -> None:
         """Nothing to stop (inference runs in the tick); for callers that hold either loop."""
-
-    def __enter__(self) -> ControlLoop:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()

@@ -36,6 +36,20 @@ from sim_scenes.batched_env import BatchedObservation
 from stages.dataset.layout import ACTION_KEY, ENV_STATE_KEY, STATE_KEY
 from stages.policy.config import LoraSettings, VLAConfig
 
+Tensor = torch.Tensor
+Images = dict[str, torch.Tensor]
+"""Camera name -> uint8 images ``(B, H, W, 3)``."""
+Encoded = tuple[torch.Tensor, torch.Tensor]
+"""What :meth:`VLAPolicy.encode` returns: (action-query features ``(B, chunk_len, d)``, vision
+tokens ``(B, n_vision, d)``)."""
+
+
+def masked_mean(tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The mean of ``tokens`` ``(B, L, d)`` over the positions ``mask`` ``(B, L)`` marks (1 = a
+    token, 0 = padding): ``(B, d)``; an all-padding row gives zeros."""
+    mask = mask.to(torch.float32)
+    return (tokens * mask[..., None]).sum(1) / mask.sum(1, keepdim=True).clamp_min(1.0)
+
 
 class PolicyTokenizer(Protocol):
     """Instruction text -> fixed-length token ids, saved beside the model."""
@@ -152,13 +166,7 @@ class VLAPolicy(nn.Module, ABC):
     # -- what a model type provides ------------------------------------------------------------
 
     @abstractmethod
-    def encode(
-        self,
-        images: dict[str, torch.Tensor],
-        state: torch.Tensor,
-        tokens: torch.Tensor,
-        token_mask: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def encode(self, images: Images, state: Tensor, tokens: Tensor, token_mask: Tensor) -> Encoded:
         """Observations -> (action-query features ``(B, chunk_len, d)``, vision tokens
         ``(B, n_vision, d)``). ``state`` is already normalised; images are uint8 BHWC."""
 

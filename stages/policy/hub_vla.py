@@ -31,7 +31,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from robo_pipe.errors import RoboPipeError
-from stages.policy.base import Normalizer, VLAPolicy
+from stages.policy.base import Encoded, Images, Normalizer, Tensor, VLAPolicy
 from stages.policy.config import VLAConfig
 
 
@@ -155,13 +155,7 @@ class HubVLA(VLAPolicy):
         self.action_queries = nn.Parameter(torch.zeros(1, cfg.chunk_len, width))
         nn.init.normal_(self.action_queries, std=0.02)
 
-    def encode(
-        self,
-        images: dict[str, torch.Tensor],
-        state: torch.Tensor,
-        tokens: torch.Tensor,
-        token_mask: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def encode(self, images: Images, state: Tensor, tokens: Tensor, token_mask: Tensor) -> Encoded:
         image_tokens = []
         for cam in self.cfg.cameras:
             pixels = images[cam].permute(0, 3, 1, 2).to(torch.float32) / 255.0

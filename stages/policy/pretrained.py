@@ -41,7 +41,7 @@ from torch import nn
 
 from robo_pipe.errors import RoboPipeError
 from robo_pipe.integrity import file_sha256
-from stages.policy.base import Normalizer, VLAPolicy
+from stages.policy.base import Encoded, Images, Normalizer, Tensor, VLAPolicy, masked_mean
 from stages.policy.config import LoraSettings, VLAConfig
 from stages.policy.efficientnet_lite import STAGE_CHANNELS, EfficientNetLite0
 from stages.policy.types import WeightsSource
@@ -336,13 +336,7 @@ class PretrainedVLA(VLAPolicy):
                 self._instruction_cache[keys[i]] = row
         return torch.stack([self._instruction_cache[key] for key in keys])
 
-    def encode(
-        self,
-        images: dict[str, torch.Tensor],
-        state: torch.Tensor,
-        tokens: torch.Tensor,
-        token_mask: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def encode(self, images: Images, state: Tensor, tokens: Tensor, token_mask: Tensor) -> Encoded:
         return self.encode_encoded(
             images, state, self.encode_instruction(tokens, token_mask), token_mask
         )
@@ -355,9 +349,9 @@ class PretrainedVLA(VLAPolicy):
         token_mask: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`encode` from instruction features ``(B, L, 384)`` (the policy graph)."""
-        mask = token_mask.to(torch.float32)
         words = self.text_proj(instruction) + self.token_pos
-        text = (words * mask[..., None]).sum(1) / mask.sum(1, keepdim=True).clamp_min(1.0)
+        mask = token_mask.to(torch.float32)  # 1 = a word: the transformer attends to it
+        text = masked_mean(words, mask)
         vision = torch.cat(
             [self.adapters[cam](images[cam], text) for cam in self.cfg.cameras], dim=1
         )

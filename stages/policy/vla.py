@@ -25,7 +25,15 @@ import torch
 from torch import nn
 from transformers import BertConfig, BertModel
 
-from stages.policy.base import Normalizer, PolicyTokenizer, VLAPolicy
+from stages.policy.base import (
+    Encoded,
+    Images,
+    Normalizer,
+    PolicyTokenizer,
+    Tensor,
+    VLAPolicy,
+    masked_mean,
+)
 from stages.policy.config import LoraSettings, VLAConfig
 
 VISION_TOKENS = 4
@@ -147,16 +155,10 @@ class DefaultVLA(VLAPolicy):
             return rf"{self.lora_target_modules}|encoders\.\w+\.(conv2|conv3|film2|film3|proj)"
         return self.lora_target_modules
 
-    def encode(
-        self,
-        images: dict[str, torch.Tensor],
-        state: torch.Tensor,
-        tokens: torch.Tensor,
-        token_mask: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        mask = token_mask.to(torch.float32)
+    def encode(self, images: Images, state: Tensor, tokens: Tensor, token_mask: Tensor) -> Encoded:
         words = self.token_embedding(tokens) + self.token_pos
-        text = (words * mask[..., None]).sum(1) / mask.sum(1, keepdim=True).clamp_min(1.0)
+        mask = token_mask.to(torch.float32)  # 1 = a word: the transformer attends to it
+        text = masked_mean(words, mask)
         vision = torch.cat(
             [
                 self.encoders[cam](images[cam].permute(0, 3, 1, 2).to(torch.float32) / 255.0, text)

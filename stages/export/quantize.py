@@ -6,6 +6,8 @@
                      MatMul, Gemm with a weight matrix): QDQ format, per-channel symmetric INT8
                      weights, symmetric INT8 activations (zero point 0) calibrated (MinMax) on
                      the calibration frames; the rest stays FP32
+    Int8Maker      = the INT8 variant's maker (:data:`~stages.export.config.MAKERS`):
+                     quantize_int8, then int8_variant's spec entry of its scores
     score_variant  = the variant against FP32 ONNX Runtime on the held-out frames (robot units,
                      and relative to each action dimension's std in the training data), against
                      torch on the bundle's reference inputs, and the error bar's verdict
@@ -27,7 +29,6 @@ import logging
 import re
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ import numpy as np
 from deploy_edge.bundle.io_spec import Variant
 from robo_pipe.errors import RoboPipeError
 from stages.export.config import ExportConfig
+from stages.export.variants import Errors, FrameSplit, VariantMaker
 
 CALIBRATE_METHOD = "MinMax"
 """How activation ranges are taken from the calibration frames: their min and max,
@@ -59,20 +61,6 @@ UINT8_METHOD = (
 class QuantizeError(RoboPipeError, ValueError):
     """A variant cannot be made from this dataset (too few episodes or frames to set some
     apart for scoring)."""
-
-
-@dataclass(frozen=True)
-class FrameSplit:
-    """Dataset frames as graph inputs, in two disjoint sets of episodes."""
-
-    calibration: dict[str, np.ndarray]
-    """Inputs the activation ranges are calibrated on."""
-    scoring: dict[str, np.ndarray]
-    """Held-out inputs the variants are scored on (other episodes)."""
-    calibration_episodes: list[int]
-    scoring_episodes: list[int]
-    dataset: str
-    """The dataset's path."""
 
 
 def split_frames(policy: Any, root: Path, calibration_frames: int, score_frames: int) -> FrameSplit:
@@ -216,19 +204,6 @@ def quantize_int8(
     return time.perf_counter() - start
 
 
-@dataclass(frozen=True)
-class Errors:
-    """A variant against its references."""
-
-    action_error: float
-    action_error_max: float
-    relative_error: float
-    relative_by_dim: list[float]
-    """Each action dimension's mean |variant - FP32| over its training std."""
-    reference_error: float
-    scored_frames: int
-
-
 def score_variant(
     variant: Any,
     fp32: Any,
@@ -320,3 +295,34 @@ def int8_variant(
         candidate=not over,
         reason=reason,
     )
+
+
+class Int8Maker(VariantMaker):
+    """The INT8 Q/DQ variant: :func:`quantize_int8` (activations as
+    ``export.int8_activations`` says), listed by :func:`int8_variant`."""
+
+    name = "int8"
+    precision = "int8"
+
+    def make(
+        self,
+        fp32: Path,
+        out: Path,
+        calibration: Mapping[str, np.ndarray],
+        external_data: bool,
+        layers: list[str],
+        config: ExportConfig,
+    ) -> float:
+        symmetric = config.int8_activations == "symmetric"
+        return quantize_int8(fp32, out, calibration, external_data, layers, symmetric)
+
+    def spec(
+        self,
+        onnx_file: str,
+        errors: Errors,
+        split: FrameSplit,
+        config: ExportConfig,
+        seconds: float,
+        layers: int,
+    ) -> Variant:
+        return int8_variant(onnx_file, errors, split, config, seconds, layers)

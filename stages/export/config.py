@@ -11,9 +11,9 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from robo_pipe.validation import one_of
 
 MAKERS: dict[str, str] = {
-    "int8": "stages.export.quantize:Int8Maker",
+    "int8": "stages.export.quantize:INT8",
 }
-"""Variant the export makes on this machine -> ``module:Class`` of its
+"""Variant the export makes on this machine -> ``module:name`` of its
 :class:`~stages.export.variants.VariantMaker`, imported only when one is made. Adding one = its
 module + one line here (and its :class:`~deploy_edge.precision.PrecisionVariant` in
 :data:`deploy_edge.precision.VARIANTS`). FP16 and FP8 TensorRT engines are built on the device

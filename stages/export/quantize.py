@@ -6,8 +6,8 @@
                      MatMul, Gemm with a weight matrix): QDQ format, per-channel symmetric INT8
                      weights, symmetric INT8 activations (zero point 0) calibrated (MinMax) on
                      the calibration frames; the rest stays FP32
-    Int8Maker      = the INT8 variant's maker (:data:`~stages.export.config.MAKERS`):
-                     quantize_int8, then int8_variant's spec entry of its scores
+    INT8           = the INT8 variant's maker (:data:`~stages.export.config.MAKERS`):
+                     quantize_int8 writes it, int8_variant its spec entry of its scores
     score_variant  = the variant against FP32 ONNX Runtime on the held-out frames (robot units,
                      and relative to each action dimension's std in the training data), against
                      torch on the bundle's reference inputs, and the error bar's verdict
@@ -156,13 +156,13 @@ def quantize_int8(
     calibration: Mapping[str, np.ndarray],
     external_data: bool,
     layers: list[str],
-    symmetric: bool = True,
+    config: ExportConfig,
 ) -> float:
     """Write ``out`` (and ``out`` + ``.data`` when ``external_data``: graphs past 2 GB must
     keep their weights outside the protobuf), the static INT8 Q/DQ variant of the FP32 graph
     ``fp32`` with the nodes ``layers`` quantised, calibrated on ``calibration``; activations
-    INT8 with zero point 0 (``symmetric``) or UINT8 with a zero point. Returns the seconds it
-    took."""
+    INT8 with zero point 0 (``export.int8_activations`` ``symmetric``) or UINT8 with a zero
+    point. Returns the seconds it took."""
     from onnxruntime.quantization import (
         CalibrationMethod,
         QuantFormat,
@@ -170,6 +170,7 @@ def quantize_int8(
         quantize_static,
     )
 
+    symmetric = config.int8_activations == "symmetric"
     start = time.perf_counter()
     # The quantizer logs a line per tensor it leaves in float (the integer inputs, shapes).
     logger = logging.getLogger()
@@ -297,32 +298,5 @@ def int8_variant(
     )
 
 
-class Int8Maker(VariantMaker):
-    """The INT8 Q/DQ variant: :func:`quantize_int8` (activations as
-    ``export.int8_activations`` says), listed by :func:`int8_variant`."""
-
-    name = "int8"
-    precision = "int8"
-
-    def make(
-        self,
-        fp32: Path,
-        out: Path,
-        calibration: Mapping[str, np.ndarray],
-        external_data: bool,
-        layers: list[str],
-        config: ExportConfig,
-    ) -> float:
-        symmetric = config.int8_activations == "symmetric"
-        return quantize_int8(fp32, out, calibration, external_data, layers, symmetric)
-
-    def spec(
-        self,
-        onnx_file: str,
-        errors: Errors,
-        split: FrameSplit,
-        config: ExportConfig,
-        seconds: float,
-        layers: int,
-    ) -> Variant:
-        return int8_variant(onnx_file, errors, split, config, seconds, layers)
+INT8 = VariantMaker(name="int8", precision="int8", make=quantize_int8, spec=int8_variant)
+"""The INT8 Q/DQ variant's maker (:data:`~stages.export.config.MAKERS`)."""

@@ -20,7 +20,8 @@ deployment's trials and choice, the slot's ``variant`` and ``precision``), and r
 (:func:`deploy_edge.targets.running_option`), never re-derived from a name.
 
 Adding a precision variant = its class (here or in a module of its own) + one line in
-:data:`VARIANTS`; a chooser likewise in :data:`CHOOSERS`.
+:data:`VARIANTS` (one the export makes: also its maker, one line in
+:data:`stages.export.config.MAKERS`); a chooser likewise in :data:`CHOOSERS`.
 """
 
 from __future__ import annotations

@@ -3,7 +3,9 @@
 ``export(checkpoint, out)`` writes the bundle (its layout and I/O spec are owned by
 :mod:`deploy_edge.bundle`) and returns an :class:`ExportRef`; it is implemented in
 :mod:`stages.export.onnx`, its precision variants (INT8 Q/DQ, scored against FP32) in
-:mod:`stages.export.quantize`, its settings in :class:`ExportConfig`. Names load on first use
+:mod:`stages.export.quantize`, what every variant's maker shares in
+:mod:`stages.export.variants`, its settings and the makers' registry
+(:data:`~stages.export.config.MAKERS`) in :mod:`stages.export.config`. Names load on first use
 (torch only then).
 """
 

@@ -4,13 +4,20 @@ variant must stay within to be a candidate."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-VariantName = Literal["int8"]
-"""Variants the export makes on this machine. FP16 and FP8 TensorRT engines are built on the
-device (GPU-only) from the FP32 graph and from the INT8 graph's explicit Q/DQ nodes."""
+from robo_pipe.validation import one_of
+
+MAKERS: dict[str, str] = {
+    "int8": "stages.export.quantize:INT8",
+}
+"""Variant the export makes on this machine -> ``module:name`` of its
+:class:`~stages.export.variants.VariantMaker`, imported only when one is made. Adding one = its
+module + one line here (and its :class:`~deploy_edge.precision.PrecisionVariant` in
+:data:`deploy_edge.precision.VARIANTS`). FP16 and FP8 TensorRT engines are built on the device
+(GPU-only) from the FP32 graph and from the INT8 graph's explicit Q/DQ nodes."""
 
 
 class ExportConfig(BaseModel):
@@ -18,11 +25,12 @@ class ExportConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
-    variants: list[VariantName] = ["int8"]
-    """Variants written beside ``policy.onnx`` (``int8``: ONNX Runtime static quantisation with
-    Q/DQ nodes, per-channel symmetric INT8 weights, symmetric INT8 activations calibrated on
-    dataset frames). ``[]``: the FP32 graph only. They need the training dataset (calibration
-    and scoring frames): an export without one writes FP32 only and says so."""
+    variants: list[Annotated[str, AfterValidator(one_of(MAKERS, "export variant"))]] = ["int8"]
+    """Variants written beside ``policy.onnx``, keys of :data:`MAKERS` (``int8``: ONNX
+    Runtime static quantisation with Q/DQ nodes, per-channel symmetric INT8 weights, symmetric
+    INT8 activations calibrated on dataset frames). ``[]``: the FP32 graph only. They need the
+    training dataset (calibration and scoring frames): an export without one writes FP32 only
+    and says so."""
     max_relative_error: float = Field(default=0.05, gt=0.0, le=10.0)
     """The error bar: a variant whose worst action dimension's mean |variant - FP32| on the
     held-out frames exceeds this fraction of that dimension's std in the training data is not

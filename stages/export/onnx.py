@@ -413,13 +413,8 @@ def _make_variants(
     episodes of ``dataset``, written as ``policy.<name>.onnx`` (+ data) into ``staging``."""
     import onnxruntime as ort
 
-    from stages.export.quantize import (
-        int8_variant,
-        layers_to_quantize,
-        quantize_int8,
-        score_variant,
-        split_frames,
-    )
+    from stages.export.quantize import layers_to_quantize, score_variant, split_frames
+    from stages.export.variants import variant_maker
 
     split = split_frames(policy, dataset, config.calibration_frames, config.score_frames)
     # The policy graph's own inputs: with an instruction graph, its features of the tokens
@@ -432,16 +427,16 @@ def _make_variants(
     )
     external = any(p.name != ONNX_FILE for p in model_files(staging, ONNX_FILE))
     layers = layers_to_quantize(staging / ONNX_FILE, config.keep_float)
+    makers = [(name, variant_maker(name)) for name in wanted]  # export.variants: MAKERS' keys
     made: list[Variant] = []
     seconds: dict[str, float] = {}
-    for name in wanted:  # int8 only, for now (VariantName); all made before any is scored
+    for name, maker in makers:  # all made before any is scored
         target = staging / f"policy.{name}.onnx"
-        symmetric = config.int8_activations == "symmetric"
-        seconds[name] = quantize_int8(
-            staging / ONNX_FILE, target, split.calibration, external, layers, symmetric
+        seconds[name] = maker.make(
+            staging / ONNX_FILE, target, split.calibration, external, layers, config
         )
     fp32 = ort.InferenceSession(str(staging / ONNX_FILE), providers=["CPUExecutionProvider"])
-    for name in wanted:
+    for name, maker in makers:
         target = staging / f"policy.{name}.onnx"
         session = ort.InferenceSession(str(target), providers=["CPUExecutionProvider"])
         errors = score_variant(
@@ -452,7 +447,7 @@ def _make_variants(
             reference,
             list(OnnxPolicy.output_names),
         )
-        made.append(int8_variant(target.name, errors, split, config, seconds[name], len(layers)))
+        made.append(maker.spec(target.name, errors, split, config, seconds[name], len(layers)))
         del session
     return tuple(made)
 

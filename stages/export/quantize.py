@@ -6,6 +6,8 @@
                      MatMul, Gemm with a weight matrix): QDQ format, per-channel symmetric INT8
                      weights, symmetric INT8 activations (zero point 0) calibrated (MinMax) on
                      the calibration frames; the rest stays FP32
+    INT8           = the INT8 variant's maker (:data:`~stages.export.config.MAKERS`):
+                     quantize_int8 writes it, int8_variant its spec entry of its scores
     score_variant  = the variant against FP32 ONNX Runtime on the held-out frames (robot units,
                      and relative to each action dimension's std in the training data), against
                      torch on the bundle's reference inputs, and the error bar's verdict
@@ -27,7 +29,6 @@ import logging
 import re
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ import numpy as np
 from deploy_edge.bundle.io_spec import Variant
 from robo_pipe.errors import RoboPipeError
 from stages.export.config import ExportConfig
+from stages.export.variants import Errors, FrameSplit, VariantMaker
 
 CALIBRATE_METHOD = "MinMax"
 """How activation ranges are taken from the calibration frames: their min and max,
@@ -59,20 +61,6 @@ UINT8_METHOD = (
 class QuantizeError(RoboPipeError, ValueError):
     """A variant cannot be made from this dataset (too few episodes or frames to set some
     apart for scoring)."""
-
-
-@dataclass(frozen=True)
-class FrameSplit:
-    """Dataset frames as graph inputs, in two disjoint sets of episodes."""
-
-    calibration: dict[str, np.ndarray]
-    """Inputs the activation ranges are calibrated on."""
-    scoring: dict[str, np.ndarray]
-    """Held-out inputs the variants are scored on (other episodes)."""
-    calibration_episodes: list[int]
-    scoring_episodes: list[int]
-    dataset: str
-    """The dataset's path."""
 
 
 def split_frames(policy: Any, root: Path, calibration_frames: int, score_frames: int) -> FrameSplit:
@@ -168,13 +156,13 @@ def quantize_int8(
     calibration: Mapping[str, np.ndarray],
     external_data: bool,
     layers: list[str],
-    symmetric: bool = True,
+    config: ExportConfig,
 ) -> float:
     """Write ``out`` (and ``out`` + ``.data`` when ``external_data``: graphs past 2 GB must
     keep their weights outside the protobuf), the static INT8 Q/DQ variant of the FP32 graph
     ``fp32`` with the nodes ``layers`` quantised, calibrated on ``calibration``; activations
-    INT8 with zero point 0 (``symmetric``) or UINT8 with a zero point. Returns the seconds it
-    took."""
+    INT8 with zero point 0 (``export.int8_activations`` ``symmetric``) or UINT8 with a zero
+    point. Returns the seconds it took."""
     from onnxruntime.quantization import (
         CalibrationMethod,
         QuantFormat,
@@ -182,6 +170,7 @@ def quantize_int8(
         quantize_static,
     )
 
+    symmetric = config.int8_activations == "symmetric"
     start = time.perf_counter()
     # The quantizer logs a line per tensor it leaves in float (the integer inputs, shapes).
     logger = logging.getLogger()
@@ -214,19 +203,6 @@ def quantize_int8(
     for written in out.parent.glob(f"{out.name}*"):
         written.chmod(0o644)  # the quantizer writes its external data owner-only
     return time.perf_counter() - start
-
-
-@dataclass(frozen=True)
-class Errors:
-    """A variant against its references."""
-
-    action_error: float
-    action_error_max: float
-    relative_error: float
-    relative_by_dim: list[float]
-    """Each action dimension's mean |variant - FP32| over its training std."""
-    reference_error: float
-    scored_frames: int
 
 
 def score_variant(
@@ -320,3 +296,7 @@ def int8_variant(
         candidate=not over,
         reason=reason,
     )
+
+
+INT8 = VariantMaker(name="int8", precision="int8", make=quantize_int8, spec=int8_variant)
+"""The INT8 Q/DQ variant's maker (:data:`~stages.export.config.MAKERS`)."""

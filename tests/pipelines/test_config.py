@@ -56,6 +56,8 @@ def test_unknown_robot_and_variant_list_choices(tmp_path: Path) -> None:
     msg = problems(path)
     assert "field 'robot' = 'ur5': unknown robot; valid choices: rp5" in msg
     assert "field 'scene.variant' = 'touch-moon': unknown scene variant; valid choices:" in msg
+    path = write(tmp_path, "name: x\nexport:\n  variants: [int8, fp8]\n")
+    assert "unknown export variant; valid choices: int8" in problems(path)
 
 
 def test_unknown_camera_lists_the_robots_cameras(tmp_path: Path) -> None:

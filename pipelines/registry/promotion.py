@@ -2,7 +2,7 @@
 
 Registering versions and moving ``champion`` happen under :func:`promotion_lock`, one per model
 name, shared by every process of this home: so one export is never registered twice by two
-runs at once, and a promotion is a compare-and-set (``pipelines.steps.register_version``
+runs at once, and a promotion is a compare-and-set (``pipelines.steps.register.register_version``
 re-reads the champion under the lock and re-compares a candidate that was evaluated against an
 older one: :func:`pipelines.registry.champion.recheck`). ``champion`` moves to a version only
 when every enforced promotion gate passed (the rules are :mod:`stages.register`); the

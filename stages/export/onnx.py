@@ -80,6 +80,7 @@ from robo_pipe.errors import RoboPipeError
 from robo_pipe.integrity import CHECKSUMS_FILE, FileSum, IntegrityError, file_sums, writing
 from robo_pipe.records import Record
 from stages.export.config import ExportConfig
+from stages.export.variants import variant_maker
 from stages.policy.base import OnnxInstructionEncoder, OnnxPolicy, VLAPolicy
 from stages.policy.checkpoint import (
     checkpoint_hash,
@@ -414,7 +415,6 @@ def _make_variants(
     import onnxruntime as ort
 
     from stages.export.quantize import layers_to_quantize, score_variant, split_frames
-    from stages.export.variants import variant_maker
 
     split = split_frames(policy, dataset, config.calibration_frames, config.score_frames)
     # The policy graph's own inputs: with an instruction graph, its features of the tokens
@@ -486,17 +486,14 @@ def _existing_export(
 
 
 def _same_variants(spec: IOSpec, wanted: list[str], config: ExportConfig) -> bool:
-    """Whether ``spec``'s variants are the ``wanted`` ones, calibrated on as many frames and
-    held to the same error bar as ``config`` says."""
+    """Whether ``spec``'s variants are the ``wanted`` ones, made with the settings ``config``
+    gives each (its maker's ``settings``: frames, error bar, what stays in float, ...)."""
     if [v.name for v in spec.variants] != wanted:
         return False
     return all(
-        v.calibration.get("max_relative_error") == config.max_relative_error
-        and v.calibration.get("requested_frames") == config.calibration_frames
-        and v.calibration.get("requested_score_frames") == config.score_frames
-        and v.calibration.get("keep_float") == list(config.keep_float)
-        and v.calibration.get("activations") == config.int8_activations
+        v.calibration.get(key) == value
         for v in spec.variants
+        for key, value in variant_maker(v.name).settings(config).items()
     )
 
 

@@ -298,5 +298,18 @@ def int8_variant(
     )
 
 
-INT8 = VariantMaker(name="int8", precision="int8", make=quantize_int8, spec=int8_variant)
+def int8_settings(config: ExportConfig) -> dict[str, Any]:
+    """What an INT8 variant is made with, as :func:`int8_variant` records it."""
+    return {
+        "max_relative_error": config.max_relative_error,
+        "requested_frames": config.calibration_frames,
+        "requested_score_frames": config.score_frames,
+        "keep_float": list(config.keep_float),
+        "activations": config.int8_activations,
+    }
+
+
+INT8 = VariantMaker(
+    name="int8", precision="int8", make=quantize_int8, spec=int8_variant, settings=int8_settings
+)
 """The INT8 Q/DQ variant's maker (:data:`~stages.export.config.MAKERS`)."""

@@ -19,6 +19,7 @@ import pkgutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -42,6 +43,9 @@ class VariantMaker:
     spec: Callable[[str, Errors, FrameSplit, ExportConfig, float, int], Variant]
     """``(onnx_file, errors, split, config, seconds, layers)``: the spec entry of the variant
     ``onnx_file`` scored as ``errors``, a candidate only within ``config.max_relative_error``."""
+    settings: Callable[[ExportConfig], dict[str, Any]]
+    """The export settings the variant is made with, as its spec entry's ``calibration``
+    records them: an earlier export is reused only when every one is the same."""
 
 
 def variant_maker(name: str) -> VariantMaker:

@@ -294,12 +294,8 @@ class InstructionEncoding(Protocol):
         ...
 
     def encode_encoded(
-        self,
-        images: dict[str, torch.Tensor],
-        state: torch.Tensor,
-        instruction: torch.Tensor,
-        token_mask: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self, images: Images, state: Tensor, instruction: Tensor, token_mask: Tensor
+    ) -> Encoded:
         """:meth:`VLAPolicy.encode` from instruction features."""
         ...
 

@@ -342,12 +342,8 @@ class PretrainedVLA(VLAPolicy):
         )
 
     def encode_encoded(
-        self,
-        images: dict[str, torch.Tensor],
-        state: torch.Tensor,
-        instruction: torch.Tensor,
-        token_mask: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self, images: Images, state: Tensor, instruction: Tensor, token_mask: Tensor
+    ) -> Encoded:
         """:meth:`encode` from instruction features ``(B, L, 384)`` (the policy graph)."""
         words = self.text_proj(instruction) + self.token_pos
         mask = token_mask.to(torch.float32)  # 1 = a word: the transformer attends to it

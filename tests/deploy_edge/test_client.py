@@ -85,6 +85,7 @@ def status(running: dict[str, Any] | None, last: dict[str, Any] | None) -> dict[
         "path": "/s",
         "sha256": SHA,
         "variant": "int8",
+        "precision": "int8",
         "systems_test": True,
         "expires_at": "2025-02-01T00:00:00+00:00",
     }

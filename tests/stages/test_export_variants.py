@@ -138,6 +138,10 @@ def test_an_export_is_redone_when_its_variants_are_asked_for_differently(
     written = (out / "policy.int8.onnx").stat().st_mtime_ns
     assert export(root / "ckpt", out, dataset=tiny_dataset.path, config=SMALL) == made
     assert (out / "policy.int8.onnx").stat().st_mtime_ns == written, "reused, not redone"
+    # Made with another setting its maker records (the error bar): redone, not reused.
+    stricter = SMALL.model_copy(update={"max_relative_error": SMALL.max_relative_error / 2})
+    export(root / "ckpt", out, dataset=tiny_dataset.path, config=stricter)
+    assert (out / "policy.int8.onnx").stat().st_mtime_ns != written, "redone for a new bar"
     fp32_only = export(
         root / "ckpt", out, dataset=tiny_dataset.path, config=ExportConfig(variants=[])
     )

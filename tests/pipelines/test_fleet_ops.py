@@ -18,6 +18,7 @@ import httpx
 import pytest
 import yaml
 
+from tests.pace import bound_s, cli_start_s
 from tests.pipelines.test_deploy import MODEL, TOKEN
 from tests.pipelines.test_fleet import (  # noqa: F401  (module fixtures)
     TOKEN_ENV,
@@ -151,15 +152,15 @@ def test_retry_failed_touches_only_the_failed_device_and_fleet_rollback_undoes_a
         stop_fleet(agents)
 
 
-def test_bad_input_is_refused_in_under_two_seconds_before_any_server(
+def test_bad_input_is_refused_within_a_cli_start_before_any_server(
     registered: str,  # noqa: F811
     shared_home: Path,
     tmp_path: Path,
 ) -> None:
     """A fleet file with a bad field, an unset token variable, an unknown rollout id and a
-    registry nobody listens for: one line, exit 2 (3 for the registry), each in under 2 s
-    (the verb checks them before Prefect, MLflow or the flow's module load; the budget is
-    generous for a shared CI machine: the checks take about 0.5 s)."""
+    registry nobody listens for: one line, exit 2 (3 for the registry), each within 2.5 CLI
+    start-ups at the machine's present pace (:mod:`tests.pace`; 2 s on 2 quiet cores): the verb
+    checks them before Prefect, MLflow or the flow's module load (the checks take ~0.5 s)."""
     from pipelines.services.local_servers import free_port
 
     bad = tmp_path / "bad.yaml"
@@ -180,13 +181,15 @@ def test_bad_input_is_refused_in_under_two_seconds_before_any_server(
         ),
     ]
     os.environ.pop("F3_UNSET_TOKEN", None)
+    # 2 s on 2 quiet cores: a CLI start-up takes ~0.8 s there; the checks ~0.5 s.
+    pace = cli_start_s()
     for args, env, code, said in cases:
         start = time.perf_counter()
         done = _robo_pipe_bare(shared_home, "deploy", uri, *args, **env)
         seconds = time.perf_counter() - start
         assert done.returncode == code and said in done.stderr, (args, done.stderr[-2000:])
         assert "Traceback" not in done.stderr
-        assert seconds < 2.0, f"{args}: {seconds:.2f} s"
+        assert seconds < (bound := bound_s(0, 2.5, pace)), f"{args}: {seconds:.2f} s ({bound:.2f})"
 
 
 def _robo_pipe_bare(home: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:

@@ -29,13 +29,21 @@ from typing import Any
 import pytest
 
 from pipelines.serve.deployments import STOP_BOUND_S as RUNNER_BOUND_S
+from tests.pace import bound_s
 from tests.pipelines.test_flow import CONFIG
 from tests.pipelines.test_serve import SETS, Cli, _kill_all, _port_free, home_processes
 from tests.pipelines.test_signals import NIGHTLY, runner_polling, wait_for
 
 STOP_BOUND_S = RUNNER_BOUND_S + 5
 """From the signal to serve's exit: the runner's bound plus stopping its own servers (5 s grace
-before SIGKILL). docs/pipeline.md states it."""
+before SIGKILL). docs/pipeline.md states it. Asserted as :func:`tests.pace.bound_s` of it: plus
+:data:`EXIT_STARTS` CLI start-ups at the machine's pace measured in the test, so that the bound
+holds on cores a second heavy job shares."""
+
+EXIT_STARTS = 5
+"""What a stopping ``serve`` does besides waiting for its bound (ending its threads, its
+servers' processes and its own interpreter), counted in CLI start-ups: ~5 s on a quiet
+machine."""
 
 CHECK = "schedules=[{name: check, flow: champion_regression, interval_s: 5}]"
 """A run every 5 s (it fails at once: the home has no champion; it ran, which is the point)."""
@@ -147,7 +155,9 @@ def test_a_killed_prefect_server_is_started_again_on_its_port_and_serving_goes_o
     traceback_free(output)
     assert serve.proc.returncode == 143, output[-3000:]
     assert not _kill_all(home_path), "every process serve started has ended"
-    assert stopped_in < STOP_BOUND_S, f"serve took {stopped_in:.1f} s to stop"
+    assert stopped_in < (bound := bound_s(STOP_BOUND_S, EXIT_STARTS)), (
+        f"serve took {stopped_in:.1f} s to stop (bound {bound:.1f} s)"
+    )
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
@@ -173,7 +183,9 @@ def test_with_its_server_gone_a_signal_stops_serve_within_the_bound(
     output = serve.output()
     traceback_free(output)
     assert serve.proc.returncode == 128 + signum, output[-3000:]
-    assert stopped_in < STOP_BOUND_S, f"serve took {stopped_in:.1f} s to stop"
+    assert stopped_in < (bound := bound_s(STOP_BOUND_S, EXIT_STARTS)), (
+        f"serve took {stopped_in:.1f} s to stop (bound {bound:.1f} s)"
+    )
     assert not _kill_all(home_path), "every process serve started has ended"
     assert _port_free(mlflow["port"]) and _port_free(prefect["port"])
 
@@ -192,7 +204,8 @@ def test_servers_of_a_killed_serve_exit_and_a_survivor_is_stopped_by_the_next_st
     gone_in = time.monotonic() - start
     print(f"servers of a SIGKILLed serve exited {gone_in:.1f} s after it")
     assert not pids_alive(pids) and not home_processes(home_path), home_processes(home_path)
-    assert gone_in < 10
+    # Their own exits: a parent-death signal is delivered at once.
+    assert gone_in < (bound := bound_s(0, 2 * EXIT_STARTS)), f"bound {bound:.1f} s"
     assert all(_port_free(port) for port in ports)
 
     # Without the parent-death signal (as an older robo-pipe started them) they survive; the
@@ -249,5 +262,6 @@ def test_serve_on_the_servers_of_a_ui_that_stops_says_so_and_exits_3(
     said = [line for line in output.splitlines() if "stopped answering" in line]
     assert len(said) == 1, output[-3000:]
     assert f"the servers of robo-pipe ui (pid {ui.proc.pid})" in said[0]
-    assert exited_in < 2 * 2 * 2 + STOP_BOUND_S  # two misses of the 2 s watch, then the stop
+    # Two misses of the 2 s watch, then the stop.
+    assert exited_in < (bound := bound_s(2 * 2 * 2 + STOP_BOUND_S, EXIT_STARTS)), f"{bound:.1f} s"
     assert not _kill_all(home_path)

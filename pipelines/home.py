@@ -22,17 +22,28 @@ Which folder it is, found the same way from any folder (as git finds ``.git``):
       edge/                     state of the loopback edge agent
       rollouts/                 one record per fleet rollout (pipelines.deploy.rollouts)
       services.json             URLs and pids of the servers `robo-pipe ui` started
+
+A home is one folder that can be moved or copied: the records the pipeline keeps in it name
+the home's paths as ``$ROBO_PIPE_HOME/...`` (:func:`home_relative`), resolved against the home
+they are read in (:func:`home_absolute`); the MLflow store, which must hold absolute artifact
+locations, is rewritten to its new place when it is first opened there
+(:func:`pipelines.stores.settle_in_home`).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
 
 from robo_pipe.names import slug
+
+T = TypeVar("T")
 
 HOME_FOLDER = ".robo-pipe"
 """The home's folder name when it is not set by ``$ROBO_PIPE_HOME``."""
@@ -112,3 +123,38 @@ def default_tracking_uri() -> str:
 def default_artifact_root() -> str:
     """Where the embedded store keeps artifacts (runs, registered models)."""
     return (home_path("mlflow") / "artifacts").as_uri()
+
+
+HOME_MARK = "$ROBO_PIPE_HOME"
+"""How a record kept in the home names the home: ``$ROBO_PIPE_HOME/datasets/x`` (whichever way
+the home was found), so the record still holds where the home is moved or copied."""
+
+_PATH_END = r"(?![\w.-])"
+"""Where a folder's name ends in text: ``/h`` is not the start of ``/h2`` or ``/h.old``."""
+
+
+def home_relative(data: T, home: Path | None = None) -> T:
+    """``data`` (a string, or JSON-like lists and dicts of them) with the home's absolute path,
+    wherever a string names it (as a path or inside a ``file://`` URI), written as
+    :data:`HOME_MARK`; everything else as it was."""
+    folder = str(home or robo_pipe_home())
+    pattern = re.compile(re.escape(folder) + _PATH_END)
+    return cast(T, _map_strings(data, lambda text: pattern.sub(lambda _: HOME_MARK, text)))
+
+
+def home_absolute(data: T, home: Path | None = None) -> T:
+    """The inverse of :func:`home_relative`: :data:`HOME_MARK` replaced by the home's path
+    (the home this process uses, which may not be the one the record was written in)."""
+    folder = str(home or robo_pipe_home())
+    pattern = re.compile(re.escape(HOME_MARK) + _PATH_END)
+    return cast(T, _map_strings(data, lambda text: pattern.sub(lambda _: folder, text)))
+
+
+def _map_strings(data: Any, change: Callable[[str], str]) -> Any:
+    if isinstance(data, str):
+        return change(data)
+    if isinstance(data, dict):
+        return {key: _map_strings(value, change) for key, value in data.items()}
+    if isinstance(data, list | tuple):
+        return [_map_strings(value, change) for value in data]
+    return data

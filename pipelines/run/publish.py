@@ -18,7 +18,7 @@ from prefect.artifacts import (
 
 from pipelines import tracking
 from pipelines.config import PipelineConfig
-from pipelines.home import robo_pipe_home
+from pipelines.home import home_relative, robo_pipe_home
 from pipelines.records import FleetResult, PipelineResult, RunRecords
 from pipelines.run.flow_run import (
     DEFAULT_MLFLOW_UI,
@@ -120,7 +120,8 @@ def publish(
     text = markdown(result, records, relative, places)
     set_version_description(reg.name, reg.version, version_description(result, places))
     (run_dir / "summary.md").write_text(text)
-    (run_dir / "result.json").write_text(json.dumps(result.to_json(), indent=1))
+    # Kept in the home, so its paths name the home as $ROBO_PIPE_HOME (`--json` prints them whole).
+    (run_dir / "result.json").write_text(json.dumps(home_relative(result.to_json()), indent=1))
     mlrun.log_artifact(run_dir / "summary.md")  # beside plots/, as in the run folder
     mlrun.log_artifact(run_dir / "result.json")
     mlrun.log_metrics(

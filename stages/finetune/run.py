@@ -328,7 +328,7 @@ def _record(out: Path, lineage: dict[str, Any]) -> CheckpointRef:
     latest = latest_checkpoint(out)
     if latest is None:
         raise RuntimeError(f"{out}: training finished without a checkpoint")
-    meta = json.loads((latest / "policy.json").read_text())
+    meta = read_policy_meta(latest)
     policy = load_policy(latest)
     trainable, total = policy.parameter_counts()
     metrics = read_metrics(out)

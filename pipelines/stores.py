@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sqlite3
 import subprocess
-import re
 import sys
 from contextlib import closing
 from importlib.metadata import version

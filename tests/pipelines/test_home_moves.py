@@ -32,7 +32,8 @@ def robo_pipe(*args: str, home: Path) -> subprocess.CompletedProcess[str]:
     per command: the home's own Prefect database is not what this test is about)."""
     from prefect.settings import PREFECT_API_URL
 
-    env = {"ROBO_PIPE_HOME": str(home), "COLUMNS": "200", "PREFECT_API_URL": PREFECT_API_URL.value()}
+    api = str(PREFECT_API_URL.value())
+    env = {"ROBO_PIPE_HOME": str(home), "COLUMNS": "200", "PREFECT_API_URL": api}
     return subprocess.run(
         [sys.executable, "-m", "pipelines.cli", *args],
         cwd=ROOT,

@@ -14,7 +14,8 @@ wait, then find it ready.
   what to do. The home's own store is also kept inside the home
   (:func:`settle_in_home`): MLflow records absolute artifact locations, so when the home was
   moved or copied, every path of the old home in the database is rewritten to the new one
-  before anything reads it, and MLflow's ``Default`` experiment is kept under the home.
+  before anything reads it, and MLflow's ``Default`` experiment is kept under the home
+  (:func:`settle_home_store` does it alone, for ``robo-pipe ui``'s MLflow server).
 - :func:`ensure_prefect_store`: the home's Prefect database, migrated before a temporary
   Prefect server (or ``robo-pipe ui``'s) starts on it, so that servers never migrate it
   concurrently and a first start on a cold disk does not spend Prefect's start-up timeout on
@@ -170,6 +171,16 @@ def settle_in_home(database: Path, home: Path) -> None:
             "INSERT OR REPLACE INTO experiment_tags (key, value, experiment_id) VALUES (?, ?, 0)",
             (HOME_TAG, str(home)),
         )
+
+
+def settle_home_store() -> None:
+    """:func:`settle_in_home` for the home's store, if it exists, under its lock, without loading
+    MLflow: for ``robo-pipe ui``, whose MLflow server opens the store itself."""
+    path = sqlite_path(default_tracking_uri())
+    if path is None or not path.is_file():
+        return
+    with FileLock(f"{path}.init.lock"):
+        settle_in_home(path, robo_pipe_home())
 
 
 def _home_of_older_store(db: sqlite3.Connection) -> str | None:

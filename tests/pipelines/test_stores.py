@@ -21,7 +21,7 @@ def _open_and_log(home: str, barrier: object) -> None:
     from pipelines.services.settings import configure
 
     configure()
-    barrier.wait()
+    barrier.wait()  # type: ignore[attr-defined]
     run = tracking.TrackedRun.start("stores-test", f"process-{os.getpid()}")
     run.log_metrics({"x": 1.0})
     run.finish()

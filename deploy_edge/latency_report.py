@@ -17,6 +17,7 @@ import numpy as np
 
 from deploy_edge.precision import error_text
 from deploy_edge.wire import Trial
+from robo_pipe.home import mark_home
 from robo_pipe.records import Record
 
 
@@ -204,5 +205,6 @@ def write_report(report: LatencyReport, out: Path, histogram: str | None) -> Non
             ],
         ]
     report.report = str(out / "latency.md")
-    (out / "latency.md").write_text("\n".join(lines) + "\n")
-    (out / "latency_report.json").write_text(json.dumps(report.to_json(), indent=1))
+    # Paths inside the robo-pipe home as $ROBO_PIPE_HOME/...: the home can move (robo_pipe.home).
+    (out / "latency.md").write_text(mark_home("\n".join(lines) + "\n"))
+    (out / "latency_report.json").write_text(json.dumps(mark_home(report.to_json()), indent=1))

@@ -1,12 +1,8 @@
 """The home: the one directory everything the embedded default writes lives under.
 
-Which folder it is, found the same way from any folder (as git finds ``.git``):
-
-1. ``$ROBO_PIPE_HOME``, when set;
-2. else the nearest ``.robo-pipe`` folder in the current folder or one of its parents;
-3. else ``./.robo-pipe``, created by the first verb that writes (read-only verbs such as
-   ``robo-pipe info`` or ``models list`` create nothing).
-
+Which folder it is: :func:`robo_pipe.home.locate_home` (``$ROBO_PIPE_HOME``, else the nearest
+``.robo-pipe`` folder here or above, else ``./.robo-pipe``, created by the first verb that
+writes: read-only verbs such as ``robo-pipe info`` or ``models list`` create nothing).
 ``robo-pipe info`` says which of these it was. Layout (each folder created on demand)::
 
     <home>/
@@ -22,20 +18,26 @@ Which folder it is, found the same way from any folder (as git finds ``.git``):
       edge/                     state of the loopback edge agent
       rollouts/                 one record per fleet rollout (pipelines.deploy.rollouts)
       services.json             URLs and pids of the servers `robo-pipe ui` started
+
+A home is one folder that can be moved or copied: the records kept in it name the home's
+paths as ``$ROBO_PIPE_HOME/...`` (:func:`robo_pipe.home.mark_home`), resolved against the home
+they are read in (:func:`robo_pipe.home.unmark_home`); a checkpoint names its base checkpoint
+relative to itself (:mod:`stages.policy.checkpoint`); the MLflow store, which must hold
+absolute artifact locations, is rewritten to its new place when it is first opened there
+(:func:`pipelines.stores.settle_in_home`).
 """
 
 from __future__ import annotations
 
-import os
 import secrets
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
+from robo_pipe.home import HOME_FOLDER as HOME_FOLDER
+from robo_pipe.home import Home as Home
+from robo_pipe.home import locate_home as locate_home
+from robo_pipe.home import robo_pipe_home
 from robo_pipe.names import slug
-
-HOME_FOLDER = ".robo-pipe"
-"""The home's folder name when it is not set by ``$ROBO_PIPE_HOME``."""
 
 SUBDIRS = (
     "runs",
@@ -50,35 +52,6 @@ SUBDIRS = (
     "edge",
     "rollouts",
 )
-
-
-@dataclass(frozen=True)
-class Home:
-    """Where the home is, and how it was found."""
-
-    path: Path
-    """Absolute; it may not exist yet."""
-    found: str
-    """``from $ROBO_PIPE_HOME``, ``found in the current folder``, ``found in parent /x``
-    or ``new, in the current folder``."""
-
-
-def locate_home() -> Home:
-    """The home, found as the module docstring says; nothing is created."""
-    variable = os.environ.get("ROBO_PIPE_HOME")
-    if variable:
-        return Home(Path(variable).expanduser().resolve(), "from $ROBO_PIPE_HOME")
-    here = Path.cwd().resolve()
-    for folder in (here, *here.parents):
-        if (folder / HOME_FOLDER).is_dir():
-            where = "the current folder" if folder == here else f"parent {folder}"
-            return Home(folder / HOME_FOLDER, f"found in {where}")
-    return Home(here / HOME_FOLDER, "new, in the current folder")
-
-
-def robo_pipe_home() -> Path:
-    """The home's absolute path (:func:`locate_home`); it may not exist yet."""
-    return locate_home().path
 
 
 def home_path(kind: str) -> Path:

@@ -11,7 +11,11 @@ wait, then find it ready.
   servers that own their store: nothing to do). A store that an earlier crash left
   half-migrated is repaired under the same lock: stale ``_alembic_tmp_*`` tables are dropped
   and ``mlflow db upgrade`` finishes the migration; if that fails, :class:`StoreError` says
-  what to do.
+  what to do. The home's own store is also kept inside the home
+  (:func:`settle_in_home`): MLflow records absolute artifact locations, so when the home was
+  moved or copied, every path of the old home in the database is rewritten to the new one
+  before anything reads it, and MLflow's ``Default`` experiment is kept under the home
+  (:func:`settle_home_store` does it alone, for ``robo-pipe ui``'s MLflow server).
 - :func:`ensure_prefect_store`: the home's Prefect database, migrated before a temporary
   Prefect server (or ``robo-pipe ui``'s) starts on it, so that servers never migrate it
   concurrently and a first start on a cold disk does not spend Prefect's start-up timeout on
@@ -22,16 +26,18 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sqlite3
 import subprocess
 import sys
 from contextlib import closing
 from importlib.metadata import version
 from pathlib import Path
-from urllib.parse import urlparse
+from urllib.parse import quote, unquote, urlparse
 
 from filelock import FileLock
 
+from pipelines.home import default_artifact_root, default_tracking_uri, robo_pipe_home
 from robo_pipe.errors import RoboPipeError
 
 _ready: set[str] = set()
@@ -68,6 +74,8 @@ def ensure_mlflow_store(uri: str | None = None) -> None:
             if not existed:  # a store this process just created: not damage, a bug
                 raise
             _repair_mlflow_store(uri, path, err)
+        if uri == default_tracking_uri():
+            settle_in_home(path, robo_pipe_home())
     _ready.add(uri)
 
 
@@ -125,6 +133,87 @@ def _repair_mlflow_store(uri: str, path: Path, cause: Exception) -> None:
             f"aside (mv {path} {path}.broken) to start a new registry, or restore a backup; "
             "exports and checkpoints under the home are not affected"
         ) from err
+
+
+HOME_TAG = "robo_pipe.home"
+"""Tag of MLflow's ``Default`` experiment (id 0) in the home's own store: the home's path when
+the store was last opened, so that a store opened in another place knows it moved."""
+
+_OLDER_HOME = re.compile(r"^file://(/.*)/mlflow/artifacts/[^/]+$")
+"""An experiment location an older robo-pipe gave (``<home>/mlflow/artifacts/<name>``), where
+the database does not carry :data:`HOME_TAG`."""
+
+
+def settle_in_home(database: Path, home: Path) -> None:
+    """Make the home's MLflow store at ``database`` point inside ``home``: if it was last opened
+    in another place (the home was moved or copied), rewrite every path of that place in it
+    (experiment and run artifact locations, model version sources, tags) to ``home``, so that
+    nothing is read from or written into the old place; and keep the ``Default`` experiment's
+    artifacts under the home (MLflow puts them in ``<current folder>/mlruns``). The caller holds
+    the store's lock. Writes nothing when the store is already settled."""
+    with closing(sqlite3.connect(database)) as db, db:
+        row = db.execute(
+            "SELECT value FROM experiment_tags WHERE experiment_id = 0 AND key = ?", (HOME_TAG,)
+        ).fetchone()
+        old = row[0] if row else _home_of_older_store(db)
+        if old == str(home) and row:
+            return
+        if old and old != str(home):
+            _rewrite_prefix(db, old, str(home))
+        default_location = f"{default_artifact_root()}/0"
+        runs = db.execute("SELECT count(*) FROM runs WHERE experiment_id = 0").fetchone()[0]
+        if runs == 0:  # an empty Default experiment moves in; one with runs keeps them
+            db.execute(
+                "UPDATE experiments SET artifact_location = ? WHERE experiment_id = 0",
+                (default_location,),
+            )
+        db.execute(
+            "INSERT OR REPLACE INTO experiment_tags (key, value, experiment_id) VALUES (?, ?, 0)",
+            (HOME_TAG, str(home)),
+        )
+
+
+def settle_home_store() -> None:
+    """:func:`settle_in_home` for the home's store, if it exists, under its lock, without loading
+    MLflow: for ``robo-pipe ui``, whose MLflow server opens the store itself."""
+    path = sqlite_path(default_tracking_uri())
+    if path is None or not path.is_file():
+        return
+    with FileLock(f"{path}.init.lock"):
+        settle_in_home(path, robo_pipe_home())
+
+
+def _home_of_older_store(db: sqlite3.Connection) -> str | None:
+    """Where a store written by an older robo-pipe (no :data:`HOME_TAG`) was: the home its
+    experiments' artifact locations name (the most common one); None if none does."""
+    counts: dict[str, int] = {}
+    for (location,) in db.execute("SELECT artifact_location FROM experiments"):
+        found = _OLDER_HOME.match(location or "")
+        if found:
+            place = unquote(found.group(1))
+            counts[place] = counts.get(place, 0) + 1
+    return max(counts, key=lambda place: counts[place]) if counts else None
+
+
+def _rewrite_prefix(db: sqlite3.Connection, old: str, new: str) -> None:
+    """Replace the folder ``old`` by ``new`` in every text column of every table: as a path
+    (``old`` itself or ``old/...``) and as it appears in a ``file://`` URI (percent-encoded)."""
+    pairs = {(old + "/", new + "/"), (quote(old) + "/", quote(new) + "/")}
+    tables = db.execute(
+        "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"
+    ).fetchall()
+    for (table,) in tables:
+        for column in db.execute(f'PRAGMA table_info("{table}")').fetchall():
+            name, kind = column[1], str(column[2]).upper()
+            if not any(text in kind for text in ("CHAR", "TEXT", "CLOB")):
+                continue
+            db.execute(f'UPDATE "{table}" SET "{name}" = ? WHERE "{name}" = ?', (new, old))
+            for before, after in pairs:
+                db.execute(
+                    f'UPDATE "{table}" SET "{name}" = replace("{name}", ?, ?) '
+                    f'WHERE instr("{name}", ?) > 0',
+                    (before, after, before),
+                )
 
 
 def prefect_database(prefect_home: Path) -> Path | None:

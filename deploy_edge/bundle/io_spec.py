@@ -206,7 +206,8 @@ class IOSpec(_GraphIO, Record):
     opset: int
     """ONNX opset of the graph."""
     checkpoint: str
-    """Absolute path of the checkpoint exported."""
+    """Absolute path of the checkpoint exported; one inside the robo-pipe home as
+    ``$ROBO_PIPE_HOME/...`` (:func:`robo_pipe.home.mark_home`)."""
     checkpoint_hash: str
     """Content hash of that checkpoint."""
     parity_max_abs_error: float

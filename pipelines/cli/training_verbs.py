@@ -23,6 +23,7 @@ from pipelines.steps import checks
 from pipelines.steps.collect import collect_dataset
 from pipelines.steps.training import finetune_policy, needs_dataset, pretrain_base
 from robo_pipe.errors import InputError
+from robo_pipe.home import mark_home
 from robo_pipe.locks import set_run_label
 from stages.finetune.algorithm import ALGORITHMS
 from stages.policy.types import policy_type
@@ -113,7 +114,7 @@ def finetune(
         ref = display.step(
             "finetune", lambda show: finetune_policy(cfg, data, base, show, ray_address)
         )
-    (run_dir / "checkpoint_ref.json").write_text(json.dumps(ref.to_json(), indent=2))
+    (run_dir / "checkpoint_ref.json").write_text(json.dumps(mark_home(ref.to_json()), indent=2))
     rl = cfg.finetune.is_rl
     title = f"{cfg.finetune.algo.upper()}-fine-tuned policy" if rl else "fine-tuned policy"
     out = result_console(json_out)

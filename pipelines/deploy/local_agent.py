@@ -70,7 +70,8 @@ def write_device_config(cfg: PipelineConfig, port: int) -> Path:
     device = {
         "name": NAME,
         "listen": f"127.0.0.1:{port}",
-        "trusted_keys": [str(signing_key().with_suffix(".pub"))],
+        # Relative to this file (the agent resolves it so): the home can move.
+        "trusted_keys": [os.path.relpath(signing_key().with_suffix(".pub"), agent_dir())],
         # The demo's one token does everything a user of the demo does: operate.
         "tokens": {"operate": [hashlib.sha256(_token().encode()).hexdigest()]},
         "target": gate.target,

@@ -47,6 +47,7 @@ from pipelines.registry.tags import (
     TAG_VALUE_LIMIT,
 )
 from pipelines.registry.versions import CHAMPION, VersionInfo, champion, set_version_tags
+from robo_pipe.home import unmark_home
 from stages.register import Gate, blocking_gates, gate_tags, meets_min_success, promotion_gates
 from stages.register.gates import held_out_text
 
@@ -131,7 +132,7 @@ def candidate_outcomes(report: EvalReport) -> dict[str, str]:
     path = _report_file(report)
     if not path.is_file():
         return {}
-    full = EvalReport.from_json(json.loads(path.read_text()))
+    full = EvalReport.from_json(unmark_home(json.loads(path.read_text())))
     return encode_outcomes(full.successes_by_episode())
 
 
@@ -250,7 +251,7 @@ def _recompare(
     from stages.evaluate.report import EvalReport
     from stages.evaluate.sequential import decode_outcomes
 
-    full = EvalReport.from_json(json.loads(_report_file(candidate).read_text()))
+    full = EvalReport.from_json(unmark_home(json.loads(_report_file(candidate).read_text())))
     mine = full.successes_by_episode()
     stored = decode_outcomes(stored_outcomes(cfg, baseline))
     confidence, margin = cfg.evaluate.gate_confidence, cfg.registry.promotion.margin

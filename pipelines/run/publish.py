@@ -32,6 +32,7 @@ from pipelines.run.stage_task import RunContext
 from pipelines.run.summary import gate_result, markdown, outcome, run_title
 from pipelines.run.tables import evaluation_table, gates_table, latency_table
 from pipelines.services.settings import Services, running_ui
+from robo_pipe.home import mark_home
 
 
 def _links(
@@ -120,7 +121,8 @@ def publish(
     text = markdown(result, records, relative, places)
     set_version_description(reg.name, reg.version, version_description(result, places))
     (run_dir / "summary.md").write_text(text)
-    (run_dir / "result.json").write_text(json.dumps(result.to_json(), indent=1))
+    # Kept in the home, so its paths name the home as $ROBO_PIPE_HOME (`--json` prints them whole).
+    (run_dir / "result.json").write_text(json.dumps(mark_home(result.to_json()), indent=1))
     mlrun.log_artifact(run_dir / "summary.md")  # beside plots/, as in the run folder
     mlrun.log_artifact(run_dir / "result.json")
     mlrun.log_metrics(

@@ -6,6 +6,10 @@ atomically to ``$ROBO_PIPE_HOME/stages/<stage>-<key>.json``; a failed stage writ
 A later run with the same inputs finds the record and, if the artifact it points to is still
 intact (the stage's ``check``), reuses it instead of running the stage again. So re-running a
 failed or killed pipeline continues from the stage that did not finish.
+
+Paths inside the home are kept as ``$ROBO_PIPE_HOME/...`` in both the key and the record
+(:func:`robo_pipe.home.mark_home`): a home moved or copied elsewhere reuses its records,
+and they point into the home they are read in.
 """
 
 from __future__ import annotations
@@ -17,14 +21,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from robo_pipe.home import mark_home, unmark_home
 from robo_pipe.records import Record, RecordError
 
 R = TypeVar("R", bound=Record)
 
 
 def stage_key(stage: str, inputs: dict[str, Any]) -> str:
-    """sha256 (16 hex digits) of the stage name and the canonical JSON of ``inputs``."""
-    canonical = json.dumps({"stage": stage, **inputs}, sort_keys=True, default=str)
+    """sha256 (16 hex digits) of the stage name and the canonical JSON of ``inputs`` (the
+    home's own path in it written as ``$ROBO_PIPE_HOME``: the key is the same wherever the home
+    is)."""
+    canonical = mark_home(json.dumps({"stage": stage, **inputs}, sort_keys=True, default=str))
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
@@ -45,7 +52,7 @@ class StageRecords:
         stage then runs again)."""
         path = self.path(stage, key)
         try:
-            record = kind.from_json(json.loads(path.read_text()))
+            record = kind.from_json(unmark_home(json.loads(path.read_text())))
         except FileNotFoundError:
             return None
         except (json.JSONDecodeError, UnicodeDecodeError, RecordError):
@@ -64,5 +71,5 @@ class StageRecords:
         """Store ``record`` (written beside, then renamed: never half a file)."""
         path = self.path(stage, key)
         staging = path.with_name(f".{path.name}.{os.getpid()}.partial")
-        staging.write_text(json.dumps(record.to_json(), indent=1))
+        staging.write_text(json.dumps(mark_home(record.to_json()), indent=1))
         staging.replace(path)

@@ -178,14 +178,16 @@ class LocalServers:
     def start(self, timeout_s: float = 90.0) -> None:
         """Start both servers (the Prefect database created first, once, under a lock) and
         wait until they answer."""
-        from pipelines.stores import ensure_prefect_store
+        from pipelines.stores import ensure_prefect_store, settle_home_store
 
         bin_dir = Path(sys.executable).parent
         os.environ["PREFECT_HOME"] = str(home_dir("prefect"))
         # The Prefect database in a child process, under the home's lock. The MLflow server
         # creates its own store: opening it here would load MLflow into this process, whose
-        # threads then kept it alive after SIGTERM.
+        # threads then kept it alive after SIGTERM. A moved home's store is settled first
+        # (plain SQLite), so the server never serves or writes the old place's artifacts.
         ensure_prefect_store()
+        settle_home_store()
         env = {
             **os.environ,
             "PREFECT_HOME": str(home_dir("prefect")),

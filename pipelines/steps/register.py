@@ -38,6 +38,7 @@ from pipelines.registry.versions import (
     set_version_tags,
 )
 from pipelines.steps.evaluate import evaluate_policy
+from robo_pipe.home import mark_home
 from stages.register import blocking_gates, gate_tags
 
 if TYPE_CHECKING:
@@ -77,7 +78,7 @@ def register_version(
     base = checkpoint.base
     tags = {
         DATASET_HASH_TAG: dataset.content_hash,
-        BASE_MODEL_TAG: base.path if base else "",
+        BASE_MODEL_TAG: mark_home(base.path) if base else "",
         BASE_HASH_TAG: base.hash if base else "",
         CHECKPOINT_HASH_TAG: checkpoint.content_hash,
         ONNX_HASH_TAG: export.onnx_hash,

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from robo_pipe.home import mark_home
 from robo_pipe.records import Record
 from stages.evaluate.comparison import Comparison
 from stages.evaluate.delay import DelayPlan
@@ -160,8 +161,9 @@ def write_report(report: EvalReport, shards: list[ShardOutcome], out: Path, keep
     report.recordings = _write_strips(shards, out, keep)
     report.plot = str(_plot(report, out / "success.png"))
     report.report = str(out / "report.md")
-    (out / "report.md").write_text(markdown(report))
-    (out / "eval_report.json").write_text(json.dumps(report.to_json(), indent=1))
+    # Paths inside the robo-pipe home as $ROBO_PIPE_HOME/...: the home can move (robo_pipe.home).
+    (out / "report.md").write_text(mark_home(markdown(report)))
+    (out / "eval_report.json").write_text(json.dumps(mark_home(report.to_json()), indent=1))
 
 
 _PHRASING_LINES = {

@@ -77,6 +77,7 @@ from deploy_edge.bundle.layout import (
 )
 from robo_pipe.atomic import discard_dead_temporaries, replace_dir, temporary_path
 from robo_pipe.errors import RoboPipeError
+from robo_pipe.home import mark_home, unmark_home
 from robo_pipe.integrity import CHECKSUMS_FILE, FileSum, IntegrityError, file_sums, writing
 from robo_pipe.records import Record
 from stages.export.config import ExportConfig
@@ -286,7 +287,7 @@ def export(
             control_hz=float(control_hz),
             tokenizer=TOKENIZER_DIR,
             opset=OPSET,
-            checkpoint=str(Path(checkpoint).resolve()),
+            checkpoint=mark_home(str(Path(checkpoint).resolve())),
             checkpoint_hash=source_hash,
             parity_max_abs_error=max(parity.values()),
             parity=parity,
@@ -502,7 +503,7 @@ def _export_ref(out: Path, spec: IOSpec, sums: Mapping[str, FileSum]) -> ExportR
         path=str(out),
         onnx=str(out / ONNX_FILE),
         onnx_hash=onnx_hash(out, sums),
-        checkpoint=spec.checkpoint,
+        checkpoint=unmark_home(spec.checkpoint),
         checkpoint_hash=spec.checkpoint_hash,
         parity_max_abs_error=spec.parity_max_abs_error,
         parity=dict(spec.parity),

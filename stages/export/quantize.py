@@ -36,6 +36,7 @@ import numpy as np
 
 from deploy_edge.bundle.io_spec import Variant
 from robo_pipe.errors import RoboPipeError
+from robo_pipe.home import mark_home
 from stages.export.config import ExportConfig
 from stages.export.variants import Errors, FrameSplit, VariantMaker
 
@@ -272,7 +273,7 @@ def int8_variant(
         onnx_file=onnx_file,
         method=INT8_METHOD if config.int8_activations == "symmetric" else UINT8_METHOD,
         calibration={
-            "dataset": split.dataset,
+            "dataset": mark_home(split.dataset),
             "frames": len(split.calibration["state"]),
             "episodes": len(split.calibration_episodes),
             "scoring_episodes": len(split.scoring_episodes),

@@ -32,6 +32,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from robo_pipe.home import mark_home, unmark_home
 from robo_pipe.locks import StatusFn, output_lock
 from robots.spec import get_robot
 from sim_scenes.config import SceneConfig, SimConfig
@@ -300,7 +301,7 @@ def _finished(out: Path, on_status: StatusFn | None = None) -> CheckpointRef | N
     ref_path = out / REF_FILE
     if not ref_path.is_file():
         return None
-    ref = CheckpointRef.from_json(json.loads(ref_path.read_text()))
+    ref = CheckpointRef.from_json(unmark_home(json.loads(ref_path.read_text())))
     if Path(ref.path).is_dir() and checkpoint_hash(ref.path) == ref.content_hash:
         if on_status:
             on_status(f"reusing the finished checkpoint {ref.path}")
@@ -328,7 +329,7 @@ def _record(out: Path, lineage: dict[str, Any]) -> CheckpointRef:
     latest = latest_checkpoint(out)
     if latest is None:
         raise RuntimeError(f"{out}: training finished without a checkpoint")
-    meta = json.loads((latest / "policy.json").read_text())
+    meta = read_policy_meta(latest)
     policy = load_policy(latest)
     trainable, total = policy.parameter_counts()
     metrics = read_metrics(out)
@@ -349,7 +350,8 @@ def _record(out: Path, lineage: dict[str, Any]) -> CheckpointRef:
         start_checkpoint=str(lineage.get("start_checkpoint", "")),
         worker_nodes=[p.read_text() for p in ranks],
     )
-    (out / REF_FILE).write_text(json.dumps(ref.to_json(), indent=1))
+    # Paths inside the robo-pipe home as $ROBO_PIPE_HOME/...: the home can move (robo_pipe.home).
+    (out / REF_FILE).write_text(json.dumps(mark_home(ref.to_json()), indent=1))
     return ref
 
 

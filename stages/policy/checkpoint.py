@@ -15,7 +15,10 @@ byte in the weights is refused, naming the file and the check). A LoRA checkpoin
 meaningless without its base, so loading then loads the base -- a base checkpoint (``kind:
 checkpoint``, verified the same way, once), a pretrained backbone (``kind: hub``) or a preset
 built with random weights (``kind: random``, built again: :mod:`stages.policy.presets`) -- and
-refuses it if its hash differs from the one recorded. The policy type that the base's kind
+refuses it if its hash differs from the one recorded. A base checkpoint beside this one (under
+the same grandparent folder, as in the home's ``checkpoints/``) is named by a path relative to
+the checkpoint, so a folder of checkpoints (a robo-pipe home) can be moved or copied whole; any
+other base by its absolute path. The policy type that the base's kind
 names (:func:`~stages.policy.types.base_type`) loads and checks it; a fresh policy is built by
 its type (:func:`~stages.policy.types.policy_type`). Loading then refuses missing, unexpected
 and mis-shaped tensors, naming them.
@@ -24,6 +27,7 @@ and mis-shaped tensors, naming them.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -182,7 +186,7 @@ def save_policy(
         "normalizer": policy.normalizer.to_dict(),
         "lora": policy.lora.model_dump() if policy.lora else None,
         "trainable": "all" if everything else "lora",
-        "base": base.to_json() if base else None,
+        "base": _base_as_stored(base, directory) if base else None,
         "tensors": {n: list(t.shape) for n, t in tensors.items()},
         "lineage": lineage or {},
     }
@@ -218,7 +222,20 @@ def read_policy_meta(directory: str | Path) -> dict[str, Any]:
         raise CheckpointError(
             f"{path}: format {meta.get('format')!r} is not {FORMAT!r} (not a robo-pipe policy)"
         )
+    if meta.get("base") and meta["base"].get("kind") == "checkpoint":
+        # A relative base path is relative to this checkpoint; an absolute one stays as it is.
+        meta["base"]["path"] = os.path.normpath(root.absolute() / meta["base"]["path"])
     return meta
+
+
+def _base_as_stored(base: BaseRef, directory: Path) -> dict[str, Any]:
+    """``base`` as ``policy.json`` keeps it: a base checkpoint under ``directory``'s grandparent
+    (``checkpoints/base-*/step-*`` beside ``checkpoints/<run>/step-*``) by a relative path."""
+    stored = base.to_json()
+    beside = directory.absolute().parent.parent
+    if base.kind == "checkpoint" and Path(base.path).absolute().is_relative_to(beside):
+        stored["path"] = os.path.relpath(Path(base.path).absolute(), directory.absolute())
+    return stored
 
 
 def load_policy(directory: str | Path, verified: Mapping[str, FileSum] | None = None) -> VLAPolicy:

@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from pipelines.records import ChampionCheck, Evaluation, PipelineResult, Registration, StageRun
-from pipelines.run.resume import StageRecords
+from pipelines.run.resume import StageRecords, stage_key
 from stages.evaluate.comparison import Comparison, compare_outcomes
 from stages.evaluate.sequential import plan_looks
 from stages.register import Gate
@@ -69,3 +71,27 @@ def test_a_stored_record_that_no_longer_fits_is_dropped(tmp_path: Path) -> None:
     records.path("register", "k").write_text(json.dumps(stale))
     assert records.get("register", "k", Registration, lambda r: True) is None
     assert not records.path("register", "k").exists(), "the stage runs again"
+
+
+def test_a_stored_record_names_the_home_as_a_mark_and_reads_back_where_the_home_is(
+    robo_pipe_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stage record names a path inside the home as ``$ROBO_PIPE_HOME/...``: read in the home's
+    new place, it points there; a path outside the home, and a folder whose name only starts
+    like the home's, stay as they were. The stage's key does not depend on where the home is."""
+    source = f"file://{robo_pipe_home}/mlflow/artifacts/demo/r/artifacts/policy"
+    elsewhere = [f"{robo_pipe_home}-old/x", "/data/outside"]
+    registration = Registration("m", "1", [], False, elsewhere, GATES, source)
+    records = StageRecords(robo_pipe_home / "stages")
+    records.put("register", "k", registration)
+    stored = records.path("register", "k").read_text()
+    assert str(robo_pipe_home) + "/" not in stored and "$ROBO_PIPE_HOME/mlflow/" in stored
+    key = stage_key("export", {"dataset": f"{robo_pipe_home}/datasets/d"})
+
+    moved = tmp_path / "moved"
+    (robo_pipe_home / "stages").rename(moved)
+    monkeypatch.setenv("ROBO_PIPE_HOME", str(tmp_path))
+    again = StageRecords(moved).get("register", "k", Registration, lambda r: True)
+    assert again is not None and again.source == source.replace(str(robo_pipe_home), str(tmp_path))
+    assert again.blocked_by == elsewhere
+    assert stage_key("export", {"dataset": f"{tmp_path}/datasets/d"}) == key

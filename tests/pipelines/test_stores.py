@@ -10,6 +10,8 @@ import sqlite3
 from contextlib import closing
 from pathlib import Path
 
+import pytest
+
 from tests.pipelines.test_flow import robo_pipe
 
 
@@ -100,3 +102,36 @@ def test_a_store_beyond_repair_is_a_named_error(robo_pipe_home: Path) -> None:
     assert str(db) in listed.stderr and f"mv {db}" in listed.stderr
     assert "Traceback" not in listed.stderr
     assert db.read_bytes() == b"not a database" * 100, "the file is left for the user to keep"
+
+
+def test_a_store_written_by_an_older_robo_pipe_moves_with_its_home(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store from before the home tag (experiments at ``<home>/mlflow/artifacts/<name>``,
+    ``Default`` in ``./mlruns``), moved: the first open in the new place points every location
+    into it, ``Default`` included, and no byte of it names the old place."""
+    from mlflow import MlflowClient
+
+    from pipelines.home import default_tracking_uri
+    from pipelines.stores import HOME_TAG, ensure_mlflow_store
+
+    old, new = tmp_path / "old-home", tmp_path / "new-home"
+    (old / "mlflow").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)  # MLflow's ./mlruns lands here
+    uri = f"sqlite:///{old / 'mlflow' / 'mlflow.db'}"
+    older = MlflowClient(uri, uri)  # as an older robo-pipe left it: no tag
+    demo = older.create_experiment("demo", (old / "mlflow" / "artifacts" / "demo").as_uri())
+    older.create_run(demo)
+    old.rename(new)
+    monkeypatch.setenv("ROBO_PIPE_HOME", str(new))
+    ensure_mlflow_store(default_tracking_uri())
+
+    db = new / "mlflow" / "mlflow.db"
+    artifacts = (new / "mlflow" / "artifacts").as_uri()
+    with closing(sqlite3.connect(db)) as conn:
+        where = dict(conn.execute("SELECT name, artifact_location FROM experiments").fetchall())
+        (run_uri,) = conn.execute("SELECT artifact_uri FROM runs").fetchone()
+        (tag,) = conn.execute("SELECT value FROM experiment_tags WHERE key = ?", (HOME_TAG,))
+    assert where == {"Default": f"{artifacts}/0", "demo": f"{artifacts}/demo"}
+    assert run_uri.startswith(f"{artifacts}/demo/") and tag == (str(new),)
+    assert str(old).encode() not in db.read_bytes()

@@ -214,6 +214,10 @@ def test_pretrain_then_lora_and_full_finetune_on_ray_train_with_two_workers(
     seen: list[float] = []
     events: list[str] = []
 
+    def on_metrics(metrics: dict[str, float]) -> None:
+        seen.append(metrics["step"])
+        events.append(f"step {metrics['step']:.0f}")
+
     def run_pretrain() -> CheckpointRef:
         return pretrain(
             cfg.robot,
@@ -225,7 +229,7 @@ def test_pretrain_then_lora_and_full_finetune_on_ray_train_with_two_workers(
             seed=0,
             checkpoints_dir=tmp_path / "checkpoints",
             datasets_dir=tmp_path / "datasets",
-            on_metrics=lambda m: (seen.append(m["step"]), events.append(f"step {m['step']}")),
+            on_metrics=on_metrics,
             on_collected=lambda done, total: events.append(f"{done} of {total}"),
         )
 

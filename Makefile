@@ -1,14 +1,13 @@
-# robo-pipe: `make quickstart` runs the pipeline in minutes, `make demo` runs the demo, `make test`
-# runs lint, type check and tests. Each sets everything up first: Debian packages for headless
-# rendering, a .venv with the pinned stack (torch CPU build first, then the rest under
-# constraints.txt).
+# robo-pipe: `make demo` runs the demo, `make test` runs lint, type check and tests.
+# Both set everything up first: Debian packages for headless rendering, a .venv with the
+# pinned stack (torch CPU build first, then the rest under constraints.txt).
 
 PYTHON ?= python3.11
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup system-deps quickstart demo test test-each-file lint typecheck bench clean lerobot-env lerobot-compat mutation isaaclab-env
+.PHONY: setup system-deps demo test test-each-file lint typecheck bench clean lerobot-env lerobot-compat mutation isaaclab-env
 
 setup: system-deps $(STAMP)
 
@@ -22,11 +21,6 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install --quiet torch==2.13.0
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
 	@touch $(STAMP)
-
-# The first success: the whole pipeline, deploy included, in minutes, on an easier task (one
-# object to reach) that a small policy learns in a few hundred steps; the demo's gates, passed.
-quickstart: setup
-	$(BIN)/robo-pipe run --config configs/quickstart.yaml
 
 # The whole train-simulate-deploy pipeline on the embedded default (local Prefect, local Ray,
 # MuJoCo, SQLite MLflow): collect, pretrain the base (cached after the first run), LoRA

@@ -199,7 +199,7 @@ _MIXED = SceneVariant(
 
 _SINGLE = SceneVariant(
     "touch-single",
-    "1 cube or ball of 4 colours: reach it (the quick start's task)",
+    "1 cube or ball of 4 colours: reach it (an easier task)",
     _BASE,
     ("cube", "ball"),
     (1, 1),
@@ -215,8 +215,8 @@ VARIANTS: dict[str, SceneVariant] = {
             "touch-cylinders", "3 cylinders of 6 colours", _ALL_COLOURS, ("cylinder",), (3, 3)
         ),
         _MIXED,
-        # The quick start's task (configs/quickstart.yaml): one object, nothing to tell apart,
-        # so a small policy learns it in a minute; not in the demo's pretraining family.
+        # An easier task, for a quick start: one object, nothing to tell apart; not in the
+        # demo's pretraining family.
         _SINGLE,
         replace(
             _SINGLE,

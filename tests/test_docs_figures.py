@@ -1,8 +1,8 @@
 """The figures the docs quote come from one place, or are checked against it here.
 
 - the test count (``~N tests``) is within 10% of what pytest collects;
-- a first run's time, where a page marks it (``<!-- demo-time -->``, ``<!-- quickstart-time
-  -->``), is the total of :data:`pipelines.run.expected.FIRST_RUNS`;
+- a first run's time, where a page marks it (``<!-- demo-time -->``), is the total of
+  :data:`pipelines.run.expected.FIRST_RUNS`;
 - every exit code a page quotes is one of docs/exit-codes.md's, and "exit 2" is never said of
   a service that does not answer (that is 3);
 - docs/configuration.md's table of configs lists exactly the files in configs/ and
@@ -77,7 +77,7 @@ def test_the_quoted_test_count_is_the_suites(request: pytest.FixtureRequest) -> 
 
 # --- a first run's time --------------------------------------------------------------------
 
-TIME_MARKERS = {"demo-time": "demo.yaml", "quickstart-time": "quickstart.yaml"}
+TIME_MARKERS = {"demo-time": "demo.yaml"}
 """A page's marker -> the shipped config whose first run it quotes."""
 MINUTES = re.compile(r"(\d+(?:\.\d+)?) min")
 

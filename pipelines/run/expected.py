@@ -1,8 +1,8 @@
 """What a first run of a shipped config costs, stage by stage: the one place these figures live.
 
 ``robo-pipe run`` prints them as it starts (when the config is the shipped one, unchanged);
-README.md and docs/benchmarks.md quote their totals, and ``tests/test_docs.py`` checks that
-they quote these. A new measurement changes this table, and the docs test then names every
+README.md and docs/benchmarks.md quote their totals, and ``tests/test_docs_figures.py`` checks
+that they quote these. A new measurement changes this table, and that test then names every
 page to update.
 """
 
@@ -69,22 +69,7 @@ FIRST_RUNS: dict[str, FirstRun] = {
                 StageTime("evaluate", 120, "600 held-out episodes", measured=False),
                 StageTime("latency", 40, "300 paced control steps", measured=False),
                 StageTime("register", 5, "the registry version", measured=False),
-                StageTime("deploy", 60, "the local agent's checks and one episode", False),
-            ),
-        ),
-        FirstRun(
-            "quickstart.yaml",
-            "2 busy shared cores",
-            "issue 49 (robo-pipe run --config configs/quickstart.yaml on a fresh home)",
-            (
-                StageTime("collect", 4, "160 demonstrations"),
-                StageTime("pretrain", 121, "120 demonstrations, then 300 steps"),
-                StageTime("finetune", 60, "400 steps"),
-                StageTime("export", 18, "ONNX and INT8"),
-                StageTime("evaluate", 13, "40 held-out episodes"),
-                StageTime("latency", 1, "20 control steps"),
-                StageTime("register", 4, "the registry version"),
-                StageTime("deploy", 20, "the local agent's checks and one episode"),
+                StageTime("deploy", 60, "the agent's checks, one episode", measured=False),
             ),
         ),
     )

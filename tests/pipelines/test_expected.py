@@ -26,4 +26,3 @@ def test_the_line_run_prints_gives_each_stage_and_the_total() -> None:
     assert all(f"{stage} ~" in line for stage in STAGES), line
     assert f"~{demo.minutes()} min in all" in line
     assert not demo.complete and "(estimate)" in line, "an estimate says it is one"
-    assert FIRST_RUNS["quickstart.yaml"].complete

@@ -172,7 +172,7 @@ def test_trained_phrasing_draws_exactly_what_it_drew_before_unseen_existed(
 ) -> None:
     """Pinned before ``phrasing`` existed: the default and ``trained`` give the same scene,
     target and instruction for every seed, bit for bit (the variants there were then: a new
-    one, such as the quick start's touch-single, draws its own)."""
+    one, such as touch-single, draws its own)."""
     pinned = [name for name in sorted(VARIANTS) if not name.startswith("touch-single")]
     digest = hashlib.sha256()
     for name in pinned:

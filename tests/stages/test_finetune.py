@@ -240,7 +240,7 @@ def test_pretrain_then_lora_and_full_finetune_on_ray_train_with_two_workers(
     assert events[:5] == ["4 of 12", "8 of 12", "12 of 12", "12 of 12", "step 5"], events
     lineage = json.loads((Path(base.path) / "policy.json").read_text())["lineage"]
     assert "touch-mixed" not in lineage["variants"]
-    assert "touch-single" not in lineage["variants"], "the quick start's task is not pretrained on"
+    assert "touch-single" not in lineage["variants"], "touch-single is not pretrained on"
     assert lineage["config"]["pretrain"]["episodes_per_variant"] == 4 and base.config_hash
     trained_steps = list(seen)
     again = run_pretrain()

@@ -180,6 +180,8 @@ class SceneVariant:
     """Control steps before truncation (5 s at 10 Hz)."""
     success: SuccessCriterion = field(default_factory=SuccessCriterion)
     reward: RewardTerms = field(default_factory=RewardTerms)
+    pretrain_by_default: bool = True
+    """In the task family a base is pretrained on when ``pretrain.variants`` is unset."""
 
 
 _ALL_COLOURS = tuple(COLOURS)
@@ -195,6 +197,15 @@ _MIXED = SceneVariant(
     colour_twin=True,
 )
 
+_SINGLE = SceneVariant(
+    "touch-single",
+    "1 cube or ball of 4 colours: reach it (an easier task)",
+    _BASE,
+    ("cube", "ball"),
+    (1, 1),
+    pretrain_by_default=False,
+)
+
 VARIANTS: dict[str, SceneVariant] = {
     v.name: v
     for v in (
@@ -204,6 +215,19 @@ VARIANTS: dict[str, SceneVariant] = {
             "touch-cylinders", "3 cylinders of 6 colours", _ALL_COLOURS, ("cylinder",), (3, 3)
         ),
         _MIXED,
+        # An easier task, for a quick start: one object, nothing to tell apart; not in the
+        # demo's pretraining family.
+        _SINGLE,
+        replace(
+            _SINGLE,
+            name="touch-single-shifted",
+            description="held out: touch-single under stronger light and camera jitter",
+            split="heldout",
+            holdout_for="touch-single",
+            light_jitter=0.6,
+            light_intensity=(0.4, 1.0),
+            camera_jitter=0.02,
+        ),
         # The held-out variants are touch-mixed with one thing changed.
         replace(
             _MIXED,

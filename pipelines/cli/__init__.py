@@ -66,10 +66,11 @@ from pipelines.cli import (
     verify_verbs,
 )
 from pipelines.cli.common import report_user_error
-from pipelines.cli.options import epilog
+from pipelines.cli.options import VerbGroup, epilog
 from robo_pipe.errors import InputError, RoboPipeError
 
 app = typer.Typer(
+    cls=VerbGroup,
     name="robo-pipe",
     help=(
         "Train, simulate and deploy robot policies.\n\n"

@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 
 from pipelines.cli.common import emit_json, result_console
-from pipelines.cli.options import JsonOpt, add_verb, epilog
+from pipelines.cli.options import JsonOpt, VerbGroup, add_verb, epilog
 from robots.spec import get_robot
 from sim_scenes.isaaclab.env import isaaclab_python
 
@@ -21,6 +21,7 @@ SOURCE_ROOT = Path(__file__).resolve().parents[2]
 them from the checkout (robo-pipe is not installed there)."""
 
 assets = typer.Typer(
+    cls=VerbGroup,
     help="Robot assets for other simulators, made from the robot's MJCF.",
     no_args_is_help=True,
     epilog=epilog(("robo-pipe assets build",)),

@@ -21,7 +21,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from pipelines.cli.common import console, emit_json, result_console
-from pipelines.cli.options import JsonOpt, add_verb, epilog
+from pipelines.cli.options import JsonOpt, VerbGroup, add_verb, epilog
 from robo_pipe.errors import InputError
 
 if TYPE_CHECKING:
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from deploy_edge.wire import Deployment, Slot
 
 devices_app = typer.Typer(
+    cls=VerbGroup,
     help="One edge device: what it runs, its history, activate, rollback, unstage, uploads.",
     no_args_is_help=True,
     epilog=epilog(("robo-pipe devices status arm-1", "robo-pipe devices rollback arm-1")),

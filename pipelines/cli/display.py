@@ -14,7 +14,15 @@ from datetime import timedelta
 from typing import TypeVar
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, Task, TaskID, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    Progress,
+    Task,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.text import Text
 
 from pipelines.cli.common import console
@@ -69,8 +77,21 @@ class OwnElapsed(TimeElapsedColumn):
         return super().render(task) if task.fields.get("timed") else Text("")
 
 
+class TimeLeft(TimeRemainingColumn):
+    """A running row's estimated time left (``~0:01:41 left``), blank where there is no
+    estimate: no total, nothing counted yet, or the row is done."""
+
+    def render(self, task: Task) -> Text:
+        """The estimate of a counting row, else nothing."""
+        if not task.total or task.finished or task.time_remaining is None:
+            return Text("")
+        left = timedelta(seconds=round(task.time_remaining))
+        return Text(f"~{left} left", style="progress.remaining")
+
+
 class LiveRows(StageDisplay):
-    """One progress row per stage: name, bar, percent, the stage's status line, elapsed. Shown
+    """One progress row per stage: name, bar, percent, the stage's status line, elapsed, time
+    left (rich's estimate from the row's recent pace). Shown
     on ``out`` while :attr:`progress` is entered; ``transient``: gone when it exits; ``clock``
     gives the time in seconds (a test passes its own)."""
 
@@ -83,6 +104,7 @@ class LiveRows(StageDisplay):
             TextColumn("{task.percentage:>3.0f}%"),
             TextColumn("{task.fields[detail]}"),
             OwnElapsed(),
+            TimeLeft(),
             console=out,
             transient=transient,
             get_time=clock,
@@ -134,6 +156,10 @@ class _Running:
     total: float | None = None
     unit: str = ""
     completed: float = 0.0
+    counting_since: float | None = None
+    """When the current count began (the last :meth:`StageLog.started`): the ETA's rate is
+    taken from it, so a stage that counts one thing, then another (pretraining: its
+    demonstrations, then its steps) estimates each from its own pace."""
     detail: str = ""
     ended: bool = False
 
@@ -176,6 +202,7 @@ class StageLog(StageDisplay):
         with self.lock:
             state = self._running(stage)
             state.total, state.unit, state.completed = total, unit, 0.0
+            state.counting_since = self.clock()
 
     def advanced(self, stage: str, completed: float, detail: str) -> None:
         """Remember ``stage``'s progress for its next progress line."""
@@ -234,7 +261,8 @@ class StageLog(StageDisplay):
 
 
 def _progress_line(stage: str, state: _Running, now: float) -> str:
-    """``finetune: 45% (270 of 600 BC steps), 0:01:23 elapsed: <its latest status>``."""
+    """``finetune: 45% (270 of 600 BC steps), 0:01:23 elapsed, ~0:01:41 left: <its latest
+    status>`` (no estimate before the first unit is done)."""
     if state.total:
         share = state.completed / state.total
         done = f"{share:.0%} ({state.completed:,.0f} of {state.total:,.0f} {state.unit})"
@@ -243,9 +271,21 @@ def _progress_line(stage: str, state: _Running, now: float) -> str:
     else:
         done = "running"
     since = now if state.since is None else state.since
-    elapsed = timedelta(seconds=int(now - since))
-    line = f"{stage}: {done}, {elapsed} elapsed"
+    line = f"{stage}: {done}, {timedelta(seconds=int(now - since))} elapsed"
+    if (left := _seconds_left(state, now)) is not None:
+        line += f", ~{timedelta(seconds=round(left))} left"
     return f"{line}: {state.detail}" if state.detail else line
+
+
+def _seconds_left(state: _Running, now: float) -> float | None:
+    """The rest of the current count at its pace so far: its elapsed time times what is left
+    over what is done (None: no total, nothing done yet, or done)."""
+    if not state.total or state.completed <= 0 or state.counting_since is None:
+        return None
+    if state.completed >= state.total:
+        return None
+    counted_for = now - state.counting_since
+    return counted_for * (state.total - state.completed) / state.completed
 
 
 @contextmanager

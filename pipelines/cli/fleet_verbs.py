@@ -22,7 +22,7 @@ from pipelines.cli.common import (
     services,
 )
 from pipelines.cli.display import live
-from pipelines.cli.options import JsonOpt, add_verb, epilog
+from pipelines.cli.options import JsonOpt, VerbGroup, add_verb, epilog
 from pipelines.registry.versions import get_version, parse_model_uri
 from robo_pipe.errors import InputError
 
@@ -165,6 +165,7 @@ def show_rollout(result: FleetResult, out: Console) -> None:
 
 
 fleet_app = typer.Typer(
+    cls=VerbGroup,
     help="Fleets of edge devices: what each one runs; a rollout undone.",
     no_args_is_help=True,
     epilog=epilog(

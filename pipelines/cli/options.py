@@ -8,10 +8,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from typer.core import TyperCommand
+from typer.core import TyperCommand, TyperGroup, TyperOption
 
 if TYPE_CHECKING:
-    from typer._click.core import Context  # the click Typer vendors: what a command gets
+    from typer._click.core import Command, Context  # the click Typer vendors
+    from typer._click.formatting import HelpFormatter
 
 DEMO_CONFIG = Path("configs/demo.yaml")
 """The default config of every verb that takes one (shipped: found from any folder)."""
@@ -76,6 +77,23 @@ def epilog(examples: tuple[str, ...]) -> str:
     return f"**Examples**\n\n```\n{commands}\n```\n\n{EXIT_CODES}"
 
 
+def bare_flags(command: Command, ctx: Context) -> None:
+    """Show a flag in --help as its name alone: it takes no value, but typer 0.29's rich help
+    prints its type (``--json <bool>``) unless it has a metavar, so give it an empty one."""
+    for param in command.get_params(ctx):
+        if isinstance(param, TyperOption) and param.is_flag and param.metavar is None:
+            param.metavar = ""
+
+
+class VerbGroup(TyperGroup):
+    """A group of verbs (the root, ``models``, ``devices``...): its flags print bare."""
+
+    def format_help(self, ctx: Context, formatter: HelpFormatter) -> None:
+        """typer's help, flags without a type (:func:`bare_flags`)."""
+        bare_flags(self, ctx)
+        super().format_help(ctx, formatter)
+
+
 class Verb(TyperCommand):
     """A robo-pipe verb. A file given as a positional argument to a verb that takes it as an
     option (the grammar before issue 35: ``robo-pipe run configs/demo.yaml``) is refused
@@ -90,6 +108,11 @@ class Verb(TyperCommand):
         if hint is not None:
             ctx.fail(hint)
         return super().parse_args(ctx, args)
+
+    def format_help(self, ctx: Context, formatter: HelpFormatter) -> None:
+        """typer's help, flags without a type (:func:`bare_flags`)."""
+        bare_flags(self, ctx)
+        super().format_help(ctx, formatter)
 
     def collect_usage_pieces(self, ctx: Context) -> list[str]:
         """The usage line, less the hidden parameters (they only explain the old grammar)."""

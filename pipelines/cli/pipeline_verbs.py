@@ -19,6 +19,7 @@ from pipelines.cli.common import (
 from pipelines.cli.display import live
 from pipelines.cli.options import DEMO_CONFIG, ConfigOpt, JsonOpt, RayAddressOpt, SetOpt, add_verb
 from pipelines.cli.result_tables import show_pipeline_result
+from pipelines.run.expected import expected_line, first_run
 from pipelines.steps import checks
 from robo_pipe.errors import InputError, RoboPipeError
 
@@ -54,6 +55,8 @@ def run(
         f"MLflow {found.mlflow_tracking_uri}",
         highlight=False,
     )
+    if (measured := first_run(cfg)) is not None:  # a shipped config: what its stages take
+        console.print(expected_line(measured), highlight=False, soft_wrap=True)
     from pipelines.progress import listening
     from pipelines.run.flow import train_simulate_deploy
     from pipelines.services.signals import (

@@ -23,6 +23,7 @@ from pipelines.cli.options import (
     ModelVersionArg,
     RayAddressOpt,
     SetOpt,
+    VerbGroup,
     add_verb,
     epilog,
 )
@@ -46,6 +47,7 @@ from robo_pipe.errors import InputError
 from stages.register import may_promote
 
 models = typer.Typer(
+    cls=VerbGroup,
     help="The MLflow model registry: list, show, promote and roll back policy versions.",
     no_args_is_help=True,
     epilog=epilog(("robo-pipe models list", "robo-pipe models show models:/demo-policy@champion")),

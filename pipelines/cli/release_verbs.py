@@ -12,11 +12,12 @@ import typer
 
 from deploy_edge.agent.config import Scope
 from pipelines.cli.common import console, emit_json, result_console, services
-from pipelines.cli.options import JsonOpt, KeyOpt, ModelVersionArg, add_verb, epilog
+from pipelines.cli.options import JsonOpt, KeyOpt, ModelVersionArg, VerbGroup, add_verb, epilog
 from pipelines.deploy import release
 from pipelines.registry.versions import get_version, parse_model_uri
 
 keys = typer.Typer(
+    cls=VerbGroup,
     help="Signing keys for releases, and bearer tokens for edge agents.",
     no_args_is_help=True,
     epilog=epilog(("robo-pipe keys generate", "robo-pipe keys token")),

@@ -16,5 +16,7 @@
 - :mod:`pipelines.run.summary`: the run's outcome (verdict state, title) and its markdown.
 - :mod:`pipelines.run.tables`: the summary's tables (evaluation, variants, latency, gates).
 - :mod:`pipelines.run.places`: where the run can be found later, and links to configured servers.
+- :mod:`pipelines.run.expected`: what a first run of each shipped config takes, stage by stage
+  (measured; printed as a run starts, quoted by the docs).
 - :mod:`pipelines.run.plots`: the training curves and PNGs inlined as ``data:`` URIs.
 """

@@ -24,9 +24,19 @@ def pretrain_base(
     policy, which starts from its pretrained backbone."""
     if not policy_type(cfg.policy.type).needs_pretraining:
         return None
-    from stages.finetune import pretrain
+    from stages.finetune import pretrain, pretrain_variants
 
-    listener.started("pretrain", cfg.pretrain.bc.steps, "steps")
+    def collected(done: int, total: int) -> None:
+        # The demonstrations come first (the demo's 3,000 take minutes), then the steps.
+        if done < total:
+            listener.advanced("pretrain", done, "collecting the base's demonstrations")
+        else:
+            listener.started("pretrain", cfg.pretrain.bc.steps, "steps")
+
+    demonstrations = cfg.pretrain.episodes_per_variant * len(
+        pretrain_variants(cfg.scene.variant, cfg.pretrain)
+    )
+    listener.started("pretrain", demonstrations, "demonstrations")
     return pretrain(
         cfg.robot,
         cfg.scene,
@@ -40,6 +50,7 @@ def pretrain_base(
         ray_address,
         on_metrics=lambda m: listener.advanced("pretrain", m["step"], training_detail(m)),
         on_status=status_lines("pretrain", listener),
+        on_collected=collected,
     )
 
 

@@ -36,9 +36,9 @@ from robo_pipe.home import mark_home, unmark_home
 from robo_pipe.locks import StatusFn, output_lock
 from robots.spec import get_robot
 from sim_scenes.config import SceneConfig, SimConfig
-from sim_scenes.touch import available_variants
+from sim_scenes.touch import available_variants, get_variant
 from stages.collect.config import CollectConfig
-from stages.collect.run import collect
+from stages.collect.run import ShardResult, collect
 from stages.dataset.layout import DatasetRef
 from stages.dataset.writer import DatasetError
 from stages.finetune.algorithm import ALGORITHMS
@@ -63,6 +63,7 @@ WORKERS_DIR = ".workers"
 """Under a training run's folder: one file per Ray Train worker rank naming its Ray node."""
 
 MetricsFn = Callable[[dict[str, float]], None]
+CollectedFn = Callable[[int, int], None]  # pretraining's demonstrations (done, total)
 
 
 def _key(*parts: Any) -> str:
@@ -73,7 +74,8 @@ def _key(*parts: Any) -> str:
 def pretrain_variants(target: str, config: PretrainConfig) -> list[str]:
     """The task family a base is pretrained on: configured, or every training variant except
     ``target``."""
-    variants = config.variants or [v for v in available_variants("train") if v != target]
+    family = [v for v in available_variants("train") if get_variant(v).pretrain_by_default]
+    variants = config.variants or [v for v in family if v != target]
     if target in variants:
         raise ValueError(f"pretrain.variants includes the target variant {target!r}")
     return variants
@@ -92,10 +94,13 @@ def pretrain(
     ray_address: str | None = None,
     on_metrics: MetricsFn | None = None,
     on_status: StatusFn | None = None,
+    on_collected: CollectedFn | None = None,
 ) -> CheckpointRef:
     """Pretrain (or reuse) the base model for target variant ``scene.variant``; its
     demonstrations go under ``datasets_dir``, the base under ``checkpoints_dir``. ``on_status``
-    gets progress lines, and one when this waits for, takes over or reuses another run's."""
+    gets progress lines, and one when this waits for, takes over or reuses another run's;
+    ``on_collected`` counts the demonstrations (the demo's 3,000 take minutes), then
+    ``on_metrics`` the training steps."""
     if not policy_type(policy.type).needs_pretraining:
         raise ValueError(f"pretrain builds the default VLA; policy.type is {policy.type!r}")
     variants = pretrain_variants(scene.variant, config)
@@ -107,9 +112,12 @@ def pretrain(
         if cached is not None:
             return cached
         datasets = []
-        for variant in variants:
+        total = config.episodes_per_variant * len(variants)
+        for i, variant in enumerate(variants):
             if on_status:
                 on_status(f"collecting {config.episodes_per_variant} demonstrations on {variant}")
+            before = i * config.episodes_per_variant
+            counted = _shard_counter(before, total, on_collected)
             ref = collect(
                 robot,
                 scene.model_copy(update={"variant": variant}),
@@ -118,9 +126,12 @@ def pretrain(
                 seed,
                 datasets_dir / f"pretrain-{variant}-{key}",
                 ray_address,
+                on_shard=counted,
                 on_status=on_status,
             )
             datasets.append(ref.path)
+        if on_collected:
+            on_collected(total, total)
         job = BCJob(
             out=str(out),
             datasets=datasets,
@@ -149,6 +160,23 @@ def pretrain(
         if on_status:
             on_status(f"pretraining the base on {', '.join(variants)}")
         return _train(job, config.bc, ray_address, on_metrics)
+
+
+def _shard_counter(
+    before: int, total: int, on_collected: CollectedFn | None
+) -> Callable[[ShardResult], None] | None:
+    """A variant's ``on_shard`` for :func:`pretrain`: (collected, total), ``before`` of them
+    from the variants collected earlier."""
+    if on_collected is None:
+        return None
+    done = before
+
+    def counted(shard: ShardResult) -> None:
+        nonlocal done
+        done += shard.attempted
+        on_collected(min(done, total), total)
+
+    return counted
 
 
 def finetune(

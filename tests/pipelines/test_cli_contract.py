@@ -278,6 +278,9 @@ def command_paths() -> list[list[str]]:
 
 
 def test_every_help_ends_with_examples_and_the_exit_codes(tmp_path: Path) -> None:
+    """Every --help ends with its examples and the exit codes, and lists a flag (``--json``,
+    ``--help``) by its name alone: it takes no value, so no type (typer's rich help would
+    print ``<bool>``)."""
     paths = command_paths()
     assert ["models", "promote"] in paths and ["expert"] in paths and ["demo"] not in paths
 
@@ -288,6 +291,7 @@ def test_every_help_ends_with_examples_and_the_exit_codes(tmp_path: Path) -> Non
         for path, text in pool.map(helped, paths):
             examples = text.split("Examples")[-1].split("Exit codes")[0]
             assert f"robo-pipe {' '.join(path)}".strip() in examples, (path, text)
+            assert "<bool>" not in text, (path, text)
             codes = text.split("Exit codes")[-1]
             for code in ("0 done", "1 a verdict said no", "2 bad input", "3 robo-pipe"):
                 assert code in " ".join(codes.split()), (path, code)

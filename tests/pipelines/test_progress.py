@@ -122,12 +122,51 @@ def test_a_long_stage_prints_a_progress_line_each_interval() -> None:
     clock.now = 61.0
     log.finished("export", "parity 1.2e-06", False)
     log.tick()  # nothing new from finetune: the line says it still runs
+    # Time left: the time so far times what is left over what is done (30 x 330 / 270 s).
     assert printed(log) == [
-        "finetune: 45% (270 of 600 BC steps), 0:00:30 elapsed: loss 0.0123, 850 samples/s",
+        "finetune: 45% (270 of 600 BC steps), 0:00:30 elapsed, ~0:00:37 left: loss 0.0123, "
+        "850 samples/s",
         "export: running, 0:00:30 elapsed",
         "export: ok in 61.0 s: parity 1.2e-06",
-        "finetune: 45% (270 of 600 BC steps), 0:01:01 elapsed: loss 0.0123, 850 samples/s",
+        "finetune: 45% (270 of 600 BC steps), 0:01:01 elapsed, ~0:01:15 left: loss 0.0123, "
+        "850 samples/s",
     ]
+
+
+def test_pretraining_estimates_its_demonstrations_then_its_steps_each_at_its_own_pace() -> None:
+    """The demo's pretraining collects 3,000 demonstrations (minutes) before its first step:
+    its line counts them, with the time left, then its steps, estimated from the steps' own
+    pace (not the collection's); the elapsed time is the stage's."""
+    log, clock = plain_log(every_s=30.0)
+    log.started("pretrain", 3000, "demonstrations")
+    clock.now = 30.0
+    log.advanced("pretrain", 500, "collecting the base's demonstrations")
+    log.tick()
+    clock.now = 180.0
+    log.started("pretrain", 3000, "steps")  # the demonstrations are all in
+    clock.now = 210.0
+    log.advanced("pretrain", 300, "loss 0.1234, 600 samples/s")
+    log.tick()
+    assert printed(log) == [
+        "pretrain: 17% (500 of 3,000 demonstrations), 0:00:30 elapsed, ~0:02:30 left: "
+        "collecting the base's demonstrations",
+        "pretrain: 10% (300 of 3,000 steps), 0:03:30 elapsed, ~0:04:30 left: loss 0.1234, "
+        "600 samples/s",
+    ]
+
+    # The live rows in a terminal estimate too (rich's pace of the row), and only while it runs.
+    clock = Clock()
+    rows = LiveRows(Console(file=io.StringIO(), width=200, force_terminal=True), clock=clock)
+    rows.started("pretrain", 3000, "steps")
+    for now, step in ((10.0, 100), (20.0, 200), (30.0, 300)):
+        clock.now = now
+        rows.advanced("pretrain", step, "loss 0.1234")
+    rows.started("export", None, "")
+    screen = io.StringIO()
+    Console(file=screen, width=200).print(rows.progress.get_renderable())
+    shown = {line.split()[0]: line for line in screen.getvalue().splitlines()}
+    assert "~0:04:30 left" in shown["pretrain"], shown
+    assert "left" not in shown["export"], "no estimate without a total"
 
 
 def test_the_log_ticks_by_itself() -> None:

@@ -171,9 +171,11 @@ def test_trained_phrasing_draws_exactly_what_it_drew_before_unseen_existed(
     rp5: RobotSpec,
 ) -> None:
     """Pinned before ``phrasing`` existed: the default and ``trained`` give the same scene,
-    target and instruction for every seed, bit for bit."""
+    target and instruction for every seed, bit for bit (the variants there were then: a new
+    one, such as touch-single, draws its own)."""
+    pinned = [name for name in sorted(VARIANTS) if not name.startswith("touch-single")]
     digest = hashlib.sha256()
-    for name in sorted(VARIANTS):
+    for name in pinned:
         for seed in (0, 1, 7, 123456789):
             layout = sample_layout(VARIANTS[name], rp5, seed)
             assert sample_layout(VARIANTS[name], rp5, seed, phrasing="trained") == layout

@@ -207,10 +207,16 @@ def test_pretrain_then_lora_and_full_finetune_on_ray_train_with_two_workers(
     tiny_dataset: DatasetRef, tmp_path: Path
 ) -> None:
     """Two DDP workers for every trainable setting: pretraining and full fine-tuning train
-    every parameter, LoRA the adapters and heads."""
+    every parameter, LoRA the adapters and heads. Pretraining counts its demonstrations (shard
+    by shard, all of them before its first step: the demo's 3,000 take minutes), then its steps."""
     cfg = load_config(TINY_CONFIG)
     bc = BCConfig(steps=20, batch_size=16, warmup_steps=2, checkpoint_every=10, log_every=5)
     seen: list[float] = []
+    events: list[str] = []
+
+    def on_metrics(metrics: dict[str, float]) -> None:
+        seen.append(metrics["step"])
+        events.append(f"step {metrics['step']:.0f}")
 
     def run_pretrain() -> CheckpointRef:
         return pretrain(
@@ -223,14 +229,18 @@ def test_pretrain_then_lora_and_full_finetune_on_ray_train_with_two_workers(
             seed=0,
             checkpoints_dir=tmp_path / "checkpoints",
             datasets_dir=tmp_path / "datasets",
-            on_metrics=lambda m: seen.append(m["step"]),
+            on_metrics=on_metrics,
+            on_collected=lambda done, total: events.append(f"{done} of {total}"),
         )
 
     base = run_pretrain()
     assert base.trainable == "all" and base.step == 20 and seen[-1] == 20
     assert len(base.dataset_hashes) == 3, "one dataset per pretraining variant"
+    # tiny.yaml: 4 episodes a shard, so one shard per variant; then the count is complete.
+    assert events[:5] == ["4 of 12", "8 of 12", "12 of 12", "12 of 12", "step 5"], events
     lineage = json.loads((Path(base.path) / "policy.json").read_text())["lineage"]
     assert "touch-mixed" not in lineage["variants"]
+    assert "touch-single" not in lineage["variants"], "touch-single is not pretrained on"
     assert lineage["config"]["pretrain"]["episodes_per_variant"] == 4 and base.config_hash
     trained_steps = list(seen)
     again = run_pretrain()

@@ -65,7 +65,12 @@ def run(
         stop_on_sigterm,
     )
 
-    # Until here SIGTERM ends the process at once (exit 143 too): nothing is started yet.
+    from pipelines.services.local_servers import start_temporary_prefect_server
+
+    # Without a configured server: Prefect's temporary one, started now in a session of its
+    # own that stops when this process ends, however it ends (the parent-death signal).
+    start_temporary_prefect_server()
+    # Until here SIGTERM ends the process at once (exit 143 too; the temporary server with it).
     stop_on_sigterm()
     again = "start it again (or send runs elsewhere), then the same command resumes the run"
     start = time.perf_counter()

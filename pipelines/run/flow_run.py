@@ -70,12 +70,12 @@ def cancelled_if_stopped(_flow: object, flow_run: FlowRun, _state: object) -> No
     from prefect.exceptions import TerminationSignal
     from prefect.states import Cancelled
 
-    from pipelines.services.signals import ServerLost, Stopped
+    from pipelines.services.signals import ServerLost, stop_signal
 
     stop = sys.exc_info()[1]
     if isinstance(stop, ServerLost) or not isinstance(stop, KeyboardInterrupt | TerminationSignal):
         return
-    signum = stop.signum if isinstance(stop, Stopped) else getattr(stop, "signal", signal.SIGINT)
+    signum = stop_signal(stop) if isinstance(stop, KeyboardInterrupt) else stop.signal
     message = f"stopped by {signal.Signals(signum).name}: the same command resumes the run"
     with get_client(sync_client=True) as prefect:
         prefect.set_flow_run_state(flow_run.id, Cancelled(message=message), force=True)

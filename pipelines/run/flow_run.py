@@ -21,8 +21,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from prefect import Flow
 from prefect.client.schemas.objects import FlowRun
 from prefect.context import FlowRunContext, get_run_context
+from prefect.states import State
 
 from pipelines import tracking
 from pipelines.config import PipelineConfig, load_config, save_resolved
@@ -59,7 +61,7 @@ def flow_run_name() -> str:
     return f"{name} · {time.strftime('%Y-%m-%d %H:%M:%SZ', time.gmtime())}"
 
 
-def cancelled_if_stopped(_flow: object, flow_run: FlowRun, _state: object) -> None:
+def cancelled_if_stopped(flow: Flow[..., Any], flow_run: FlowRun, state: State[Any]) -> None:
     """The flows' ``on_crashed`` hook: a flow run that a stop signal ended (SIGINT, SIGTERM,
     raised as ``KeyboardInterrupt``, or as Prefect's ``TerminationSignal`` while its engine
     holds SIGTERM) is set ``Cancelled``, not ``Crashed``: nothing failed, and the same command

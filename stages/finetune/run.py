@@ -423,6 +423,6 @@ def _fit_on_ray_train(job: BCJob, workers: int, ray_address: str | None) -> None
     # asks the training to abort and lets fit return, during this stage and, after it, in
     # every later one (the run went on). Ctrl-C must stop the run here as anywhere else (a
     # KeyboardInterrupt through every ``finally``; Ray's exit stops the training workers).
-    trainer._register_sigint_handler = lambda _controller: None  # type: ignore[method-assign]
+    trainer._register_sigint_handler = lambda _controller: None  # type: ignore[attr-defined]
     with signal_handlers_kept():
         trainer.fit()

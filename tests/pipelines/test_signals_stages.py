@@ -22,6 +22,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 from pipelines.run.stage_task import STAGES
 from tests.pipelines.test_flow import CONFIG
 from tests.pipelines.test_serve import SETS, Cli, _kill_all, _port_free, home_processes
@@ -95,6 +97,7 @@ def nothing_left(home: Path) -> list[str]:
     return left
 
 
+@pytest.mark.timeout(1200)  # five runs, Ray Train's twice: 7.2 min on two busy cores
 def test_a_signal_in_any_stage_stops_everything_and_the_same_command_resumes(
     shared_home: Path,
 ) -> None:

@@ -18,7 +18,11 @@ import logging
 import os
 import secrets
 import shutil
+import signal
 import socket
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,7 +54,8 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
         _check_reachable(address)  # ray.init would retry an unreachable address for minutes
         _check_token(address)
         try:
-            ray.init(address=address, log_to_driver=False)
+            with signal_handlers_kept():
+                ray.init(address=address, log_to_driver=False)
         except (ConnectionError, RuntimeError, ValueError) as err:
             raise RayClusterError(
                 f"cannot join the Ray cluster at {address!r}: {err}. Is `ray start --head` "
@@ -61,17 +66,52 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
         # 2.60 has no public setting for that (a node address of 127.0.0.1 is replaced by this
         # machine's), only a private switch we do not use. What guards it is Ray's token
         # authentication (RAY_AUTH_MODE), which a new local instance turns on by default.
-        ray.init(
-            # "local": a new instance even if `ray start` runs a cluster on this machine, which
-            # ray.init() would otherwise join.
-            address="local",
-            num_cpus=num_cpus or os.cpu_count(),
-            include_dashboard=False,
-            log_to_driver=False,
-            # Ray's own notes on starting (its address, that token authentication is on) are
-            # not the user's business on a local instance; its errors still show.
-            logging_level=logging.ERROR,
-        )
+        with signal_handlers_kept():
+            ray.init(
+                # "local": a new instance even if `ray start` runs a cluster on this machine,
+                # which ray.init() would otherwise join.
+                address="local",
+                num_cpus=num_cpus or os.cpu_count(),
+                include_dashboard=False,
+                log_to_driver=False,
+                # Ray's own notes on starting (its address, that token authentication is on)
+                # are not the user's business on a local instance; its errors still show.
+                logging_level=logging.ERROR,
+            )
+
+
+@contextmanager
+def signal_handlers_kept() -> Iterator[None]:
+    """Keep this process's SIGTERM and SIGINT handlers through ``ray.init`` (main thread only:
+    elsewhere Python sets no handler).
+
+    ``ray.init`` in a driver replaces them three ways: a Python SIGTERM handler that exits 15
+    (``sys.exit(signum)``), the local node's, which kills Ray's processes and exits 1, and, when
+    its core worker starts, the C++ failure-signal handler (Abseil's), which prints
+    ``*** SIGTERM received at time=…`` with a stack dump and ends the process with SIGABRT
+    (exit 134) before any ``finally`` runs. The verb's own handler (a stop that runs every
+    ``finally`` and exits 143, :func:`pipelines.services.signals.stop_on_sigterm`, or the
+    Prefect flow engine's while a flow runs) must stay the one that acts. The Python handlers
+    are not installed (Ray's ``set_sigterm_handler`` does nothing during the call: Ray 2.60 has
+    no setting for that); the C++ one is replaced when the call returns (setting a Python
+    handler installs Python's own C handler again). Ray still stops its processes: at the
+    interpreter's exit (its ``atexit``), or, if this process dies hard, by the parent-death
+    signal Ray gives the processes a driver starts."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    import ray._private.utils as ray_utils
+
+    kept = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
+    install = ray_utils.set_sigterm_handler
+    ray_utils.set_sigterm_handler = lambda handler: None
+    try:
+        yield
+    finally:
+        ray_utils.set_sigterm_handler = install
+        for signum, handler in kept.items():
+            if handler is not None:  # None: not set from Python, nothing to put back
+                signal.signal(signum, handler)
 
 
 def _check_reachable(address: str) -> None:

@@ -59,21 +59,31 @@ def run(
         console.print(expected_line(measured), highlight=False, soft_wrap=True)
     from pipelines.progress import listening
     from pipelines.run.flow import train_simulate_deploy
+    from pipelines.services.local_servers import start_temporary_prefect_server
     from pipelines.services.signals import (
         ServerLost,
         drop_unsent_if_server_gone,
         interrupted_exit_code,
         prefect_server_gone,
+        sigterm_kept_in_flows,
         stop_if_server_goes,
         stop_on_sigterm,
     )
 
-    # Until here SIGTERM ends the process at once (exit 143 too): nothing is started yet.
+    # Without a configured server: Prefect's temporary one, started now in a session of its
+    # own that stops when this process ends, however it ends (the parent-death signal).
+    start_temporary_prefect_server()
+    # Until here SIGTERM ends the process at once (exit 143 too; the temporary server with it).
     stop_on_sigterm()
     again = "start it again (or send runs elsewhere), then the same command resumes the run"
     start = time.perf_counter()
     try:
-        with stop_if_server_goes(found), live() as display, listening(display):
+        with (
+            sigterm_kept_in_flows(),
+            stop_if_server_goes(found),
+            live() as display,
+            listening(display),
+        ):
             result = train_simulate_deploy(config=cfg, ray_address=ray_address)
     except KeyboardInterrupt as stopped:
         if isinstance(stopped, ServerLost):

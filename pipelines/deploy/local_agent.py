@@ -41,6 +41,7 @@ from pipelines.progress import SILENT, Listener, status_lines
 from pipelines.records import EdgeDeployment
 from pipelines.registry.versions import set_version_tags
 from pipelines.services.local_servers import free_port
+from pipelines.services.processes import with_parent_death
 from robo_pipe.locks import StatusFn, output_lock
 
 NAME = "local-agent"
@@ -102,8 +103,10 @@ def running_local_agent(
         os.environ[TOKEN_ENV] = _token()
         entry = DeviceEntry(name=NAME, url=f"http://127.0.0.1:{port}", token_env=TOKEN_ENV)
         with (agent_dir() / "agent.log").open("a") as log:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "deploy_edge.agent", "--config", str(config)],
+            process = subprocess.Popen(  # it ends with this process, however that dies
+                with_parent_death(
+                    [sys.executable, "-m", "deploy_edge.agent", "--config", str(config)]
+                ),
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )

@@ -40,7 +40,13 @@ from pydantic import WithJsonSchema
 from pipelines.config import PipelineConfig
 from pipelines.home import robo_pipe_home
 from pipelines.records import ChampionCheck, Evaluation, PipelineResult, RunRecords
-from pipelines.run.flow_run import closing, flow_run_name, rename_flow_run, start_run
+from pipelines.run.flow_run import (
+    cancelled_if_stopped,
+    closing,
+    flow_run_name,
+    rename_flow_run,
+    start_run,
+)
 from pipelines.run.places import home_relative
 from pipelines.run.publish import publish
 from pipelines.run.stage_task import RunContext
@@ -80,6 +86,7 @@ parameter then."""
     flow_run_name=flow_run_name,
     log_prints=True,
     persist_result=False,
+    on_crashed=[cancelled_if_stopped],  # a stop signal: Cancelled, not Crashed
 )
 def train_simulate_deploy(
     config: ConfigParam = "configs/demo.yaml",
@@ -136,6 +143,7 @@ class RegressionDetected(RuntimeError):
     flow_run_name=flow_run_name,
     log_prints=True,
     persist_result=False,
+    on_crashed=[cancelled_if_stopped],  # a stop signal: Cancelled, not Crashed
 )
 def champion_regression(
     config: ConfigParam = "configs/demo.yaml",

@@ -3,6 +3,9 @@ outcome after), its start (the config read and checked once, the services and th
 checked, the run folder, the MLflow run, the liveness lock, earlier runs found crashed) and its
 end (the MLflow run finished, the lock released).
 
+Stops: a flow run that a signal stopped (Ctrl-C, SIGTERM: the user's choice, not a crash) ends
+``Cancelled`` (:func:`cancelled_if_stopped`); the same command resumes it.
+
 Crashes: a flow run holds a lock for as long as its process lives; each new flow run marks the
 runs of this home whose process died without reporting as ``Crashed`` and, when it runs the same
 flow on the same config, tags itself as their continuation (:mod:`pipelines.run.reconcile`).
@@ -10,14 +13,18 @@ flow on the same config, tags itself as their continuation (:mod:`pipelines.run.
 
 from __future__ import annotations
 
+import signal
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from prefect import Flow
 from prefect.client.schemas.objects import FlowRun
 from prefect.context import FlowRunContext, get_run_context
+from prefect.states import State
 
 from pipelines import tracking
 from pipelines.config import PipelineConfig, load_config, save_resolved
@@ -52,6 +59,28 @@ def flow_run_name() -> str:
     else:
         name = context.flow.name if context and context.flow else "robo-pipe"
     return f"{name} · {time.strftime('%Y-%m-%d %H:%M:%SZ', time.gmtime())}"
+
+
+def cancelled_if_stopped(flow: Flow[..., Any], flow_run: FlowRun, state: State[Any]) -> None:
+    """The flows' ``on_crashed`` hook: a flow run that a stop signal ended (SIGINT, SIGTERM,
+    raised as ``KeyboardInterrupt``, or as Prefect's ``TerminationSignal`` while its engine
+    holds SIGTERM) is set ``Cancelled``, not ``Crashed``: nothing failed, and the same command
+    resumes it. Prefect calls the hook while it handles the exception that ended the run (so
+    ``sys.exc_info`` names it), after it set the run ``Crashed``. A run whose Prefect server
+    stopped answering (:class:`pipelines.services.signals.ServerLost`) stays as it is."""
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import TerminationSignal
+    from prefect.states import Cancelled
+
+    from pipelines.services.signals import ServerLost, stop_signal
+
+    stop = sys.exc_info()[1]
+    if isinstance(stop, ServerLost) or not isinstance(stop, KeyboardInterrupt | TerminationSignal):
+        return
+    signum = stop_signal(stop) if isinstance(stop, KeyboardInterrupt) else stop.signal
+    message = f"stopped by {signal.Signals(signum).name}: the same command resumes the run"
+    with get_client(sync_client=True) as prefect:
+        prefect.set_flow_run_state(flow_run.id, Cancelled(message=message), force=True)
 
 
 def rename_flow_run(name: str) -> None:

@@ -22,6 +22,7 @@ from pipelines.home import home_dir
 from pipelines.progress import BROADCAST, describe
 from pipelines.records import StageRun
 from pipelines.run.resume import StageRecords, stage_key
+from pipelines.services.signals import stop_behind
 from robo_pipe.errors import RoboPipeError
 from robo_pipe.records import Record
 
@@ -118,8 +119,10 @@ def run_stage(
         track(mlrun, record)
         mlrun.set_tags({tracking.TAG + "reused": reused, tracking.TAG + "stage_key": key})
         mlrun.log_metrics({"stage_seconds": seconds})
-    except BaseException:
+    except BaseException as err:
         mlrun.finish("FAILED")
+        if isinstance(err, Exception) and (stop := stop_behind(err)) is not None:
+            raise stop from None  # a stop, not a failure: the run stops as the signal asks
         raise
     mlrun.finish()
     ctx.stage_runs[stage] = StageRun(seconds=seconds, reused=reused)

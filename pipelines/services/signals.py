@@ -8,7 +8,7 @@ import os
 import signal
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 from pipelines.services.settings import Services, healthy, no_prefect_retries
@@ -41,8 +41,46 @@ def stop_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, _raise_stopped)
 
 
+@contextmanager
+def sigterm_kept_in_flows() -> Iterator[None]:
+    """Flows run in this block leave SIGTERM to this process's handler
+    (:func:`stop_on_sigterm`: :class:`Stopped`, a ``KeyboardInterrupt``).
+
+    Prefect's flow engine replaces it while a flow runs with one that raises its
+    ``TerminationSignal``, for a runner that cancels a flow run it started (``serve``'s runs,
+    not a ``run`` verb's). That is no ``KeyboardInterrupt``, and Ray's ``ray.get``, which checks
+    for signals while it waits, passes only a ``KeyboardInterrupt`` on at once: it holds any
+    other exception until what it waits for ends (a whole Ray Train fit), then raises it as a
+    ``SystemError``. Swaps the ``capture_sigterm`` name Prefect 3.8's flow engine uses, for the
+    block (Prefect has no setting for it); the flow run still ends Cancelled
+    (:func:`pipelines.run.flow_run.cancelled_if_stopped`)."""
+    from prefect import flow_engine
+
+    plain = flow_engine.capture_sigterm
+    flow_engine.capture_sigterm = nullcontext  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        flow_engine.capture_sigterm = plain
+
+
+_received: list[int] = []
+"""The signals :func:`stop_on_sigterm`'s handler turned into :class:`Stopped`, in order."""
+
+
 def _raise_stopped(signum: int, _frame: object) -> None:
+    _received.append(signum)
     raise Stopped(signum)
+
+
+def stop_signal(interrupt: KeyboardInterrupt) -> int:
+    """The signal that ``interrupt`` stands for. Ray's ``ray.get`` ends its wait for any
+    ``KeyboardInterrupt`` a signal handler raised with a new plain one, so a SIGTERM that
+    stopped a Ray stage reaches the verb as Ctrl-C's exception: the handler's record says
+    which it was. A plain one with no record is Ctrl-C's (SIGINT)."""
+    if isinstance(interrupt, Stopped):
+        return interrupt.signum
+    return _received[-1] if _received else signal.SIGINT
 
 
 def prefect_server_gone(found: Services) -> str | None:
@@ -97,7 +135,7 @@ def stop_if_server_goes(found: Services, every_s: float = 5.0, misses: int = 3) 
     watcher.start()
     try:
         yield
-    except Stopped as stopped:
+    except KeyboardInterrupt as stopped:  # plain, if ray.get replaced Stopped (stop_signal)
         if lost:
             raise ServerLost(lost[0]) from stopped
         raise
@@ -135,12 +173,31 @@ def drop_unsent_if_server_gone(found: Services) -> int:
     return dropped
 
 
+def stop_behind(error: BaseException) -> BaseException | None:
+    """The stop signal's exception (a ``KeyboardInterrupt``, or Prefect's ``TerminationSignal``
+    while its flow engine holds SIGTERM) that ``error`` stands for, if it has one as its cause
+    or context; else None. A signal's handler raises in whatever Python code the main thread
+    runs: inside a C extension's callback (Ray deserializing what ``ray.get`` returns) the
+    extension reports the exception as a ``SystemError`` "returned a result with an exception
+    set", and the stop would read as a failed stage."""
+    from prefect.exceptions import TerminationSignal
+
+    seen: set[int] = set()
+    cause: BaseException | None = error
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, KeyboardInterrupt | TerminationSignal):
+            return cause
+        cause = cause.__cause__ or cause.__context__
+    return None
+
+
 def interrupted_exit_code(interrupt: KeyboardInterrupt) -> int:
     """The exit code of a process that ``interrupt`` stopped: 128 + the signal's number, as a
     shell reports a process a signal ended (130 for Ctrl-C/SIGINT, 143 for SIGTERM)."""
     if isinstance(interrupt, ServerLost):
         return 3  # a service robo-pipe needs failed (docs/exit-codes.md)
-    return 128 + (interrupt.signum if isinstance(interrupt, Stopped) else signal.SIGINT)
+    return 128 + stop_signal(interrupt)
 
 
 @contextmanager

@@ -428,7 +428,7 @@ def _ray_train_loop(config: dict[str, BCJob]) -> None:
 
 
 def _fit_on_ray_train(job: BCJob, workers: int, ray_address: str | None) -> None:
-    from stages.ray_runtime import init_ray
+    from stages.ray_runtime import init_ray, signal_handlers_kept
 
     init_ray(ray_address)  # before importing ray (see stages/ray_runtime.py)
     from ray.train import FailureConfig, RunConfig, ScalingConfig
@@ -449,4 +449,10 @@ def _fit_on_ray_train(job: BCJob, workers: int, ray_address: str | None) -> None
             failure_config=FailureConfig(max_failures=2),
         ),
     )
-    trainer.fit()
+    # Ray Train's fit installs a SIGINT handler of its own and never removes it: Ctrl-C then
+    # asks the training to abort and lets fit return, during this stage and, after it, in
+    # every later one (the run went on). Ctrl-C must stop the run here as anywhere else (a
+    # KeyboardInterrupt through every ``finally``; Ray's exit stops the training workers).
+    trainer._register_sigint_handler = lambda _controller: None  # type: ignore[attr-defined]
+    with signal_handlers_kept():
+        trainer.fit()

@@ -127,7 +127,9 @@ def deploy(
     """Deploy a registry version to a device: build and sign the release (or reuse it), upload
     it, and follow the agent's steps (verify, extract, engine, parity, latency gate, activate,
     health). Exits 0 only when the device runs the new version, 1 when it refused or rolled
-    back (the reason is printed), 2 for bad input.
+    back (the reason is printed), 2 for bad input. A device that already runs this version
+    with the same content is left alone: nothing is uploaded, one line says so, exit 0 (with
+    --json the record of the deployment that made it active, "unchanged": true).
 
     With --fleet: roll it out to a fleet, a canary first, then waves (the devices of a wave at
     once); a wave with more failures than allowed stops the rollout and the devices it updated
@@ -139,6 +141,7 @@ def deploy(
     deploys only with --systems-test."""
     from deploy_edge.device import connect, load_device
     from deploy_edge.wire import Origin
+    from robo_pipe.integrity import file_sha256
 
     fleet_only = {
         "--canary": canary,
@@ -175,6 +178,17 @@ def deploy(
     services()
     version = get_version(*parse_model_uri(model))
     manifest, path = release.bundle_release(version, key or release.default_key())
+    sha256 = file_sha256(path)
+    with connect(entry) as agent:  # what it runs already is not sent again
+        running = release.already_running(agent, manifest, sha256)
+    if running is not None:
+        emit_json({**running.to_json(), "unchanged": True}, json_out)
+        result_console(json_out).print(
+            f"{entry.name} already runs {manifest.model_name} v{manifest.model_version} "
+            f"(release {sha256[:12]}, the same content): nothing uploaded",
+            highlight=False,
+        )
+        return
     with live(json_out) as display:
         done = release.deploy_release(
             entry, path, force, display, systems_test=systems_test, origin=Origin(by="cli")

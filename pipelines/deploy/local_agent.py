@@ -28,6 +28,7 @@ from deploy_edge.device import DeviceEntry, DeviceError, connect
 from pipelines.config import PipelineConfig
 from pipelines.deploy.release import (
     RegisteredVersion,
+    already_running,
     bundle_release,
     deploy_release,
     device_tags,
@@ -164,15 +165,10 @@ def deploy_to_local_agent(
     with running_local_agent(cfg, status_lines("deploy", listener)) as entry:
         with connect(entry) as device:
             active = device.status().active
-            history = device.history()
-        if active is not None and active.sha256 == file_sha256(path):
-            # already there: report the gate it passed
-            went_live = [
-                d for d in history if d.release_sha256 == active.sha256 and d.state == "active"
-            ]
-            state, reason = "active", "already runs this release"
-            gate = went_live[0].gate if went_live else None
-            variant = variant_tags(entry.name, went_live[0]) if went_live else {}
+            running = already_running(device, manifest, file_sha256(path))
+        if running is not None:  # already there: report the gate it passed
+            state, reason, gate = "active", "already runs this release", running.gate
+            variant = variant_tags(entry.name, running)
             listener.finished("verify", "already runs this release", reused=True)
         else:
             done = deploy_release(entry, path, listener=listener)

@@ -138,14 +138,19 @@ def deploy(
     )
 
 
-def status(agent: dict[str, Any]) -> dict[str, Any]:
+def agent_json(agent: dict[str, Any], path: str) -> Any:
+    """The agent's answer to ``GET path``."""
     import httpx
 
     answer = httpx.get(
-        f"http://127.0.0.1:{agent['port']}/status", headers={"Authorization": f"Bearer {TOKEN}"}
+        f"http://127.0.0.1:{agent['port']}{path}", headers={"Authorization": f"Bearer {TOKEN}"}
     )
     answer.raise_for_status()
-    return dict(answer.json())
+    return answer.json()
+
+
+def status(agent: dict[str, Any]) -> dict[str, Any]:
+    return dict(agent_json(agent, "/status"))
 
 
 def test_deploy_makes_a_registry_version_the_devices_active_policy(
@@ -174,10 +179,21 @@ def test_deploy_makes_a_registry_version_the_devices_active_policy(
         timeout=60,
     ).json()
     assert episode["version"] == f"{MODEL}:1" and episode["ticks"] == 5 and episode["errors"] == 0
-    # The same release again: the agent refuses it, and deploy reports that refusal (not the
-    # earlier deployment of the same release, still the agent's last record when it asks).
+    # The same version again (an idempotent CI job): asked what it runs, the device already
+    # runs this content, so nothing is sent and it exits 0, in one line; the device's uploads
+    # (a refused upload would stay there) and its history show no second deployment.
+    assert agent_json(agent, "/uploads") == [], "the installed upload is gone from the device"
+    history = agent_json(agent, "/history")
     again = deploy(agent, shared_home, "--key", str(signing["release"]))
-    assert again.returncode == 1 and "already the active version" in again.stderr, again.stderr
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "dev-arm-01 already runs edge-policy v1" in again.stdout, again.stdout
+    assert "nothing uploaded" in again.stdout and "upload" not in again.stderr, again.stderr
+    quiet = deploy(agent, shared_home, "--key", str(signing["release"]), "--json")
+    record = json.loads(quiet.stdout.strip().splitlines()[-1])
+    assert quiet.returncode == 0 and record["unchanged"] is True, quiet.stdout
+    assert record["state"] == "active" and record["id"] == history[0]["id"], record
+    assert agent_json(agent, "/uploads") == [], "no byte of the release was sent again"
+    assert agent_json(agent, "/history") == history, "no deployment was asked for"
 
 
 def test_an_untrusted_key_is_refused_and_the_active_version_stays(

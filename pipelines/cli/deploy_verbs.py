@@ -15,7 +15,14 @@ from rich.table import Table
 from pipelines.cli.common import console, emit_json, result_console, services
 from pipelines.cli.display import live
 from pipelines.cli.fleet_verbs import RolloutKnobs, deploy_fleet
-from pipelines.cli.options import JsonOpt, KeyOpt, ModelVersionArg, add_verb
+from pipelines.cli.options import (
+    DevicesOpt,
+    JsonOpt,
+    KeyOpt,
+    ModelVersionArg,
+    add_verb,
+    devices_file,
+)
 from pipelines.cli.result_tables import show_trials
 from pipelines.deploy import release
 from pipelines.registry.versions import get_version, parse_model_uri
@@ -65,9 +72,7 @@ def deploy(
         str | None,
         typer.Option("--device", help="Device name in the devices file.", show_default=False),
     ] = None,
-    devices: Annotated[
-        Path, typer.Option(help="Devices file: name, url, token_env, target per device.")
-    ] = Path("devices.yaml"),
+    devices: DevicesOpt = None,
     fleet: Annotated[
         Path | None,
         typer.Option(help="Fleet file: devices with labels and the rollout policy (not --device)."),
@@ -172,7 +177,7 @@ def deploy(
     if given:
         raise InputError(f"deploy: {', '.join(given)} only apply with --fleet")
     assert device is not None
-    entry = load_device(devices, device)
+    entry = load_device(devices_file(devices), device)
     with connect(entry) as agent:  # an unreachable device or a missing token: before work
         agent.health()
     services()

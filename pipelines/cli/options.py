@@ -52,6 +52,32 @@ ModelVersionArg = Annotated[
         show_default=False,
     ),
 ]
+DevicesOpt = Annotated[
+    Path | None,
+    typer.Option(
+        help="Devices file: name, url, token_env, target per device (default: devices.yaml "
+        "here, else the home's edge/devices.yaml, which names the demo's local-agent).",
+        show_default=False,
+    ),
+]
+DEVICES_FILE = Path("devices.yaml")
+"""The devices file a verb reads when --devices is not given and it exists here."""
+
+
+def devices_file(given: Path | None) -> Path:
+    """The devices file to read: ``given``; else :data:`DEVICES_FILE` here when it exists;
+    else the home's (:func:`pipelines.deploy.local_agent.devices_file`, the demo's local agent)
+    when it exists; else :data:`DEVICES_FILE` (whose absence the reader names)."""
+    if given is not None:
+        return given
+    if DEVICES_FILE.is_file():
+        return DEVICES_FILE
+    from pipelines.deploy.local_agent import devices_file as home_devices
+
+    home = home_devices()
+    return home if home.is_file() else DEVICES_FILE
+
+
 KeyOpt = Annotated[
     Path | None,
     typer.Option(help="Ed25519 signing key (default $ROBO_PIPE_HOME/keys/robo-pipe.key)."),

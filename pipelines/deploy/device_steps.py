@@ -138,9 +138,10 @@ def deploy_device(
     origin: Origin | None = None,
 ) -> DeviceRollout | State[DeviceRollout]:
     """The release onto one device of a wave (``runs_it``: the device runs it already,
-    :func:`~pipelines.deploy.release.runs_release`; nothing is sent). Never raises for the device's sake: an
-    unreachable device, a refusal, a rollback or a timeout is the row's state, and the task
-    run ends Failed with the row as its data (``future.result(raise_on_failure=False)``)."""
+    :func:`~pipelines.deploy.release.runs_release`; nothing is sent). Never raises for the
+    device's sake: an unreachable device, a refusal, a rollback or a timeout is the row's
+    state, and the task run ends Failed with the row as its data
+    (``future.result(raise_on_failure=False)``)."""
     start = time.perf_counter()
     row = DeviceRollout(device.name, wave, before, before, "failed")
     try:

@@ -29,9 +29,8 @@ from pipelines.registry.versions import RegistryError, set_version_tags
 from robo_pipe.locks import output_lock
 
 if TYPE_CHECKING:
-    from deploy_edge.device import DeviceEntry
+    from deploy_edge.device import Device, DeviceEntry
     from deploy_edge.release.manifest import Manifest
-    from deploy_edge.device import Device
     from deploy_edge.wire import Deployment, DeviceStatus, Origin, Slot, StepResult
 
 

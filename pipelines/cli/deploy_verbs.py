@@ -16,16 +16,17 @@ from pipelines.cli.common import console, emit_json, result_console, services
 from pipelines.cli.display import live
 from pipelines.cli.fleet_verbs import RolloutKnobs, deploy_fleet
 from pipelines.cli.options import (
+    SHIPS_A_VERSION,
     DevicesOpt,
     JsonOpt,
     KeyOpt,
-    ModelVersionArg,
     add_verb,
     devices_file,
+    policy_argument,
 )
 from pipelines.cli.result_tables import show_trials
 from pipelines.deploy import release
-from pipelines.registry.versions import get_version, parse_model_uri
+from pipelines.steps import checks
 from robo_pipe.errors import InputError
 
 if TYPE_CHECKING:
@@ -67,7 +68,7 @@ def edge_agent(
 
 
 def deploy(
-    model: ModelVersionArg,
+    model: Annotated[str, policy_argument(("registry",), SHIPS_A_VERSION)],
     device: Annotated[
         str | None,
         typer.Option("--device", help="Device name in the devices file.", show_default=False),
@@ -160,7 +161,7 @@ def deploy(
     }
     if systems_test and fleet is not None:
         raise InputError("deploy: --systems-test applies to one --device, never to a fleet")
-    parse_model_uri(model)  # a malformed version is bad input: before any work
+    policy = checks.resolve_policy(model, "deploy", ("registry",))  # bad input: before work
     if old_target is not None:
         raise InputError(
             f"deploy names a device with --device {old_target} (--target is a target profile, "
@@ -170,7 +171,7 @@ def deploy(
         raise InputError("deploy: give either --device NAME or --fleet FLEET.yaml (one of them)")
     if fleet is not None:
         knobs = RolloutKnobs(canary, max_failures, max_parallel, pause, retry_failed, resume)
-        deploy_fleet(model, fleet, knobs, select or [], dry_run, key, force, json_out)
+        deploy_fleet(policy, fleet, knobs, select or [], dry_run, key, force, json_out)
         return
 
     given = [name for name, value in fleet_only.items() if value is not None]
@@ -181,7 +182,7 @@ def deploy(
     with connect(entry) as agent:  # an unreachable device or a missing token: before work
         agent.health()
     services()
-    version = get_version(*parse_model_uri(model))
+    version = policy.version()
     manifest, path = release.bundle_release(version, key or release.default_key())
     sha256 = file_sha256(path)
     with connect(entry) as agent:  # what it runs already is not sent again

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from typer.core import TyperCommand
 
+from pipelines.steps.checks import PolicyKind, policy_kinds_help
+
 if TYPE_CHECKING:
     from typer._click.core import Context  # the click Typer vendors: what a command gets
 
@@ -52,6 +54,27 @@ ModelVersionArg = Annotated[
         show_default=False,
     ),
 ]
+
+
+SHIPS_A_VERSION = (
+    "An export or a checkpoint is refused (exit 2): a release is a registry version, numbered "
+    "by it; robo-pipe run registers its export."
+)
+"""What bundle and deploy cannot take, and why (their POLICY help)."""
+
+
+def policy_argument(accepts: tuple[PolicyKind, ...], why: str = "") -> Any:
+    """The POLICY argument of a verb that takes ``accepts`` (read by
+    :func:`pipelines.steps.checks.resolve_policy`, the same in every verb); its help names
+    them, and ``why`` what the verb cannot take and what to do instead."""
+    return typer.Argument(
+        help=f"{policy_kinds_help(accepts)[0].upper()}{policy_kinds_help(accepts)[1:]}. A path "
+        f"that exists is read as one; NAME@ALIAS and NAME/N are versions otherwise. {why}".strip(),
+        metavar="POLICY",
+        show_default=False,
+    )
+
+
 DevicesOpt = Annotated[
     Path | None,
     typer.Option(

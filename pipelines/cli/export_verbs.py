@@ -149,9 +149,9 @@ def gate(
         "latency.warmup": warmup,
         "latency.pace": pace,
     }
-    given = checks.resolve_policy(policy, "gate", ("registry", "export"))
     cfg = load(config, None, **gate_settings)
     load_target(cfg.latency.target)
+    given = checks.resolve_policy(policy, "gate", ("registry", "export"))
     if given.kind == "registry" and (missing := read_registry()):
         raise RegistryError(f"{policy}: {missing}")
     export_dir = given.path()

@@ -196,6 +196,38 @@ def test_deploy_makes_a_registry_version_the_devices_active_policy(
     assert agent_json(agent, "/history") == history, "no deployment was asked for"
 
 
+def test_a_device_runs_a_release_only_with_its_version_and_its_content() -> None:
+    """The one check behind every "already runs it" (deploy --device, fleet rollouts, the
+    demo's agent): model, version and bundle content; a re-signed release of the same bundle
+    counts, the same version number from another home does not."""
+    from types import SimpleNamespace
+    from typing import cast
+
+    from deploy_edge.release.manifest import Manifest, content_digest
+    from deploy_edge.wire import Slot
+    from pipelines.deploy.release import runs_release
+
+    files = {"policy.onnx": "1" * 64, "io_spec.json": "2" * 64}
+    assert content_digest(files) == content_digest(dict(reversed(files.items()))), "unordered"
+
+    def manifest(version: str, bundle: dict[str, str]) -> Manifest:
+        made = SimpleNamespace(model_name=MODEL, model_version=version, files=bundle)
+        made.content_sha256 = content_digest(bundle)
+        return cast(Manifest, made)
+
+    def slot(content: str, release_sha: str = "a" * 64) -> Slot:
+        return Slot(MODEL, "1", 1, "/slots/1", release_sha, content_sha256=content)
+
+    same = manifest("1", files)
+    assert runs_release(slot(same.content_sha256), same, "b" * 64), "re-signed: same content"
+    other_home = manifest("1", {**files, "policy.onnx": "3" * 64})
+    assert not runs_release(slot(same.content_sha256), other_home, "a" * 64)
+    assert not runs_release(slot(same.content_sha256), manifest("2", files), "a" * 64)
+    assert not runs_release(None, same, "a" * 64)
+    # a slot recorded before content digests: only its very release file counts
+    assert runs_release(slot(""), same, "a" * 64) and not runs_release(slot(""), same, "b" * 64)
+
+
 def test_an_untrusted_key_is_refused_and_the_active_version_stays(
     registered: str, signing: dict[str, Path], agent: dict[str, Any], shared_home: Path
 ) -> None:

@@ -157,6 +157,8 @@ def resolve_policy(text: str, verb: str, accepts: tuple[PolicyKind, ...]) -> Pol
                 f"{text}: not a policy: neither a checkpoint (no policy.json) nor an export (no "
                 f"{IO_SPEC_FILE}); {verb} takes {policy_kinds_help(accepts)}"
             )
+    elif text.startswith("models:"):  # a malformed one: the parser names the forms
+        found = PolicyArg(text, "registry", parse_model_uri(text))
     else:
         try:
             found = PolicyArg(text, "registry", parse_model_uri(text))

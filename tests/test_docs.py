@@ -360,26 +360,6 @@ def test_make_targets_exist() -> None:
     assert not problems, "\n".join(problems)
 
 
-def test_the_configs_the_readme_runs_load() -> None:
-    """Every ``--config`` of a README command names a config that loads (the next steps too
-    long to run in a test: an RL run, a variant, the schedules)."""
-    from pipelines.config import ConfigError, load_config
-
-    readme = commands_in((ROOT / "README.md").read_text(), "README.md")
-    named = [
-        (c.where, c.words[i + 1])
-        for c in readme
-        for i, word in enumerate(c.words[:-1])
-        if word in ("--config", "-c")
-    ]
-    assert len(named) >= 3, named
-    for where, config in named:
-        try:
-            load_config(ROOT / config if config.startswith("configs/") else Path(config))
-        except ConfigError as err:
-            pytest.fail(f"{where}: {err}")
-
-
 def test_relative_links_resolve() -> None:
     problems = [problem for doc in doc_files() for problem in check_links(doc, doc.read_text())]
     assert not problems, "\n".join(problems)

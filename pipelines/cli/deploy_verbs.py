@@ -68,7 +68,7 @@ def edge_agent(
 
 
 def deploy(
-    model: Annotated[str, policy_argument(("registry",), SHIPS_A_VERSION)],
+    model: Annotated[str, policy_argument(("registry",), SHIPS_A_VERSION, "MODEL")],
     device: Annotated[
         str | None,
         typer.Option("--device", help="Device name in the devices file.", show_default=False),

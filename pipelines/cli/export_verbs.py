@@ -38,6 +38,7 @@ def export(
             ("checkpoint",),
             "An export or a registry version is exported already: gate, evaluate and deploy "
             "take it as it is.",
+            "CHECKPOINT",
         ),
     ],
     out: Annotated[

@@ -63,14 +63,14 @@ SHIPS_A_VERSION = (
 """What bundle and deploy cannot take, and why (their POLICY help)."""
 
 
-def policy_argument(accepts: tuple[PolicyKind, ...], why: str = "") -> Any:
-    """The POLICY argument of a verb that takes ``accepts`` (read by
+def policy_argument(accepts: tuple[PolicyKind, ...], why: str = "", metavar: str = "POLICY") -> Any:
+    """The policy argument (``metavar``) of a verb that takes ``accepts`` (read by
     :func:`pipelines.steps.checks.resolve_policy`, the same in every verb); its help names
     them, and ``why`` what the verb cannot take and what to do instead."""
     return typer.Argument(
         help=f"{policy_kinds_help(accepts)[0].upper()}{policy_kinds_help(accepts)[1:]}. A path "
         f"that exists is read as one; NAME@ALIAS and NAME/N are versions otherwise. {why}".strip(),
-        metavar="POLICY",
+        metavar=metavar,
         show_default=False,
     )
 

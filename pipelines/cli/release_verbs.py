@@ -76,7 +76,7 @@ def token(
 
 
 def bundle(
-    model: Annotated[str, policy_argument(("registry",), SHIPS_A_VERSION)],
+    model: Annotated[str, policy_argument(("registry",), SHIPS_A_VERSION, "MODEL")],
     key: KeyOpt = None,
     out: Annotated[Path | None, typer.Option(help="Release file (default under the home).")] = None,
     expires_in: Annotated[

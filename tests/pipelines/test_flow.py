@@ -660,7 +660,6 @@ def test_every_policy_verb_reads_a_version_an_export_or_a_checkpoint_alike(
     refused = {
         ("gate", checkpoint): "export it first (robo-pipe export",
         ("export", f"models:/{MODEL}@champion"): "it is exported already",
-        ("export", export): "it is exported already",
         ("bundle", export): "a pipeline run registers its export",
         ("deploy", checkpoint, "--device", "local-agent"): "a pipeline run registers its export",
         ("evaluate", str(tmp_path)): "not a policy: neither a checkpoint",

@@ -122,13 +122,13 @@ def show(
     shown = [get_version(name, which)] if which else versions(name)
     out = result_console(json_out)
     if which:
-        show_version(shown[0], out, champion_warning(name, shown))
+        show_version(shown[0], out)
     else:
         show_versions(name, shown, out)
-        if warning := champion_warning(name, shown):
-            console.print(f"[yellow]warning:[/] {warning}", highlight=False)
     for v in shown if all_tags else []:
         show_tags(v, out)
+    if warning := champion_warning(name, shown):
+        console.print(f"[yellow]warning:[/] {warning}", highlight=False)
     emit_json([v.to_json() for v in shown], json_out)
 
 

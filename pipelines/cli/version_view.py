@@ -133,7 +133,7 @@ def _device_rows(v: VersionInfo) -> Rows:
     return rows or [("-", "no device")]
 
 
-def show_version(v: VersionInfo, out: Console, warning: str | None = None) -> None:
+def show_version(v: VersionInfo, out: Console) -> None:
     """One version, grouped: version, lineage, gates, figures, export, where it runs."""
     groups = {
         "version": _version_rows(v),
@@ -155,9 +155,6 @@ def show_version(v: VersionInfo, out: Console, warning: str | None = None) -> No
         table.add_row(f"[cyan]{group}[/]", "")
         for label, value in rows:
             table.add_row(f"  {label}", value)
-    if warning:
-        table.add_section()
-        table.add_row("[yellow]warning[/]", warning)
     out.print(table)
 
 

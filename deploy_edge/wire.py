@@ -138,6 +138,9 @@ class Slot(Record):
     """The bundle directory."""
     sha256: str
     """Of the release file."""
+    content_sha256: str = ""
+    """Of the bundle's files (:attr:`deploy_edge.release.manifest.Manifest.content_sha256`):
+    what the slot holds, however it was signed ("": a slot recorded before this field)."""
     variant: str = ""
     """What of the bundle runs (:attr:`Trial.variant`): the FP32 model or a precision
     variant, as the target profile pinned it or ``precision: auto`` chose it ("": a slot

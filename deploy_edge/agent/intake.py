@@ -78,6 +78,7 @@ def extract(run: JournaledRun, manifest: Manifest, slots: SlotStore, max_release
     cap = int(max_release_mb * (1 << 20))  # MiB -> bytes
     bundle = extract_release(run.release_file, manifest, dest, max_bytes=cap)
     slot = Slot(manifest.model_name, manifest.model_version, manifest.release, str(bundle), sha)
+    slot.content_sha256 = manifest.content_sha256
     slot.systems_test = run.deployment.systems_test
     slot.expires_at = manifest.expires_at
     slots.write(name, slot)

@@ -10,6 +10,7 @@ policy (expiry, the floor: TUF's expiring metadata and no silent downgrade).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from dataclasses import dataclass
@@ -68,6 +69,19 @@ class Manifest(Record):
     """After this (ISO 8601, UTC) a device refuses the release; None: never expires."""
     key_id: str
     """:func:`deploy_edge.keys.key_id` of the key that signed the manifest."""
+
+    @property
+    def content_sha256(self) -> str:
+        """The bundle's identity: :func:`content_digest` of :attr:`files`."""
+        return content_digest(self.files)
+
+
+def content_digest(files: dict[str, str]) -> str:
+    """One sha256 over a bundle's files (bundle-relative path -> sha256): equal exactly when two
+    bundles hold the same files with the same bytes, whoever signed them, with whatever expiry,
+    targets or budget (which change the release file's own sha256)."""
+    lines = "".join(f"{path}\0{sha}\n" for path, sha in sorted(files.items()))
+    return hashlib.sha256(lines.encode()).hexdigest()
 
 
 def read_manifest(file: Path) -> Manifest:

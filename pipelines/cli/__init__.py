@@ -38,6 +38,7 @@ and what they share:
 - ``display``: the stages' live progress (rows in a terminal, lines in a log)
 - ``result_tables``: the tables of a stage's record (checkpoint, evaluation, latency, trials,
   the pipeline's result)
+- ``version_view``: a registry version as ``models show`` prints it (grouped, a terminal wide)
 - ``__main__``: ``python -m pipelines.cli``
 """
 

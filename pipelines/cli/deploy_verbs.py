@@ -15,10 +15,18 @@ from rich.table import Table
 from pipelines.cli.common import console, emit_json, result_console, services
 from pipelines.cli.display import live
 from pipelines.cli.fleet_verbs import RolloutKnobs, deploy_fleet
-from pipelines.cli.options import JsonOpt, KeyOpt, ModelVersionArg, add_verb
+from pipelines.cli.options import (
+    SHIPS_A_VERSION,
+    DevicesOpt,
+    JsonOpt,
+    KeyOpt,
+    add_verb,
+    devices_file,
+    policy_argument,
+)
 from pipelines.cli.result_tables import show_trials
 from pipelines.deploy import release
-from pipelines.registry.versions import get_version, parse_model_uri
+from pipelines.steps import checks
 from robo_pipe.errors import InputError
 
 if TYPE_CHECKING:
@@ -60,14 +68,12 @@ def edge_agent(
 
 
 def deploy(
-    model: ModelVersionArg,
+    model: Annotated[str, policy_argument(("registry",), SHIPS_A_VERSION, "MODEL")],
     device: Annotated[
         str | None,
         typer.Option("--device", help="Device name in the devices file.", show_default=False),
     ] = None,
-    devices: Annotated[
-        Path, typer.Option(help="Devices file: name, url, token_env, target per device.")
-    ] = Path("devices.yaml"),
+    devices: DevicesOpt = None,
     fleet: Annotated[
         Path | None,
         typer.Option(help="Fleet file: devices with labels and the rollout policy (not --device)."),
@@ -127,7 +133,9 @@ def deploy(
     """Deploy a registry version to a device: build and sign the release (or reuse it), upload
     it, and follow the agent's steps (verify, extract, engine, parity, latency gate, activate,
     health). Exits 0 only when the device runs the new version, 1 when it refused or rolled
-    back (the reason is printed), 2 for bad input.
+    back (the reason is printed), 2 for bad input. A device that already runs this version
+    with the same content is left alone: nothing is uploaded, one line says so, exit 0 (with
+    --json the record of the deployment that made it active, "unchanged": true).
 
     With --fleet: roll it out to a fleet, a canary first, then waves (the devices of a wave at
     once); a wave with more failures than allowed stops the rollout and the devices it updated
@@ -139,6 +147,7 @@ def deploy(
     deploys only with --systems-test."""
     from deploy_edge.device import connect, load_device
     from deploy_edge.wire import Origin
+    from robo_pipe.integrity import file_sha256
 
     fleet_only = {
         "--canary": canary,
@@ -152,7 +161,7 @@ def deploy(
     }
     if systems_test and fleet is not None:
         raise InputError("deploy: --systems-test applies to one --device, never to a fleet")
-    parse_model_uri(model)  # a malformed version is bad input: before any work
+    policy = checks.resolve_policy(model, "deploy", ("registry",))  # bad input: before work
     if old_target is not None:
         raise InputError(
             f"deploy names a device with --device {old_target} (--target is a target profile, "
@@ -162,19 +171,30 @@ def deploy(
         raise InputError("deploy: give either --device NAME or --fleet FLEET.yaml (one of them)")
     if fleet is not None:
         knobs = RolloutKnobs(canary, max_failures, max_parallel, pause, retry_failed, resume)
-        deploy_fleet(model, fleet, knobs, select or [], dry_run, key, force, json_out)
+        deploy_fleet(policy, fleet, knobs, select or [], dry_run, key, force, json_out)
         return
 
     given = [name for name, value in fleet_only.items() if value is not None]
     if given:
         raise InputError(f"deploy: {', '.join(given)} only apply with --fleet")
     assert device is not None
-    entry = load_device(devices, device)
+    entry = load_device(devices_file(devices), device)
     with connect(entry) as agent:  # an unreachable device or a missing token: before work
         agent.health()
     services()
-    version = get_version(*parse_model_uri(model))
+    version = policy.version()
     manifest, path = release.bundle_release(version, key or release.default_key())
+    sha256 = file_sha256(path)
+    with connect(entry) as agent:  # what it runs already is not sent again
+        running = release.already_running(agent, manifest, sha256)
+    if running is not None:
+        emit_json({**running.to_json(), "unchanged": True}, json_out)
+        result_console(json_out).print(
+            f"{entry.name} already runs {manifest.model_name} v{manifest.model_version} "
+            f"(release {sha256[:12]}, the same content): nothing uploaded",
+            highlight=False,
+        )
+        return
     with live(json_out) as display:
         done = release.deploy_release(
             entry, path, force, display, systems_test=systems_test, origin=Origin(by="cli")

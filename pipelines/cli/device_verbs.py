@@ -21,7 +21,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from pipelines.cli.common import console, emit_json, result_console
-from pipelines.cli.options import JsonOpt, VerbGroup, add_verb, epilog
+from pipelines.cli.options import DevicesOpt, JsonOpt, VerbGroup, add_verb, devices_file, epilog
 from robo_pipe.errors import InputError
 
 if TYPE_CHECKING:
@@ -39,23 +39,21 @@ DeviceArg = Annotated[
     str,
     typer.Argument(help="Device name in the devices file (or the fleet file).", show_default=False),
 ]
-DevicesOpt = Annotated[
-    Path, typer.Option(help="Devices file: name, url, token_env, target per device.")
-]
 FleetOpt = Annotated[
     Path | None,
     typer.Option(help="Take the device from this fleet file instead of the devices file."),
 ]
 
 
-def find_device(name: str, devices: Path, fleet: Path | None) -> DeviceEntry:
-    """The entry ``name``: from the fleet file when one is given, else the devices file (bad
-    input, naming the file and the devices it has, when it is not there)."""
+def find_device(name: str, devices: Path | None, fleet: Path | None) -> DeviceEntry:
+    """The entry ``name``: from the fleet file when one is given, else the devices file
+    (:func:`~pipelines.cli.options.devices_file`; bad input, naming the file and the devices
+    it has, when it is not there)."""
     from deploy_edge.device import DeviceError, load_device
     from deploy_edge.fleet import load_fleet
 
     if fleet is None:
-        return load_device(devices, name)
+        return load_device(devices_file(devices), name)
     found = {d.name: d for d in load_fleet(fleet).devices}
     if name not in found:
         raise DeviceError(f"{fleet}: no device {name!r}; devices: {', '.join(found)}")
@@ -105,7 +103,7 @@ def show_history(title: str, deployments: list[Deployment], out: Console) -> Non
 
 def status(
     device: DeviceArg,
-    devices: DevicesOpt = Path("devices.yaml"),
+    devices: DevicesOpt = None,
     fleet: FleetOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
@@ -146,7 +144,7 @@ def _slot_cells(slot: Slot | None) -> tuple[str, str, str]:
 
 def history(
     device: DeviceArg,
-    devices: DevicesOpt = Path("devices.yaml"),
+    devices: DevicesOpt = None,
     fleet: FleetOpt = None,
     limit: Annotated[int, typer.Option(min=1, help="Show the newest N deployments.")] = 20,
     json_out: JsonOpt = False,
@@ -164,7 +162,7 @@ def history(
 
 def activate(
     device: DeviceArg,
-    devices: DevicesOpt = Path("devices.yaml"),
+    devices: DevicesOpt = None,
     fleet: FleetOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
@@ -178,7 +176,7 @@ def activate(
 
 def rollback(
     device: DeviceArg,
-    devices: DevicesOpt = Path("devices.yaml"),
+    devices: DevicesOpt = None,
     fleet: FleetOpt = None,
     to: Annotated[
         int | None,
@@ -203,7 +201,7 @@ def rollback(
 
 def unstage(
     device: DeviceArg,
-    devices: DevicesOpt = Path("devices.yaml"),
+    devices: DevicesOpt = None,
     fleet: FleetOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
@@ -217,7 +215,7 @@ def unstage(
 
 def uploads(
     device: DeviceArg,
-    devices: DevicesOpt = Path("devices.yaml"),
+    devices: DevicesOpt = None,
     fleet: FleetOpt = None,
     delete: Annotated[
         str | None,

@@ -12,33 +12,37 @@ import typer
 
 from pipelines.cli.common import console, emit_json, load, read_registry, result_console
 from pipelines.cli.display import live
-from pipelines.cli.options import DEMO_CONFIG, ConfigOpt, JsonOpt, RayAddressOpt, SetOpt, add_verb
+from pipelines.cli.options import (
+    DEMO_CONFIG,
+    ConfigOpt,
+    JsonOpt,
+    RayAddressOpt,
+    SetOpt,
+    add_verb,
+    policy_argument,
+)
 from pipelines.cli.result_tables import show_evaluation
 from pipelines.config import save_resolved
 from pipelines.home import new_run_dir
-from pipelines.registry.versions import RegistryError, get_version, parse_model_uri
+from pipelines.registry.versions import RegistryError
 from pipelines.services.settings import join_cluster
 from pipelines.steps import checks
 from pipelines.steps.evaluate import evaluate_policy
 
+ANY_POLICY: tuple[checks.PolicyKind, ...] = ("registry", "export", "checkpoint")
+"""evaluate plays any policy: a checkpoint in torch, an export in ONNX Runtime."""
+
 
 def evaluate(
-    policy: Annotated[
-        str,
-        typer.Argument(
-            help="Checkpoint directory, exported ONNX (directory or file), or a registry "
-            "version: models:/NAME@ALIAS or models:/NAME/VERSION (the models:/ prefix is "
-            "needed here: NAME/VERSION could be a folder).",
-            show_default=False,
-        ),
-    ],
+    policy: Annotated[str, policy_argument(ANY_POLICY)],
     config: ConfigOpt = DEMO_CONFIG,
     set_: SetOpt = None,
     baseline: Annotated[
         str | None,
         typer.Option(
-            help="Evaluate this policy (path or models:/ URI) on the same seeds and gate on the "
-            "difference: exit 1 if the policy is worse."
+            help="Evaluate this policy (a registry version, an export or a checkpoint, as "
+            "POLICY) on the same seeds and gate on the difference: exit 1 if the policy is "
+            "worse."
         ),
     ] = None,
     episodes: Annotated[
@@ -127,13 +131,12 @@ def evaluate(
         from stages.evaluate.delay import delay_plan
 
         delay_plan(cfg.evaluate.delay, get_robot(cfg.robot))
-    registered = [p for p in (policy, baseline) if p and p.startswith("models:")]
-    for uri in registered:
-        parse_model_uri(uri)  # bad input: before anything is made
+    given = [checks.resolve_policy(p, "evaluate", ANY_POLICY) for p in (policy, baseline) if p]
+    registered = [g for g in given if g.kind == "registry"]
     if registered and (missing := read_registry()):
-        raise RegistryError(f"{registered[0]}: {missing}")
-    candidate = checks.resolve_policy(policy)
-    against = checks.resolve_policy(baseline) if baseline else None
+        raise RegistryError(f"{registered[0].given}: {missing}")
+    candidate = given[0].path()
+    against = given[1].path() if baseline else None
     for path in filter(None, (candidate, against)):
         checks.check_policy(cfg, path)
     checks.check_simulator(cfg)
@@ -141,10 +144,10 @@ def evaluate(
     run_dir = new_run_dir(f"{cfg.name}-evaluate")
     save_resolved(cfg, run_dir / "config.yaml")
     stored: dict[str, str] = {}
-    if (baseline or "").startswith("models:"):  # a registered baseline's stored outcomes
+    if baseline and given[1].kind == "registry":  # a registered baseline's stored outcomes
         from pipelines.registry import champion
 
-        stored = champion.stored_outcomes(cfg, get_version(*parse_model_uri(baseline or "")))
+        stored = champion.stored_outcomes(cfg, given[1].version())
     with live(json_out) as display:
         report = display.step(
             "evaluate",

@@ -12,11 +12,19 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from pipelines.cli.common import emit_json, load, result_console
+from pipelines.cli.common import emit_json, load, read_registry, result_console
 from pipelines.cli.display import live
-from pipelines.cli.options import DEMO_CONFIG, ConfigOpt, JsonOpt, SetOpt, add_verb
+from pipelines.cli.options import (
+    DEMO_CONFIG,
+    ConfigOpt,
+    JsonOpt,
+    SetOpt,
+    add_verb,
+    policy_argument,
+)
 from pipelines.cli.result_tables import show_latency, show_trials
 from pipelines.home import new_run_dir
+from pipelines.registry.versions import RegistryError
 from pipelines.steps import checks
 from pipelines.steps.export import export_checkpoint
 from pipelines.steps.latency import measure_latency
@@ -24,7 +32,15 @@ from robo_pipe.locks import set_run_label
 
 
 def export(
-    checkpoint: Annotated[Path, typer.Argument(help="Checkpoint directory (policy.json inside).")],
+    checkpoint: Annotated[
+        str,
+        policy_argument(
+            ("checkpoint",),
+            "An export or a registry version is exported already: gate, evaluate and deploy "
+            "take it as it is.",
+            "CHECKPOINT",
+        ),
+    ],
     out: Annotated[
         Path | None, typer.Option(help="Export directory (default: CHECKPOINT-export).")
     ] = None,
@@ -45,9 +61,10 @@ def export(
     on frames of some episodes and scored against FP32 on frames of the others; one past
     export.max_relative_error is kept but marked not a candidate.
     """
+    source = checks.resolve_policy(checkpoint, "export", ("checkpoint",)).path()
     cfg = load(config, set_)
-    target = out or checkpoint.with_name(f"{checkpoint.name}-export")
-    checks.check_checkpoint(checkpoint)
+    target = out or source.with_name(f"{source.name}-export")
+    checks.check_checkpoint(source)
     checks.check_out_dir(target, "--out")
     if dataset is not None:
         checks.check_dataset(dataset)
@@ -55,7 +72,7 @@ def export(
     start = time.perf_counter()
     with live(json_out) as display:
         ref = display.step(
-            "export", lambda show: export_checkpoint(cfg, checkpoint, target, dataset, show)
+            "export", lambda show: export_checkpoint(cfg, source, target, dataset, show)
         )
     table = Table(title=f"exported {checkpoint}", show_header=False)
     table.add_row("ONNX", f"{ref.onnx} (opset {ref.opset})")
@@ -88,7 +105,14 @@ def export(
 
 
 def gate(
-    export_dir: Annotated[Path, typer.Argument(help="Export directory (robo-pipe export).")],
+    policy: Annotated[
+        str,
+        policy_argument(
+            ("registry", "export"),
+            "A checkpoint is refused (exit 2): gate times the exported graph, so export it "
+            "first (robo-pipe export CHECKPOINT).",
+        ),
+    ],
     target: Annotated[
         str | None,
         typer.Option(help="Target profile: a shipped name (e.g. local-cpu) or a YAML path."),
@@ -105,6 +129,8 @@ def gate(
     json_out: JsonOpt = False,
 ) -> None:
     """Latency gate: the whole control step on this machine, p99 against the budget.
+
+    POLICY is an export or a registry version (its export, downloaded into the home once).
 
     Runs the export on the target profile's engine in the control loop (the simulated robot
     stands in for the arm), times observation in -> action out for --steps steps after warm-up,
@@ -126,6 +152,10 @@ def gate(
     }
     cfg = load(config, None, **gate_settings)
     load_target(cfg.latency.target)
+    given = checks.resolve_policy(policy, "gate", ("registry", "export"))
+    if given.kind == "registry" and (missing := read_registry()):
+        raise RegistryError(f"{policy}: {missing}")
+    export_dir = given.path()
     checks.check_export(export_dir)
     run_dir = new_run_dir(f"{cfg.name}-gate")
     with live(json_out) as display:
@@ -152,6 +182,7 @@ def register(app: typer.Typer) -> None:
     add_verb(
         app,
         gate,
+        "robo-pipe gate models:/demo-policy@champion",
         "robo-pipe gate my-export",
         "robo-pipe gate my-export --target jetson-orin-nano --budget-ms 20",
     )

@@ -23,7 +23,7 @@ from pipelines.cli.common import (
 )
 from pipelines.cli.display import live
 from pipelines.cli.options import JsonOpt, VerbGroup, add_verb, epilog
-from pipelines.registry.versions import get_version, parse_model_uri
+from pipelines.steps.checks import PolicyArg
 from robo_pipe.errors import InputError
 
 if TYPE_CHECKING:
@@ -48,7 +48,7 @@ class RolloutKnobs:
 
 
 def deploy_fleet(
-    model: str,
+    model: PolicyArg,
     fleet: Path,
     knobs: RolloutKnobs,
     select: list[str],
@@ -57,7 +57,8 @@ def deploy_fleet(
     force: bool,
     json_out: bool,
 ) -> None:
-    """``deploy --fleet``: the plan (``--dry-run``) or the rollout, and its table."""
+    """``deploy --fleet``: the plan (``--dry-run``) or the rollout of the registry version
+    ``model``, and its table."""
     quiet_prefect_console()
     from deploy_edge.fleet import check_tokens, load_selection
     from pipelines.deploy import followups, rollouts
@@ -81,7 +82,7 @@ def deploy_fleet(
         chosen = [d for d in chosen if d.name in only]
     check_tokens(chosen)
     services(flows=True)
-    version = get_version(*parse_model_uri(model))
+    version = model.version()
     if earlier is not None:
         followups.check_same_rollout(earlier, fleet, f"{version.name}:{version.version}")
         if not chosen:

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from typer.core import TyperCommand, TyperGroup, TyperOption
 
+from pipelines.steps.checks import PolicyKind, policy_kinds_help
+
 if TYPE_CHECKING:
     from typer._click.core import Command, Context  # the click Typer vendors
     from typer._click.formatting import HelpFormatter
@@ -53,6 +55,53 @@ ModelVersionArg = Annotated[
         show_default=False,
     ),
 ]
+
+
+SHIPS_A_VERSION = (
+    "An export or a checkpoint is refused (exit 2): a release is a registry version, numbered "
+    "by it; robo-pipe run registers its export."
+)
+"""What bundle and deploy cannot take, and why (their POLICY help)."""
+
+
+def policy_argument(accepts: tuple[PolicyKind, ...], why: str = "", metavar: str = "POLICY") -> Any:
+    """The policy argument (``metavar``) of a verb that takes ``accepts`` (read by
+    :func:`pipelines.steps.checks.resolve_policy`, the same in every verb); its help names
+    them, and ``why`` what the verb cannot take and what to do instead."""
+    return typer.Argument(
+        help=f"{policy_kinds_help(accepts)[0].upper()}{policy_kinds_help(accepts)[1:]}. A path "
+        f"that exists is read as one; NAME@ALIAS and NAME/N are versions otherwise. {why}".strip(),
+        metavar=metavar,
+        show_default=False,
+    )
+
+
+DevicesOpt = Annotated[
+    Path | None,
+    typer.Option(
+        help="Devices file: name, url, token_env, target per device (default: devices.yaml "
+        "here, else the home's edge/devices.yaml, which names the demo's local-agent).",
+        show_default=False,
+    ),
+]
+DEVICES_FILE = Path("devices.yaml")
+"""The devices file a verb reads when --devices is not given and it exists here."""
+
+
+def devices_file(given: Path | None) -> Path:
+    """The devices file to read: ``given``; else :data:`DEVICES_FILE` here when it exists;
+    else the home's (:func:`pipelines.deploy.local_agent.devices_file`, the demo's local agent)
+    when it exists; else :data:`DEVICES_FILE` (whose absence the reader names)."""
+    if given is not None:
+        return given
+    if DEVICES_FILE.is_file():
+        return DEVICES_FILE
+    from pipelines.deploy.local_agent import devices_file as home_devices
+
+    home = home_devices()
+    return home if home.is_file() else DEVICES_FILE
+
+
 KeyOpt = Annotated[
     Path | None,
     typer.Option(help="Ed25519 signing key (default $ROBO_PIPE_HOME/keys/robo-pipe.key)."),

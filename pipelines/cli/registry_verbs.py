@@ -27,9 +27,9 @@ from pipelines.cli.options import (
     add_verb,
     epilog,
 )
+from pipelines.cli.version_view import show_tags, show_version, show_versions
 from pipelines.registry import promotion
 from pipelines.registry.champion import champion_warning
-from pipelines.registry.tags import TAG
 from pipelines.registry.versions import (
     CANDIDATE,
     CHAMPION,
@@ -108,30 +108,29 @@ def show(
             show_default=False,
         ),
     ],
+    all_tags: Annotated[
+        bool, typer.Option("--all", help="Also every raw tag of each version, as stored.")
+    ] = False,
     json_out: JsonOpt = False,
 ) -> None:
-    """A model's versions, or one version: its aliases, lineage, gate results, its precision
-    variants' figures (robo_pipe.variant.NAME.*), whether it has random weights, where a
-    pretrained policy's encoder weights came from and their licence (robo_pipe.weights.ROLE.*),
-    and the devices it runs on (robo_pipe.device.NAME.*)."""
+    """A model's versions (one row each), or one version grouped: its aliases and promotion,
+    lineage, gate results, figures, its export (a local path, its precision variants, where a
+    pretrained policy's encoder weights came from and their licence) and the devices it runs
+    on. --all adds the raw tags (robo_pipe.*); --json is the full record."""
     name, which = parse_model_ref(model)  # bad input: before anything is read
     missing = read_registry()
     if missing:
         raise RegistryError(f"{model}: {missing}")
     shown = [get_version(name, which)] if which else versions(name)
     out = result_console(json_out)
-    for v in shown:
-        table = Table(title=f"{v.name} v{v.version} {' '.join(v.aliases)}", show_header=False)
-        table.add_row("registered", v.created)
-        table.add_row("source", v.source)
-        if v.random_weights:
-            table.add_row("[yellow]weights[/]", "RANDOM: a systems test, never champion")
-        for key, value in sorted(v.tags.items()):
-            table.add_row(key.removeprefix(TAG), value)
-        warning = champion_warning(v.name, [v])
-        if warning:
-            table.add_row("[yellow]warning[/]", warning)
-        out.print(table)
+    if which:
+        show_version(shown[0], out)
+    else:
+        show_versions(name, shown, out)
+    for v in shown if all_tags else []:
+        show_tags(v, out)
+    if warning := champion_warning(name, shown):
+        console.print(f"[yellow]warning:[/] {warning}", highlight=False)
     emit_json([v.to_json() for v in shown], json_out)
 
 
@@ -186,7 +185,9 @@ def check(
     json_out: JsonOpt = False,
 ) -> None:
     """Evaluate the config's champion on its held-out suite (the champion_regression flow, as
-    the hourly schedule runs it). Exits 1 if it fell below registry.promotion.min_success."""
+    the hourly schedule runs it). Exits 1 if it fell below registry.promotion.min_success.
+    The verdict (holds, or the regression) is printed on stdout; progress and errors on
+    stderr."""
     cfg = load(config, set_)  # read once: the flow takes it as it is
     checks.check_config(cfg)
     quiet_prefect_console()
@@ -195,12 +196,13 @@ def check(
         raise RegistryError(f"{cfg.model_name} has no champion to check")
     from pipelines.run.flow import RegressionDetected, champion_regression
 
+    verdict = result_console(json_out)  # the verdict is the result: stdout, unless --json
     try:
         result = champion_regression(config=cfg, ray_address=ray_address)
     except RegressionDetected as err:
-        console.print(f"[red]regression:[/] {err}", highlight=False)
+        verdict.print(f"[red]regression:[/] {err}", highlight=False)
         raise typer.Exit(code=1) from None
-    console.print(
+    verdict.print(
         f"[green]champion {result.model_name} v{result.version} holds[/]: held-out "
         f"success {result.measured}, required {result.required}",
         highlight=False,
@@ -218,6 +220,7 @@ def register(app: typer.Typer) -> None:
         show,
         "robo-pipe models show demo-policy",
         "robo-pipe models show models:/demo-policy@champion",
+        "robo-pipe models show demo-policy/3 --all",
         "robo-pipe models show demo-policy/3 --json",
     )
     add_verb(

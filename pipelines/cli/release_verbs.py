@@ -12,9 +12,17 @@ import typer
 
 from deploy_edge.agent.config import Scope
 from pipelines.cli.common import console, emit_json, result_console, services
-from pipelines.cli.options import JsonOpt, KeyOpt, ModelVersionArg, VerbGroup, add_verb, epilog
+from pipelines.cli.options import (
+    SHIPS_A_VERSION,
+    JsonOpt,
+    KeyOpt,
+    VerbGroup,
+    add_verb,
+    epilog,
+    policy_argument,
+)
 from pipelines.deploy import release
-from pipelines.registry.versions import get_version, parse_model_uri
+from pipelines.steps import checks
 
 keys = typer.Typer(
     cls=VerbGroup,
@@ -70,7 +78,7 @@ def token(
 
 
 def bundle(
-    model: ModelVersionArg,
+    model: Annotated[str, policy_argument(("registry",), SHIPS_A_VERSION, "MODEL")],
     key: KeyOpt = None,
     out: Annotated[Path | None, typer.Option(help="Release file (default under the home).")] = None,
     expires_in: Annotated[
@@ -88,8 +96,9 @@ def bundle(
     """Write a signed release of a registry version: its export bundle and a manifest (model,
     version, run, every file's sha256, the I/O spec, targets, budget, expiry, release number)
     signed with an Ed25519 key. An agent accepts it only from a key it trusts."""
+    policy = checks.resolve_policy(model, "bundle", ("registry",))  # bad input: before work
     services()
-    version = get_version(*parse_model_uri(model))
+    version = policy.version()
     manifest, path = release.bundle_release(
         version, key or release.default_key(), out, expires_in, target or [], budget_ms
     )

@@ -132,13 +132,16 @@ def deploy_device(
     sha256: str,
     new: str,
     before: str | None,
+    runs_it: bool,
     force: bool = False,
     timeout_s: float = 900.0,
     origin: Origin | None = None,
 ) -> DeviceRollout | State[DeviceRollout]:
-    """The release onto one device of a wave. Never raises for the device's sake: an
-    unreachable device, a refusal, a rollback or a timeout is the row's state, and the task
-    run ends Failed with the row as its data (``future.result(raise_on_failure=False)``)."""
+    """The release onto one device of a wave (``runs_it``: the device runs it already,
+    :func:`~pipelines.deploy.release.runs_release`; nothing is sent). Never raises for the
+    device's sake: an unreachable device, a refusal, a rollback or a timeout is the row's
+    state, and the task run ends Failed with the row as its data
+    (``future.result(raise_on_failure=False)``)."""
     start = time.perf_counter()
     row = DeviceRollout(device.name, wave, before, before, "failed")
     try:
@@ -147,7 +150,7 @@ def deploy_device(
     except DeviceError as err:
         row.state, row.reason = "unreachable", str(err)
     else:
-        if before == new:
+        if runs_it:  # release.runs_release: the same version with the same content
             row.state, row.reason = "active", "already ran this version"
             BROADCAST.advanced(device.name, len(STEPS), "already runs it")
         else:

@@ -240,6 +240,10 @@ def deploy_fleet(
     befores = {
         n: label_of(a.active) if not isinstance(a, str) else None for n, a in answers.items()
     }
+    runs_it = {
+        n: not isinstance(a, str) and release.runs_release(a.active, manifest, sha256)
+        for n, a in answers.items()
+    }
     for number, wave in enumerate(waves):
         for device in wave:
             BROADCAST.started(device.name, len(STEPS), "")
@@ -268,6 +272,7 @@ def deploy_fleet(
                     sha256,
                     new,
                     befores[device.name],
+                    runs_it[device.name],
                     force,
                     policy.device_timeout_s,
                     origin,
@@ -296,7 +301,8 @@ def deploy_fleet(
     by_name = {d.name: d for d in devices}
     if stopped is not None or STOP.event.is_set():
         stop_word = "was cancelled" if STOP.event.is_set() else "stopped"
-        updated = [r for r in rows.values() if r.state == "active" and r.before != new]
+        # what this rollout made active (a device that ran it already has no deployment id)
+        updated = [r for r in rows.values() if r.state == "active" and r.deployment_id]
         each_device(
             [by_name[r.device] for r in updated],
             lambda d: revert(d, rows[d.name], f"the rollout {stop_word} ({why})", origin),

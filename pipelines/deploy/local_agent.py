@@ -3,11 +3,15 @@ stage onto it (:func:`deploy_to_local_agent`).
 
 Its files live under ``$ROBO_PIPE_HOME/edge/local-agent``: ``device.yaml``, the bearer token
 (``token``, mode 0600), the agent's state (slots, journal, history) in ``state/`` and its log in
-``agent.log``. The signing key pair is the home's default (``$ROBO_PIPE_HOME/keys/robo-pipe.*``,
+``agent.log``; ``$ROBO_PIPE_HOME/edge/devices.yaml`` names it (``local-agent``, its URL and
+token variable :data:`TOKEN_ENV`) for ``robo-pipe deploy --device``, ``robo-pipe devices`` and,
+as a fleet file, ``robo-pipe fleet status --fleet`` (:func:`devices_file`). The signing key
+pair is the home's default (``$ROBO_PIPE_HOME/keys/robo-pipe.*``,
 :func:`pipelines.deploy.release.signing_key`), made on first use. The agent runs only inside
-:func:`running_local_agent`, for one run of the home at a time (:mod:`robo_pipe.locks`);
-between runs its state stays, so ``robo-pipe edge-agent --device-config
-$ROBO_PIPE_HOME/edge/local-agent/device.yaml`` serves the last deployed version again.
+:func:`running_local_agent`, for one run of the home at a time (:mod:`robo_pipe.locks`), on
+the port it had before when that is free; between runs its state stays, so ``robo-pipe
+edge-agent --device-config $ROBO_PIPE_HOME/edge/local-agent/device.yaml`` serves the last
+deployed version again, where the devices file says.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import os
 import secrets
+import socket
 import subprocess
 import sys
 import time
@@ -28,6 +33,7 @@ from deploy_edge.device import DeviceEntry, DeviceError, connect
 from pipelines.config import PipelineConfig
 from pipelines.deploy.release import (
     RegisteredVersion,
+    already_running,
     bundle_release,
     deploy_release,
     device_tags,
@@ -36,7 +42,7 @@ from pipelines.deploy.release import (
     utc_stamp,
     variant_tags,
 )
-from pipelines.home import home_dir
+from pipelines.home import home_dir, home_path
 from pipelines.progress import SILENT, Listener, status_lines
 from pipelines.records import EdgeDeployment
 from pipelines.registry.versions import set_version_tags
@@ -54,6 +60,42 @@ def agent_dir() -> Path:
     folder = home_dir("edge") / NAME
     folder.mkdir(parents=True, exist_ok=True)
     return folder
+
+
+def devices_file() -> Path:
+    """``$ROBO_PIPE_HOME/edge/devices.yaml``: the devices file (a fleet file too) that names the
+    local agent, written when the agent starts (it may not exist yet; nothing is created)."""
+    return home_path("edge") / "devices.yaml"
+
+
+def _port() -> int:
+    """The port the local agent listened on last time when it is free again (the devices file
+    stays right), else a free one."""
+    try:
+        listen = yaml.safe_load((agent_dir() / "device.yaml").read_text())["listen"]
+        port = int(str(listen).rpartition(":")[2])
+    except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError):
+        return free_port()
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return free_port()
+    return port
+
+
+def write_devices_file(cfg: PipelineConfig, entry: DeviceEntry) -> Path:
+    """:func:`devices_file` naming ``entry`` (the local agent) on ``cfg``'s latency target."""
+    device = {"name": entry.name, "url": entry.url, "token_env": entry.token_env}
+    text = (
+        "# The demo's local edge agent, written by robo-pipe run (rewritten each run). In this\n"
+        "# home: start it with robo-pipe edge-agent --device-config edge/local-agent/device.yaml;\n"
+        f"# its token: export {TOKEN_ENV}=$(cat edge/local-agent/token)\n"
+    )
+    listed = {"devices": [{**device, "target": cfg.latency.target}]}
+    path = devices_file()
+    path.write_text(text + yaml.safe_dump(listed, sort_keys=False))
+    return path
 
 
 def _token() -> str:
@@ -98,10 +140,11 @@ def running_local_agent(
     holds the agent folder's inter-process lock for the block; ``on_status`` is told when it
     waits for another run's deploy."""
     with output_lock(agent_dir(), "deploy", on_status):
-        port = free_port()
+        port = _port()
         config = write_device_config(cfg, port)
         os.environ[TOKEN_ENV] = _token()
         entry = DeviceEntry(name=NAME, url=f"http://127.0.0.1:{port}", token_env=TOKEN_ENV)
+        write_devices_file(cfg, entry)
         with (agent_dir() / "agent.log").open("a") as log:
             process = subprocess.Popen(  # it ends with this process, however that dies
                 with_parent_death(
@@ -168,15 +211,10 @@ def deploy_to_local_agent(
     with running_local_agent(cfg, status_lines("deploy", listener)) as entry:
         with connect(entry) as device:
             active = device.status().active
-            history = device.history()
-        if active is not None and active.sha256 == file_sha256(path):
-            # already there: report the gate it passed
-            went_live = [
-                d for d in history if d.release_sha256 == active.sha256 and d.state == "active"
-            ]
-            state, reason = "active", "already runs this release"
-            gate = went_live[0].gate if went_live else None
-            variant = variant_tags(entry.name, went_live[0]) if went_live else {}
+            running = already_running(device, manifest, file_sha256(path))
+        if running is not None:  # already there: report the gate it passed
+            state, reason, gate = "active", "already runs this release", running.gate
+            variant = variant_tags(entry.name, running)
             listener.finished("verify", "already runs this release", reused=True)
         else:
             done = deploy_release(entry, path, listener=listener)

@@ -1,6 +1,8 @@
 """Releases: a registry version as a signed release, and that release on a device.
 
     bundle_release(version, key) -> (Manifest, release file)   (reused while valid)
+    runs_release(slot, manifest, sha256) -> bool                 (the device runs it already)
+    already_running(device, manifest, sha256) -> Deployment?     (then: nothing to send)
     deploy_release(entry, release) -> Deployment                (upload, then the device's steps)
 
 The CLI verbs, the local agent's deploy stage and the fleet rollout call these and report
@@ -27,9 +29,9 @@ from pipelines.registry.versions import RegistryError, set_version_tags
 from robo_pipe.locks import output_lock
 
 if TYPE_CHECKING:
-    from deploy_edge.device import DeviceEntry
+    from deploy_edge.device import Device, DeviceEntry
     from deploy_edge.release.manifest import Manifest
-    from deploy_edge.wire import Deployment, DeviceStatus, Origin, StepResult
+    from deploy_edge.wire import Deployment, DeviceStatus, Origin, Slot, StepResult
 
 
 class RegisteredVersion(Protocol):
@@ -149,6 +151,45 @@ def bundle_release(
         expires_in_days=expires_in_days,
     )
     return manifest, target
+
+
+def runs_release(active: Slot | None, manifest: Manifest, release_sha256: str) -> bool:
+    """Whether a device whose active slot is ``active`` already runs the release of
+    ``manifest`` (its file's sha256 ``release_sha256``): the same model and version with the
+    same bundle content (:attr:`~deploy_edge.release.manifest.Manifest.content_sha256`; for a
+    slot recorded before content digests, the same release file). The one check behind every
+    "already runs it": ``deploy --device``, a fleet rollout's devices, the demo's local agent.
+    The version number alone is not enough: another home's ``demo-policy`` v1 is another
+    policy."""
+    if active is None:
+        return False
+    if (active.model_name, active.model_version) != (manifest.model_name, manifest.model_version):
+        return False
+    if active.content_sha256:
+        return active.content_sha256 == manifest.content_sha256
+    return active.sha256 == release_sha256
+
+
+def already_running(device: Device, manifest: Manifest, release_sha256: str) -> Deployment | None:
+    """When ``device`` already runs this release (:func:`runs_release`): the deployment that
+    made it active, from its history (one made from the active slot when the history no longer
+    has it), so that a caller reports the gate it passed and sends nothing. None otherwise."""
+    from dataclasses import replace
+
+    from deploy_edge.wire import Deployment
+
+    active = device.status().active
+    if active is None or not runs_release(active, manifest, release_sha256):
+        return None
+    went_live = [
+        d for d in device.history() if d.release_sha256 == active.sha256 and d.state == "active"
+    ]
+    found = went_live[0] if went_live else None
+    if found is None:
+        found = Deployment(
+            "", active.sha256, active.model_name, active.model_version, active.release, "active"
+        )
+    return replace(found, reason=f"already runs {active.label}: nothing sent")
 
 
 def deploy_release(

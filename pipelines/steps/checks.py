@@ -5,11 +5,20 @@ prints it and exits 2; the flow fails before its first stage.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
+from deploy_edge.bundle.layout import IO_SPEC_FILE, bundle_root
 from pipelines.config import PipelineConfig
 from pipelines.registry.exports import fetch_export
-from pipelines.registry.versions import parse_model_uri
+from pipelines.registry.versions import (
+    MODEL_URI_FORMS,
+    RegistryError,
+    VersionInfo,
+    get_version,
+    parse_model_uri,
+)
 from robo_pipe.errors import InputError
 from stages.policy.types import policy_type
 
@@ -89,11 +98,89 @@ def check_policy(cfg: PipelineConfig, policy: Path) -> None:
     check_policy_fits(policy, cfg.robot)
 
 
-def resolve_policy(policy: str | Path) -> Path:
-    """A path as given, or the downloaded bundle of a registry version (``models:/name@alias``
-    or ``models:/name/3``)."""
-    text = str(policy)
-    if not text.startswith("models:"):
-        return Path(policy)
-    name, ref = parse_model_uri(text)
-    return fetch_export(name, ref)[1]
+PolicyKind = Literal["registry", "export", "checkpoint"]
+"""What a policy argument names: a registry version, an export (ONNX bundle) or a checkpoint."""
+
+POLICY_KINDS: dict[PolicyKind, str] = {
+    "registry": f"a registry version ({MODEL_URI_FORMS})",
+    "export": "an export (its folder, or its .onnx file)",
+    "checkpoint": "a checkpoint folder (policy.json inside)",
+}
+"""How each kind is written, in every verb's --help and error."""
+
+
+@dataclass(frozen=True)
+class PolicyArg:
+    """A policy as a verb was given it (:func:`resolve_policy`): what it is, and where."""
+
+    given: str
+    kind: PolicyKind
+    model: tuple[str, str] | None = None
+    """A registry version's (name, version number or alias); None for a path."""
+
+    def path(self) -> Path:
+        """The folder (or .onnx file) to load: the path given, or the registry version's
+        export downloaded into the home (:func:`~pipelines.registry.exports.fetch_export`,
+        once; verified)."""
+        if self.model is None:
+            return Path(self.given)
+        return fetch_export(*self.model)[1]
+
+    def version(self) -> VersionInfo:
+        """The registry version (its number resolved from an alias)."""
+        assert self.model is not None, "only a registry version has one"
+        return get_version(*self.model)
+
+
+def policy_kinds_help(accepts: tuple[PolicyKind, ...]) -> str:
+    """``accepts`` as a --help sentence: "a registry version (...) or an export (...)"."""
+    named = [POLICY_KINDS[kind] for kind in accepts]
+    return ", ".join(named[:-1]) + (" or " if len(named) > 1 else "") + named[-1]
+
+
+def resolve_policy(text: str, verb: str, accepts: tuple[PolicyKind, ...]) -> PolicyArg:
+    """What ``text``, the policy given to ``verb``, names: the one reading of a policy argument
+    in every verb. A path that exists is a checkpoint (``policy.json`` inside) or an export
+    (``io_spec.json`` in it, or beside its ``.onnx`` file); anything else is a registry version
+    (``models:/NAME@ALIAS``, ``models:/NAME/N``, or ``NAME@ALIAS`` / ``NAME/N`` when no such
+    path exists). Raises an :class:`~robo_pipe.errors.InputError` (exit 2) for a path that is
+    neither, a malformed version, or a kind ``verb`` cannot use, saying what to pass instead.
+    Nothing is read from the registry yet (:meth:`PolicyArg.path`, :meth:`PolicyArg.version`)."""
+    path = Path(text)
+    if not text.startswith("models:") and path.exists():
+        if (path / "policy.json").is_file():
+            found = PolicyArg(text, "checkpoint")
+        elif (bundle_root(path) / IO_SPEC_FILE).is_file():
+            found = PolicyArg(text, "export")
+        else:
+            raise InputError(
+                f"{text}: not a policy: neither a checkpoint (no policy.json) nor an export (no "
+                f"{IO_SPEC_FILE}); {verb} takes {policy_kinds_help(accepts)}"
+            )
+    elif text.startswith("models:"):  # a malformed one: the parser names the forms
+        found = PolicyArg(text, "registry", parse_model_uri(text))
+    else:
+        try:
+            found = PolicyArg(text, "registry", parse_model_uri(text))
+        except RegistryError:
+            raise InputError(
+                f"{text}: no such file or folder, and not a registry version; {verb} takes "
+                f"{policy_kinds_help(accepts)}"
+            ) from None
+    if found.kind not in accepts:
+        raise InputError(
+            f"{text} is {POLICY_KINDS[found.kind]}; {verb} takes {policy_kinds_help(accepts)}"
+            f"{_instead(text, found.kind, accepts)}"
+        )
+    return found
+
+
+def _instead(text: str, kind: PolicyKind, accepts: tuple[PolicyKind, ...]) -> str:
+    """What to do with a policy of ``kind`` for a verb that takes only ``accepts``."""
+    if kind == "checkpoint" and "export" in accepts:
+        return f": export it first (robo-pipe export {text} --out DIR), then pass DIR"
+    if accepts == ("registry",):
+        return ": a pipeline run registers its export (robo-pipe run), then pass models:/NAME/N"
+    if accepts == ("checkpoint",):
+        return ": it is exported already (robo-pipe gate, evaluate and deploy take it as it is)"
+    return ""

@@ -84,6 +84,7 @@ def status(running: dict[str, Any] | None, last: dict[str, Any] | None) -> dict[
         "release": 2,
         "path": "/s",
         "sha256": SHA,
+        "content_sha256": "c" * 64,
         "variant": "int8",
         "precision": "int8",
         "systems_test": True,
@@ -174,6 +175,9 @@ def test_the_agents_answers_are_the_wire_records_and_write_back_the_same_json(
     # an agent from before the release floor: its answer loads, with no floor and no notice
     old = {k: v for k, v in answers["/status"].items() if k not in ("floor", "notices")}
     assert DeviceStatus.from_json(old).floor == {} and DeviceStatus.from_json(old).notices == []
+    # a slot from before content digests loads with none (deploy compares its release file)
+    slot = {k: v for k, v in answers["/status"]["active"].items() if k != "content_sha256"}
+    assert Slot.from_json(slot).content_sha256 == ""
     # a deployment from before origins loads with none
     assert Deployment.from_json(record("d-0", "active") | {"origin": None}).origin is None
     before = {k: v for k, v in record("d-0", "active").items() if k != "origin"}

@@ -173,3 +173,23 @@ def test_a_name_without_letters_or_digits_is_refused() -> None:
     assert "name" in problems(DEMO, ("name=...",)) and "no letter or digit" in problems(
         DEMO, ("name=...",)
     )
+
+
+def test_the_configs_the_readme_runs_load() -> None:
+    """Every ``--config`` of a README command names a config that loads (the next steps too
+    long to run in a test: an RL run, a variant, the schedules)."""
+    from tests.test_docs import ROOT, commands_in
+
+    readme = commands_in((ROOT / "README.md").read_text(), "README.md")
+    named = [
+        (c.where, c.words[i + 1])
+        for c in readme
+        for i, word in enumerate(c.words[:-1])
+        if word in ("--config", "-c")
+    ]
+    assert len(named) >= 3, named
+    for where, config in named:
+        try:
+            load_config(ROOT / config if config.startswith("configs/") else Path(config))
+        except ConfigError as err:
+            pytest.fail(f"{where}: {err}")

@@ -138,14 +138,19 @@ def deploy(
     )
 
 
-def status(agent: dict[str, Any]) -> dict[str, Any]:
+def agent_json(agent: dict[str, Any], path: str) -> Any:
+    """The agent's answer to ``GET path``."""
     import httpx
 
     answer = httpx.get(
-        f"http://127.0.0.1:{agent['port']}/status", headers={"Authorization": f"Bearer {TOKEN}"}
+        f"http://127.0.0.1:{agent['port']}{path}", headers={"Authorization": f"Bearer {TOKEN}"}
     )
     answer.raise_for_status()
-    return dict(answer.json())
+    return answer.json()
+
+
+def status(agent: dict[str, Any]) -> dict[str, Any]:
+    return dict(agent_json(agent, "/status"))
 
 
 def test_deploy_makes_a_registry_version_the_devices_active_policy(
@@ -174,10 +179,53 @@ def test_deploy_makes_a_registry_version_the_devices_active_policy(
         timeout=60,
     ).json()
     assert episode["version"] == f"{MODEL}:1" and episode["ticks"] == 5 and episode["errors"] == 0
-    # The same release again: the agent refuses it, and deploy reports that refusal (not the
-    # earlier deployment of the same release, still the agent's last record when it asks).
+    # The same version again (an idempotent CI job): asked what it runs, the device already
+    # runs this content, so nothing is sent and it exits 0, in one line; the device's uploads
+    # (a refused upload would stay there) and its history show no second deployment.
+    assert agent_json(agent, "/uploads") == [], "the installed upload is gone from the device"
+    history = agent_json(agent, "/history")
     again = deploy(agent, shared_home, "--key", str(signing["release"]))
-    assert again.returncode == 1 and "already the active version" in again.stderr, again.stderr
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "dev-arm-01 already runs edge-policy v1" in again.stdout, again.stdout
+    assert "nothing uploaded" in again.stdout and "upload" not in again.stderr, again.stderr
+    quiet = deploy(agent, shared_home, "--key", str(signing["release"]), "--json")
+    record = json.loads(quiet.stdout.strip().splitlines()[-1])
+    assert quiet.returncode == 0 and record["unchanged"] is True, quiet.stdout
+    assert record["state"] == "active" and record["id"] == history[0]["id"], record
+    assert agent_json(agent, "/uploads") == [], "no byte of the release was sent again"
+    assert agent_json(agent, "/history") == history, "no deployment was asked for"
+
+
+def test_a_device_runs_a_release_only_with_its_version_and_its_content() -> None:
+    """The one check behind every "already runs it" (deploy --device, fleet rollouts, the
+    demo's agent): model, version and bundle content; a re-signed release of the same bundle
+    counts, the same version number from another home does not."""
+    from types import SimpleNamespace
+    from typing import cast
+
+    from deploy_edge.release.manifest import Manifest, content_digest
+    from deploy_edge.wire import Slot
+    from pipelines.deploy.release import runs_release
+
+    files = {"policy.onnx": "1" * 64, "io_spec.json": "2" * 64}
+    assert content_digest(files) == content_digest(dict(reversed(files.items()))), "unordered"
+
+    def manifest(version: str, bundle: dict[str, str]) -> Manifest:
+        made = SimpleNamespace(model_name=MODEL, model_version=version, files=bundle)
+        made.content_sha256 = content_digest(bundle)
+        return cast(Manifest, made)
+
+    def slot(content: str, release_sha: str = "a" * 64) -> Slot:
+        return Slot(MODEL, "1", 1, "/slots/1", release_sha, content_sha256=content)
+
+    same = manifest("1", files)
+    assert runs_release(slot(same.content_sha256), same, "b" * 64), "re-signed: same content"
+    other_home = manifest("1", {**files, "policy.onnx": "3" * 64})
+    assert not runs_release(slot(same.content_sha256), other_home, "a" * 64)
+    assert not runs_release(slot(same.content_sha256), manifest("2", files), "a" * 64)
+    assert not runs_release(None, same, "a" * 64)
+    # a slot recorded before content digests: only its very release file counts
+    assert runs_release(slot(""), same, "a" * 64) and not runs_release(slot(""), same, "b" * 64)
 
 
 def test_an_untrusted_key_is_refused_and_the_active_version_stays(

@@ -245,8 +245,12 @@ def test_a_rollout_reaches_every_device_and_is_on_record(
             assert float(tags[f"robo_pipe.device.{name}.p99_ms"]) > 0
             assert tags[f"robo_pipe.device.{name}.at"].endswith("Z")
         assert tags["robo_pipe.device.ghost.state"] == "unreachable"
-        shown = cli("models", "show", f"{MODEL}/1", home=shared_home)
-        assert shown.returncode == 0 and "device.arm-b.state" in shown.stdout, shown.stderr
+        shown = cli("models", "show", f"{MODEL}/1", "--all", home=shared_home)
+        assert shown.returncode == 0, shown.stderr
+        # grouped: one row per device under "runs on"; --all adds the raw tags
+        arm_b = next(line for line in shown.stdout.splitlines() if "  arm-b " in line)
+        assert f"active {MODEL}:1 at" in arm_b and "p99" in arm_b, shown.stdout
+        assert "runs on" in shown.stdout and "device.arm-b.state" in shown.stdout
 
         tasks = task_states(result["flow_run_id"])
         assert sorted(tasks) == [*names, "ghost"]

@@ -517,14 +517,16 @@ def test_champion_check_fails_when_the_champion_falls_below_the_bar(
 
     held, state = check("0.0")
     assert held.returncode == 0, held.stderr[-3000:]
-    assert state == "COMPLETED" and f"champion {name} v{version} holds" in held.stderr
+    # the verdict is the command's result: on stdout, where a pipe or a CI step reads it
+    assert state == "COMPLETED" and f"champion {name} v{version} holds" in held.stdout
     checked = get_version(name, version).tags[LAST_REGRESSION_SUCCESS_TAG]
 
     regressed, state = check("0.95")
     assert regressed.returncode == 1, regressed.stderr[-3000:]
     assert state == "FAILED"
-    assert f"regression: champion {name} v{version}: held-out success" in regressed.stderr
-    assert "required >= 95% (lower end of the 95% CI)" in regressed.stderr
+    verdict = " ".join(regressed.stdout.split())
+    assert f"regression: champion {name} v{version}: held-out success" in verdict
+    assert "required >= 95% (lower end of the 95% CI)" in verdict
     assert "Traceback" not in regressed.stderr
     tags = get_version(name, version).tags
     assert tags[LAST_REGRESSION_SUCCESS_TAG] == checked, "the same seeds"
@@ -642,6 +644,107 @@ def test_a_device_that_already_runs_the_champion_keeps_it(first_run: dict[str, A
     where = f"{DEVICE_TAG}local-agent."
     assert tags[where + "version"] == f"{MODEL}:{first_run['version']}", tags
     assert tags[where + "state"] == "active" and tags[where + "at"].endswith("Z"), tags
+
+
+def test_every_policy_verb_reads_a_version_an_export_or_a_checkpoint_alike(
+    first_run: dict[str, Any], shared_home: Path, tmp_path: Path
+) -> None:
+    """One reading of a policy argument (``checks.resolve_policy``): gate times a registry
+    version (its export), and what a verb cannot use is refused in one line, exit 2, saying
+    what to pass instead."""
+    quick = ["--steps", "20", "--warmup", "2", "--no-pace", "--json"]
+    gated = robo_pipe("gate", f"{MODEL}@champion", *quick, home=shared_home)
+    assert gated.returncode == 0, gated.stderr[-3000:]
+    assert json.loads(gated.stdout.strip().splitlines()[-1])["steps"] == 20
+    checkpoint, export = first_run["checkpoint"], first_run["export"]
+    refused = {
+        ("gate", checkpoint): "export it first (robo-pipe export",
+        ("export", f"models:/{MODEL}@champion"): "it is exported already",
+        ("bundle", export): "a pipeline run registers its export",
+        ("deploy", checkpoint, "--device", "local-agent"): "a pipeline run registers its export",
+        ("evaluate", str(tmp_path)): "not a policy: neither a checkpoint",
+    }
+    for args, said in refused.items():
+        done = robo_pipe(*args, home=shared_home)
+        assert done.returncode == 2 and said in done.stderr, (args, done.stderr[-2000:])
+        assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def readme_next_steps() -> list[str]:
+    """The commands of the README's next-steps block (the one its marker names), comments
+    dropped."""
+    text = (ROOT / "README.md").read_text()
+    block = text.split("<!-- next-steps:", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    return [re.sub(r"\s+#\s.*$", "", line).strip() for line in block.splitlines() if line.strip()]
+
+
+def test_the_readme_next_steps_run_as_written(first_run: dict[str, Any], shared_home: Path) -> None:
+    """After a run, every command of the README's next steps runs as written (the home's
+    ``.robo-pipe/`` is this test's home): the demo's local agent starts again from the files
+    the run left, and the verbs reach it through the devices file the run wrote."""
+    commands = [line.replace(".robo-pipe/", f"{shared_home}/") for line in readme_next_steps()]
+    agent_line = next(c for c in commands if c.startswith("robo-pipe edge-agent"))
+    rest = [c for c in commands if c != agent_line]
+    assert any("robo-pipe deploy" in c for c in rest) and any("fleet status" in c for c in rest)
+    env = {
+        **os.environ,
+        "ROBO_PIPE_HOME": str(shared_home),
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        "COLUMNS": "100",
+    }
+    from pipelines.deploy.local_agent import TOKEN_ENV
+
+    env.pop(TOKEN_ENV, None)  # the README's export sets it, not this process
+    devices = yaml.safe_load((shared_home / "edge" / "devices.yaml").read_text())["devices"]
+    url = devices[0]["url"]
+    agent = subprocess.Popen(
+        ["bash", "-c", f"exec {agent_line}"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for_health(url, agent)
+        exports: list[str] = []
+        said: dict[str, str] = {}  # verb -> its stdout
+        for command in rest:
+            if command.startswith("export "):
+                exports.append(command)
+                continue
+            done = subprocess.run(
+                ["bash", "-c", "\n".join([*exports, command])],
+                cwd=ROOT,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
+            assert done.returncode == 0, f"{command}: {done.stdout[-2000:]}{done.stderr[-2000:]}"
+            said[command.split()[1]] = done.stdout
+    finally:
+        agent.terminate()
+        agent.wait(timeout=30)
+    assert f"{MODEL}:" in said["devices"] and "local-agent" in said["fleet"], said  # it answered
+
+
+def wait_for_health(url: str, process: subprocess.Popen[str]) -> None:
+    """Until the agent at ``url`` answers ``/healthz`` (its process must not exit first)."""
+    import time
+
+    import httpx
+
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        assert process.poll() is None, process.stderr.read() if process.stderr else ""
+        try:
+            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    raise AssertionError(f"the local agent at {url} did not answer")
 
 
 def flow_run_of(result: dict[str, Any]) -> Any:

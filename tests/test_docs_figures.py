@@ -137,7 +137,7 @@ def exit_problems(name: str, text: str, codes: set[int]) -> list[str]:
             paragraph, start = "", mention.end()
             if code not in codes:
                 problems.append(f"{name}:{number}: exit {code} is not in docs/exit-codes.md")
-            elif code == 2 and any(words in said for words in NOT_ANSWERING):
+            elif code == 2 and any(re.search(rf"\b{words}\b", said) for words in NOT_ANSWERING):
                 problems.append(
                     f"{name}:{number}: exit 2 for a service that does not answer: "
                     "docs/exit-codes.md says 3"

@@ -22,12 +22,9 @@ one's record, or resumes its checkpoints if that process died.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
-import os
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -45,6 +42,12 @@ from stages.finetune.algorithm import ALGORITHMS
 from stages.finetune.bc import BCJob, train_bc
 from stages.finetune.checkpoints import latest_checkpoint, read_metrics
 from stages.finetune.config import BCConfig, FinetuneConfig, PretrainConfig
+from stages.finetune.ray_train import (
+    WORKERS_DIR,
+    MetricsFn,
+    fit_on_ray_train,
+    forwarding_metrics,
+)
 from stages.policy.checkpoint import (
     CheckpointError,
     CheckpointRef,
@@ -59,10 +62,7 @@ from stages.provenance import code_version
 
 REF_FILE = "checkpoint_ref.json"
 """Written when a training run finishes: its :class:`CheckpointRef`."""
-WORKERS_DIR = ".workers"
-"""Under a training run's folder: one file per Ray Train worker rank naming its Ray node."""
 
-MetricsFn = Callable[[dict[str, float]], None]
 CollectedFn = Callable[[int, int], None]  # pretraining's demonstrations (done, total)
 
 
@@ -306,7 +306,7 @@ def rl_finetune(
             seed=seed,
             lineage=lineage,
         )
-        with _forwarding_metrics(out, on_metrics):
+        with forwarding_metrics(out, on_metrics):
             train_rl(job, ray_address, on_status=on_status)
         ref = _record(out, lineage)
         return replace(ref, dataset_hashes=start.dataset_hashes)
@@ -343,11 +343,11 @@ def _train(
 ) -> CheckpointRef:
     out = Path(job.out)
     out.mkdir(parents=True, exist_ok=True)
-    with _forwarding_metrics(out, on_metrics):
+    with forwarding_metrics(out, on_metrics):
         if bc.workers == 0:
             train_bc(job)
         else:
-            _fit_on_ray_train(job, bc.workers, ray_address)
+            fit_on_ray_train(job, bc.workers, ray_address)
     return _record(out, job.lineage)
 
 
@@ -381,78 +381,3 @@ def _record(out: Path, lineage: dict[str, Any]) -> CheckpointRef:
     # Paths inside the robo-pipe home as $ROBO_PIPE_HOME/...: the home can move (robo_pipe.home).
     (out / REF_FILE).write_text(json.dumps(mark_home(ref.to_json()), indent=1))
     return ref
-
-
-@contextlib.contextmanager
-def _forwarding_metrics(out: Path, on_metrics: MetricsFn | None) -> Iterator[None]:
-    """While the body trains (in other processes), forward new metrics.jsonl lines."""
-    stop = threading.Event()
-    watcher = threading.Thread(target=_watch_metrics, args=(out, on_metrics, stop), daemon=True)
-    watcher.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        watcher.join()
-
-
-def _watch_metrics(out: Path, on_metrics: MetricsFn | None, stop: threading.Event) -> None:
-    """Forward new lines of metrics.jsonl to ``on_metrics`` (training runs in other processes)."""
-    seen = 0.0
-    while True:
-        finished = stop.wait(0.5)
-        for record in read_metrics(out):
-            if record["step"] > seen:
-                seen = record["step"]
-                if on_metrics:
-                    on_metrics(record)
-        if finished:
-            return
-
-
-def _ray_train_loop(config: dict[str, BCJob]) -> None:
-    """Ray Train's ``train_loop_per_worker``: the BC loop of ``config["job"]`` with this
-    worker's rank (which node it runs on goes to ``out/.workers/rank-<r>``, read into the
-    checkpoint's record)."""
-    import ray.train
-
-    from stages.ray_runtime import node_id
-
-    ctx = ray.train.get_context()
-    job = config["job"]
-    rank = ctx.get_world_rank()
-    workers = Path(job.out) / WORKERS_DIR
-    workers.mkdir(parents=True, exist_ok=True)
-    (workers / f"rank-{rank}").write_text(node_id())
-    train_bc(job, rank, ctx.get_world_size())
-
-
-def _fit_on_ray_train(job: BCJob, workers: int, ray_address: str | None) -> None:
-    from stages.ray_runtime import init_ray, signal_handlers_kept
-
-    init_ray(ray_address)  # before importing ray (see stages/ray_runtime.py)
-    from ray.train import FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchConfig, TorchTrainer
-
-    threads = max(1, (os.cpu_count() or 1) // workers)
-    trainer = TorchTrainer(
-        _ray_train_loop,
-        train_loop_config={"job": replace(job, threads=threads)},
-        scaling_config=ScalingConfig(
-            num_workers=workers, use_gpu=False, resources_per_worker={"CPU": 1}
-        ),
-        torch_config=TorchConfig(backend="gloo"),
-        # A failed worker group is restarted; train_bc resumes from the latest checkpoint.
-        run_config=RunConfig(
-            name=Path(job.out).name,
-            storage_path=str(Path(job.out) / "ray"),
-            failure_config=FailureConfig(max_failures=2),
-        ),
-    )
-    # Ray Train's fit installs a SIGINT handler of its own and never removes it: Ctrl-C then
-    # asks the training to abort and lets fit return, during this stage and, after it, in
-    # every later one (the run went on). Ctrl-C must stop the run here as anywhere else (a
-    # KeyboardInterrupt through every ``finally``; Ray's exit stops the training workers).
-    trainer._register_sigint_handler = lambda _controller: None  # type: ignore[attr-defined]
-    with signal_handlers_kept():
-        trainer.fit()

@@ -726,7 +726,10 @@ def test_the_readme_next_steps_run_as_written(first_run: dict[str, Any], shared_
     finally:
         agent.terminate()
         agent.wait(timeout=30)
-    assert f"{MODEL}:" in said["devices"] and "local-agent" in said["fleet"], said  # it answered
+    # It answered, naming what it runs: this module's tests deploy several of the home's models
+    # onto the same local agent, in whatever order the suite runs them.
+    assert re.search(rf"{MODEL}[\w-]*:\d+", said["devices"]), said
+    assert "local-agent" in said["fleet"], said
 
 
 def wait_for_health(url: str, process: subprocess.Popen[str]) -> None:

@@ -228,11 +228,18 @@ def _port_free(port: int) -> bool:
 
 class Cli:
     """A long-running robo-pipe verb in ``home``, its output in a file (a pipe nobody reads
-    while it runs would fill up and block it)."""
+    while it runs would fill up and block it).
 
-    def __init__(self, args: list[str], home: Path) -> None:
+    It starts as a terminal starts a command: SIGINT at its default (Ctrl-C stops it), whatever
+    this process has. A pytest started as a script's background job (``make test &``, or a CI
+    runner's) has SIGINT ignored, and a child inherits an ignored signal through fork and exec:
+    every Ctrl-C a test sends would then reach nothing (a verb keeps an ignored SIGINT ignored).
+    ``sigint_ignored`` starts it as such a background job instead."""
+
+    def __init__(self, args: list[str], home: Path, sigint_ignored: bool = False) -> None:
         self.home = home
         self.log = home.parent / f"{args[0]}-{time.monotonic_ns()}.log"
+        sigint = signal.SIG_IGN if sigint_ignored else signal.SIG_DFL
         with self.log.open("w") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "pipelines.cli", *args],
@@ -241,6 +248,7 @@ class Cli:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                preexec_fn=lambda: signal.signal(signal.SIGINT, sigint),
             )
 
     def output(self) -> str:

@@ -36,11 +36,7 @@ STOP_BOUND_S = 30
 def start_as_background_job(args: list[str], home: Path) -> Cli:
     """``robo-pipe ARGS`` in ``home``, started as a script's ``robo-pipe ARGS &`` starts it:
     with SIGINT ignored (a child inherits an ignored signal through fork and exec)."""
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        cli = Cli(args, home)
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    cli = Cli(args, home, sigint_ignored=True)
     status = Path(f"/proc/{cli.proc.pid}/status").read_text()
     ignored = int(re.search(r"SigIgn:\s*([0-9a-f]+)", status)[1], 16)  # type: ignore[index]
     assert ignored & 1 << (signal.SIGINT - 1), "the verb starts with SIGINT ignored"

@@ -64,16 +64,6 @@ def ports_of(processes: list[str]) -> set[int]:
     return {int(port) for port in found}
 
 
-def start_in_foreground(args: list[str], home: Path) -> Cli:
-    """``robo-pipe ARGS`` in ``home`` as a terminal's foreground job: Ctrl-C (SIGINT) not
-    ignored, whatever this process inherited (a script's ``pytest &`` ignores it)."""
-    previous = signal.signal(signal.SIGINT, signal.SIG_DFL)
-    try:
-        return Cli(args, home)
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
 def send(cli: Cli, signum: int) -> None:
     """SIGTERM to the run's process, as ``kill`` sends it; SIGINT to its process group, as
     Ctrl-C at a terminal does (the run leads its own group, as a shell's foreground job)."""
@@ -105,7 +95,7 @@ def test_a_signal_in_any_stage_stops_everything_and_the_same_command_resumes(
     args = ["run", "--config", CONFIG, *SETS, *RAY_STAGES]
     completed: list[str] = []
     for step in CHAIN:
-        run = start_in_foreground(args, home)
+        run = Cli(args, home)  # as a terminal starts it: Ctrl-C reaches it
         wait_for(f"{step.stage} running", lambda step=step: running(home, step), run, 600)
         ports = ports_of(home_processes(home))
         assert ports, f"the run's servers listen somewhere: {home_processes(home)}"

@@ -206,6 +206,21 @@ _SINGLE = SceneVariant(
     pretrain_by_default=False,
 )
 
+
+def _shifted(variant: SceneVariant) -> SceneVariant:
+    """The held-out twin of ``variant``: the same task under stronger light and camera jitter."""
+    return replace(
+        variant,
+        name=f"{variant.name}-shifted",
+        description=f"held out: {variant.name} under stronger light and camera jitter",
+        split="heldout",
+        holdout_for=variant.name,
+        light_jitter=0.6,
+        light_intensity=(0.4, 1.0),
+        camera_jitter=0.02,
+    )
+
+
 VARIANTS: dict[str, SceneVariant] = {
     v.name: v
     for v in (
@@ -218,16 +233,7 @@ VARIANTS: dict[str, SceneVariant] = {
         # An easier task, for a quick start: one object, nothing to tell apart; not in the
         # demo's pretraining family.
         _SINGLE,
-        replace(
-            _SINGLE,
-            name="touch-single-shifted",
-            description="held out: touch-single under stronger light and camera jitter",
-            split="heldout",
-            holdout_for="touch-single",
-            light_jitter=0.6,
-            light_intensity=(0.4, 1.0),
-            camera_jitter=0.02,
-        ),
+        _shifted(_SINGLE),
         # The held-out variants are touch-mixed with one thing changed.
         replace(
             _MIXED,
@@ -237,16 +243,7 @@ VARIANTS: dict[str, SceneVariant] = {
             split="heldout",
             holdout_for="touch-mixed",
         ),
-        replace(
-            _MIXED,
-            name="touch-mixed-shifted",
-            description="held out: touch-mixed under stronger light and camera jitter",
-            split="heldout",
-            holdout_for="touch-mixed",
-            light_jitter=0.6,
-            light_intensity=(0.4, 1.0),
-            camera_jitter=0.02,
-        ),
+        _shifted(_MIXED),
     )
 }
 

@@ -3,6 +3,8 @@ printed by ``robo-pipe run`` for that config as shipped, and never for another c
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from pipelines.config import CONFIG_DIR, load_config
 from pipelines.run.expected import FIRST_RUNS, expected_line, first_run
 from pipelines.run.stage_task import STAGES
@@ -24,5 +26,9 @@ def test_the_line_run_prints_gives_each_stage_and_the_total() -> None:
     line = expected_line(demo)
     assert line.startswith(f"expected on {demo.machine}, a first run: collect ~")
     assert all(f"{stage} ~" in line for stage in STAGES), line
+    assert demo.complete and "(estimate)" not in line, "every stage of the demo is measured"
+    # A stage not measured says it is an estimate.
+    guessed = replace(demo, stages=(replace(demo.stages[0], measured=False), *demo.stages[1:]))
+    assert expected_line(guessed).count("(estimate)") == 1
     assert f"~{demo.minutes()} min in all" in line
-    assert not demo.complete and "(estimate)" in line, "an estimate says it is one"
+    assert demo.total_s > sum(s.seconds for s in demo.stages), "and the work around the stages"

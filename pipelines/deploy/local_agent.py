@@ -19,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import os
 import secrets
-import socket
 import subprocess
 import sys
 import time
@@ -46,7 +45,7 @@ from pipelines.home import home_dir, home_path
 from pipelines.progress import SILENT, Listener, status_lines
 from pipelines.records import EdgeDeployment
 from pipelines.registry.versions import set_version_tags
-from pipelines.services.local_servers import free_port
+from pipelines.services.local_servers import free_port, port_free
 from pipelines.services.processes import with_parent_death
 from robo_pipe.locks import StatusFn, output_lock
 
@@ -76,12 +75,7 @@ def _port() -> int:
         port = int(str(listen).rpartition(":")[2])
     except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError):
         return free_port()
-    with socket.socket() as probe:
-        try:
-            probe.bind(("127.0.0.1", port))
-        except OSError:
-            return free_port()
-    return port
+    return port if port_free(port) else free_port()
 
 
 def write_devices_file(cfg: PipelineConfig, entry: DeviceEntry) -> Path:

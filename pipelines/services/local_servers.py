@@ -107,7 +107,8 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _port_free(port: int) -> bool:
+def port_free(port: int) -> bool:
+    """A server could bind ``port`` on 127.0.0.1 now."""
     with socket.socket() as sock:
         # As the servers bind: a port whose last server stopped a moment ago is free again,
         # though its closed connections linger (TIME_WAIT) for a minute.
@@ -169,8 +170,8 @@ class LocalServers:
     ) -> None:
         self.owner = owner
         """The verb that starts them: ``run``/``serve`` on this home name it when they use them."""
-        self.prefect_port = prefect_port if _port_free(prefect_port) else free_port()
-        self.mlflow_port = mlflow_port if _port_free(mlflow_port) else free_port()
+        self.prefect_port = prefect_port if port_free(prefect_port) else free_port()
+        self.mlflow_port = mlflow_port if port_free(mlflow_port) else free_port()
         self.prefect_url = f"http://127.0.0.1:{self.prefect_port}"
         self.mlflow_url = f"http://127.0.0.1:{self.mlflow_port}"
         self.processes: list[subprocess.Popen[bytes]] = []

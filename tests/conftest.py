@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from configs import config_dir
+from pipelines.services.local_servers import MLFLOW_PORT_VAR, PREFECT_PORT_VAR
 from robots.spec import RobotSpec, get_robot
 from stages.dataset.layout import DatasetRef
 
@@ -41,6 +42,13 @@ def tiny_overrides() -> list[str]:
     del profile["extends"]
     return flatten(profile, "")
 
+
+# Under pytest-xdist (`pytest -n 2`), each worker's `ui` and `serve` try ports of their own
+# first: two workers checking 4200 at once would both find it free and one server lose it.
+if worker := os.environ.get("PYTEST_XDIST_WORKER"):  # gw0, gw1, ...
+    offset = 10 * (int(worker.removeprefix("gw")) + 1)
+    os.environ.setdefault(PREFECT_PORT_VAR, str(4200 + offset))
+    os.environ.setdefault(MLFLOW_PORT_VAR, str(5000 + offset))
 
 _OWNED_BY_RUNNERS = {"PYTEST_CURRENT_TEST", "MUTANT_UNDER_TEST"}
 """Variables pytest and mutmut set while tests run: never restored (mutmut switches mutants

@@ -196,9 +196,15 @@ def serve(
 
 def ui(
     prefect_port: Annotated[
-        int, typer.Option(help="Prefect server port (next free if taken).")
+        int,
+        typer.Option(
+            help="Prefect server port (next free if taken).", envvar="ROBO_PIPE_PREFECT_PORT"
+        ),
     ] = 4200,
-    mlflow_port: Annotated[int, typer.Option(help="MLflow UI port (next free if taken).")] = 5000,
+    mlflow_port: Annotated[
+        int,
+        typer.Option(help="MLflow UI port (next free if taken).", envvar="ROBO_PIPE_MLFLOW_PORT"),
+    ] = 5000,
 ) -> None:
     """Start the local Prefect server and the MLflow UI on 127.0.0.1 and print their URLs.
 

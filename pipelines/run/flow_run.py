@@ -30,15 +30,18 @@ from pipelines import tracking
 from pipelines.config import PipelineConfig, load_config, save_resolved
 from pipelines.home import new_run_dir
 from pipelines.run import reconcile
+from pipelines.services.local_servers import preferred_ports
 from pipelines.services.settings import Services, check_services, configure, join_cluster
 from pipelines.steps import checks
 from robo_pipe.errors import InputError
 from robo_pipe.locks import set_run_label
 
-DEFAULT_MLFLOW_UI = "http://127.0.0.1:5000"
 
-
-DEFAULT_PREFECT_UI = "http://127.0.0.1:4200"
+def default_ui() -> tuple[str, str]:
+    """Where ``robo-pipe ui`` puts the Prefect UI and the MLflow UI when their ports are free:
+    the run's links point there when no server is known."""
+    prefect_port, mlflow_port = preferred_ports()
+    return f"http://127.0.0.1:{prefect_port}", f"http://127.0.0.1:{mlflow_port}"
 
 
 def current_flow_run() -> FlowRun:
@@ -165,7 +168,7 @@ def start_run(
     )
     lock = reconcile.hold(active)
     try:
-        found = reconcile.reconcile(active, services.prefect_ui or DEFAULT_PREFECT_UI)
+        found = reconcile.reconcile(active, services.prefect_ui or default_ui()[0])
     except Exception as err:  # bookkeeping of earlier runs must not stop this one
         print(f"could not check earlier runs for crashes: {type(err).__name__}: {err}")
         found = []

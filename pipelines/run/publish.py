@@ -21,9 +21,8 @@ from pipelines.config import PipelineConfig
 from pipelines.home import robo_pipe_home
 from pipelines.records import FleetResult, PipelineResult, RunRecords
 from pipelines.run.flow_run import (
-    DEFAULT_MLFLOW_UI,
-    DEFAULT_PREFECT_UI,
     current_flow_run,
+    default_ui,
     rename_flow_run,
 )
 from pipelines.run.places import RunPlaces, configured_links
@@ -40,8 +39,8 @@ def _links(
 ) -> dict[str, str]:
     """The run's pages on the servers this process uses (the terminal's links, valid now)."""
     flow_run = current_flow_run()
-    prefect_ui = services.prefect_ui or DEFAULT_PREFECT_UI
-    mlflow_ui = services.mlflow_ui or DEFAULT_MLFLOW_UI
+    prefect_ui = services.prefect_ui or default_ui()[0]
+    mlflow_ui = services.mlflow_ui or default_ui()[1]
     return {
         "Prefect flow run": f"{prefect_ui}/runs/flow-run/{flow_run.id}",
         "MLflow run": run.ui_url(mlflow_ui),

@@ -157,6 +157,20 @@ def start_temporary_prefect_server() -> None:
         prefect_server.subprocess = plain
 
 
+PREFECT_PORT_VAR = "ROBO_PIPE_PREFECT_PORT"
+MLFLOW_PORT_VAR = "ROBO_PIPE_MLFLOW_PORT"
+
+
+def preferred_ports() -> tuple[int, int]:
+    """The ports ``ui`` and ``serve`` try first for the Prefect server and the MLflow UI:
+    ``$ROBO_PIPE_PREFECT_PORT`` and ``$ROBO_PIPE_MLFLOW_PORT``, else Prefect's and MLflow's own
+    defaults (4200, 5000). Each falls back to the next free port when taken."""
+    return (
+        int(os.environ.get(PREFECT_PORT_VAR, "4200")),
+        int(os.environ.get(MLFLOW_PORT_VAR, "5000")),
+    )
+
+
 class LocalServers:
     """The local Prefect server and MLflow UI of ``robo-pipe ui``, on 127.0.0.1.
 
@@ -166,8 +180,14 @@ class LocalServers:
     """
 
     def __init__(
-        self, prefect_port: int = 4200, mlflow_port: int = 5000, owner: str = "robo-pipe ui"
+        self,
+        prefect_port: int | None = None,
+        mlflow_port: int | None = None,
+        owner: str = "robo-pipe ui",
     ) -> None:
+        preferred = preferred_ports()
+        prefect_port = preferred[0] if prefect_port is None else prefect_port
+        mlflow_port = preferred[1] if mlflow_port is None else mlflow_port
         self.owner = owner
         """The verb that starts them: ``run``/``serve`` on this home name it when they use them."""
         self.prefect_port = prefect_port if port_free(prefect_port) else free_port()

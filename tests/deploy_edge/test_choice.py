@@ -124,7 +124,9 @@ def _ignores_budget(trials: list[Trial], budget_ms: float) -> Choice:
 
 
 @pytest.mark.parametrize(
-    "mutant", [_least_accurate, _fastest, _ignores_candidate, _ignores_budget], ids=str
+    "mutant",
+    [_least_accurate, _fastest, _ignores_candidate, _ignores_budget],
+    ids=lambda rule: rule.__name__,
 )
 def test_a_broken_rule_fails_the_checks(mutant: Rule) -> None:
     """The rule broken on purpose (least accurate, fastest, non-candidates allowed, budget

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from pipelines.config import CONFIG_DIR, ConfigError
-from pipelines.services.local_servers import free_port
+from pipelines.services.local_servers import free_port, preferred_ports
 from stages.register import GATE_TAG, failed_gates
 from tests.conftest import TINY_CONFIG, tiny_overrides
 
@@ -788,7 +788,8 @@ def test_the_summary_opens_anywhere(first_run: dict[str, Any], shared_home: Path
     assert str(shared_home) not in text and str(shared_home.resolve()) not in text
     absolute = re.findall(r"(?:^|[\s`(])(/[\w.-]+/\S*)", text, flags=re.MULTILINE)
     assert not absolute, absolute
-    for port_bound in ("127.0.0.1", "localhost", ":4200", ":5000"):
+    ports = (f":{port}" for port in preferred_ports())
+    for port_bound in ("127.0.0.1", "localhost", *ports):
         assert port_bound not in text, f"{port_bound}: a link only this machine's servers answer"
     assert f"`{run_dir.relative_to(shared_home)}`" in text
     assert "`robo-pipe ui`" in text and flow_run_id(first_run) in text

@@ -135,3 +135,47 @@ def test_a_store_written_by_an_older_robo_pipe_moves_with_its_home(
     assert where == {"Default": f"{artifacts}/0", "demo": f"{artifacts}/demo"}
     assert run_uri.startswith(f"{artifacts}/demo/") and tag == (str(new),)
     assert str(old).encode() not in db.read_bytes()
+
+
+def test_a_fresh_homes_prefect_database_is_a_copy_of_the_machines_migrated_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first home on a machine migrates Prefect's database once, into the cache; every
+    fresh home after it gets a copy at the migrations' head without migrating; a database
+    already in a home (an older Prefect's) is migrated in place, never replaced."""
+    from pipelines import stores
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    migrations: list[Path] = []
+    migrate = stores._migrate_prefect
+    monkeypatch.setattr(stores, "_migrate_prefect", lambda h: migrations.append(h) or migrate(h))
+
+    def fresh_home(name: str) -> Path:
+        prefect_home = tmp_path / name / "prefect"
+        monkeypatch.setenv("PREFECT_HOME", str(prefect_home))
+        stores._ready.clear()
+        stores.ensure_prefect_store()
+        return prefect_home / "prefect.db"
+
+    def head(database: Path) -> str:
+        with closing(sqlite3.connect(database)) as db:
+            [(revision,)] = db.execute("SELECT version_num FROM alembic_version").fetchall()
+        return str(revision)
+
+    first = fresh_home("a")
+    assert len(migrations) == 1 and migrations[0].parent == tmp_path / "cache" / "robo-pipe"
+    second = fresh_home("b")
+    assert len(migrations) == 1, "a fresh home copies the migrated database"
+    assert head(first) == head(second) == head(stores.prefect_template())
+    assert not any(p.name.startswith(".prefect-") for p in (tmp_path / "cache/robo-pipe").iterdir())
+
+    # A home whose database exists but is not marked migrated by this Prefect: migrated.
+    older = tmp_path / "c" / "prefect"
+    older.mkdir(parents=True)
+    (older / "prefect.db").write_bytes(second.read_bytes())
+    with closing(sqlite3.connect(older / "prefect.db")) as db, db:
+        db.execute("CREATE TABLE kept (x)")
+    fresh_home("c")
+    assert migrations[-1] == older, "migrated in place"
+    with closing(sqlite3.connect(older / "prefect.db")) as db:
+        assert db.execute("SELECT name FROM sqlite_master WHERE name = 'kept'").fetchall()

@@ -111,3 +111,19 @@ def simulated_rp5(cameras: tuple[str, ...], image_size: int) -> SimulatedRobot:
     return SimulatedRobot(
         get_robot("rp5"), get_variant("touch-mixed"), 0, tuple(cameras), image_size
     )
+
+
+def simulated_rp5_single(cameras: tuple[str, ...], image_size: int) -> SimulatedRobot:
+    """rp5 on the quick start's ``touch-single`` variant, seed 0
+    (``sim_scenes.sim_robot:simulated_rp5_single``): the local agent of a run on that task."""
+    return SimulatedRobot(
+        get_robot("rp5"), get_variant("touch-single"), 0, tuple(cameras), image_size
+    )
+
+
+SCENE_DRIVERS = {
+    "touch-mixed": "sim_scenes.sim_robot:simulated_rp5",
+    "touch-single": "sim_scenes.sim_robot:simulated_rp5_single",
+}
+"""The simulated arm the local edge agent drives for a run on each training variant (the
+variant it learnt); other variants keep the default driver's ``touch-mixed``."""

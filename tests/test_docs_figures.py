@@ -77,7 +77,7 @@ def test_the_quoted_test_count_is_the_suites(request: pytest.FixtureRequest) -> 
 
 # --- a first run's time --------------------------------------------------------------------
 
-TIME_MARKERS = {"demo-time": "demo.yaml"}
+TIME_MARKERS = {"demo-time": "demo.yaml", "quickstart-time": "quickstart.yaml"}
 """A page's marker -> the shipped config whose first run it quotes."""
 MINUTES = re.compile(r"(\d+(?:\.\d+)?) min")
 

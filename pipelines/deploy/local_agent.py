@@ -103,6 +103,8 @@ def _token() -> str:
 def write_device_config(cfg: PipelineConfig, port: int) -> Path:
     """The local agent's ``device.yaml``: trusts the home's key, gates on ``cfg.latency``'s
     target, steps and pacing, listens on 127.0.0.1:``port``."""
+    from sim_scenes.sim_robot import SCENE_DRIVERS  # MuJoCo's bindings: only when it starts
+
     gate = cfg.latency
     device = {
         "name": NAME,
@@ -117,6 +119,8 @@ def write_device_config(cfg: PipelineConfig, port: int) -> Path:
         "gate_warmup": gate.warmup,
         "pace": gate.pace,
         "health_ticks": 10,
+        # The simulated arm on the task the run learnt (the agent's default is the demo's).
+        "driver": SCENE_DRIVERS.get(cfg.scene.variant, SCENE_DRIVERS["touch-mixed"]),
     }
     path = agent_dir() / "device.yaml"
     path.write_text(yaml.safe_dump(device, sort_keys=False))

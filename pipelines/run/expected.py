@@ -76,6 +76,24 @@ FIRST_RUNS: dict[str, FirstRun] = {
             ),
             around_s=31,
         ),
+        FirstRun(
+            "quickstart.yaml",
+            "2 quiet cores",
+            "issue 49: `make quickstart` (`robo-pipe run --config configs/quickstart.yaml`) on "
+            "a fresh home, 123 s wall, promoted and deployed (held-out success 93.3%, 95% CI "
+            "84.1-97.4%; one success on the local agent)",
+            (
+                StageTime("collect", 6, "600 demonstrations at 32 px"),
+                StageTime("pretrain", 1, "a token base: 12 demonstrations, 10 steps"),
+                StageTime("finetune", 63, "1,000 full fine-tuning steps"),
+                StageTime("export", 13, "ONNX and INT8"),
+                StageTime("evaluate", 10, "60 held-out episodes"),
+                StageTime("latency", 0.3, "20 control steps"),
+                StageTime("register", 2, "the registry version"),
+                StageTime("deploy", 3, "the agent's checks, one episode"),
+            ),
+            around_s=25,
+        ),
     )
 }
 """Each shipped config's first run, by file name."""

@@ -46,9 +46,15 @@ typecheck: setup
 # LeRobot's own reader checks a freshly collected dataset in every test run, and the Isaac Lab
 # backend runs on CPU (tests marked isaaclab); `make test` builds both environments (once per
 # machine) and names them, so those tests fail (never skip) when an environment is missing.
+#
+# Two pytest-xdist workers, each test file on one worker (a module's fixtures, its Prefect server
+# and home, are shared by its tests): on 2 cores the suite took 55 min in one process, which
+# kept one core busy, and 30 min in two. TEST_WORKERS=0 runs it in this process.
+TEST_WORKERS ?= 2
 test: lint typecheck lerobot-env isaaclab-env
 	ROBO_PIPE_LEROBOT_PYTHON=$(LEROBOT_VENV)/bin/python \
-	ROBO_PIPE_ISAACLAB_PYTHON=$(ISAACLAB_VENV)/bin/python $(BIN)/pytest
+	ROBO_PIPE_ISAACLAB_PYTHON=$(ISAACLAB_VENV)/bin/python \
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile
 
 # Each test file on its own (the suite also runs in random order: pytest-randomly prints its
 # seed; rerun an order with `pytest -p randomly --randomly-seed=N`). Slow: a Prefect server

@@ -148,7 +148,12 @@ def test_a_fresh_homes_prefect_database_is_a_copy_of_the_machines_migrated_one(
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     migrations: list[Path] = []
     migrate = stores._migrate_prefect
-    monkeypatch.setattr(stores, "_migrate_prefect", lambda h: migrations.append(h) or migrate(h))
+
+    def counted(prefect_home: Path) -> None:
+        migrations.append(prefect_home)
+        migrate(prefect_home)
+
+    monkeypatch.setattr(stores, "_migrate_prefect", counted)
 
     def fresh_home(name: str) -> Path:
         prefect_home = tmp_path / name / "prefect"

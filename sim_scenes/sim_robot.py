@@ -61,6 +61,11 @@ class SimulatedRobot(Robot):
             raise SceneError("SimulatedRobot: call connect() first")
         return self._obs.instruction[0]
 
+    @property
+    def variant(self) -> SceneVariant:
+        """The scene variant this arm plays (its task and layouts)."""
+        return self._variant
+
     def connect(self) -> None:
         if self._env is None:
             self._env = open_env(

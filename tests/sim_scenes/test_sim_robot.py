@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
+import yaml
 
 from robots.interface import Robot
 from robots.spec import RobotSpec
@@ -32,3 +35,22 @@ def test_simulated_robot_observes_acts_and_stops(rp5: RobotSpec) -> None:
     robot.stop()
     robot.stop()  # idempotent
     assert not robot.is_connected
+
+
+@pytest.mark.parametrize("variant", ["touch-single", "touch-mixed", "touch-cubes"])
+def test_the_local_agent_drives_the_simulated_arm_on_the_task_the_run_learnt(
+    variant: str, robo_pipe_home: Path
+) -> None:
+    """The local edge agent of a run on touch-single plays touch-single (the quick start's
+    episode on the agent); the demo's and any other variant's, the agent's default."""
+    from deploy_edge.agent.config import load_driver
+    from pipelines.config import load_config
+    from pipelines.deploy.local_agent import write_device_config
+    from tests.conftest import TINY_CONFIG
+
+    cfg = load_config(TINY_CONFIG, [f"scene.variant={variant}"])
+    device = yaml.safe_load(write_device_config(cfg, 8123).read_text())
+    robot = load_driver(device["driver"])(("scene",), 32)
+    assert isinstance(robot, SimulatedRobot)
+    played = variant if variant == "touch-single" else "touch-mixed"
+    assert robot.variant.name == played, device["driver"]

@@ -100,9 +100,17 @@ def deploy_fleet(
         result = rollout.plan(version, fleet, knobs.canary, select)
     else:
         from pipelines.services.local_servers import start_temporary_prefect_server
+        from pipelines.services.signals import sigterm_kept_in_flows
 
         start_temporary_prefect_server()  # out of Ctrl-C's reach: the rollout records its end
-        with live(json_out) as display, listening(display), rollout.stop_on_signals():
+        # Prefect's flow engine would swap SIGTERM's handler for its own (an exception out of
+        # the flow: no roll-back, exit 1): SIGTERM stays the rollout's stop request, as SIGINT.
+        with (
+            live(json_out) as display,
+            listening(display),
+            rollout.stop_on_signals(),
+            sigterm_kept_in_flows(),
+        ):
             result = rollout.roll_out(
                 version=version,
                 fleet=str(fleet),

@@ -530,13 +530,16 @@ def history(agent: dict[str, Any]) -> list[dict[str, Any]]:
     return list(answer.json())
 
 
-def test_ctrl_c_mid_wave_stops_launching_rolls_back_and_exits_130(
-    registered: str, signing: Path, shared_home: Path, tmp_path: Path
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_a_stop_signal_mid_wave_stops_launching_rolls_back_and_exits_128_plus_it(
+    stop: signal.Signals, registered: str, signing: Path, shared_home: Path, tmp_path: Path
 ) -> None:
-    """The canary arm-p and arm-q take v2; SIGINT to the command's group while slow-q (a paced
-    gate) is still in flight: arm-r's wave never starts, slow-q ends on its own, arm-p and
-    arm-q go back to v1 (the agents' history names the rollout), the table and one line are
-    printed, exit 130, the flow run is Cancelled and the reverted devices' task runs Failed."""
+    """The canary arm-p and arm-q take v2; a stop signal while slow-q (a paced gate) is still
+    in flight -- Ctrl-C's SIGINT to the command's group, or SIGTERM to its process only, as
+    ``kill``, systemd or a scheduler sends it: arm-r's wave never starts, slow-q ends on its
+    own, arm-p and arm-q go back to v1 (the agents' history names the rollout), the table and
+    one line are printed, stdout is the JSON document alone, exit 130 / 143, the flow run is
+    Cancelled and the reverted devices' task runs Failed."""
     names = ["arm-p", "arm-q", "arm-r"]
     agents = start_fleet(shared_home, tmp_path, names)
     folder = tmp_path / "slow-q"
@@ -558,14 +561,17 @@ def test_ctrl_c_mid_wave_stops_launching_rolls_back_and_exits_130(
             assert any(
                 r["device"] == "slow-q" and r["state"] == "deploying" for r in found["devices"]
             )
-            os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the whole foreground group
+            if stop == signal.SIGINT:
+                os.killpg(proc.pid, stop)  # Ctrl-C: the whole foreground group
+            else:
+                os.kill(proc.pid, stop)  # kill: the command's process only
             out, err = proc.communicate(timeout=120)
         finally:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
-        assert proc.returncode == 130, err[-3000:]
-        result = json.loads(out.strip().splitlines()[-1])
-        assert result["cancelled_by"] == "SIGINT" and result["stopped_at_wave"] is None
+        assert proc.returncode == 128 + stop, err[-3000:]
+        result = json.loads(out)  # stdout is one JSON document, nothing else
+        assert result["cancelled_by"] == stop.name and result["stopped_at_wave"] is None
         by_device = rows(result)
         for name in ("arm-p", "arm-q"):
             assert by_device[name]["state"] == "reverted", by_device[name]
@@ -582,8 +588,8 @@ def test_ctrl_c_mid_wave_stops_launching_rolls_back_and_exits_130(
         assert by_device["arm-r"]["state"] == "skipped" and active(agents["arm-r"]) is None
         assert "cancelled" in by_device["arm-r"]["reason"]
         assert "Traceback" not in err and "reverted" in err, "the table is printed"
-        line = [x for x in err.splitlines() if "cancelled" in x and "SIGINT" in x]
-        assert line and "were rolled back (arm-p, arm-q)" in line[-1], err[-2000:]
+        line = [x for x in err.splitlines() if "cancelled by" in x and stop.name in x]
+        assert len(line) == 1 and "were rolled back (arm-p, arm-q)" in line[0], err[-2000:]
         assert flow_state(result["flow_run_id"]) == "CANCELLED"
         states = task_states(result["flow_run_id"])
         assert {name: state for name, (state, _) in states.items()} == {

@@ -147,9 +147,11 @@ def deploy_fleet(
 
 
 def repaired(lines: list[str]) -> None:
-    """Say what the reconciliation of killed rollouts did (nothing when none was found)."""
+    """Say what the reconciliation of killed rollouts did, one line per device, each starting
+    with ``repaired`` or ``not repaired yet:`` (nothing when none was found)."""
     for line in lines:
-        console.print(f"[yellow]repaired[/] {escape(line)}", highlight=False)
+        style = "yellow" if line.startswith("repaired") else "red"
+        console.print(f"[{style}]{escape(line)}", highlight=False)
 
 
 def show_rollout(result: FleetResult, out: Console) -> None:

@@ -126,10 +126,10 @@ def reconcile_rollouts() -> list[str]:
     in the record) that runs its version is rolled back to what it ran before, by its agent;
     the version's tags say ``reverted`` there; its Prefect flow run, if a configured server
     answers, is marked Crashed (no server is started for it); the record becomes
-    ``reconciled``. Returns one line per device (``repaired ...``, ``not repaired yet ...``,
-    or ``nothing to repair ...``), each pass's lines also kept in the record's ``repaired``;
-    none: nothing was dead. A device it cannot repair leaves the record ``running`` so that
-    the next fleet command tries again."""
+    ``reconciled``. Returns one line per device, ``repaired ...`` or ``not repaired yet: ...``
+    (one ``repaired ...`` line for a rollout that had updated none), each pass's lines also
+    kept in the record's ``repaired``; none: nothing was dead. A device it cannot repair
+    leaves the record ``running`` so that the next fleet command tries again."""
     lines = []
     for record in rollouts.dead():
         lines.extend(_reconcile(record))

@@ -100,9 +100,17 @@ def deploy_fleet(
         result = rollout.plan(version, fleet, knobs.canary, select)
     else:
         from pipelines.services.local_servers import start_temporary_prefect_server
+        from pipelines.services.signals import sigterm_kept_in_flows
 
         start_temporary_prefect_server()  # out of Ctrl-C's reach: the rollout records its end
-        with live(json_out) as display, listening(display), rollout.stop_on_signals():
+        # Prefect's flow engine would swap SIGTERM's handler for its own (an exception out of
+        # the flow: no roll-back, exit 1): SIGTERM stays the rollout's stop request, as SIGINT.
+        with (
+            live(json_out) as display,
+            listening(display),
+            rollout.stop_on_signals(),
+            sigterm_kept_in_flows(),
+        ):
             result = rollout.roll_out(
                 version=version,
                 fleet=str(fleet),
@@ -139,9 +147,11 @@ def deploy_fleet(
 
 
 def repaired(lines: list[str]) -> None:
-    """Say what the reconciliation of killed rollouts did (nothing when none was found)."""
+    """Say what the reconciliation of killed rollouts did, one line per device, each starting
+    with ``repaired`` or ``not repaired yet:`` (nothing when none was found)."""
     for line in lines:
-        console.print(f"[yellow]repaired[/] {escape(line)}", highlight=False)
+        style = "yellow" if line.startswith("repaired") else "red"
+        console.print(f"[{style}]{escape(line)}", highlight=False)
 
 
 def show_rollout(result: FleetResult, out: Console) -> None:

@@ -31,6 +31,7 @@ rollout updated, tags the version as reverted there, and marks the record ``reco
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -129,12 +130,14 @@ def stop_on_signals() -> Iterator[_StopRequest]:
     STOP.signum = 0
 
     def asked(signum: int, _frame: object) -> None:
+        # On stderr, past Prefect's print capture: stdout is the --json document alone.
+        name = signal.Signals(signum).name
         if STOP.event.is_set():
-            print(f"{signal.Signals(signum).name} again: still stopping (rolling back)")
+            sys.stderr.write(f"{name} again: still stopping (rolling back)\n")
             return
         STOP.signum = signum
         STOP.event.set()
-        print(f"{signal.Signals(signum).name}: stopping the rollout")
+        sys.stderr.write(f"{name}: stopping the rollout\n")
 
     if threading.current_thread() is not threading.main_thread():
         yield STOP

@@ -35,7 +35,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from deploy_edge.fleet import FleetError, load_fleet, load_selection
+from deploy_edge.fleet import FleetDevice, FleetError, load_fleet, load_selection
 from deploy_edge.wire import Origin
 from pipelines.deploy import rollouts
 from pipelines.deploy.rollouts import RolloutRecord, is_dead
@@ -123,11 +123,13 @@ def rollback_fleet(
 def reconcile_rollouts() -> list[str]:
     """Repair every rollout whose record says ``running`` but whose process is gone (killed
     with SIGKILL, a power cut): each device it may have updated (``active`` or ``deploying``
-    in the record) that runs its version is rolled back to what it ran before; the version's
-    tags say ``reverted`` there; its Prefect flow run, if the server answers, is marked
-    Crashed; the record becomes ``reconciled`` with what was done. Returns one line per
-    repair (none: nothing was dead). A device it cannot reach leaves the record ``running``
-    so that the next fleet command tries again."""
+    in the record) that runs its version is rolled back to what it ran before, by its agent;
+    the version's tags say ``reverted`` there; its Prefect flow run, if a configured server
+    answers, is marked Crashed (no server is started for it); the record becomes
+    ``reconciled``. Returns one line per device, ``repaired ...`` or ``not repaired yet: ...``
+    (one ``repaired ...`` line for a rollout that had updated none), each pass's lines also
+    kept in the record's ``repaired``; none: nothing was dead. A device it cannot repair
+    leaves the record ``running`` so that the next fleet command tries again."""
     lines = []
     for record in rollouts.dead():
         lines.extend(_reconcile(record))
@@ -136,61 +138,74 @@ def reconcile_rollouts() -> list[str]:
 
 def _reconcile(record: RolloutRecord) -> list[str]:
     from pipelines.deploy import release
-    from pipelines.deploy.device_steps import label_of, read_status, revert
-    from pipelines.registry.versions import RegistryError, set_version_tags
 
     who = f"rollout {record.id} ({record.label}, pid {record.pid} gone)"
     try:
         parsed = load_fleet(record.fleet)
     except FleetError as err:
-        return [f"{who}: cannot read its fleet file to repair it: {err}"]
+        return [f"not repaired yet: {who}: cannot read its fleet file: {err}"]
     by_name = {d.name: d for d in parsed.devices}
-    lines, left = [], []
+    lines, left = [], False
     for row in record.updated():
-        entry = by_name.get(row.device)
-        if entry is None:
-            left.append(f"{row.device}: no longer in {record.fleet}")
-            continue
-        found = read_status(entry)
-        if isinstance(found, str):
-            left.append(f"{row.device}: unreachable ({found})")
-            continue
-        if found.running is not None:  # the agent goes on after the rollout died: wait
-            left.append(f"{row.device}: a deployment is still running there")
-            continue
-        now = label_of(found.active)
-        if now != record.label:
-            row.after = now
-            row.state, row.reason = "skipped", f"found on {now or 'nothing'}: not updated"
-            continue
-        origin = Origin(by="fleet", rollout=record.id, flow_run=record.flow_run_url)
-        revert(entry, row, f"rollout {record.id} was killed", origin)
-        if row.state != "reverted":
-            left.append(f"{row.device}: {row.reason}")
-            continue
-        lines.append(f"{who}: {row.device} rolled back from {record.label} to {row.after}")
-        tags = release.device_tags(
-            row.device, version=row.after or "none", state="reverted", at=row.at
-        )
-        try:
-            set_version_tags(record.model_name, record.model_version, tags)
-        except RegistryError as err:
-            left.append(f"{row.device}: could not tag {record.label}: {err}")
-    if left:
-        record.repaired = lines
-        rollouts.save(record)
-        return [*lines, *(f"{who}: not repaired yet: {line}" for line in left)]
-    _mark_crashed(record)
-    record.state, record.ended, record.repaired = "reconciled", release.utc_stamp(), lines
-    record.reason = f"its process {record.pid} died; reconciled by pid {os.getpid()}"
+        done, what = _repair_device(record, by_name.get(row.device), row)
+        left = left or not done
+        lines.append(f"{'repaired' if done else 'not repaired yet:'} {who}: {what}")
+    if not lines:
+        lines = [f"repaired {who}: no device had taken {record.label}; marked reconciled"]
+    # Every pass's lines stay on record: a device repaired by an earlier pass is not in this
+    # one's (its row says reverted now).
+    stamp = release.utc_stamp()
+    record.repaired += [f"{stamp}: {line}" for line in lines]
+    if not left:
+        _mark_crashed(record)
+        record.state, record.ended = "reconciled", stamp
+        record.reason = f"its process {record.pid} died; reconciled by pid {os.getpid()}"
     rollouts.save(record)
-    return lines or [f"{who}: no device had taken {record.label}; marked reconciled"]
+    return lines
+
+
+def _repair_device(
+    record: RolloutRecord, entry: FleetDevice | None, row: DeviceRollout
+) -> tuple[bool, str]:
+    """Roll back one device ``record`` may have updated, talking to its agent: whether it
+    needs nothing more, and the one line that says what was done (``row`` is updated)."""
+    from pipelines.deploy import release
+    from pipelines.deploy.device_steps import label_of, read_status, revert
+    from pipelines.registry.versions import RegistryError, set_version_tags
+
+    if entry is None:
+        return False, f"{row.device}: no longer in {record.fleet}"
+    found = read_status(entry)
+    if isinstance(found, str):
+        return False, f"{row.device}: unreachable ({found})"
+    if found.running is not None:  # the agent goes on after the rollout died: wait
+        return False, f"{row.device}: a deployment is still running there"
+    now = label_of(found.active)
+    if now != record.label:
+        row.after = now
+        row.state, row.reason = "skipped", f"found on {now or 'nothing'}: not updated"
+        return True, f"{row.device} found on {now or 'nothing'}: it had not taken {record.label}"
+    origin = Origin(by="fleet", rollout=record.id, flow_run=record.flow_run_url)
+    revert(entry, row, f"rollout {record.id} was killed", origin)
+    if row.state != "reverted":
+        return False, f"{row.device}: {row.reason}"
+    what = f"{row.device} rolled back from {record.label} to {row.after}"
+    tags = release.device_tags(row.device, version=row.after or "none", state="reverted", at=row.at)
+    try:
+        set_version_tags(record.model_name, record.model_version, tags)
+    except RegistryError as err:
+        return False, f"{what}; could not tag {record.label}: {err}"
+    return True, what
 
 
 def _mark_crashed(record: RolloutRecord) -> None:
-    """Its Prefect flow run ``Crashed`` (it says ``Running`` forever otherwise), if the
-    server it ran on is the one configured now and answers; else left as it is."""
-    if not record.flow_run_id:
+    """Its Prefect flow run ``Crashed`` (it says ``Running`` forever otherwise), if a Prefect
+    server is configured (``robo-pipe ui``'s or ``PREFECT_API_URL``) and answers; else left
+    as it is. Without one, Prefect's client would start a temporary server (10-15 s, its log
+    on stderr) that cannot hold the flow run anyway: it lived on the dead process's own."""
+    from pipelines.services.settings import configure
+
+    if not record.flow_run_id or configure(create=False).prefect_api_url is None:
         return
     from uuid import UUID
 
@@ -201,7 +216,7 @@ def _mark_crashed(record: RolloutRecord) -> None:
     try:
         with get_client(sync_client=True) as prefect:
             prefect.set_flow_run_state(UUID(record.flow_run_id), Crashed(message=message))
-    except Exception:  # another or a temporary server: the record says reconciled
+    except Exception:  # another server than the rollout's: the record says reconciled
         return
 
 

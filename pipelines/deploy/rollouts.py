@@ -86,7 +86,8 @@ class RolloutRecord(Record):
     """Why it stopped, was cancelled or reconciled."""
     ended: str = ""
     repaired: list[str] = field(default_factory=list)
-    """What a reconciliation did, one line per device or tag (``reconciled`` only)."""
+    """What reconciliation did, one line per device per pass, each pass's lines kept and
+    stamped with its UTC time (a device repaired by a later pass has a line of each)."""
 
     @property
     def label(self) -> str:

@@ -530,13 +530,16 @@ def history(agent: dict[str, Any]) -> list[dict[str, Any]]:
     return list(answer.json())
 
 
-def test_ctrl_c_mid_wave_stops_launching_rolls_back_and_exits_130(
-    registered: str, signing: Path, shared_home: Path, tmp_path: Path
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_a_stop_signal_mid_wave_stops_launching_rolls_back_and_exits_128_plus_it(
+    stop: signal.Signals, registered: str, signing: Path, shared_home: Path, tmp_path: Path
 ) -> None:
-    """The canary arm-p and arm-q take v2; SIGINT to the command's group while slow-q (a paced
-    gate) is still in flight: arm-r's wave never starts, slow-q ends on its own, arm-p and
-    arm-q go back to v1 (the agents' history names the rollout), the table and one line are
-    printed, exit 130, the flow run is Cancelled and the reverted devices' task runs Failed."""
+    """The canary arm-p and arm-q take v2; a stop signal while slow-q (a paced gate) is still
+    in flight -- Ctrl-C's SIGINT to the command's group, or SIGTERM to its process only, as
+    ``kill``, systemd or a scheduler sends it: arm-r's wave never starts, slow-q ends on its
+    own, arm-p and arm-q go back to v1 (the agents' history names the rollout), the table and
+    one line are printed, stdout is the JSON document alone, exit 130 / 143, the flow run is
+    Cancelled and the reverted devices' task runs Failed."""
     names = ["arm-p", "arm-q", "arm-r"]
     agents = start_fleet(shared_home, tmp_path, names)
     folder = tmp_path / "slow-q"
@@ -558,14 +561,17 @@ def test_ctrl_c_mid_wave_stops_launching_rolls_back_and_exits_130(
             assert any(
                 r["device"] == "slow-q" and r["state"] == "deploying" for r in found["devices"]
             )
-            os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the whole foreground group
+            if stop == signal.SIGINT:
+                os.killpg(proc.pid, stop)  # Ctrl-C: the whole foreground group
+            else:
+                os.kill(proc.pid, stop)  # kill: the command's process only
             out, err = proc.communicate(timeout=120)
         finally:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
-        assert proc.returncode == 130, err[-3000:]
-        result = json.loads(out.strip().splitlines()[-1])
-        assert result["cancelled_by"] == "SIGINT" and result["stopped_at_wave"] is None
+        assert proc.returncode == 128 + stop, err[-3000:]
+        result = json.loads(out)  # stdout is one JSON document, nothing else
+        assert result["cancelled_by"] == stop.name and result["stopped_at_wave"] is None
         by_device = rows(result)
         for name in ("arm-p", "arm-q"):
             assert by_device[name]["state"] == "reverted", by_device[name]
@@ -582,8 +588,8 @@ def test_ctrl_c_mid_wave_stops_launching_rolls_back_and_exits_130(
         assert by_device["arm-r"]["state"] == "skipped" and active(agents["arm-r"]) is None
         assert "cancelled" in by_device["arm-r"]["reason"]
         assert "Traceback" not in err and "reverted" in err, "the table is printed"
-        line = [x for x in err.splitlines() if "cancelled" in x and "SIGINT" in x]
-        assert line and "were rolled back (arm-p, arm-q)" in line[-1], err[-2000:]
+        line = [x for x in err.splitlines() if "cancelled by" in x and stop.name in x]
+        assert len(line) == 1 and "were rolled back (arm-p, arm-q)" in line[0], err[-2000:]
         assert flow_state(result["flow_run_id"]) == "CANCELLED"
         states = task_states(result["flow_run_id"])
         assert {name: state for name, (state, _) in states.items()} == {
@@ -597,15 +603,65 @@ def test_ctrl_c_mid_wave_stops_launching_rolls_back_and_exits_130(
         stop_fleet(agents)
 
 
+def descendants(pid: int) -> list[str]:
+    """The command lines of the processes under ``pid`` now (read from /proc)."""
+    parent_of, cmdline = {}, {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+            command = (stat.parent / "cmdline").read_bytes()
+        except OSError:  # it ended meanwhile
+            continue
+        child = int(stat.parent.name)
+        parent_of[child] = int(fields[1])
+        cmdline[child] = command.replace(b"\0", b" ").decode(errors="replace")
+    under, found = {pid}, True
+    while found:
+        found = False
+        for child, parent in parent_of.items():
+            if parent in under and child not in under:
+                under.add(child)
+                found = True
+    return [cmdline[p] for p in under - {pid}]
+
+
+def status_without_prefect(fleet: Path, home: Path) -> subprocess.CompletedProcess[str]:
+    """``fleet status --json`` with no Prefect server configured, watched while it runs: no
+    process under it may be a Prefect server, nor its stderr Prefect's log."""
+    from tests.pipelines.test_flow import ROOT
+
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env |= {"ROBO_PIPE_HOME": str(home), "COLUMNS": "200", TOKEN_ENV: TOKEN}
+    cmd = [sys.executable, "-m", "pipelines.cli", "fleet", "status", "--fleet", str(fleet)]
+    proc = subprocess.Popen(
+        [*cmd, "--json"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    servers: set[str] = set()
+    with ThreadPoolExecutor(1) as pool:
+        ended = pool.submit(proc.communicate, timeout=300)
+        while not ended.done():  # a temporary Prefect server lives 10 s and more
+            lines = descendants(proc.pid)
+            servers |= {line for line in lines if "prefect" in line.lower()}
+            time.sleep(0.2)
+        out, err = ended.result()
+    assert not servers, f"a Prefect server was started: {servers}"
+    assert "INFO" not in err and "temporary server" not in err.lower(), err[-2000:]
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
 def test_a_killed_rollout_is_reconciled_by_the_next_fleet_command(
     registered: str, signing: Path, shared_home: Path, tmp_path: Path
 ) -> None:
     """SIGKILL during the pause after the canary (arm-s on v2, arm-t not started): the record
-    says running; `fleet status` finds its process gone, rolls arm-s back to v1, tags v2
-    ``reverted`` there, marks the record reconciled and says so; then its exit codes: 0 when
-    every device answers and runs the expected version, 1 when one does not or is
-    unreachable."""
+    says running. A first `fleet status` with arm-s's agent down says, in one line for arm-s,
+    that it is not repaired yet, and leaves the record running; a second, with the agent back,
+    rolls arm-s back to v1 (one line), tags v2 ``reverted`` there and marks the record
+    reconciled, which keeps both passes' lines. Neither starts a Prefect server (none is
+    configured: repairing talks to the agents). Then its exit codes: 0 when every device
+    answers and runs the expected version, 1 when one does not or is unreachable."""
     from pipelines.registry.versions import get_version
+    from tests.pipelines.test_fleet_ops import restart
 
     names = ["arm-s", "arm-t"]
     agents = start_fleet(shared_home, tmp_path, names)
@@ -623,17 +679,32 @@ def test_a_killed_rollout_is_reconciled_by_the_next_fleet_command(
         record_file = shared_home / "rollouts" / f"{found['id']}.json"
         assert json.loads(record_file.read_text())["state"] == "running"
 
-        status = cli("fleet", "status", "--fleet", str(fleet), "--json", home=shared_home)
+        agents["arm-s"]["process"].terminate()
+        agents["arm-s"]["process"].wait(timeout=20)
+        first = status_without_prefect(fleet, shared_home)
+        assert first.returncode == 1 and "unreachable: arm-s" in first.stderr, first.stderr
+        said = [x for x in first.stderr.splitlines() if "arm-s" in x and found["id"] in x]
+        assert len(said) == 1 and said[0].startswith("not repaired yet: "), first.stderr
+        record = json.loads(record_file.read_text())
+        assert record["state"] == "running" and len(record["repaired"]) == 1, record
+
+        restart(agents["arm-s"], tmp_path / "arm-s", shared_home)
+        status = status_without_prefect(fleet, shared_home)
         assert status.returncode == 0, status.stderr[-3000:]  # no completed rollout: answers
-        assert f"repaired rollout {found['id']}" in status.stderr
-        assert f"arm-s rolled back from {MODEL}:2 to {MODEL}:1" in status.stderr
+        said = [x for x in status.stderr.splitlines() if "arm-s" in x and found["id"] in x]
+        assert len(said) == 1, status.stderr
+        assert said[0].startswith(f"repaired rollout {found['id']}")
+        assert f"arm-s rolled back from {MODEL}:2 to {MODEL}:1" in said[0]
         assert active(agents["arm-s"]) == f"{MODEL}:1"
         assert history(agents["arm-s"])[0]["origin"]["rollout"] == found["id"]
         tags = get_version(MODEL, "2").tags
         assert tags["robo_pipe.device.arm-s.state"] == "reverted"
         assert tags["robo_pipe.device.arm-s.version"] == f"{MODEL}:1"
         record = json.loads(record_file.read_text())
-        assert record["state"] == "reconciled" and record["repaired"]
+        assert record["state"] == "reconciled", record
+        passes = record["repaired"]  # both passes, in order
+        assert len(passes) == 2 and "not repaired yet: " in passes[0], passes
+        assert "arm-s rolled back from" in passes[1], passes
         again = cli("fleet", "status", "--fleet", str(fleet), home=shared_home)
         assert again.returncode == 0 and "repaired" not in again.stderr, "repaired once"
 

@@ -17,6 +17,7 @@ Example (``device.yaml``; relative paths resolve against the file's folder)::
     driver: my_cell.driver:open_arm # module:callable(cameras, image_size) -> robots.Robot
     lock_file: /run/robot-busy      # while it exists, a new version is staged, not activated
     max_release_mb: 4096            # uploads and extraction never write more per release
+    stalled_client_s: 10            # WS /policy: a client that stops reading is closed this soon
 """
 
 from __future__ import annotations
@@ -149,6 +150,11 @@ class DeviceConfig(BaseModel):
     upload_max_age_h: float = Field(default=24.0, gt=0)
     """A partial upload untouched for this many hours is deleted (at start and before each new
     upload)."""
+    stalled_client_s: float = Field(default=10.0, gt=0)
+    """A policy-server client (``WS /policy``) that stops reading is closed within this many
+    seconds: the agent pings each client every half of it and closes one whose answer (pong)
+    has not come back after the other half; a robot whose client reads its chunks answers in
+    milliseconds."""
 
     @model_validator(mode="before")
     @classmethod

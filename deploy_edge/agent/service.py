@@ -34,8 +34,9 @@ the scope needed and is logged, never the token)::
                                        the device's robot; success and latency figures (operate)
     WS   /policy                       the policy server: observations in, action chunks out
                                        (frames: :mod:`deploy_edge.wire`; the robot's client:
-                                       :mod:`deploy_edge.policy_client`)
-                                       (operate)
+                                       :mod:`deploy_edge.policy_client`; every frame answered,
+                                       a stalled client closed within stalled_client_s:
+                                       :mod:`deploy_edge.agent.policy_server`) (operate)
 
 The answers are the records of :mod:`deploy_edge.wire` (``to_json()``), which the deploy
 client reads back. Every body's optional ``origin`` (:class:`~deploy_edge.wire.Origin`: who
@@ -57,16 +58,11 @@ engine seam, for tests of concurrency and of the robot's loop; never set on a de
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
-import json
 import logging
-import os
 import threading
-import time
 from typing import Any, NoReturn
 
-import numpy as np
 from fastapi import (
     Depends,
     FastAPI,
@@ -75,22 +71,15 @@ from fastapi import (
     Query,
     Request,
     WebSocket,
-    WebSocketDisconnect,
 )
 from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel
 
 from deploy_edge.agent.config import DeviceConfig, Scope, allows, check_device_files
 from deploy_edge.agent.deployer import Deployer
+from deploy_edge.agent.policy_server import MAX_FRAME_MB, PolicySocketProtocol, serve_frames
 from deploy_edge.agent.uploads import MIB, Reason, UploadRefused, UploadStore
-from deploy_edge.wire import (
-    ChunkFrame,
-    Health,
-    ObservationFrame,
-    Origin,
-    PolicyInfo,
-    decode_image,
-)
+from deploy_edge.wire import Health, Origin
 from robo_pipe.errors import RoboPipeError
 from robo_pipe.records import RecordError
 
@@ -100,8 +89,6 @@ GRACE_S = 5
 """On SIGTERM, open connections get this long to finish before the agent exits."""
 log = logging.getLogger("deploy_edge.agent")
 """The agent's log: refused calls (endpoint and the scope they lacked), start-up warnings."""
-DELAY_ENV = "ROBO_PIPE_POLICY_DELAY_MS"
-"""Fault injection: milliseconds each policy-server inference sleeps before the engine runs."""
 
 
 class DeployRequest(BaseModel):
@@ -270,15 +257,7 @@ def create_app(config: DeviceConfig, deployer: Deployer) -> FastAPI:
                 PlainTextResponse(err.detail, status_code=err.status_code)
             )
             return
-        await websocket.accept()
-        await websocket.send_json(_policy_info(deployer).to_json())
-        try:
-            while True:
-                text = await websocket.receive_text()
-                answer = await asyncio.to_thread(_serve_one, deployer, text)
-                await websocket.send_json(answer.to_json())
-        except WebSocketDisconnect:
-            return
+        await serve_frames(websocket, deployer)
 
     return app
 
@@ -351,42 +330,6 @@ def _refused(err: UploadRefused) -> HTTPException:
     return HTTPException(UPLOAD_STATUS[err.reason], detail)
 
 
-def _policy_info(deployer: Deployer) -> PolicyInfo:
-    """The first frame: the active version's shapes, or why nothing is served."""
-    try:
-        policy, version = deployer.serving_policy()
-    except RoboPipeError as err:
-        return PolicyInfo(error=str(err))
-    return PolicyInfo(
-        version=version,
-        chunk_len=policy.chunk_len,
-        action_dim=policy.action_dim,
-        state_dim=policy.state_dim,
-        cameras=list(policy.cameras),
-        image_size=policy.image_size,
-    )
-
-
-def _serve_one(deployer: Deployer, text: str) -> ChunkFrame:
-    """The answer to one observation frame (runs in a worker thread): the active version's
-    chunk, or a frame whose ``error`` says why there is none."""
-    frame_id, observed_at = -1, 0.0
-    try:
-        frame = ObservationFrame.from_json(json.loads(text))
-        frame_id, observed_at = frame.id, frame.observed_at
-        policy, version = deployer.serving_policy()
-        images = {camera: decode_image(frame.images[camera])[None] for camera in policy.cameras}
-        state = np.asarray([frame.state], dtype=np.float32)
-        start = time.perf_counter()
-        if delay_ms := float(os.environ.get(DELAY_ENV, "0")):
-            time.sleep(delay_ms / 1000.0)
-        chunk = policy.infer(images, state, [frame.instruction])[0]
-        inference_ms = (time.perf_counter() - start) * 1000.0
-    except Exception as err:  # any bad frame or engine failure: an error frame, not a dead socket
-        return ChunkFrame(frame_id, observed_at, error=f"{type(err).__name__}: {err}")
-    return ChunkFrame(frame_id, observed_at, chunk.tolist(), inference_ms, version)
-
-
 def watch_lock(config: DeviceConfig, deployer: Deployer, stop: threading.Event) -> None:
     """Activate a staged version once the robot-busy lock file is gone (until ``stop``)."""
     while not stop.wait(LOCK_POLL_S):
@@ -429,6 +372,12 @@ def serve(config: DeviceConfig) -> None:
             ssl_certfile=str(config.tls_cert) if config.tls_cert else None,
             ssl_keyfile=str(config.tls_key) if config.tls_key else None,
             log_level="warning",
+            # WS /policy: frames up to MAX_FRAME_MB, and a client that stops reading is
+            # closed within stalled_client_s (a ping every half, unanswered for the other half).
+            ws=PolicySocketProtocol,
+            ws_max_size=MAX_FRAME_MB * MIB,
+            ws_ping_interval=config.stalled_client_s / 2,
+            ws_ping_timeout=config.stalled_client_s / 2,
             timeout_graceful_shutdown=GRACE_S,
         )
     )

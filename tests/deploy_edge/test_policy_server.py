@@ -5,7 +5,7 @@ refused in the handshake; two robots are served at once; a dropped socket reconn
 server leaves the robot on its safe action within one tick; a non-loopback address without TLS
 is refused when the device config loads.
 
-Where timing matters the agent runs with ``ROBO_PIPE_POLICY_DELAY_MS`` (the service's fault
+Where timing matters the agent runs with ``ROBO_PIPE_POLICY_DELAY_MS`` (the policy server's fault
 injection at the engine seam: each inference sleeps that long in its worker thread before the
 engine runs), so "one waits on the other" shows as 2x the delay, not as a few milliseconds."""
 
@@ -29,7 +29,7 @@ import yaml
 
 from deploy_edge.agent.config import DeviceConfigError, load_device_config
 from deploy_edge.agent.deployer import Deployer
-from deploy_edge.agent.service import DELAY_ENV
+from deploy_edge.agent.policy_server import DELAY_ENV
 from deploy_edge.async_loop import AsyncControlLoop
 from deploy_edge.policy_client.remote_policy import PolicyServerError, RemotePolicy
 from pipelines.services.local_servers import free_port

@@ -113,11 +113,10 @@ class ActiveVersion:
         errors = [t.error for t in ticks if t.error]
         refused = [t.refused for t in ticks if t.refused]
         if misses or errors or refused:
+            counts = f"{misses} deadline misses, {len(errors)} engine errors"
+            counts += f", {len(refused)} non-finite values refused" if refused else ""
             first = f" (first: {(errors + refused)[0]})" if errors or refused else ""
-            raise Refused(
-                f"{misses} deadline misses, {len(errors)} engine errors, {len(refused)} "
-                f"non-finite values refused in {len(ticks)} ticks{first}"
-            )
+            raise Refused(f"{counts} in {len(ticks)} ticks{first}")
         worst = max(t.latency_s for t in ticks) * 1000.0
         return f"{len(ticks)} ticks, no miss, no error (max {worst:.2f} ms)"
 

@@ -14,8 +14,10 @@ anchoring, 19% without)::
 
     every tick (1 / control_hz s), counted by an integer tick t:
         if the background inference finished:   add its chunk to the queue at t (aligned, blended)
-                                                 (it raised: drop the queue, record the error)
-        observe
+                                                 (it raised, or its chunk holds NaN or inf:
+                                                 drop the queue, record the error or refusal)
+        observe                                  (NaN or inf in it: act(safe action), count a
+                                                 miss, infer nothing from it; the plan stays)
         if no inference is in flight and at most d + m actions are planned:
             start one on this observation (one worker thread; trigger_threshold: d ticks
             of inference, m of overlap to blend the seam over)
@@ -47,6 +49,7 @@ from deploy_edge.runtime import (
     run_ticks,
 )
 from robots.interface import Robot
+from robots.spec import non_finite, observation_fault
 
 Blend = Literal["linear", "none"]
 """How :class:`ChunkQueue` merges a new chunk into the planned actions it overlaps."""
@@ -184,11 +187,13 @@ class ChunkQueue:
 class _Chunk:
     """What the inference worker hands back: a chunk as joint targets ``(L, A)``
     (:meth:`~robots.spec.RobotSpec.chunk_targets`), the tick of the observation it was computed
-    from, and how long the inference took (s)."""
+    from, how long the inference took (s), and why the policy's chunk is refused
+    (:func:`~robots.spec.non_finite`; "" when it is not)."""
 
     actions: np.ndarray
     obs_tick: int
     inference_s: float
+    refused: str = ""
 
 
 class AsyncControlLoop(ClosedOnExit):
@@ -200,8 +205,10 @@ class AsyncControlLoop(ClosedOnExit):
     and the chunk joins the :class:`ChunkQueue` at the start of the first tick after it
     finished, aligned to the observation's tick and blended (``blend``, ``blend_ticks``).
 
-    Misses: a dry queue, an engine failure (the queue is dropped: what it planned is not
-    trusted) and a tick whose own latency exceeds ``deadline_s`` all send the safe action. The
+    Misses: a dry queue, an engine failure or a chunk holding NaN or inf (the queue is
+    dropped: what it planned is not trusted), an observation holding NaN or inf (nothing is
+    inferred from it; the plan stays) and a tick whose own latency exceeds ``deadline_s`` all
+    send the safe action; a refused value is the tick's ``refused``. The
     ticks before the first chunk ever arrives (about ``d`` after the start) send the safe action
     too, but are not misses: the robot has not started moving, nothing was late. A late tick
     keeps the plan: it is indexed by tick, so it is still right for the ticks that follow.
@@ -263,41 +270,45 @@ class AsyncControlLoop(ClosedOnExit):
         start = time.perf_counter()
         chunk = self.policy.infer(images, state, [self.instruction])
         seconds = time.perf_counter() - start
+        refused = non_finite("action", chunk[0])
         # Planned as joint targets from the observation's own state: the robot moves while
         # the chunk is computed, and its relative actions would add that motion twice.
         targets = self.robot.spec.chunk_targets(np.asarray(chunk[0], np.float32), state[0])
-        return _Chunk(targets, obs_tick, seconds)
+        return _Chunk(targets, obs_tick, seconds, refused)
 
     def tick(self) -> Tick:
         """One control period's work (without the pacing sleep)."""
         start = time.perf_counter()
         now, self.now = self.now, self.now + 1
-        error, inference_s = "", None
+        error, refused, inference_s = "", "", None
         if self._pending is not None and self._pending.done():
             done, self._pending = self._pending, None
             try:
                 chunk = done.result()
-                inference_s = chunk.inference_s
-                self.queue.add(chunk.actions, chunk.obs_tick, now)
-                self._started = True
+                inference_s, refused = chunk.inference_s, chunk.refused
+                if not refused:
+                    self.queue.add(chunk.actions, chunk.obs_tick, now)
+                    self._started = True
             except Exception as err:  # any engine failure must leave the robot safe
                 error = f"{type(err).__name__}: {err}"
+            if error or refused:  # what the queue planned is not trusted either
                 self.queue.clear()
         obs = self.robot.observe()
         self._observed_at[now] = start
-        inferred = self._pending is None and self.queue.remaining(now) <= self.lead
+        refused = refused or observation_fault(obs.images, obs.state)
+        inferred = not refused and self._pending is None and self.queue.remaining(now) <= self.lead
         if inferred:
             # Copies: the driver may reuse its buffers while the worker reads them.
             images = {c: img[None].copy() for c, img in obs.images.items()}
             self._pending = self._worker.submit(self._infer, images, obs.state[None].copy(), now)
-        planned = None if error else self.queue.pop(now)
+        planned = None if error or refused else self.queue.pop(now)
         latency = time.perf_counter() - start
         self._forget_before(now - self.policy.chunk_len)
-        if error or planned is None or latency > self.deadline_s:
+        if error or refused or planned is None or latency > self.deadline_s:
             self._last = None
             self.robot.act(self.safe_action(obs))
-            missed = bool(error) or self._started or latency > self.deadline_s
-            return Tick(latency, inferred, missed, error, inference_s=inference_s)
+            missed = bool(error or refused) or self._started or latency > self.deadline_s
+            return Tick(latency, inferred, missed, error, inference_s=inference_s, refused=refused)
         seam = None
         if self._last is not None and self._last.obs_tick != planned.obs_tick:
             seam = float(np.max(np.abs(planned.action - self._last.action)))

@@ -4,8 +4,10 @@
         observe                          images + state, copied out of the driver
         if the action queue is empty:    infer a chunk, queue its first ``execute`` actions
         action = queue.pop()
-        if the tick overran its deadline, or the engine failed:
-            act(safe action), drop the queue, count a miss (and the error)
+        if the tick overran its deadline, the engine failed, or the observation or the chunk
+        holds a non-finite value (robots.spec.non_finite: NaN or inf; then nothing is inferred
+        from it, nothing of it queued):
+            act(safe action), drop the queue, count a miss (and the error, or the refusal)
         else:
             act(action)
         sleep until the next tick (when pacing)
@@ -31,6 +33,7 @@ from typing import Protocol, Self
 import numpy as np
 
 from robots.interface import Robot, RobotObservation
+from robots.spec import non_finite, observation_fault
 
 SafeAction = Callable[[RobotObservation], np.ndarray]
 """Maps the latest observation to the action that holds the robot safe."""
@@ -49,13 +52,18 @@ class ChunkPolicy(Protocol):
 
 
 def hold_position(robot: Robot) -> SafeAction:
-    """Safe action for delta-joint robots: no joint motion, gripper kept where it is."""
+    """Safe action for delta-joint robots: no joint motion, gripper kept where it is (as last
+    measured finite: a NaN reading must not become a NaN command; before any, the home
+    opening)."""
     spec = robot.spec
     arm = len(spec.arm)
+    gripper = np.full(spec.action.dim - arm, spec.definition.home_gripper, dtype=np.float32)
 
     def safe(obs: RobotObservation) -> np.ndarray:
+        if not non_finite("state", obs.state[arm:]):
+            gripper[:] = obs.state[arm:]
         action = np.zeros(spec.action.dim, dtype=np.float32)
-        action[arm:] = obs.state[arm:]  # gripper targets = measured opening
+        action[arm:] = gripper  # gripper targets = measured opening
         return action
 
     return safe
@@ -70,7 +78,7 @@ class Tick:
     inferred: bool
     """Whether this tick ran the engine."""
     missed: bool
-    """Deadline overrun or engine error: the safe action was sent."""
+    """Deadline overrun, engine error or a refused value: the safe action was sent."""
     error: str = ""
     action_age_s: float | None = None
     """Observation the sent action was computed from taken -> action sent (None: safe action)."""
@@ -81,6 +89,9 @@ class Tick:
     the planned motion; at a seam it adds the disagreement of the two plans."""
     inference_s: float | None = None
     """Duration of an inference that finished this tick."""
+    refused: str = ""
+    """A non-finite value this tick kept from the robot (:func:`robots.spec.non_finite`: the
+    field and the value, e.g. ``state[2] = nan``; the tick is a miss); "" when none."""
 
 
 def measure_inference(
@@ -165,23 +176,27 @@ class ControlLoop(ClosedOnExit):
         start = time.perf_counter()
         obs = self.robot.observe()
         inferred, error, action = False, "", None
+        refused = observation_fault(obs.images, obs.state)
         try:
-            if not self.queue:
+            if not refused and not self.queue:
                 images = {c: img[None] for c, img in obs.images.items()}
                 chunk = self.policy.infer(images, obs.state[None], [self.instruction])
-                self.queue.extend(chunk[0, : self.execute])
                 inferred = True
-            action = self.queue.popleft()
+                refused = non_finite("action", chunk[0, : self.execute])
+                if not refused:
+                    self.queue.extend(chunk[0, : self.execute])
+            if not refused:
+                action = self.queue.popleft()
         except Exception as err:  # any engine failure must leave the robot safe
             error = f"{type(err).__name__}: {err}"
         latency = time.perf_counter() - start
-        missed = bool(error) or latency > self.deadline_s
+        missed = bool(error or refused) or latency > self.deadline_s
         if missed or action is None:
-            self.queue.clear()  # stale after a late or failed tick
+            self.queue.clear()  # stale after a late, failed or refused tick
             self.robot.act(self.safe_action(obs))
         else:
             self.robot.act(action)
-        return Tick(latency, inferred, missed, error)
+        return Tick(latency, inferred, missed, error, refused=refused)
 
     def run(self, ticks: int) -> list[Tick]:
         """Run ``ticks`` control periods; returns their records."""

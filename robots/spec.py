@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import pkgutil
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -275,3 +276,31 @@ def load_robot(definition: RobotDefinition) -> RobotSpec:
 def clip_action(spec: RobotSpec, action: np.ndarray) -> np.ndarray:
     """Clip a batch of actions, shape ``(..., action.dim)``, to the robot's bounds."""
     return np.clip(action, np.asarray(spec.action.low), np.asarray(spec.action.high))
+
+
+def non_finite(field: str, values: np.ndarray) -> str:
+    """Why ``values``, the observation or action field called ``field``, must not reach a
+    robot: ``"state[2] = nan"``, its first non-finite element; "" when every element is finite
+    (integer arrays, uint8 images, always are).
+
+    The one rule every boundary between a policy and a robot applies (the policy server, both
+    control loops, so the gate and the health check, and the export's parity check). Why: a
+    clip cannot make such a value safe: ``np.clip`` passes NaN through and turns inf into a
+    full-range command, and a driver forwards either to the arm. Finite values outside the
+    action bounds are not refused: the driver clips them (:meth:`Robot.act
+    <robots.interface.Robot.act>`), as :meth:`RobotSpec.chunk_targets` plans."""
+    array = np.asarray(values)
+    if not np.issubdtype(array.dtype, np.floating):
+        return ""
+    bad = np.argwhere(~np.isfinite(array))
+    if not len(bad):
+        return ""
+    index = tuple(int(i) for i in bad[0])
+    return f"{field}[{', '.join(map(str, index))}] = {array[index]}"
+
+
+def observation_fault(images: Mapping[str, np.ndarray], state: np.ndarray) -> str:
+    """:func:`non_finite` of an observation: its ``state``, then each camera's image (field
+    ``image_<camera>``); "" when all are finite."""
+    fields = {"state": state, **{f"image_{camera}": image for camera, image in images.items()}}
+    return next((reason for f, v in fields.items() if (reason := non_finite(f, v))), "")

@@ -104,18 +104,19 @@ class ActiveVersion:
 
     def health_check(self) -> str:
         """A few control ticks (``health_ticks``, in shadow mode if the config says so): no
-        deadline miss, no engine error, else :class:`Refused`; returns the step's detail."""
+        deadline miss, no engine error, no non-finite value refused (:attr:`Tick.refused`),
+        else :class:`Refused`; returns the step's detail."""
         ticks, _ = self.control(
             self.config.instruction, self.config.health_ticks, shadow=self.config.shadow_health
         )
         misses = sum(t.missed for t in ticks)
         errors = [t.error for t in ticks if t.error]
-        if misses or errors:
-            first = f" (first: {errors[0]})" if errors else ""
-            raise Refused(
-                f"{misses} deadline misses, {len(errors)} engine errors in {len(ticks)} "
-                f"ticks{first}"
-            )
+        refused = [t.refused for t in ticks if t.refused]
+        if misses or errors or refused:
+            counts = f"{misses} deadline misses, {len(errors)} engine errors"
+            counts += f", {len(refused)} non-finite values refused" if refused else ""
+            first = f" (first: {(errors + refused)[0]})" if errors or refused else ""
+            raise Refused(f"{counts} in {len(ticks)} ticks{first}")
         worst = max(t.latency_s for t in ticks) * 1000.0
         return f"{len(ticks)} ticks, no miss, no error (max {worst:.2f} ms)"
 

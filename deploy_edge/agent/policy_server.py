@@ -32,6 +32,7 @@ from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIO
 from deploy_edge.agent.deployer import Deployer
 from deploy_edge.wire import ChunkFrame, ObservationFrame, PolicyInfo, decode_image
 from robo_pipe.errors import RoboPipeError
+from robots.spec import non_finite, observation_fault
 
 log = logging.getLogger("deploy_edge.agent")
 DELAY_ENV = "ROBO_PIPE_POLICY_DELAY_MS"
@@ -127,7 +128,8 @@ def _policy_info(deployer: Deployer) -> PolicyInfo:
 
 def _serve_one(deployer: Deployer, text: str) -> ChunkFrame:
     """The answer to one observation frame (runs in a worker thread): the active version's
-    chunk, or a frame whose ``error`` says why there is none."""
+    chunk, or a frame whose ``error`` says why there is none; a state, image or chunk holding
+    NaN or inf is refused (``refused: state[2] = nan``, :func:`robots.spec.non_finite`)."""
     frame_id, observed_at = -1, 0.0
     try:
         frame = ObservationFrame.from_json(json.loads(text))
@@ -135,11 +137,15 @@ def _serve_one(deployer: Deployer, text: str) -> ChunkFrame:
         policy, version = deployer.serving_policy()
         images = {camera: decode_image(frame.images[camera])[None] for camera in policy.cameras}
         state = np.asarray([frame.state], dtype=np.float32)
+        if refused := observation_fault({c: i[0] for c, i in images.items()}, state[0]):
+            return ChunkFrame(frame_id, observed_at, error=f"refused: {refused}")
         start = time.perf_counter()
         if delay_ms := float(os.environ.get(DELAY_ENV, "0")):
             time.sleep(delay_ms / 1000.0)
         chunk = policy.infer(images, state, [frame.instruction])[0]
         inference_ms = (time.perf_counter() - start) * 1000.0
+        if refused := non_finite("actions", chunk):
+            return ChunkFrame(frame_id, observed_at, error=f"refused: the policy's {refused}")
     except Exception as err:  # any bad frame or engine failure: an error frame, not a dead socket
         return ChunkFrame(frame_id, observed_at, error=f"{type(err).__name__}: {err}")
     return ChunkFrame(frame_id, observed_at, chunk.tolist(), inference_ms, version)

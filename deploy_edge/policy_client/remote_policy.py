@@ -19,6 +19,7 @@ from deploy_edge.wire import (
     frame_data,
     frame_text,
 )
+from robots.spec import observation_fault
 
 POLICY_PATH = "/policy"
 """The policy server's endpoint on the agent."""
@@ -65,6 +66,9 @@ class RemotePolicy:
         any failure (after dropping the socket, so the next call reconnects)."""
         if len(instructions) != 1 or state.shape[0] != 1:
             raise ValueError(f"RemotePolicy infers a batch of 1, got {len(instructions)}")
+        # The wire carries uint8 pixels: a NaN image would arrive as some colour, unrefused.
+        if refused := observation_fault({c: i[0] for c, i in images.items()}, state[0]):
+            raise ValueError(f"refused before sending: {refused}")
         frame = ObservationFrame(
             id=next(self._ids),
             observed_at=time.time(),

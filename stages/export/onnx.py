@@ -80,6 +80,7 @@ from robo_pipe.errors import RoboPipeError
 from robo_pipe.home import mark_home, unmark_home
 from robo_pipe.integrity import CHECKSUMS_FILE, FileSum, IntegrityError, file_sums, writing
 from robo_pipe.records import Record
+from robots.spec import non_finite
 from stages.export.config import ExportConfig
 from stages.export.variants import variant_maker
 from stages.policy.base import OnnxInstructionEncoder, OnnxPolicy, VLAPolicy
@@ -155,7 +156,8 @@ def weights_provenance(checkpoint: str | Path) -> tuple[WeightsProvenance, ...]:
 
 
 class ExportError(RoboPipeError, RuntimeError):
-    """The exported graph does not reproduce the policy within the parity tolerance."""
+    """The exported graph does not reproduce the policy within the parity tolerance, or emits
+    a non-finite value for the finite parity inputs."""
 
 
 def export(
@@ -578,7 +580,11 @@ def _parity(
     deviation from them, and the instruction graph's largest deviation from torch's features
     (0 without one), a few frames at a time (a 512 px vision tower's activations for 32 frames
     at once are GiBs). With an instruction graph (``encoder``) ONNX Runtime runs the chain the
-    runtime runs: tokens -> ``encoder`` -> features -> ``session``."""
+    runtime runs: tokens -> ``encoder`` -> features -> ``session``.
+
+    :class:`ExportError` if an ONNX output holds NaN or inf (:func:`robots.spec.non_finite`):
+    the inputs are finite, so the graph can emit such a value on the robot; and the deviation
+    cannot show it (NaN on both sides compares as no deviation at all)."""
     frames = len(inputs["state"])
     parts: list[dict[str, np.ndarray]] = []
     error = text_error = 0.0
@@ -595,6 +601,12 @@ def _parity(
             deviation = np.abs(feeds["instruction"] - torch_inputs["instruction"]).max()
             text_error = max(text_error, float(deviation))
         got = session.run(wrapper.output_names, {k: feeds[k] for k in wrapper.input_names})
+        for name, values in zip(wrapper.output_names, got, strict=True):
+            if refused := non_finite(name, values):
+                raise ExportError(
+                    f"the ONNX graph emits a non-finite value for finite inputs (frame {i} on): "
+                    f"{refused}"
+                )
         error = max(
             error, *(float(np.abs(g - part[k]).max()) for g, k in zip(got, part, strict=True))
         )

@@ -11,6 +11,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 import os
 import shutil
 import signal
@@ -350,16 +351,22 @@ def test_a_release_whose_reference_outputs_disagree_with_its_model_is_refused_at
 
 class FaultyPolicy:
     """The active version's policy with a fault in its inference: ``delay_s`` before each (a
-    slow engine: deadline misses, no error) or ``error`` raised (an engine error, on time)."""
+    slow engine: deadline misses, no error), ``error`` raised (an engine error, on time) or
+    ``emit`` (NaN, inf) as the first action's first component (a policy emitting it)."""
 
-    def __init__(self, policy: Any, delay_s: float = 0.0, error: str = "") -> None:
-        self.policy, self.delay_s, self.error = policy, delay_s, error
+    def __init__(
+        self, policy: Any, delay_s: float = 0.0, error: str = "", emit: float | None = None
+    ) -> None:
+        self.policy, self.delay_s, self.error, self.emit = policy, delay_s, error, emit
 
     def infer(self, *args: Any, **kwargs: Any) -> Any:
         time.sleep(self.delay_s)
         if self.error:
             raise RuntimeError(self.error)
-        return self.policy.infer(*args, **kwargs)
+        chunk = self.policy.infer(*args, **kwargs)
+        if self.emit is not None:
+            chunk[:, 0, 0] = self.emit
+        return chunk
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.policy, name)
@@ -374,8 +381,13 @@ class FaultyPolicy:
             "health: 3 deadline misses, 3 engine errors in 3 ticks "
             "(first: RuntimeError: CUDA error: an illegal memory access)",
         ),
+        (
+            {"emit": math.nan},
+            "health: 3 deadline misses, 0 engine errors, 3 non-finite values refused in 3 "
+            "ticks (first: action[0, 0] = nan)",
+        ),
     ],
-    ids=["deadline-misses", "engine-error"],
+    ids=["deadline-misses", "engine-error", "non-finite"],
 )
 def test_a_health_check_with_misses_or_engine_errors_rolls_back(
     fault: dict[str, Any],
@@ -386,8 +398,8 @@ def test_a_health_check_with_misses_or_engine_errors_rolls_back(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The gate passes (its engine is fine); the active version's engine, which the health
-    check runs, is slow past the 100 ms deadline of local-cpu's 10 Hz, or raises: each alone
-    rolls back, with that reason."""
+    check runs, is slow past the 100 ms deadline of local-cpu's 10 Hz, raises, or emits NaN:
+    each alone rolls back, with that reason."""
     from deploy_edge.agent import active as module
 
     real = module.open_policy

@@ -50,6 +50,35 @@ if worker := os.environ.get("PYTEST_XDIST_WORKER"):  # gw0, gw1, ...
     os.environ.setdefault(PREFECT_PORT_VAR, str(4200 + offset))
     os.environ.setdefault(MLFLOW_PORT_VAR, str(5000 + offset))
 
+SLOWEST_FIRST = (
+    "tests/pipelines/test_schedules.py",
+    "tests/pipelines/test_flow.py",
+    "tests/pipelines/test_signals_stages.py",
+    "tests/pipelines/test_cluster.py",
+    "tests/pipelines/test_shared_runs.py",
+    "tests/pipelines/test_serve_faults.py",
+    "tests/pipelines/test_serve.py",
+    "tests/stages/test_finetune.py",
+    "tests/deploy_edge/test_finite.py",
+    "tests/pipelines/test_cli_contract.py",
+    "tests/pipelines/test_home_moves.py",
+    "tests/pipelines/test_signals.py",
+    "tests/stages/test_rl.py",
+    "tests/pipelines/test_fleet.py",
+)
+"""The test files that take longest (a two-worker CI run's per-file sums, slowest first): they
+start first, so that no worker is left running one of them alone at the end."""
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Put the files of :data:`SLOWEST_FIRST` first, in that order (a stable sort: within a file,
+    and among the other files, pytest-randomly's shuffled order stays). pytest-xdist hands the
+    files to its workers in this order."""
+    rank = {name: index for index, name in enumerate(SLOWEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
+
+
 _OWNED_BY_RUNNERS = {"PYTEST_CURRENT_TEST", "MUTANT_UNDER_TEST"}
 """Variables pytest and mutmut set while tests run: never restored (mutmut switches mutants
 through MUTANT_UNDER_TEST; restoring it would run later tests against the original code)."""

@@ -39,6 +39,7 @@ from urllib.parse import quote, unquote, urlparse
 from filelock import FileLock
 
 from pipelines.home import default_artifact_root, default_tracking_uri, robo_pipe_home
+from robo_pipe.atomic import temporary_path
 from robo_pipe.errors import RoboPipeError
 
 _ready: set[str] = set()
@@ -269,7 +270,7 @@ def prefect_template() -> Path:
 
 def _copy_atomically(source: Path, target: Path) -> None:
     """``target`` becomes a copy of ``source``, whole or not at all."""
-    partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
+    partial = temporary_path(target)  # the project's owned temporary name, cleanable
     shutil.copyfile(source, partial)
     os.replace(partial, target)
 

@@ -39,8 +39,9 @@ def _links(
 ) -> dict[str, str]:
     """The run's pages on the servers this process uses (the terminal's links, valid now)."""
     flow_run = current_flow_run()
-    prefect_ui = services.prefect_ui or default_ui()[0]
-    mlflow_ui = services.mlflow_ui or default_ui()[1]
+    default_prefect, default_mlflow = default_ui()
+    prefect_ui = services.prefect_ui or default_prefect
+    mlflow_ui = services.mlflow_ui or default_mlflow
     return {
         "Prefect flow run": f"{prefect_ui}/runs/flow-run/{flow_run.id}",
         "MLflow run": run.ui_url(mlflow_ui),

@@ -31,6 +31,7 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+from collections.abc import Callable
 from contextlib import closing
 from importlib.metadata import version
 from pathlib import Path
@@ -67,6 +68,8 @@ def ensure_mlflow_store(uri: str | None = None) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(f"{path}.init.lock"):
         existed = path.is_file()
+        if not existed:  # a migrated empty store, copied: MLflow's migrations take ~3 s
+            _copy_atomically(_template("mlflow", _build_mlflow_template), path)
         stale = _stale_migration_tables(path)
         try:
             if stale:
@@ -247,22 +250,40 @@ def ensure_prefect_store() -> None:
 
 
 def prefect_template() -> Path:
-    """An empty Prefect database migrated to this Prefect version's head, made once per
-    machine and version under ``$XDG_CACHE_HOME/robo-pipe`` (default ``~/.cache/robo-pipe``).
+    """An empty Prefect database migrated to this Prefect version's head (:func:`_template`).
 
     Why: Prefect's migrations take ~14 s of a fresh home's first run on 2 cores (over a hundred
-    of them, one after another); a copy of the migrated file takes milliseconds. The template
-    is written under a lock and renamed into place whole, so a copy never sees half of one."""
+    of them, one after another); a copy of the migrated file takes milliseconds."""
+    return _template("prefect", _build_prefect_template)
+
+
+def _build_prefect_template(folder: Path) -> Path:
+    """An empty Prefect database, created and migrated in ``folder``."""
+    _migrate_prefect(folder)
+    return folder / "prefect.db"
+
+
+def _build_mlflow_template(folder: Path) -> Path:
+    """An empty MLflow tracking store and registry, created and migrated in ``folder``."""
+    database = folder / "mlflow.db"
+    _open_mlflow_store(f"sqlite:///{database}")
+    return database
+
+
+def _template(package: str, build: Callable[[Path], Path]) -> Path:
+    """The empty database ``build`` makes (in the folder it is given; it returns the file) for
+    this version of ``package``, made once per machine under ``$XDG_CACHE_HOME/robo-pipe``
+    (default ``~/.cache/robo-pipe``) as ``<package>-<version>.db``; a fresh home copies it. It
+    is built under a lock and renamed into place whole, so a copy never sees half of one."""
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "robo-pipe"
-    template = cache / f"prefect-{version('prefect')}.db"
+    template = cache / f"{package}-{version(package)}.db"
     cache.mkdir(parents=True, exist_ok=True)
     with FileLock(f"{template}.lock"):
         if not template.is_file():
-            building = cache / f".prefect-{version('prefect')}-{os.getpid()}"
+            building = cache / f".{package}-{version(package)}-{os.getpid()}"
             building.mkdir(exist_ok=True)
             try:
-                _migrate_prefect(building)
-                os.replace(building / "prefect.db", template)
+                os.replace(build(building), template)
             finally:
                 shutil.rmtree(building, ignore_errors=True)
     return template

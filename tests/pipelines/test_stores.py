@@ -184,3 +184,47 @@ def test_a_fresh_homes_prefect_database_is_a_copy_of_the_machines_migrated_one(
     assert migrations[-1] == older, "migrated in place"
     with closing(sqlite3.connect(older / "prefect.db")) as db:
         assert db.execute("SELECT name FROM sqlite_master WHERE name = 'kept'").fetchall()
+
+
+def test_a_fresh_homes_mlflow_store_is_a_copy_of_the_machines_migrated_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first home on a machine creates MLflow's store once, into the cache; every fresh
+    home after it gets a copy, settled in its own place (``Default`` and the home tag point
+    into it, nothing names the template's folder or another home) and ready for runs."""
+    from pipelines import stores
+    from pipelines.home import default_tracking_uri
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    builds: list[Path] = []
+    build = stores._build_mlflow_template
+
+    def counted(folder: Path) -> Path:
+        builds.append(folder)
+        return build(folder)
+
+    monkeypatch.setattr(stores, "_build_mlflow_template", counted)
+
+    def fresh_home(name: str) -> Path:
+        home = tmp_path / name
+        monkeypatch.setenv("ROBO_PIPE_HOME", str(home))
+        stores.ensure_mlflow_store(default_tracking_uri())
+        return home
+
+    homes = [fresh_home("a"), fresh_home("b")]
+    assert len(builds) == 1, "a fresh home copies the created store"
+    cache = tmp_path / "cache" / "robo-pipe"
+    assert not any(p.name.startswith(".mlflow-") for p in cache.iterdir())
+    for home in homes:
+        db = home / "mlflow" / "mlflow.db"
+        with closing(sqlite3.connect(db)) as conn:
+            (location,) = conn.execute(
+                "SELECT artifact_location FROM experiments WHERE experiment_id = 0"
+            ).fetchone()
+            tags = conn.execute(
+                "SELECT value FROM experiment_tags WHERE key = ?", (stores.HOME_TAG,)
+            ).fetchall()
+        assert location == f"{(home / 'mlflow' / 'artifacts').as_uri()}/0"
+        assert tags == [(str(home),)]
+        assert str(cache).encode() not in db.read_bytes()
+    assert str(homes[0]).encode() not in (homes[1] / "mlflow" / "mlflow.db").read_bytes()

@@ -4,7 +4,7 @@ isaaclab``).
 Isaac Lab needs Python 3.12 and its own torch, so it cannot load into robo-pipe's environment.
 :class:`IsaacLabBatchedEnv` starts :mod:`sim_scenes.isaaclab.worker` in the Isaac Lab
 environment (``make isaaclab-env``) and forwards every call over a socket pair
-(:mod:`sim_scenes.isaaclab.protocol`). Callers see the same interface, units and seeds as the
+(:mod:`sim_scenes.worker_protocol`). Callers see the same interface, units and seeds as the
 MuJoCo backend; the episode bookkeeping (lengths, returns, which episodes ended) is kept here.
 
 The worker's own output (Isaac Lab's and Warp's logs) goes to a log file whose tail is quoted
@@ -30,8 +30,8 @@ from robots.spec import RobotSpec
 from sim_scenes.batched_env import BatchedEnv, BatchedObservation, EpisodeSummary, StepResult
 from sim_scenes.config import SimConfig
 from sim_scenes.isaaclab.env import isaaclab_python
-from sim_scenes.isaaclab.protocol import receive, send
 from sim_scenes.touch import Phrasing, SceneError, SceneVariant
+from sim_scenes.worker_protocol import receive, send
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 600.0

@@ -5,8 +5,9 @@ Plays ``--seeds`` episodes (benchmark seed stream) of every MT10 task with its s
 (``metaworld.policies``), through :class:`~sim_scenes.metaworld.client.MetaWorldEnv`: each step
 asks the worker for the expert's action, steps and brings back the state and a ``--size`` px
 frame of ``--camera``. An episode ends at the task's success or its 500-step cap. steps/s counts
-those round trips (expert, physics, rendering, transfer), not the resets (~50 ms: Meta-World
-settles the arm for 50 physics steps).
+those round trips (expert, physics, rendering, transfer), not the resets (reset_s: a task's first
+reset builds its env, ~1-2 s; later ones ~50 ms, Meta-World settling the arm). load is the
+machine's 1-minute load average at the end: the figures are shared with whatever else ran.
 
 Run: ``python benchmarks/metaworld.py [--quick] [--seeds N]`` (needs ``make metaworld-env``).
 """
@@ -14,6 +15,7 @@ Run: ``python benchmarks/metaworld.py [--quick] [--seeds N]`` (needs ``make meta
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -77,6 +79,7 @@ def main() -> None:
     print(
         f"seeds={len(seeds)} camera={args.camera} size={args.size} start_s={start:.1f} "
         + " ".join(f"{k}={v:.3g}" for k, v in results.items())
+        + f" load={os.getloadavg()[0]:.1f}"
     )
 
 

@@ -11,7 +11,7 @@ first reset and kept.
 Operations (request -> reply):
 
 - ``init`` (camera: str, image_size: int) -> ``ready`` (seconds: float, tasks: list of every
-  Meta-World task name).
+  Meta-World task name), or ``refused`` (an unknown camera; the worker then exits).
 - ``reset`` (task: str, seed: int) -> ``obs`` plus max_steps (int: the task's episode cap).
 - ``step`` (action: float32 (4,)) -> ``obs`` plus reward (float), success (bool: the task's
   ``info["success"]``), truncated (bool: the episode reached max_steps).
@@ -124,10 +124,19 @@ def serve(conn: Connection) -> None:
     if op != "init":
         raise RuntimeError(f"the first message must be init, got {op!r}")
     start = time.perf_counter()
+    from metaworld.asset_path_utils import full_V3_path_for
     from metaworld.env_dict import ALL_V3_ENVIRONMENTS
 
     names = sorted(ALL_V3_ENVIRONMENTS)
     camera, image_size = str(init["camera"]), int(init["image_size"])
+    # Every task's scene includes the same Sawyer base (xyz_base.xml), cameras and all: one
+    # scene's list checks the camera before any episode.
+    base = mujoco.MjModel.from_xml_path(full_V3_path_for("sawyer_xyz/sawyer_reach_v3.xml"))
+    cameras = [base.camera(i).name for i in range(base.ncam)]
+    if camera not in cameras:
+        reason = f"camera {camera!r} is not in Meta-World's scene; valid: {cameras}"
+        send(conn, "refused", reason=reason)
+        return
     tasks: dict[str, Task] = {}
     current: Task | None = None
     send(conn, "ready", seconds=time.perf_counter() - start, tasks=names)

@@ -1,6 +1,6 @@
 """Meta-World through its worker process: the scripted experts solve their tasks, camera images
 have the asked size, move with the robot and repeat with the seed, and a missing environment, an
-unknown task or a dead worker each get a clear error.
+unknown task or camera, or a dead worker each get a clear error.
 
 Tests marked ``metaworld`` need the Meta-World environment (``make metaworld-env``) and skip
 without it; ``make test`` builds it and sets ``ROBO_PIPE_METAWORLD_PYTHON``, so in CI they fail
@@ -87,6 +87,12 @@ def test_an_unknown_task_is_refused_by_name(mw: MetaWorldEnv) -> None:
         mw.reset("reach-v9", 0)
     assert isinstance(err.value, RoboPipeError) and "reach-v9" in str(err.value)
     mw.reset("reach-v3", 0)  # the worker serves on
+
+
+@needs_metaworld
+def test_an_unknown_camera_is_refused_by_name_before_any_episode() -> None:
+    with pytest.raises(WorkerRefusal, match=r"'corner9'.*corner2"):
+        MetaWorldEnv("corner9", SIZE)
 
 
 def test_a_missing_environment_is_a_named_error_before_any_work(tmp_path: Path) -> None:

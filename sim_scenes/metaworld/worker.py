@@ -66,8 +66,9 @@ class Task:
     camera_id: int
     upright: bool = False
     """Rotate images 180 degrees: the camera is mounted upside down (Meta-World's corner
-    cameras), found from the camera's up axis after the first reset."""
+    cameras), found from the camera's up axis after each reset."""
     obs: np.ndarray | None = None
+    """Meta-World's last observation of this task's episode (the expert's input)."""
 
 
 def build_task(name: str, camera: str, image_size: int) -> Task:
@@ -105,7 +106,6 @@ def build_task(name: str, camera: str, image_size: int) -> Task:
 
 def observation(task: Task, obs: np.ndarray) -> dict[str, Any]:
     """The ``obs`` fields: state, env_state and the camera image of the current physics."""
-    task.obs = obs
     task.renderer.update_scene(task.env.data, camera=task.camera_id)
     # update_scene keeps the scene's flags; render() returns rows top-down
     image = task.renderer.render()
@@ -159,6 +159,7 @@ def serve(conn: Connection) -> None:
                     current = tasks[name]
                     current.env.seed(int(msg["seed"]))
                     obs, _ = current.env.reset()
+                    current.obs = obs  # what the expert reads
                     up_axis = current.env.data.cam_xmat[current.camera_id].reshape(3, 3)[:, 1]
                     current.upright = bool(up_axis[2] < 0)
                     send(
@@ -173,6 +174,7 @@ def serve(conn: Connection) -> None:
                     assert current is not None
                     action = np.asarray(msg["action"], np.float64)
                     obs, reward, _, truncated, info = current.env.step(action)
+                    current.obs = obs
                     send(
                         conn,
                         "obs",

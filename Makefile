@@ -8,7 +8,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup system-deps quickstart demo test test-each-file lint typecheck bench clean lerobot-env lerobot-compat mutation isaaclab-env
+.PHONY: setup system-deps quickstart demo test test-each-file lint typecheck bench clean lerobot-env lerobot-compat mutation isaaclab-env metaworld-env
 
 setup: system-deps $(STAMP)
 
@@ -44,16 +44,18 @@ typecheck: setup
 	$(BIN)/mypy
 
 # LeRobot's own reader checks a freshly collected dataset in every test run, and the Isaac Lab
-# backend runs on CPU (tests marked isaaclab); `make test` builds both environments (once per
-# machine) and names them, so those tests fail (never skip) when an environment is missing.
+# backend and Meta-World run on CPU (tests marked isaaclab, metaworld); `make test` builds the
+# three environments (once per machine) and names them, so those tests fail (never skip) when
+# an environment is missing.
 #
 # Two pytest-xdist workers, each test file on one worker (a module's fixtures, its Prefect server
 # and home, are shared by its tests): on 2 cores the suite took 55 min in one process, which
 # kept one core busy, and 38 min in two (issue 49). TEST_WORKERS=0 runs it in this process.
 TEST_WORKERS ?= 2
-test: lint typecheck lerobot-env isaaclab-env
+test: lint typecheck lerobot-env isaaclab-env metaworld-env
 	ROBO_PIPE_LEROBOT_PYTHON=$(LEROBOT_VENV)/bin/python \
 	ROBO_PIPE_ISAACLAB_PYTHON=$(ISAACLAB_VENV)/bin/python \
+	ROBO_PIPE_METAWORLD_PYTHON=$(METAWORLD_VENV)/bin/python \
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile
 
 # Each test file on its own (the suite also runs in random order: pytest-randomly prints its
@@ -126,3 +128,19 @@ $(ISAACLAB_VENV)/.installed:
 	@touch $@
 
 isaaclab-env: $(ISAACLAB_VENV)/.installed
+
+# Meta-World 3.1.1 (the MT10 benchmark tasks and their scripted experts) pins mujoco 3.3.0, which
+# our own MuJoCo (4.x) cannot share a process with, so it lives in its own environment, built once
+# per machine outside the checkout like Isaac Lab's (~1 min, ~0.3 GB). robo-pipe runs it as a
+# worker process (sim_scenes/metaworld/); nothing in robo-pipe's own environment imports it.
+METAWORLD_VERSION := 3.1.1
+METAWORLD_VENV ?= $(HOME)/.cache/robo-pipe/metaworld-$(METAWORLD_VERSION)
+
+$(METAWORLD_VENV)/.installed:
+	$(LEROBOT_PY) -m venv $(METAWORLD_VENV)
+	$(METAWORLD_VENV)/bin/pip install --quiet --upgrade pip
+	# packaging: metaworld imports it without declaring it.
+	$(METAWORLD_VENV)/bin/pip install --quiet 'metaworld==$(METAWORLD_VERSION)' 'packaging>=24' 'numpy>=2'
+	@touch $@
+
+metaworld-env: $(METAWORLD_VENV)/.installed

@@ -7,7 +7,10 @@
   episodes on it;
 - the backends, one folder each (``mujoco/``, ``isaaclab/``), chosen by name in
   :mod:`~sim_scenes.backends`; :mod:`~sim_scenes.sim_robot` puts any of them behind the
-  real-robot interface; :mod:`~sim_scenes.config` types the ``scene:`` and ``sim:`` sections.
+  real-robot interface; :mod:`~sim_scenes.config` types the ``scene:`` and ``sim:`` sections;
+- simulators that cannot load into this environment run in worker processes
+  (:mod:`~sim_scenes.worker_process`, :mod:`~sim_scenes.worker_protocol`): Isaac Lab's backend,
+  and ``metaworld/`` (Meta-World's own tasks, MT10 among them, and their scripted experts).
 """
 
 from sim_scenes.batched_env import BatchedEnv, BatchedObservation, EpisodeSummary, StepResult

@@ -189,3 +189,26 @@ def needs_isaaclab(test: Callable[..., None]) -> Callable[..., None]:
         reason="no Isaac Lab environment: create it with `make isaaclab-env`",
     )
     return pytest.mark.isaaclab(skip(test))
+
+
+def _has_metaworld() -> bool:
+    from sim_scenes.metaworld.env import MetaWorldMissingError, metaworld_python
+
+    try:
+        metaworld_python()
+    except MetaWorldMissingError:
+        return False
+    return True
+
+
+def needs_metaworld(test: Callable[..., None]) -> Callable[..., None]:
+    """Mark ``test`` ``metaworld`` and skip it, naming ``make metaworld-env``, where that
+    environment is missing; ``make test`` sets ``ROBO_PIPE_METAWORLD_PYTHON``, and then a
+    missing environment fails the test instead."""
+    from sim_scenes.metaworld.env import ENV_VAR
+
+    skip = pytest.mark.skipif(
+        not _has_metaworld() and ENV_VAR not in os.environ,
+        reason="no Meta-World environment: create it with `make metaworld-env`",
+    )
+    return pytest.mark.metaworld(skip(test))

@@ -37,6 +37,16 @@ Lab and its torch, so the third-party rule (KEPT_OUT) does not apply to them; th
 our packages does."""
 ISAACLAB_STACK = {"isaaclab", "isaaclab_newton", "isaaclab_tasks", "newton", "warp", "pxr"}
 """Packages of the Isaac Lab environment, absent from the main one."""
+METAWORLD_ONLY = {"sim_scenes/metaworld/worker.py"}
+"""Modules that run only in the Meta-World environment (its worker process)."""
+METAWORLD_STACK = {"metaworld"}
+"""Packages of the Meta-World environment, absent from the main one (its MuJoCo is older than
+ours: the main environment's ``mujoco`` is another version of the same package)."""
+SIMULATOR_WORKERS = {
+    "Isaac Lab": (ISAACLAB_ONLY, ISAACLAB_STACK),
+    "Meta-World": (METAWORLD_ONLY, METAWORLD_STACK),
+}
+"""Each simulator that runs in a worker process: its worker-only modules and its packages."""
 
 
 def imported_packages(path: Path) -> set[str]:
@@ -70,14 +80,16 @@ def test_the_checker_sees_a_forbidden_import(tmp_path: Path) -> None:
     assert imported_packages(sample) == {"prefect", "pipelines"}
 
 
-def test_the_main_environment_never_imports_isaac_lab() -> None:
-    """Only the worker's modules import Isaac Lab's stack at module level, and no module the
-    main environment loads imports those (the backend talks to them over a socket)."""
-    worker_modules = {p.removesuffix(".py").replace("/", ".") for p in ISAACLAB_ONLY}
+@pytest.mark.parametrize("simulator", sorted(SIMULATOR_WORKERS))
+def test_the_main_environment_never_imports_a_worker_simulator(simulator: str) -> None:
+    """Only the worker's modules import the simulator's stack at module level, and no module the
+    main environment loads imports those (its backend talks to them over a socket)."""
+    only, stack = SIMULATOR_WORKERS[simulator]
+    worker_modules = {p.removesuffix(".py").replace("/", ".") for p in only}
     broken = {}
     for folder in [*MAY_IMPORT, "tests", "benchmarks"]:
         for path in sorted((ROOT / folder).rglob("*.py")):
-            if str(path.relative_to(ROOT)) in ISAACLAB_ONLY:
+            if str(path.relative_to(ROOT)) in only:
                 continue
             tree = ast.parse(path.read_text(), str(path))
             top_level = set()
@@ -86,11 +98,11 @@ def test_the_main_environment_never_imports_isaac_lab() -> None:
                     top_level |= {alias.name for alias in node.names}
                 elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                     top_level.add(node.module)
-            wrong = {m for m in top_level if m.split(".")[0] in ISAACLAB_STACK}
+            wrong = {m for m in top_level if m.split(".")[0] in stack}
             wrong |= top_level & worker_modules
             if wrong:
                 broken[str(path.relative_to(ROOT))] = sorted(wrong)
-    assert not broken, f"Isaac Lab imported outside its worker: {broken}"
+    assert not broken, f"{simulator} imported outside its worker: {broken}"
 
 
 TOP_WINGS = {

@@ -4,7 +4,7 @@ isaaclab``).
 Isaac Lab needs Python 3.12 and its own torch, so it cannot load into robo-pipe's environment.
 :class:`IsaacLabBatchedEnv` starts :mod:`sim_scenes.isaaclab.worker` in the Isaac Lab
 environment (``make isaaclab-env``) and forwards every call over a socket pair
-(:mod:`sim_scenes.isaaclab.protocol`). Callers see the same interface, units and seeds as the
+(:mod:`sim_scenes.worker_protocol`). Callers see the same interface, units and seeds as the
 MuJoCo backend; the episode bookkeeping (lengths, returns, which episodes ended) is kept here.
 
 The worker's own output (Isaac Lab's and Warp's logs) goes to a log file whose tail is quoted
@@ -14,14 +14,8 @@ when the worker fails. The worker exits when this side closes, and also when thi
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import tempfile
 import time
 from collections.abc import Sequence
-from multiprocessing.connection import Connection
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -30,16 +24,15 @@ from robots.spec import RobotSpec
 from sim_scenes.batched_env import BatchedEnv, BatchedObservation, EpisodeSummary, StepResult
 from sim_scenes.config import SimConfig
 from sim_scenes.isaaclab.env import isaaclab_python
-from sim_scenes.isaaclab.protocol import receive, send
 from sim_scenes.touch import Phrasing, SceneError, SceneVariant
+from sim_scenes.worker_process import WorkerError, WorkerProcess
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 600.0
 """Seconds to wait for the worker's env: the first start on a machine compiles Warp's kernels
 (~2 min on 2 cores, cached in ``~/.cache/warp`` afterwards); later starts take ~10 s."""
 
 
-class IsaacLabWorkerError(RuntimeError):
+class IsaacLabWorkerError(WorkerError):
     """The Isaac Lab worker failed; the message carries its traceback and log tail."""
 
 
@@ -75,25 +68,9 @@ class IsaacLabBatchedEnv(BatchedEnv):
         self._return = np.zeros(num_envs, np.float32)
         self._seeds = np.zeros(num_envs, np.int64)
 
-        self._keep_log = False
-        self._log = tempfile.NamedTemporaryFile(  # noqa: SIM115 - lives as long as the worker
-            prefix="robo-pipe-isaaclab-", suffix=".log", delete=False
+        self._worker = WorkerProcess(
+            python, "sim_scenes.isaaclab.worker", "Isaac Lab worker", IsaacLabWorkerError
         )
-        parent_sock, child_sock = socket.socketpair()
-        env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1"}
-        try:
-            self._proc: subprocess.Popen[bytes] | None = subprocess.Popen(
-                [str(python), "-m", "sim_scenes.isaaclab.worker", "--fd", str(child_sock.fileno())],
-                pass_fds=(child_sock.fileno(),),
-                cwd=REPO_ROOT,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=self._log,
-                stderr=subprocess.STDOUT,
-            )
-        finally:
-            child_sock.close()
-        self._conn: Connection | None = Connection(parent_sock.detach())
         try:
             ready = self._request(
                 "init",
@@ -131,51 +108,13 @@ class IsaacLabBatchedEnv(BatchedEnv):
         says how to create it)."""
         isaaclab_python()
 
-    # -- talking to the worker -------------------------------------------------------------
-
-    def _call_reply(self, timeout: float | None, expect: str) -> dict[str, Any]:
-        conn, proc = self._conn, self._proc
-        if conn is None or proc is None:
-            raise SceneError("the Isaac Lab env is closed")
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while not conn.poll(1.0):  # the worker may die without closing the socket cleanly
-            if proc.poll() is not None:
-                raise IsaacLabWorkerError(self._failure(f"exited with code {proc.returncode}"))
-            if deadline is not None and time.monotonic() > deadline:
-                raise IsaacLabWorkerError(self._failure(f"did not answer within {timeout:.0f} s"))
-        try:
-            op, fields = receive(conn)
-        except (EOFError, OSError):
-            proc.wait(timeout=30)
-            raise IsaacLabWorkerError(
-                self._failure(f"exited with code {proc.returncode}")
-            ) from None
-        if op == "error":
-            raise IsaacLabWorkerError(self._failure("failed", fields["traceback"]))
-        if op != expect:
-            raise IsaacLabWorkerError(self._failure(f"answered {op!r}, expected {expect!r}"))
-        return fields
-
     def _request(
         self, op: str, expect: str, timeout: float | None = None, **fields: Any
     ) -> dict[str, Any]:
         """Send ``op`` and wait (up to ``timeout`` s, or for ever) for the ``expect`` reply."""
-        if self._conn is None:
+        if self._worker.closed:
             raise SceneError("the Isaac Lab env is closed")
-        try:
-            send(self._conn, op, **fields)
-        except OSError:  # the worker is gone: say why
-            return self._call_reply(0.0, expect)
-        return self._call_reply(timeout, expect)
-
-    def _failure(self, what: str, traceback: str = "") -> str:
-        self._keep_log = True  # the message points at it
-        self._log.flush()
-        tail = Path(self._log.name).read_text(errors="replace")[-4000:]
-        return (
-            f"Isaac Lab worker {what}.\n{traceback}\n--- worker log {self._log.name} (tail) ---\n"
-            f"{tail}"
-        )
+        return self._worker.request(op, expect, timeout, **fields)
 
     # -- BatchedEnv --------------------------------------------------------------------------
 
@@ -244,25 +183,8 @@ class IsaacLabBatchedEnv(BatchedEnv):
         return self._request("privileged", "privileged")
 
     def close(self) -> None:
-        conn, proc, self._conn, self._proc = self._conn, self._proc, None, None
-        if conn is not None:
-            try:
-                send(conn, "close")
-                if conn.poll(30):
-                    receive(conn)
-            except (OSError, EOFError):
-                pass
-            conn.close()
-        if proc is not None:
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        self._log.close()
-        if not self._keep_log:
-            Path(self._log.name).unlink(missing_ok=True)
+        self._worker.close()
 
     def __del__(self) -> None:
-        if getattr(self, "_proc", None) is not None:
+        if getattr(self, "_worker", None) is not None and not self._worker.closed:
             self.close()

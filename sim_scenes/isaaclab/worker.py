@@ -1,10 +1,26 @@
 """The Isaac Lab worker process: one :class:`~sim_scenes.isaaclab.touch_env.TouchEnv` served
-over :mod:`sim_scenes.isaaclab.protocol`.
+over :mod:`sim_scenes.worker_protocol`.
 
 Started by :class:`sim_scenes.isaaclab.client.IsaacLabBatchedEnv` with the Isaac Lab
 environment's Python: ``python -m sim_scenes.isaaclab.worker --fd N`` where ``N`` is its end of a
 socket pair. Isaac Lab's own logging goes to this process's stdout/stderr; only protocol messages
 travel on the socket. The worker exits when the parent closes the socket or sends ``close``.
+
+Operations (request -> reply; arrays batched over N environments):
+
+- ``init`` (robot, variant, num_envs, cameras, image_size, device, retarget, phrasing,
+  autoreset)
+  -> ``ready`` (seconds: float).
+- ``reset`` (env_ids, seeds: int64 (k,)) -> ``obs``.
+- ``step`` (actions: float32 (N, action_dim)) -> ``obs`` plus reward (float32), terminated,
+  truncated, success (bool), distance and distance_before (float32, m: tcp to target after and
+  before the step).
+- ``privileged`` -> ``privileged`` (tcp_pos, target_pos: (N, 3) m; arm_qpos: (N, n_arm) rad).
+- ``close`` -> ``closed``.
+
+``obs`` carries state (float32 (N, state_dim)), seeds (int64 (N,), each environment's current
+episode), instructions (list of N str) and one uint8 (N, H, W, 3) array per camera, named
+``image:<camera>``. A failure replies ``error`` with ``traceback`` (str).
 """
 
 from __future__ import annotations
@@ -19,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from sim_scenes.isaaclab.protocol import receive, send
+from sim_scenes.worker_protocol import receive, send
 
 
 def _observation(env: Any, obs: dict) -> dict[str, Any]:

@@ -75,7 +75,9 @@ class PolicySocketProtocol(WebSocketsSansIOProtocol):
     - a text frame that is not UTF-8 is closed with 1007 and a warning: uvicorn closes it too,
       after logging the decoding error's traceback at ERROR;
     - a client that leaves a keepalive ping unanswered past its timeout (uvicorn closes it,
-      code 1011) is logged as a warning naming it.
+      code 1011) is logged as a warning naming it; when its close cannot complete because the
+      answers it left unread fill the TCP buffers, the connection is aborted (uvicorn's close
+      waits for the send buffer to drain, which it never does while the client reads nothing).
     """
 
     async def send(self, message: Any) -> None:
@@ -104,6 +106,10 @@ class PolicySocketProtocol(WebSocketsSansIOProtocol):
                 self.ping_timeout,
             )
         super().keepalive_timeout()
+        # The close frame and whatever was before it wait in the transport's buffer: the
+        # kernel's is full, so the client has stopped reading, and the close would wait forever.
+        if self.transport.get_write_buffer_size():
+            self.transport.abort()
 
     def _who(self) -> str:
         host, port = self.client or ("?", 0)

@@ -14,8 +14,10 @@ anchoring, 19% without)::
 
     every tick (1 / control_hz s), counted by an integer tick t:
         if the background inference finished:   add its chunk to the queue at t (aligned, blended)
-                                                 (it raised, or its chunk holds NaN or inf:
-                                                 drop the queue, record the error or refusal)
+                                                 (it raised, or its chunk holds an action
+                                                 outside the robot's limits, NaN or inf
+                                                 included: drop the queue, record the error
+                                                 or refusal)
         observe                                  (NaN or inf in it: act(safe action), count a
                                                  miss, infer nothing from it; the plan stays)
         if no inference is in flight and at most d + m actions are planned:
@@ -49,7 +51,7 @@ from deploy_edge.runtime import (
     run_ticks,
 )
 from robots.interface import Robot
-from robots.spec import non_finite, observation_fault
+from robots.spec import action_fault, observation_fault
 
 Blend = Literal["linear", "none"]
 """How :class:`ChunkQueue` merges a new chunk into the planned actions it overlaps."""
@@ -188,7 +190,7 @@ class _Chunk:
     """What the inference worker hands back: a chunk as joint targets ``(L, A)``
     (:meth:`~robots.spec.RobotSpec.chunk_targets`), the tick of the observation it was computed
     from, how long the inference took (s), and why the policy's chunk is refused
-    (:func:`~robots.spec.non_finite`; "" when it is not)."""
+    (:func:`~robots.spec.action_fault`; "" when it is not)."""
 
     actions: np.ndarray
     obs_tick: int
@@ -205,9 +207,11 @@ class AsyncControlLoop(ClosedOnExit):
     and the chunk joins the :class:`ChunkQueue` at the start of the first tick after it
     finished, aligned to the observation's tick and blended (``blend``, ``blend_ticks``).
 
-    Misses: a dry queue, an engine failure or a chunk holding NaN or inf (the queue is
-    dropped: what it planned is not trusted), an observation holding NaN or inf (nothing is
-    inferred from it; the plan stays) and a tick whose own latency exceeds ``deadline_s`` all
+    Misses: a dry queue, an engine failure or a chunk holding an action outside the robot's
+    limits (:func:`~robots.spec.action_fault`: NaN, inf, a delta beyond its joint's travel; the
+    queue is dropped: what it planned is not trusted), an observation holding NaN or inf
+    (nothing is inferred from it; the plan stays) and a tick whose own latency exceeds
+    ``deadline_s`` all
     send the safe action; a refused value is the tick's ``refused``. The
     ticks before the first chunk ever arrives (about ``d`` after the start) send the safe action
     too, but are not misses: the robot has not started moving, nothing was late. A late tick
@@ -270,7 +274,7 @@ class AsyncControlLoop(ClosedOnExit):
         start = time.perf_counter()
         chunk = self.policy.infer(images, state, [self.instruction])
         seconds = time.perf_counter() - start
-        refused = non_finite("action", chunk[0])
+        refused = action_fault(self.robot.spec, "action", chunk[0])
         # Planned as joint targets from the observation's own state: the robot moves while
         # the chunk is computed, and its relative actions would add that motion twice.
         targets = self.robot.spec.chunk_targets(np.asarray(chunk[0], np.float32), state[0])

@@ -211,10 +211,10 @@ def run_gate(
     ms = np.array([t.latency_s for t in ticks]) * 1000.0
     misses = sum(t.missed for t in ticks)
     figures = verdict(ms, misses, budget, target.allowed_misses)
-    non_finite = [t.refused for t in ticks if t.refused]
-    if non_finite:  # a policy that emits NaN or inf fails whatever misses the target allows
+    unsafe = [t.refused for t in ticks if t.refused]
+    if unsafe:  # a policy that emits NaN, inf or a wild action fails whatever misses it allows
         figures["reasons"].append(
-            f"{len(non_finite)} ticks refused a non-finite value (first: {non_finite[0]})"
+            f"{len(unsafe)} ticks refused an unsafe value (first: {unsafe[0]})"
         )
         figures["passed"] = False
     extra: dict[str, Any] = {}

@@ -4,9 +4,11 @@
         observe                          images + state, copied out of the driver
         if the action queue is empty:    infer a chunk, queue its first ``execute`` actions
         action = queue.pop()
-        if the tick overran its deadline, the engine failed, or the observation or the chunk
-        holds a non-finite value (robots.spec.non_finite: NaN or inf; then nothing is inferred
-        from it, nothing of it queued):
+        if the tick overran its deadline, the engine failed, the observation holds a non-finite
+        value (robots.spec.non_finite: NaN or inf; nothing is inferred from it) or the chunk an
+        action outside the robot's limits (robots.spec.action_fault: NaN, inf, an arm delta
+        beyond its joint's travel, a gripper opening far outside its range; nothing of it
+        queued):
             act(safe action), drop the queue, count a miss (and the error, or the refusal)
         else:
             act(action)
@@ -33,7 +35,7 @@ from typing import Protocol, Self
 import numpy as np
 
 from robots.interface import Robot, RobotObservation
-from robots.spec import non_finite, observation_fault
+from robots.spec import action_fault, non_finite, observation_fault
 
 SafeAction = Callable[[RobotObservation], np.ndarray]
 """Maps the latest observation to the action that holds the robot safe."""
@@ -90,8 +92,9 @@ class Tick:
     inference_s: float | None = None
     """Duration of an inference that finished this tick."""
     refused: str = ""
-    """A non-finite value this tick kept from the robot (:func:`robots.spec.non_finite`: the
-    field and the value, e.g. ``state[2] = nan``; the tick is a miss); "" when none."""
+    """A value this tick kept from the robot: a non-finite observation
+    (:func:`robots.spec.non_finite`, e.g. ``state[2] = nan``) or an action outside the robot's
+    limits (:func:`robots.spec.action_fault`); the tick is a miss; "" when none."""
 
 
 def measure_inference(
@@ -182,7 +185,7 @@ class ControlLoop(ClosedOnExit):
                 images = {c: img[None] for c, img in obs.images.items()}
                 chunk = self.policy.infer(images, obs.state[None], [self.instruction])
                 inferred = True
-                refused = non_finite("action", chunk[0, : self.execute])
+                refused = action_fault(self.robot.spec, "action", chunk[0, : self.execute])
                 if not refused:
                     self.queue.extend(chunk[0, : self.execute])
             if not refused:

@@ -283,12 +283,11 @@ def non_finite(field: str, values: np.ndarray) -> str:
     robot: ``"state[2] = nan"``, its first non-finite element; "" when every element is finite
     (integer arrays, uint8 images, always are).
 
-    The one rule every boundary between a policy and a robot applies (the policy server, both
-    control loops, so the gate and the health check, and the export's parity check). Why: a
-    clip cannot make such a value safe: ``np.clip`` passes NaN through and turns inf into a
-    full-range command, and a driver forwards either to the arm. Finite values outside the
-    action bounds are not refused: the driver clips them (:meth:`Robot.act
-    <robots.interface.Robot.act>`), as :meth:`RobotSpec.chunk_targets` plans."""
+    The rule every boundary between a policy and a robot applies to observations (the policy
+    server, both control loops, so the gate and the health check) and to actions, within
+    :func:`action_fault`; the export's parity check applies it to its outputs. Why: a clip
+    cannot make such a value safe: ``np.clip`` passes NaN through and turns inf into a
+    full-range command, and a driver forwards either to the arm."""
     array = np.asarray(values)
     if not np.issubdtype(array.dtype, np.floating):
         return ""
@@ -304,3 +303,56 @@ def observation_fault(images: Mapping[str, np.ndarray], state: np.ndarray) -> st
     ``image_<camera>``); "" when all are finite."""
     fields = {"state": state, **{f"image_{camera}": image for camera, image in images.items()}}
     return next((reason for f, v in fields.items() if (reason := non_finite(f, v))), "")
+
+
+def action_fault(spec: RobotSpec, field: str, actions: np.ndarray) -> str:
+    """Why ``actions``, shape ``(..., action.dim)``, the field called ``field``, must not reach
+    ``spec``'s robot: its first value that cannot be a command for this robot at all, e.g.
+    ``"action[0, 2] = 7.1 rad: beyond joint elbow_pitch's travel of 2.9 rad"``; "" when every
+    action is one.
+
+    An action is outside the robot's limits, and refused, when it is
+    - non-finite (:func:`non_finite`);
+    - an arm delta whose magnitude exceeds that joint's whole travel (``high - low`` of its
+      :class:`JointSpec`, from the MJCF): a target no clip can make meaningful;
+    - a gripper opening outside ``[low - travel, high + travel]`` of its range (``travel =
+      high - low``, rp5: ``[-0.06, 0.12]`` m): one travel of tolerance either side, because
+      policies overshoot a little and the driver clips that.
+
+    Finite actions inside these are not refused: the driver clips them to the action bounds
+    (:meth:`Robot.act <robots.interface.Robot.act>`), as :meth:`RobotSpec.chunk_targets` plans.
+    Why not refuse at the bounds themselves: an arm bound is a rate limit (``±max_joint_delta``
+    per control step), and policies legitimately ask for more and get the clipped step (trained
+    exports were measured up to 0.086 rad against 0.08).
+
+    The one rule for actions at every boundary between a policy and a robot: the policy
+    server, both control loops, so the gate and the health check."""
+    if refused := non_finite(field, actions):
+        return refused
+    array = np.asarray(actions, dtype=np.float64)
+    arm = len(spec.arm)
+    travel = np.array([j.high - j.low for j in spec.arm])
+    low, high = np.asarray(spec.action.low[arm:]), np.asarray(spec.action.high[arm:])
+    slack = high - low
+    beyond = np.concatenate(
+        [
+            np.abs(array[..., :arm]) > travel,
+            (array[..., arm:] < low - slack) | (array[..., arm:] > high + slack),
+        ],
+        axis=-1,
+    )
+    bad = np.argwhere(beyond)
+    if not len(bad):
+        return ""
+    index = tuple(int(i) for i in bad[0])
+    value, component = array[index], index[-1]
+    where = f"{field}[{', '.join(map(str, index))}] = {value:.3g}"
+    if component < arm:
+        joint = spec.arm[component]
+        return f"{where} rad: beyond joint {joint.name}'s travel of {travel[component]:.3g} rad"
+    g = component - arm
+    return (
+        f"{where} m: a gripper opening outside [{low[g] - slack[g]:.3g}, "
+        f"{high[g] + slack[g]:.3g}] m (its range {low[g]:.3g}..{high[g]:.3g} m, one travel "
+        "either side)"
+    )

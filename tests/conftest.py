@@ -159,10 +159,10 @@ def export_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     from stages.export import export
     from stages.policy.checkpoint import new_policy, save_policy
-    from tests.stages.tiny_models import TINY_POLICY
+    from tests.stages.tiny_models import TINY_POLICY, rp5_normalizer
 
     torch.manual_seed(0)
-    policy, _ = new_policy(TINY_POLICY, ["scene"], 32, 6, 6)
+    policy, _ = new_policy(TINY_POLICY, ["scene"], 32, 6, 6, rp5_normalizer())
     root = tmp_path_factory.mktemp("export")
     save_policy(policy, root / "ckpt", None)
     return Path(export(root / "ckpt", root / "export").path)

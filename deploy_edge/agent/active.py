@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 
@@ -22,6 +23,17 @@ from deploy_edge.runtime import Tick
 from deploy_edge.targets import TargetProfile, running_option
 from deploy_edge.wire import EpisodeResult, Slot
 from robots.interface import Robot, RobotObservation
+from robots.spec import RobotSpec
+
+
+class Served(NamedTuple):
+    """What the policy server (``WS /policy``) serves: the active version's engine, its
+    ``model:version``, and the spec of the device's robot its chunks are for (the actions'
+    limits, :func:`robots.spec.action_fault`)."""
+
+    policy: ExportedPolicy
+    version: str
+    spec: RobotSpec
 
 
 class ShadowRobot(Robot):
@@ -62,8 +74,8 @@ class ActiveVersion:
         slots: SlotStore,
     ) -> None:
         self.config, self.profile, self.driver, self.slots = config, profile, driver, slots
-        self._serving: tuple[str, ExportedPolicy, str] | None = None
-        """The policy server's engine: (active bundle path, policy, version), opened once per
+        self._serving: tuple[str, Served] | None = None
+        """The policy server's engine: (active bundle path, what it serves), opened once per
         active version."""
         self._serving_lock = threading.Lock()
 
@@ -104,8 +116,9 @@ class ActiveVersion:
 
     def health_check(self) -> str:
         """A few control ticks (``health_ticks``, in shadow mode if the config says so): no
-        deadline miss, no engine error, no non-finite value refused (:attr:`Tick.refused`),
-        else :class:`Refused`; returns the step's detail."""
+        deadline miss, no engine error, no unsafe value refused (:attr:`Tick.refused`: NaN, inf,
+        an action outside the robot's limits), else :class:`Refused`; returns the step's
+        detail."""
         ticks, _ = self.control(
             self.config.instruction, self.config.health_ticks, shadow=self.config.shadow_health
         )
@@ -114,7 +127,7 @@ class ActiveVersion:
         refused = [t.refused for t in ticks if t.refused]
         if misses or errors or refused:
             counts = f"{misses} deadline misses, {len(errors)} engine errors"
-            counts += f", {len(refused)} non-finite values refused" if refused else ""
+            counts += f", {len(refused)} unsafe values refused" if refused else ""
             first = f" (first: {(errors + refused)[0]})" if errors or refused else ""
             raise Refused(f"{counts} in {len(ticks)} ticks{first}")
         worst = max(t.latency_s for t in ticks) * 1000.0
@@ -136,13 +149,16 @@ class ActiveVersion:
             errors=sum(bool(t.error) for t in ticks),
         )
 
-    def serving(self, slot: Slot) -> tuple[ExportedPolicy, str]:
-        """The active version (``slot``) as the policy server runs it, and its
-        ``model:version``: opened as the health check runs it (:meth:`policy`) the first time a
-        version is asked for, then reused until another version is active (the engine is
-        shared by the server's threads: ONNX Runtime's ``run`` is thread-safe)."""
+    def serving(self, slot: Slot) -> Served:
+        """The active version (``slot``) as the policy server runs it: opened as the health
+        check runs it (:meth:`policy`) the first time a version is asked for, then reused until
+        another version is active (the engine is shared by the server's threads: ONNX Runtime's
+        ``run`` is thread-safe). The robot's spec is the driver's, for the policy's cameras: a
+        driver's robot is not connected (nor the hardware touched) until ``connect()``."""
         with self._serving_lock:
             if self._serving is None or self._serving[0] != slot.path:
                 policy = self.policy(slot)
-                self._serving = (slot.path, policy, f"{slot.model_name}:{slot.model_version}")
-            return self._serving[1], self._serving[2]
+                spec = self.driver(policy.cameras, policy.image_size).spec
+                version = f"{slot.model_name}:{slot.model_version}"
+                self._serving = (slot.path, Served(policy, version, spec))
+            return self._serving[1]

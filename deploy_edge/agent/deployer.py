@@ -43,7 +43,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from deploy_edge.agent import intake, trials
-from deploy_edge.agent.active import ActiveVersion
+from deploy_edge.agent.active import ActiveVersion, Served
 from deploy_edge.agent.config import DeviceConfig, load_driver
 from deploy_edge.agent.floor import ReleaseFloor, installed_releases
 from deploy_edge.agent.history import History
@@ -51,7 +51,6 @@ from deploy_edge.agent.journal import Journal
 from deploy_edge.agent.journaled_run import JournaledRun, StepFailed
 from deploy_edge.agent.recovery import undo_cut_off
 from deploy_edge.agent.slots import SlotStore
-from deploy_edge.exported import ExportedPolicy
 from deploy_edge.release.manifest import Manifest, has_expired
 from deploy_edge.targets import load_target
 from deploy_edge.wire import (
@@ -408,9 +407,9 @@ class Deployer:
                 raise DeployError("no active version on this device: deploy a release first")
             return self.active.episode(slot, instruction, max_ticks)
 
-    def serving_policy(self) -> tuple[ExportedPolicy, str]:
-        """The active version's policy as the policy server (``WS /policy``) runs it, and its
-        ``model:version`` (:meth:`~deploy_edge.agent.active.ActiveVersion.serving`). Does not
+    def serving_policy(self) -> Served:
+        """The active version's policy as the policy server (``WS /policy``) runs it, its
+        ``model:version`` and the robot's spec (:meth:`~.active.ActiveVersion.serving`). Does not
         wait on a deployment; :class:`DeployError` when nothing is active."""
         slot = self.slots.slot("active")
         if slot is None:

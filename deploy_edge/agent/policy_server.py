@@ -32,7 +32,7 @@ from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIO
 from deploy_edge.agent.deployer import Deployer
 from deploy_edge.wire import ChunkFrame, ObservationFrame, PolicyInfo, decode_image
 from robo_pipe.errors import RoboPipeError
-from robots.spec import non_finite, observation_fault
+from robots.spec import action_fault, observation_fault
 
 log = logging.getLogger("deploy_edge.agent")
 DELAY_ENV = "ROBO_PIPE_POLICY_DELAY_MS"
@@ -75,7 +75,9 @@ class PolicySocketProtocol(WebSocketsSansIOProtocol):
     - a text frame that is not UTF-8 is closed with 1007 and a warning: uvicorn closes it too,
       after logging the decoding error's traceback at ERROR;
     - a client that leaves a keepalive ping unanswered past its timeout (uvicorn closes it,
-      code 1011) is logged as a warning naming it.
+      code 1011) is logged as a warning naming it; when its close cannot complete because the
+      answers it left unread fill the TCP buffers, the connection is aborted (uvicorn's close
+      waits for the send buffer to drain, which it never does while the client reads nothing).
     """
 
     async def send(self, message: Any) -> None:
@@ -104,6 +106,10 @@ class PolicySocketProtocol(WebSocketsSansIOProtocol):
                 self.ping_timeout,
             )
         super().keepalive_timeout()
+        # The close frame and whatever was before it wait in the transport's buffer: the
+        # kernel's is full, so the client has stopped reading, and the close would wait forever.
+        if self.transport.get_write_buffer_size():
+            self.transport.abort()
 
     def _who(self) -> str:
         host, port = self.client or ("?", 0)
@@ -113,7 +119,7 @@ class PolicySocketProtocol(WebSocketsSansIOProtocol):
 def _policy_info(deployer: Deployer) -> PolicyInfo:
     """The first frame: the active version's shapes, or why nothing is served."""
     try:
-        policy, version = deployer.serving_policy()
+        policy, version, _ = deployer.serving_policy()
     except RoboPipeError as err:
         return PolicyInfo(error=str(err))
     return PolicyInfo(
@@ -128,13 +134,15 @@ def _policy_info(deployer: Deployer) -> PolicyInfo:
 
 def _serve_one(deployer: Deployer, text: str) -> ChunkFrame:
     """The answer to one observation frame (runs in a worker thread): the active version's
-    chunk, or a frame whose ``error`` says why there is none; a state, image or chunk holding
-    NaN or inf is refused (``refused: state[2] = nan``, :func:`robots.spec.non_finite`)."""
+    chunk, or a frame whose ``error`` says why there is none; a state or image holding NaN or
+    inf is refused (``refused: state[2] = nan``, :func:`robots.spec.non_finite`), and so is a
+    chunk holding an action outside the robot's limits (``refused: the policy's actions[0, 5] =
+    0.9 m: ...``, :func:`robots.spec.action_fault`)."""
     frame_id, observed_at = -1, 0.0
     try:
         frame = ObservationFrame.from_json(json.loads(text))
         frame_id, observed_at = frame.id, frame.observed_at
-        policy, version = deployer.serving_policy()
+        policy, version, spec = deployer.serving_policy()
         images = {camera: decode_image(frame.images[camera])[None] for camera in policy.cameras}
         state = np.asarray([frame.state], dtype=np.float32)
         if refused := observation_fault({c: i[0] for c, i in images.items()}, state[0]):
@@ -144,7 +152,7 @@ def _serve_one(deployer: Deployer, text: str) -> ChunkFrame:
             time.sleep(delay_ms / 1000.0)
         chunk = policy.infer(images, state, [frame.instruction])[0]
         inference_ms = (time.perf_counter() - start) * 1000.0
-        if refused := non_finite("actions", chunk):
+        if refused := action_fault(spec, "actions", chunk):
             return ChunkFrame(frame_id, observed_at, error=f"refused: the policy's {refused}")
     except Exception as err:  # any bad frame or engine failure: an error frame, not a dead socket
         return ChunkFrame(frame_id, observed_at, error=f"{type(err).__name__}: {err}")

@@ -50,6 +50,7 @@ from robo_pipe.integrity import (
     writing,
 )
 from robo_pipe.records import Record
+from robots.spec import RobotSpec, get_robot
 from stages.policy.base import Normalizer, VLAPolicy
 from stages.policy.config import POLICY_TYPES, LoraSettings, PolicyConfig, VLAConfig
 from stages.policy.types import BaseRef, PolicyType, base_type, policy_type
@@ -154,12 +155,33 @@ def save_new_policy(
     out: Path,
     seed: int = 0,
 ) -> Path:
-    """A freshly initialised policy (seeded; rp5's state and action sizes) saved as a checkpoint
-    at ``out``: what benchmarks measure when they are given no trained one."""
+    """A freshly initialised policy (seeded; rp5's state and action sizes and
+    :func:`untrained_normalizer`) saved as a checkpoint at ``out``: what benchmarks measure when
+    they are given no trained one."""
     torch.manual_seed(seed)
-    fresh, base = new_policy(policy, cameras, image_size, 6, 6)
+    fresh, base = new_policy(
+        policy, cameras, image_size, 6, 6, untrained_normalizer(get_robot("rp5"))
+    )
     save_policy(fresh, out, base)
     return out
+
+
+def untrained_normalizer(spec: RobotSpec) -> Normalizer:
+    """The normalizer of a policy for ``spec``'s robot that has seen no data: the identity,
+    except the gripper opening, centred in the robot's range with a sixth of it as its std
+    (rp5: 0.03 +- 0.01 m), where a trained policy's normalizer (its demonstrations') puts it.
+
+    Why: under the identity a random policy emits openings of about -0.12..0.90 m, which every
+    boundary between a policy and a robot refuses as outside the robot's limits
+    (:func:`robots.spec.action_fault`), so nothing untrained could be gated or run. Its arm
+    deltas (up to 1.24 rad measured) stay inside every joint's travel and are clipped to the
+    rate bound as before."""
+    arm = len(spec.arm)
+    norm = Normalizer.identity(spec.state_dim, spec.action.dim)
+    for k in range(arm, spec.action.dim):
+        low, high = spec.action.low[k], spec.action.high[k]
+        norm.action_mean[k], norm.action_std[k] = (low + high) / 2, (high - low) / 6
+    return norm
 
 
 def save_policy(

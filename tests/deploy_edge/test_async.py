@@ -67,11 +67,11 @@ def long_export(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     from stages.export import export
     from stages.policy.checkpoint import new_policy, save_policy
-    from tests.stages.tiny_models import TINY_POLICY
+    from tests.stages.tiny_models import TINY_POLICY, rp5_normalizer
 
     torch.manual_seed(0)
     config = TINY_POLICY.model_copy(update={"chunk_len": 8})
-    policy, _ = new_policy(config, ["scene"], 32, 6, 6)
+    policy, _ = new_policy(config, ["scene"], 32, 6, 6, rp5_normalizer())
     root = tmp_path_factory.mktemp("long-export")
     save_policy(policy, root / "ckpt", None)
     return Path(export(root / "ckpt", root / "export").path)

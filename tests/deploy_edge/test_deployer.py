@@ -352,7 +352,7 @@ def test_a_release_whose_reference_outputs_disagree_with_its_model_is_refused_at
 class FaultyPolicy:
     """The active version's policy with a fault in its inference: ``delay_s`` before each (a
     slow engine: deadline misses, no error), ``error`` raised (an engine error, on time) or
-    ``emit`` (NaN, inf) as the first action's first component (a policy emitting it)."""
+    ``emit`` (NaN, inf, 7.1 rad) as the first action's first component (a policy emitting it)."""
 
     def __init__(
         self, policy: Any, delay_s: float = 0.0, error: str = "", emit: float | None = None
@@ -383,11 +383,16 @@ class FaultyPolicy:
         ),
         (
             {"emit": math.nan},
-            "health: 3 deadline misses, 0 engine errors, 3 non-finite values refused in 3 "
+            "health: 3 deadline misses, 0 engine errors, 3 unsafe values refused in 3 "
             "ticks (first: action[0, 0] = nan)",
         ),
+        (
+            {"emit": 7.1},
+            "health: 3 deadline misses, 0 engine errors, 3 unsafe values refused in 3 "
+            "ticks (first: action[0, 0] = 7.1 rad: beyond joint base_yaw's travel of 5.6 rad)",
+        ),
     ],
-    ids=["deadline-misses", "engine-error", "non-finite"],
+    ids=["deadline-misses", "engine-error", "non-finite", "beyond-travel"],
 )
 def test_a_health_check_with_misses_or_engine_errors_rolls_back(
     fault: dict[str, Any],
@@ -398,8 +403,8 @@ def test_a_health_check_with_misses_or_engine_errors_rolls_back(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The gate passes (its engine is fine); the active version's engine, which the health
-    check runs, is slow past the 100 ms deadline of local-cpu's 10 Hz, raises, or emits NaN:
-    each alone rolls back, with that reason."""
+    check runs, is slow past the 100 ms deadline of local-cpu's 10 Hz, raises, or emits NaN or
+    a delta beyond its joint's travel: each alone rolls back, with that reason."""
     from deploy_edge.agent import active as module
 
     real = module.open_policy

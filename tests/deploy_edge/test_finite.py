@@ -1,9 +1,12 @@
 """Finite or nothing (issue 55): a NaN or inf in an observation's state or image, or in the
-actions a policy emits, never reaches the robot. Each boundary refuses it
-(:func:`robots.spec.non_finite`): the policy server answers an error frame naming the field and
-serves the next observation; both control loops send the safe action and count the tick a miss
-with the reason; the latency gate fails a policy that emits one; the export refuses a graph
-that emits one for its finite parity inputs.
+actions a policy emits, and an action outside the robot's limits (an arm delta beyond its
+joint's travel, a gripper opening more than one travel outside its range), never reach the
+robot. Each boundary refuses it (:func:`robots.spec.non_finite`,
+:func:`robots.spec.action_fault`): the policy server answers an error frame naming the field
+and serves the next observation; both control loops send the safe action and count the tick a
+miss with the reason; the latency gate fails a policy that emits one; the export refuses a
+graph that emits a non-finite value for its finite parity inputs. A delta above the rate bound
+(``±max_joint_delta``) but inside the joint's travel is clipped, not refused.
 
 Through the real pieces: the tiny ONNX export (a state of 3e38, finite, makes it emit NaN), a
 running agent process and a WebSocket client, the simulated robot recording what it is sent."""
@@ -11,6 +14,7 @@ running agent process and a WebSocket client, the simulated robot recording what
 from __future__ import annotations
 
 import math
+import re
 import time
 from pathlib import Path
 
@@ -30,6 +34,7 @@ from robots.spec import RobotSpec
 from stages.export import export
 from stages.export.onnx import ExportError
 from stages.policy.checkpoint import new_policy, save_policy
+from tests.deploy_edge.narrow_robot import NARROW
 from tests.deploy_edge.test_deployer import base_state, keys, releases
 from tests.deploy_edge.test_policy_server import (
     TOKEN,
@@ -55,8 +60,18 @@ FAULTS = [
     ("image", -math.inf, "image_scene[5, 7, 1] = -inf"),
     ("action", math.nan, "action[0, 3] = nan"),
     ("action", math.inf, "action[0, 3] = inf"),
+    ("action", -4.5, "action[0, 3] = -4.5 rad: beyond joint wrist_pitch's travel of 4 rad"),
+    (
+        "gripper",
+        0.2,
+        "action[0, 5] = 0.2 m: a gripper opening outside [-0.06, 0.12] m (its range 0..0.06 m, "
+        "one travel either side)",
+    ),
 ]
-"""Where the non-finite value is, the value, and the reason a refusing tick records."""
+"""Where the unsafe value is (``action``: the first action's wrist_pitch delta, ``gripper``: its
+gripper opening), the value, and the reason a refusing tick records."""
+ACTIONS = {"action": 3, "gripper": 5}
+"""The fault fields in the policy's actions, and the action component each sets."""
 
 
 class FaultyRobot(RecordingRobot):
@@ -84,11 +99,11 @@ class FaultyRobot(RecordingRobot):
 
 class EmittingExport(ExportedPolicy):
     """The real export whose chunks of the inferences numbered in ``emitting`` (1-based) hold
-    ``value`` at the first action's component 3."""
+    ``value`` at the first action's ``component`` (3: wrist_pitch's delta)."""
 
-    def __init__(self, export_dir: Path, value: float, emitting: range) -> None:
+    def __init__(self, export_dir: Path, value: float, emitting: range, component: int = 3) -> None:
         super().__init__(export_dir)
-        self.value, self.emitting, self.calls = value, emitting, 0
+        self.value, self.emitting, self.component, self.calls = value, emitting, component, 0
 
     def infer(
         self, images: dict[str, np.ndarray], state: np.ndarray, instructions: list[str]
@@ -96,7 +111,7 @@ class EmittingExport(ExportedPolicy):
         self.calls += 1
         chunk = super().infer(images, state, instructions)
         if self.calls in self.emitting:
-            chunk[:, 0, 3] = self.value
+            chunk[:, 0, self.component] = self.value
         return chunk
 
 
@@ -104,21 +119,32 @@ def faulty_pair(
     rp5: RobotSpec, export_dir: Path, field: str, value: float, observation: int, chunks: range
 ) -> tuple[FaultyRobot, EmittingExport]:
     """The robot and policy of a fault case: the ``observation``-th observation holds
-    ``value`` (a state or image fault), or the chunks numbered in ``chunks`` (an action
-    fault)."""
-    robot = FaultyRobot(rp5, field, value, observation if field != "action" else 0)
-    policy = EmittingExport(export_dir, value, chunks if field == "action" else range(0))
-    return robot, policy
+    ``value`` (a state or image fault), or the chunks numbered in ``chunks`` (an action or
+    gripper fault)."""
+    robot = FaultyRobot(rp5, field, value, observation if field not in ACTIONS else 0)
+    emitting = chunks if field in ACTIONS else range(0)
+    return robot, EmittingExport(export_dir, value, emitting, ACTIONS.get(field, 3))
 
 
-def assert_nothing_non_finite_sent(robot: FaultyRobot, ticks: list[Tick]) -> None:
+def assert_nothing_unsafe_sent(robot: FaultyRobot, ticks: list[Tick]) -> None:
+    """Every action sent is finite, its arm deltas inside each joint's travel and its gripper
+    opening inside ``[low - travel, high + travel]`` (checked here, not by the rule's code)."""
     assert len(robot.sent) == len(ticks), "every tick sends one action"
-    bad = [k for k, a in enumerate(robot.sent) if not np.isfinite(a).all()]
-    assert bad == [], f"non-finite actions reached the robot at ticks {bad}"
+    spec = robot.spec
+    travel = np.array([j.high - j.low for j in spec.arm])
+    opening = spec.action.high[5] - spec.action.low[5]
+
+    def unsafe(a: np.ndarray) -> bool:
+        if not np.isfinite(a).all() or np.any(np.abs(a[:5]) > travel):
+            return True
+        return not spec.action.low[5] - opening <= a[5] <= spec.action.high[5] + opening
+
+    bad = [k for k, a in enumerate(robot.sent) if unsafe(a)]
+    assert bad == [], f"unsafe actions reached the robot at ticks {bad}"
 
 
 @pytest.mark.parametrize(("field", "value", "reason"), FAULTS)
-def test_the_sync_loop_sends_the_safe_action_for_a_non_finite_value(
+def test_the_sync_loop_sends_the_safe_action_for_an_unsafe_value(
     rp5: RobotSpec, export_dir: Path, field: str, value: float, reason: str
 ) -> None:
     """One inference per tick (``execute=1``): the 3rd observation, or the 3rd chunk, holds the
@@ -130,9 +156,9 @@ def test_the_sync_loop_sends_the_safe_action_for_a_non_finite_value(
         ticks = loop.run(6)
     finally:
         robot.stop()
-    assert_nothing_non_finite_sent(robot, ticks)
+    assert_nothing_unsafe_sent(robot, ticks)
     # A policy that keeps emitting the value is refused at every tick from the 3rd on.
-    expected = ["", "", reason, *([reason] * 3 if field == "action" else [""] * 3)]
+    expected = ["", "", reason, *([reason] * 3 if field in ACTIONS else [""] * 3)]
     assert [t.refused for t in ticks] == expected
     assert [t.missed for t in ticks] == [bool(t.refused) for t in ticks]
     assert all(t.error == "" for t in ticks), "a refusal is not an engine error"
@@ -140,7 +166,7 @@ def test_the_sync_loop_sends_the_safe_action_for_a_non_finite_value(
 
 
 @pytest.mark.parametrize(("field", "value", "reason"), FAULTS)
-def test_the_async_loop_sends_the_safe_action_for_a_non_finite_value(
+def test_the_async_loop_sends_the_safe_action_for_an_unsafe_value(
     rp5: RobotSpec, export_dir: Path, field: str, value: float, reason: str
 ) -> None:
     """Paced at 10 Hz (inference ~1 ms: d = 1, a new chunk every tick or two): the 8th
@@ -156,15 +182,50 @@ def test_the_async_loop_sends_the_safe_action_for_a_non_finite_value(
             ticks = loop.run(16)
     finally:
         robot.stop()
-    assert_nothing_non_finite_sent(robot, ticks)
+    assert_nothing_unsafe_sent(robot, ticks)
     refused = [k for k, t in enumerate(ticks) if t.refused]
     assert len(refused) == 1 and ticks[refused[0]].refused == reason, [t.refused for t in ticks]
     k = refused[0]
-    if field != "action":
+    if field not in ACTIONS:
         assert k == 7, "the tick of the faulty observation"
     assert ticks[k].missed and ticks[k].error == "" and ticks[k].action_age_s is None
     assert np.all(robot.sent[k][:5] == 0.0), "the safe action: no joint motion"
     assert any(t.action_age_s is not None for t in ticks[k + 1 :]), "it recovers"
+
+
+@pytest.mark.parametrize("loop", ["sync", "async"])
+def test_a_delta_above_the_rate_bound_inside_its_joints_travel_is_clipped_not_refused(
+    rp5: RobotSpec, export_dir: Path, loop: str
+) -> None:
+    """Every chunk asks wrist_pitch for 1.0 rad in one step: 12 times the 0.08 rad rate bound,
+    a quarter of its 4 rad travel. No tick is refused or missed; the joint moves at most the
+    bound per tick (the sync loop sends the delta and the driver clips it; the async loop sends
+    the clipped step toward its planned target)."""
+    robot, policy = faulty_pair(rp5, export_dir, "action", 1.0, 0, range(1, 1000))
+    robot.connect()
+    try:
+        if loop == "sync":
+            ticks = ControlLoop(
+                policy, robot, INSTRUCTION, execute=1, deadline_s=30.0, pace=False
+            ).run(6)
+        else:
+            with AsyncControlLoop(
+                policy, robot, INSTRUCTION, inference_s=0.01, deadline_s=30.0
+            ) as async_loop:
+                ticks = async_loop.run(12)
+    finally:
+        robot.stop()
+    assert [t.refused for t in ticks] == [""] * len(ticks)
+    assert not any(t.missed for t in ticks)
+    bound = rp5.definition.max_joint_delta
+    moving = [a for a in robot.sent if a[3] != 0.0]
+    assert moving, "the policy's delta was sent"
+    if loop == "sync":
+        assert all(a[3] == pytest.approx(1.0) for a in moving), "sent as asked: the driver clips"
+    else:
+        assert all(abs(a[3]) <= bound + 1e-6 for a in moving), "sent clipped to the bound"
+    steps = np.abs(np.diff([s[3] for s in robot.observed]))
+    assert steps.max() <= bound + 1e-3, f"wrist_pitch moved {steps.max():.3f} rad in one tick"
 
 
 def test_the_gate_refuses_a_policy_that_emits_nan_whatever_misses_it_allows(
@@ -185,7 +246,7 @@ def test_the_gate_refuses_a_policy_that_emits_nan_whatever_misses_it_allows(
         policy=EmittingExport(export_dir, math.nan, range(1, 1000)),
     )
     assert report.misses == 10 and not report.passed
-    assert report.reasons == ["10 ticks refused a non-finite value (first: action[0, 3] = nan)"]
+    assert report.reasons == ["10 ticks refused an unsafe value (first: action[0, 3] = nan)"]
 
 
 def test_the_policy_server_refuses_a_non_finite_state_or_chunk_and_serves_the_next(
@@ -232,6 +293,39 @@ def test_the_policy_server_refuses_a_non_finite_state_or_chunk_and_serves_the_ne
         with pytest.raises(ValueError, match=r"refused before sending: image_scene\[1, 2, 0\]"):
             policy.infer({"scene": bad_image}, state, [INSTRUCTION])
         assert policy.infer(images_batch, state, [INSTRUCTION]).shape == (1, 3, 6)
+        policy.close()
+    finally:
+        stop_agent(agent)
+
+
+def test_the_policy_server_refuses_actions_beyond_its_robots_joint_travel(
+    base_state: Path, tmp_path: Path
+) -> None:
+    """An agent whose device drives a robot with a 0.2 rad wrist_pitch travel (its driver's
+    spec; release 1 active, the tiny export, which asks that joint for about -0.78 rad): a good
+    observation over a real WebSocket is answered by an error frame naming the action, the
+    joint and its travel, and the same socket answers the next; the robot-side client raises
+    the server's refusal."""
+    from websockets.sync.client import connect
+
+    agent = start_agent(base_state, tmp_path, driver=NARROW)
+    beyond = r"actions\[0, 3\] = -0\.\d+ rad: beyond joint wrist_pitch's travel of 0\.2 rad"
+    try:
+        policy = RemotePolicy(agent["url"], TOKEN, timeout_s=10)
+        obs = observation(policy)
+        images = {camera: encode_image(image) for camera, image in obs.images.items()}
+        with connect(policy.url, additional_headers={"Authorization": f"Bearer {TOKEN}"}) as socket:
+            assert frame_data(socket.recv(timeout=10))["version"] == "tiny:1"
+            for frame_id in range(2):
+                frame = ObservationFrame(
+                    frame_id, time.time(), INSTRUCTION, [float(x) for x in obs.state], images
+                )
+                socket.send(frame_text(frame))
+                answer = ChunkFrame.from_json(frame_data(socket.recv(timeout=10)))
+                assert answer.id == frame_id and answer.actions == []
+                assert re.fullmatch(f"refused: the policy's {beyond}", answer.error), answer.error
+        with pytest.raises(PolicyServerError, match=beyond):
+            policy.infer(*batch(obs), [INSTRUCTION])
         policy.close()
     finally:
         stop_agent(agent)

@@ -9,6 +9,7 @@ runs: a client's mistake leaves no traceback in it."""
 from __future__ import annotations
 
 import hashlib
+import json
 import socket
 import threading
 import time
@@ -179,15 +180,28 @@ def test_a_refused_handshake_answers_its_http_status_and_logs_no_asgi_error(
     assert_clean(log)
 
 
-def stalled_client(agent: Agent, info: PolicyInfo) -> tuple[socket.socket, float]:
+def stalled_client(
+    agent: Agent, info: PolicyInfo, fill: bool = False
+) -> tuple[socket.socket, float]:
     """A client that opens ``/policy``, sends one good observation and then reads nothing more
-    (its chunk, the agent's pings, left unread); returns its socket and when it stopped."""
+    (its chunk, the agent's pings, left unread); returns its socket and when it stopped.
+
+    ``fill``: its receive buffer is 4 KiB (set before connecting, so the TCP window is that
+    small) and it then sends frames whose answers are large (an unknown 64 KiB field name,
+    which the error frame names), leaving them unread, until the bytes the agent's kernel
+    holds for it (``tx_queue``) stop growing while frames still come: the kernel's send buffer
+    is full (it grows to ``tcp_wmem``'s 4 MiB), uvicorn's transport buffers the answers past
+    it and the server has stopped answering; a close frame can no longer leave."""
     uri = parse_uri(f"{agent.url}/policy")
     protocol = ClientProtocol(uri)
     request = protocol.connect()
     request.headers["Authorization"] = f"Bearer {TOKEN}"
     protocol.send_request(request)
-    sock = socket.create_connection((uri.host, uri.port), timeout=30)
+    sock = socket.socket()
+    if fill:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.settimeout(30)
+    sock.connect((uri.host, uri.port))
     sock.sendall(b"".join(protocol.data_to_send()))
     while protocol.state is State.CONNECTING:
         protocol.receive_data(sock.recv(65536))
@@ -195,31 +209,59 @@ def stalled_client(agent: Agent, info: PolicyInfo) -> tuple[socket.socket, float
     stopped = time.monotonic()
     protocol.send_text(observation_text(info, 1).encode())
     sock.sendall(b"".join(protocol.data_to_send()))
+    port, sent, unsent = sock.getsockname()[1], 0, [0]
+    while fill and not (unsent[-1] > 0 and unsent[-4:] == [unsent[-1]] * 4):
+        assert sent < 400, f"{sent} large answers left unread did not fill the agent's buffers"
+        for _ in range(8):
+            protocol.send_text(json.dumps({"x" * 65536: 0}).encode())
+        sock.sendall(b"".join(protocol.data_to_send()))
+        sent += 8
+        time.sleep(0.05)
+        unsent.append(unsent_by_agent(agent, port))
+    if fill:
+        full_s = time.monotonic() - stopped
+        print(f"buffers full {full_s:.2f} s after its last read: {unsent[-1]} bytes unsent")
+        assert full_s < STALL_S / 2, "full only after the first ping: its close is not tested"
     return sock, stopped
 
 
-def held_by_agent(agent: Agent, client_port: int) -> bool:
-    """Whether the agent still holds its end of the TCP connection from ``client_port`` (a
-    socket of a process: an entry in ``/proc/net/tcp`` with an inode; once the agent closes
-    it, the kernel's orphan, if any, has none)."""
+def agent_end(agent: Agent, client_port: int) -> list[str] | None:
+    """The agent's end of the TCP connection from ``client_port``: its ``/proc/net/tcp`` entry
+    (fields split), None when the kernel has none."""
     for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
         fields = line.split()
-        local, remote, inode = fields[1], fields[2], fields[9]
+        local, remote = fields[1], fields[2]
         if (
             int(local.split(":")[1], 16) == agent.port
             and int(remote.split(":")[1], 16) == client_port
         ):
-            return inode != "0"
-    return False
+            return fields
+    return None
+
+
+def held_by_agent(agent: Agent, client_port: int) -> bool:
+    """Whether the agent still holds its end of the TCP connection from ``client_port`` (a
+    socket of a process: an entry with an inode; once the agent closes it, the kernel's
+    orphan, if any, has none)."""
+    fields = agent_end(agent, client_port)
+    return fields is not None and fields[9] != "0"
+
+
+def unsent_by_agent(agent: Agent, client_port: int) -> int:
+    """Bytes the agent's kernel holds to send to ``client_port`` (``tx_queue``), 0 when gone."""
+    fields = agent_end(agent, client_port)
+    return 0 if fields is None else int(fields[4].split(":")[0], 16)
 
 
 def test_a_client_that_stops_reading_is_closed_within_the_stated_time_beside_a_served_robot(
     agent: Agent,
 ) -> None:
     """Two stalled clients and a robot on the asynchronous loop at 10 Hz, side by side: each
-    stalled one is closed within ``stalled_client_s`` (plus the machine's present pace) of its
-    last read, and logged; the robot's socket stays open, no inference fails, and it misses
-    about as many deadlines as it misses alone, measured first in this test (0 when quiet)."""
+    stalled one, the second with the TCP buffers full of its unread answers (its close frame
+    cannot leave: the agent aborts the connection), is closed within ``stalled_client_s`` (plus
+    the machine's present pace) of its last read, and logged; the robot's socket stays open,
+    no inference fails, and it misses about as many deadlines as it misses alone, measured
+    first in this test (0 when quiet)."""
     pace = cli_start_s()
     policy = RemotePolicy(agent.url, TOKEN, timeout_s=10)
     robot = RecordingRobot(tuple(policy.info.cameras), policy.info.image_size)
@@ -232,7 +274,8 @@ def test_a_client_that_stops_reading_is_closed_within_the_stated_time_beside_a_s
             loop.run(10)  # warm-up: the first chunks (a cold engine, a first connection)
             alone = loop.run(ticks)
             robot_socket = policy._socket
-            stalled += [stalled_client(agent, policy.info) for _ in range(2)]
+            # One stalls with room left in the TCP buffers, one once they are full.
+            stalled += [stalled_client(agent, policy.info, fill) for fill in (False, True)]
             closed_after: dict[int, float] = {}
 
             def watch() -> None:

@@ -126,7 +126,7 @@ def test_a_served_chunk_equals_the_local_engines_and_names_its_version(
     served = policy.infer(images, state, ["touch the red cube"])
     policy.close()
     # The same version opened here as the agent opens it (the health check's way).
-    local, version = Deployer(device_config(slow_agent["state"], keys[1])).serving_policy()
+    local, version, _ = Deployer(device_config(slow_agent["state"], keys[1])).serving_policy()
     expected = local.infer(images, state, ["touch the red cube"])
     assert version == policy.version == "tiny:1"
     assert served.shape == expected.shape == (1, 3, 6) and served.dtype == np.float32

@@ -177,10 +177,10 @@ def test_export_gate_and_evaluate_the_export(robo_pipe_home: Path, tmp_path: Pat
     import torch
 
     from stages.policy.checkpoint import new_policy, save_policy
-    from tests.stages.tiny_models import TINY_POLICY
+    from tests.stages.tiny_models import TINY_POLICY, rp5_normalizer
 
     torch.manual_seed(0)
-    policy, _ = new_policy(TINY_POLICY, ["scene"], 32, 6, 6)
+    policy, _ = new_policy(TINY_POLICY, ["scene"], 32, 6, 6, rp5_normalizer())
     save_policy(policy, tmp_path / "ckpt", None)
     export = robo_pipe("export", str(tmp_path / "ckpt"), "--json", home=robo_pipe_home)
     assert export.returncode == 0, export.stderr

@@ -5,11 +5,19 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipelines.config import load_config
-from stages.policy.checkpoint import CheckpointRef, new_policy, save_policy
+from robots.spec import get_robot
+from stages.policy.base import Normalizer
+from stages.policy.checkpoint import CheckpointRef, new_policy, save_policy, untrained_normalizer
 from tests.conftest import TINY_CONFIG
 
 TINY_POLICY = load_config(TINY_CONFIG).policy
 """A default VLA small enough to train in seconds: the tiny profile's ``policy`` section."""
+
+
+def rp5_normalizer() -> Normalizer:
+    """A random tiny policy's normalizer for rp5 (:func:`untrained_normalizer`): its gripper
+    openings inside the robot's limits, which every deploy boundary refuses otherwise."""
+    return untrained_normalizer(get_robot("rp5"))
 
 
 def tiny_base(folder: Path, image_size: int = 32) -> CheckpointRef:
@@ -31,7 +39,7 @@ def tiny_random_vlm(folder: Path, image_size: int = 32) -> CheckpointRef:
     """A :data:`TINY_VLM_POLICY` checkpoint (a scene camera of ``image_size`` px, rp5's 6 state
     and 6 action dimensions) saved in ``folder`` as LoRA fine-tuning would leave it: adapters
     and heads on the random-weight base."""
-    policy, base = new_policy(TINY_VLM_POLICY, ["scene"], image_size, 6, 6)
+    policy, base = new_policy(TINY_VLM_POLICY, ["scene"], image_size, 6, 6, rp5_normalizer())
     policy.add_lora(TINY_VLM_POLICY.lora)
     digest = save_policy(policy, folder, base)
     trainable, total = policy.parameter_counts()

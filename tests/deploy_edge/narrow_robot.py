@@ -1,0 +1,21 @@
+"""A device driver for agent processes in tests (``driver:`` in a device config), in a module
+of its own so the agent imports no test code beside it."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from sim_scenes.sim_robot import SimulatedRobot, simulated_rp5
+
+NARROW = "tests.deploy_edge.narrow_robot:narrow_wrist_rp5"
+"""The device config's ``driver`` for :func:`narrow_wrist_rp5`."""
+
+
+def narrow_wrist_rp5(cameras: tuple[str, ...], image_size: int) -> SimulatedRobot:
+    """The agent's default driver, its robot's wrist_pitch limited to -0.1..0.1 rad (0.2 rad of
+    travel): a robot whose joint travels less than the tiny export's deltas for it (about
+    -0.78 rad)."""
+    robot = simulated_rp5(cameras, image_size)
+    arm = (replace(j, low=-0.1, high=0.1) if j.name == "wrist_pitch" else j for j in robot.spec.arm)
+    robot.spec = replace(robot.spec, arm=tuple(arm))
+    return robot

@@ -51,23 +51,29 @@ if worker := os.environ.get("PYTEST_XDIST_WORKER"):  # gw0, gw1, ...
     os.environ.setdefault(MLFLOW_PORT_VAR, str(5000 + offset))
 
 SLOWEST_FIRST = (
-    "tests/pipelines/test_schedules.py",
     "tests/pipelines/test_flow.py",
-    "tests/pipelines/test_signals_stages.py",
-    "tests/pipelines/test_cluster.py",
-    "tests/pipelines/test_shared_runs.py",
-    "tests/pipelines/test_serve_faults.py",
-    "tests/pipelines/test_serve.py",
-    "tests/stages/test_finetune.py",
-    "tests/deploy_edge/test_finite.py",
-    "tests/pipelines/test_cli_contract.py",
-    "tests/pipelines/test_home_moves.py",
-    "tests/pipelines/test_signals.py",
     "tests/stages/test_rl.py",
     "tests/pipelines/test_fleet.py",
+    "tests/stages/test_finetune.py",
+    "tests/pipelines/test_cli_contract.py",
+    "tests/pipelines/test_deploy.py",
+    "tests/pipelines/test_schedules.py",
+    "tests/sim_scenes/test_isaaclab_env.py",
+    "tests/pipelines/test_serve_faults.py",
+    "tests/pipelines/test_cli.py",
+    "tests/stages/test_evaluate.py",
+    "tests/pipelines/test_cluster.py",
+    "tests/pipelines/test_signals_stages.py",
+    "tests/pipelines/test_integrity.py",
+    "tests/pipelines/test_serve.py",
+    "tests/stages/test_collect.py",
+    "tests/stages/test_export.py",
+    "tests/pipelines/test_shared_runs.py",
+    "tests/deploy_edge/test_finite.py",
 )
-"""The test files that take longest (a two-worker CI run's per-file sums, slowest first): they
-start first, so that no worker is left running one of them alone at the end."""
+"""The test files that take longest (a two-worker run's per-file sums, `--durations=0`, slowest
+first): they start first, so that no worker is left running one of them alone at the end
+(pyproject's ``--no-loadscope-reorder`` keeps pytest-xdist to this order)."""
 
 
 @pytest.hookimpl(trylast=True)

@@ -240,6 +240,10 @@ class LocalServers:
             "127.0.0.1",
             "--port",
             str(self.mlflow_port),
+            # One worker process: MLflow's default of four loads MLflow four times (~4 s of
+            # CPU each) for a UI one person reads; runs write to the store, not through it.
+            "--workers",
+            "1",
         ]
         self._commands = [
             ([*prefect_cmd, "--port", str(self.prefect_port)], home_dir("prefect") / "server.log"),

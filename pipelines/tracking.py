@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipelines.home import default_artifact_root, default_tracking_uri
+from pipelines.services.signals import interrupts_deferred
 from pipelines.stores import ensure_mlflow_store
 
 if TYPE_CHECKING:
@@ -98,7 +99,12 @@ def experiment_id(mlflow_client: MlflowClient, name: str) -> str:
 
 @dataclass
 class TrackedRun:
-    """One MLflow run, addressed by id (a pipeline run or one of its stages)."""
+    """One MLflow run, addressed by id (a pipeline run or one of its stages).
+
+    Every write to the store takes Ctrl-C and SIGTERM after it ends (``interrupts_deferred``).
+    Why: a stop raised inside a write to the SQLite store left its transaction holding the
+    database's lock, so the stage's own ``finish("FAILED")`` a moment later failed with
+    "database is locked" and the run exited 3 instead of 143 (seen in CI, test_signals)."""
 
     run_id: str
     experiment_id: str
@@ -117,7 +123,8 @@ class TrackedRun:
         all_tags = dict(tags or {})
         if parent_run_id:
             all_tags["mlflow.parentRunId"] = parent_run_id
-        run = mlflow_client.create_run(exp, tags=all_tags, run_name=name)
+        with interrupts_deferred():  # see TrackedRun: a stop never lands inside a write
+            run = mlflow_client.create_run(exp, tags=all_tags, run_name=name)
         return cls(run.info.run_id, exp)
 
     def log_params(self, params: dict[str, Any]) -> None:
@@ -125,7 +132,9 @@ class TrackedRun:
         from mlflow.entities import Param
 
         # log_batch sends as many requests as MLflow's per-request limits need.
-        client().log_batch(self.run_id, params=[Param(k, v) for k, v in flatten(params).items()])
+        logged = [Param(k, v) for k, v in flatten(params).items()]
+        with interrupts_deferred():
+            client().log_batch(self.run_id, params=logged)
 
     def log_metrics(self, metrics: dict[str, float], step: int = 0) -> None:
         """Log scalar metrics at ``step``."""
@@ -142,7 +151,8 @@ class TrackedRun:
             for key, value in record.items()
             if key not in (step_key, "time") and isinstance(value, int | float)
         ]
-        client().log_batch(self.run_id, metrics=metrics)
+        with interrupts_deferred():
+            client().log_batch(self.run_id, metrics=metrics)
 
     def describe(self, text: str) -> None:
         """Set the run's description (markdown, shown on its MLflow page)."""
@@ -152,19 +162,22 @@ class TrackedRun:
         """Set run tags (values as strings)."""
         from mlflow.entities import RunTag
 
-        client().log_batch(self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+        with interrupts_deferred():
+            client().log_batch(self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
 
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
         """Upload a file, or a directory's contents, to the run's artifacts."""
         p = Path(path)
-        if p.is_dir():
-            client().log_artifacts(self.run_id, str(p), artifact_path)
-        elif p.is_file():
-            client().log_artifact(self.run_id, str(p), artifact_path)
+        with interrupts_deferred():
+            if p.is_dir():
+                client().log_artifacts(self.run_id, str(p), artifact_path)
+            elif p.is_file():
+                client().log_artifact(self.run_id, str(p), artifact_path)
 
     def finish(self, status: str = "FINISHED") -> None:
         """End the run: FINISHED, FAILED or KILLED."""
-        client().set_terminated(self.run_id, status)
+        with interrupts_deferred():
+            client().set_terminated(self.run_id, status)
 
     def artifact_uri(self, artifact_path: str = "") -> str:
         """Where an artifact of this run lives."""

@@ -3,6 +3,11 @@ not fit in one MLflow request still arrives whole (MlflowClient.log_batch splits
 
 from __future__ import annotations
 
+import os
+import signal
+from typing import Any
+
+import pytest
 from mlflow.utils.validation import (
     MAX_METRICS_PER_BATCH,
     MAX_PARAM_VAL_LENGTH,
@@ -75,3 +80,38 @@ def test_experiments_are_model_training_ones_and_runs_carry_a_description() -> N
     kind = "mlflow.experimentKind"
     assert mlflow_client.get_experiment(older).tags[kind] == "custom_model_development"
     assert mlflow_client.get_experiment(chosen).tags[kind] == "genai_development"
+
+
+def test_a_stop_signal_during_a_write_takes_effect_after_it_and_the_run_can_still_finish(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """SIGTERM arriving while a metric is written to the SQLite store is raised when the write
+    has ended: the metric is stored, and the run's ``finish("FAILED")`` that a stopped stage
+    calls next succeeds (a stop inside the write left the database locked: exit 3, not 143)."""
+    configure()
+    run = tracking.TrackedRun.start("tracking-test", "stopped")
+    store = tracking.client()._tracking_client.store
+    write = store.log_batch
+
+    def signalled_midway(*args: Any, **kwargs: Any) -> Any:
+        os.kill(os.getpid(), signal.SIGTERM)  # delivered at once, were it not deferred
+        return write(*args, **kwargs)
+
+    class Stopped(Exception):
+        pass
+
+    def stop(signum: int, frame: Any) -> None:
+        raise Stopped
+
+    monkeypatch.setattr(store, "log_batch", signalled_midway)
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        with pytest.raises(Stopped):
+            run.log_metrics({"stage_seconds": 1.5})
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    monkeypatch.undo()
+    run.finish("FAILED")
+    stored = tracking.client().get_run(run.run_id)
+    assert stored.data.metrics == {"stage_seconds": 1.5}, "the write ended before the stop"
+    assert stored.info.status == "FAILED"

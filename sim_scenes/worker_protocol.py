@@ -14,7 +14,12 @@ Each worker's module docstring lists its operations (:mod:`sim_scenes.isaaclab.w
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import json
+import socket
+import traceback
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -45,3 +50,21 @@ def receive(conn: Connection) -> tuple[str, Fields]:
         # bytearray: arrays the receiver may write to, like any other observation
         fields[name] = np.frombuffer(bytearray(buffer), dtype=np.dtype(dtype)).reshape(shape)
     return header["op"], fields
+
+
+def run_worker(serve: Callable[[Connection], None], description: str | None) -> None:
+    """A worker's entry point: parse ``--fd`` (its end of the socket pair the client made),
+    ``serve`` on it until the client closes, and reply ``error`` with the traceback of any
+    failure ``serve`` let escape (then raise it: the worker exits non-zero, its log says why)."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--fd", type=int, required=True, help="this end of the socket pair")
+    args = parser.parse_args()
+    conn = Connection(socket.socket(fileno=args.fd).detach())
+    try:
+        serve(conn)
+    except Exception:
+        with contextlib.suppress(OSError):
+            send(conn, "error", traceback=traceback.format_exc())
+        raise
+    finally:
+        conn.close()

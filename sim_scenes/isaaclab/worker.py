@@ -25,9 +25,6 @@ episode), instructions (list of N str) and one uint8 (N, H, W, 3) array per came
 
 from __future__ import annotations
 
-import argparse
-import contextlib
-import socket
 import time
 import traceback
 from multiprocessing.connection import Connection
@@ -35,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from sim_scenes.worker_protocol import receive, send
+from sim_scenes.worker_protocol import receive, run_worker, send
 
 
 def _observation(env: Any, obs: dict) -> dict[str, Any]:
@@ -129,21 +126,5 @@ def serve(conn: Connection) -> None:
             env.close()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--fd", type=int, required=True, help="this end of the socket pair")
-    args = parser.parse_args()
-    sock = socket.socket(fileno=args.fd)
-    conn = Connection(sock.detach())
-    try:
-        serve(conn)
-    except Exception:
-        with contextlib.suppress(OSError):
-            send(conn, "error", traceback=traceback.format_exc())
-        raise
-    finally:
-        conn.close()
-
-
 if __name__ == "__main__":
-    main()
+    run_worker(serve, __doc__)

@@ -28,10 +28,7 @@ failure replies ``error`` with ``traceback`` (str).
 
 from __future__ import annotations
 
-import argparse
-import contextlib
 import os
-import socket
 import time
 import traceback
 from dataclasses import dataclass
@@ -46,7 +43,7 @@ os.environ.setdefault("LP_NUM_THREADS", "0")
 import mujoco
 import numpy as np
 
-from sim_scenes.worker_protocol import receive, send
+from sim_scenes.worker_protocol import receive, run_worker, send
 
 STATE_DIM = 4
 """The Sawyer's own state at the front of Meta-World's observation: hand xyz (m), gripper."""
@@ -199,21 +196,5 @@ def serve(conn: Connection) -> None:
             task.env.close()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--fd", type=int, required=True, help="this end of the socket pair")
-    args = parser.parse_args()
-    sock = socket.socket(fileno=args.fd)
-    conn = Connection(sock.detach())
-    try:
-        serve(conn)
-    except Exception:
-        with contextlib.suppress(OSError):
-            send(conn, "error", traceback=traceback.format_exc())
-        raise
-    finally:
-        conn.close()
-
-
 if __name__ == "__main__":
-    main()
+    run_worker(serve, __doc__)

@@ -119,11 +119,12 @@ class TrackedRun:
     ) -> TrackedRun:
         """Create a run in ``experiment``; with ``parent_run_id`` it is nested under it."""
         mlflow_client = client()
-        exp = experiment_id(mlflow_client, experiment)
         all_tags = dict(tags or {})
         if parent_run_id:
             all_tags["mlflow.parentRunId"] = parent_run_id
-        with interrupts_deferred():  # see TrackedRun: a stop never lands inside a write
+        # See TrackedRun: a stop never lands inside a write (the experiment may be created too).
+        with interrupts_deferred():
+            exp = experiment_id(mlflow_client, experiment)
             run = mlflow_client.create_run(exp, tags=all_tags, run_name=name)
         return cls(run.info.run_id, exp)
 

@@ -75,20 +75,25 @@ def experiment_id(mlflow_client: MlflowClient, name: str) -> str:
     server's default location otherwise."""
     import os
 
+    # The lookup reads (and is a process's first touch of the store, which can take seconds
+    # under load): only the writes below hold a stop back (see TrackedRun).
     found = mlflow_client.get_experiment_by_name(name)
     if found is not None:
         for key, value in EXPERIMENT_KIND.items():
             if key not in found.tags:
-                mlflow_client.set_experiment_tag(found.experiment_id, key, value)
+                with interrupts_deferred():
+                    mlflow_client.set_experiment_tag(found.experiment_id, key, value)
         return str(found.experiment_id)
     from mlflow.exceptions import MlflowException
 
     on_default_store = os.environ.get("MLFLOW_TRACKING_URI") == default_tracking_uri()
     location = f"{default_artifact_root()}/{name}" if on_default_store else None
     try:
-        return str(
-            mlflow_client.create_experiment(name, artifact_location=location, tags=EXPERIMENT_KIND)
-        )
+        with interrupts_deferred():
+            created = mlflow_client.create_experiment(
+                name, artifact_location=location, tags=EXPERIMENT_KIND
+            )
+        return str(created)
     except MlflowException as err:
         # Another run of the same config created it a moment ago: use theirs.
         found = mlflow_client.get_experiment_by_name(name)
@@ -122,9 +127,8 @@ class TrackedRun:
         all_tags = dict(tags or {})
         if parent_run_id:
             all_tags["mlflow.parentRunId"] = parent_run_id
-        # See TrackedRun: a stop never lands inside a write (the experiment may be created too).
-        with interrupts_deferred():
-            exp = experiment_id(mlflow_client, experiment)
+        exp = experiment_id(mlflow_client, experiment)  # its writes defer a stop themselves
+        with interrupts_deferred():  # see TrackedRun: a stop never lands inside a write
             run = mlflow_client.create_run(exp, tags=all_tags, run_name=name)
         return cls(run.info.run_id, exp)
 

@@ -222,17 +222,24 @@ def serve(
                 f"{time.monotonic() - started:.0f} s; serving goes on"
             )
 
-    def quit_without_server() -> None:
-        """Stop with no API calls that would wait for a server that is gone: no retries, no
-        pausing, our flow processes stopped directly."""
-        no_prefect_retries()
-        runner.pause_on_shutdown = False
+    def terminate_run_processes() -> list[UUID]:
+        """SIGTERM the process of every flow run the runner still tracks; their ids."""
         manager = runner._process_manager  # private: Prefect has no public way to this
+        signalled = []
         for flow_run_id in list(manager.flow_run_ids()):
             handle = manager.get(flow_run_id)
             if handle is not None and handle.pid:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(handle.pid, signal.SIGTERM)
+                signalled.append(flow_run_id)
+        return signalled
+
+    def quit_without_server() -> None:
+        """Stop with no API calls that would wait for a server that is gone: no retries, no
+        pausing, our flow processes stopped directly."""
+        no_prefect_retries()
+        runner.pause_on_shutdown = False
+        terminate_run_processes()
 
     async def run_until_signalled() -> None:
         stop = asyncio.Event()
@@ -265,6 +272,7 @@ def serve(
         watching.cancel()
         keeping.cancel()
         server_up = not gone and await asyncio.to_thread(healthy, f"{api}/health")
+        stragglers: list[UUID] = []
         if not server_up:
             if not gone:
                 tell(f"the Prefect server at {api} does not answer: stopping without it")
@@ -274,17 +282,20 @@ def serve(
             # Prefect's Ctrl-C path skips this: runs stayed Running. Bounded: a server that
             # goes away meanwhile must not hold the stop.
             stopping = asyncio.ensure_future(runner.astop())
-            await asyncio.wait({stopping}, timeout=STOP_BOUND_S - 5)
+            await asyncio.wait({stopping}, timeout=STOP_BOUND_S - 6)
             if not stopping.done():
-                quit_without_server()
+                # A run's process is slow to exit (the runner waits for each in turn, seen
+                # taking >9 s on a loaded CI machine): signal the rest at once, and mark what
+                # the runner did not get to below, as it would have.
+                stragglers = terminate_run_processes()
                 serving.cancel()
         elif not serving.done():  # signalled before the runner got going: nothing runs yet
             serving.cancel()
         signalled.cancel()
-        await asyncio.wait({serving}, timeout=3)  # not wait_for: it waits for the cancel
+        await asyncio.wait({serving}, timeout=2)  # not wait_for: it waits for the cancel
         if signalled.done() and server_up:
-            restoring = asyncio.ensure_future(_restore_finished_runs(ids))
-            await asyncio.wait({restoring}, timeout=3)
+            settling = asyncio.ensure_future(settle_stopped_runs(ids, stragglers))
+            await asyncio.wait({settling}, timeout=3)
         deadline.cancel()
 
     # Closing the loop resets the signals it handled to Python's defaults (SIGTERM: die at
@@ -361,10 +372,13 @@ SHUTDOWN_MESSAGE = "Runner is shutting down."
 """The message of the ``Cancelled`` state Prefect's runner gives the runs it stops."""
 
 
-async def _restore_finished_runs(deployment_ids: list[UUID]) -> None:
-    """Give back its final state to a run the stopping runner marked ``Cancelled`` after it had
-    finished: Prefect 3.8 cancels every run whose process has not exited yet, and a run's
-    process takes seconds to exit after its flow completed."""
+async def settle_stopped_runs(deployment_ids: list[UUID], stragglers: list[UUID]) -> None:
+    """Leave no run of ``deployment_ids`` ``Running`` after a stop, and none wrongly
+    ``Cancelled``: each of ``stragglers`` (runs whose processes ``serve`` signalled after the
+    runner's own stop ran out of time) still unfinished is marked ``Cancelled`` with
+    :data:`SHUTDOWN_MESSAGE`, as the runner marks those it stops; then a run so marked after it
+    had finished gets its final state back (Prefect 3.8 cancels every run whose process has not
+    exited yet, and a run's process takes seconds to exit after its flow completed)."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import (
         DeploymentFilter,
@@ -374,9 +388,15 @@ async def _restore_finished_runs(deployment_ids: list[UUID]) -> None:
         FlowRunFilterStateType,
     )
     from prefect.client.schemas.objects import StateType
-    from prefect.states import State
+    from prefect.states import Cancelled, State
 
     async with get_client() as client:
+        for flow_run_id in stragglers:
+            state = (await client.read_flow_run(flow_run_id)).state
+            if state is None or not state.is_final():
+                await client.set_flow_run_state(
+                    flow_run_id, Cancelled(message=SHUTDOWN_MESSAGE), force=True
+                )
         cancelled = await client.read_flow_runs(
             deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=deployment_ids)),
             flow_run_filter=FlowRunFilter(

@@ -25,6 +25,8 @@ from robo_pipe.errors import RoboPipeError
 from robo_pipe.names import slug
 from robots.spec import available_robots, get_robot
 from sim_scenes.config import SceneConfig, SimConfig
+from sim_scenes.errors import SceneError
+from sim_scenes.tasks import resolve_task
 from stages.collect.config import CollectConfig
 from stages.demo.config import DemoConfig
 from stages.evaluate.config import EvalConfig
@@ -136,7 +138,7 @@ class PipelineConfig(BaseModel):
     seed: int = Field(default=0, ge=0, lt=2**31)
     """Root seed; every random choice of the run derives from it."""
     robot: str = "rp5"
-    """Robot name (``robo-pipe robots`` lists them)."""
+    """Robot name (``robo-pipe robots`` lists them); unset, the task's (``scene.variant``)."""
     scene: SceneConfig = SceneConfig()
     sim: SimConfig = SimConfig()
     demo: DemoConfig = DemoConfig()
@@ -151,6 +153,21 @@ class PipelineConfig(BaseModel):
     deploy: DeployConfig = DeployConfig()
     schedules: list[ScheduleConfig] = []
     """Deployments ``robo-pipe serve`` registers (e.g. a nightly retrain)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _robot_of_the_task(cls, data: Any) -> Any:
+        """An unset ``robot`` is the one the task runs on (rp5 for touch: the same resolved
+        config, and hash, as before tasks had robots)."""
+        if not isinstance(data, dict) or "robot" in data:
+            return data
+        scene = data.get("scene", {})
+        variant = scene.get("variant") if isinstance(scene, dict) else scene.variant
+        try:
+            family, _ = resolve_task(variant or SceneConfig().variant)
+        except SceneError:
+            return data  # scene.variant's own check names it
+        return {**data, "robot": family.robot}
 
     @field_validator("robot")
     @classmethod
@@ -189,7 +206,7 @@ class PipelineConfig(BaseModel):
         ignored = {"episodes", "workers", "max_worker_restarts"}
         what["collect"] = self.collect.model_dump(mode="json", exclude=ignored)
         digest = hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:8]
-        return f"{self.slug}-{self.scene.variant}-{digest}"
+        return f"{self.slug}-{slug(self.scene.variant)}-{digest}"
 
     def config_hash(self) -> str:
         """sha256 of the canonical JSON of the resolved config (first 16 hex digits)."""
@@ -304,6 +321,22 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
                 f"{margin!r}: must be below evaluate.sequential.regression ({regression:g}): a "
                 "sequential comparison passes early only once a regression that large is ruled "
                 "out"
+            ]
+        )
+    family, _ = resolve_task(config.scene.variant)
+    if config.robot != family.robot:
+        raise ConfigError(
+            [
+                f"{source('robot')}: field 'robot' = {config.robot!r}: the task "
+                f"{config.scene.variant!r} (scene.variant) runs on robot {family.robot!r}; "
+                "leave robot unset to take the task's"
+            ]
+        )
+    if config.sim.backend not in family.backends:
+        raise ConfigError(
+            [
+                f"{source('sim.backend')}: field 'sim.backend' = {config.sim.backend!r}: the "
+                f"{family.name} tasks play on {', '.join(family.backends)}"
             ]
         )
     known = [c.name for c in get_robot(config.robot).cameras]

@@ -8,12 +8,9 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 from robo_pipe.validation import one_of
-from sim_scenes.touch import (
-    RewardTerms,
-    SceneVariant,
-    available_variants,
-    get_variant,
-)
+from sim_scenes.errors import SceneError
+from sim_scenes.tasks import resolve_task
+from sim_scenes.touch import RewardTerms, SceneVariant
 
 
 class RewardConfig(BaseModel):
@@ -50,7 +47,9 @@ class SceneConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     variant: str = "touch-mixed"
-    """Scene variant name (``robo-pipe scenes`` lists them)."""
+    """The task: ``[FAMILY/]VARIANT`` (a bare name is a touch variant; ``robo-pipe scenes``
+    lists them all). It decides the robot and the backends that can play it
+    (:mod:`sim_scenes.tasks`)."""
     cameras: list[str] = Field(default=["scene"], min_length=1)
     """Cameras rendered into observations, from the robot's cameras."""
     image_size: int = Field(default=64, ge=16, le=512)
@@ -66,7 +65,8 @@ class SceneConfig(BaseModel):
     def task(self, variant: str | None = None) -> SceneVariant:
         """The scene variant (``variant``, default this config's) with this config's success
         criterion and episode length applied: what every backend simulates."""
-        spec = get_variant(variant or self.variant)
+        family, name = resolve_task(variant or self.variant)
+        spec = family.variant(name)
         criterion = {k: v for k, v in self.success.model_dump().items() if v is not None}
         steps = self.episode_steps or spec.episode_steps
         return replace(spec, success=replace(spec.success, **criterion), episode_steps=steps)
@@ -85,15 +85,16 @@ class SceneConfig(BaseModel):
     def reward_terms(self) -> RewardTerms:
         """The variant's reward terms with this config's overrides applied."""
         overrides = {k: v for k, v in self.reward.model_dump().items() if v is not None}
-        return replace(get_variant(self.variant).reward, **overrides)
+        family, name = resolve_task(self.variant)
+        return replace(family.variant(name).reward, **overrides)
 
     @field_validator("variant")
     @classmethod
     def _known_variant(cls, name: str) -> str:
-        if name not in available_variants():
-            raise ValueError(
-                f"unknown scene variant; valid choices: {', '.join(available_variants())}"
-            )
+        try:
+            resolve_task(name)
+        except SceneError as err:
+            raise ValueError(str(err)) from None
         return name
 
 

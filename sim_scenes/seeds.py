@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sim_scenes.touch import SceneError
+from sim_scenes.errors import SceneError
 
 SEED_PURPOSES = ("collect", "eval", "demo", "benchmark")
 """Independent seed streams: episodes for training data never reuse evaluation seeds."""

@@ -22,8 +22,8 @@ from typing import Literal
 
 import numpy as np
 
-from robo_pipe.errors import RoboPipeError
 from robots.spec import RobotSpec
+from sim_scenes.errors import SceneError
 
 COLOURS: dict[str, tuple[float, float, float]] = {
     "red": (0.85, 0.12, 0.10),
@@ -246,10 +246,6 @@ VARIANTS: dict[str, SceneVariant] = {
         _shifted(_MIXED),
     )
 }
-
-
-class SceneError(RoboPipeError, ValueError):
-    """An unknown scene variant or an invalid scene parameter."""
 
 
 def available_variants(split: str | None = None) -> list[str]:

@@ -16,8 +16,8 @@ from types import TracebackType
 
 import numpy as np
 
+from sim_scenes.errors import SceneError
 from sim_scenes.metaworld.env import metaworld_python
-from sim_scenes.touch import SceneError
 from sim_scenes.worker_process import WorkerError, WorkerProcess
 
 MT10_TASKS = (

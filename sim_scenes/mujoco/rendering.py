@@ -18,7 +18,7 @@ from typing import Any
 import mujoco
 import numpy as np
 
-from sim_scenes.touch import SceneError
+from sim_scenes.errors import SceneError
 
 GL_BACKENDS = ("egl", "osmesa", "glfw")
 

@@ -33,8 +33,8 @@ from sim_scenes.backends import make_env
 from sim_scenes.batched_env import BatchedObservation, StepResult
 from sim_scenes.config import SceneConfig, SimConfig
 from sim_scenes.episodes import play_episodes
+from sim_scenes.errors import SceneError
 from sim_scenes.seeds import episode_seeds
-from sim_scenes.touch import SceneError, get_variant
 from stages.collect.config import CollectConfig
 from stages.collect.sources import make_source
 from stages.dataset.layout import (
@@ -288,7 +288,7 @@ def collect(
         SceneError: ``scene.variant`` is held out for evaluation.
         WorkersDiedError: a worker died more than ``config.max_worker_restarts`` times.
     """
-    variant = get_variant(scene.variant)
+    variant = scene.task()
     if variant.split != "train":
         raise SceneError(
             f"scene variant {scene.variant!r} is held out for evaluation; collect from a training "

@@ -6,7 +6,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from sim_scenes.touch import Phrasing, available_variants
+from sim_scenes.errors import SceneError
+from sim_scenes.tasks import resolve_task
+from sim_scenes.touch import Phrasing
 
 
 class SequentialConfig(BaseModel):
@@ -114,9 +116,8 @@ class EvalConfig(BaseModel):
         if names is not None and not names:
             raise ValueError("an evaluation suite needs at least one variant")
         for name in names or []:
-            if name not in available_variants():
-                raise ValueError(
-                    f"unknown scene variant {name!r}; valid choices: "
-                    f"{', '.join(available_variants())}"
-                )
+            try:
+                resolve_task(name)
+            except SceneError as err:
+                raise ValueError(str(err)) from None
         return names

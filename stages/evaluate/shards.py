@@ -34,8 +34,10 @@ from sim_scenes.backends import make_env
 from sim_scenes.batched_env import BatchedEnv, BatchedObservation
 from sim_scenes.config import SceneConfig, SimConfig
 from sim_scenes.episodes import play_episodes
+from sim_scenes.errors import SceneError
 from sim_scenes.seeds import episode_seeds
-from sim_scenes.touch import Phrasing, SceneError, heldout_variants
+from sim_scenes.tasks import resolve_task, task_name
+from sim_scenes.touch import Phrasing
 from stages.evaluate.config import EvalConfig
 from stages.evaluate.delay import DelayedActor, DelayPlan, check_plan
 from stages.evaluate.failures import failure_mode
@@ -96,9 +98,12 @@ class ShardOutcome:
 
 
 def suite_variants(scene: SceneConfig, config: EvalConfig) -> list[str]:
-    """The suite's variants: configured, or the held-out variants of the training variant."""
-    variants = config.variants or heldout_variants(scene.variant) or [scene.variant]
-    return list(variants)
+    """The suite's variants: configured, or the task family's suite for the trained variant
+    (touch: the variants held out for it, else itself)."""
+    if config.variants:
+        return list(config.variants)
+    family, name = resolve_task(scene.variant)
+    return [task_name(family, variant) for variant in family.eval_variants(name)]
 
 
 def plan_shards(

@@ -6,7 +6,7 @@ from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from sim_scenes.touch import available_variants
+from sim_scenes.tasks import available_tasks
 from stages.finetune.algorithm import ALGORITHMS
 
 
@@ -53,7 +53,7 @@ class PretrainConfig(BaseModel):
     @field_validator("variants")
     @classmethod
     def _known_variants(cls, names: list[str] | None) -> list[str] | None:
-        train = available_variants("train")
+        train = available_tasks("train")
         for name in names or []:
             if name not in train:
                 raise ValueError(

@@ -33,7 +33,7 @@ from robo_pipe.home import mark_home, unmark_home
 from robo_pipe.locks import StatusFn, output_lock
 from robots.spec import get_robot
 from sim_scenes.config import SceneConfig, SimConfig
-from sim_scenes.touch import available_variants, get_variant
+from sim_scenes.tasks import resolve_task, task_name
 from stages.collect.config import CollectConfig
 from stages.collect.run import ShardResult, collect
 from stages.dataset.layout import DatasetRef
@@ -72,10 +72,11 @@ def _key(*parts: Any) -> str:
 
 
 def pretrain_variants(target: str, config: PretrainConfig) -> list[str]:
-    """The task family a base is pretrained on: configured, or every training variant except
-    ``target``."""
-    family = [v for v in available_variants("train") if get_variant(v).pretrain_by_default]
-    variants = config.variants or [v for v in family if v != target]
+    """The variants a base is pretrained on: configured, or the task family's own choice for
+    ``target`` (touch: every training variant but ``target``)."""
+    family, name = resolve_task(target)
+    default = [task_name(family, variant) for variant in family.pretrain_variants(name)]
+    variants = config.variants or default
     if target in variants:
         raise ValueError(f"pretrain.variants includes the target variant {target!r}")
     return variants

@@ -8,6 +8,9 @@ from pathlib import Path
 import pytest
 
 from pipelines.config import CONFIG_DIR, ConfigError, PipelineConfig, load_config, save_resolved
+from sim_scenes import tasks
+from sim_scenes.tasks import TaskFamily
+from sim_scenes.touch import SceneVariant
 
 DEMO = CONFIG_DIR / "demo.yaml"
 
@@ -55,9 +58,64 @@ def test_unknown_robot_and_variant_list_choices(tmp_path: Path) -> None:
     path = write(tmp_path, "name: x\nrobot: ur5\nscene:\n  variant: touch-moon\n")
     msg = problems(path)
     assert "field 'robot' = 'ur5': unknown robot; valid choices: rp5" in msg
-    assert "field 'scene.variant' = 'touch-moon': unknown scene variant; valid choices:" in msg
+    assert "field 'scene.variant' = 'touch-moon': unknown task 'touch-moon'; valid choices:" in msg
     path = write(tmp_path, "name: x\nexport:\n  variants: [int8, fp8]\n")
     assert "unknown export variant; valid choices: int8" in problems(path)
+
+
+class _SawyerTasks(TaskFamily):
+    """A second task family, on another robot and backend, as the registry sees one."""
+
+    name, description, robot = "reach", "a Sawyer reaches", "sawyer"
+    backends, phrasings = ("metaworld",), ("trained",)
+
+    def variant_names(self, split: str | None = None) -> list[str]:
+        return ["reach-v3"] if split in (None, "train") else []
+
+    def variant(self, name: str) -> SceneVariant:
+        raise AssertionError("the config's checks need no variant")
+
+    def eval_variants(self, name: str) -> list[str]:
+        return [name]
+
+    def pretrain_variants(self, target: str) -> list[str]:
+        return []
+
+
+def test_the_task_names_its_family_robot_and_backends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``scene.variant`` is ``[FAMILY/]VARIANT``: a bare name is a touch task, the robot follows
+    the task, and a robot or backend the task cannot use is refused, naming both."""
+    plain = load_config(write(tmp_path, "name: x\n"))
+    spelled = load_config(write(tmp_path, "name: x\nscene:\n  variant: touch/touch-mixed\n"))
+    assert plain.robot == spelled.robot == "rp5"
+    assert "/" not in spelled.dataset_name() and "touch-touch-mixed" in spelled.dataset_name()
+    assert plain.dataset_name().startswith("x-touch-mixed-"), "touch names are unchanged"
+    msg = problems(write(tmp_path, "name: x\nscene:\n  variant: metaworld/mt10\n"))
+    assert "field 'scene.variant' = 'metaworld/mt10': unknown task family 'metaworld'" in msg
+
+    monkeypatch.setitem(tasks.TASKS, "reach", f"{__name__}:_SAWYER")
+    tasks.task_family.cache_clear()
+    try:
+        reach = "name: x\nscene:\n  variant: reach/reach-v3\n"
+        msg = problems(write(tmp_path, reach + "robot: rp5\n"))
+        assert (
+            "field 'robot' = 'rp5': the task 'reach/reach-v3' (scene.variant) runs on robot "
+            "'sawyer'"
+        ) in msg
+        # Unset, the robot is the task's (here one the robots registry lacks: named as such).
+        assert "field 'robot' = 'sawyer': unknown robot" in problems(write(tmp_path, reach))
+        msg = problems(DEMO, ("scene.variant=reach/reach-v3", "robot=rp5"))
+        assert "--set 'robot=rp5'" in msg
+        monkeypatch.setattr(_SAWYER, "robot", "rp5")
+        msg = problems(write(tmp_path, reach))
+        assert "field 'sim.backend' = 'mujoco': the reach tasks play on metaworld" in msg
+    finally:
+        tasks.task_family.cache_clear()
+
+
+_SAWYER = _SawyerTasks()
 
 
 def test_unknown_camera_lists_the_robots_cameras(tmp_path: Path) -> None:

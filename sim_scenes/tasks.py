@@ -1,0 +1,113 @@
+"""Tasks by name (``scene.variant``): the one place a task is chosen.
+
+A task is what the robot must do: its scene variants (the distributions episodes are drawn
+from, each ``train`` or ``heldout``), which of them measure a trained variant and which a base
+is pretrained on, how instructions may be worded, the robot it runs on and the simulator
+backends that can play it. Tasks come in families, each a :class:`TaskFamily` named in
+:data:`TASKS` by its entry point, imported only when that family is used:
+
+- ``touch`` (built in, the default): the rp5 arm touches the object an instruction names
+  (:mod:`sim_scenes.touch`), on MuJoCo or Isaac Lab.
+
+A task's name is ``[FAMILY/]VARIANT``; a bare name is a touch variant, so ``touch-mixed`` and
+``touch/touch-mixed`` are the same task and the shipped configs keep their names, dataset names
+and hashes. Collection, evaluation, pretraining and the config's checks ask the family, never a
+family's module directly. Adding a family is its module (a :class:`TaskFamily`) plus one line in
+:data:`TASKS`.
+"""
+
+from __future__ import annotations
+
+import abc
+import pkgutil
+from functools import cache
+from typing import TYPE_CHECKING
+
+from sim_scenes.errors import SceneError
+
+if TYPE_CHECKING:
+    from sim_scenes.touch import SceneVariant
+
+DEFAULT_FAMILY = "touch"
+"""The family of a task named without one (``touch-mixed``)."""
+
+TASKS: dict[str, str] = {
+    "touch": "sim_scenes.touch_task:TOUCH",
+}
+"""Task family name -> ``module:attribute`` of its :class:`TaskFamily`."""
+
+
+class TaskFamily(abc.ABC):
+    """A family of tasks sharing a robot, a vocabulary and simulator backends.
+
+    Variant names are the family's own (``touch-mixed``), without the ``family/`` prefix.
+    """
+
+    name: str
+    """Registry name (a key of :data:`TASKS`)."""
+    description: str
+    """One line for listings."""
+    robot: str
+    """The robot it runs on (a name ``robo-pipe robots`` lists)."""
+    backends: tuple[str, ...]
+    """``sim.backend`` values that can play it (keys of :data:`sim_scenes.config.BACKENDS`)."""
+    phrasings: tuple[str, ...]
+    """How its instructions may be worded (``trained`` first; others are for evaluation)."""
+
+    @abc.abstractmethod
+    def variant_names(self, split: str | None = None) -> list[str]:
+        """Its variants, sorted, optionally only those of one split (``train``/``heldout``)."""
+
+    @abc.abstractmethod
+    def variant(self, name: str) -> SceneVariant:
+        """The variant ``name``; raises :class:`SceneError` listing the valid ones."""
+
+    @abc.abstractmethod
+    def eval_variants(self, name: str) -> list[str]:
+        """The suite a policy trained on ``name`` is measured on by default."""
+
+    @abc.abstractmethod
+    def pretrain_variants(self, target: str) -> list[str]:
+        """The variants a base for ``target`` is pretrained on by default (never ``target``)."""
+
+
+def split_task_name(name: str) -> tuple[str, str]:
+    """``family/variant`` -> ``(family, variant)``; a bare name is the default family's."""
+    family, slash, variant = name.rpartition("/")
+    return (family, variant) if slash else (DEFAULT_FAMILY, name)
+
+
+@cache
+def task_family(name: str) -> TaskFamily:
+    """The family ``name``; unknown names list the valid choices."""
+    if name not in TASKS:
+        raise SceneError(f"unknown task family {name!r}; valid choices: {', '.join(TASKS)}")
+    family: TaskFamily = pkgutil.resolve_name(TASKS[name])
+    return family
+
+
+def resolve_task(name: str) -> tuple[TaskFamily, str]:
+    """The family of the task ``name`` and the variant's name within it.
+
+    Raises:
+        SceneError: an unknown family or variant (the message lists the valid choices).
+    """
+    family_name, variant = split_task_name(name)
+    family = task_family(family_name)
+    if variant not in family.variant_names():
+        raise SceneError(f"unknown task {name!r}; valid choices: {', '.join(available_tasks())}")
+    return family, variant
+
+
+def task_name(family: TaskFamily, variant: str) -> str:
+    """The name configs use for ``variant`` of ``family`` (bare for the default family)."""
+    return variant if family.name == DEFAULT_FAMILY else f"{family.name}/{variant}"
+
+
+def available_tasks(split: str | None = None) -> list[str]:
+    """Every task's name, optionally only the variants of one split."""
+    return [
+        task_name(family, variant)
+        for family in map(task_family, TASKS)
+        for variant in family.variant_names(split)
+    ]

@@ -1,0 +1,45 @@
+"""The touch task family as the task registry (:mod:`sim_scenes.tasks`) sees it: the rp5 arm
+touches the object an instruction names. The task itself is :mod:`sim_scenes.touch`; this module
+only answers the registry's questions from it."""
+
+from __future__ import annotations
+
+from sim_scenes.tasks import TaskFamily
+from sim_scenes.touch import (
+    PHRASINGS,
+    SceneVariant,
+    available_variants,
+    get_variant,
+    heldout_variants,
+)
+
+
+class TouchTasks(TaskFamily):
+    """``touch``: coloured objects on a table, "touch the <colour> <shape>"."""
+
+    name = "touch"
+    description = 'rp5 touches the object an instruction names ("touch the red cube")'
+    robot = "rp5"
+    backends = ("mujoco", "isaaclab")
+    phrasings = PHRASINGS
+
+    def variant_names(self, split: str | None = None) -> list[str]:
+        return available_variants(split)
+
+    def variant(self, name: str) -> SceneVariant:
+        return get_variant(name)
+
+    def eval_variants(self, name: str) -> list[str]:
+        """The variants held out for ``name`` (its generalisation), else ``name`` itself."""
+        return heldout_variants(name) or [name]
+
+    def pretrain_variants(self, target: str) -> list[str]:
+        """Every training variant marked ``pretrain_by_default`` except ``target``."""
+        return [
+            name
+            for name in self.variant_names("train")
+            if get_variant(name).pretrain_by_default and name != target
+        ]
+
+
+TOUCH = TouchTasks()

@@ -20,12 +20,16 @@ from __future__ import annotations
 
 import abc
 import pkgutil
+from collections.abc import Callable
 from functools import cache
 from typing import TYPE_CHECKING
 
 from sim_scenes.errors import SceneError
 
 if TYPE_CHECKING:
+    import numpy as np
+
+    from robots.spec import RobotSpec
     from sim_scenes.touch import SceneVariant
 
 DEFAULT_FAMILY = "touch"
@@ -69,6 +73,13 @@ class TaskFamily(abc.ABC):
     @abc.abstractmethod
     def pretrain_variants(self, target: str) -> list[str]:
         """The variants a base for ``target`` is pretrained on by default (never ``target``)."""
+
+    @abc.abstractmethod
+    def expert(self, robot: RobotSpec) -> Callable[..., np.ndarray]:
+        """The scripted expert that demonstrates the task on ``robot``, an acting function
+        (:data:`sim_scenes.episodes.ActFn`, not imported here: episodes' imports lead back to
+        this module): ``(env, observation)`` -> actions ``(N, robot.action.dim)`` in robot
+        units. It may read the simulator's ground truth: demonstrations only, never a policy."""
 
 
 def split_task_name(name: str) -> tuple[str, str]:

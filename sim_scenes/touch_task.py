@@ -4,6 +4,8 @@ only answers the registry's questions from it."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from sim_scenes.tasks import TaskFamily
 from sim_scenes.touch import (
     PHRASINGS,
@@ -12,6 +14,10 @@ from sim_scenes.touch import (
     get_variant,
     heldout_variants,
 )
+
+if TYPE_CHECKING:
+    from robots.spec import RobotSpec
+    from sim_scenes.expert import ScriptedExpert
 
 
 class TouchTasks(TaskFamily):
@@ -40,6 +46,12 @@ class TouchTasks(TaskFamily):
             for name in self.variant_names("train")
             if get_variant(name).pretrain_by_default and name != target
         ]
+
+    def expert(self, robot: RobotSpec) -> ScriptedExpert:
+        """Damped-least-squares IK to the named object (:mod:`sim_scenes.expert`)."""
+        from sim_scenes.expert import ScriptedExpert  # loads the robot's MuJoCo model
+
+        return ScriptedExpert(robot)
 
 
 TOUCH = TouchTasks()

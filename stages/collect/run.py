@@ -35,6 +35,7 @@ from sim_scenes.config import SceneConfig, SimConfig
 from sim_scenes.episodes import play_episodes
 from sim_scenes.errors import SceneError
 from sim_scenes.seeds import episode_seeds
+from sim_scenes.tasks import resolve_task
 from stages.collect.config import CollectConfig
 from stages.collect.sources import make_source
 from stages.dataset.layout import (
@@ -103,7 +104,8 @@ class CollectWorker(PoolWorker):
             num_envs=self.collect.envs_per_worker,
             autoreset=False,
         )
-        self.source = make_source(self.collect.source, self.robot)
+        task, _ = resolve_task(scene.variant)
+        self.source = make_source(self.collect.source, self.robot, task)
 
     def collect_shard(self, start: int, end: int, seeds: list[int], staging: str) -> ShardResult:
         """Play ``seeds`` (the shard's), record every transition, commit the shard."""

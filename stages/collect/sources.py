@@ -15,7 +15,7 @@ import numpy as np
 
 from robots.spec import RobotSpec
 from sim_scenes.batched_env import BatchedEnv, BatchedObservation
-from sim_scenes.expert import ScriptedExpert
+from sim_scenes.tasks import TaskFamily
 
 
 class DemonstrationSource(abc.ABC):
@@ -30,26 +30,26 @@ class DemonstrationSource(abc.ABC):
 
 
 class ScriptedExpertSource(DemonstrationSource):
-    """The damped-least-squares IK expert of :mod:`sim_scenes.expert` (privileged)."""
+    """The task's scripted expert (:meth:`sim_scenes.tasks.TaskFamily.expert`; privileged)."""
 
     name = "scripted_expert"
 
-    def __init__(self, robot: RobotSpec) -> None:
-        self._expert = ScriptedExpert(robot)
+    def __init__(self, robot: RobotSpec, task: TaskFamily) -> None:
+        self._expert = task.expert(robot)
 
     def __call__(self, env: BatchedEnv, obs: BatchedObservation) -> np.ndarray:
-        return self._expert.act(env)
+        return self._expert(env, obs)
 
 
-SOURCES: dict[str, Callable[[RobotSpec], DemonstrationSource]] = {
+SOURCES: dict[str, Callable[[RobotSpec, TaskFamily], DemonstrationSource]] = {
     "scripted_expert": ScriptedExpertSource,
 }
 
 
-def make_source(name: str, robot: RobotSpec) -> DemonstrationSource:
-    """Build a registered source; unknown names list the valid ones."""
+def make_source(name: str, robot: RobotSpec, task: TaskFamily) -> DemonstrationSource:
+    """Build a registered source for ``task`` on ``robot``; unknown names list the valid ones."""
     if name not in SOURCES:
         raise ValueError(
             f"unknown demonstration source {name!r}; valid choices: {', '.join(SOURCES)}"
         )
-    return SOURCES[name](robot)
+    return SOURCES[name](robot, task)

@@ -24,8 +24,8 @@ from robots.spec import get_robot
 from sim_scenes.backends import make_env
 from sim_scenes.config import SceneConfig, SimConfig
 from sim_scenes.episodes import EpisodeRecord, play_episodes
-from sim_scenes.expert import ScriptedExpert
 from sim_scenes.seeds import episode_seeds
+from sim_scenes.tasks import resolve_task
 from stages.demo.config import DemoConfig
 from stages.statistics import wilson_interval
 
@@ -66,7 +66,8 @@ def run_demo(
     out.mkdir(parents=True, exist_ok=True)
     spec = get_robot(robot)
     seeds = episode_seeds(seed, config.episodes, "demo")
-    expert = ScriptedExpert(spec)
+    task, _ = resolve_task(scene.variant)
+    expert = task.expert(spec)
     num_envs = min(sim.num_envs, len(seeds))
     start = time.perf_counter()
     with make_env(spec, scene, sim, num_envs=num_envs, autoreset=False) as env:

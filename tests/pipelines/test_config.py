@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from pipelines.config import CONFIG_DIR, ConfigError, PipelineConfig, load_config, save_resolved
+from robots.spec import RobotSpec
 from sim_scenes import tasks
 from sim_scenes.tasks import TaskFamily
 from sim_scenes.touch import SceneVariant
@@ -80,6 +83,9 @@ class _SawyerTasks(TaskFamily):
 
     def pretrain_variants(self, target: str) -> list[str]:
         return []
+
+    def expert(self, robot: RobotSpec) -> Callable[..., np.ndarray]:
+        raise AssertionError("the config's checks play no episode")
 
 
 def test_the_task_names_its_family_robot_and_backends(

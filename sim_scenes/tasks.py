@@ -75,6 +75,11 @@ class TaskFamily(abc.ABC):
         """The variants a base for ``target`` is pretrained on by default (never ``target``)."""
 
     @abc.abstractmethod
+    def describe(self, name: str) -> dict[str, str]:
+        """The variant ``name`` in a few columns for listings (``robo-pipe scenes``):
+        ``description`` and what sets it apart, by column name."""
+
+    @abc.abstractmethod
     def expert(self, robot: RobotSpec) -> Callable[..., np.ndarray]:
         """The scripted expert that demonstrates the task on ``robot``, an acting function
         (:data:`sim_scenes.episodes.ActFn`, not imported here: episodes' imports lead back to

@@ -47,6 +47,16 @@ class TouchTasks(TaskFamily):
             if get_variant(name).pretrain_by_default and name != target
         ]
 
+    def describe(self, name: str) -> dict[str, str]:
+        """Objects on the table, their colours and shapes, and the description."""
+        v = get_variant(name)
+        return {
+            "objects": f"{v.num_objects[0]}-{v.num_objects[1]}",
+            "colours": ", ".join(v.colours),
+            "shapes": ", ".join(v.shapes),
+            "description": v.description,
+        }
+
     def expert(self, robot: RobotSpec) -> ScriptedExpert:
         """Damped-least-squares IK to the named object (:mod:`sim_scenes.expert`)."""
         from sim_scenes.expert import ScriptedExpert  # loads the robot's MuJoCo model

@@ -78,7 +78,6 @@ TOUCH_MODULES = {"sim_scenes.touch", "sim_scenes.expert"}
 """The touch task family's own modules: the rest of the pipeline reaches them through the task
 registry (:mod:`sim_scenes.tasks`), so that another family plays the same stages."""
 NOT_YET_THROUGH_THE_SEAM = {
-    "pipelines/cli/catalog.py": "`robo-pipe scenes` prints touch's variant table",
     "stages/evaluate/config.py": "evaluate.phrasing is touch's Phrasing",
     "stages/evaluate/shards.py": "the phrasing an evaluation worker passes on",
     "stages/policy/tokenizer.py": "the default policy's vocabulary is touch's words",

@@ -10,7 +10,7 @@ from rich.table import Table
 from pipelines.cli.common import emit_json, load, result_console
 from pipelines.cli.options import DEMO_CONFIG, ConfigOpt, JsonOpt, SetOpt, add_verb
 from robots.spec import available_robots, get_robot
-from sim_scenes.touch import VARIANTS
+from sim_scenes.tasks import TASKS, task_family, task_name
 
 
 def config(config: ConfigOpt = DEMO_CONFIG, set_: SetOpt = None) -> None:
@@ -57,22 +57,31 @@ def robots(json_out: JsonOpt = False) -> None:
 
 
 def scenes(json_out: JsonOpt = False) -> None:
-    """List the task's scene variants; held-out ones are reserved for evaluation."""
-    table = Table(title="touch task scene variants")
-    for col in ("variant", "split", "objects", "colours", "shapes", "description"):
-        table.add_column(col)
-    for v in VARIANTS.values():
-        split = v.split if v.holdout_for is None else f"{v.split} (for {v.holdout_for})"
-        table.add_row(
-            v.name,
-            split,
-            f"{v.num_objects[0]}-{v.num_objects[1]}",
-            ", ".join(v.colours),
-            ", ".join(v.shapes),
-            v.description,
-        )
-    result_console(json_out).print(table)
-    emit_json([{"name": v.name, "split": v.split} for v in VARIANTS.values()], json_out)
+    """List every task (scene.variant) by family, with the robot it runs on; held-out variants
+    are reserved for evaluation."""
+    out, records = result_console(json_out), []
+    for family in map(task_family, TASKS):
+        table = Table(title=f"{family.name} tasks (robot {family.robot}): {family.description}")
+        names = family.variant_names()
+        columns = list(family.describe(names[0])) if names else ["description"]
+        for col in ("scene.variant", "split", *columns):
+            table.add_column(col)
+        for name in names:
+            variant = family.variant(name)
+            split = variant.split
+            if variant.holdout_for is not None:
+                split = f"{split} (for {task_name(family, variant.holdout_for)})"
+            table.add_row(task_name(family, name), split, *family.describe(name).values())
+            records.append(
+                {
+                    "name": task_name(family, name),
+                    "family": family.name,
+                    "robot": family.robot,
+                    "split": variant.split,
+                }
+            )
+        out.print(table)
+    emit_json(records, json_out)
 
 
 def register(app: typer.Typer) -> None:

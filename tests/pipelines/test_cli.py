@@ -126,8 +126,10 @@ def test_config_robots_and_scenes_verbs(robo_pipe_home: Path) -> None:
     robots_out = robo_pipe("robots", "--json", home=robo_pipe_home)
     assert json.loads(robots_out.stdout.splitlines()[-1])[0]["name"] == "rp5"
     scenes_out = robo_pipe("scenes", "--json", home=robo_pipe_home)
-    splits = {s["name"]: s["split"] for s in json.loads(scenes_out.stdout.splitlines()[-1])}
+    listed = json.loads(scenes_out.stdout.splitlines()[-1])
+    splits = {s["name"]: s["split"] for s in listed}
     assert splits["touch-mixed"] == "train" and "heldout" in splits.values()
+    assert {(s["family"], s["robot"]) for s in listed} == {("touch", "rp5")}
 
 
 def test_pretrain_then_finetune_print_checkpoint_records(robo_pipe_home: Path) -> None:

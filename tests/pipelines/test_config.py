@@ -84,6 +84,9 @@ class _SawyerTasks(TaskFamily):
     def pretrain_variants(self, target: str) -> list[str]:
         return []
 
+    def describe(self, name: str) -> dict[str, str]:
+        return {"description": "reach a goal"}
+
     def expert(self, robot: RobotSpec) -> Callable[..., np.ndarray]:
         raise AssertionError("the config's checks play no episode")
 

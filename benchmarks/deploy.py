@@ -61,6 +61,7 @@ from deploy_edge.release.signature import verify_release, write_release
 from pipelines.config import CONFIG_DIR, PipelineConfig, load_config
 from pipelines.services.local_servers import free_port
 from robo_pipe.integrity import file_sha256
+from robots.rp5 import RP5
 from stages.export import export
 from stages.policy.checkpoint import save_new_policy
 
@@ -160,7 +161,7 @@ def fleet_figure(cfg: PipelineConfig, quick: bool) -> dict[str, str]:
         checkpoint = save_new_policy(
             cfg.policy, cfg.scene.cameras, cfg.scene.image_size, root / "ckpt"
         )
-        bundle = Path(export(checkpoint, root / "export").path)
+        bundle = Path(export(checkpoint, root / "export", RP5.control_hz).path)
         private, public = generate_keypair(root / "keys", "bench")
         rollouts = 1 + len(sizes) * len(modes)  # the warm-up, then each measured one
         run = tracking.TrackedRun.start("fleet-benchmark", "register")
@@ -267,7 +268,7 @@ def fleet_command_figure(cfg: PipelineConfig, quick: bool) -> dict[str, str]:
         checkpoint = save_new_policy(
             cfg.policy, cfg.scene.cameras, cfg.scene.image_size, root / "ckpt"
         )
-        bundle = Path(export(checkpoint, root / "export").path)
+        bundle = Path(export(checkpoint, root / "export", RP5.control_hz).path)
         private, public = generate_keypair(root / "keys", "bench")
         run = tracking.TrackedRun.start("fleet-command-benchmark", "register")
         for _ in range(1 + 2 * len(sizes)):  # the warm-up, then each measured rollout
@@ -359,7 +360,7 @@ def single_agent(cfg: PipelineConfig, quick: bool) -> dict[str, str]:
         checkpoint = save_new_policy(
             cfg.policy, cfg.scene.cameras, cfg.scene.image_size, root / "ckpt"
         )
-        bundle = Path(export(checkpoint, root / "export").path)
+        bundle = Path(export(checkpoint, root / "export", RP5.control_hz).path)
         private, public = generate_keypair(root / "keys", "bench")
         start = time.perf_counter()
         release = root / "policy.release"

@@ -92,6 +92,7 @@ def make_export(out: Path) -> Path:
     import torch
 
     from pipelines.config import CONFIG_DIR, load_config
+    from robots.spec import get_robot
     from stages.export import export
     from stages.policy.checkpoint import new_policy, save_policy
 
@@ -99,7 +100,7 @@ def make_export(out: Path) -> Path:
     torch.manual_seed(0)
     policy, _ = new_policy(tiny.policy, tiny.scene.cameras, tiny.scene.image_size, 6, 6)
     save_policy(policy, out / "ckpt", None)
-    return Path(export(out / "ckpt", out / "export").path)
+    return Path(export(out / "ckpt", out / "export", get_robot(tiny.robot).control_hz).path)
 
 
 def run(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:

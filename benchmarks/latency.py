@@ -22,6 +22,7 @@ import torch
 from deploy_edge.exported import ExportedPolicy
 from deploy_edge.runtime import ControlLoop
 from pipelines.config import CONFIG_DIR, load_config
+from robots.rp5 import RP5
 from robots.spec import get_robot
 from sim_scenes.batched_env import BatchedObservation
 from sim_scenes.sim_robot import SimulatedRobot
@@ -72,7 +73,7 @@ def main() -> None:
             checkpoint = save_new_policy(
                 cfg.policy, cfg.scene.cameras, cfg.scene.image_size, Path(tmp) / "fresh-vla"
             )
-        exported = export(checkpoint, Path(tmp) / "export")
+        exported = export(checkpoint, Path(tmp) / "export", RP5.control_hz)
         rows = {
             "torch eager": measure(EagerPolicy(load_policy(checkpoint)), args.steps),
             "ONNX Runtime": measure(ExportedPolicy(exported.path, threads=1), args.steps),

@@ -48,7 +48,14 @@ from deploy_edge.precision import (
     trial_error,
 )
 from deploy_edge.runtime import ControlLoop, Tick, measure_inference
-from deploy_edge.targets import TargetError, TargetProfile, pinned_option
+from deploy_edge.targets import (
+    TargetError,
+    TargetProfile,
+    check_robot_rate,
+    control_rate,
+    pinned_option,
+    rate_note,
+)
 from deploy_edge.wire import Trial
 from robo_pipe.errors import RoboPipeError
 from robots.interface import Robot
@@ -92,16 +99,19 @@ def target_loop(
     pace: bool,
     inference_s: float | None = None,
 ) -> ControlLoop | AsyncControlLoop:
-    """The control loop as ``target`` runs it, on a connected ``robot``: its mode, its rate (one
-    period is a tick's deadline), and in ``sync`` the actions executed per inferred chunk, in
-    ``async`` the trigger threshold from ``inference_s`` (p99, s; None: timed here on
-    :data:`INFERENCE_RUNS` inferences) plus the margin, and the blend. ``async`` is always
-    paced: its ticks stand for periods only then. Close it when done.
+    """The control loop as ``target`` runs it, on a connected ``robot``: its mode, the policy's
+    rate (:func:`~deploy_edge.targets.control_rate`: the bundle's unless the profile sets a
+    what-if; one period is a tick's deadline), and in ``sync`` the actions executed per
+    inferred chunk, in ``async`` the trigger threshold from ``inference_s`` (p99, s; None:
+    timed here on :data:`INFERENCE_RUNS` inferences) plus the margin, and the blend. ``async``
+    is always paced: its ticks stand for periods only then. Close it when done.
 
     Raises:
+        RateMismatch: ``robot`` runs at a rate other than the bundle's (before any tick).
         TargetError: ``async`` with a chunk that cannot cover inference (the arithmetic).
     """
-    deadline_s = 1.0 / target.control_hz
+    check_robot_rate(policy.spec, robot.spec.name, robot.spec.control_hz)
+    deadline_s = 1.0 / control_rate(policy.spec, target)
     if target.mode == "sync":
         return ControlLoop(
             policy,
@@ -161,6 +171,14 @@ def run_gate(
         raise TargetError(f"target {target.name!r} says precision: auto: use run_auto_gate")
     policy = policy or open_policy(export_dir, target)
     budget = budget_ms if budget_ms is not None else target.budget_ms
+    # A robot of another rate is refused before it is connected (target_loop checks it too).
+    check_robot_rate(policy.spec, robot.spec.name, robot.spec.control_hz)
+    hz = control_rate(policy.spec, target)
+    rate: dict[str, Any] = {
+        "control_hz": hz,
+        "deadline_ms": 1000.0 / hz,
+        "rate_note": rate_note(policy.spec, target),
+    }
     inference_ms: np.ndarray | None = None
     robot.connect()
     try:
@@ -196,6 +214,7 @@ def run_gate(
                 mode=target.mode,
                 **_inference_figures(inference_ms),
                 **encode,
+                **rate,
             )
             if out is not None:
                 out.mkdir(parents=True, exist_ok=True)
@@ -237,6 +256,7 @@ def run_gate(
         **figures,
         **extra,
         **encode,
+        **rate,
     )
     if out is not None:
         write_with_histogram(report, ms, out)

@@ -74,6 +74,15 @@ class LatencyReport(Record):
     policy graph takes the tokens every tick."""
     instruction_encode_max_ms: float | None = None
     """The same, the slowest of the runs."""
+    control_hz: float | None = None
+    """The rate the ticks were judged at (:func:`deploy_edge.targets.control_rate`: the
+    bundle's, unless the profile set a what-if); None: a report from before rates were
+    recorded."""
+    deadline_ms: float | None = None
+    """A tick's deadline, one period of :attr:`control_hz`; a tick past it is a miss."""
+    rate_note: str = ""
+    """One line when the profile's rate overrode the bundle's (:func:`~deploy_edge.targets.
+    rate_note`); "" when the policy ran at its own."""
 
 
 def encode_line(report: LatencyReport) -> str:
@@ -162,6 +171,11 @@ def write_report(report: LatencyReport, out: Path, histogram: str | None) -> Non
         ),
         ("jitter (std)", f"{report.jitter_ms:.2f} ms"),
         ("deadline misses", f"{report.misses} (allowed {report.allowed_misses})"),
+        *(
+            [("tick deadline", f"{report.deadline_ms:g} ms ({report.control_hz:g} Hz)")]
+            if report.deadline_ms is not None and report.control_hz is not None
+            else []
+        ),
         ("steps", f"{report.steps} after {report.warmup} warm-up"),
         ("variant", report.variant or "-"),
         ("mode", report.mode),
@@ -183,6 +197,7 @@ def write_report(report: LatencyReport, out: Path, histogram: str | None) -> Non
         f"# Latency gate on `{report.target}`: {verdict}",
         "",
         f"Budget: p99 <= {report.budget_ms:g} ms. Export: `{report.export}`.",
+        *([f"Note: {report.rate_note}."] if report.rate_note else []),
         "",
         "| | |",
         "|---|---|",

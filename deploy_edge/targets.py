@@ -1,9 +1,14 @@
 """Target profiles: how a policy runs on one kind of machine.
 
 A target profile (``configs/targets/<name>.yaml``, package data of :mod:`configs`) says how a
-policy runs on one kind of machine: engine, precision, control rate, the latency budget at p99
-and the deadline misses allowed, and the mode the loop runs in (the latency gate,
+policy runs on one kind of machine: engine, precision, the latency budget at p99 and the
+deadline misses allowed, and the mode the loop runs in (the latency gate,
 :mod:`deploy_edge.latency`, judges a bundle against it).
+
+Control rate: a policy runs at its own, the one its bundle was made for (io_spec ``control_hz``,
+its robot's), so a tick's deadline is one of its periods (:func:`control_rate`). A profile may
+set ``control_hz`` as an explicit what-if (e.g. a slow VLA judged at 0.25 Hz); a robot connected
+at a rate other than the bundle's is refused (:func:`check_robot_rate`).
 
 Precision: pinned (a key of :data:`deploy_edge.precision.VARIANTS`: ``fp32``, ``fp16``,
 ``int8``, ``fp8``) runs one thing: ``fp32`` and ``fp16`` the bundle's FP32 model (ONNX Runtime
@@ -15,6 +20,7 @@ engine can run the bundle, gates each, and runs the most accurate one that meets
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -53,6 +59,10 @@ class TargetError(RoboPipeError, ValueError):
     file, field and value)."""
 
 
+class RateMismatch(RoboPipeError, ValueError):
+    """A robot connected at a control rate other than the one the bundle was made for."""
+
+
 class TargetProfile(BaseModel):
     """How a policy runs on one kind of machine."""
 
@@ -70,8 +80,10 @@ class TargetProfile(BaseModel):
     machine)."""
     threads: int = Field(default=1, ge=1, le=256)
     """CPU threads for the engine."""
-    control_hz: float = Field(default=10.0, gt=0, le=1000)
-    """Control rate; a tick's deadline is one period."""
+    control_hz: float | None = Field(default=None, gt=0, le=1000)
+    """None (the default): a policy is gated and run at its own rate, the bundle's (its robot's,
+    :func:`control_rate`). Set: an explicit what-if rate the gate judges a tick's deadline
+    against instead, and its report says so."""
     budget_ms: float = Field(default=100.0, gt=0)
     """p99 latency budget of the whole control step."""
     allowed_misses: int = Field(default=0, ge=0)
@@ -108,6 +120,40 @@ class TargetProfile(BaseModel):
     def chooser(self) -> type[Auto] | None:
         """The chooser its ``precision`` names (None: pinned)."""
         return chooser(self.precision)
+
+
+def control_rate(spec: IOSpec, target: TargetProfile) -> float:
+    """The rate, Hz, a policy is gated and run at on ``target``: the bundle's own (``spec``'s
+    ``control_hz``, the rate of the robot it was made for), unless the profile sets one (an
+    explicit what-if, :func:`rate_note`). A tick's deadline is one period of it."""
+    return spec.control_hz if target.control_hz is None else target.control_hz
+
+
+def rate_note(spec: IOSpec, target: TargetProfile) -> str:
+    """One line when ``target``'s rate overrides a different one of the bundle's; "" when the
+    policy runs at its own."""
+    rate = control_rate(spec, target)
+    if math.isclose(rate, spec.control_hz):
+        return ""
+    return (
+        f"control rate {rate:g} Hz from target {target.name!r} (a what-if), not the bundle's "
+        f"{spec.control_hz:g} Hz: tick deadline {1000.0 / rate:g} ms"
+    )
+
+
+def check_robot_rate(spec: IOSpec, robot_name: str, robot_hz: float) -> None:
+    """Refuse a robot whose control rate differs from the bundle's, before any tick: the
+    policy's actions are steps of its own period, and the loop paces on the robot's.
+
+    Raises:
+        RateMismatch: the two rates, named.
+    """
+    if not math.isclose(robot_hz, spec.control_hz):
+        raise RateMismatch(
+            f"robot {robot_name!r} runs at {robot_hz:g} Hz but the bundle was made for "
+            f"{spec.control_hz:g} Hz: run it on a robot of the bundle's rate (the config's "
+            f"robot that exported it)"
+        )
 
 
 def pinned_option(spec: IOSpec, target: TargetProfile) -> Option:

@@ -14,6 +14,7 @@ import yaml
 
 from configs import config_dir
 from pipelines.services.local_servers import MLFLOW_PORT_VAR, PREFECT_PORT_VAR
+from robots.rp5 import RP5
 from robots.spec import RobotSpec, get_robot
 from stages.dataset.layout import DatasetRef
 
@@ -171,7 +172,7 @@ def export_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     policy, _ = new_policy(TINY_POLICY, ["scene"], 32, 6, 6, rp5_normalizer())
     root = tmp_path_factory.mktemp("export")
     save_policy(policy, root / "ckpt", None)
-    return Path(export(root / "ckpt", root / "export").path)
+    return Path(export(root / "ckpt", root / "export", RP5.control_hz).path)
 
 
 def _has_isaaclab() -> bool:

@@ -100,9 +100,11 @@ def show_latency(report: LatencyReport, out: Console = console) -> None:
     out.print(
         f"p50 {report.p50_ms:.2f}  p95 {report.p95_ms:.2f}  p99 {report.p99_ms:.2f}  "
         f"max {report.max_ms:.2f} ms (budget {report.budget_ms:g}); jitter "
-        f"{report.jitter_ms:.2f} ms; misses {report.misses}; {report.measured_on['engine']}; "
-        f"report: {report.report}"
+        f"{report.jitter_ms:.2f} ms; misses {report.misses}{_deadline(report)}; "
+        f"{report.measured_on['engine']}; report: {report.report}"
     )
+    if report.rate_note:  # the profile's what-if rate, not the policy's own
+        out.print(f"note: {report.rate_note}", highlight=False)
     if report.mode == "async":  # what the asynchronous loop was judged on besides its tick
         from deploy_edge.latency_report import async_line
 
@@ -111,6 +113,14 @@ def show_latency(report: LatencyReport, out: Console = console) -> None:
         from deploy_edge.latency_report import encode_line
 
         out.print(encode_line(report), highlight=False)
+
+
+def _deadline(report: LatencyReport) -> str:
+    """The tick deadline and the rate it is a period of, said after the misses ("" for a
+    report from before rates were recorded)."""
+    if report.deadline_ms is None or report.control_hz is None:
+        return ""
+    return f" (tick deadline {report.deadline_ms:g} ms, {report.control_hz:g} Hz)"
 
 
 def show_pipeline_result(

@@ -163,13 +163,15 @@ class ExportError(RoboPipeError, RuntimeError):
 def export(
     checkpoint: str | Path,
     out: str | Path,
-    control_hz: float = 10.0,
+    control_hz: float,
     seed: int = 0,
     dataset: str | Path | None = None,
     tolerance: float = PARITY_TOLERANCE,
     config: ExportConfig | None = None,
 ) -> ExportRef:
-    """Export ``checkpoint`` into ``out`` (written beside, then renamed into place).
+    """Export ``checkpoint`` into ``out`` (written beside, then renamed into place), made for
+    ``control_hz``: the control rate of the robot it runs on (io_spec ``control_hz``, the rate
+    the latency gate and the edge agent run it at).
 
     The checkpoint is verified first (:func:`~stages.policy.checkpoint.verify_checkpoint`): a
     file that differs from its checksums raises :class:`~robo_pipe.integrity.IntegrityError`

@@ -19,3 +19,18 @@ def narrow_wrist_rp5(cameras: tuple[str, ...], image_size: int) -> SimulatedRobo
     arm = (replace(j, low=-0.1, high=0.1) if j.name == "wrist_pitch" else j for j in robot.spec.arm)
     robot.spec = replace(robot.spec, arm=tuple(arm))
     return robot
+
+
+RATED = "tests.deploy_edge.narrow_robot:rp5_at_25hz"
+"""The device config's ``driver`` for :func:`rp5_at_25hz`."""
+
+
+def rp5_at_25hz(cameras: tuple[str, ...], image_size: int) -> SimulatedRobot:
+    """The agent's default driver, its robot controlled at 25 Hz instead of rp5's 10 Hz: a
+    device whose robot runs at a rate other than a bundle made for rp5."""
+    from robots.rp5 import RP5
+    from robots.spec import load_robot
+    from sim_scenes.touch import get_variant
+
+    rated = load_robot(replace(RP5, name="rp5-25hz", control_hz=25.0))
+    return SimulatedRobot(rated, get_variant("touch-mixed"), 0, tuple(cameras), image_size)

@@ -29,6 +29,7 @@ from deploy_edge.targets import TargetError, load_target
 from deploy_edge.wire import GateFigures
 from pipelines.cli.result_tables import show_latency
 from pipelines.run.tables import latency_table
+from robots.rp5 import RP5
 from robots.spec import RobotSpec
 from tests.deploy_edge.test_runtime import RecordingRobot
 
@@ -74,7 +75,7 @@ def long_export(tmp_path_factory: pytest.TempPathFactory) -> Path:
     policy, _ = new_policy(config, ["scene"], 32, 6, 6, rp5_normalizer())
     root = tmp_path_factory.mktemp("long-export")
     save_policy(policy, root / "ckpt", None)
-    return Path(export(root / "ckpt", root / "export").path)
+    return Path(export(root / "ckpt", root / "export", RP5.control_hz).path)
 
 
 def test_async_gate_holds_10_hz_with_an_engine_slower_than_the_period_where_sync_misses(
@@ -94,7 +95,7 @@ def test_async_gate_holds_10_hz_with_an_engine_slower_than_the_period_where_sync
     assert sync.inference_p99_ms is None and sync.action_age_p99_ms is None
 
     target = load_target("local-cpu-async")
-    assert target.mode == "async" and target.control_hz == 10.0
+    assert target.mode == "async" and target.control_hz is None  # the bundle's 10 Hz
     report = run_gate(
         long_export,
         RecordingRobot(rp5),

@@ -45,6 +45,7 @@ from robo_pipe.integrity import file_sha256
 from robots.spec import get_robot
 from sim_scenes.sim_robot import SimulatedRobot
 from sim_scenes.touch import get_variant
+from tests.deploy_edge.narrow_robot import RATED
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN_SHA = "a" * 64
@@ -232,6 +233,19 @@ def test_a_failing_gate_is_refused_and_the_old_version_stays(
     assert [s.name for s in done.steps] == ["verify", "extract", "engine", "parity", "gate"]
     assert not done.steps[-1].ok and done.gate is not None and done.gate.budget_ms == 0.0001
     assert deployer.status().last == done
+    assert_only_release_1(deployer, state)
+
+
+def test_a_device_whose_robot_runs_at_another_rate_refuses_the_release_before_any_tick(
+    state: Path, keys: tuple[Path, Path], releases: Callable[..., Path]
+) -> None:
+    """The bundle was made for rp5's 10 Hz; the device's robot runs at 25 Hz: the gate step
+    names both rates and measures nothing, and release 1 stays."""
+    deployer = Deployer(device_config(state, keys[1], driver=RATED))
+    done = deployer.deploy(releases(2))
+    assert done.state == "refused" and done.steps[-1].name == "gate", done.steps
+    assert "robot 'rp5-25hz' runs at 25 Hz but the bundle was made for 10 Hz" in done.reason
+    assert done.gate is None, "no tick was measured"
     assert_only_release_1(deployer, state)
 
 

@@ -30,6 +30,7 @@ from deploy_edge.runtime import ControlLoop, Tick
 from deploy_edge.targets import load_target
 from deploy_edge.wire import ChunkFrame, ObservationFrame, encode_image, frame_data, frame_text
 from robots.interface import RobotObservation
+from robots.rp5 import RP5
 from robots.spec import RobotSpec
 from stages.export import export
 from stages.export.onnx import ExportError
@@ -343,5 +344,5 @@ def test_export_refuses_a_graph_that_emits_nan_for_its_finite_parity_inputs(
         next(iter(policy.parameters())).view(-1)[0] = math.nan
     save_policy(policy, tmp_path / "ckpt", None)
     with pytest.raises(ExportError, match=r"emits a non-finite value for finite inputs .*= nan"):
-        export(tmp_path / "ckpt", tmp_path / "export")
+        export(tmp_path / "ckpt", tmp_path / "export", RP5.control_hz)
     assert not (tmp_path / "export").exists()

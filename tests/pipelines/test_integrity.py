@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from robots.rp5 import RP5
 from stages.dataset.layout import DatasetRef
 from tests.conftest import TINY_CONFIG
 
@@ -82,7 +83,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from stages.export import export
 
     root = tmp_path_factory.mktemp("exported")
-    export(save_checkpoint(root / "ckpt", seed=0), root / "export")
+    export(save_checkpoint(root / "ckpt", seed=0), root / "export", RP5.control_hz)
     return root
 
 

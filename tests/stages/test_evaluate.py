@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from pipelines.config import load_config
+from robots.rp5 import RP5
 from robots.spec import RobotSpec, get_robot
 from sim_scenes.backends import make_env
 from sim_scenes.config import SceneConfig, SimConfig, SuccessConfig
@@ -88,7 +89,7 @@ def test_report_rows_seeds_files_and_reproducibility(tiny_checkpoint: Path, tmp_
 def test_checkpoint_and_its_onnx_export_agree_episode_by_episode(
     tiny_checkpoint: Path, tmp_path: Path
 ) -> None:
-    exported = export(tiny_checkpoint, tmp_path / "export")
+    exported = export(tiny_checkpoint, tmp_path / "export", RP5.control_hz)
     assert exported.parity_max_abs_error < 1e-4
     torch_report = run(tiny_checkpoint, tmp_path / "torch")
     onnx_report = run(Path(exported.path), tmp_path / "onnx")

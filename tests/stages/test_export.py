@@ -24,6 +24,7 @@ from deploy_edge.exported import ExportedPolicy
 from robo_pipe.atomic import discard_dead_temporaries
 from robo_pipe.errors import OutOfSpaceError
 from robo_pipe.integrity import IntegrityError
+from robots.rp5 import RP5
 from stages.dataset.layout import DatasetRef
 from stages.export import ExportError, ExportRef, export, onnx_hash
 from stages.export import onnx as export_module
@@ -43,7 +44,7 @@ def checkpoint(tmp_path: Path) -> Path:
 def test_export_parity_spec_and_files(
     checkpoint: Path, tiny_dataset: DatasetRef, tmp_path: Path
 ) -> None:
-    ref = export(checkpoint, tmp_path / "export", dataset=tiny_dataset.path)
+    ref = export(checkpoint, tmp_path / "export", RP5.control_hz, dataset=tiny_dataset.path)
     assert set(ref.parity) == {"random", "dataset"}
     assert max(ref.parity.values()) < 1e-4 and ref.parity_max_abs_error == max(ref.parity.values())
     model = onnx.load(ref.onnx)
@@ -71,10 +72,13 @@ def test_export_parity_spec_and_files(
 def test_an_export_outside_tolerance_is_refused_and_replaces_nothing(
     checkpoint: Path, tmp_path: Path
 ) -> None:
-    good = export(checkpoint, tmp_path / "export")
+    good = export(checkpoint, tmp_path / "export", RP5.control_hz)
     with pytest.raises(ExportError, match="differs from torch"):
         export(
-            checkpoint, tmp_path / "export", tolerance=0.0 if good.parity_max_abs_error else -1.0
+            checkpoint,
+            tmp_path / "export",
+            RP5.control_hz,
+            tolerance=0.0 if good.parity_max_abs_error else -1.0,
         )
     assert (tmp_path / "export" / "policy.onnx").is_file(), "the good export is untouched"
 
@@ -103,7 +107,7 @@ def test_the_graph_normalises_state_and_denormalises_actions_with_real_statistic
         policy.state_proj.weight.mul_(20.0)  # type: ignore[union-attr,operator]  # the state matters
         policy.action_head.weight.mul_(5.0)
     save_policy(policy, tmp_path / "ckpt", None)
-    ref = export(tmp_path / "ckpt", tmp_path / "export", dataset=tiny_dataset.path)
+    ref = export(tmp_path / "ckpt", tmp_path / "export", RP5.control_hz, dataset=tiny_dataset.path)
 
     frames = dataset.frames()
     idx = np.linspace(0, dataset.num_frames - 1, 6).astype(int)
@@ -152,13 +156,13 @@ def test_a_flipped_checkpoint_is_refused_before_anything_is_written(
 ) -> None:
     flip_byte(checkpoint / "model.safetensors")
     with pytest.raises(IntegrityError, match=r"model\.safetensors: sha256 check failed") as err:
-        export(checkpoint, tmp_path / "export")
+        export(checkpoint, tmp_path / "export", RP5.control_hz)
     assert err.value.check == "sha256"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"], "nothing written"
 
 
 def test_an_export_is_verified_wherever_it_is_opened(checkpoint: Path, tmp_path: Path) -> None:
-    ref = export(checkpoint, tmp_path / "export")
+    ref = export(checkpoint, tmp_path / "export", RP5.control_hz)
     sums = verify_bundle(ref.path)
     assert "checksums.json" not in sums and {"policy.onnx", "io_spec.json"} <= set(sums)
     assert ref.onnx_hash == onnx_hash(Path(ref.path)) == onnx_hash(Path(ref.path), sums)
@@ -183,12 +187,12 @@ def test_an_export_is_verified_wherever_it_is_opened(checkpoint: Path, tmp_path:
 def test_an_export_of_the_same_checkpoint_is_reused_and_a_changed_one_replaced(
     checkpoint: Path, tmp_path: Path
 ) -> None:
-    first = export(checkpoint, tmp_path / "export")
+    first = export(checkpoint, tmp_path / "export", RP5.control_hz)
     written = (tmp_path / "export" / "policy.onnx").stat().st_mtime_ns
-    assert export(checkpoint, tmp_path / "export") == first
+    assert export(checkpoint, tmp_path / "export", RP5.control_hz) == first
     assert (tmp_path / "export" / "policy.onnx").stat().st_mtime_ns == written, "not redone"
     flip_byte(tmp_path / "export" / "reference.npz")  # an export that no longer verifies
-    again = export(checkpoint, tmp_path / "export")
+    again = export(checkpoint, tmp_path / "export", RP5.control_hz)
 
     def without_cost(ref: ExportRef) -> ExportRef:  # a redone export has its own cost
         return replace(ref, export_seconds=0.0, export_peak_rss_mb=0.0)
@@ -197,7 +201,7 @@ def test_an_export_of_the_same_checkpoint_is_reused_and_a_changed_one_replaced(
     torch.manual_seed(1)
     other, _ = new_policy(TINY_POLICY, ["scene"], 32, 6, 6)
     save_policy(other, checkpoint, None)
-    changed = export(checkpoint, tmp_path / "export")
+    changed = export(checkpoint, tmp_path / "export", RP5.control_hz)
     assert changed.checkpoint_hash != first.checkpoint_hash
     assert changed.onnx_hash != first.onnx_hash
 
@@ -215,18 +219,21 @@ def _fail_after_writing(real: Callable[..., Any]) -> Callable[..., Any]:
 def test_a_full_disk_while_exporting_leaves_the_previous_export(
     checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    first = export(checkpoint, tmp_path / "export")
+    first = export(checkpoint, tmp_path / "export", RP5.control_hz)
     torch.manual_seed(1)
     other, _ = new_policy(TINY_POLICY, ["scene"], 32, 6, 6)
     save_policy(other, checkpoint, None)
     monkeypatch.setattr(export_module.np, "savez", _fail_after_writing(np.savez))
     with pytest.raises(OutOfSpaceError, match=r"export: the disk is full.*export is as it was"):
-        export(checkpoint, tmp_path / "export")
+        export(checkpoint, tmp_path / "export", RP5.control_hz)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "export"], "no partial one"
     assert read_io_spec(tmp_path / "export").checkpoint_hash == first.checkpoint_hash
     verify_bundle(tmp_path / "export")
     monkeypatch.undo()  # space freed: the same command exports
-    assert export(checkpoint, tmp_path / "export").checkpoint_hash != first.checkpoint_hash
+    assert (
+        export(checkpoint, tmp_path / "export", RP5.control_hz).checkpoint_hash
+        != first.checkpoint_hash
+    )
 
 
 def test_an_export_killed_at_random_moments_leaves_a_whole_export(
@@ -239,7 +246,10 @@ def test_an_export_killed_at_random_moments_leaves_a_whole_export(
     save_policy(new_policy(TINY_POLICY, ["scene"], 32, 6, 6)[0], other, None)
     out = tmp_path / "export"
     started = time.perf_counter()
-    sources = {export(source, out).checkpoint_hash: source for source in (checkpoint, other)}
+    sources = {
+        export(source, out, RP5.control_hz).checkpoint_hash: source
+        for source in (checkpoint, other)
+    }
     seconds = (time.perf_counter() - started) / 2
     interrupted = 0
     rng = random.Random(25)
@@ -249,7 +259,7 @@ def test_an_export_killed_at_random_moments_leaves_a_whole_export(
         pid = os.fork()
         if pid == 0:
             try:
-                export(source, out)
+                export(source, out, RP5.control_hz)
             finally:
                 os._exit(0)
         time.sleep(rng.uniform(0.2, 1.0) * seconds)

@@ -17,6 +17,7 @@ from onnx import numpy_helper
 from deploy_edge.bundle.files import verify_bundle
 from deploy_edge.bundle.io_spec import read_io_spec
 from robo_pipe.integrity import IntegrityError
+from robots.rp5 import RP5
 from stages.dataset.layout import DatasetRef
 from stages.evaluate.policies import OnnxRuntimePolicy, load_acting_policy, variant_of
 from stages.export import ExportConfig, ExportRef, export
@@ -38,7 +39,9 @@ def int8_export(
     policy, _ = new_policy(TINY_POLICY, ["scene"], 32, 6, 6)
     root = tmp_path_factory.mktemp("int8")
     save_policy(policy, root / "ckpt", None)
-    return root, export(root / "ckpt", root / "export", dataset=tiny_dataset.path, config=SMALL)
+    return root, export(
+        root / "ckpt", root / "export", RP5.control_hz, dataset=tiny_dataset.path, config=SMALL
+    )
 
 
 def test_the_int8_variant_is_written_calibrated_scored_and_checksummed(
@@ -103,7 +106,9 @@ def test_a_variant_past_the_error_bar_is_kept_but_not_a_candidate(
 ) -> None:
     root, _ = int8_export
     strict = SMALL.model_copy(update={"max_relative_error": 1e-9})
-    ref = export(root / "ckpt", tmp_path / "export", dataset=tiny_dataset.path, config=strict)
+    ref = export(
+        root / "ckpt", tmp_path / "export", RP5.control_hz, dataset=tiny_dataset.path, config=strict
+    )
     (int8,) = read_io_spec(ref.path).variants
     assert not int8.candidate
     assert "over the error bar (export.max_relative_error 0.0%)" in int8.reason
@@ -118,14 +123,18 @@ def test_asymmetric_activations_make_a_uint8_cpu_variant(
     Runtime's fastest on x86), said so in the method, reused only for the same choice."""
     root, _ = int8_export
     cpu = SMALL.model_copy(update={"int8_activations": "asymmetric"})
-    ref = export(root / "ckpt", tmp_path / "export", dataset=tiny_dataset.path, config=cpu)
+    ref = export(
+        root / "ckpt", tmp_path / "export", RP5.control_hz, dataset=tiny_dataset.path, config=cpu
+    )
     (int8,) = ref.variants
     assert int8.method == UINT8_METHOD and int8.calibration["activations"] == "asymmetric"
     model = onnx.load(str(tmp_path / "export" / int8.onnx_file))
     inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
     zero_points = [inits[n.input[2]] for n in model.graph.node if n.op_type == "QuantizeLinear"]
     assert zero_points and all(z.dtype == np.uint8 for z in zero_points)
-    again = export(root / "ckpt", tmp_path / "export", dataset=tiny_dataset.path, config=SMALL)
+    again = export(
+        root / "ckpt", tmp_path / "export", RP5.control_hz, dataset=tiny_dataset.path, config=SMALL
+    )
     assert again.variants[0].method == INT8_METHOD, "redone for symmetric activations"
 
 
@@ -134,20 +143,26 @@ def test_an_export_is_redone_when_its_variants_are_asked_for_differently(
 ) -> None:
     root, first = int8_export
     out = tmp_path / "export"
-    made = export(root / "ckpt", out, dataset=tiny_dataset.path, config=SMALL)
+    made = export(root / "ckpt", out, RP5.control_hz, dataset=tiny_dataset.path, config=SMALL)
     written = (out / "policy.int8.onnx").stat().st_mtime_ns
-    assert export(root / "ckpt", out, dataset=tiny_dataset.path, config=SMALL) == made
+    assert (
+        export(root / "ckpt", out, RP5.control_hz, dataset=tiny_dataset.path, config=SMALL) == made
+    )
     assert (out / "policy.int8.onnx").stat().st_mtime_ns == written, "reused, not redone"
     # Made with another setting its maker records (the error bar): redone, not reused.
     stricter = SMALL.model_copy(update={"max_relative_error": SMALL.max_relative_error / 2})
-    export(root / "ckpt", out, dataset=tiny_dataset.path, config=stricter)
+    export(root / "ckpt", out, RP5.control_hz, dataset=tiny_dataset.path, config=stricter)
     assert (out / "policy.int8.onnx").stat().st_mtime_ns != written, "redone for a new bar"
     fp32_only = export(
-        root / "ckpt", out, dataset=tiny_dataset.path, config=ExportConfig(variants=[])
+        root / "ckpt",
+        out,
+        RP5.control_hz,
+        dataset=tiny_dataset.path,
+        config=ExportConfig(variants=[]),
     )
     assert fp32_only.variants == () and not list(out.glob("policy.int8.onnx*"))
     # Without a dataset there is nothing to calibrate on: FP32 only, and the record says why.
-    bare = export(root / "ckpt", tmp_path / "bare", config=SMALL)
+    bare = export(root / "ckpt", tmp_path / "bare", RP5.control_hz, config=SMALL)
     assert bare.variants == () and "no dataset" in bare.note
     assert bare.parameters == first.parameters > 0 and not bare.random_weights
     assert bare.export_seconds > 0 and bare.export_peak_rss_mb > 0

@@ -19,7 +19,7 @@ from deploy_edge.bundle.io_spec import read_io_spec
 from stages.export import export
 from stages.policy.checkpoint import new_policy, save_policy
 from tests.conftest import TINY_CONFIG
-from tests.pipelines.rated_cli import RATED_HZ, RATED_ROBOT
+from tests.pipelines.rated_cli import RATED_HZ, RATED_ROBOT, RATED_TASK
 from tests.stages.tiny_models import TINY_POLICY, rp5_normalizer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,7 +55,8 @@ def test_a_bundle_is_gated_at_its_own_rate_unless_the_profile_overrides_it(
     export_25hz: Path, robo_pipe_home: Path, tmp_path: Path
 ) -> None:
     config = tmp_path / "rated.yaml"
-    config.write_text(yaml.safe_dump({"extends": str(TINY_CONFIG), "robot": RATED_ROBOT}))
+    rated_task = {"robot": RATED_ROBOT, "scene": {"variant": RATED_TASK}}
+    config.write_text(yaml.safe_dump({"extends": str(TINY_CONFIG), **rated_task}))
     rated = "tests.pipelines.rated_cli"
 
     own = cli(rated, "gate", str(export_25hz), "-c", str(config), *QUICK, home=robo_pipe_home)

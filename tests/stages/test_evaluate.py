@@ -335,7 +335,7 @@ def test_bad_suites_and_policies_are_refused_before_any_work(
 ) -> None:
     with pytest.raises(ValueError, match="at least one variant"):
         EvalConfig(variants=[])
-    with pytest.raises(ValueError, match="unknown scene variant 'touch-moon'"):
+    with pytest.raises(ValueError, match="unknown task 'touch-moon'"):
         EvalConfig(variants=["touch-moon"])
     five_joints, _ = new_policy(TINY_POLICY, ["scene"], 32, 6, 5)
     save_policy(five_joints, tmp_path / "wrong", None)

@@ -106,67 +106,69 @@ def test_ui_announces_capture_run_and_serve_name_its_servers_and_all_stop_on_sig
     home_path: Path,
 ) -> None:
     ui = start_as_background_job(["ui"], home_path)
-    state_file = home_path / "services.json"
-    wait_for("ui's servers", state_file.is_file, ui)
-    servers = json.loads(state_file.read_text())
-    wait_for("ui's announcement", lambda: "report to these servers" in ui.output(), ui)
-    assert f"robo-pipe run and serve on this home ({home_path})" in ui.output()
-    # MLflow's page in its model-training view: a fresh browser would open the GenAI one.
-    assert f"MLflow UI   {servers['mlflow_ui']}/#/experiments?workflowType=machine_learning" in (
-        ui.output()
-    )
-    said = (
-        f"using the servers of robo-pipe ui (pid {ui.proc.pid}) on this home: Prefect UI "
-        f"{servers['prefect_ui']}, MLflow UI {servers['mlflow_ui']}"
-    )
+    try:
+        state_file = home_path / "services.json"
+        wait_for("ui's servers", state_file.is_file, ui)
+        servers = json.loads(state_file.read_text())
+        wait_for("ui's announcement", lambda: "report to these servers" in ui.output(), ui)
+        assert f"robo-pipe run and serve on this home ({home_path})" in ui.output()
+        # MLflow's page in its model-training view: a fresh browser would open the GenAI one.
+        training_view = f"{servers['mlflow_ui']}/#/experiments?workflowType=machine_learning"
+        assert f"MLflow UI   {training_view}" in ui.output()
+        said = (
+            f"using the servers of robo-pipe ui (pid {ui.proc.pid}) on this home: Prefect UI "
+            f"{servers['prefect_ui']}, MLflow UI {servers['mlflow_ui']}"
+        )
 
-    # run: says whose servers it uses; SIGTERM after its first stage exits 143, keeps that
-    # stage (a rerun reuses it: test_serve's resumed fixture) and releases the run's lock.
-    run = start_as_background_job(["run", "--config", CONFIG, *SETS], home_path)
-    wait_for("run's first stage", lambda: any((home_path / "stages").glob("collect-*")), run)
-    output, stopped_in = stop(run)
-    assert run.proc.returncode == 143, output[-3000:]
-    assert stopped_in < STOP_BOUND_S, f"run took {stopped_in:.1f} s to stop"
-    assert said in output, output[-3000:]
-    assert any((home_path / "stages").glob("collect-*.json")), "the completed stage is kept"
-    assert not list((home_path / "runs" / ".active").iterdir()), "run released its lock"
-    assert ui.alive(), "stopping run left ui's servers alone"
+        # run: says whose servers it uses; SIGTERM after its first stage exits 143, keeps that
+        # stage (a rerun reuses it: test_serve's resumed fixture) and releases the run's lock.
+        run = start_as_background_job(["run", "--config", CONFIG, *SETS], home_path)
+        wait_for("run's first stage", lambda: any((home_path / "stages").glob("collect-*")), run)
+        output, stopped_in = stop(run)
+        assert run.proc.returncode == 143, output[-3000:]
+        assert stopped_in < STOP_BOUND_S, f"run took {stopped_in:.1f} s to stop"
+        assert said in output, output[-3000:]
+        assert any((home_path / "stages").glob("collect-*.json")), "the completed stage is kept"
+        assert not list((home_path / "runs" / ".active").iterdir()), "run released its lock"
+        assert ui.alive(), "stopping run left ui's servers alone"
 
-    # serve: says whose servers it uses; SIGTERM stops it, not ui's servers.
-    serve = start_as_background_job(
-        ["serve", "--config", CONFIG, *SETS, "--set", NIGHTLY], home_path
-    )
-    wait_for("the runner", lambda: runner_polling(servers["prefect_api_url"]), serve)
-    output, stopped_in = stop(serve)
-    assert serve.proc.returncode == 143, output[-3000:]
-    assert said in output, output[-3000:]
-    assert ui.alive() and state_file.is_file(), "stopping serve left ui's servers alone"
+        # serve: says whose servers it uses; SIGTERM stops it, not ui's servers.
+        serve = start_as_background_job(
+            ["serve", "--config", CONFIG, *SETS, "--set", NIGHTLY], home_path
+        )
+        wait_for("the runner", lambda: runner_polling(servers["prefect_api_url"]), serve)
+        output, stopped_in = stop(serve)
+        assert serve.proc.returncode == 143, output[-3000:]
+        assert said in output, output[-3000:]
+        assert ui.alive() and state_file.is_file(), "stopping serve left ui's servers alone"
 
-    # A run attached to the ui when the ui stops, in a fine-tuning long enough (~1 min) to be
-    # stopped in: one line naming the ui, exit 3, its completed stages kept.
-    longer = ["--set", "finetune.bc.steps=3000"]
-    attached = start_as_background_job(["run", "--config", CONFIG, *SETS, *longer], home_path)
-    pretrained = re.compile(r"^pretrain: (ok|reused)", re.MULTILINE)
-    wait_for(
-        "the attached run's fine-tuning", lambda: pretrained.search(attached.output()), attached
-    )
-    output, stopped_in = stop(ui)
-    assert ui.proc.returncode == 143, output[-3000:]
-    assert stopped_in < STOP_BOUND_S, f"ui took {stopped_in:.1f} s to stop"
-    ports = [int(servers[url].rsplit(":", 1)[1]) for url in ("prefect_ui", "mlflow_ui")]
-    assert all(_port_free(port) for port in ports), f"a server still holds one of {ports}"
-    assert not state_file.exists()
-    run_gone = time.monotonic()
-    attached.proc.wait(timeout=90)
-    output = attached.output()
-    assert attached.proc.returncode == 3, output[-3000:]
-    assert f"the Prefect server at {servers['prefect_api_url']} (the servers of robo-pipe ui " in (
-        output
-    ), output[-3000:]
-    assert "stopped answering: run stops" in output
-    print(f"the attached run stopped {time.monotonic() - run_gone:.1f} s after the ui")
-    assert any((home_path / "stages").glob("collect-*.json")), "its completed stages are kept"
-    assert not _kill_all(home_path), "nothing of the run is left"
+        # A run attached to the ui when the ui stops, in a fine-tuning long enough (~1 min) to be
+        # stopped in: one line naming the ui, exit 3, its completed stages kept.
+        longer = ["--set", "finetune.bc.steps=3000"]
+        attached = start_as_background_job(["run", "--config", CONFIG, *SETS, *longer], home_path)
+        pretrained = re.compile(r"^pretrain: (ok|reused)", re.MULTILINE)
+        wait_for(
+            "the attached run's fine-tuning", lambda: pretrained.search(attached.output()), attached
+        )
+        output, stopped_in = stop(ui)
+        assert ui.proc.returncode == 143, output[-3000:]
+        assert stopped_in < STOP_BOUND_S, f"ui took {stopped_in:.1f} s to stop"
+        ports = [int(servers[url].rsplit(":", 1)[1]) for url in ("prefect_ui", "mlflow_ui")]
+        assert all(_port_free(port) for port in ports), f"a server still holds one of {ports}"
+        assert not state_file.exists()
+        run_gone = time.monotonic()
+        attached.proc.wait(timeout=90)
+        output = attached.output()
+        assert attached.proc.returncode == 3, output[-3000:]
+        api = servers["prefect_api_url"]
+        said_gone = f"the Prefect server at {api} (the servers of robo-pipe ui "
+        assert said_gone in output, output[-3000:]
+        assert "stopped answering: run stops" in output
+        print(f"the attached run stopped {time.monotonic() - run_gone:.1f} s after the ui")
+        assert any((home_path / "stages").glob("collect-*.json")), "its completed stages are kept"
+        assert not _kill_all(home_path), "nothing of the run is left"
+    finally:  # a failed assertion must not leave ui (or a run) holding its ports
+        _kill_all(home_path)
 
 
 @pytest.mark.parametrize(

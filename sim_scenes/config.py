@@ -8,7 +8,6 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 from robo_pipe.validation import one_of
-from sim_scenes.errors import SceneError
 from sim_scenes.tasks import resolve_task
 from sim_scenes.touch import RewardTerms, SceneVariant
 
@@ -91,10 +90,7 @@ class SceneConfig(BaseModel):
     @field_validator("variant")
     @classmethod
     def _known_variant(cls, name: str) -> str:
-        try:
-            resolve_task(name)
-        except SceneError as err:
-            raise ValueError(str(err)) from None
+        resolve_task(name)  # its SceneError is a ValueError: pydantic reports the message
         return name
 
 

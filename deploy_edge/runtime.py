@@ -35,7 +35,7 @@ from typing import Protocol, Self
 import numpy as np
 
 from robots.interface import Robot, RobotObservation
-from robots.spec import action_fault, non_finite, observation_fault
+from robots.spec import action_fault, observation_fault
 
 SafeAction = Callable[[RobotObservation], np.ndarray]
 """Maps the latest observation to the action that holds the robot safe."""
@@ -54,18 +54,15 @@ class ChunkPolicy(Protocol):
 
 
 def hold_position(robot: Robot) -> SafeAction:
-    """Safe action for delta-joint robots: no joint motion, gripper kept where it is (as last
-    measured finite: a NaN reading must not become a NaN command; before any, the home
-    opening)."""
+    """Safe action: no motion (:meth:`RobotSpec.hold_action <robots.spec.RobotSpec.hold_action>`;
+    rp5: no joint motion, the gripper kept where it is, as last measured finite: a NaN reading
+    must not become a NaN command; before any, the home opening)."""
     spec = robot.spec
-    arm = len(spec.arm)
-    gripper = np.full(spec.action.dim - arm, spec.definition.home_gripper, dtype=np.float32)
+    last: list[np.ndarray] = []
 
     def safe(obs: RobotObservation) -> np.ndarray:
-        if not non_finite("state", obs.state[arm:]):
-            gripper[:] = obs.state[arm:]
-        action = np.zeros(spec.action.dim, dtype=np.float32)
-        action[arm:] = gripper  # gripper targets = measured opening
+        action = spec.hold_action(obs.state, last[0] if last else None)
+        last[:] = [action]
         return action
 
     return safe

@@ -5,11 +5,19 @@ limits in MJCF). :func:`load_robot` compiles the MJCF, checks the two agree and 
 :class:`RobotSpec`. Joint and actuator limits are read from the MJCF, which stays their one
 source of truth.
 
-Action space (every robot in this package), shape ``(action.dim,)`` = arm joints + 1:
-    ``[0 : n_arm]``  joint position deltas in rad, relative to the *measured* joint positions,
-                     clipped to ``±max_joint_delta`` per control step;
-    ``[n_arm]``      gripper opening target in m (distance between the fingers), absolute.
-Observation state, shape ``(state_dim,)`` = arm joints + 1:
+Each action component has a *kind* (:data:`ActionKind`), which is all that generic code (the
+control loops, the gates, the delay model, an untrained policy's normaliser) knows of a robot's
+action semantics:
+    ``delta``     a change of one state component, relative to its *measured* value
+                  (``state[state_index] += scale * action``), clipped to the action bounds;
+    ``absolute``  a target value of one state component (``state[state_index] -> action``);
+    ``effort``    a command no state component measures (a gripper's closing effort).
+
+An MJCF robot (:func:`load_robot`), shape ``(action.dim,)`` = arm joints + 1:
+    ``[0 : n_arm]``  joint position deltas in rad (``delta``), clipped to ``±max_joint_delta``
+                     per control step;
+    ``[n_arm]``      gripper opening target in m (distance between the fingers, ``absolute``).
+Its observation state, shape ``(state_dim,)`` = arm joints + 1:
     joint positions in rad, then the measured gripper opening in m.
 """
 
@@ -20,6 +28,7 @@ import pkgutil
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import mujoco
 import numpy as np
@@ -78,19 +87,60 @@ class CameraSpec:
     fovy_deg: float
 
 
+ActionKind = Literal["delta", "absolute", "effort"]
+"""What an action component commands (see the module docstring)."""
+
+
 @dataclass(frozen=True)
 class ActionSpec:
-    """Action vector layout and bounds (see the module docstring for units)."""
+    """Action vector layout, bounds and semantics (see the module docstring); every field holds
+    one value per component."""
 
     names: tuple[str, ...]
     low: tuple[float, ...]
     high: tuple[float, ...]
     units: tuple[str, ...]
+    kinds: tuple[ActionKind, ...]
+    state_index: tuple[int | None, ...]
+    """The state component a ``delta`` or ``absolute`` component acts on; None for ``effort``."""
+    scale: tuple[float, ...]
+    """State units per action unit of a ``delta`` (1 for rp5's joint deltas); 1 otherwise."""
+    travel: tuple[float, ...]
+    """The largest magnitude a ``delta`` can mean (the whole travel of what it moves, action
+    units); for the other kinds, the tolerance :func:`action_fault` allows either side of
+    ``[low, high]`` (their width: policies overshoot a little and the driver clips that)."""
+    home: tuple[float, ...]
+    """What holding commands before anything was measured or sent: 0 for a ``delta``, the home
+    value of an ``absolute``, the neutral command of an ``effort``."""
+    moves: tuple[str, ...]
+    """What each component acts on, for messages: ``joint base_yaw``, ``gripper opening``."""
+
+    def __post_init__(self) -> None:
+        lengths = {len(f) for f in (self.low, self.high, self.units, self.kinds)}
+        lengths |= {len(f) for f in (self.state_index, self.scale, self.travel, self.home)}
+        if lengths | {len(self.moves)} != {len(self.names)}:
+            raise RobotDefinitionError(f"action {self.names}: one value per component needed")
+        for name, kind, index in zip(self.names, self.kinds, self.state_index, strict=True):
+            if (kind == "effort") != (index is None):
+                raise RobotDefinitionError(
+                    f"action {name!r} ({kind}): a state_index is needed exactly when the kind is "
+                    "delta or absolute"
+                )
 
     @property
     def dim(self) -> int:
         """Number of action components."""
         return len(self.names)
+
+    def of_kind(self, *kinds: ActionKind) -> np.ndarray:
+        """Indices of the components of these kinds, ascending."""
+        return np.array([k for k, kind in enumerate(self.kinds) if kind in kinds], dtype=np.intp)
+
+    def acts_on(self, kind: ActionKind) -> tuple[np.ndarray, np.ndarray]:
+        """``(components, state components)`` of the ``kind`` components: index arrays of equal
+        length, the second the ``state_index`` of each."""
+        comps = self.of_kind(kind)
+        return comps, np.array([self.state_index[k] for k in comps], dtype=np.intp)
 
 
 @dataclass(frozen=True)
@@ -131,32 +181,54 @@ class RobotSpec:
 
     def chunk_targets(self, chunk: np.ndarray, state: np.ndarray) -> np.ndarray:
         """A chunk of actions ``(L, action.dim)``, computed from an observation whose state was
-        ``state``, as the joint targets it plans ``(L, action.dim)``: arm deltas are relative to
-        the measured joint positions, so action ``i`` plans ``state[:n_arm] + deltas[0..i]``
-        summed (rad; each step clipped to the action bounds, as sending it would, and assumed
-        reached), and the gripper opening is absolute already.
+        ``state``, as the targets it plans ``(L, action.dim)``, in action units: a ``delta`` is
+        relative to the measured state, so action ``i`` plans ``state + scale * (deltas[0..i]
+        summed)`` (each step clipped to the action bounds, as sending it would, and assumed
+        reached), divided back by ``scale``; ``absolute`` and ``effort`` components are targets
+        already.
 
         Why: a chunk executed later than its observation (asynchronous execution) meets a robot
         that has moved meanwhile; its relative actions would then add the motion a second
-        time, its planned joint positions stay right. :meth:`action_toward` turns a target back
-        into an action for the state measured when it is sent."""
-        arm = len(self.arm)
+        time, its planned targets stay right. :meth:`action_toward` turns a target back into an
+        action for the state measured when it is sent."""
+        comps, states = self.action.acts_on("delta")
+        scale = np.asarray(self.action.scale, dtype=np.float32)[comps]
+        low, high = np.asarray(self.action.low)[comps], np.asarray(self.action.high)[comps]
         targets = np.array(chunk, dtype=np.float32, copy=True)
         # A step past the action bounds is clipped when sent: plan what can be reached.
-        steps = np.clip(targets[:, :arm], self.action.low[:arm], self.action.high[:arm])
-        targets[:, :arm] = state[:arm] + np.cumsum(steps, axis=0)
+        steps = np.clip(targets[:, comps], low, high)
+        targets[:, comps] = state[states] / scale + np.cumsum(steps, axis=0)
         return targets
 
     def action_toward(self, target: np.ndarray, state: np.ndarray) -> np.ndarray:
-        """The action that moves the robot, measured at ``state``, to the planned joint
-        ``target`` (a row of :meth:`chunk_targets`): arm ``target - measured`` clipped to the
-        action bounds (``±max_joint_delta``), the gripper opening as planned."""
-        arm = len(self.arm)
+        """The action that moves the robot, measured at ``state``, to the planned ``target`` (a
+        row of :meth:`chunk_targets`): a ``delta`` is ``target - measured`` (in action units)
+        clipped to the action bounds (rp5: ``±max_joint_delta``), the rest as planned."""
+        comps, states = self.action.acts_on("delta")
+        scale = np.asarray(self.action.scale, dtype=np.float32)[comps]
+        low, high = np.asarray(self.action.low)[comps], np.asarray(self.action.high)[comps]
         action = np.array(target, dtype=np.float32, copy=True)
-        action[:arm] = np.clip(
-            target[:arm] - state[:arm], self.action.low[:arm], self.action.high[:arm]
-        )
+        action[comps] = np.clip(target[comps] - state[states] / scale, low, high)
         return action
+
+    def hold_action(self, state: np.ndarray, last: np.ndarray | None = None) -> np.ndarray:
+        """The safe action for robots whose state was ``state``, shape ``(..., state_dim)``: no
+        motion. Shape ``(..., action.dim)``, float32: a ``delta`` is 0, an ``absolute`` the
+        measured value of its state component (where that is not finite: ``last``, the action
+        sent before, else its home value, so a NaN reading never becomes a NaN command), an
+        ``effort`` ``last``'s (else its neutral value)."""
+        state = np.asarray(state, dtype=np.float32)
+        shape = (*state.shape[:-1], self.action.dim)
+        held = np.broadcast_to(np.asarray(self.action.home, dtype=np.float32), shape).copy()
+        if last is not None:
+            kept = self.action.of_kind("absolute", "effort")
+            known = np.isfinite(last[..., kept])
+            held[..., kept] = np.where(known, last[..., kept], held[..., kept])
+        comps, states = self.action.acts_on("absolute")
+        measured = state[..., states]
+        held[..., comps] = np.where(np.isfinite(measured), measured, held[..., comps])
+        held[..., self.action.of_kind("delta")] = 0.0
+        return held
 
     def load_model(self) -> mujoco.MjModel:
         """Compile the robot's MJCF on its own (no scene)."""
@@ -256,11 +328,18 @@ def load_robot(definition: RobotDefinition) -> RobotSpec:
 
     opening = sum(j.high for j in gripper)
     d = definition.max_joint_delta
+    delta: ActionKind = "delta"
     action = ActionSpec(
         names=(*(f"{j.name}.delta" for j in arm), "gripper.opening"),
         low=(*(-d for _ in arm), 0.0),
         high=(*(d for _ in arm), opening),
         units=(*("rad" for _ in arm), "m"),
+        kinds=(*(delta for _ in arm), "absolute"),
+        state_index=tuple(range(len(arm) + 1)),
+        scale=tuple(1.0 for _ in range(len(arm) + 1)),
+        travel=(*(j.high - j.low for j in arm), opening),
+        home=(*(0.0 for _ in arm), definition.home_gripper),
+        moves=(*(f"joint {j.name}" for j in arm), "gripper opening"),
     )
     state_names = (*(f"{j.name}.pos" for j in arm), "gripper.opening")
     return RobotSpec(
@@ -313,11 +392,12 @@ def action_fault(spec: RobotSpec, field: str, actions: np.ndarray) -> str:
 
     An action is outside the robot's limits, and refused, when it is
     - non-finite (:func:`non_finite`);
-    - an arm delta whose magnitude exceeds that joint's whole travel (``high - low`` of its
-      :class:`JointSpec`, from the MJCF): a target no clip can make meaningful;
-    - a gripper opening outside ``[low - travel, high + travel]`` of its range (``travel =
-      high - low``, rp5: ``[-0.06, 0.12]`` m): one travel of tolerance either side, because
-      policies overshoot a little and the driver clips that.
+    - a ``delta`` whose magnitude exceeds the whole travel of what it moves
+      (:attr:`ActionSpec.travel`; rp5: ``high - low`` of the joint, from the MJCF): a target
+      no clip can make meaningful;
+    - an ``absolute`` or ``effort`` outside ``[low - travel, high + travel]`` (``travel = high -
+      low``; rp5's gripper opening: ``[-0.06, 0.12]`` m): one travel of tolerance either side,
+      because policies overshoot a little and the driver clips that.
 
     Finite actions inside these are not refused: the driver clips them to the action bounds
     (:meth:`Robot.act <robots.interface.Robot.act>`), as :meth:`RobotSpec.chunk_targets` plans.
@@ -329,30 +409,25 @@ def action_fault(spec: RobotSpec, field: str, actions: np.ndarray) -> str:
     server, both control loops, so the gate and the health check."""
     if refused := non_finite(field, actions):
         return refused
+    spec_action = spec.action
     array = np.asarray(actions, dtype=np.float64)
-    arm = len(spec.arm)
-    travel = np.array([j.high - j.low for j in spec.arm])
-    low, high = np.asarray(spec.action.low[arm:]), np.asarray(spec.action.high[arm:])
-    slack = high - low
-    beyond = np.concatenate(
-        [
-            np.abs(array[..., :arm]) > travel,
-            (array[..., arm:] < low - slack) | (array[..., arm:] > high + slack),
-        ],
-        axis=-1,
+    low, high = np.asarray(spec_action.low), np.asarray(spec_action.high)
+    travel = np.asarray(spec_action.travel)
+    is_delta = np.array([kind == "delta" for kind in spec_action.kinds])
+    beyond = np.where(
+        is_delta, np.abs(array) > travel, (array < low - travel) | (array > high + travel)
     )
     bad = np.argwhere(beyond)
     if not len(bad):
         return ""
     index = tuple(int(i) for i in bad[0])
-    value, component = array[index], index[-1]
-    where = f"{field}[{', '.join(map(str, index))}] = {value:.3g}"
-    if component < arm:
-        joint = spec.arm[component]
-        return f"{where} rad: beyond joint {joint.name}'s travel of {travel[component]:.3g} rad"
-    g = component - arm
+    value, k = array[index], index[-1]
+    unit = f" {spec_action.units[k]}".rstrip()  # "" for a unitless effort
+    where = f"{field}[{', '.join(map(str, index))}] = {value:.3g}{unit}"
+    if is_delta[k]:
+        return f"{where}: beyond {spec_action.moves[k]}'s travel of {travel[k]:.3g}{unit}"
     return (
-        f"{where} m: a gripper opening outside [{low[g] - slack[g]:.3g}, "
-        f"{high[g] + slack[g]:.3g}] m (its range {low[g]:.3g}..{high[g]:.3g} m, one travel "
-        "either side)"
+        f"{where}: a {spec_action.moves[k]} outside [{low[k] - travel[k]:.3g}, "
+        f"{high[k] + travel[k]:.3g}]{unit} (its range {low[k]:.3g}..{high[k]:.3g}{unit}, one "
+        "travel either side)"
     )

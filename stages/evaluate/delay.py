@@ -180,7 +180,6 @@ class DelayedActor:
 
     def __init__(self, policy: ActingPolicy, plan: DelayPlan, spec: RobotSpec) -> None:
         self.policy, self.plan, self.spec = policy, plan, spec
-        self.arm = len(spec.arm)
         self.tick: list[int] = []
         self.queues: list[ChunkQueue] = []
         """async: the planned actions."""
@@ -261,12 +260,10 @@ class DelayedActor:
         return self.sync[e].pop(0) if self.sync[e] else None
 
     def _hold(self, state: np.ndarray) -> np.ndarray:
-        """The safe action ``(N, action_dim)`` for states ``(N, state_dim)``: no joint motion,
-        the gripper kept at its measured opening (:func:`deploy_edge.runtime.hold_position`,
-        batched)."""
-        actions = np.zeros((state.shape[0], self.policy.action_dim), dtype=np.float32)
-        actions[:, self.arm :] = state[:, self.arm :]
-        return actions
+        """The safe action ``(N, action_dim)`` for states ``(N, state_dim)``: no motion (rp5: no
+        joint motion, the gripper kept at its measured opening;
+        :func:`deploy_edge.runtime.hold_position`, batched)."""
+        return self.spec.hold_action(state)
 
     def on_step(
         self, slots: list[int], obs: BatchedObservation, actions: np.ndarray, result: StepResult

@@ -159,8 +159,9 @@ def save_new_policy(
     :func:`untrained_normalizer`) saved as a checkpoint at ``out``: what benchmarks measure when
     they are given no trained one."""
     torch.manual_seed(seed)
+    rp5 = get_robot("rp5")
     fresh, base = new_policy(
-        policy, cameras, image_size, 6, 6, untrained_normalizer(get_robot("rp5"))
+        policy, cameras, image_size, rp5.state_dim, rp5.action.dim, untrained_normalizer(rp5)
     )
     save_policy(fresh, out, base)
     return out
@@ -168,17 +169,17 @@ def save_new_policy(
 
 def untrained_normalizer(spec: RobotSpec) -> Normalizer:
     """The normalizer of a policy for ``spec``'s robot that has seen no data: the identity,
-    except the gripper opening, centred in the robot's range with a sixth of it as its std
-    (rp5: 0.03 +- 0.01 m), where a trained policy's normalizer (its demonstrations') puts it.
+    except each ``absolute`` or ``effort`` action, centred in its range with a sixth of it as
+    its std (rp5's gripper opening: 0.03 +- 0.01 m), where a trained policy's normalizer (its
+    demonstrations') puts it.
 
     Why: under the identity a random policy emits openings of about -0.12..0.90 m, which every
     boundary between a policy and a robot refuses as outside the robot's limits
     (:func:`robots.spec.action_fault`), so nothing untrained could be gated or run. Its arm
     deltas (up to 1.24 rad measured) stay inside every joint's travel and are clipped to the
     rate bound as before."""
-    arm = len(spec.arm)
     norm = Normalizer.identity(spec.state_dim, spec.action.dim)
-    for k in range(arm, spec.action.dim):
+    for k in spec.action.of_kind("absolute", "effort"):
         low, high = spec.action.low[k], spec.action.high[k]
         norm.action_mean[k], norm.action_std[k] = (low + high) / 2, (high - low) / 6
     return norm

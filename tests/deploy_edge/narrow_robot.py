@@ -16,8 +16,11 @@ def narrow_wrist_rp5(cameras: tuple[str, ...], image_size: int) -> SimulatedRobo
     travel): a robot whose joint travels less than the tiny export's deltas for it (about
     -0.78 rad)."""
     robot = simulated_rp5(cameras, image_size)
-    arm = (replace(j, low=-0.1, high=0.1) if j.name == "wrist_pitch" else j for j in robot.spec.arm)
-    robot.spec = replace(robot.spec, arm=tuple(arm))
+    spec = robot.spec
+    arm = tuple(replace(j, low=-0.1, high=0.1) if j.name == "wrist_pitch" else j for j in spec.arm)
+    # What action_fault checks: the travel of what each action component moves.
+    travel = (*(j.high - j.low for j in arm), *spec.action.travel[len(arm) :])
+    robot.spec = replace(spec, arm=arm, action=replace(spec.action, travel=travel))
     return robot
 
 

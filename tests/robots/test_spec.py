@@ -5,10 +5,18 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from robots.rp5 import RP5
-from robots.spec import RobotDefinitionError, RobotSpec, get_robot, load_robot
+from robots.spec import (
+    ActionSpec,
+    RobotDefinitionError,
+    RobotSpec,
+    action_fault,
+    get_robot,
+    load_robot,
+)
 
 
 def test_rp5_has_five_arm_joints_a_gripper_two_cameras_and_limits(rp5: RobotSpec) -> None:
@@ -85,3 +93,87 @@ def test_missing_camera_and_bad_home_pose_are_rejected() -> None:
 def test_control_rate_must_divide_into_physics_steps() -> None:
     with pytest.raises(RobotDefinitionError, match="not a whole number"):
         load_robot(dataclasses.replace(RP5, control_hz=7.0))
+
+
+def _hand_robot(rp5: RobotSpec) -> RobotSpec:
+    """A robot commanded like Meta-World's Sawyer: 3 hand displacements (x0.01 m per action
+    unit, delta), a gripper effort in [-1, 1] (no state measures it); state hand x, y, z (m) and
+    the gripper's opening (0..1). Only its action semantics differ from rp5's."""
+    action = ActionSpec(
+        names=("hand.dx", "hand.dy", "hand.dz", "gripper.effort"),
+        low=(-1.0, -1.0, -1.0, -1.0),
+        high=(1.0, 1.0, 1.0, 1.0),
+        units=("cm", "cm", "cm", ""),
+        kinds=("delta", "delta", "delta", "effort"),
+        state_index=(0, 1, 2, None),
+        scale=(0.01, 0.01, 0.01, 1.0),
+        travel=(100.0, 100.0, 100.0, 2.0),
+        home=(0.0, 0.0, 0.0, -1.0),
+        moves=("hand x", "hand y", "hand z", "gripper effort"),
+    )
+    names = ("hand.x", "hand.y", "hand.z", "gripper.opening")
+    return dataclasses.replace(rp5, action=action, state_names=names)
+
+
+def test_chunk_targets_and_action_toward_follow_each_components_kind(rp5: RobotSpec) -> None:
+    """A delta is planned from the measured state in its own scale and clipped to its bounds; an
+    effort passes as planned; the action toward a plan re-measures only the deltas."""
+    hand = _hand_robot(rp5)
+    state = np.array([0.10, -0.20, 0.05, 0.7], dtype=np.float32)
+    chunk = np.array([[1.0, 0.0, 3.0, 0.5], [1.0, -1.0, 0.0, 1.0]], dtype=np.float32)
+    targets = hand.chunk_targets(chunk, state)
+    # x: 10 cm + 1 + 1; y: -20 + 0 - 1; z: 5 + 1 (3 clipped to 1) + 0; effort as given.
+    np.testing.assert_allclose(targets[:, :3], [[11, -20, 6], [12, -21, 6]], atol=1e-4)
+    np.testing.assert_allclose(targets[:, 3], [0.5, 1.0])
+    # The robot moved 1.5 cm in x meanwhile: the second action asks only for what is left.
+    moved = state + np.array([0.015, 0.0, 0.0, 0.0], dtype=np.float32)
+    np.testing.assert_allclose(hand.action_toward(targets[1], moved), [0.5, -1, 1, 1.0], atol=1e-4)
+    # rp5: joint deltas in rad (scale 1), the gripper opening absolute.
+    q = np.zeros(6, dtype=np.float32)
+    planned = rp5.chunk_targets(np.full((2, 6), 0.05, dtype=np.float32), q)
+    np.testing.assert_allclose(planned[:, 0], [0.05, 0.10], atol=1e-6)
+    np.testing.assert_allclose(planned[:, 5], [0.05, 0.05], atol=1e-6)
+
+
+def test_hold_action_keeps_what_no_motion_means_for_each_kind(rp5: RobotSpec) -> None:
+    """Deltas hold at 0; an absolute holds its measured value, and where that reading is NaN
+    the last command (else home); an effort holds the last command (else its neutral value)."""
+    hand = _hand_robot(rp5)
+    state = np.array([[0.1, 0.2, 0.3, 0.4], [0.0, 0.0, 0.0, 0.9]], dtype=np.float32)
+    np.testing.assert_array_equal(hand.hold_action(state), [[0, 0, 0, -1], [0, 0, 0, -1]])
+    last = np.array([[0.3, 0.3, 0.3, 0.8], [1, 1, 1, np.nan]], dtype=np.float32)
+    np.testing.assert_allclose(hand.hold_action(state, last), [[0, 0, 0, 0.8], [0, 0, 0, -1]])
+    joints = np.array([0.3, -0.2, 0.1, 0.0, 0.5, 0.04], dtype=np.float32)
+    np.testing.assert_allclose(rp5.hold_action(joints), [0, 0, 0, 0, 0, 0.04], atol=1e-7)
+    joints[5] = np.nan
+    home = rp5.definition.home_gripper
+    np.testing.assert_allclose(rp5.hold_action(joints)[5], home, atol=1e-7)
+    sent = rp5.hold_action(joints, np.full(6, 0.02, dtype=np.float32))
+    np.testing.assert_allclose(sent, [0, 0, 0, 0, 0, 0.02], atol=1e-7)
+
+
+def test_action_fault_names_the_component_by_its_kind(rp5: RobotSpec) -> None:
+    """A delta past its whole travel and an effort past one range either side are refused with
+    what they act on; values inside are left to the driver's clip."""
+    hand = _hand_robot(rp5)
+    assert action_fault(hand, "action", np.array([[50.0, -99.0, 1.5, 2.9]])) == ""
+    assert action_fault(hand, "action", np.array([[0.0, 101.0, 0.0, 0.0]])) == (
+        "action[0, 1] = 101 cm: beyond hand y's travel of 100 cm"
+    )
+    assert action_fault(hand, "action", np.array([[0.0, 0.0, 0.0, -3.5]])) == (
+        "action[0, 3] = -3.5: a gripper effort outside [-3, 3] (its range -1..1, one travel "
+        "either side)"
+    )
+
+
+def test_an_action_spec_needs_a_value_per_component_and_a_state_for_each_delta() -> None:
+    """A layout whose fields disagree in length, or an effort given a state component, is a
+    definition error, not a wrong action later."""
+    one = {"names": ("a",), "low": (-1.0,), "high": (1.0,), "units": ("",), "scale": (1.0,)}
+    one |= {"travel": (2.0,), "home": (0.0,), "moves": ("a",)}
+    with pytest.raises(RobotDefinitionError, match="one value per component"):
+        ActionSpec(**(one | {"low": (-1.0, 0.0)}), kinds=("delta",), state_index=(0,))
+    with pytest.raises(RobotDefinitionError, match="state_index is needed exactly"):
+        ActionSpec(**one, kinds=("effort",), state_index=(0,))
+    with pytest.raises(RobotDefinitionError, match="state_index is needed exactly"):
+        ActionSpec(**one, kinds=("delta",), state_index=(None,))

@@ -32,7 +32,7 @@ def measure(
     scene = SceneConfig(variant="touch-mixed", cameras=["scene"], image_size=64)
     sim = SimConfig(backend=backend, num_envs=envs, num_threads=2, device=device)
     rng = np.random.default_rng(0)
-    limit = robot.definition.max_joint_delta
+    limit = robot.authored.max_joint_delta
     start = time.perf_counter()
     with make_env(robot, scene, sim, cameras=cameras, autoreset=True) as env:
         build = time.perf_counter() - start

@@ -145,29 +145,53 @@ class ActionSpec:
 
 @dataclass(frozen=True)
 class RobotSpec:
-    """A validated robot: joints with limits, cameras, control rate, action and state layout."""
+    """A validated robot: its control rate, cameras, action and state layout; for a robot
+    compiled from MJCF (:func:`load_robot`), also its definition and joints with limits.
 
-    definition: RobotDefinition
-    arm: tuple[JointSpec, ...]
-    gripper: tuple[JointSpec, ...]
+    A robot whose model lives outside this environment (Meta-World's Sawyer) is *declared*: a
+    ``RobotSpec`` built directly, with no ``definition``; only the simulator backends that build
+    a scene from MJCF (the touch ones) need :attr:`authored`."""
+
+    name: str
+    """Registry name, e.g. ``rp5``."""
+    description: str
+    """One line for ``robo-pipe`` listings."""
+    control_hz: float
+    """Control rate in Hz: one action per ``1/control_hz`` seconds."""
     cameras: tuple[CameraSpec, ...]
     action: ActionSpec
-    state_names: tuple[str, ...] = field(default=())
+    state_names: tuple[str, ...]
+    """Observation state components, with their unit's quantity (``base_yaw.pos``)."""
+    definition: RobotDefinition | None = None
+    """The MJCF definition it was compiled from; None for a declared robot."""
+    arm: tuple[JointSpec, ...] = field(default=())
+    gripper: tuple[JointSpec, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        if not self.control_hz > 0:
+            raise RobotDefinitionError(f"robot {self.name!r}: control_hz must be > 0")
+        for name, index in zip(self.action.names, self.action.state_index, strict=True):
+            if index is not None and not 0 <= index < len(self.state_names):
+                raise RobotDefinitionError(
+                    f"robot {self.name!r}: action {name!r} acts on state component {index}, "
+                    f"but the state has {len(self.state_names)}"
+                )
 
     @property
-    def name(self) -> str:
-        """Registry name."""
-        return self.definition.name
-
-    @property
-    def control_hz(self) -> float:
-        """Control rate in Hz."""
-        return self.definition.control_hz
+    def authored(self) -> RobotDefinition:
+        """The MJCF definition (joints, tool site, home pose, physics timestep) of a robot
+        compiled from one; a declared robot has none."""
+        if self.definition is None:
+            raise RobotDefinitionError(
+                f"robot {self.name!r} is declared without an MJCF model: it runs only on "
+                "backends that bring their own"
+            )
+        return self.definition
 
     @property
     def substeps(self) -> int:
-        """Physics steps per control step."""
-        return round(1.0 / (self.definition.control_hz * self.definition.physics_timestep))
+        """Physics steps per control step (MJCF robots)."""
+        return round(1.0 / (self.control_hz * self.authored.physics_timestep))
 
     @property
     def state_dim(self) -> int:
@@ -176,7 +200,7 @@ class RobotSpec:
 
     @property
     def max_gripper_opening(self) -> float:
-        """Fully open gripper, m (sum of the finger travels)."""
+        """Fully open gripper, m (sum of the finger travels; MJCF robots)."""
         return sum(j.high for j in self.gripper)
 
     def chunk_targets(self, chunk: np.ndarray, state: np.ndarray) -> np.ndarray:
@@ -232,10 +256,12 @@ class RobotSpec:
 
     def load_model(self) -> mujoco.MjModel:
         """Compile the robot's MJCF on its own (no scene)."""
-        return _compile(self.definition.mjcf)
+        return _compile(self.authored.mjcf)
 
 
 _REGISTRY: dict[str, str] = {"rp5": "robots.rp5:RP5"}
+"""Robot name -> ``module:attr`` of its :class:`RobotDefinition` (compiled from MJCF) or its
+declared :class:`RobotSpec`."""
 
 
 def available_robots() -> list[str]:
@@ -249,7 +275,8 @@ def get_robot(name: str) -> RobotSpec:
         raise RobotDefinitionError(
             f"unknown robot {name!r}; valid choices: {', '.join(available_robots())}"
         )
-    return load_robot(pkgutil.resolve_name(_REGISTRY[name]))
+    robot = pkgutil.resolve_name(_REGISTRY[name])
+    return robot if isinstance(robot, RobotSpec) else load_robot(robot)
 
 
 def _compile(path: Path) -> mujoco.MjModel:
@@ -343,12 +370,15 @@ def load_robot(definition: RobotDefinition) -> RobotSpec:
     )
     state_names = (*(f"{j.name}.pos" for j in arm), "gripper.opening")
     return RobotSpec(
-        definition=definition,
-        arm=arm,
-        gripper=gripper,
+        name=definition.name,
+        description=definition.description,
+        control_hz=definition.control_hz,
         cameras=tuple(cameras),
         action=action,
         state_names=state_names,
+        definition=definition,
+        arm=arm,
+        gripper=gripper,
     )
 
 

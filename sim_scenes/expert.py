@@ -54,7 +54,7 @@ class ScriptedExpert:
             ]
         )
         self._tcp = mujoco.mj_name2id(
-            self._model, mujoco.mjtObj.mjOBJ_SITE, robot.definition.tcp_site
+            self._model, mujoco.mjtObj.mjOBJ_SITE, robot.authored.tcp_site
         )
         self._jacp = np.zeros((3, self._model.nv))
         self._jacr = np.zeros((3, self._model.nv))
@@ -88,6 +88,6 @@ class ScriptedExpert:
         error = np.concatenate([waypoint - tcp, ORIENTATION_WEIGHT * rot_error])
         jac = np.vstack([self._jacp, ORIENTATION_WEIGHT * self._jacr])[:, self._arm_dof]
         dq = jac.T @ np.linalg.solve(jac @ jac.T + DAMPING**2 * np.eye(6), error)
-        limit = self.robot.definition.max_joint_delta
+        limit = self.robot.authored.max_joint_delta
         scale = max(1.0, float(np.abs(dq).max()) / limit)  # keep the direction when clipping
         return dq / scale

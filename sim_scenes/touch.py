@@ -333,7 +333,7 @@ def sample_layout(
     trained = (template, objects[target].colour, words[int(rng.integers(len(words)))])
     # The unseen words come after the trained draws, so the rest of the scene is the same.
     instruction = _instruction(trained, _unseen_words(objects[target], seed), phrasing)
-    home = np.asarray(robot.definition.home_arm)
+    home = np.asarray(robot.authored.home_arm)
     arm = home + rng.uniform(-variant.arm_jitter, variant.arm_jitter, size=home.shape)
     lows = np.array([j.low for j in robot.arm])
     highs = np.array([j.high for j in robot.arm])

@@ -52,7 +52,7 @@ def build(
     joint is checked against MuJoCo's (type, bodies, axis, anchor, limits); a mismatch exits
     2 and leaves the previous USD in place. The same MJCF gives byte-identical files.
     """
-    mjcf = get_robot(robot).definition.mjcf
+    mjcf = get_robot(robot).authored.mjcf
     out_dir = out if out is not None else usd_dir(mjcf)
     python = isaaclab_python()
     result = subprocess.run(

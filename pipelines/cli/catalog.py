@@ -29,7 +29,7 @@ def robots(json_out: JsonOpt = False) -> None:
     records, out = [], result_console(json_out)
     for name in available_robots():
         spec = get_robot(name)
-        table = Table(title=f"{name}: {spec.definition.description}")
+        table = Table(title=f"{name}: {spec.description}")
         for col in ("action component", "range", "unit"):
             table.add_column(col)
         for comp, low, high, unit in zip(

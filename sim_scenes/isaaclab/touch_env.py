@@ -79,7 +79,7 @@ class TouchEnv(DirectRLEnv):
         self._joint_low = torch.tensor([j.low for j in self.robot_spec.arm], device=dev)
         self._joint_high = torch.tensor([j.high for j in self.robot_spec.arm], device=dev)
         self._finger_high = torch.tensor([j.high for j in self.robot_spec.gripper], device=dev)
-        self._max_delta = self.robot_spec.definition.max_joint_delta
+        self._max_delta = self.robot_spec.authored.max_joint_delta
         self._targets = torch.zeros(self.num_envs, n_arm + len(self._finger_ids), device=dev)
         self._target_object = torch.zeros(self.num_envs, dtype=torch.long, device=dev)
         self._hold = torch.zeros(self.num_envs, dtype=torch.long, device=dev)

@@ -52,7 +52,7 @@ PARK_X = 1.2
 
 def robot_usd(robot: RobotSpec) -> Path:
     """The robot's USD, converted from its MJCF by ``robo-pipe assets build``."""
-    return robot.definition.mjcf.parent / "usd" / f"{robot.definition.mjcf.stem}.usda"
+    return robot.authored.mjcf.parent / "usd" / f"{robot.authored.mjcf.stem}.usda"
 
 
 def object_pairs(variant: SceneVariant) -> list[tuple[str, str]]:
@@ -106,7 +106,7 @@ def tcp_frame(robot: RobotSpec) -> tuple[str, tuple[float, float, float]]:
     """(body, position in that body, m) of the MJCF's tool-centre-point site (USD has no sites,
     so the task computes the tcp from its body's pose)."""
     model = robot.load_model()
-    site = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_SITE, robot.definition.tcp_site)
+    site = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_SITE, robot.authored.tcp_site)
     body = mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_BODY, model.site_bodyid[site])
     x, y, z = (float(v) for v in model.site_pos[site])
     return body, (x, y, z)
@@ -237,7 +237,7 @@ def make_touch_cfg(
         episode_steps,
     )
     spec = task_variant(cfg)
-    cfg.sim.dt = robot.definition.physics_timestep
+    cfg.sim.dt = robot.authored.physics_timestep
     cfg.sim.device = device
     cfg.sim.physics.use_cuda_graph = device.startswith("cuda")
     cfg.decimation = robot.substeps
@@ -256,11 +256,8 @@ def make_touch_cfg(
         spawn=sim_utils.UsdFileCfg(usd_path=str(robot_usd(robot))),
         init_state=ArticulationCfg.InitialStateCfg(
             joint_pos={
-                **dict(zip([j.name for j in robot.arm], robot.definition.home_arm, strict=True)),
-                **{
-                    j.name: robot.definition.home_gripper / len(robot.gripper)
-                    for j in robot.gripper
-                },
+                **dict(zip([j.name for j in robot.arm], robot.authored.home_arm, strict=True)),
+                **{j.name: robot.authored.home_gripper / len(robot.gripper) for j in robot.gripper},
             }
         ),
         actuators={

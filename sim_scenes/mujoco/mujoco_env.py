@@ -96,7 +96,7 @@ class MujocoBatchedEnv(BatchedEnv):
         self._joint_low = np.array([j.low for j in robot.arm])
         self._joint_high = np.array([j.high for j in robot.arm])
         self._finger_high = np.array([j.high for j in robot.gripper])
-        self._max_delta = robot.definition.max_joint_delta
+        self._max_delta = robot.authored.max_joint_delta
 
         self._layouts: list[EpisodeLayout | None] = [None] * num_envs
         self._seeds = np.zeros(num_envs, np.int64)
@@ -133,7 +133,7 @@ class MujocoBatchedEnv(BatchedEnv):
         mujoco.mj_forward(model, data)
         mujoco.mj_getState(model, data, self._state[env], _STATE_SPEC)
         self._tcp[env] = data.site_xpos[
-            mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_SITE, self.robot.definition.tcp_site)
+            mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_SITE, self.robot.authored.tcp_site)
         ]
         self._layouts[env] = layout
         self._seeds[env] = seed

@@ -31,8 +31,8 @@ def build_scene(robot: RobotSpec, image_size: int) -> mujoco.MjModel:
     the one shape it needs. Rendering settings are tuned for small offscreen frames (no shadows,
     no multisampling, framebuffer the size of the image), which FACTS measured ~70x faster.
     """
-    spec = mujoco.MjSpec.from_file(str(robot.definition.mjcf))
-    spec.option.timestep = robot.definition.physics_timestep
+    spec = mujoco.MjSpec.from_file(str(robot.authored.mjcf))
+    spec.option.timestep = robot.authored.physics_timestep
     spec.option.integrator = mujoco.mjtIntegrator.mjINT_IMPLICITFAST
     spec.visual.quality.shadowsize = 0
     spec.visual.quality.offsamples = 0
@@ -147,7 +147,7 @@ def apply_layout(
     """
     qpos[:] = nominal.qpos0
     qpos[index.arm_qpos] = layout.arm_qpos
-    qpos[index.gripper_qpos] = robot.definition.home_gripper / len(index.gripper_qpos)
+    qpos[index.gripper_qpos] = robot.authored.home_gripper / len(index.gripper_qpos)
     for slot in range(MAX_OBJECTS):
         adr = index.object_qpos[slot]
         geoms = index.object_geoms[slot]

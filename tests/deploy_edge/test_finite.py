@@ -218,7 +218,7 @@ def test_a_delta_above_the_rate_bound_inside_its_joints_travel_is_clipped_not_re
         robot.stop()
     assert [t.refused for t in ticks] == [""] * len(ticks)
     assert not any(t.missed for t in ticks)
-    bound = rp5.definition.max_joint_delta
+    bound = rp5.authored.max_joint_delta
     moving = [a for a in robot.sent if a[3] != 0.0]
     assert moving, "the policy's delta was sent"
     if loop == "sync":

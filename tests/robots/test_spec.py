@@ -8,9 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from robots import spec as spec_module
 from robots.rp5 import RP5
 from robots.spec import (
+    ActionKind,
     ActionSpec,
+    CameraSpec,
     RobotDefinitionError,
     RobotSpec,
     action_fault,
@@ -95,10 +98,10 @@ def test_control_rate_must_divide_into_physics_steps() -> None:
         load_robot(dataclasses.replace(RP5, control_hz=7.0))
 
 
-def _hand_robot(rp5: RobotSpec) -> RobotSpec:
-    """A robot commanded like Meta-World's Sawyer: 3 hand displacements (x0.01 m per action
-    unit, delta), a gripper effort in [-1, 1] (no state measures it); state hand x, y, z (m) and
-    the gripper's opening (0..1). Only its action semantics differ from rp5's."""
+def _hand_robot() -> RobotSpec:
+    """A robot declared without MJCF, commanded like Meta-World's Sawyer: 3 hand displacements
+    (x0.01 m per action unit, delta), a gripper effort in [-1, 1] (no state measures it); state
+    hand x, y, z (m) and the gripper's opening (0..1); 80 Hz."""
     action = ActionSpec(
         names=("hand.dx", "hand.dy", "hand.dz", "gripper.effort"),
         low=(-1.0, -1.0, -1.0, -1.0),
@@ -112,13 +115,38 @@ def _hand_robot(rp5: RobotSpec) -> RobotSpec:
         moves=("hand x", "hand y", "hand z", "gripper effort"),
     )
     names = ("hand.x", "hand.y", "hand.z", "gripper.opening")
-    return dataclasses.replace(rp5, action=action, state_names=names)
+    corner = (CameraSpec("corner", 45.0),)
+    return RobotSpec("hand", "a hand-space arm", 80.0, corner, action, names)
+
+
+HAND = _hand_robot()
+"""The declared robot, for the registry (``tests.robots.test_spec:HAND``)."""
+
+
+def test_a_declared_robot_is_registered_like_a_compiled_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A registry entry may name a declared ``RobotSpec``: get_robot returns it as is; asking
+    it for an MJCF definition names the robot; a declared action on a state component the
+    robot does not have is refused when it is declared."""
+    monkeypatch.setitem(spec_module._REGISTRY, "hand", "tests.robots.test_spec:HAND")
+    hand = get_robot("hand")
+    assert hand is HAND and hand.control_hz == 80.0 and hand.action.dim == 4
+    assert hand.definition is None and hand.arm == ()
+    with pytest.raises(RobotDefinitionError, match="robot 'hand' is declared without an MJCF"):
+        hand.load_model()
+    with pytest.raises(
+        RobotDefinitionError, match="acts on state component 2, but the state has 2"
+    ):
+        dataclasses.replace(hand, state_names=("hand.x", "hand.y"))
+    with pytest.raises(RobotDefinitionError, match="control_hz must be > 0"):
+        dataclasses.replace(hand, control_hz=0.0)
 
 
 def test_chunk_targets_and_action_toward_follow_each_components_kind(rp5: RobotSpec) -> None:
     """A delta is planned from the measured state in its own scale and clipped to its bounds; an
     effort passes as planned; the action toward a plan re-measures only the deltas."""
-    hand = _hand_robot(rp5)
+    hand = HAND
     state = np.array([0.10, -0.20, 0.05, 0.7], dtype=np.float32)
     chunk = np.array([[1.0, 0.0, 3.0, 0.5], [1.0, -1.0, 0.0, 1.0]], dtype=np.float32)
     targets = hand.chunk_targets(chunk, state)
@@ -138,15 +166,16 @@ def test_chunk_targets_and_action_toward_follow_each_components_kind(rp5: RobotS
 def test_hold_action_keeps_what_no_motion_means_for_each_kind(rp5: RobotSpec) -> None:
     """Deltas hold at 0; an absolute holds its measured value, and where that reading is NaN
     the last command (else home); an effort holds the last command (else its neutral value)."""
-    hand = _hand_robot(rp5)
+    hand = HAND
     state = np.array([[0.1, 0.2, 0.3, 0.4], [0.0, 0.0, 0.0, 0.9]], dtype=np.float32)
     np.testing.assert_array_equal(hand.hold_action(state), [[0, 0, 0, -1], [0, 0, 0, -1]])
     last = np.array([[0.3, 0.3, 0.3, 0.8], [1, 1, 1, np.nan]], dtype=np.float32)
-    np.testing.assert_allclose(hand.hold_action(state, last), [[0, 0, 0, 0.8], [0, 0, 0, -1]])
+    held = hand.hold_action(state, last)
+    np.testing.assert_allclose(held, np.array([[0, 0, 0, 0.8], [0, 0, 0, -1]]))
     joints = np.array([0.3, -0.2, 0.1, 0.0, 0.5, 0.04], dtype=np.float32)
     np.testing.assert_allclose(rp5.hold_action(joints), [0, 0, 0, 0, 0, 0.04], atol=1e-7)
     joints[5] = np.nan
-    home = rp5.definition.home_gripper
+    home = rp5.authored.home_gripper
     np.testing.assert_allclose(rp5.hold_action(joints)[5], home, atol=1e-7)
     sent = rp5.hold_action(joints, np.full(6, 0.02, dtype=np.float32))
     np.testing.assert_allclose(sent, [0, 0, 0, 0, 0, 0.02], atol=1e-7)
@@ -155,7 +184,7 @@ def test_hold_action_keeps_what_no_motion_means_for_each_kind(rp5: RobotSpec) ->
 def test_action_fault_names_the_component_by_its_kind(rp5: RobotSpec) -> None:
     """A delta past its whole travel and an effort past one range either side are refused with
     what they act on; values inside are left to the driver's clip."""
-    hand = _hand_robot(rp5)
+    hand = HAND
     assert action_fault(hand, "action", np.array([[50.0, -99.0, 1.5, 2.9]])) == ""
     assert action_fault(hand, "action", np.array([[0.0, 101.0, 0.0, 0.0]])) == (
         "action[0, 1] = 101 cm: beyond hand y's travel of 100 cm"
@@ -169,11 +198,15 @@ def test_action_fault_names_the_component_by_its_kind(rp5: RobotSpec) -> None:
 def test_an_action_spec_needs_a_value_per_component_and_a_state_for_each_delta() -> None:
     """A layout whose fields disagree in length, or an effort given a state component, is a
     definition error, not a wrong action later."""
-    one = {"names": ("a",), "low": (-1.0,), "high": (1.0,), "units": ("",), "scale": (1.0,)}
-    one |= {"travel": (2.0,), "home": (0.0,), "moves": ("a",)}
+
+    def one(kind: ActionKind, state_index: int | None, low: tuple[float, ...] = (-1.0,)) -> None:
+        ActionSpec(
+            ("a",), low, (1.0,), ("",), (kind,), (state_index,), (1.0,), (2.0,), (0.0,), ("a",)
+        )
+
     with pytest.raises(RobotDefinitionError, match="one value per component"):
-        ActionSpec(**(one | {"low": (-1.0, 0.0)}), kinds=("delta",), state_index=(0,))
+        one("delta", 0, low=(-1.0, 0.0))
     with pytest.raises(RobotDefinitionError, match="state_index is needed exactly"):
-        ActionSpec(**one, kinds=("effort",), state_index=(0,))
+        one("effort", 0)
     with pytest.raises(RobotDefinitionError, match="state_index is needed exactly"):
-        ActionSpec(**one, kinds=("delta",), state_index=(None,))
+        one("delta", None)

@@ -91,7 +91,7 @@ def test_render_shapes_and_images_change_when_things_move(rp5: RobotSpec) -> Non
         assert np.abs(obs.images["scene"][0].astype(int) - obs.images["scene"][1]).mean() > 1
         before = obs.images["scene"].copy()
         action = np.zeros((2, rp5.action.dim))
-        action[:, 0] = rp5.definition.max_joint_delta  # swing the base
+        action[:, 0] = rp5.authored.max_joint_delta  # swing the base
         for _ in range(3):
             obs = env.step(action).obs
         assert np.abs(obs.images["scene"].astype(int) - before).mean() > 0.5
@@ -104,7 +104,7 @@ def test_actions_are_clipped_to_the_robot_limits(rp5: RobotSpec) -> None:
         huge = np.full((1, rp5.action.dim), 10.0)
         state = env.step(huge).obs.state[0]
     moved = np.abs(state[:-1] - start[:-1])
-    assert (moved <= rp5.definition.max_joint_delta + 1e-3).all()
+    assert (moved <= rp5.authored.max_joint_delta + 1e-3).all()
     assert state[-1] <= rp5.max_gripper_opening + 1e-3
 
 

@@ -98,7 +98,7 @@ def make_export(out: Path) -> Path:
 
     tiny = load_config(CONFIG_DIR / "tiny.yaml")
     torch.manual_seed(0)
-    policy, _ = new_policy(tiny.policy, tiny.scene.cameras, tiny.scene.image_size, 6, 6)
+    policy, _ = new_policy(tiny.policy, tiny.scene.cameras, tiny.scene.image_size, "rp5", 6, 6)
     save_policy(policy, out / "ckpt", None)
     return Path(export(out / "ckpt", out / "export", get_robot(tiny.robot).control_hz).path)
 

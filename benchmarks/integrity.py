@@ -98,7 +98,7 @@ def build_checkpoint(directory: Path, megabytes: int) -> None:
     while 12 * layers * d_model**2 * 4 < megabytes * 10**6:  # ~12 d^2 weights per layer
         d_model += 64
     config = PolicyConfig(d_model=d_model, n_layers=layers, n_heads=4)
-    policy, _ = new_policy(config, ["scene"], 64, 6, 6)
+    policy, _ = new_policy(config, ["scene"], 64, "rp5", 6, 6)
     save_policy(policy, directory, None)
 
 

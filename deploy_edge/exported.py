@@ -60,6 +60,7 @@ class ExportedPolicy:
             root = root.parent
         self.spec: IOSpec = read_io_spec(root)
         spec = self.spec
+        self.robot = spec.robot
         self.cameras = spec.cameras
         self.image_size = spec.image_size
         self.state_dim = spec.state_dim

@@ -169,7 +169,7 @@ def export_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tests.stages.tiny_models import TINY_POLICY, rp5_normalizer
 
     torch.manual_seed(0)
-    policy, _ = new_policy(TINY_POLICY, ["scene"], 32, 6, 6, rp5_normalizer())
+    policy, _ = new_policy(TINY_POLICY, ["scene"], 32, "rp5", 6, 6, rp5_normalizer())
     root = tmp_path_factory.mktemp("export")
     save_policy(policy, root / "ckpt", None)
     return Path(export(root / "ckpt", root / "export", RP5.control_hz).path)

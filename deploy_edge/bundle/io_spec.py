@@ -30,9 +30,9 @@ from robo_pipe.records import Record, RecordError
 
 FORMAT = "robo-pipe-onnx"
 """The I/O spec's ``format``: what kind of bundle this is."""
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 """The newest ``format_version`` this robo-pipe writes and reads (2: precision ``variants``,
-``random_weights``, parameter count and export cost)."""
+``random_weights``, parameter count and export cost; 3: ``robot``)."""
 
 
 BATCH = "batch"
@@ -201,6 +201,9 @@ class IOSpec(_GraphIO, Record):
     """Token id that padding fills in."""
     control_hz: float
     """The robot's control rate the policy was exported for, Hz."""
+    robot: str = "rp5"
+    """The robot (registry name) the policy reads the state of and commands; a spec of format
+    version 2 or older holds none, and was exported for rp5."""
     tokenizer: str = TOKENIZER_DIR
     """Tokenizer directory, relative to the bundle."""
     opset: int

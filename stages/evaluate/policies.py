@@ -25,6 +25,8 @@ class PolicySpecError(RoboPipeError, ValueError):
 class ActingPolicy(Protocol):
     """What evaluation needs from a policy (shapes in robot units)."""
 
+    robot: str
+    """The robot it was made for (registry name)."""
     cameras: tuple[str, ...]
     image_size: int
     state_dim: int
@@ -50,6 +52,7 @@ class CheckpointPolicy:
         except CheckpointError as err:
             raise PolicySpecError(str(err)) from err
         cfg = self.policy.cfg
+        self.robot = cfg.robot
         self.cameras = tuple(cfg.cameras)
         self.image_size = cfg.image_size
         self.state_dim = cfg.state_dim
@@ -78,6 +81,7 @@ class OnnxRuntimePolicy:
                 self.exported = ExportedPolicy(export_dir, threads=threads, variant=variant)
         except (EngineError, IOSpecError) as err:
             raise PolicySpecError(str(err)) from err
+        self.robot = self.exported.robot
         self.cameras = self.exported.cameras
         self.image_size = self.exported.image_size
         self.state_dim = self.exported.state_dim

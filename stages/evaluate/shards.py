@@ -239,9 +239,14 @@ class EvalWorker(PoolWorker):
 
 
 def check_policy_fits(policy_path: str | Path, robot: str) -> ActingPolicy:
-    """Refuse, before any work, a policy whose observation or action spec does not match;
-    returns the policy loaded."""
+    """Refuse, before any work, a policy made for another robot, or whose observation or action
+    spec does not match; returns the policy loaded."""
     policy = load_acting_policy(policy_path)
+    if policy.robot != robot:
+        raise PolicySpecError(
+            f"{policy_path}: a policy for robot {policy.robot!r} cannot act for robot {robot!r} "
+            "(the task's)"
+        )
     spec = get_robot(robot)
     known = [c.name for c in spec.cameras]
     problems = []

@@ -289,6 +289,7 @@ def export(
             max_tokens=cfg.max_tokens,
             pad_id=int(policy.tokenizer([""])[0][0, -1]),  # what padding fills in
             control_hz=float(control_hz),
+            robot=cfg.robot,
             tokenizer=TOKENIZER_DIR,
             opset=OPSET,
             checkpoint=mark_home(str(Path(checkpoint).resolve())),

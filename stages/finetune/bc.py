@@ -64,8 +64,10 @@ class BCJob:
     """A new model's architecture (pretraining, or a hub-vlm backbone)."""
     cameras: list[str] = field(default_factory=list)
     image_size: int = 64
-    state_dim: int = 6
-    action_dim: int = 6
+    robot: str = ""
+    """A new model's robot (registry name), whose state and action sizes follow."""
+    state_dim: int = 0
+    action_dim: int = 0
     base_checkpoint: str | None = None
     """Fine-tuning: the base checkpoint to start from (frozen under LoRA)."""
     lora: LoraSettings | None = None
@@ -92,6 +94,7 @@ def build_policy(job: BCJob, data: BCData) -> tuple[VLAPolicy, BaseRef | None]:
             job.policy or PolicyConfig(),
             job.cameras,
             job.image_size,
+            job.robot,
             job.state_dim,
             job.action_dim,
             norm,

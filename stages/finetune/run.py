@@ -142,6 +142,7 @@ def pretrain(
             policy=policy,
             cameras=list(scene.cameras),
             image_size=scene.image_size,
+            robot=spec.name,
             state_dim=len(spec.state_names),
             action_dim=spec.action.dim,
             lineage={
@@ -218,6 +219,11 @@ def finetune(
     if base is not None:  # the dataset must show the base what it was built to see
         arch = read_policy_meta(base.path)["config"]
         cameras = list(arch["cameras"])
+        if arch.get("robot", "rp5") != spec.name:  # absent: saved before robots were recorded
+            raise DatasetError(
+                f"{path}: dataset of robot {spec.name!r} cannot fine-tune the base {base.path}, "
+                f"made for robot {arch.get('robot', 'rp5')!r}"
+            )
         seen = (image_size, len(spec.state_names), spec.action.dim)
         wanted = (arch["image_size"], arch["state_dim"], arch["action_dim"])
         if seen != wanted or not set(cameras) <= set(data.cameras):
@@ -238,6 +244,7 @@ def finetune(
             policy=policy if base is None else None,
             cameras=cameras,
             image_size=image_size,
+            robot=spec.name,
             state_dim=len(spec.state_names),
             action_dim=spec.action.dim,
             base_checkpoint=base.path if base else None,

@@ -104,13 +104,15 @@ def new_policy(
     policy: PolicyConfig,
     cameras: list[str] | tuple[str, ...],
     image_size: int,
+    robot: str,
     state_dim: int,
     action_dim: int,
     normalizer: Normalizer | None = None,
 ) -> tuple[VLAPolicy, BaseRef | None]:
-    """A freshly initialised policy of ``policy.type`` (and the backbone it stands on, if
-    any: loaded from ``policy.backbone``, or ``policy.preset`` built with random weights)."""
-    cfg = VLAConfig.from_pipeline(policy, cameras, image_size, state_dim, action_dim, 0)
+    """A freshly initialised policy of ``policy.type`` for ``robot`` (its registry name; the
+    state and action sizes are its), and the backbone it stands on, if any: loaded from
+    ``policy.backbone``, or ``policy.preset`` built with random weights."""
+    cfg = VLAConfig.from_pipeline(policy, cameras, image_size, state_dim, action_dim, 0, robot)
     return policy_type(policy.type).build(policy, cfg, normalizer)
 
 
@@ -161,7 +163,13 @@ def save_new_policy(
     torch.manual_seed(seed)
     rp5 = get_robot("rp5")
     fresh, base = new_policy(
-        policy, cameras, image_size, rp5.state_dim, rp5.action.dim, untrained_normalizer(rp5)
+        policy,
+        cameras,
+        image_size,
+        rp5.name,
+        rp5.state_dim,
+        rp5.action.dim,
+        untrained_normalizer(rp5),
     )
     save_policy(fresh, out, base)
     return out

@@ -136,6 +136,9 @@ class VLAConfig:
     """
 
     type: str = "default"
+    robot: str = "rp5"
+    """The robot (registry name) whose state the policy reads and whose actions it writes; a
+    checkpoint saved before robots were recorded holds none, and was made for rp5."""
     cameras: tuple[str, ...] = ("scene",)
     """Camera streams the model sees, in order."""
     image_size: int = 64
@@ -184,11 +187,13 @@ class VLAConfig:
         state_dim: int,
         action_dim: int,
         vocab_size: int,
+        robot: str,
     ) -> VLAConfig:
-        """The architecture a pipeline config asks for."""
+        """The architecture a pipeline config asks for, for ``robot``."""
         c1, c2, c3 = policy.conv_channels
         return cls(
             type=policy.type,
+            robot=robot,
             cameras=tuple(cameras),
             image_size=image_size,
             state_dim=state_dim,

@@ -59,7 +59,7 @@ class PretrainedType(PolicyType):
     @classmethod
     def frozen_base(cls, policy: PolicyConfig) -> BaseRef:
         """The two encoders' weight files, located and hashed (not loaded)."""
-        return _encoders(VLAConfig.from_pipeline(policy, (), 64, 1, 1, 0))
+        return _encoders(VLAConfig.from_pipeline(policy, (), 64, 1, 1, 0, ""))
 
     @classmethod
     def load_on_base(cls, root: Path, cfg: VLAConfig, base: BaseRef) -> VLAPolicy:

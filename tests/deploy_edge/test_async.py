@@ -72,7 +72,7 @@ def long_export(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     torch.manual_seed(0)
     config = TINY_POLICY.model_copy(update={"chunk_len": 8})
-    policy, _ = new_policy(config, ["scene"], 32, 6, 6, rp5_normalizer())
+    policy, _ = new_policy(config, ["scene"], 32, "rp5", 6, 6, rp5_normalizer())
     root = tmp_path_factory.mktemp("long-export")
     save_policy(policy, root / "ckpt", None)
     return Path(export(root / "ckpt", root / "export", RP5.control_hz).path)

@@ -339,7 +339,7 @@ def test_export_refuses_a_graph_that_emits_nan_for_its_finite_parity_inputs(
     no deviation), but the ONNX outputs on the finite reference inputs hold NaN: refused, and
     nothing is written."""
     torch.manual_seed(0)
-    policy, _ = new_policy(TINY_POLICY, ["scene"], 32, 6, 6)
+    policy, _ = new_policy(TINY_POLICY, ["scene"], 32, "rp5", 6, 6)
     with torch.no_grad():
         next(iter(policy.parameters())).view(-1)[0] = math.nan
     save_policy(policy, tmp_path / "ckpt", None)

@@ -182,7 +182,7 @@ def test_export_gate_and_evaluate_the_export(robo_pipe_home: Path, tmp_path: Pat
     from tests.stages.tiny_models import TINY_POLICY, rp5_normalizer
 
     torch.manual_seed(0)
-    policy, _ = new_policy(TINY_POLICY, ["scene"], 32, 6, 6, rp5_normalizer())
+    policy, _ = new_policy(TINY_POLICY, ["scene"], 32, "rp5", 6, 6, rp5_normalizer())
     save_policy(policy, tmp_path / "ckpt", None)
     export = robo_pipe("export", str(tmp_path / "ckpt"), "--json", home=robo_pipe_home)
     assert export.returncode == 0, export.stderr
@@ -264,7 +264,7 @@ def test_evaluate_exits_1_when_the_policy_is_worse_than_its_baseline(
     from stages.policy.checkpoint import new_policy, save_policy
     from tests.stages.tiny_models import TINY_POLICY
 
-    still, _ = new_policy(TINY_POLICY, ["scene"], 32, 6, 6)
+    still, _ = new_policy(TINY_POLICY, ["scene"], 32, "rp5", 6, 6)
     with torch.no_grad():  # zero actions: the arm holds its start pose
         still.action_head.weight.zero_()
         still.action_head.bias.zero_()

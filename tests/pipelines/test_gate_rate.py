@@ -44,10 +44,10 @@ def export_25hz(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny policy exported for a 25 Hz robot."""
     root = tmp_path_factory.mktemp("rated")
     torch.manual_seed(0)
-    policy, _ = new_policy(TINY_POLICY, ["scene"], 32, 6, 6, rp5_normalizer())
+    policy, _ = new_policy(TINY_POLICY, ["scene"], 32, RATED_ROBOT, 6, 6, rp5_normalizer())
     save_policy(policy, root / "ckpt", None)
     out = Path(export(root / "ckpt", root / "export", RATED_HZ).path)
-    assert read_io_spec(out).control_hz == RATED_HZ
+    assert read_io_spec(out).control_hz == RATED_HZ and read_io_spec(out).robot == RATED_ROBOT
     return out
 
 

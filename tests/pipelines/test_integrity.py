@@ -72,7 +72,7 @@ def save_checkpoint(path: Path, seed: int) -> Path:
     from tests.stages.tiny_models import TINY_POLICY
 
     torch.manual_seed(seed)
-    policy, _ = new_policy(TINY_POLICY, ["scene"], 32, 6, 6)
+    policy, _ = new_policy(TINY_POLICY, ["scene"], 32, "rp5", 6, 6)
     save_policy(policy, path, None)
     return path
 

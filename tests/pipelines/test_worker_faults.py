@@ -136,7 +136,7 @@ def test_an_evaluate_worker_killed_mid_shard_is_restarted_and_its_episodes_redon
     from tests.stages.tiny_models import TINY_POLICY
 
     torch.manual_seed(1)
-    policy, _ = new_policy(TINY_POLICY, ["scene"], 32, 6, 6)
+    policy, _ = new_policy(TINY_POLICY, ["scene"], 32, "rp5", 6, 6)
     save_policy(policy, tmp_path / "ckpt", None)
     args = ["evaluate", str(tmp_path / "ckpt"), "--config", TINY]
 

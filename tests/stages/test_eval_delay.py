@@ -46,7 +46,7 @@ SMALL = EvalConfig(
 def moving_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A random tiny policy (chunk of 3) with a large action head, so that it moves."""
     torch.manual_seed(1)
-    policy, _ = new_policy(TINY_POLICY, ["scene"], 32, 6, 6)
+    policy, _ = new_policy(TINY_POLICY, ["scene"], 32, "rp5", 6, 6)
     with torch.no_grad():
         policy.action_head.weight.mul_(20.0)
     path = tmp_path_factory.mktemp("delay") / "ckpt"
@@ -136,6 +136,7 @@ class _Counter:
     targets from the zero state (anchored, :meth:`~robots.spec.RobotSpec.chunk_targets`), sync
     the actions themselves."""
 
+    robot = "rp5"
     cameras: tuple[str, ...] = ()
     image_size, state_dim, action_dim = 32, 6, 6
 
@@ -202,6 +203,7 @@ class _PlanningExpert:
     """The scripted IK expert as a chunking policy: its chunk is its own kinematic plan, ``L``
     expert steps rolled out from the measured joints (privileged: it reads the simulator)."""
 
+    robot = "rp5"
     cameras: tuple[str, ...] = ()
     image_size, state_dim, action_dim = 32, 6, 6
 

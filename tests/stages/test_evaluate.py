@@ -49,7 +49,7 @@ SMALL = EvalConfig(
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     torch.manual_seed(1)
-    policy, _ = new_policy(TINY_POLICY, ["scene"], 32, 6, 6)
+    policy, _ = new_policy(TINY_POLICY, ["scene"], 32, "rp5", 6, 6)
     with torch.no_grad():  # a policy that moves: a large action head
         policy.action_head.weight.mul_(20.0)
     path = tmp_path_factory.mktemp("eval") / "ckpt"
@@ -337,10 +337,15 @@ def test_bad_suites_and_policies_are_refused_before_any_work(
         EvalConfig(variants=[])
     with pytest.raises(ValueError, match="unknown task 'touch-moon'"):
         EvalConfig(variants=["touch-moon"])
-    five_joints, _ = new_policy(TINY_POLICY, ["scene"], 32, 6, 5)
+    five_joints, _ = new_policy(TINY_POLICY, ["scene"], 32, "rp5", 6, 5)
     save_policy(five_joints, tmp_path / "wrong", None)
     with pytest.raises(PolicySpecError, match="action_dim 5 != robot's 6"):
         run(tmp_path / "wrong", tmp_path / "out")
+    # The same sizes, another robot's: refused by the robot's name, before its sizes.
+    elsewhere, _ = new_policy(TINY_POLICY, ["scene"], 32, "hand", 6, 6)
+    save_policy(elsewhere, tmp_path / "hand", None)
+    with pytest.raises(PolicySpecError, match="policy for robot 'hand' cannot act for robot 'rp5'"):
+        run(tmp_path / "hand", tmp_path / "out")
     with pytest.raises(PolicySpecError, match="no such checkpoint"):
         run(tmp_path / "missing", tmp_path / "out")
     with pytest.raises(PolicySpecError, match="action_dim 5"):

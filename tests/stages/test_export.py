@@ -36,7 +36,7 @@ from tests.stages.tiny_models import TINY_POLICY
 @pytest.fixture()
 def checkpoint(tmp_path: Path) -> Path:
     torch.manual_seed(0)
-    policy, _ = new_policy(TINY_POLICY, ["scene"], 32, 6, 6)
+    policy, _ = new_policy(TINY_POLICY, ["scene"], 32, "rp5", 6, 6)
     save_policy(policy, tmp_path / "ckpt", None)
     return tmp_path / "ckpt"
 
@@ -101,7 +101,7 @@ def test_the_graph_normalises_state_and_denormalises_actions_with_real_statistic
     assert np.abs(state_mean).max() > 0.3 and np.abs(state_std - 1).min() > 0.3
     assert np.abs(action_mean).max() > 1e-3 and np.abs(action_std - 1).min() > 0.5
     torch.manual_seed(0)
-    policy, _ = new_policy(TINY_POLICY, ["scene"], 32, 6, 6, normalizer=norm)
+    policy, _ = new_policy(TINY_POLICY, ["scene"], 32, "rp5", 6, 6, normalizer=norm)
     with torch.no_grad():
         policy.log_std.copy_(torch.linspace(-1.0, 0.5, 6))
         policy.state_proj.weight.mul_(20.0)  # type: ignore[union-attr,operator]  # the state matters
@@ -199,7 +199,7 @@ def test_an_export_of_the_same_checkpoint_is_reused_and_a_changed_one_replaced(
 
     assert without_cost(again) == without_cost(first) and verify_bundle(again.path)
     torch.manual_seed(1)
-    other, _ = new_policy(TINY_POLICY, ["scene"], 32, 6, 6)
+    other, _ = new_policy(TINY_POLICY, ["scene"], 32, "rp5", 6, 6)
     save_policy(other, checkpoint, None)
     changed = export(checkpoint, tmp_path / "export", RP5.control_hz)
     assert changed.checkpoint_hash != first.checkpoint_hash
@@ -221,7 +221,7 @@ def test_a_full_disk_while_exporting_leaves_the_previous_export(
 ) -> None:
     first = export(checkpoint, tmp_path / "export", RP5.control_hz)
     torch.manual_seed(1)
-    other, _ = new_policy(TINY_POLICY, ["scene"], 32, 6, 6)
+    other, _ = new_policy(TINY_POLICY, ["scene"], 32, "rp5", 6, 6)
     save_policy(other, checkpoint, None)
     monkeypatch.setattr(export_module.np, "savez", _fail_after_writing(np.savez))
     with pytest.raises(OutOfSpaceError, match=r"export: the disk is full.*export is as it was"):
@@ -243,7 +243,7 @@ def test_an_export_killed_at_random_moments_leaves_a_whole_export(
     delay (seeded) 4 times, ``out`` always verifies as the export of one of them."""
     other = tmp_path / "other"
     torch.manual_seed(1)
-    save_policy(new_policy(TINY_POLICY, ["scene"], 32, 6, 6)[0], other, None)
+    save_policy(new_policy(TINY_POLICY, ["scene"], 32, "rp5", 6, 6)[0], other, None)
     out = tmp_path / "export"
     started = time.perf_counter()
     sources = {

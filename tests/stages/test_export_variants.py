@@ -36,7 +36,7 @@ def int8_export(
 ) -> tuple[Path, ExportRef]:
     """A tiny policy exported once with its INT8 variant (checkpoint beside it: ``ckpt``)."""
     torch.manual_seed(0)
-    policy, _ = new_policy(TINY_POLICY, ["scene"], 32, 6, 6)
+    policy, _ = new_policy(TINY_POLICY, ["scene"], 32, "rp5", 6, 6)
     root = tmp_path_factory.mktemp("int8")
     save_policy(policy, root / "ckpt", None)
     return root, export(

@@ -191,7 +191,7 @@ def test_a_checkpoint_saved_with_the_unused_word_embeddings_still_loads(tmp_path
     loading drops exactly that tensor and stays strict about any other."""
     from safetensors.torch import save_file
 
-    policy, _ = new_policy(TINY_POLICY, ["scene"], 32, 6, 6)
+    policy, _ = new_policy(TINY_POLICY, ["scene"], 32, "rp5", 6, 6)
     old = {name: t.clone() + 1.0 for name, t in policy.trainable_state().items()}
     old[LEGACY_UNUSED_TENSORS[0]] = torch.zeros(1, TINY_POLICY.d_model)
     save_file(old, str(tmp_path / "old.safetensors"))

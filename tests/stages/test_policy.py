@@ -61,7 +61,7 @@ def observations(batch: int = 3, cameras: tuple[str, ...] = ("scene",)) -> Batch
 
 def tiny(cameras: tuple[str, ...] = ("scene",), norm: Normalizer | None = None) -> VLAPolicy:
     torch.manual_seed(0)
-    policy, _ = new_policy(TINY_POLICY, cameras, SIZE, 6, 6, norm)
+    policy, _ = new_policy(TINY_POLICY, cameras, SIZE, "rp5", 6, 6, norm)
     return policy
 
 
@@ -104,7 +104,7 @@ def test_instruction_changes_the_prediction() -> None:
 
 
 def test_lora_trains_only_adapters_and_heads() -> None:
-    default, _ = new_policy(PolicyConfig(), ["scene"], 64, 6, 6)
+    default, _ = new_policy(PolicyConfig(), ["scene"], 64, "rp5", 6, 6)
     default.add_lora(LoraSettings())
     trainable, total = default.parameter_counts()
     assert 0 < trainable <= 0.10 * total, "the default VLA trains <= 10% under LoRA"
@@ -383,7 +383,7 @@ def test_hub_vlm_loads_a_local_backbone_with_lora(tmp_path: Path) -> None:
     backbone = save_tiny_idefics3(tmp_path / "tiny-smolvlm")
     config = PolicyConfig(type="hub-vlm", backbone=str(backbone), chunk_len=3)
     torch.manual_seed(0)
-    policy, base = new_policy(config, ["scene"], SIZE, 6, 6)
+    policy, base = new_policy(config, ["scene"], SIZE, "rp5", 6, 6)
     assert base is not None and base.kind == "hub"
     obs = observations()
     assert policy.distribution(obs).mean.shape == (3, 3, 6)

@@ -157,12 +157,12 @@ def test_the_random_backbone_leaves_the_callers_rng_alone() -> None:
 def test_a_preset_checks_a_loaded_backbone(tmp_path: Path) -> None:
     backbone = save_tiny_idefics3(tmp_path / "tiny-smolvlm")
     fits = PolicyConfig(type="hub-vlm", backbone=str(backbone), preset="tiny", chunk_len=3)
-    policy, base = new_policy(fits, ["scene"], 32, 6, 6)
+    policy, base = new_policy(fits, ["scene"], 32, "rp5", 6, 6)
     assert base is not None and base.kind == "hub"
     assert policy.cfg.preset == "tiny" and not policy.cfg.random_weights
     wrong = fits.model_copy(update={"preset": "smolvlm-256m"})
     with pytest.raises(BackboneError, match=r"not the architecture of policy\.preset") as err:
-        new_policy(wrong, ["scene"], 32, 6, 6)
+        new_policy(wrong, ["scene"], 32, "rp5", 6, 6)
     assert "text_config.hidden_size 48 (preset 576)" in str(err.value)
     assert "vision_config.image_size 32 (preset 512)" in str(err.value)
     assert "scale_factor 2 (preset 4)" in str(err.value)

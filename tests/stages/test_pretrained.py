@@ -61,7 +61,7 @@ def no_network(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Any]]:
 def test_the_encoders_load_from_the_wheels_with_no_network(no_network: list[Any]) -> None:
     """The default (``wheel``) sources: the package, its installed version, and the sha256 of
     the very file loaded (hashed here independently) and licence, on the policy's base."""
-    policy, base = new_policy(PolicyConfig(type="pretrained"), ["scene"], 64, 6, 6)
+    policy, base = new_policy(PolicyConfig(type="pretrained"), ["scene"], 64, "rp5", 6, 6)
 
     assert no_network == [], f"something reached for the network: {no_network}"
     assert base is not None and base.kind == "pretrained"
@@ -197,7 +197,7 @@ def test_the_sentence_encoder_stays_frozen_and_its_memo_matches_a_fresh_run() ->
     but the sentence encoder never does: its outputs are memoised per instruction, and a
     trained encoder would make the memo stale. The memo gives what a fresh run gives, and a
     batch of repeated instructions runs the encoder once per distinct instruction."""
-    policy, _ = new_policy(PolicyConfig(type="pretrained"), ["scene"], 64, 6, 6)
+    policy, _ = new_policy(PolicyConfig(type="pretrained"), ["scene"], 64, "rp5", 6, 6)
     assert isinstance(policy, PretrainedVLA)
     policy.requires_grad_(True)
     encoder = policy.instruction_encoder

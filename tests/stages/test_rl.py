@@ -61,7 +61,7 @@ def start(tmp_path_factory: pytest.TempPathFactory, rp5: RobotSpec) -> str:
     """A tiny base checkpoint and a LoRA checkpoint on it (the RL start)."""
     root = tmp_path_factory.mktemp("rl-start")
     torch.manual_seed(0)
-    base, _ = new_policy(TINY_POLICY, ["scene"], 32, len(rp5.state_names), rp5.action.dim)
+    base, _ = new_policy(TINY_POLICY, ["scene"], 32, rp5.name, rp5.state_dim, rp5.action.dim)
     save_policy(base, root / "base", None)
     policy = load_policy(root / "base")
     policy.add_lora(TINY_POLICY.lora)

@@ -23,7 +23,7 @@ def rp5_normalizer() -> Normalizer:
 def tiny_base(folder: Path, image_size: int = 32) -> CheckpointRef:
     """A random-weight :data:`TINY_POLICY` base (a scene camera of ``image_size`` px, rp5's 6
     state and 6 action dimensions) saved in ``folder``, as pretraining would leave it."""
-    policy, _ = new_policy(TINY_POLICY, ["scene"], image_size, 6, 6)
+    policy, _ = new_policy(TINY_POLICY, ["scene"], image_size, "rp5", 6, 6)
     digest = save_policy(policy, folder, None)
     return CheckpointRef(str(folder), digest, "default", "all", 0, 1, 1)
 
@@ -39,7 +39,7 @@ def tiny_random_vlm(folder: Path, image_size: int = 32) -> CheckpointRef:
     """A :data:`TINY_VLM_POLICY` checkpoint (a scene camera of ``image_size`` px, rp5's 6 state
     and 6 action dimensions) saved in ``folder`` as LoRA fine-tuning would leave it: adapters
     and heads on the random-weight base."""
-    policy, base = new_policy(TINY_VLM_POLICY, ["scene"], image_size, 6, 6, rp5_normalizer())
+    policy, base = new_policy(TINY_VLM_POLICY, ["scene"], image_size, "rp5", 6, 6, rp5_normalizer())
     policy.add_lora(TINY_VLM_POLICY.lora)
     digest = save_policy(policy, folder, base)
     trainable, total = policy.parameter_counts()

@@ -80,6 +80,12 @@ class TaskFamily(abc.ABC):
         ``description`` and what sets it apart, by column name."""
 
     @abc.abstractmethod
+    def instructions(self) -> list[str]:
+        """Every instruction the family's training variants can give, in its trained
+        phrasing: what a policy's own word-level tokenizer is trained on (a word no instruction
+        in it uses is unknown to the policy, by design: unseen phrasings test exactly that)."""
+
+    @abc.abstractmethod
     def expert(self, robot: RobotSpec) -> Callable[..., np.ndarray]:
         """The scripted expert that demonstrates the task on ``robot``, an acting function
         (:data:`sim_scenes.episodes.ActFn`, not imported here: episodes' imports lead back to

@@ -8,7 +8,10 @@ from typing import TYPE_CHECKING
 
 from sim_scenes.tasks import TaskFamily
 from sim_scenes.touch import (
+    COLOURS,
     PHRASINGS,
+    SHAPE_WORDS,
+    TEMPLATES,
     SceneVariant,
     available_variants,
     get_variant,
@@ -56,6 +59,11 @@ class TouchTasks(TaskFamily):
             "shapes": ", ".join(v.shapes),
             "description": v.description,
         }
+
+    def instructions(self) -> list[str]:
+        """Every template x colour x shape word (synonyms included)."""
+        words = sorted({w for synonyms in SHAPE_WORDS.values() for w in synonyms})
+        return [t.format(colour=c, shape=s) for t in TEMPLATES for c in COLOURS for s in words]
 
     def expert(self, robot: RobotSpec) -> ScriptedExpert:
         """Damped-least-squares IK to the named object (:mod:`sim_scenes.expert`)."""

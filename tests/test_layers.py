@@ -80,7 +80,6 @@ registry (:mod:`sim_scenes.tasks`), so that another family plays the same stages
 NOT_YET_THROUGH_THE_SEAM = {
     "stages/evaluate/config.py": "evaluate.phrasing is touch's Phrasing",
     "stages/evaluate/shards.py": "the phrasing an evaluation worker passes on",
-    "stages/policy/tokenizer.py": "the default policy's vocabulary is touch's words",
 }
 """Modules outside ``sim_scenes/`` that still import the touch family directly, and why (issue
 50 moves each behind the registry; the list only shrinks)."""

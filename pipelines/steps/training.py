@@ -10,6 +10,7 @@ from pipelines.config import PipelineConfig
 from pipelines.home import home_dir
 from pipelines.progress import SILENT, Listener, rl_detail, status_lines, training_detail
 from robo_pipe.errors import InputError
+from sim_scenes.tasks import split_task_name
 from stages.policy.types import policy_type
 
 if TYPE_CHECKING:
@@ -88,6 +89,7 @@ def finetune_policy(
             on_metrics=lambda m: listener.advanced("finetune", m["step"], training_detail(m)),
             lineage={"config_hash": cfg.config_hash()},
             on_status=status_lines("finetune", listener),
+            task=split_task_name(cfg.scene.variant)[0],
         )
     elif base is None:  # the config check refuses this; a caller passing no base is a bug
         raise AssertionError("RL from fresh adapters needs the default VLA's base")

@@ -66,6 +66,9 @@ class BCJob:
     image_size: int = 64
     robot: str = ""
     """A new model's robot (registry name), whose state and action sizes follow."""
+    task: str = ""
+    """A new model's task family (:mod:`sim_scenes.tasks`), whose instructions its own
+    tokenizer learns."""
     state_dim: int = 0
     action_dim: int = 0
     base_checkpoint: str | None = None
@@ -98,6 +101,7 @@ def build_policy(job: BCJob, data: BCData) -> tuple[VLAPolicy, BaseRef | None]:
             job.state_dim,
             job.action_dim,
             norm,
+            job.task,
         )
     else:
         policy = load_policy(job.base_checkpoint)

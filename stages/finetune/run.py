@@ -33,7 +33,7 @@ from robo_pipe.home import mark_home, unmark_home
 from robo_pipe.locks import StatusFn, output_lock
 from robots.spec import get_robot
 from sim_scenes.config import SceneConfig, SimConfig
-from sim_scenes.tasks import resolve_task, task_name
+from sim_scenes.tasks import DEFAULT_FAMILY, resolve_task, split_task_name, task_name
 from stages.collect.config import CollectConfig
 from stages.collect.run import ShardResult, collect
 from stages.dataset.layout import DatasetRef
@@ -143,6 +143,7 @@ def pretrain(
             cameras=list(scene.cameras),
             image_size=scene.image_size,
             robot=spec.name,
+            task=split_task_name(scene.variant)[0],
             state_dim=len(spec.state_names),
             action_dim=spec.action.dim,
             lineage={
@@ -193,9 +194,11 @@ def finetune(
     on_metrics: MetricsFn | None = None,
     lineage: dict[str, Any] | None = None,
     on_status: StatusFn | None = None,
+    task: str = DEFAULT_FAMILY,
 ) -> CheckpointRef:
     """Fine-tune on ``dataset``: from ``base`` (the default VLA's pretrained checkpoint) or,
-    for ``policy.type: hub-vlm``, from the pretrained backbone (``base`` must be None).
+    for a type that needs no pretraining (``hub-vlm``, ``pretrained``), from its frozen base
+    (``base`` must be None), a new policy for the task family ``task``.
     ``on_status``: a line when this waits for, takes over or reuses another run's training."""
     path = Path(dataset.path if isinstance(dataset, DatasetRef) else dataset).resolve()
     from stages.dataset.reader import open_dataset
@@ -208,7 +211,9 @@ def finetune(
     image_size = int(data.info["features"][f"observation.images.{data.cameras[0]}"]["shape"][0])
     # hub-vlm: the backbone is the base (pretrained, or a preset with random weights)
     start_from = (
-        base.content_hash if base is not None else policy_type(policy.type).frozen_base(policy).hash
+        base.content_hash
+        if base is not None
+        else policy_type(policy.type).frozen_base(policy, task).hash
     )
     # Only what BC depends on: changing the RL settings must not retrain the warm start.
     bc_settings = config.model_dump(include={"trainable", "bc"})
@@ -245,6 +250,7 @@ def finetune(
             cameras=cameras,
             image_size=image_size,
             robot=spec.name,
+            task=task,
             state_dim=len(spec.state_names),
             action_dim=spec.action.dim,
             base_checkpoint=base.path if base else None,

@@ -51,6 +51,7 @@ from robo_pipe.integrity import (
 )
 from robo_pipe.records import Record
 from robots.spec import RobotSpec, get_robot
+from sim_scenes.tasks import DEFAULT_FAMILY
 from stages.policy.base import Normalizer, VLAPolicy
 from stages.policy.config import POLICY_TYPES, LoraSettings, PolicyConfig, VLAConfig
 from stages.policy.types import BaseRef, PolicyType, base_type, policy_type
@@ -108,11 +109,14 @@ def new_policy(
     state_dim: int,
     action_dim: int,
     normalizer: Normalizer | None = None,
+    task: str = DEFAULT_FAMILY,
 ) -> tuple[VLAPolicy, BaseRef | None]:
     """A freshly initialised policy of ``policy.type`` for ``robot`` (its registry name; the
-    state and action sizes are its), and the backbone it stands on, if any: loaded from
-    ``policy.backbone``, or ``policy.preset`` built with random weights."""
-    cfg = VLAConfig.from_pipeline(policy, cameras, image_size, state_dim, action_dim, 0, robot)
+    state and action sizes are its) and the task family ``task`` (whose instructions its own
+    tokenizer learns), and the backbone it stands on, if any: loaded from ``policy.backbone``,
+    or ``policy.preset`` built with random weights."""
+    sizes = (state_dim, action_dim, 0)
+    cfg = VLAConfig.from_pipeline(policy, cameras, image_size, *sizes, robot, task)
     return policy_type(policy.type).build(policy, cfg, normalizer)
 
 

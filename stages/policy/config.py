@@ -139,6 +139,9 @@ class VLAConfig:
     robot: str = "rp5"
     """The robot (registry name) whose state the policy reads and whose actions it writes; a
     checkpoint saved before robots were recorded holds none, and was made for rp5."""
+    task: str = "touch"
+    """The task family (:mod:`sim_scenes.tasks`) it was built for: its own tokenizer learnt that
+    family's instructions. A checkpoint saved before tasks were recorded was built for touch."""
     cameras: tuple[str, ...] = ("scene",)
     """Camera streams the model sees, in order."""
     image_size: int = 64
@@ -188,12 +191,15 @@ class VLAConfig:
         action_dim: int,
         vocab_size: int,
         robot: str,
+        task: str,
     ) -> VLAConfig:
-        """The architecture a pipeline config asks for, for ``robot``."""
+        """The architecture a pipeline config asks for, for ``robot`` and the task family
+        ``task``."""
         c1, c2, c3 = policy.conv_channels
         return cls(
             type=policy.type,
             robot=robot,
+            task=task,
             cameras=tuple(cameras),
             image_size=image_size,
             state_dim=state_dim,

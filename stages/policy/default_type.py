@@ -26,11 +26,14 @@ class DefaultType(PolicyType):
     def build(
         cls, policy: PolicyConfig, cfg: VLAConfig, normalizer: Normalizer | None
     ) -> tuple[VLAPolicy, BaseRef | None]:
-        """A DefaultVLA with random weights and a tokenizer trained on the task family."""
-        from stages.policy.tokenizer import InstructionTokenizer, task_family_corpus
+        """A DefaultVLA with random weights and a tokenizer trained on the instructions of its
+        task family (``cfg.task``)."""
+        from sim_scenes.tasks import task_family
+        from stages.policy.tokenizer import InstructionTokenizer
         from stages.policy.vla import DefaultVLA
 
-        tokenizer = InstructionTokenizer.train(task_family_corpus(), policy.max_tokens)
+        corpus = task_family(cfg.task).instructions()
+        tokenizer = InstructionTokenizer.train(corpus, policy.max_tokens)
         cfg = replace(cfg, vocab_size=tokenizer.vocab_size)
         return DefaultVLA(cfg, tokenizer, normalizer), None
 

@@ -82,7 +82,7 @@ class HubVLMType(PolicyType):
 
         if policy.random_weights:
             preset = get_preset(str(policy.preset))
-            hub_tokenizer = HubTokenizer(word_tokenizer(), policy.max_tokens)
+            hub_tokenizer = HubTokenizer(word_tokenizer(cfg.task), policy.max_tokens)
             backbone, digest = random_backbone(preset, hub_tokenizer.vocab_size)
             base = BaseRef(RANDOM, preset.name, digest)
         else:
@@ -96,15 +96,15 @@ class HubVLMType(PolicyType):
         return HubVLA(cfg, hub_tokenizer, normalizer, backbone), base
 
     @classmethod
-    def frozen_base(cls, policy: PolicyConfig) -> BaseRef:
-        """The backbone at ``policy.backbone``, or ``policy.preset`` with random weights (built
-        once per process to hash it)."""
+    def frozen_base(cls, policy: PolicyConfig, task: str) -> BaseRef:
+        """The backbone at ``policy.backbone``, or ``policy.preset`` with random weights and a
+        word tokenizer of ``task``'s instructions (built once per process to hash it)."""
         from stages.policy.hub_vla import HubTokenizer, backbone_hash, resolve_backbone
         from stages.policy.presets import get_preset, random_backbone_hash, word_tokenizer
 
         if policy.random_weights:
             preset = get_preset(str(policy.preset))
-            tokens = HubTokenizer(word_tokenizer(), policy.max_tokens).vocab_size
+            tokens = HubTokenizer(word_tokenizer(task), policy.max_tokens).vocab_size
             return BaseRef(RANDOM, preset.name, random_backbone_hash(preset, tokens))
         directory = resolve_backbone(str(policy.backbone))
         return BaseRef(HUB, str(directory), backbone_hash(directory))

@@ -165,14 +165,16 @@ def get_preset(name: str) -> Preset:
     return PRESETS[name]
 
 
-def word_tokenizer() -> Any:
-    """Our instruction word tokenizer (:mod:`stages.policy.tokenizer`) as a
-    ``transformers.PreTrainedTokenizerFast``: the tokenizer of a random-weight backbone."""
+def word_tokenizer(task: str) -> Any:
+    """Our instruction word tokenizer (:mod:`stages.policy.tokenizer`), trained on the task
+    family ``task``'s instructions, as a ``transformers.PreTrainedTokenizerFast``: the tokenizer
+    of a random-weight backbone."""
     from transformers import PreTrainedTokenizerFast
 
-    from stages.policy.tokenizer import PAD, UNK, InstructionTokenizer, task_family_corpus
+    from sim_scenes.tasks import task_family
+    from stages.policy.tokenizer import PAD, UNK, InstructionTokenizer
 
-    words = InstructionTokenizer.train(task_family_corpus()).tokenizer
+    words = InstructionTokenizer.train(task_family(task).instructions()).tokenizer
     words.no_padding()  # the HubTokenizer pads, to the policy's max_tokens
     words.no_truncation()
     return PreTrainedTokenizerFast(tokenizer_object=words, pad_token=PAD, unk_token=UNK)

@@ -57,9 +57,10 @@ class PretrainedType(PolicyType):
         return _pretrained(cfg, None, normalizer)
 
     @classmethod
-    def frozen_base(cls, policy: PolicyConfig) -> BaseRef:
-        """The two encoders' weight files, located and hashed (not loaded)."""
-        return _encoders(VLAConfig.from_pipeline(policy, (), 64, 1, 1, 0, ""))
+    def frozen_base(cls, policy: PolicyConfig, task: str) -> BaseRef:
+        """The two encoders' weight files, located and hashed (not loaded; the same for every
+        task: the sentence encoder brings its own vocabulary)."""
+        return _encoders(VLAConfig.from_pipeline(policy, (), 64, 1, 1, 0, "", task))
 
     @classmethod
     def load_on_base(cls, root: Path, cfg: VLAConfig, base: BaseRef) -> VLAPolicy:

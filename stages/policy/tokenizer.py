@@ -1,8 +1,10 @@
 """The instruction tokenizer: a word-level ``tokenizers`` model trained on the task family's text.
 
-Trained once on every phrasing the task family can produce (templates x colours x shape words),
-saved as ``tokenizer.json`` beside the model and shipped with the exported policy, so the edge
-runtime tokenizes exactly as training did. Unknown words map to ``[UNK]`` instead of failing.
+Trained once on every instruction the task family can produce
+(:meth:`TaskFamily.instructions <sim_scenes.tasks.TaskFamily.instructions>`; touch: templates x
+colours x shape words), saved as ``tokenizer.json`` beside the model and shipped with the
+exported policy, so the edge runtime tokenizes exactly as training did. Unknown words map to
+``[UNK]`` instead of failing.
 """
 
 from __future__ import annotations
@@ -13,16 +15,8 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 
-from sim_scenes.touch import COLOURS, SHAPE_WORDS, TEMPLATES
-
 PAD, UNK = "[PAD]", "[UNK]"
 TOKENIZER_FILE = "tokenizer.json"
-
-
-def task_family_corpus() -> list[str]:
-    """Every instruction the touch task family can generate."""
-    words = sorted({w for synonyms in SHAPE_WORDS.values() for w in synonyms})
-    return [t.format(colour=c, shape=s) for t in TEMPLATES for c in COLOURS for s in words]
 
 
 class InstructionTokenizer:

@@ -137,9 +137,10 @@ class PolicyType(abc.ABC):
         sets), and the frozen base it stands on (None: it holds every parameter)."""
 
     @classmethod
-    def frozen_base(cls, policy: PolicyConfig) -> BaseRef:
-        """The base a policy of this config stands on, without building the policy: what keys
-        a fine-tune that starts from it. Only for a type that does not need pretraining."""
+    def frozen_base(cls, policy: PolicyConfig, task: str) -> BaseRef:
+        """The base a policy of this config stands on, for the task family ``task``, without
+        building the policy: what keys a fine-tune that starts from it. Only for a type that
+        does not need pretraining."""
         raise ValueError(
             f"policy.type {policy.type!r} starts from a pretrained base checkpoint (run pretrain)"
         )

@@ -87,6 +87,9 @@ class _SawyerTasks(TaskFamily):
     def describe(self, name: str) -> dict[str, str]:
         return {"description": "reach a goal"}
 
+    def instructions(self) -> list[str]:
+        return ["reach the goal"]
+
     def expert(self, robot: RobotSpec) -> Callable[..., np.ndarray]:
         raise AssertionError("the config's checks play no episode")
 

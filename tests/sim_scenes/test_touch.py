@@ -212,9 +212,10 @@ def test_unseen_phrasing_keeps_the_scene_and_target_of_the_seed(
 def test_the_default_vlas_tokenizer_knows_no_unseen_colour_word() -> None:
     """What the comparison of issue 39 relies on: the word-level tokenizer trained on the task
     family maps every colour synonym to [UNK] (and every trained colour to a word of its own)."""
-    from stages.policy.tokenizer import UNK, InstructionTokenizer, task_family_corpus
+    from sim_scenes.touch_task import TOUCH
+    from stages.policy.tokenizer import UNK, InstructionTokenizer
 
-    tokenizer = InstructionTokenizer.train(task_family_corpus())
+    tokenizer = InstructionTokenizer.train(TOUCH.instructions())
     unk = tokenizer.tokenizer.token_to_id(UNK)
     unseen = [w for words in COLOUR_SYNONYMS.values() for w in words]
     ids, mask = tokenizer(unseen)

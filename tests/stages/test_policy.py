@@ -24,7 +24,9 @@ import robo_pipe.integrity
 from robo_pipe.atomic import discard_dead_temporaries
 from robo_pipe.errors import OutOfSpaceError
 from robo_pipe.integrity import IntegrityError, file_sums, write_checksums
+from sim_scenes import tasks
 from sim_scenes.batched_env import BatchedObservation
+from sim_scenes.touch_task import TOUCH, TouchTasks
 from stages.finetune.checkpoints import (
     commit_checkpoint,
     latest_checkpoint,
@@ -41,8 +43,8 @@ from stages.policy.checkpoint import (
     save_policy,
     verify_checkpoint,
 )
-from stages.policy.config import LoraSettings, PolicyConfig
-from stages.policy.tokenizer import InstructionTokenizer, task_family_corpus
+from stages.policy.config import LoraSettings, PolicyConfig, VLAConfig
+from stages.policy.tokenizer import InstructionTokenizer
 from stages.policy.types import BaseRef
 from tests.robo_pipe.test_atomic import kill_at_every_step
 from tests.stages.tiny_models import TINY_POLICY, save_tiny_idefics3
@@ -66,7 +68,7 @@ def tiny(cameras: tuple[str, ...] = ("scene",), norm: Normalizer | None = None) 
 
 
 def test_tokenizer_is_trained_saved_and_reloaded(tmp_path: Path) -> None:
-    tok = InstructionTokenizer.train(task_family_corpus(), max_tokens=10)
+    tok = InstructionTokenizer.train(TOUCH.instructions(), max_tokens=10)
     ids, mask = tok(["touch the red cube", "Tap the PURPLE banana"])
     assert ids.shape == mask.shape == (2, 10) and ids.dtype == np.int64
     assert mask[0].tolist() == [1, 1, 1, 1, 0, 0, 0, 0, 0, 0]
@@ -466,3 +468,38 @@ def test_a_save_killed_at_any_moment_leaves_a_whole_checkpoint(tmp_path: Path) -
         check(kill)
     assert sum(interrupted) >= 10, f"only {sum(interrupted)} of 25 kills hit a save under way"
     assert kill_at_every_step(lambda: save_policy(second, path, None), check) >= 10
+
+
+class _DotWords(TouchTasks):
+    """A task family whose instructions share no word with touch's but "the"."""
+
+    name = "dot-words"
+
+    def instructions(self) -> list[str]:
+        return ["reach the dot", "go to the dot"]
+
+
+DOT_WORDS = _DotWords()
+
+
+def test_a_new_policy_learns_its_task_familys_words_and_records_its_robot_and_task(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The default policy's own tokenizer is trained on the family's instructions (no touch
+    word in it), and the checkpoint names the robot and the family, which loading keeps."""
+    monkeypatch.setitem(tasks.TASKS, "dot-words", "tests.stages.test_policy:DOT_WORDS")
+    policy, _ = new_policy(TINY_POLICY, ["scene"], SIZE, "hand", 6, 4, task="dot-words")
+    touch, _ = new_policy(TINY_POLICY, ["scene"], SIZE, "rp5", 6, 6)
+    assert isinstance(policy.tokenizer, InstructionTokenizer)
+    assert isinstance(touch.tokenizer, InstructionTokenizer)
+    vocab = set(policy.tokenizer.tokenizer.get_vocab())
+    assert {"reach", "go", "to", "dot"} <= vocab and not vocab & {"touch", "cube", "red"}
+    assert {"touch", "cube", "red"} <= set(touch.tokenizer.tokenizer.get_vocab())
+    save_policy(policy, tmp_path / "dots", None)
+    loaded = load_policy(tmp_path / "dots").cfg
+    assert (loaded.robot, loaded.task, loaded.action_dim) == ("hand", "dot-words", 4)
+    # A checkpoint saved before robots and tasks were recorded was made for rp5 and touch.
+    meta = json.loads((tmp_path / "dots" / "policy.json").read_text())
+    del meta["config"]["robot"], meta["config"]["task"]
+    assert VLAConfig.from_dict(meta["config"]).robot == "rp5"
+    assert VLAConfig.from_dict(meta["config"]).task == "touch"

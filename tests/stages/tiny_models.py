@@ -52,7 +52,7 @@ def save_tiny_idefics3(directory: Path) -> Path:
     ``from_pretrained`` path as a real one."""
     from stages.policy.presets import get_preset, random_backbone, word_tokenizer
 
-    tokenizer = word_tokenizer()
+    tokenizer = word_tokenizer("touch")
     model, _ = random_backbone(get_preset("tiny"), len(tokenizer))
     model.save_pretrained(str(directory))
     tokenizer.save_pretrained(str(directory))

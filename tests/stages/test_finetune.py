@@ -61,6 +61,10 @@ def tiny_job(out: Path, dataset: DatasetRef, steps: int = 40, **bc: object) -> B
         policy=TINY_POLICY,
         cameras=["scene"],
         image_size=32,
+        robot="rp5",
+        task="touch",
+        state_dim=6,
+        action_dim=6,
         threads=1,
     )
 

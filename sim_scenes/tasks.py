@@ -22,7 +22,7 @@ import abc
 import pkgutil
 from collections.abc import Callable
 from functools import cache
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sim_scenes.errors import SceneError
 
@@ -57,6 +57,9 @@ class TaskFamily(abc.ABC):
     """``sim.backend`` values that can play it (keys of :data:`sim_scenes.config.BACKENDS`)."""
     phrasings: tuple[str, ...]
     """How its instructions may be worded (``trained`` first; others are for evaluation)."""
+    env_state_names: tuple[str, ...]
+    """The components of a dataset frame's ``observation.environment_state`` (privileged scene
+    state recorded beside what the robot sees: :meth:`env_state`)."""
 
     @abc.abstractmethod
     def variant_names(self, split: str | None = None) -> list[str]:
@@ -84,6 +87,13 @@ class TaskFamily(abc.ABC):
         """Every instruction the family's training variants can give, in its trained
         phrasing: what a policy's own word-level tokenizer is trained on (a word no instruction
         in it uses is unknown to the policy, by design: unseen phrasings test exactly that)."""
+
+    @abc.abstractmethod
+    def env_state(self, env: Any) -> np.ndarray:
+        """The privileged scene state of each of ``env``'s environments (a
+        :class:`~sim_scenes.batched_env.BatchedEnv` of this family) at the frame about to be
+        acted on, float ``(N, len(env_state_names))``: what collection records as
+        ``observation.environment_state``."""
 
     @abc.abstractmethod
     def expert(self, robot: RobotSpec) -> Callable[..., np.ndarray]:

@@ -4,7 +4,9 @@ only answers the registry's questions from it."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from sim_scenes.tasks import TaskFamily
 from sim_scenes.touch import (
@@ -31,6 +33,8 @@ class TouchTasks(TaskFamily):
     robot = "rp5"
     backends = ("mujoco", "isaaclab")
     phrasings = PHRASINGS
+    env_state_names = ("target.x", "target.y", "target.z")
+    """The named object's centre (m, robot base frame)."""
 
     def variant_names(self, split: str | None = None) -> list[str]:
         return available_variants(split)
@@ -64,6 +68,10 @@ class TouchTasks(TaskFamily):
         """Every template x colour x shape word (synonyms included)."""
         words = sorted({w for synonyms in SHAPE_WORDS.values() for w in synonyms})
         return [t.format(colour=c, shape=s) for t in TEMPLATES for c in COLOURS for s in words]
+
+    def env_state(self, env: Any) -> np.ndarray:
+        """The named object's centre, from the simulator's ground truth."""
+        return np.asarray(env.privileged()["target_pos"], dtype=np.float32)
 
     def expert(self, robot: RobotSpec) -> ScriptedExpert:
         """Damped-least-squares IK to the named object (:mod:`sim_scenes.expert`)."""

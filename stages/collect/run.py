@@ -59,8 +59,6 @@ from stages.provenance import code_version
 from stages.ray_runtime import node_id
 from stages.worker_pool import PoolWorker
 
-TARGET_STATE_NAMES = ("target.x", "target.y", "target.z")
-"""``observation.environment_state``: the named object's centre (m, robot base frame)."""
 IDENTITY_FILE = "collection.json"
 """In ``.staging``: what this dataset is a collection of; appending must match it."""
 
@@ -104,8 +102,8 @@ class CollectWorker(PoolWorker):
             num_envs=self.collect.envs_per_worker,
             autoreset=False,
         )
-        task, _ = resolve_task(scene.variant)
-        self.source = make_source(self.collect.source, self.robot, task)
+        self.task, _ = resolve_task(scene.variant)
+        self.source = make_source(self.collect.source, self.robot, self.task)
 
     def collect_shard(self, start: int, end: int, seeds: list[int], staging: str) -> ShardResult:
         """Play ``seeds`` (the shard's), record every transition, commit the shard."""
@@ -115,11 +113,12 @@ class CollectWorker(PoolWorker):
             i: {f: [] for f in fields} for i in range(len(seeds))
         }
         source_time = 0.0
-        target = np.zeros((self.env.num_envs, 3))
+        # The task's privileged state (touch: the named object's centre) at the frame acted on.
+        env_state = np.zeros((self.env.num_envs, len(self.task.env_state_names)), np.float32)
 
         def act(env: Any, obs: BatchedObservation) -> np.ndarray:
             nonlocal source_time
-            target[:] = env.privileged()["target_pos"]  # ground truth at the frame acted on
+            env_state[:] = self.task.env_state(env)
             t0 = time.perf_counter()
             actions = self.source(env, obs)
             source_time += time.perf_counter() - t0
@@ -135,7 +134,7 @@ class CollectWorker(PoolWorker):
                 for cam in cameras:
                     buf[cam].append(obs.images[cam][e])
                 buf["state"].append(obs.state[e])
-                buf["env_state"].append(target[e].copy())
+                buf["env_state"].append(env_state[e].copy())
                 buf["action"].append(actions[e])
                 buf["reward"].append(r.reward[e])
                 buf["done"].append(bool(r.terminated[e] or r.truncated[e]))
@@ -345,7 +344,7 @@ def collect(
             cameras=tuple(scene.cameras),
             image_size=scene.image_size,
             crf=config.video_crf,
-            env_state_names=TARGET_STATE_NAMES,
+            env_state_names=resolve_task(scene.variant)[0].env_state_names,
         )
         provenance = {
             "collection": identity,

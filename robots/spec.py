@@ -259,7 +259,7 @@ class RobotSpec:
         return _compile(self.authored.mjcf)
 
 
-_REGISTRY: dict[str, str] = {"rp5": "robots.rp5:RP5"}
+_REGISTRY: dict[str, str] = {"rp5": "robots.rp5:RP5", "sawyer": "robots.sawyer:SAWYER"}
 """Robot name -> ``module:attr`` of its :class:`RobotDefinition` (compiled from MJCF) or its
 declared :class:`RobotSpec`."""
 

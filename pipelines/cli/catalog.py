@@ -30,18 +30,22 @@ def robots(json_out: JsonOpt = False) -> None:
     for name in available_robots():
         spec = get_robot(name)
         table = Table(title=f"{name}: {spec.description}")
-        for col in ("action component", "range", "unit"):
+        for col in ("action component", "kind", "range", "unit"):
             table.add_column(col)
-        for comp, low, high, unit in zip(
-            spec.action.names, spec.action.low, spec.action.high, spec.action.units, strict=True
+        action = spec.action
+        for comp, kind, low, high, unit in zip(
+            action.names, action.kinds, action.low, action.high, action.units, strict=True
         ):
-            table.add_row(comp, f"[{low:g}, {high:g}]", unit)
+            table.add_row(comp, kind, f"[{low:g}, {high:g}]", unit)
         out.print(table)
-        joints = ", ".join(f"{j.name} [{j.low:g}, {j.high:g}]" for j in spec.arm + spec.gripper)
-        out.print(f"  joints: {joints}", highlight=False)
+        control = f"{spec.control_hz:g} Hz"
+        if spec.definition is not None:  # compiled from MJCF: its joints and physics steps
+            joints = ", ".join(f"{j.name} [{j.low:g}, {j.high:g}]" for j in spec.arm + spec.gripper)
+            out.print(f"  joints: {joints}", highlight=False)
+            control += f" ({spec.substeps} physics steps)"
         out.print(
-            f"  control: {spec.control_hz:g} Hz ({spec.substeps} physics steps); cameras: "
-            f"{', '.join(c.name for c in spec.cameras)}; state: {', '.join(spec.state_names)}",
+            f"  control: {control}; cameras: {', '.join(c.name for c in spec.cameras)}; "
+            f"state: {', '.join(spec.state_names)}",
             highlight=False,
         )
         records.append(

@@ -11,6 +11,7 @@ displacement (x, y, z) and gripper effort, each in [-1, 1].
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from types import TracebackType
 
@@ -104,6 +105,12 @@ class MetaWorldEnv:
             raise
         self.tasks: tuple[str, ...] = tuple(ready["tasks"])
         """Every task Meta-World has (its v3 names)."""
+        self.camera_fovy: dict[str, float] = dict(ready["camera_fovy"])
+        """Every camera of Meta-World's scene and its vertical field of view, degrees."""
+        self.control_period_s = math.nan
+        """The current task's control period, s (its ``dt``: frame_skip x timestep)."""
+        self.action_scale = math.nan
+        """The current task's hand displacement per action unit, m."""
 
     def reset(self, task: str, seed: int) -> MetaWorldObservation:
         """Start an episode of ``task`` whose layout seed ``seed`` fixes.
@@ -113,6 +120,8 @@ class MetaWorldEnv:
         """
         fields = self._worker.request("reset", "obs", CALL_TIMEOUT_S, task=task, seed=int(seed))
         self.task, self.max_steps, self.steps = task, int(fields["max_steps"]), 0
+        self.control_period_s = float(fields["control_period_s"])
+        self.action_scale = float(fields["action_scale"])
         return _observation(fields)
 
     def step(self, action: np.ndarray) -> MetaWorldStep:

@@ -136,7 +136,8 @@ def serve(conn: Connection) -> None:
         return
     tasks: dict[str, Task] = {}
     current: Task | None = None
-    send(conn, "ready", seconds=time.perf_counter() - start, tasks=names)
+    fovy = {base.camera(i).name: float(base.cam_fovy[i]) for i in range(base.ncam)}
+    send(conn, "ready", seconds=time.perf_counter() - start, tasks=names, camera_fovy=fovy)
     try:
         while True:
             try:
@@ -164,6 +165,9 @@ def serve(conn: Connection) -> None:
                         "obs",
                         **observation(current, obs),
                         max_steps=int(current.env.max_path_length),
+                        # What the declared robot (robots/sawyer) states: a test compares them.
+                        control_period_s=float(current.env.dt),
+                        action_scale=float(current.env.action_scale),
                     )
                 elif op in ("step", "expert") and current is None:
                     raise RuntimeError(f"{op} before the first reset")

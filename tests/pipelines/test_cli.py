@@ -124,7 +124,13 @@ def test_config_robots_and_scenes_verbs(robo_pipe_home: Path) -> None:
     assert shown.returncode == 0, shown.stderr
     assert "- wrist" in shown.stdout and "config hash" in shown.stdout
     robots_out = robo_pipe("robots", "--json", home=robo_pipe_home)
-    assert json.loads(robots_out.stdout.splitlines()[-1])[0]["name"] == "rp5"
+    rp5, sawyer = json.loads(robots_out.stdout.splitlines()[-1])
+    assert (rp5["name"], rp5["action"]["kinds"]) == ("rp5", ["delta"] * 5 + ["absolute"])
+    assert (sawyer["name"], sawyer["control_hz"]) == ("sawyer", 80.0)
+    assert sawyer["action"]["kinds"] == ["delta", "delta", "delta", "effort"]
+    table = robo_pipe("robots", home=robo_pipe_home)  # a declared robot has no joints to list
+    assert table.returncode == 0 and "gripper.effort" in table.stdout, table.stderr
+    assert "control: 80 Hz; cameras: corner" in table.stdout
     scenes_out = robo_pipe("scenes", "--json", home=robo_pipe_home)
     listed = json.loads(scenes_out.stdout.splitlines()[-1])
     splits = {s["name"]: s["split"] for s in listed}

@@ -60,7 +60,7 @@ def test_out_of_range_value(tmp_path: Path) -> None:
 def test_unknown_robot_and_variant_list_choices(tmp_path: Path) -> None:
     path = write(tmp_path, "name: x\nrobot: ur5\nscene:\n  variant: touch-moon\n")
     msg = problems(path)
-    assert "field 'robot' = 'ur5': unknown robot; valid choices: rp5" in msg
+    assert "field 'robot' = 'ur5': unknown robot; valid choices: rp5, sawyer" in msg
     assert "field 'scene.variant' = 'touch-moon': unknown task 'touch-moon'; valid choices:" in msg
     path = write(tmp_path, "name: x\nexport:\n  variants: [int8, fp8]\n")
     assert "unknown export variant; valid choices: int8" in problems(path)
@@ -69,7 +69,7 @@ def test_unknown_robot_and_variant_list_choices(tmp_path: Path) -> None:
 class _SawyerTasks(TaskFamily):
     """A second task family, on another robot and backend, as the registry sees one."""
 
-    name, description, robot = "reach", "a Sawyer reaches", "sawyer"
+    name, description, robot = "reach", "a UR5 reaches", "ur5"
     backends, phrasings = ("metaworld",), ("trained",)
     env_state_names = ("goal.x", "goal.y", "goal.z")
 
@@ -117,11 +117,10 @@ def test_the_task_names_its_family_robot_and_backends(
         reach = "name: x\nscene:\n  variant: reach/reach-v3\n"
         msg = problems(write(tmp_path, reach + "robot: rp5\n"))
         assert (
-            "field 'robot' = 'rp5': the task 'reach/reach-v3' (scene.variant) runs on robot "
-            "'sawyer'"
+            "field 'robot' = 'rp5': the task 'reach/reach-v3' (scene.variant) runs on robot 'ur5'"
         ) in msg
         # Unset, the robot is the task's (here one the robots registry lacks: named as such).
-        assert "field 'robot' = 'sawyer': unknown robot" in problems(write(tmp_path, reach))
+        assert "field 'robot' = 'ur5': unknown robot" in problems(write(tmp_path, reach))
         msg = problems(DEMO, ("scene.variant=reach/reach-v3", "robot=rp5"))
         assert "--set 'robot=rp5'" in msg
         monkeypatch.setattr(_SAWYER, "robot", "rp5")

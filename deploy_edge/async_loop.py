@@ -51,7 +51,7 @@ from deploy_edge.runtime import (
     run_ticks,
 )
 from robots.interface import Robot
-from robots.spec import action_fault, observation_fault
+from robots.limits import action_fault, observation_fault
 
 Blend = Literal["linear", "none"]
 """How :class:`ChunkQueue` merges a new chunk into the planned actions it overlaps."""
@@ -190,7 +190,7 @@ class _Chunk:
     """What the inference worker hands back: a chunk as joint targets ``(L, A)``
     (:meth:`~robots.spec.RobotSpec.chunk_targets`), the tick of the observation it was computed
     from, how long the inference took (s), and why the policy's chunk is refused
-    (:func:`~robots.spec.action_fault`; "" when it is not)."""
+    (:func:`~robots.limits.action_fault`; "" when it is not)."""
 
     actions: np.ndarray
     obs_tick: int
@@ -208,7 +208,7 @@ class AsyncControlLoop(ClosedOnExit):
     finished, aligned to the observation's tick and blended (``blend``, ``blend_ticks``).
 
     Misses: a dry queue, an engine failure or a chunk holding an action outside the robot's
-    limits (:func:`~robots.spec.action_fault`: NaN, inf, a delta beyond its joint's travel; the
+    limits (:func:`~robots.limits.action_fault`: NaN, inf, a delta beyond its joint's travel; the
     queue is dropped: what it planned is not trusted), an observation holding NaN or inf
     (nothing is inferred from it; the plan stays) and a tick whose own latency exceeds
     ``deadline_s`` all

@@ -5,8 +5,8 @@
         if the action queue is empty:    infer a chunk, queue its first ``execute`` actions
         action = queue.pop()
         if the tick overran its deadline, the engine failed, the observation holds a non-finite
-        value (robots.spec.non_finite: NaN or inf; nothing is inferred from it) or the chunk an
-        action outside the robot's limits (robots.spec.action_fault: NaN, inf, an arm delta
+        value (robots.limits.non_finite: NaN or inf; nothing is inferred from it) or the chunk an
+        action outside the robot's limits (robots.limits.action_fault: NaN, inf, an arm delta
         beyond its joint's travel, a gripper opening far outside its range; nothing of it
         queued):
             act(safe action), drop the queue, count a miss (and the error, or the refusal)
@@ -35,7 +35,7 @@ from typing import Protocol, Self
 import numpy as np
 
 from robots.interface import Robot, RobotObservation
-from robots.spec import action_fault, observation_fault
+from robots.limits import action_fault, observation_fault
 
 SafeAction = Callable[[RobotObservation], np.ndarray]
 """Maps the latest observation to the action that holds the robot safe."""
@@ -90,8 +90,8 @@ class Tick:
     """Duration of an inference that finished this tick."""
     refused: str = ""
     """A value this tick kept from the robot: a non-finite observation
-    (:func:`robots.spec.non_finite`, e.g. ``state[2] = nan``) or an action outside the robot's
-    limits (:func:`robots.spec.action_fault`); the tick is a miss; "" when none."""
+    (:func:`robots.limits.non_finite`, e.g. ``state[2] = nan``) or an action outside the robot's
+    limits (:func:`robots.limits.action_fault`); the tick is a miss; "" when none."""
 
 
 def measure_inference(

@@ -29,7 +29,7 @@ from robots.spec import RobotSpec
 class Served(NamedTuple):
     """What the policy server (``WS /policy``) serves: the active version's engine, its
     ``model:version``, and the spec of the device's robot its chunks are for (the actions'
-    limits, :func:`robots.spec.action_fault`)."""
+    limits, :func:`robots.limits.action_fault`)."""
 
     policy: ExportedPolicy
     version: str

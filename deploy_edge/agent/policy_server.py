@@ -32,7 +32,7 @@ from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIO
 from deploy_edge.agent.deployer import Deployer
 from deploy_edge.wire import ChunkFrame, ObservationFrame, PolicyInfo, decode_image
 from robo_pipe.errors import RoboPipeError
-from robots.spec import action_fault, observation_fault
+from robots.limits import action_fault, observation_fault
 
 log = logging.getLogger("deploy_edge.agent")
 DELAY_ENV = "ROBO_PIPE_POLICY_DELAY_MS"
@@ -135,9 +135,9 @@ def _policy_info(deployer: Deployer) -> PolicyInfo:
 def _serve_one(deployer: Deployer, text: str) -> ChunkFrame:
     """The answer to one observation frame (runs in a worker thread): the active version's
     chunk, or a frame whose ``error`` says why there is none; a state or image holding NaN or
-    inf is refused (``refused: state[2] = nan``, :func:`robots.spec.non_finite`), and so is a
+    inf is refused (``refused: state[2] = nan``, :func:`robots.limits.non_finite`), and so is a
     chunk holding an action outside the robot's limits (``refused: the policy's actions[0, 5] =
-    0.9 m: ...``, :func:`robots.spec.action_fault`)."""
+    0.9 m: ...``, :func:`robots.limits.action_fault`)."""
     frame_id, observed_at = -1, 0.0
     try:
         frame = ObservationFrame.from_json(json.loads(text))

@@ -19,7 +19,7 @@ from deploy_edge.wire import (
     frame_data,
     frame_text,
 )
-from robots.spec import observation_fault
+from robots.limits import observation_fault
 
 POLICY_PATH = "/policy"
 """The policy server's endpoint on the agent."""

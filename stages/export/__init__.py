@@ -2,11 +2,12 @@
 
 ``export(checkpoint, out)`` writes the bundle (its layout and I/O spec are owned by
 :mod:`deploy_edge.bundle`) and returns an :class:`ExportRef`; it is implemented in
-:mod:`stages.export.onnx`, its precision variants (INT8 Q/DQ, scored against FP32) in
-:mod:`stages.export.quantize`, what every variant's maker shares in
-:mod:`stages.export.variants`, its settings and the makers' registry
-(:data:`~stages.export.config.MAKERS`) in :mod:`stages.export.config`. Names load on first use
-(torch only then).
+:mod:`stages.export.onnx` (parity with torch in :mod:`stages.export.parity`, the record and
+the reuse of an export already there in :mod:`stages.export.ref`), its precision variants
+(INT8 Q/DQ, scored against FP32) in :mod:`stages.export.quantize`, what every variant's maker
+shares in :mod:`stages.export.variants`, its settings and the makers' registry
+(:data:`~stages.export.config.MAKERS`) in :mod:`stages.export.config`. Names load on first
+use (torch only then).
 """
 
 from typing import TYPE_CHECKING
@@ -15,15 +16,19 @@ from stages import lazy_exports
 
 if TYPE_CHECKING:
     from stages.export.config import ExportConfig
-    from stages.export.onnx import ExportError, ExportRef, export, onnx_hash
+    from stages.export.onnx import export
+    from stages.export.parity import ExportError
     from stages.export.quantize import QuantizeError
+    from stages.export.ref import ExportRef, onnx_hash
 
 __all__ = ["ExportConfig", "ExportError", "ExportRef", "QuantizeError", "export", "onnx_hash"]
 __getattr__ = lazy_exports(
     __name__,
     {
         "stages.export.config": ("ExportConfig",),
-        "stages.export.onnx": ("ExportError", "ExportRef", "export", "onnx_hash"),
+        "stages.export.onnx": ("export",),
+        "stages.export.parity": ("ExportError",),
+        "stages.export.ref": ("ExportRef", "onnx_hash"),
         "stages.export.quantize": ("QuantizeError",),
     },
 )

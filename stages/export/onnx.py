@@ -13,11 +13,12 @@
     <out>/checksums.json                      size and sha256 of every file above
 
 The bundle's layout and its I/O spec are owned by :mod:`deploy_edge.bundle`; this stage fills
-them in. The checkpoint is verified against its checksums before anything is built, and the
-bundle is written beside ``out``, synced and swapped in (:func:`~robo_pipe.atomic.replace_dir`):
-a corrupt checkpoint, a failed parity check, a full disk or a kill leave ``out`` as it was. An
-``out`` that already holds a verified export of this very checkpoint (same hash, rate and parity
-inputs) is returned as it is.
+them in. Parity is measured in :mod:`stages.export.parity`; the record handed on, and the reuse
+of an export already there, are :mod:`stages.export.ref`'s. The checkpoint is verified against
+its checksums before anything is built, and the bundle is written beside ``out``, synced and
+swapped in (:func:`~robo_pipe.atomic.replace_dir`): a corrupt checkpoint, a failed parity
+check, a full disk or a kill leave ``out`` as it was. An ``out`` that already holds a verified
+export of this very checkpoint (same hash, rate and parity inputs) is returned as it is.
 
 The graph comes from the policy's ``as_onnx()`` wrapper through the dynamo exporter (opset 18+)
 with a dynamic batch axis, its weights in external data (``policy.onnx.data``: a graph past
@@ -46,21 +47,20 @@ import resource
 import sys
 import time
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from deploy_edge.bundle.files import model_files, model_hash, verify_bundle, write_bundle_checksums
+from deploy_edge.bundle.files import model_files, verify_bundle, write_bundle_checksums
 from deploy_edge.bundle.io_spec import (
     BATCH,
     InstructionGraph,
     IOSpec,
-    IOSpecError,
     TensorSpec,
     Variant,
     WeightsProvenance,
@@ -76,12 +76,18 @@ from deploy_edge.bundle.layout import (
     TOKENIZER_DIR,
 )
 from robo_pipe.atomic import discard_dead_temporaries, replace_dir, temporary_path
-from robo_pipe.errors import RoboPipeError
-from robo_pipe.home import mark_home, unmark_home
-from robo_pipe.integrity import CHECKSUMS_FILE, FileSum, IntegrityError, file_sums, writing
-from robo_pipe.records import Record
-from robots.spec import non_finite
+from robo_pipe.home import mark_home
+from robo_pipe.integrity import CHECKSUMS_FILE, writing
 from stages.export.config import ExportConfig
+from stages.export.parity import (
+    PARITY_TOLERANCE,
+    ExportError,
+    dataset_inputs,
+    example_instructions,
+    measure_parity,
+    random_inputs,
+)
+from stages.export.ref import OPSET, ExportRef, existing_export, export_ref
 from stages.export.variants import variant_maker
 from stages.policy.base import OnnxInstructionEncoder, OnnxPolicy, VLAPolicy
 from stages.policy.checkpoint import (
@@ -91,55 +97,6 @@ from stages.policy.checkpoint import (
     verify_checkpoint,
 )
 from stages.policy.types import BaseRef
-
-OPSET = 18
-PARITY_BATCH = 4
-"""Frames per parity run."""
-PARITY_TOLERANCE = 1e-4
-"""Largest accepted |ONNX Runtime - torch| (robot units; actions are ~0.01-0.08 rad)."""
-
-
-@dataclass(frozen=True)
-class ExportRef(Record):
-    """What the export stage hands on (a record: ``to_json`` / ``from_json``)."""
-
-    path: str
-    """Export directory."""
-    onnx: str
-    onnx_hash: str
-    """sha256 over the ONNX file and its external data."""
-    checkpoint: str
-    checkpoint_hash: str
-    parity_max_abs_error: float
-    """Largest |ONNX Runtime - torch| over all parity inputs, robot units."""
-    parity: dict[str, float]
-    """The same per input set: ``random`` and, when a dataset was given, ``dataset``."""
-    opset: int
-    parameters: int = 0
-    """Parameters of the exported policy (LoRA merged)."""
-    random_weights: bool = False
-    """Built with random weights (systems measurements only)."""
-    export_seconds: float = 0.0
-    """Wall time of the export, s (graph, parity, variants and their scoring)."""
-    export_peak_rss_mb: float = 0.0
-    """Peak resident memory of the exporting process, MiB."""
-    variants: tuple[Variant, ...] = ()
-    """The precision variants written beside the FP32 graph, with their figures (the spec's)."""
-    note: str = ""
-    """Why no variant was made although the config asked for some ("" otherwise)."""
-    instruction_onnx: str = ""
-    """The instruction graph, run once per episode (``policy.type: pretrained``); "" when the
-    policy graph takes the tokens itself."""
-    instruction_parity: float = 0.0
-    """The instruction graph's largest |ONNX Runtime - torch| of the features."""
-
-
-def onnx_hash(directory: Path, sums: Mapping[str, FileSum] | None = None) -> str:
-    """sha256 over ``policy.onnx`` and its external data file (names and sha256s); from
-    ``sums`` (the bundle's verified entries) when given, instead of reading the files again."""
-    if sums is None:
-        sums = file_sums(directory, model_files(directory, ONNX_FILE))
-    return model_hash(sums, ONNX_FILE)
 
 
 def weights_provenance(checkpoint: str | Path) -> tuple[WeightsProvenance, ...]:
@@ -153,11 +110,6 @@ def weights_provenance(checkpoint: str | Path) -> tuple[WeightsProvenance, ...]:
         WeightsProvenance(s.role, s.package, s.version, s.sha256, s.licence)
         for s in BaseRef.from_json(meta["base"]).sources
     )
-
-
-class ExportError(RoboPipeError, RuntimeError):
-    """The exported graph does not reproduce the policy within the parity tolerance, or emits
-    a non-finite value for the finite parity inputs."""
 
 
 def export(
@@ -200,7 +152,7 @@ def export(
         if config.variants and dataset is None
         else ""
     )
-    existing = _existing_export(
+    existing = existing_export(
         out, source_hash, float(control_hz), parity_inputs, tolerance, wanted, config
     )
     if existing is not None:
@@ -217,7 +169,7 @@ def export(
         _export_graph(wrapper, example, staging / ONNX_FILE)
         instruction_wrapper = wrapper.instruction_graph()
         if instruction_wrapper is not None:
-            tokens, mask = policy.tokenizer(["touch the red cube", "tap the blue ball"])
+            tokens, mask = policy.tokenizer(example_instructions(policy))
             text_example = (torch.as_tensor(tokens), torch.as_tensor(mask))
             _export_graph(instruction_wrapper, text_example, staging / INSTRUCTION_FILE)
         policy.tokenizer.save(str(staging / TOKENIZER_DIR))
@@ -231,13 +183,13 @@ def export(
                 str(staging / INSTRUCTION_FILE), providers=["CPUExecutionProvider"]
             )
         )
-        inputs = _random_inputs(policy, seed)
-        outputs, error, text_error = _parity(wrapper, session, encoder, inputs)
+        inputs = random_inputs(policy, seed)
+        outputs, error, text_error = measure_parity(wrapper, session, encoder, inputs)
         parity = {"random": error}
         if dataset is not None:
-            dataset_inputs = _dataset_inputs(policy, Path(dataset))
-            _, parity["dataset"], dataset_text_error = _parity(
-                wrapper, session, encoder, dataset_inputs
+            frames = dataset_inputs(policy, Path(dataset))
+            _, parity["dataset"], dataset_text_error = measure_parity(
+                wrapper, session, encoder, frames
             )
             text_error = max(text_error, dataset_text_error)
         if max(parity.values()) > tolerance:
@@ -311,7 +263,7 @@ def export(
         sums = write_bundle_checksums(staging)
         # Synced and swapped in: the old export stays whole at ``out`` until the new one is.
         replace_dir(staging, out)
-    return replace(_export_ref(out, spec, sums), note=note)
+    return replace(export_ref(out, spec, sums), note=note)
 
 
 def update_variants(out: str | Path, variants: tuple[Variant, ...]) -> IOSpec:
@@ -458,75 +410,6 @@ def _make_variants(
     return tuple(made)
 
 
-def _existing_export(
-    out: Path,
-    source_hash: str,
-    control_hz: float,
-    parity_inputs: set[str],
-    tolerance: float,
-    wanted: list[str],
-    config: ExportConfig,
-) -> ExportRef | None:
-    """The export at ``out`` if it is a complete one of the checkpoint with ``source_hash``,
-    made for ``control_hz`` with parity measured on ``parity_inputs`` within ``tolerance``,
-    with the ``wanted`` variants made and scored as ``config`` says, and verifies; None when
-    there is none (or it must be made again)."""
-    if not (out / IO_SPEC_FILE).is_file():
-        return None
-    try:
-        spec = read_io_spec(out)
-        if (
-            spec.checkpoint_hash != source_hash
-            or spec.control_hz != control_hz
-            or set(spec.parity) != parity_inputs
-            or spec.parity_max_abs_error > tolerance
-            or spec.opset != OPSET
-            or spec.onnx_file != ONNX_FILE
-            or not _same_variants(spec, wanted, config)
-        ):
-            return None
-        sums = verify_bundle(out)
-    except (IOSpecError, IntegrityError):  # incomplete or changed: replaced by a fresh export
-        return None
-    return _export_ref(out, spec, sums)
-
-
-def _same_variants(spec: IOSpec, wanted: list[str], config: ExportConfig) -> bool:
-    """Whether ``spec``'s variants are the ``wanted`` ones, made with the settings ``config``
-    gives each (its maker's ``settings``: frames, error bar, what stays in float, ...)."""
-    if [v.name for v in spec.variants] != wanted:
-        return False
-    return all(
-        v.calibration.get(key) == value
-        for v in spec.variants
-        for key, value in variant_maker(v.name).settings(config).items()
-    )
-
-
-def _export_ref(out: Path, spec: IOSpec, sums: Mapping[str, FileSum]) -> ExportRef:
-    return ExportRef(
-        path=str(out),
-        onnx=str(out / ONNX_FILE),
-        onnx_hash=onnx_hash(out, sums),
-        checkpoint=unmark_home(spec.checkpoint),
-        checkpoint_hash=spec.checkpoint_hash,
-        parity_max_abs_error=spec.parity_max_abs_error,
-        parity=dict(spec.parity),
-        opset=spec.opset,
-        parameters=spec.parameters,
-        random_weights=spec.random_weights,
-        export_seconds=spec.export_seconds,
-        export_peak_rss_mb=spec.export_peak_rss_mb,
-        variants=spec.variants,
-        instruction_onnx=(
-            "" if spec.instruction_graph is None else str(out / spec.instruction_graph.onnx_file)
-        ),
-        instruction_parity=(
-            0.0 if spec.instruction_graph is None else spec.instruction_graph.parity_max_abs_error
-        ),
-    )
-
-
 @contextmanager
 def _quiet(*loggers: str) -> Iterator[None]:
     """Only errors from these loggers inside the block."""
@@ -543,76 +426,3 @@ def _quiet(*loggers: str) -> Iterator[None]:
 def _tensor(name: str, dtype: str, shape: tuple[int, ...], units: str) -> TensorSpec:
     """One entry of the I/O spec; every tensor has a leading dynamic batch axis."""
     return TensorSpec(name, dtype, (BATCH, *shape), units)
-
-
-def _random_inputs(policy: VLAPolicy, seed: int, n: int = 8) -> dict[str, np.ndarray]:
-    """Random images, states around the training mean, real instructions."""
-    rng = np.random.default_rng(seed)
-    cfg = policy.cfg
-    inputs: dict[str, np.ndarray] = {
-        f"image_{c}": rng.integers(0, 256, (n, cfg.image_size, cfg.image_size, 3), np.uint8)
-        for c in cfg.cameras
-    }
-    noise = rng.normal(size=(n, cfg.state_dim)) * policy.state_std.numpy()
-    inputs["state"] = (policy.state_mean.numpy() + noise).astype(np.float32)
-    inputs["tokens"], inputs["token_mask"] = policy.tokenizer(
-        ["touch the red cube", "tap the blue ball"] * (n // 2)
-    )
-    return inputs
-
-
-def _dataset_inputs(policy: VLAPolicy, root: Path, n: int = 32) -> dict[str, np.ndarray]:
-    """``n`` frames spread over a LeRobot dataset: its images, states and instructions."""
-    from stages.dataset.layout import STATE_KEY
-    from stages.dataset.reader import open_dataset
-
-    dataset = open_dataset(root)
-    frames = dataset.frames()
-    idx = np.linspace(0, dataset.num_frames - 1, n).astype(int)
-    inputs = {f"image_{c}": dataset.camera_frames(c)[idx] for c in policy.cfg.cameras}
-    inputs["state"] = frames[STATE_KEY][idx].astype(np.float32)
-    texts = [dataset.tasks[int(t)] for t in frames["task_index"][idx]]
-    inputs["tokens"], inputs["token_mask"] = policy.tokenizer(texts)
-    return inputs
-
-
-def _parity(
-    wrapper: OnnxPolicy, session: Any, encoder: Any, inputs: dict[str, np.ndarray]
-) -> tuple[dict[str, np.ndarray], float, float]:
-    """Torch outputs on ``inputs`` (images, states, tokens), the largest ONNX Runtime
-    deviation from them, and the instruction graph's largest deviation from torch's features
-    (0 without one), a few frames at a time (a 512 px vision tower's activations for 32 frames
-    at once are GiBs). With an instruction graph (``encoder``) ONNX Runtime runs the chain the
-    runtime runs: tokens -> ``encoder`` -> features -> ``session``.
-
-    :class:`ExportError` if an ONNX output holds NaN or inf (:func:`robots.spec.non_finite`):
-    the inputs are finite, so the graph can emit such a value on the robot; and the deviation
-    cannot show it (NaN on both sides compares as no deviation at all)."""
-    frames = len(inputs["state"])
-    parts: list[dict[str, np.ndarray]] = []
-    error = text_error = 0.0
-    for i in range(0, frames, PARITY_BATCH):
-        chunk = {k: v[i : i + PARITY_BATCH] for k, v in inputs.items()}
-        torch_inputs = wrapper.graph_inputs(chunk)
-        with torch.no_grad():
-            expected = wrapper(*(torch.as_tensor(torch_inputs[k]) for k in wrapper.input_names))
-        part = {k: v.numpy() for k, v in zip(wrapper.output_names, expected, strict=True)}
-        feeds = dict(chunk)
-        if encoder is not None:
-            text = {k: chunk[k] for k in OnnxInstructionEncoder.input_names}
-            feeds["instruction"] = encoder.run(OnnxInstructionEncoder.output_names, text)[0]
-            deviation = np.abs(feeds["instruction"] - torch_inputs["instruction"]).max()
-            text_error = max(text_error, float(deviation))
-        got = session.run(wrapper.output_names, {k: feeds[k] for k in wrapper.input_names})
-        for name, values in zip(wrapper.output_names, got, strict=True):
-            if refused := non_finite(name, values):
-                raise ExportError(
-                    f"the ONNX graph emits a non-finite value for finite inputs (frame {i} on): "
-                    f"{refused}"
-                )
-        error = max(
-            error, *(float(np.abs(g - part[k]).max()) for g, k in zip(got, part, strict=True))
-        )
-        parts.append(part)
-    outputs = {k: np.concatenate([p[k] for p in parts]) for k in wrapper.output_names}
-    return outputs, error, text_error

@@ -187,7 +187,7 @@ def untrained_normalizer(spec: RobotSpec) -> Normalizer:
 
     Why: under the identity a random policy emits openings of about -0.12..0.90 m, which every
     boundary between a policy and a robot refuses as outside the robot's limits
-    (:func:`robots.spec.action_fault`), so nothing untrained could be gated or run. Its arm
+    (:func:`robots.limits.action_fault`), so nothing untrained could be gated or run. Its arm
     deltas (up to 1.24 rad measured) stay inside every joint's travel and are clipped to the
     rate bound as before."""
     norm = Normalizer.identity(spec.state_dim, spec.action.dim)

@@ -1,8 +1,8 @@
 """Finite or nothing (issue 55): a NaN or inf in an observation's state or image, or in the
 actions a policy emits, and an action outside the robot's limits (an arm delta beyond its
 joint's travel, a gripper opening more than one travel outside its range), never reach the
-robot. Each boundary refuses it (:func:`robots.spec.non_finite`,
-:func:`robots.spec.action_fault`): the policy server answers an error frame naming the field
+robot. Each boundary refuses it (:func:`robots.limits.non_finite`,
+:func:`robots.limits.action_fault`): the policy server answers an error frame naming the field
 and serves the next observation; both control loops send the safe action and count the tick a
 miss with the reason; the latency gate fails a policy that emits one; the export refuses a
 graph that emits a non-finite value for its finite parity inputs. A delta above the rate bound
@@ -33,7 +33,7 @@ from robots.interface import RobotObservation
 from robots.rp5 import RP5
 from robots.spec import RobotSpec
 from stages.export import export
-from stages.export.onnx import ExportError
+from stages.export.parity import ExportError
 from stages.policy.checkpoint import new_policy, save_policy
 from tests.deploy_edge.narrow_robot import NARROW
 from tests.deploy_edge.test_deployer import base_state, keys, releases

@@ -160,7 +160,7 @@ def test_the_exports_parity_runs_the_instruction_graph(pretrained_export: Path) 
     export is refused above 1e-4)."""
     import onnxruntime as ort
 
-    from stages.export.onnx import _parity, _random_inputs
+    from stages.export.parity import measure_parity, random_inputs
 
     policy = load_policy(pretrained_export.parent / "ckpt").eval()
     wrapper = policy.as_onnx().eval()
@@ -172,10 +172,10 @@ def test_the_exports_parity_runs_the_instruction_graph(pretrained_export: Path) 
         def run(self, names: list[str], feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
             return [encoder.run(names, feeds)[0] + np.float32(0.01)]
 
-    inputs = _random_inputs(policy, 0, n=4)
-    _, error, text_error = _parity(wrapper, session, encoder, inputs)
+    inputs = random_inputs(policy, 0, n=4)
+    _, error, text_error = measure_parity(wrapper, session, encoder, inputs)
     assert error < 1e-4 and text_error < 1e-4
-    _, error, text_error = _parity(wrapper, session, Off(), inputs)
+    _, error, text_error = measure_parity(wrapper, session, Off(), inputs)
     assert error > 1e-4 and text_error > 9e-3
 
 

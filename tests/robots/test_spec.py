@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from robots import spec as spec_module
+from robots.limits import action_fault
 from robots.rp5 import RP5
 from robots.spec import (
     ActionKind,
@@ -16,7 +17,6 @@ from robots.spec import (
     CameraSpec,
     RobotDefinitionError,
     RobotSpec,
-    action_fault,
     get_robot,
     load_robot,
 )

@@ -1,0 +1,107 @@
+"""Parity of an exported graph with the torch policy it came from: the inputs it is measured
+on (random images and states with the task's instructions, and real dataset frames) and the
+measurement, a few frames at a time, through the chain the edge runtime runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from robo_pipe.errors import RoboPipeError
+from robots.limits import non_finite
+from stages.policy.base import OnnxInstructionEncoder, OnnxPolicy, VLAPolicy
+
+PARITY_BATCH = 4
+"""Frames per parity run."""
+PARITY_TOLERANCE = 1e-4
+"""Largest accepted |ONNX Runtime - torch| (robot units; actions are ~0.01-0.08 rad)."""
+
+
+class ExportError(RoboPipeError, RuntimeError):
+    """The exported graph does not reproduce the policy within the parity tolerance, or emits
+    a non-finite value for the finite parity inputs."""
+
+
+def example_instructions(policy: VLAPolicy, n: int = 2) -> list[str]:
+    """``n`` instructions of the policy's task family (``cfg.task``), two distinct ones
+    repeated: what the graphs are traced and their parity measured with."""
+    from sim_scenes.tasks import task_family
+
+    corpus = task_family(policy.cfg.task).instructions()
+    pair = [corpus[0], corpus[len(corpus) // 2]]
+    return [pair[i % 2] for i in range(n)]
+
+
+def random_inputs(policy: VLAPolicy, seed: int, n: int = 8) -> dict[str, np.ndarray]:
+    """Random images, states around the training mean, real instructions of the policy's task
+    family (:func:`example_instructions`)."""
+    rng = np.random.default_rng(seed)
+    cfg = policy.cfg
+    inputs: dict[str, np.ndarray] = {
+        f"image_{c}": rng.integers(0, 256, (n, cfg.image_size, cfg.image_size, 3), np.uint8)
+        for c in cfg.cameras
+    }
+    noise = rng.normal(size=(n, cfg.state_dim)) * policy.state_std.numpy()
+    inputs["state"] = (policy.state_mean.numpy() + noise).astype(np.float32)
+    inputs["tokens"], inputs["token_mask"] = policy.tokenizer(example_instructions(policy, n))
+    return inputs
+
+
+def dataset_inputs(policy: VLAPolicy, root: Path, n: int = 32) -> dict[str, np.ndarray]:
+    """``n`` frames spread over a LeRobot dataset: its images, states and instructions."""
+    from stages.dataset.layout import STATE_KEY
+    from stages.dataset.reader import open_dataset
+
+    dataset = open_dataset(root)
+    frames = dataset.frames()
+    idx = np.linspace(0, dataset.num_frames - 1, n).astype(int)
+    inputs = {f"image_{c}": dataset.camera_frames(c)[idx] for c in policy.cfg.cameras}
+    inputs["state"] = frames[STATE_KEY][idx].astype(np.float32)
+    texts = [dataset.tasks[int(t)] for t in frames["task_index"][idx]]
+    inputs["tokens"], inputs["token_mask"] = policy.tokenizer(texts)
+    return inputs
+
+
+def measure_parity(
+    wrapper: OnnxPolicy, session: Any, encoder: Any, inputs: dict[str, np.ndarray]
+) -> tuple[dict[str, np.ndarray], float, float]:
+    """Torch outputs on ``inputs`` (images, states, tokens), the largest ONNX Runtime
+    deviation from them, and the instruction graph's largest deviation from torch's features
+    (0 without one), a few frames at a time (a 512 px vision tower's activations for 32 frames
+    at once are GiBs). With an instruction graph (``encoder``) ONNX Runtime runs the chain the
+    runtime runs: tokens -> ``encoder`` -> features -> ``session``.
+
+    :class:`ExportError` if an ONNX output holds NaN or inf (:func:`robots.limits.non_finite`):
+    the inputs are finite, so the graph can emit such a value on the robot; and the deviation
+    cannot show it (NaN on both sides compares as no deviation at all)."""
+    frames = len(inputs["state"])
+    parts: list[dict[str, np.ndarray]] = []
+    error = text_error = 0.0
+    for i in range(0, frames, PARITY_BATCH):
+        chunk = {k: v[i : i + PARITY_BATCH] for k, v in inputs.items()}
+        torch_inputs = wrapper.graph_inputs(chunk)
+        with torch.no_grad():
+            expected = wrapper(*(torch.as_tensor(torch_inputs[k]) for k in wrapper.input_names))
+        part = {k: v.numpy() for k, v in zip(wrapper.output_names, expected, strict=True)}
+        feeds = dict(chunk)
+        if encoder is not None:
+            text = {k: chunk[k] for k in OnnxInstructionEncoder.input_names}
+            feeds["instruction"] = encoder.run(OnnxInstructionEncoder.output_names, text)[0]
+            deviation = np.abs(feeds["instruction"] - torch_inputs["instruction"]).max()
+            text_error = max(text_error, float(deviation))
+        got = session.run(wrapper.output_names, {k: feeds[k] for k in wrapper.input_names})
+        for name, values in zip(wrapper.output_names, got, strict=True):
+            if refused := non_finite(name, values):
+                raise ExportError(
+                    f"the ONNX graph emits a non-finite value for finite inputs (frame {i} on): "
+                    f"{refused}"
+                )
+        error = max(
+            error, *(float(np.abs(g - part[k]).max()) for g, k in zip(got, part, strict=True))
+        )
+        parts.append(part)
+    outputs = {k: np.concatenate([p[k] for p in parts]) for k in wrapper.output_names}
+    return outputs, error, text_error

@@ -51,7 +51,7 @@ from deploy_edge.runtime import ControlLoop, Tick, measure_inference
 from deploy_edge.targets import (
     TargetError,
     TargetProfile,
-    check_robot_rate,
+    check_robot,
     control_rate,
     pinned_option,
     rate_note,
@@ -107,10 +107,10 @@ def target_loop(
     is always paced: its ticks stand for periods only then. Close it when done.
 
     Raises:
-        RateMismatch: ``robot`` runs at a rate other than the bundle's (before any tick).
+        RobotMismatch: ``robot`` is not the bundle's, or runs at another rate (before any tick).
         TargetError: ``async`` with a chunk that cannot cover inference (the arithmetic).
     """
-    check_robot_rate(policy.spec, robot.spec.name, robot.spec.control_hz)
+    check_robot(policy.spec, robot.spec.name, robot.spec.control_hz)
     deadline_s = 1.0 / control_rate(policy.spec, target)
     if target.mode == "sync":
         return ControlLoop(
@@ -171,8 +171,9 @@ def run_gate(
         raise TargetError(f"target {target.name!r} says precision: auto: use run_auto_gate")
     policy = policy or open_policy(export_dir, target)
     budget = budget_ms if budget_ms is not None else target.budget_ms
-    # A robot of another rate is refused before it is connected (target_loop checks it too).
-    check_robot_rate(policy.spec, robot.spec.name, robot.spec.control_hz)
+    # Another robot, or one of another rate, is refused before it is connected (target_loop
+    # checks it too).
+    check_robot(policy.spec, robot.spec.name, robot.spec.control_hz)
     hz = control_rate(policy.spec, target)
     rate: dict[str, Any] = {
         "control_hz": hz,

@@ -7,8 +7,9 @@ deadline misses allowed, and the mode the loop runs in (the latency gate,
 
 Control rate: a policy runs at its own, the one its bundle was made for (io_spec ``control_hz``,
 its robot's), so a tick's deadline is one of its periods (:func:`control_rate`). A profile may
-set ``control_hz`` as an explicit what-if (e.g. a slow VLA judged at 0.25 Hz); a robot connected
-at a rate other than the bundle's is refused (:func:`check_robot_rate`).
+set ``control_hz`` as an explicit what-if (e.g. a slow VLA judged at 0.25 Hz). A robot other
+than the one the bundle was made for (io_spec ``robot``), or connected at a rate other than the
+bundle's, is refused before any tick (:func:`check_robot`).
 
 Precision: pinned (a key of :data:`deploy_edge.precision.VARIANTS`: ``fp32``, ``fp16``,
 ``int8``, ``fp8``) runs one thing: ``fp32`` and ``fp16`` the bundle's FP32 model (ONNX Runtime
@@ -59,8 +60,9 @@ class TargetError(RoboPipeError, ValueError):
     file, field and value)."""
 
 
-class RateMismatch(RoboPipeError, ValueError):
-    """A robot connected at a control rate other than the one the bundle was made for."""
+class RobotMismatch(RoboPipeError, ValueError):
+    """A robot other than the one the bundle was made for, or the same robot connected at a
+    control rate other than the bundle's."""
 
 
 class TargetProfile(BaseModel):
@@ -141,15 +143,22 @@ def rate_note(spec: IOSpec, target: TargetProfile) -> str:
     )
 
 
-def check_robot_rate(spec: IOSpec, robot_name: str, robot_hz: float) -> None:
-    """Refuse a robot whose control rate differs from the bundle's, before any tick: the
-    policy's actions are steps of its own period, and the loop paces on the robot's.
+def check_robot(spec: IOSpec, robot_name: str, robot_hz: float) -> None:
+    """Refuse, before any tick, a robot other than the bundle's (its state and actions mean
+    something else: a policy for rp5 must never command another arm), and a robot whose control
+    rate differs from the bundle's (the policy's actions are steps of its own period, and the
+    loop paces on the robot's).
 
     Raises:
-        RateMismatch: the two rates, named.
+        RobotMismatch: the two robots, or the two rates, named.
     """
+    if robot_name != spec.robot:
+        raise RobotMismatch(
+            f"robot {robot_name!r} cannot run a bundle made for robot {spec.robot!r}: deploy "
+            f"it to a device whose driver drives {spec.robot!r}"
+        )
     if not math.isclose(robot_hz, spec.control_hz):
-        raise RateMismatch(
+        raise RobotMismatch(
             f"robot {robot_name!r} runs at {robot_hz:g} Hz but the bundle was made for "
             f"{spec.control_hz:g} Hz: run it on a robot of the bundle's rate (the config's "
             f"robot that exported it)"

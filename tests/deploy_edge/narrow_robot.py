@@ -29,11 +29,11 @@ RATED = "tests.deploy_edge.narrow_robot:rp5_at_25hz"
 
 
 def rp5_at_25hz(cameras: tuple[str, ...], image_size: int) -> SimulatedRobot:
-    """The agent's default driver, its robot controlled at 25 Hz instead of rp5's 10 Hz: a
-    device whose robot runs at a rate other than a bundle made for rp5."""
+    """The agent's default driver, its rp5 controlled at 25 Hz instead of 10 Hz: a device
+    whose robot is the bundle's but runs at another rate."""
     from robots.rp5 import RP5
     from robots.spec import load_robot
     from sim_scenes.touch import get_variant
 
-    rated = load_robot(replace(RP5, name="rp5-25hz", control_hz=25.0))
+    rated = load_robot(replace(RP5, control_hz=25.0))
     return SimulatedRobot(rated, get_variant("touch-mixed"), 0, tuple(cameras), image_size)

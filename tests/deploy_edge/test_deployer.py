@@ -244,7 +244,7 @@ def test_a_device_whose_robot_runs_at_another_rate_refuses_the_release_before_an
     deployer = Deployer(device_config(state, keys[1], driver=RATED))
     done = deployer.deploy(releases(2))
     assert done.state == "refused" and done.steps[-1].name == "gate", done.steps
-    assert "robot 'rp5-25hz' runs at 25 Hz but the bundle was made for 10 Hz" in done.reason
+    assert "robot 'rp5' runs at 25 Hz but the bundle was made for 10 Hz" in done.reason
     assert done.gate is None, "no tick was measured"
     assert_only_release_1(deployer, state)
 

@@ -81,12 +81,13 @@ def test_a_bundle_is_gated_at_its_own_rate_unless_the_profile_overrides_it(
     assert "what-if" in latency_md.read_text()
 
 
-def test_a_robot_of_another_rate_is_refused_before_any_tick(
+def test_another_robot_than_the_bundles_is_refused_before_any_tick(
     export_25hz: Path, robo_pipe_home: Path
 ) -> None:
-    """The demo's rp5 runs at 10 Hz: the 25 Hz bundle is a named error, exit 2, no traceback."""
+    """The demo's rp5 is not the 25 Hz robot the bundle was made for: a named error, exit 2, no
+    traceback."""
     gate = cli("pipelines.cli", "gate", str(export_25hz), "-c", str(TINY_CONFIG), *QUICK,
                home=robo_pipe_home)  # fmt: skip
     assert gate.returncode == 2, gate.stderr
-    assert "robot 'rp5' runs at 10 Hz but the bundle was made for 25 Hz" in gate.stderr
+    assert "robot 'rp5' cannot run a bundle made for robot 'rp5-25hz'" in gate.stderr
     assert "Traceback" not in gate.stderr and not list(robo_pipe_home.rglob("latency_report.json"))

@@ -50,7 +50,9 @@ typecheck: setup
 #
 # Two pytest-xdist workers, each test file on one worker (a module's fixtures, its Prefect server
 # and home, are shared by its tests): on 2 cores the suite took 55 min in one process, which
-# kept one core busy, and 38 min in two (issue 49); 28.5 min once xdist kept the slowest files first. TEST_WORKERS=0 runs it in this process.
+# kept one core busy, and 38 min in two (issue 49); 28.5 min once xdist kept the slowest files
+# first. Three workers were measured slower still (40.8 min: load 5-9 on 2 cores, one time bound
+# over). TEST_WORKERS=0 runs it in this process.
 TEST_WORKERS ?= 2
 test: lint typecheck lerobot-env isaaclab-env metaworld-env
 	ROBO_PIPE_LEROBOT_PYTHON=$(LEROBOT_VENV)/bin/python \

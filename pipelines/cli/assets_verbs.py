@@ -34,7 +34,13 @@ def usd_dir(mjcf: Path) -> Path:
 
 
 def build(
-    robot: Annotated[str, typer.Option(help="The robot (robo-pipe robots lists them).")] = "rp5",
+    robot: Annotated[
+        str,
+        typer.Option(
+            help="A robot compiled from MJCF (robo-pipe robots lists them; a declared one, as "
+            "sawyer, has no MJCF to convert)."
+        ),
+    ] = "rp5",
     out: Annotated[
         Path | None,
         typer.Option(

@@ -214,9 +214,7 @@ class RobotSpec:
         that has moved meanwhile; its relative actions would then add the motion a second
         time, its planned targets stay right. :meth:`action_toward` turns a target back into an
         action for the state measured when it is sent."""
-        comps, states = self.action.acts_on("delta")
-        scale = np.asarray(self.action.scale, dtype=np.float32)[comps]
-        low, high = np.asarray(self.action.low)[comps], np.asarray(self.action.high)[comps]
+        comps, states, scale, low, high = self._deltas()
         targets = np.array(chunk, dtype=np.float32, copy=True)
         # A step past the action bounds is clipped when sent: plan what can be reached.
         steps = np.clip(targets[:, comps], low, high)
@@ -227,12 +225,23 @@ class RobotSpec:
         """The action that moves the robot, measured at ``state``, to the planned ``target`` (a
         row of :meth:`chunk_targets`): a ``delta`` is ``target - measured`` (in action units)
         clipped to the action bounds (rp5: ``±max_joint_delta``), the rest as planned."""
-        comps, states = self.action.acts_on("delta")
-        scale = np.asarray(self.action.scale, dtype=np.float32)[comps]
-        low, high = np.asarray(self.action.low)[comps], np.asarray(self.action.high)[comps]
+        comps, states, scale, low, high = self._deltas()
         action = np.array(target, dtype=np.float32, copy=True)
         action[comps] = np.clip(target[comps] - state[states] / scale, low, high)
         return action
+
+    def _deltas(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The ``delta`` components: their indices, the state components they act on, their
+        scales and their action bounds."""
+        comps, states = self.action.acts_on("delta")
+        scale = np.asarray(self.action.scale, dtype=np.float32)[comps]
+        return (
+            comps,
+            states,
+            scale,
+            np.asarray(self.action.low)[comps],
+            np.asarray(self.action.high)[comps],
+        )
 
     def hold_action(self, state: np.ndarray, last: np.ndarray | None = None) -> np.ndarray:
         """The safe action for robots whose state was ``state``, shape ``(..., state_dim)``: no

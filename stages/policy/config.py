@@ -26,7 +26,6 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from robo_pipe.validation import one_of
-from sim_scenes.tasks import DEFAULT_FAMILY
 
 POLICY_TYPES: dict[str, str] = {
     "default": "stages.policy.default_type:DefaultType",
@@ -140,7 +139,7 @@ class VLAConfig:
     robot: str = "rp5"
     """The robot (registry name) whose state the policy reads and whose actions it writes; a
     checkpoint saved before robots were recorded holds none, and was made for rp5."""
-    task: str = DEFAULT_FAMILY
+    task: str = "touch"
     """The task family (:mod:`sim_scenes.tasks`) it was built for: its own tokenizer learnt that
     family's instructions. A checkpoint saved before tasks were recorded was built for touch."""
     cameras: tuple[str, ...] = ("scene",)

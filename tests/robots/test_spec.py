@@ -8,13 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from robots import spec as spec_module
 from robots.limits import action_fault
 from robots.rp5 import RP5
+from robots.sawyer import SAWYER
 from robots.spec import (
     ActionKind,
     ActionSpec,
-    CameraSpec,
     RobotDefinitionError,
     RobotSpec,
     get_robot,
@@ -98,42 +97,15 @@ def test_control_rate_must_divide_into_physics_steps() -> None:
         load_robot(dataclasses.replace(RP5, control_hz=7.0))
 
 
-def _hand_robot() -> RobotSpec:
-    """A robot declared without MJCF, commanded like Meta-World's Sawyer: 3 hand displacements
-    (x0.01 m per action unit, delta), a gripper effort in [-1, 1] (no state measures it); state
-    hand x, y, z (m) and the gripper's opening (0..1); 80 Hz."""
-    action = ActionSpec(
-        names=("hand.dx", "hand.dy", "hand.dz", "gripper.effort"),
-        low=(-1.0, -1.0, -1.0, -1.0),
-        high=(1.0, 1.0, 1.0, 1.0),
-        units=("cm", "cm", "cm", ""),
-        kinds=("delta", "delta", "delta", "effort"),
-        state_index=(0, 1, 2, None),
-        scale=(0.01, 0.01, 0.01, 1.0),
-        travel=(100.0, 100.0, 100.0, 2.0),
-        home=(0.0, 0.0, 0.0, -1.0),
-        moves=("hand x", "hand y", "hand z", "gripper effort"),
-    )
-    names = ("hand.x", "hand.y", "hand.z", "gripper.opening")
-    corner = (CameraSpec("corner", 45.0),)
-    return RobotSpec("hand", "a hand-space arm", 80.0, corner, action, names)
-
-
-HAND = _hand_robot()
-"""The declared robot, for the registry (``tests.robots.test_spec:HAND``)."""
-
-
-def test_a_declared_robot_is_registered_like_a_compiled_one(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """A registry entry may name a declared ``RobotSpec``: get_robot returns it as is; asking
-    it for an MJCF definition names the robot; a declared action on a state component the
-    robot does not have is refused when it is declared."""
-    monkeypatch.setitem(spec_module._REGISTRY, "hand", "tests.robots.test_spec:HAND")
-    hand = get_robot("hand")
-    assert hand is HAND and hand.control_hz == 80.0 and hand.action.dim == 4
+def test_a_declared_robot_is_registered_like_a_compiled_one() -> None:
+    """A registry entry may name a declared ``RobotSpec`` (Meta-World's Sawyer, commanded in
+    hand space: 3 deltas of 0.01 m per unit, a gripper effort no state measures; 80 Hz):
+    get_robot returns it as is; asking it for an MJCF definition names the robot; a declared
+    action on a state component the robot does not have is refused when it is declared."""
+    hand = get_robot("sawyer")
+    assert hand is SAWYER and hand.control_hz == 80.0 and hand.action.dim == 4
     assert hand.definition is None and hand.arm == ()
-    with pytest.raises(RobotDefinitionError, match="robot 'hand' is declared without an MJCF"):
+    with pytest.raises(RobotDefinitionError, match="robot 'sawyer' is declared without an MJCF"):
         hand.load_model()
     with pytest.raises(
         RobotDefinitionError, match="acts on state component 2, but the state has 2"
@@ -146,7 +118,7 @@ def test_a_declared_robot_is_registered_like_a_compiled_one(
 def test_chunk_targets_and_action_toward_follow_each_components_kind(rp5: RobotSpec) -> None:
     """A delta is planned from the measured state in its own scale and clipped to its bounds; an
     effort passes as planned; the action toward a plan re-measures only the deltas."""
-    hand = HAND
+    hand = SAWYER
     state = np.array([0.10, -0.20, 0.05, 0.7], dtype=np.float32)
     chunk = np.array([[1.0, 0.0, 3.0, 0.5], [1.0, -1.0, 0.0, 1.0]], dtype=np.float32)
     targets = hand.chunk_targets(chunk, state)
@@ -166,7 +138,7 @@ def test_chunk_targets_and_action_toward_follow_each_components_kind(rp5: RobotS
 def test_hold_action_keeps_what_no_motion_means_for_each_kind(rp5: RobotSpec) -> None:
     """Deltas hold at 0; an absolute holds its measured value, and where that reading is NaN
     the last command (else home); an effort holds the last command (else its neutral value)."""
-    hand = HAND
+    hand = SAWYER
     state = np.array([[0.1, 0.2, 0.3, 0.4], [0.0, 0.0, 0.0, 0.9]], dtype=np.float32)
     np.testing.assert_array_equal(hand.hold_action(state), [[0, 0, 0, -1], [0, 0, 0, -1]])
     last = np.array([[0.3, 0.3, 0.3, 0.8], [1, 1, 1, np.nan]], dtype=np.float32)
@@ -184,7 +156,7 @@ def test_hold_action_keeps_what_no_motion_means_for_each_kind(rp5: RobotSpec) ->
 def test_action_fault_names_the_component_by_its_kind(rp5: RobotSpec) -> None:
     """A delta past its whole travel and an effort past one range either side are refused with
     what they act on; values inside are left to the driver's clip."""
-    hand = HAND
+    hand = SAWYER
     assert action_fault(hand, "action", np.array([[50.0, -99.0, 1.5, 2.9]])) == ""
     assert action_fault(hand, "action", np.array([[0.0, 101.0, 0.0, 0.0]])) == (
         "action[0, 1] = 101 cm: beyond hand y's travel of 100 cm"

@@ -58,12 +58,12 @@ def hold_position(robot: Robot) -> SafeAction:
     rp5: no joint motion, the gripper kept where it is, as last measured finite: a NaN reading
     must not become a NaN command; before any, the home opening)."""
     spec = robot.spec
-    last: list[np.ndarray] = []
+    last: np.ndarray | None = None  # the hold sent before: what a NaN reading falls back to
 
     def safe(obs: RobotObservation) -> np.ndarray:
-        action = spec.hold_action(obs.state, last[0] if last else None)
-        last[:] = [action]
-        return action
+        nonlocal last
+        last = spec.hold_action(obs.state, last)
+        return last
 
     return safe
 

@@ -289,6 +289,7 @@ def collect(
         SceneError: ``scene.variant`` is held out for evaluation.
         WorkersDiedError: a worker died more than ``config.max_worker_restarts`` times.
     """
+    family, _ = resolve_task(scene.variant)
     variant = scene.task()
     if variant.split != "train":
         raise SceneError(
@@ -344,7 +345,7 @@ def collect(
             cameras=tuple(scene.cameras),
             image_size=scene.image_size,
             crf=config.video_crf,
-            env_state_names=resolve_task(scene.variant)[0].env_state_names,
+            env_state_names=family.env_state_names,
         )
         provenance = {
             "collection": identity,

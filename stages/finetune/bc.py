@@ -92,9 +92,9 @@ def build_policy(job: BCJob, data: BCData) -> tuple[VLAPolicy, BaseRef | None]:
     """The model to train, with the data's normalisation and only the right parameters
     trainable."""
     norm = Normalizer.from_stats(data.stats)
-    if job.base_checkpoint is None and not (job.robot and job.task):
-        raise ValueError("a BC job for a new model names its robot and task family")
     if job.base_checkpoint is None:
+        if not (job.robot and job.task):
+            raise ValueError("a BC job for a new model names its robot and task family")
         policy, base = new_policy(
             job.policy or PolicyConfig(),
             job.cameras,

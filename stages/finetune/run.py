@@ -56,7 +56,7 @@ from stages.policy.checkpoint import (
     read_policy_meta,
     save_policy,
 )
-from stages.policy.config import LoraSettings, PolicyConfig
+from stages.policy.config import LoraSettings, PolicyConfig, VLAConfig
 from stages.policy.types import CHECKPOINT_BASE, BaseRef, policy_type
 from stages.provenance import code_version
 
@@ -222,15 +222,15 @@ def finetune(
     spec = get_robot(str(data.info.get("robot_type", "rp5")))
     cameras = list(data.cameras)
     if base is not None:  # the dataset must show the base what it was built to see
-        arch = read_policy_meta(base.path)["config"]
-        cameras = list(arch["cameras"])
-        if arch.get("robot", "rp5") != spec.name:  # absent: saved before robots were recorded
+        arch = VLAConfig.from_dict(read_policy_meta(base.path)["config"])
+        cameras = list(arch.cameras)
+        if arch.robot != spec.name:
             raise DatasetError(
                 f"{path}: dataset of robot {spec.name!r} cannot fine-tune the base {base.path}, "
-                f"made for robot {arch.get('robot', 'rp5')!r}"
+                f"made for robot {arch.robot!r}"
             )
         seen = (image_size, len(spec.state_names), spec.action.dim)
-        wanted = (arch["image_size"], arch["state_dim"], arch["action_dim"])
+        wanted = (arch.image_size, arch.state_dim, arch.action_dim)
         if seen != wanted or not set(cameras) <= set(data.cameras):
             raise DatasetError(
                 f"{path}: dataset (cameras {data.cameras}, image/state/action sizes {seen}) "

@@ -305,6 +305,10 @@ def test_a_dataset_that_does_not_fit_the_base_is_refused(
     base = tiny_base(tmp_path / "base48", image_size=48)
     with pytest.raises(ValueError, match=r"does not fit the base .*base48"):
         finetune(tiny_dataset, TINY_POLICY, FinetuneConfig(), base, 0, tmp_path / "ckpt")
+    # The same sizes, made for another robot: refused by the robot's name.
+    other = tiny_base(tmp_path / "hand", robot="hand")
+    with pytest.raises(ValueError, match=r"robot 'rp5' cannot fine-tune .* made for robot 'hand'"):
+        finetune(tiny_dataset, TINY_POLICY, FinetuneConfig(), other, 0, tmp_path / "ckpt")
     assert not (tmp_path / "ckpt").exists(), "refused before any work"
 
 

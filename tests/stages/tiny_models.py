@@ -20,10 +20,11 @@ def rp5_normalizer() -> Normalizer:
     return untrained_normalizer(get_robot("rp5"))
 
 
-def tiny_base(folder: Path, image_size: int = 32) -> CheckpointRef:
+def tiny_base(folder: Path, image_size: int = 32, robot: str = "rp5") -> CheckpointRef:
     """A random-weight :data:`TINY_POLICY` base (a scene camera of ``image_size`` px, rp5's 6
-    state and 6 action dimensions) saved in ``folder``, as pretraining would leave it."""
-    policy, _ = new_policy(TINY_POLICY, ["scene"], image_size, "rp5", 6, 6)
+    state and 6 action dimensions, made for ``robot``) saved in ``folder``, as pretraining
+    would leave it."""
+    policy, _ = new_policy(TINY_POLICY, ["scene"], image_size, robot, 6, 6)
     digest = save_policy(policy, folder, None)
     return CheckpointRef(str(folder), digest, "default", "all", 0, 1, 1)
 

@@ -1,17 +1,20 @@
-"""Served schedules after a fault, through ``robo-pipe serve`` in subprocesses.
+"""Served schedules after faults, through ``robo-pipe serve`` in subprocesses.
 
-One home for the module, with a champion (one tiny ``robo-pipe run``), serving a champion check
-every :data:`PERIOD_S` seconds:
+One home with a champion (one tiny ``robo-pipe run``), serving a champion check every
+:data:`PERIOD_S` seconds, through three ``serve``s in a row, each killed with SIGKILL (its
+process group, as a power cut of its session would):
 
-1. ``serve``'s process group is killed with SIGKILL while a check is being submitted, or
-   while one runs (its flow process holds its run lock); the next ``serve`` marks that run
-   ``Crashed`` with the reason, and a check completes within :data:`NEXT_RUN_BOUND_S`.
-2. ``serve`` is killed while idle and stays down for several periods; the next ``serve``
+1. The first is killed while a check is being submitted. The second marks that run ``Crashed``
+   with the reason, and a check completes within :data:`NEXT_RUN_BOUND_S`.
+2. The second is killed while a check runs (its flow process holds its run lock), and the home
+   stays unserved for several periods. The third marks that run ``Crashed`` with the reason,
    runs the latest missed check and marks the others ``Skipped`` with the reason: no storm of
-   ``Cancelled`` runs. A slot counted taken by no run (a lease lost with its server) is
-   given back while serving.
-3. On a home with no champion every check fails: ``serve`` and ``robo-pipe info`` report the
-   schedule stalled, with the reason.
+   ``Cancelled`` runs. A slot counted taken by no run (a lease lost with its server) is given
+   back while serving.
+3. While the first home is down, ``serve`` on a second home, with no champion, where every
+   check fails: ``serve`` and ``robo-pipe info`` report the schedule stalled, with the reason.
+   (One scenario, not three tests: the stall fills the downtime, and each ``serve`` sets up
+   the next fault; it saves four ``serve`` starts and a wait of four periods.)
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +38,8 @@ from tests.pipelines.test_serve import ROOT, SETS, Cli, _kill_all, cli_env
 
 PERIOD_S = 10
 CHECK = f"schedules=[{{name: check, flow: champion_regression, interval_s: {PERIOD_S}}}]"
+PREFETCH_S = 10
+"""Prefect's runner submits a run up to this long before it is due (its ``prefetch_seconds``)."""
 NEXT_RUN_BOUND_S = 120
 """From the second ``serve``'s start to a completed check: a bound on hanging (its servers'
 start, then one check); the measured figure is printed."""
@@ -98,11 +103,25 @@ def api_of(cli: Cli) -> str:
 
 
 def check_runs(client: Any) -> list[Any]:
-    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName
+    """The check's runs due by a minute from now, latest first (not its next hundred: a
+    ``serve`` has its server schedule that many ahead, and each ``serve`` of a home adds
+    theirs, so a plain first 200 could leave out the ones a test looks for)."""
+    from prefect.client.schemas.filters import (
+        DeploymentFilter,
+        DeploymentFilterName,
+        FlowRunFilter,
+        FlowRunFilterExpectedStartTime,
+    )
+    from prefect.client.schemas.sorting import FlowRunSort
 
+    soon = datetime.now(UTC) + timedelta(minutes=1)
     return list(
         client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(
+                expected_start_time=FlowRunFilterExpectedStartTime(before_=soon)  # type: ignore[arg-type]
+            ),
             deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=["check"])),
+            sort=FlowRunSort.EXPECTED_START_TIME_DESC,
             limit=200,
         )
     )
@@ -123,29 +142,12 @@ def completed_after(client: Any, since: datetime, but: set[Any]) -> list[Any]:
     ]
 
 
-@pytest.mark.parametrize("moment", ["Submitting", "Running"])
-def test_a_run_stranded_by_a_killed_serve_is_crashed_and_the_next_check_runs(
-    moment: str, champion: Path
+def test_serve_after_faults_crashes_stranded_runs_skips_missed_checks_and_reports_a_stall(
+    champion: Path, tmp_path: Path
 ) -> None:
     first = serve(champion)
     try:
-        api = api_of(first)
-        active = champion / "runs" / ".active"
-
-        def caught() -> Any:
-            with prefect(api) as client:
-                for run in check_runs(client):
-                    state = run.state
-                    if moment == "Submitting" and state and state.type.value == "PENDING":
-                        return run
-                    # Mid-run: its flow process runs the flow body (it holds its run lock).
-                    running = moment == "Running" and state and state.is_running()
-                    if running and (active / f"{run.id}.json").is_file():
-                        return run
-            return None
-
-        stranded = wait_for(f"a check {moment}", caught, first, 180, every=0.1)
-        kill_group(first)
+        submitting = strand(first, "Submitting")
     finally:
         if first.alive():
             kill_group(first)
@@ -156,104 +158,139 @@ def test_a_run_stranded_by_a_killed_serve_is_crashed_and_the_next_check_runs(
     try:
         api = api_of(second)
         with prefect(api) as client:
-
-            def crashed() -> Any:
-                state = client.read_flow_run(stranded.id).state
-                return state if state and state.type.value == "CRASHED" else None
-
-            state = wait_for("the stranded run Crashed", crashed, second, 120)
-            crashed_in = time.monotonic() - start
+            crashed, crashed_in = crashed_by(client, submitting, second, start)
             done = wait_for(
                 "a check completed",
-                lambda: completed_after(client, killed_at, {stranded.id}),
+                lambda: completed_after(client, killed_at, {submitting.id}),
                 second,
                 NEXT_RUN_BOUND_S,
             )
             completed_in = time.monotonic() - start
-            history = sorted(client.read_flow_run_states(stranded.id), key=lambda s: s.timestamp)
+        running = strand(second, "Running")
     finally:
-        output = second.stop()
-        _kill_all(champion)
+        if second.alive():
+            kill_group(second)
+        output = second.output()
+        _kill_all(champion)  # its servers too, whether or not they die with their parent
+    down_from = datetime.now(UTC)
     print(
-        f"killed while {stranded.state.name}: Crashed {crashed_in:.1f} s and a check "
-        f"({done[0].name}) Completed {completed_in:.1f} s after serve started again"
+        f"killed while Submitting: Crashed {crashed_in:.1f} s and a check ({done[0].name}) "
+        f"Completed {completed_in:.1f} s after serve started again"
     )
-    before = history[-2]
+    assert_crashed(crashed, "Submitting", output)
+    assert completed_in < NEXT_RUN_BOUND_S
+
+    phase = time.monotonic()
+    stall_reported_on(tmp_path / "no-champion")  # meanwhile, on another home
+    print(f"the stall phase took {time.monotonic() - phase:.1f} s")
+    time.sleep(max(0.0, 4 * PERIOD_S - (datetime.now(UTC) - down_from).total_seconds()))
+
+    third = serve(champion)
+    start = time.monotonic()
+    try:
+        api = api_of(third)
+        with prefect(api) as client:
+            crashed, _ = crashed_by(client, running, third, start)
+            runs, completed_in, freed_in = latest_missed_check_ran(client, third, down_from)
+    finally:
+        output = third.stop()
+        _kill_all(champion)
+    assert_crashed(crashed, "Running", output)
+    assert_missed_checks_skipped(runs, down_from, output, completed_in, freed_in)
+
+
+def strand(cli: Cli, moment: str) -> Any:
+    """Kill ``cli`` (a ``serve``) once one of its checks is at ``moment`` (Submitting, or
+    Running with its run lock held) and return that check's flow run."""
+    api = api_of(cli)
+    active = cli.home / "runs" / ".active"
+
+    def caught() -> Any:
+        with prefect(api) as client:
+            for run in check_runs(client):
+                state = run.state
+                if moment == "Submitting" and state and state.type.value == "PENDING":
+                    return run
+                # Mid-run: its flow process runs the flow body (it holds its run lock).
+                running = moment == "Running" and state and state.is_running()
+                if running and (active / f"{run.id}.json").is_file():
+                    return run
+        return None
+
+    stranded = wait_for(f"a check {moment}", caught, cli, 180, every=0.1)
+    kill_group(cli)
+    return stranded
+
+
+def crashed_by(client: Any, stranded: Any, cli: Cli, start: float) -> tuple[list[Any], float]:
+    """The state history of ``stranded`` once ``cli`` (the next ``serve``) marked it Crashed,
+    and the seconds from ``start`` until it did."""
+
+    def crashed() -> Any:
+        state = client.read_flow_run(stranded.id).state
+        return state if state and state.type.value == "CRASHED" else None
+
+    wait_for("the stranded run Crashed", crashed, cli, 120)
+    crashed_in = time.monotonic() - start
+    history = sorted(client.read_flow_run_states(stranded.id), key=lambda s: s.timestamp)
+    return [stranded, *history], crashed_in
+
+
+def assert_crashed(crashed: list[Any], moment: str, output: str) -> None:
+    """The stranded run's history (as :func:`crashed_by` returns it) ends Crashed from
+    ``moment``, with the reason, and the serve that marked it said so."""
+    stranded, *history = crashed
+    before, state = history[-2], history[-1]
     assert before.type.value == ("PENDING" if moment == "Submitting" else "RUNNING"), history
+    assert state.type.value == "CRASHED", history
     assert "with no live runner" in (state.message or ""), state
     if moment == "Submitting":
         assert "no runner was submitting it when serve started" in state.message
     else:
         assert "ended without reporting" in state.message, state.message
     assert f"run {stranded.name} marked Crashed" in output, output[-3000:]
-    assert completed_in < NEXT_RUN_BOUND_S
 
 
-def test_downtime_runs_the_latest_missed_check_and_skips_the_others(champion: Path) -> None:
+def latest_missed_check_ran(
+    client: Any, cli: Cli, down_from: datetime
+) -> tuple[list[Any], float, float]:
+    """Wait for ``cli`` (a ``serve`` after downtime) to complete the latest missed check, then
+    take a slot away as a lost lease would and wait for a check again: the checks after the
+    first, and the seconds each took."""
     from prefect.client.schemas.actions import GlobalConcurrencyLimitUpdate
 
-    first = serve(champion)
-    try:
-        api = api_of(first)
-        started = datetime.now(UTC)
-
-        def idle_after_a_check() -> bool:
-            with prefect(api) as client:
-                runs = check_runs(client)
-            done = [r for r in runs if r.state and r.state.is_completed()]
-            busy = [r for r in runs if r.state and r.state.type.value in ("PENDING", "RUNNING")]
-            return not busy and any(r.state.timestamp > started for r in done)
-
-        wait_for("a completed check, then none running", idle_after_a_check, first, 180, 0.2)
-        kill_group(first)
-    finally:
-        if first.alive():
-            kill_group(first)
-    down_from = datetime.now(UTC)
-    _kill_all(champion)  # its servers too, whether or not they die with their parent
-    time.sleep(4 * PERIOD_S)
-
-    second = serve(champion)
     start = time.monotonic()
-    try:
-        api = api_of(second)
-        with prefect(api) as client:
-            [deployment] = [d for d in client.read_deployments() if d.name == "check"]
+    [deployment] = [d for d in client.read_deployments() if d.name == "check"]
+    wait_for(
+        "the latest missed check",
+        lambda: completed_after(client, down_from, set()),
+        cli,
+        NEXT_RUN_BOUND_S,
+    )
+    completed_in = time.monotonic() - start
+    runs = check_runs(client)
+    # A slot counted taken by no run, as when a server restarts with its leases in memory: a
+    # pass while serving gives it back.
+    wait_for("no check running", lambda: not holding(client), cli, 60, 0.2)
+    limit = deployment.global_concurrency_limit.name
+    client.update_global_concurrency_limit(limit, GlobalConcurrencyLimitUpdate(active_slots=1))
+    lost_at = datetime.now(UTC)
+    freed = wait_for(
+        "a check after the lost slot", lambda: completed_after(client, lost_at, set()), cli, 60
+    )
+    return runs, completed_in, (freed[0].state.timestamp - lost_at).total_seconds()
 
-            def latest_done() -> list[Any]:
-                return completed_after(client, down_from, set())
 
-            wait_for("the latest missed check", latest_done, second, NEXT_RUN_BOUND_S)
-            completed_in = time.monotonic() - start
-            runs = check_runs(client)
-            # A slot counted taken by no run, as when a server restarts with its leases in
-            # memory: a pass while serving gives it back.
-            wait_for("no check running", lambda: not holding(client), second, 60, 0.2)
-            limit = deployment.global_concurrency_limit.name
-            client.update_global_concurrency_limit(
-                limit, GlobalConcurrencyLimitUpdate(active_slots=1)
-            )
-            lost_at = datetime.now(UTC)
-            freed = wait_for(
-                "a check after the lost slot",
-                lambda: completed_after(client, lost_at, set()),
-                second,
-                60,
-            )
-            freed_in = (freed[0].state.timestamp - lost_at).total_seconds()
-    finally:
-        output = second.stop()
-        _kill_all(champion)
-    # Due after the kill, and not settled before it (the runner submits a run up to 10 s
-    # before it is due: one that would overlap a running check was Cancelled while serving).
-    due = [
-        r
-        for r in runs
-        if r.expected_start_time
-        and r.expected_start_time > down_from
-        and r.state
-        and r.state.timestamp > down_from
-    ]
+def assert_missed_checks_skipped(
+    runs: list[Any], down_from: datetime, output: str, completed_in: float, freed_in: float
+) -> None:
+    """Of the checks due while no ``serve`` ran from ``down_from``, the latest completed and the
+    others are Skipped with the reason."""
+    # Due after the kill, beyond the killed runner's prefetch: it fetched and submitted the
+    # runs due within PREFETCH_S of each poll, so one due just after the kill may have been
+    # taken already (a stranded run, marked Crashed, not missed).
+    after = down_from + timedelta(seconds=PREFETCH_S)
+    due = [r for r in runs if r.expected_start_time and r.expected_start_time > after]
     skipped = [r for r in due if r.state and r.state.name == "Skipped"]
     assert len(skipped) >= 3, [(r.name, r.state.name) for r in due]
     message = skipped[0].state.message
@@ -285,10 +322,11 @@ def holding(client: Any) -> list[Any]:
     ]
 
 
-def test_a_stalled_schedule_is_reported_by_serve_and_info(tmp_path: Path) -> None:
-    home = tmp_path / "no-champion"
+def stall_reported_on(home: Path) -> None:
+    """``serve`` on ``home``, which has no champion: every check fails, and ``serve`` and
+    ``robo-pipe info`` report the schedule stalled, with the reason."""
     home.mkdir()
-    cli = serve(home)  # no champion: every check fails
+    cli = serve(home)
     try:
         api_of(cli)
         start = time.monotonic()

@@ -34,7 +34,6 @@ from pipelines.home import home_dir
 from pipelines.steps.collect import collect_dataset
 from pipelines.steps.training import finetune_policy, pretrain_base, rl_finetune_from
 from stages.evaluate import evaluate
-from stages.evaluate.failures import breakdown_line
 from stages.evaluate.report import EvalReport
 from stages.finetune import FinetuneConfig
 from stages.finetune.checkpoints import read_metrics
@@ -198,11 +197,10 @@ def main() -> None:
             f"{run.get('env_steps_per_s', 0.0):>11,.0f} {run.get('updates_per_s', 0.0):>9.2f} "
             f"{run.get('rollout', 0.0):>8.0%} {run.get('learn', 0.0):>6.0%}"
         )
-    print("\nwhy episodes failed (wrong object / near miss / timeout):")
+    print("\nwhy episodes failed (by the task family's failure modes):")
     for label, report in reports.items():
         print(
-            f"  {label:<11} {report.episodes - report.successes:>4} failed: "
-            f"{breakdown_line(report.failures)}"
+            f"  {label:<11} {report.episodes - report.successes:>4} failed: {report.why_failed()}"
         )
     for algo in args.algos:
         separated = reports[algo].ci95[0] > base.ci95[1]

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from sim_scenes.batched_env import BatchedEnv, BatchedObservation, StepResult
+from sim_scenes.tasks import EpisodeSignal
 
 ActFn = Callable[[BatchedEnv, BatchedObservation], np.ndarray]
 """Maps (env, observation) to actions of shape ``(N, action_dim)``."""
@@ -37,13 +38,9 @@ class EpisodeRecord:
     instruction: str
     frames: list[np.ndarray] = field(default_factory=list)
     """Camera frames (uint8 HWC) per step, for recorded episodes only."""
-    closest_target_distance: float = math.nan
-    """m: the tool centre point's closest approach to the named object's centre over the
-    episode (nan: the backend does not report distances)."""
-    closest_distractor_distance: float = math.nan
-    """m: its closest approach to any other object's centre (inf: no other object)."""
-    final_target_distance: float = math.nan
-    """m: tool centre point to the named object's centre after the episode's last step."""
+    signals: dict[str, float] = field(default_factory=dict)
+    """The episode's values of the ``signals`` :func:`play_episodes` was asked for, by name
+    (one the backend does not report is left out)."""
 
 
 def play_episodes(
@@ -55,6 +52,7 @@ def play_episodes(
     record_camera: str | None = None,
     on_episode: Callable[[EpisodeRecord], None] | None = None,
     on_step: StepFn | None = None,
+    signals: Mapping[str, EpisodeSignal] | None = None,
 ) -> list[EpisodeRecord]:
     """Play one episode per seed; return records in the order of ``seeds``.
 
@@ -66,6 +64,8 @@ def play_episodes(
             ``record_camera`` is given).
         on_episode: called as each episode finishes (for progress bars).
         on_step: called after every step (for recording transitions, see :data:`StepFn`).
+        signals: per-step ``info`` values to reduce over each episode, by name (a task
+            family's :attr:`~sim_scenes.tasks.TaskFamily.episode_signals`).
     """
     if not seeds:
         return []
@@ -88,33 +88,28 @@ def play_episodes(
                 frames[slot[e]].append(o.images[camera][e].copy())
 
     keep_frames(obs, range(n))
-    # seed index -> (closest target, closest distractor, latest target), m; keyed by episode,
-    # not env, so an env that restarts starts its new episode's minimum afresh
-    distances: dict[int, tuple[float, float, float]] = {}
-    unreported = (math.nan, math.nan, math.nan)  # a backend that reports no distances
+    # seed index -> signal name -> value so far; keyed by episode, not env, so an env that
+    # restarts starts its new episode's values afresh
+    reduced: dict[int, dict[str, float]] = {}
     while len(records) < len(seeds):
         actions = act(env, obs)
         result = env.step(actions)
         if on_step is not None:
             on_step(list(slot), obs, actions, result)
-        if "tcp_target_distance" in result.info:  # a backend that reports distances
-            target = result.info["tcp_target_distance"]
-            distractor = result.info.get("tcp_distractor_distance", np.full(n, np.nan))
+        for name, signal in (signals or {}).items():
+            if signal.key not in result.info:  # a backend that does not report it
+                continue
+            values = result.info[signal.key]
             for e, i in enumerate(slot):
                 if i >= 0:
-                    was = distances.get(i, (math.inf, math.inf, math.nan))
-                    distances[i] = (
-                        _closer(was[0], target[e]),
-                        _closer(was[1], distractor[e]),
-                        float(target[e]),
-                    )
+                    episode = reduced.setdefault(i, {})
+                    episode[name] = _reduce(signal.reduce, episode.get(name), float(values[e]))
         obs = result.obs
         keep_frames(obs, range(n))  # for envs that just finished: their episode's last frame
         restart_envs, restart_seeds = [], []
         for k, e in enumerate(result.final.env_ids):
             i = slot[e]
             if i >= 0:
-                closest_target, closest_distractor, final_target = distances.pop(i, unreported)
                 rec = EpisodeRecord(
                     index=i,
                     seed=int(seeds[i]),
@@ -123,9 +118,7 @@ def play_episodes(
                     episode_return=float(result.final.episode_return[k]),
                     instruction=instructions[i],
                     frames=frames.pop(i, []),
-                    closest_target_distance=closest_target,
-                    closest_distractor_distance=closest_distractor,
-                    final_target_distance=final_target,
+                    signals=reduced.pop(i, {}),
                 )
                 records[i] = rec
                 if on_episode is not None:
@@ -142,6 +135,11 @@ def play_episodes(
     return [records[i] for i in range(len(seeds))]
 
 
-def _closer(a: float, b: float) -> float:
-    """The smaller distance; nan (not reported) stays nan."""
-    return math.nan if math.isnan(a) or math.isnan(b) else min(a, float(b))
+def _reduce(how: str, so_far: float | None, value: float) -> float:
+    """``so_far`` (None before the episode's first step) updated with this step's ``value``:
+    ``min``/``max`` (nan, not reported, stays nan) or ``last``."""
+    if how == "last" or so_far is None:
+        return value
+    if math.isnan(so_far) or math.isnan(value):
+        return math.nan
+    return min(so_far, value) if how == "min" else max(so_far, value)

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import abc
 import pkgutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +40,44 @@ TASKS: dict[str, str] = {
     "touch": "sim_scenes.touch_task:TOUCH",
 }
 """Task family name -> ``module:attribute`` of its :class:`TaskFamily`."""
+
+
+@dataclass(frozen=True)
+class EpisodeSignal:
+    """A per-step value a backend reports in ``StepResult.info`` (float ``(N,)``), reduced over
+    each episode as :func:`sim_scenes.episodes.play_episodes` plays it: what a family tells
+    its failures apart by."""
+
+    key: str
+    """The ``info`` key (``tcp_target_distance``)."""
+    reduce: str
+    """``min``, ``max`` (over the episode's steps; a nan step makes it nan: not reported) or
+    ``last`` (after its last step)."""
+
+    def __post_init__(self) -> None:
+        if self.reduce not in ("min", "max", "last"):
+            raise ValueError(f"{self.key}: unknown reduction {self.reduce!r}: min, max or last")
+
+
+@dataclass(frozen=True)
+class FailureMode:
+    """One way an episode of a family's tasks fails, as evaluation reports count them."""
+
+    name: str
+    """Key in reports (``near_miss``)."""
+    label: str
+    """Column heading (``near miss``)."""
+    means: str
+    """What it says, in a few words, for the report's legend."""
+    measure: str = ""
+    """An :attr:`TaskFamily.episode_signals` name whose median and maximum over this mode's
+    episodes reports add (``closest_target``); empty for none."""
+    measure_label: str = ""
+    """Its heading (``closest``)."""
+    unit: str = ""
+    """The unit reports show it in (``cm``)."""
+    scale: float = 1.0
+    """Signal value x scale = value in :attr:`unit` (100 for m -> cm)."""
 
 
 class TaskFamily(abc.ABC):
@@ -60,6 +99,10 @@ class TaskFamily(abc.ABC):
     env_state_names: tuple[str, ...]
     """The components of a dataset frame's ``observation.environment_state`` (privileged scene
     state recorded beside what the robot sees: :meth:`env_state`)."""
+    failure_modes: tuple[FailureMode, ...]
+    """Why its episodes fail, as :meth:`failure_mode` names them (the last is the catch-all)."""
+    episode_signals: Mapping[str, EpisodeSignal]
+    """Per-episode values evaluation records (by name) for :meth:`failure_mode`."""
 
     @abc.abstractmethod
     def variant_names(self, split: str | None = None) -> list[str]:
@@ -94,6 +137,14 @@ class TaskFamily(abc.ABC):
         :class:`~sim_scenes.batched_env.BatchedEnv` of this family) at the frame about to be
         acted on, float ``(N, len(env_state_names))``: what collection records as
         ``observation.environment_state``."""
+
+    @abc.abstractmethod
+    def failure_mode(self, success: bool, signals: dict[str, float], task: Any) -> str:
+        """Why an episode failed (a :attr:`failure_modes` name), ``""`` if it succeeded.
+
+        ``signals``: its :attr:`episode_signals` (a backend that does not report one leaves
+        it out); ``task``: the variant as simulated (``SceneConfig.task``, overrides applied).
+        """
 
     @abc.abstractmethod
     def expert(self, robot: RobotSpec) -> Callable[..., np.ndarray]:

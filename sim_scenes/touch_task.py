@@ -4,11 +4,13 @@ only answers the registry's questions from it."""
 
 from __future__ import annotations
 
+import math
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from sim_scenes.tasks import TaskFamily
+from sim_scenes.tasks import EpisodeSignal, FailureMode, TaskFamily
 from sim_scenes.touch import (
     COLOURS,
     PHRASINGS,
@@ -25,6 +27,11 @@ if TYPE_CHECKING:
     from sim_scenes.expert import ScriptedExpert
 
 
+NEAR_MISS_MARGIN = 0.03
+"""m beyond the success radius that still counts as reaching the object (the objects are 5 cm
+across: the tool centre point resting on one is about 3 cm from its centre)."""
+
+
 class TouchTasks(TaskFamily):
     """``touch``: coloured objects on a table, "touch the <colour> <shape>"."""
 
@@ -35,6 +42,38 @@ class TouchTasks(TaskFamily):
     phrasings = PHRASINGS
     env_state_names = ("target.x", "target.y", "target.z")
     """The named object's centre (m, robot base frame)."""
+    # Every touch episode ends solved or cut at its step limit, so each failure is a timeout in
+    # the strict sense; what tells a team what to fix is *where the arm was*, from the closest
+    # approaches of the tool centre point to the object centres. Execution failures are what
+    # RL in simulation fixes quickly; grounding failures it fixes slowly.
+    failure_modes = (
+        FailureMode(
+            "wrong_object",
+            "wrong object",
+            "came closer to another object than to the named one, within touching distance "
+            "of it (grounding)",
+        ),
+        FailureMode(
+            "near_miss",
+            "near miss",
+            "reached the named object, never inside the success radius (execution: "
+            "precision, overshoot, not pressing on)",
+            measure="closest_target",
+            measure_label="closest",
+            unit="cm",
+            scale=100.0,
+        ),
+        FailureMode("timeout", "timeout", "away from every object when time ran out"),
+    )
+    episode_signals = MappingProxyType(
+        {
+            "closest_target": EpisodeSignal("tcp_target_distance", "min"),
+            "closest_distractor": EpisodeSignal("tcp_distractor_distance", "min"),
+            "final_target": EpisodeSignal("tcp_target_distance", "last"),
+        }
+    )
+    """m: the tool centre point's closest approach to the named object's centre and to any
+    other object's (inf: none), and its distance to the named one after the last step."""
 
     def variant_names(self, split: str | None = None) -> list[str]:
         return available_variants(split)
@@ -72,6 +111,21 @@ class TouchTasks(TaskFamily):
     def env_state(self, env: Any) -> np.ndarray:
         """The named object's centre, from the simulator's ground truth."""
         return np.asarray(env.privileged()["target_pos"], dtype=np.float32)
+
+    def failure_mode(self, success: bool, signals: dict[str, float], task: Any) -> str:
+        """``wrong_object`` if the arm came closer to another object than it ever came to the
+        named one and within ``radius + NEAR_MISS_MARGIN`` of it; ``near_miss`` if it came
+        that close to the named one; else ``timeout`` (nan: not reported)."""
+        if success:
+            return ""
+        reach = task.success.radius + NEAR_MISS_MARGIN
+        target = signals.get("closest_target", math.nan)
+        distractor = signals.get("closest_distractor", math.nan)
+        if distractor < target and distractor <= reach:
+            return "wrong_object"
+        if target <= reach:
+            return "near_miss"
+        return "timeout"
 
     def expert(self, robot: RobotSpec) -> ScriptedExpert:
         """Damped-least-squares IK to the named object (:mod:`sim_scenes.expert`)."""

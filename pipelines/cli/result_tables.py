@@ -10,7 +10,6 @@ from rich.console import Console
 from rich.table import Table
 
 from pipelines.cli.common import console
-from stages.evaluate.failures import breakdown_line
 from stages.evaluate.report import comparison_line
 
 if TYPE_CHECKING:
@@ -60,7 +59,7 @@ def show_evaluation(title: str, report: EvalReport, out: Console = console) -> N
     out.print(table)
     out.print(f"instructions: {report.phrasing} phrasings (evaluate.phrasing)", highlight=False)
     if report.failures:
-        out.print(f"why episodes failed: {breakdown_line(report.failures)}", highlight=False)
+        out.print(f"why episodes failed: {report.why_failed()}", highlight=False)
     if report.delay:
         out.print(f"inference delay: {report.delay.describe()}", highlight=False)
     if report.comparison:

@@ -25,7 +25,6 @@ from pipelines.run.tables import (
     percent,
     variants_table,
 )
-from stages.evaluate.failures import breakdown_line
 from stages.evaluate.report import comparison_markdown
 
 if TYPE_CHECKING:
@@ -154,9 +153,7 @@ def markdown(
         lines += [
             "",
             "Why episodes failed: "
-            + "; ".join(
-                f"{role}: {breakdown_line(r.failures)}" for role, r in failures if r.failures
-            )
+            + "; ".join(f"{role}: {r.why_failed()}" for role, r in failures if r.failures)
             + ".",
         ]
     if cand.comparison:

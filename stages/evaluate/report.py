@@ -5,7 +5,6 @@ recorded episodes, and the comparison gate against a baseline (its statistics ar
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,9 +13,10 @@ import numpy as np
 
 from robo_pipe.home import mark_home
 from robo_pipe.records import Record
+from sim_scenes.tasks import FailureMode
 from stages.evaluate.comparison import Comparison
 from stages.evaluate.delay import DelayPlan
-from stages.evaluate.failures import breakdown
+from stages.evaluate.failures import breakdown, breakdown_line, family_of, measured
 from stages.evaluate.shards import EpisodeOutcome, ShardOutcome
 from stages.statistics import wilson_interval
 
@@ -32,9 +32,10 @@ class VariantRow(Record):
     ci95: tuple[float, float]
     mean_length: float
     failures: dict[str, float] = field(default_factory=dict)
-    """Failed episodes by mode (:mod:`stages.evaluate.failures`) and the near misses' median
-    and largest closest approach, cm (``near_miss_median_cm``, ``near_miss_max_cm``; absent
-    without near misses). Empty in reports written before the breakdown existed."""
+    """Failed episodes by their task family's failure mode (:mod:`stages.evaluate.failures`)
+    and, for a mode with a measure, its median and largest value (touch's near misses:
+    ``near_miss_median_cm``, ``near_miss_max_cm``; absent without near misses). Empty in
+    reports written before the breakdown existed."""
 
 
 @dataclass
@@ -65,9 +66,10 @@ class EvalReport(Record):
     """How the instructions were worded (``evaluate.phrasing``): ``unseen`` results measure
     words no training instruction contains and are not comparable with ``trained`` ones."""
     outcomes: list[dict[str, Any]] = field(default_factory=list)
-    """Per episode: variant, index, seed, success, length, return, instruction, the closest
-    approaches to the named object and to any other object and the final distance to the
-    named object (m), and the failure mode (``""`` if solved)."""
+    """Per episode: variant, index, seed, success, length, return, instruction, the values its
+    task family records (``signals``: touch's closest approaches to the named object and to
+    any other object and the final distance to the named one, m) and the failure mode (``""``
+    if solved)."""
     recordings: list[str] = field(default_factory=list)
     """Frame-strip PNGs of recorded successes and failures."""
     comparison: Comparison | None = None
@@ -87,6 +89,14 @@ class EvalReport(Record):
     def successes_by_episode(self) -> dict[tuple[str, int], bool]:
         """(variant, seed index) -> success."""
         return {(o["variant"], o["index"]): bool(o["success"]) for o in self.outcomes}
+
+    def failure_modes(self) -> tuple[FailureMode, ...]:
+        """The failure modes of the evaluated task family (none without rows)."""
+        return family_of(self.rows[0].variant).failure_modes if self.rows else ()
+
+    def why_failed(self) -> str:
+        """The suite's failures in one line (``wrong object 3, near miss 12 (...), ...``)."""
+        return breakdown_line(self.failure_modes(), self.failures)
 
 
 def summarize(
@@ -151,7 +161,10 @@ def _episodes_per_node(shards: list[ShardOutcome]) -> dict[str, int]:
 
 
 def _failures(episodes: list[EpisodeOutcome]) -> dict[str, float]:
-    return breakdown([e.failure for e in episodes], [e.closest_target_distance for e in episodes])
+    if not episodes:
+        return {}
+    modes = family_of(episodes[0].variant).failure_modes
+    return breakdown(modes, [e.failure for e in episodes], [e.signals for e in episodes])
 
 
 def write_report(report: EvalReport, shards: list[ShardOutcome], out: Path, keep: int) -> None:
@@ -200,28 +213,7 @@ def markdown(report: EvalReport) -> str:
             f"{r.ci95[0]:.1%}–{r.ci95[1]:.1%} | {r.mean_length:.1f} |"
         )
     if report.failures:
-        lines += [
-            "",
-            "## Why episodes failed",
-            "",
-            "Closest approaches of the tool centre point (`stages/evaluate/failures.py`): the "
-            "wrong object (grounding), a near miss (execution: reached the object, not inside "
-            "the success radius), a timeout (away from every object when time ran out).",
-            "",
-            "| variant | successes | wrong object | near miss | near miss: closest, median "
-            "(max) | timeout |",
-            "|---|---:|---:|---:|---:|---:|",
-        ]
-        rows = [(r.variant, r.successes, r.failures) for r in report.rows]
-        for name, wins, f in [*rows, ("all", report.successes, report.failures)]:
-            median = f.get("near_miss_median_cm", math.nan)
-            most = f.get("near_miss_max_cm", math.nan)
-            closest = "–" if math.isnan(median) else f"{median:.1f} cm"
-            closest += "" if math.isnan(most) else f" ({most:.1f} cm)"
-            lines.append(
-                f"| {name} | {wins} | {int(f.get('wrong_object', 0))} | "
-                f"{int(f.get('near_miss', 0))} | {closest} | {int(f.get('timeout', 0))} |"
-            )
+        lines += failures_markdown(report)
     if report.delay:
         lines += delay_markdown(report)
     if report.comparison:
@@ -240,6 +232,31 @@ def markdown(report: EvalReport) -> str:
         lines += ["", "## Recorded episodes", ""]
         lines += [f"![{Path(p).stem}]({Path(p).name})" for p in report.recordings]
     return "\n".join(lines) + "\n"
+
+
+def failures_markdown(report: EvalReport) -> list[str]:
+    """The "why episodes failed" section: a row per variant (and all), a column per failure
+    mode of the task family, and one per mode's measure."""
+    modes = report.failure_modes()
+    heads = [m.label for m in modes] + [
+        f"{m.label}: {m.measure_label}, median (max)" for m in modes if m.measure
+    ]
+    legend = "; ".join(f"{m.label}: {m.means}" for m in modes)
+    lines = [
+        "",
+        "## Why episodes failed",
+        "",
+        f"By the task family's failure modes ({legend}).",
+        "",
+        "| variant | successes | " + " | ".join(heads) + " |",
+        "|---|---:|" + "---:|" * len(heads),
+    ]
+    rows = [(r.variant, r.successes, r.failures) for r in report.rows]
+    for name, wins, f in [*rows, ("all", report.successes, report.failures)]:
+        cells = [str(int(f.get(m.name, 0))) for m in modes]
+        cells += [measured(m, f) for m in modes if m.measure]
+        lines.append(f"| {name} | {wins} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def delay_markdown(report: EvalReport) -> list[str]:
@@ -368,13 +385,9 @@ def _plot(report: EvalReport, path: Path) -> Path:
     return path
 
 
-OUTCOME_COLOURS = {
-    "success": "#55a868",
-    "near_miss": "#dd8452",
-    "wrong_object": "#c44e52",
-    "timeout": "#8c8c8c",
-}
-"""Colours of the outcome panel: solved, then execution, grounding and other failures."""
+SUCCESS_COLOUR = "#55a868"
+FAILURE_COLOURS = ("#c44e52", "#dd8452", "#8c8c8c", "#8172b3", "#937860", "#da8bc3")
+"""Colours of the outcome panel's failure modes, in their family's order."""
 
 
 def _plot_outcomes(ax: Any, report: EvalReport, names: list[str]) -> None:
@@ -382,14 +395,17 @@ def _plot_outcomes(ax: Any, report: EvalReport, names: list[str]) -> None:
     rows = [(r.episodes, r.successes, r.failures) for r in report.rows]
     rows.append((report.episodes, report.successes, report.failures))
     bottom = np.zeros(len(names))
-    for outcome, colour in OUTCOME_COLOURS.items():
+    outcomes = [("success", "success", SUCCESS_COLOUR)] + [
+        (m.name, m.label, FAILURE_COLOURS[i % len(FAILURE_COLOURS)])
+        for i, m in enumerate(report.failure_modes())
+    ]
+    for outcome, label, colour in outcomes:
         share = np.array(
             [
                 (wins if outcome == "success" else f.get(outcome, 0.0)) / max(n, 1)
                 for n, wins, f in rows
             ]
         )
-        label = outcome.replace("_", " ")
         ax.bar(names, share, bottom=bottom, color=colour, label=label)
         bottom += share
     ax.set_ylim(0, 1.05)

@@ -40,7 +40,6 @@ from sim_scenes.tasks import resolve_task, task_name
 from sim_scenes.touch import Phrasing
 from stages.evaluate.config import EvalConfig
 from stages.evaluate.delay import DelayedActor, DelayPlan, check_plan
-from stages.evaluate.failures import failure_mode
 from stages.evaluate.policies import ActingPolicy, PolicySpecError, load_acting_policy
 from stages.ray_runtime import node_id
 from stages.worker_pool import PoolWorker, Ready
@@ -71,14 +70,11 @@ class EpisodeOutcome:
     length: int
     episode_return: float
     instruction: str
-    closest_target_distance: float = math.nan
-    """m: closest approach of the tool centre point to the named object (nan: not reported)."""
-    closest_distractor_distance: float = math.nan
-    """m: closest approach to any other object (inf: none; nan: not reported)."""
-    final_target_distance: float = math.nan
-    """m: tool centre point to the named object after the last step (nan: not reported)."""
+    signals: dict[str, float] = field(default_factory=dict)
+    """What its task family records of an episode, by name (touch: ``closest_target``,
+    ``closest_distractor``, ``final_target``, m); one the backend does not report is absent."""
     failure: str = ""
-    """Why it failed (:data:`stages.evaluate.failures.FAILURE_MODES`); ``""`` if solved."""
+    """Why it failed (one of its task family's ``failure_modes``); ``""`` if solved."""
 
 
 @dataclass
@@ -195,16 +191,17 @@ class EvalWorker(PoolWorker):
 
         delayed = DelayedActor(policy, delay, self.robot) if delay is not None else None
         before = dict(env.timings)
+        family, task = resolve_task(shard.variant)[0], self.scene.task(shard.variant)
         records = play_episodes(
             env,
             delayed.act if delayed else act,
             shard.seeds,
             record=len(shard.seeds) if shard.record else 0,
             on_step=delayed.on_step if delayed else None,
+            signals=family.episode_signals,
         )
         timings = {k: env.timings[k] - before.get(k, 0.0) for k in env.timings}
         timings["inference"] = delayed.inference_s if delayed else inference
-        radius = self.scene.task(shard.variant).success.radius
         return ShardOutcome(
             shard=shard,
             episodes=[
@@ -216,12 +213,8 @@ class EvalWorker(PoolWorker):
                     r.length,
                     r.episode_return,
                     r.instruction,
-                    closest_target_distance=r.closest_target_distance,
-                    closest_distractor_distance=r.closest_distractor_distance,
-                    final_target_distance=r.final_target_distance,
-                    failure=failure_mode(
-                        r.success, r.closest_target_distance, r.closest_distractor_distance, radius
-                    ),
+                    signals=r.signals,
+                    failure=family.failure_mode(r.success, r.signals, task),
                 )
                 for r in records
             ],

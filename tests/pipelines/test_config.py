@@ -12,7 +12,7 @@ import pytest
 from pipelines.config import CONFIG_DIR, ConfigError, PipelineConfig, load_config, save_resolved
 from robots.spec import RobotSpec
 from sim_scenes import tasks
-from sim_scenes.tasks import TaskFamily
+from sim_scenes.tasks import FailureMode, TaskFamily
 from sim_scenes.touch import SceneVariant
 
 DEMO = CONFIG_DIR / "demo.yaml"
@@ -72,6 +72,7 @@ class _SawyerTasks(TaskFamily):
     name, description, robot = "reach", "a UR5 reaches", "ur5"
     backends, phrasings = ("metaworld",), ("trained",)
     env_state_names = ("goal.x", "goal.y", "goal.z")
+    failure_modes, episode_signals = (FailureMode("timeout", "timeout", "time ran out"),), {}
 
     def variant_names(self, split: str | None = None) -> list[str]:
         return ["reach-v3"] if split in (None, "train") else []
@@ -92,6 +93,9 @@ class _SawyerTasks(TaskFamily):
         return ["reach the goal"]
 
     def env_state(self, env: object) -> np.ndarray:
+        raise AssertionError("the config's checks play no episode")
+
+    def failure_mode(self, success: bool, signals: dict[str, float], task: object) -> str:
         raise AssertionError("the config's checks play no episode")
 
     def expert(self, robot: RobotSpec) -> Callable[..., np.ndarray]:

@@ -31,6 +31,7 @@ from sim_scenes.isaaclab.env import ENV_VAR, isaaclab_python
 from sim_scenes.mujoco.mujoco_env import MujocoBatchedEnv
 from sim_scenes.seeds import episode_seeds, next_episode_seed
 from sim_scenes.touch import COLOURS, Phrasing, get_variant, sample_layout
+from sim_scenes.touch_task import TOUCH
 from tests.conftest import needs_isaaclab
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -114,17 +115,17 @@ def test_scripted_expert_solves_the_same_episodes_in_the_same_steps(rp5: RobotSp
     seeds = episode_seeds(0, 8, "eval")
     expert = ScriptedExpert(rp5)
     with isaac(rp5, 8, (), autoreset=False) as env:
-        isaac_records = play_episodes(env, expert, seeds)
+        isaac_records = play_episodes(env, expert, seeds, signals=TOUCH.episode_signals)
     variant = get_variant("touch-mixed")
     with MujocoBatchedEnv(rp5, variant, 8, cameras=(), autoreset=False) as env:
-        mujoco_records = play_episodes(env, expert, seeds)
+        mujoco_records = play_episodes(env, expert, seeds, signals=TOUCH.episode_signals)
     assert all(r.success for r in isaac_records)
     pairs = list(zip(isaac_records, mujoco_records, strict=True))
     assert all(abs(a.length - b.length) <= 1 for a, b in pairs), pairs
     for a, b in pairs:  # the distances the failure breakdown reads agree too
-        assert abs(a.closest_target_distance - b.closest_target_distance) < 0.01
-        assert abs(a.closest_distractor_distance - b.closest_distractor_distance) < 0.01
-        assert abs(a.final_target_distance - b.final_target_distance) < 0.01
+        assert abs(a.signals["closest_target"] - b.signals["closest_target"]) < 0.01
+        assert abs(a.signals["closest_distractor"] - b.signals["closest_distractor"]) < 0.01
+        assert abs(a.signals["final_target"] - b.signals["final_target"]) < 0.01
 
 
 @needs_isaaclab
@@ -136,17 +137,17 @@ def test_the_scene_configs_task_overrides_reach_isaac_lab(rp5: RobotSpec) -> Non
     expert = ScriptedExpert(rp5)
     strict = SceneConfig(success=SuccessConfig(radius=0.035, hold_steps=4))
     with MujocoBatchedEnv(rp5, strict.task(), 4, cameras=(), autoreset=False) as env:
-        on_mujoco = play_episodes(env, expert, seeds)
+        on_mujoco = play_episodes(env, expert, seeds, signals=TOUCH.episode_signals)
     with isaac(rp5, 4, (), autoreset=False, scene=strict) as env:
-        tighter = play_episodes(env, expert, seeds)
+        tighter = play_episodes(env, expert, seeds, signals=TOUCH.episode_signals)
     short = SceneConfig(episode_steps=3)
     with isaac(rp5, 4, (), autoreset=False, scene=short, phrasing="unseen") as env:
-        cut = play_episodes(env, expert, seeds)
+        cut = play_episodes(env, expert, seeds, signals=TOUCH.episode_signals)
     unseen = [sample_layout(short.task(), rp5, s, phrasing="unseen").instruction for s in seeds]
     assert [r.instruction for r in cut] == unseen
     assert all(r.success for r in tighter)
     assert all(abs(a.length - b.length) <= 1 for a, b in zip(tighter, on_mujoco, strict=True))
-    assert all(r.closest_target_distance < 0.035 for r in tighter)
+    assert all(r.signals["closest_target"] < 0.035 for r in tighter)
     assert [r.length for r in cut] == [3] * 4 and not any(r.success for r in cut)
 
 

@@ -17,6 +17,7 @@ from sim_scenes.episodes import EpisodeRecord, play_episodes
 from sim_scenes.expert import ScriptedExpert
 from sim_scenes.mujoco.mujoco_env import MujocoBatchedEnv
 from sim_scenes.touch import OBJECT_HALF_HEIGHT, SceneError, get_variant
+from sim_scenes.touch_task import TOUCH
 from tests.conftest import NUM_ENVS
 
 VARIANT = get_variant("touch-mixed")
@@ -162,13 +163,15 @@ def test_play_episodes_keeps_each_episodes_closest_approaches(rp5: RobotSpec) ->
 
     short = replace(VARIANT, episode_steps=6)  # 2 envs play 5 episodes: every env restarts
     with MujocoBatchedEnv(rp5, short, 2, cameras=(), autoreset=False) as env:
-        records = play_episodes(env, act, [31, 32, 33, 34, 35], on_step=on_step)
+        records = play_episodes(
+            env, act, [31, 32, 33, 34, 35], on_step=on_step, signals=TOUCH.episode_signals
+        )
     for r in records:
         target, distractor = zip(*seen[r.index], strict=True)
         assert len(target) == r.length
-        assert r.closest_target_distance == min(target)
-        assert r.closest_distractor_distance == min(distractor)
-        assert r.final_target_distance == target[-1]
+        assert r.signals["closest_target"] == min(target)
+        assert r.signals["closest_distractor"] == min(distractor)
+        assert r.signals["final_target"] == target[-1]
 
 
 def test_the_tcp_on_its_target_is_farther_from_every_other_object(rp5: RobotSpec) -> None:
@@ -187,12 +190,14 @@ def test_the_tcp_on_its_target_is_farther_from_every_other_object(rp5: RobotSpec
                 )
 
     with MujocoBatchedEnv(rp5, VARIANT, 2, cameras=(), autoreset=False) as env:
-        records = play_episodes(env, ScriptedExpert(rp5), [51, 52], on_step=on_step)
+        records = play_episodes(
+            env, ScriptedExpert(rp5), [51, 52], on_step=on_step, signals=TOUCH.episode_signals
+        )
     assert len(solved) == 2 and all(r.success for r in records)
     for target, distractor in solved:
         assert target < VARIANT.success.radius
         assert distractor >= VARIANT.min_separation - target - 2e-3  # objects nudged by the arm
-    assert all(r.closest_distractor_distance > r.closest_target_distance for r in records)
+    assert all(r.signals["closest_distractor"] > r.signals["closest_target"] for r in records)
 
 
 def test_the_scene_config_overrides_the_success_radius_hold_and_episode_length(
@@ -205,7 +210,7 @@ def test_the_scene_config_overrides_the_success_radius_hold_and_episode_length(
             rp5, scene, SimConfig(num_threads=1), num_envs=4, cameras=(), autoreset=False
         )
         with env:
-            return play_episodes(env, ScriptedExpert(rp5), seeds)
+            return play_episodes(env, ScriptedExpert(rp5), seeds, signals=TOUCH.episode_signals)
 
     default = expert_episodes(SceneConfig())
     strict = expert_episodes(SceneConfig(success=SuccessConfig(radius=0.035, hold_steps=4)))
@@ -214,7 +219,7 @@ def test_the_scene_config_overrides_the_success_radius_hold_and_episode_length(
     assert all(s.length >= d.length + 2 for s, d in zip(strict, default, strict=True)), (
         "closer and held longer takes the expert longer"
     )
-    assert all(r.closest_target_distance < 0.035 for r in strict if r.success)
+    assert all(r.signals["closest_target"] < 0.035 for r in strict if r.success)
     assert [r.length for r in cut] == [3] * 4 and not any(r.success for r in cut)
     assert SceneConfig().task_overrides() == {}, "unset: cache keys as before"
     assert SceneConfig(episode_steps=3).task() == replace(VARIANT, episode_steps=3)

@@ -22,10 +22,11 @@ from sim_scenes.config import SceneConfig, SimConfig, SuccessConfig
 from sim_scenes.episodes import play_episodes
 from sim_scenes.expert import ScriptedExpert
 from sim_scenes.touch import SceneError, sample_layout
+from sim_scenes.touch_task import TOUCH
 from stages.evaluate import EvalConfig, EvalReport, ShardOutcome, evaluate
 from stages.evaluate.comparison import compare
 from stages.evaluate.config import SequentialConfig
-from stages.evaluate.failures import FAILURE_MODES, breakdown, breakdown_line, failure_mode
+from stages.evaluate.failures import breakdown, breakdown_line
 from stages.evaluate.policies import PolicySpecError
 from stages.evaluate.report import VariantRow
 from stages.evaluate.shards import run_suite
@@ -377,26 +378,31 @@ def test_bad_suites_and_policies_are_refused_before_any_work(
 def test_failure_modes_on_hand_made_episodes(
     success: bool, target: float, distractor: float, mode: str
 ) -> None:
-    assert failure_mode(success, target, distractor, radius=0.045) == mode
+    task = SceneConfig(success=SuccessConfig(radius=0.045)).task()
+    signals = {"closest_target": target, "closest_distractor": distractor}
+    assert TOUCH.failure_mode(success, signals, task) == mode
+    # a backend that reports no distances: never told apart
+    assert TOUCH.failure_mode(success, {}, task) == ("" if success else "timeout")
 
 
 def test_the_breakdown_counts_modes_and_the_near_misses_median() -> None:
     modes = ["", "near_miss", "near_miss", "near_miss", "wrong_object", "timeout", ""]
     closest = [0.02, 0.05, 0.07, 0.06, 0.3, 0.2, 0.03]
-    counts = breakdown(modes, closest)
-    assert {k: counts[k] for k in FAILURE_MODES} == {
+    signals = [{"closest_target": c} for c in closest]
+    counts = breakdown(TOUCH.failure_modes, modes, signals)
+    assert {m.name: counts[m.name] for m in TOUCH.failure_modes} == {
         "wrong_object": 1,
         "near_miss": 3,
         "timeout": 1,
     }
     assert counts["near_miss_median_cm"] == pytest.approx(6.0)
     assert counts["near_miss_max_cm"] == pytest.approx(7.0)
-    assert breakdown_line(counts) == (
+    assert breakdown_line(TOUCH.failure_modes, counts) == (
         "wrong object 1, near miss 3 (closest: median 6.0 cm, max 7.0 cm), timeout 1"
     )
-    none = breakdown(["", "timeout"], [0.01, 0.3])
+    none = breakdown(TOUCH.failure_modes, ["", "timeout"], [{"closest_target": 0.01}, {}])
     assert "near_miss_median_cm" not in none and "near_miss_max_cm" not in none
-    assert breakdown_line(none) == "wrong object 0, near miss 0, timeout 1"
+    assert breakdown_line(TOUCH.failure_modes, none) == "wrong object 0, near miss 0, timeout 1"
 
 
 def test_an_expert_held_to_a_radius_it_cannot_reach_nearly_misses(rp5: RobotSpec) -> None:
@@ -405,27 +411,27 @@ def test_an_expert_held_to_a_radius_it_cannot_reach_nearly_misses(rp5: RobotSpec
     scene = SceneConfig(success=SuccessConfig(radius=0.01, hold_steps=3))
     env = make_env(rp5, scene, SimConfig(num_threads=1), num_envs=3, cameras=(), autoreset=False)
     with env:
-        records = play_episodes(env, ScriptedExpert(rp5), [61, 62, 63])
-    radius = scene.task().success.radius
-    modes = [
-        failure_mode(r.success, r.closest_target_distance, r.closest_distractor_distance, radius)
-        for r in records
-    ]
+        records = play_episodes(
+            env, ScriptedExpert(rp5), [61, 62, 63], signals=TOUCH.episode_signals
+        )
+    modes = [TOUCH.failure_mode(r.success, r.signals, scene.task()) for r in records]
     assert modes == ["near_miss"] * 3
     assert all(r.length == 50 for r in records)
-    assert all(r.closest_target_distance <= r.final_target_distance for r in records)
+    assert all(r.signals["closest_target"] <= r.signals["final_target"] for r in records)
 
 
 def test_every_report_says_why_episodes_failed(tiny_checkpoint: Path, tmp_path: Path) -> None:
     report = run(tiny_checkpoint, tmp_path)
     episodes = report.outcomes
-    assert all(o["failure"] in ("", *FAILURE_MODES) for o in episodes)
+    assert all(o["failure"] in ("", *(m.name for m in TOUCH.failure_modes)) for o in episodes)
     assert all((o["failure"] == "") == o["success"] for o in episodes)
-    assert all(0.0 < o["closest_target_distance"] < 1.0 for o in episodes)
-    assert all(o["closest_target_distance"] <= o["final_target_distance"] for o in episodes)
-    failed = sum(report.failures[m] for m in FAILURE_MODES)
+    assert all(0.0 < o["signals"]["closest_target"] < 1.0 for o in episodes)
+    assert all(o["signals"]["closest_target"] <= o["signals"]["final_target"] for o in episodes)
+    names = [m.name for m in TOUCH.failure_modes]
+    assert [m.name for m in report.failure_modes()] == names, "the evaluated family's modes"
+    failed = sum(report.failures[m] for m in names)
     assert failed == report.episodes - report.successes
-    assert sum(sum(r.failures[m] for m in FAILURE_MODES) for r in report.rows) == failed
+    assert sum(sum(r.failures[m] for m in names) for r in report.rows) == failed
     text = Path(report.report).read_text()
     assert "## Why episodes failed" in text
     assert f"| all | {report.successes} | {int(report.failures['wrong_object'])} |" in text

@@ -28,7 +28,7 @@ from stages.evaluate.comparison import compare
 from stages.evaluate.config import SequentialConfig
 from stages.evaluate.failures import breakdown, breakdown_line
 from stages.evaluate.policies import PolicySpecError
-from stages.evaluate.report import VariantRow
+from stages.evaluate.report import VariantRow, summarize
 from stages.evaluate.shards import run_suite
 from stages.export import export
 from stages.policy.checkpoint import new_policy, save_policy
@@ -403,6 +403,50 @@ def test_the_breakdown_counts_modes_and_the_near_misses_median() -> None:
     none = breakdown(TOUCH.failure_modes, ["", "timeout"], [{"closest_target": 0.01}, {}])
     assert "near_miss_median_cm" not in none and "near_miss_max_cm" not in none
     assert breakdown_line(TOUCH.failure_modes, none) == "wrong object 0, near miss 0, timeout 1"
+
+
+def test_a_report_counts_failures_in_the_evaluated_familys_own_modes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The report's table, its line and its plot take their columns from the family of the
+    variants evaluated, not from touch's."""
+    from types import SimpleNamespace
+
+    from sim_scenes import tasks
+    from stages.evaluate.report import failures_markdown
+    from stages.evaluate.shards import EpisodeOutcome
+
+    modes = (
+        tasks.FailureMode("no_grasp", "no grasp", "never held the object"),
+        tasks.FailureMode(
+            "dropped", "dropped", "let go before the goal", "drop", "height", "mm", 1e3
+        ),
+    )
+    family = SimpleNamespace(failure_modes=modes, variant_names=lambda split=None: ["pick"])
+    monkeypatch.setitem(tasks.TASKS, "grasp", f"{__name__}:_GRASP")
+    monkeypatch.setitem(globals(), "_GRASP", family)
+    tasks.task_family.cache_clear()
+    try:
+        episodes = [
+            EpisodeOutcome("grasp/pick", i, i, f == "", 10, 0.0, "pick it", {"drop": d}, f)
+            for i, (f, d) in enumerate([("", 0.0), ("dropped", 0.02), ("no_grasp", 0.0)])
+        ]
+        facts = {"variants": ["grasp/pick"], "wall_s": 1.0, "startup_s": 0.0, "workers": 0}
+        facts |= {"replacements": 0, "seeds": [0, 1, 2], "phrasing": "trained"}
+        report = summarize("p", [ShardOutcome(None, episodes)], facts, 0)  # type: ignore[arg-type]
+        table = "\n".join(failures_markdown(report))
+    finally:
+        tasks.task_family.cache_clear()
+    assert report.failures == {
+        "no_grasp": 1,
+        "dropped": 1,
+        "dropped_median_mm": 20.0,
+        "dropped_max_mm": 20.0,
+    }
+    assert "| variant | successes | no grasp | dropped | dropped: height, median (max) |" in table
+    assert "| all | 1 | 1 | 1 | 20.0 mm (20.0 mm) |" in table
+    assert "wrong object" not in table
+    assert report.why_failed() == "no grasp 1, dropped 1 (height: median 20.0 mm, max 20.0 mm)"
 
 
 def test_an_expert_held_to_a_radius_it_cannot_reach_nearly_misses(rp5: RobotSpec) -> None:

@@ -9,13 +9,13 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 
 from robo_pipe.validation import one_of
 from sim_scenes.tasks import resolve_task
-from sim_scenes.touch import RewardTerms, SceneVariant
+from sim_scenes.touch import SceneVariant
 
 
 class RewardConfig(BaseModel):
     """Weights of the task's reward (:class:`sim_scenes.touch.RewardTerms`); a field left
-    unset keeps the scene variant's own weight. RL fine-tuning's rollout workers compute
-    rewards with these; datasets record the variant's defaults."""
+    unset keeps the scene variant's own weight. RL fine-tuning's rollouts play the task with
+    these applied (:meth:`SceneConfig.rl_task`); datasets record the variant's defaults."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
@@ -81,11 +81,13 @@ class SceneConfig(BaseModel):
             overrides["episode_steps"] = self.episode_steps
         return overrides
 
-    def reward_terms(self) -> RewardTerms:
-        """The variant's reward terms with this config's overrides applied."""
+    def rl_task(self) -> SceneVariant:
+        """:meth:`task` with this config's reward overrides (``scene.reward``) applied: what
+        RL's rollouts play, their reward the simulator's own. Only RL's: datasets and
+        evaluations record the variant's own reward, so that they stay shareable."""
         overrides = {k: v for k, v in self.reward.model_dump().items() if v is not None}
-        family, name = resolve_task(self.variant)
-        return replace(family.variant(name).reward, **overrides)
+        task = self.task()
+        return replace(task, reward=replace(task.reward, **overrides))
 
     @field_validator("variant")
     @classmethod

@@ -14,9 +14,10 @@ samples an action chunk from the policy's Gaussian, executes the first ``horizon
 by default, as evaluation and the edge runtime do), and records what the learner needs. So that
 the learner never runs the policy without gradients, the worker also records what it would
 otherwise recompute: the frozen start policy's means (the KL anchor) when the algorithm uses
-one, and PPO's state values from a synced copy of the value head. Rewards are computed here
-from the scene config's reward terms (:meth:`sim_scenes.config.SceneConfig.reward_terms`), not
-taken from the simulator.
+one, and PPO's state values from a synced copy of the value head. Rewards are the simulator's
+own, for the task it plays with the scene config's RL reward applied
+(:meth:`sim_scenes.config.SceneConfig.rl_task`): whatever the task family, RL reads
+``StepResult.reward``.
 
 RL works in the policy's *normalised* action units (the Gaussian's own space): log-probabilities,
 KL terms and the critics' inputs are then independent of the robot's joint ranges.
@@ -33,7 +34,7 @@ import torch
 from torch.distributions import Normal
 
 from robots.spec import get_robot
-from sim_scenes.backends import make_env
+from sim_scenes.backends import open_env
 from sim_scenes.batched_env import BatchedObservation
 from sim_scenes.config import SceneConfig, SimConfig
 from sim_scenes.episodes import play_episodes
@@ -131,12 +132,13 @@ class RolloutWorker(PoolWorker):
         self.scene = scene.model_copy(
             update={"cameras": list(cfg.cameras), "image_size": cfg.image_size}
         )
-        self.rewards = self.scene.reward_terms()
-        self.env = make_env(
+        self.env = open_env(
             get_robot(robot),
-            self.scene,
+            self.scene.rl_task(),
             sim.model_copy(update={"num_threads": threads}),
             num_envs=num_envs,
+            cameras=tuple(self.scene.cameras),
+            image_size=self.scene.image_size,
             autoreset=not episodic,
         )
         self.horizon, self.gamma = horizon, gamma
@@ -218,13 +220,7 @@ class RolloutWorker(PoolWorker):
             step_rewards, step_terminated, step_truncated = [], [], []
             for k in range(self.horizon):
                 result = self.env.step(robot_units[:, k])
-                step_rewards.append(
-                    self.rewards(
-                        result.success,
-                        result.info["tcp_target_distance"],
-                        result.info["tcp_target_distance_before"],
-                    )
-                )
+                step_rewards.append(result.reward)
                 step_terminated.append(result.terminated)
                 step_truncated.append(result.truncated)
                 success += [bool(s) for s in result.final.success]

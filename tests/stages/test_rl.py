@@ -11,6 +11,7 @@ import os
 import re
 import signal
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -275,6 +276,27 @@ def test_rollouts_carry_chunks_rewards_and_episode_ends(start: str) -> None:
     assert r.env_steps == 30 * 2 * 2
     assert (r.terminated | r.truncated).sum() >= 2 and len(r.success) >= 2
     assert np.all(r.reward[~r.terminated] < 1.0), "the success bonus only on solved decisions"
+
+
+def test_rl_plays_the_simulators_reward_with_the_configs_terms(rp5: RobotSpec) -> None:
+    """Rollouts read ``StepResult.reward`` of the task :meth:`SceneConfig.rl_task` gives: the
+    variant's terms with ``scene.reward`` applied (progress shaping here); datasets and
+    evaluations play :meth:`SceneConfig.task`, the variant's own."""
+    from sim_scenes.backends import open_env
+
+    rl, own = SCENE.rl_task(), SCENE.task()
+    assert rl.reward.progress_weight == 2.0 != own.reward.progress_weight
+    assert replace(rl, reward=own.reward) == own, "only the reward differs"
+    rng = np.random.default_rng(0)
+    with open_env(rp5, rl, SIM, num_envs=2, cameras=(), image_size=32) as env:
+        env.reset([1, 2])
+        for _ in range(5):
+            result = env.step(rng.uniform(-0.05, 0.05, (2, rp5.action.dim)).astype(np.float32))
+            info = result.info
+            d, before = info["tcp_target_distance"], info["tcp_target_distance_before"]
+            expected = rl.reward(result.success, d, before)
+            np.testing.assert_allclose(result.reward, expected, rtol=1e-6)
+            assert np.any(result.reward != own.reward(result.success, d, before))
 
 
 def test_workers_record_the_values_and_anchor_means_of_the_states_they_visit(start: str) -> None:

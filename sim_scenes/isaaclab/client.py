@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import asdict
 from typing import Any
 
 import numpy as np
@@ -81,6 +82,7 @@ class IsaacLabBatchedEnv(BatchedEnv):
                 success_radius=variant.success.radius,
                 hold_steps=variant.success.hold_steps,
                 episode_steps=variant.episode_steps,
+                reward=asdict(variant.reward),
                 num_envs=num_envs,
                 cameras=list(self.cameras),
                 image_size=image_size,

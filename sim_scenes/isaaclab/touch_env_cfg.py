@@ -9,7 +9,7 @@ own task folders are, a config module beside its env module.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -178,6 +178,11 @@ class TouchEnvCfg(DirectRLEnvCfg):
     """None: the variant's (the scene config's ``success.hold_steps``)."""
     episode_steps: int | None = None
     """None: the variant's (the scene config's ``episode_steps``)."""
+    success_bonus: float | None = None
+    """None: the variant's reward term (:class:`sim_scenes.touch.RewardTerms`; RL's rollouts
+    play the scene config's ``scene.reward``), as are the two below."""
+    distance_weight: float | None = None
+    progress_weight: float | None = None
     autoreset: bool = True
     """Reset finished environments inside ``step`` (Isaac Lab's way); False leaves them in their
     final state until :meth:`TouchEnv.reset_envs`."""
@@ -208,7 +213,13 @@ def task_variant(cfg: TouchEnvCfg) -> SceneVariant:
         hold_steps=spec.success.hold_steps if cfg.hold_steps is None else cfg.hold_steps,
     )
     steps = spec.episode_steps if cfg.episode_steps is None else cfg.episode_steps
-    return replace(spec, success=success, episode_steps=steps)
+    terms = {
+        "success_bonus": cfg.success_bonus,
+        "distance_weight": cfg.distance_weight,
+        "progress_weight": cfg.progress_weight,
+    }
+    reward = replace(spec.reward, **{k: v for k, v in terms.items() if v is not None})
+    return replace(spec, success=success, episode_steps=steps, reward=reward)
 
 
 def make_touch_cfg(
@@ -224,9 +235,11 @@ def make_touch_cfg(
     success_radius: float | None = None,
     hold_steps: int | None = None,
     episode_steps: int | None = None,
+    reward: Mapping[str, float] | None = None,
 ) -> TouchEnvCfg:
     """The task's config for a robot, scene variant, batch size, cameras and device; the
-    success criterion and episode length override the variant's where given."""
+    success criterion, episode length and reward terms (by field name) override the variant's
+    where given."""
     robot = get_robot(robot_name)
     cfg = TouchEnvCfg(robot_name=robot_name, variant=variant, cameras=tuple(cameras))
     cfg.image_size, cfg.retarget, cfg.autoreset = image_size, retarget, autoreset
@@ -236,6 +249,8 @@ def make_touch_cfg(
         hold_steps,
         episode_steps,
     )
+    for name, value in (reward or {}).items():
+        setattr(cfg, name, value)
     spec = task_variant(cfg)
     cfg.sim.dt = robot.authored.physics_timestep
     cfg.sim.device = device

@@ -8,7 +8,8 @@ travel on the socket. The worker exits when the parent closes the socket or send
 
 Operations (request -> reply; arrays batched over N environments):
 
-- ``init`` (robot, variant, num_envs, cameras, image_size, device, retarget, phrasing,
+- ``init`` (robot, variant, success_radius, hold_steps, episode_steps, reward (the variant's
+  reward terms by field name), num_envs, cameras, image_size, device, retarget, phrasing,
   autoreset)
   -> ``ready`` (seconds: float).
 - ``reset`` (env_ids, seeds: int64 (k,)) -> ``obs``.
@@ -64,6 +65,7 @@ def serve(conn: Connection) -> None:
         success_radius=init["success_radius"],
         hold_steps=init["hold_steps"],
         episode_steps=init["episode_steps"],
+        reward=init["reward"],
         num_envs=init["num_envs"],
         cameras=init["cameras"],
         image_size=init["image_size"],

@@ -21,9 +21,9 @@ import numpy as np
 import pytest
 
 from robots.spec import RobotSpec
-from sim_scenes.backends import make_env
-from sim_scenes.batched_env import BatchedEnv
-from sim_scenes.config import SceneConfig, SimConfig, SuccessConfig
+from sim_scenes.backends import make_env, open_env
+from sim_scenes.batched_env import BatchedEnv, StepResult
+from sim_scenes.config import RewardConfig, SceneConfig, SimConfig, SuccessConfig
 from sim_scenes.episodes import play_episodes
 from sim_scenes.expert import ScriptedExpert
 from sim_scenes.isaaclab.client import IsaacLabWorkerError
@@ -135,14 +135,31 @@ def test_the_scene_configs_task_overrides_reach_isaac_lab(rp5: RobotSpec) -> Non
     (``phrasing``, an evaluation option) words the instructions as on MuJoCo."""
     seeds = episode_seeds(0, 4, "eval")
     expert = ScriptedExpert(rp5)
-    strict = SceneConfig(success=SuccessConfig(radius=0.035, hold_steps=4))
+    # RL's reward terms too (SceneConfig.rl_task): Isaac Lab's own reward is what RL reads.
+    strict = SceneConfig(
+        success=SuccessConfig(radius=0.035, hold_steps=4),
+        reward=RewardConfig(progress_weight=2.0),
+    )
     with MujocoBatchedEnv(rp5, strict.task(), 4, cameras=(), autoreset=False) as env:
         on_mujoco = play_episodes(env, expert, seeds, signals=TOUCH.episode_signals)
-    with isaac(rp5, 4, (), autoreset=False, scene=strict) as env:
-        tighter = play_episodes(env, expert, seeds, signals=TOUCH.episode_signals)
+    rewards: list[tuple[np.ndarray, np.ndarray]] = []
+
+    def paid(slots: list[int], obs: object, actions: object, result: StepResult) -> None:
+        d, before = result.info["tcp_target_distance"], result.info["tcp_target_distance_before"]
+        rewards.append((result.reward, strict.rl_task().reward(result.success, d, before)))
+
+    sim = SimConfig(backend="isaaclab", num_envs=4)
+    with open_env(
+        rp5, strict.rl_task(), sim, num_envs=4, cameras=(), image_size=64, autoreset=False
+    ) as isaac_env:
+        tighter = play_episodes(
+            isaac_env, expert, seeds, on_step=paid, signals=TOUCH.episode_signals
+        )
+    for got, expected in rewards:
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-6)
     short = SceneConfig(episode_steps=3)
-    with isaac(rp5, 4, (), autoreset=False, scene=short, phrasing="unseen") as env:
-        cut = play_episodes(env, expert, seeds, signals=TOUCH.episode_signals)
+    with isaac(rp5, 4, (), autoreset=False, scene=short, phrasing="unseen") as isaac_env:
+        cut = play_episodes(isaac_env, expert, seeds, signals=TOUCH.episode_signals)
     unseen = [sample_layout(short.task(), rp5, s, phrasing="unseen").instruction for s in seeds]
     assert [r.instruction for r in cut] == unseen
     assert all(r.success for r in tighter)

@@ -98,7 +98,10 @@ class TaskFamily(abc.ABC):
     """How its instructions may be worded (``trained`` first; others are for evaluation)."""
     env_state_names: tuple[str, ...]
     """The components of a dataset frame's ``observation.environment_state`` (privileged scene
-    state recorded beside what the robot sees: :meth:`env_state`)."""
+    state recorded beside what the robot sees: :meth:`env_state`). The first two are the
+    auxiliary target a policy learns to predict from its images while it learns to act (the
+    (x, y) of what the instruction is about, m: touch's named object, a Meta-World task's
+    object), whatever the family: fine-tuning reads them by position."""
     failure_modes: tuple[FailureMode, ...]
     """Why its episodes fail, as :meth:`failure_mode` names them (the last is the catch-all)."""
     episode_signals: Mapping[str, EpisodeSignal]

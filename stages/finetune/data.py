@@ -135,6 +135,7 @@ def load_bc_data(paths: list[str] | list[Path], cameras: tuple[str, ...], chunk_
         actions.append(a)
         valid.append(v)
         state.append(frames[STATE_KEY].astype(np.float32))
+        # The auxiliary target: a task family's first two env-state components (TaskFamily).
         target.append(frames[ENV_STATE_KEY][:, :2] if ENV_STATE_KEY in frames else None)
         # Task ids are per dataset; map them into one list of instructions.
         offset = {i: _index(instructions, text) for i, text in enumerate(dataset.tasks)}

@@ -286,11 +286,19 @@ def assert_missed_checks_skipped(
 ) -> None:
     """Of the checks due while no ``serve`` ran from ``down_from``, the latest completed and the
     others are Skipped with the reason."""
-    # Due after the kill, beyond the killed runner's prefetch: it fetched and submitted the
-    # runs due within PREFETCH_S of each poll, so one due just after the kill may have been
-    # taken already (a stranded run, marked Crashed, not missed).
+    # Due after the kill, beyond the killed runner's prefetch, and not settled before the kill:
+    # the runner submits the runs due within PREFETCH_S of each poll, so one due just after
+    # the kill may have been taken (a stranded run, marked Crashed, not missed), or Cancelled
+    # while serving as it would overlap the running check.
     after = down_from + timedelta(seconds=PREFETCH_S)
-    due = [r for r in runs if r.expected_start_time and r.expected_start_time > after]
+    due = [
+        r
+        for r in runs
+        if r.expected_start_time
+        and r.expected_start_time > after
+        and r.state
+        and r.state.timestamp > down_from
+    ]
     skipped = [r for r in due if r.state and r.state.name == "Skipped"]
     assert len(skipped) >= 3, [(r.name, r.state.name) for r in due]
     message = skipped[0].state.message
@@ -308,7 +316,9 @@ def assert_missed_checks_skipped(
     assert kept.state.is_completed(), kept.state
     others = [r for r in missed if r.id != kept.id]
     assert all(r.state.name == "Skipped" for r in others), [
-        (r.name, r.state.name, r.state.message) for r in missed
+        (r.name, r.state.name, r.state.message, r.expected_start_time, down_from)
+        for r in others
+        if r.state.name != "Skipped"
     ]
     assert all("missed while no robo-pipe serve ran" in r.state.message for r in others)
     assert "downtime policy: runs missed while no serve ran" in output, output[-3000:]

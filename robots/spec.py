@@ -161,6 +161,8 @@ class RobotSpec:
     action: ActionSpec
     state_names: tuple[str, ...]
     """Observation state components, with their unit's quantity (``base_yaw.pos``)."""
+    state_units: tuple[str, ...]
+    """The unit of each state component (``rad``, ``m``; ``""``: unitless)."""
     definition: RobotDefinition | None = None
     """The MJCF definition it was compiled from; None for a declared robot."""
     arm: tuple[JointSpec, ...] = field(default=())
@@ -175,6 +177,11 @@ class RobotSpec:
                     f"robot {self.name!r}: action {name!r} acts on state component {index}, "
                     f"but the state has {len(self.state_names)}"
                 )
+        if len(self.state_units) != len(self.state_names):
+            raise RobotDefinitionError(
+                f"robot {self.name!r}: {len(self.state_units)} state units for "
+                f"{len(self.state_names)} state components"
+            )
 
     @property
     def authored(self) -> RobotDefinition:
@@ -196,6 +203,17 @@ class RobotSpec:
     def state_dim(self) -> int:
         """Length of the proprioceptive state vector."""
         return len(self.state_names)
+
+    @property
+    def state_units_text(self) -> str:
+        """The state's units in a few words: ``rad (shoulder_pan.pos … wrist_roll.pos), m
+        (gripper.opening)`` (what an export's io_spec says of its ``state`` input)."""
+        return units_text(self.state_names, self.state_units)
+
+    @property
+    def action_units_text(self) -> str:
+        """The action's units in a few words, as :attr:`state_units_text`."""
+        return units_text(self.action.names, self.action.units)
 
     @property
     def max_gripper_opening(self) -> float:
@@ -384,7 +402,23 @@ def load_robot(definition: RobotDefinition) -> RobotSpec:
         cameras=tuple(cameras),
         action=action,
         state_names=state_names,
+        state_units=(*("rad" for _ in arm), "m"),
         definition=definition,
         arm=arm,
         gripper=gripper,
+    )
+
+
+def units_text(names: tuple[str, ...], units: tuple[str, ...]) -> str:
+    """Components and their units, runs of one unit grouped: ``rad (a.pos … c.pos), m
+    (gripper.opening)``; a unitless one is ``1``."""
+    groups: list[tuple[str, list[str]]] = []
+    for name, unit in zip(names, units, strict=True):
+        if groups and groups[-1][0] == (unit or "1"):
+            groups[-1][1].append(name)
+        else:
+            groups.append((unit or "1", [name]))
+    return ", ".join(
+        f"{unit} ({members[0]}{' … ' + members[-1] if len(members) > 1 else ''})"
+        for unit, members in groups
     )

@@ -46,4 +46,5 @@ SAWYER = RobotSpec(
         moves=("hand x", "hand y", "hand z", "gripper effort"),
     ),
     state_names=("hand.x", "hand.y", "hand.z", "gripper.opening"),
+    state_units=("m", "m", "m", ""),
 )

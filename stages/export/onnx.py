@@ -78,6 +78,7 @@ from deploy_edge.bundle.layout import (
 from robo_pipe.atomic import discard_dead_temporaries, replace_dir, temporary_path
 from robo_pipe.home import mark_home
 from robo_pipe.integrity import CHECKSUMS_FILE, writing
+from robots.spec import get_robot
 from stages.export.config import ExportConfig
 from stages.export.parity import (
     PARITY_TOLERANCE,
@@ -216,12 +217,12 @@ def export(
         )
 
         cfg = policy.cfg
-        side = cfg.image_size
+        side, robot = cfg.image_size, get_robot(cfg.robot)
         spec = IOSpec(
             policy_type=cfg.type,
             inputs=(
                 *(_tensor(f"image_{c}", "uint8", (side, side, 3), "RGB") for c in cfg.cameras),
-                _tensor("state", "float32", (cfg.state_dim,), "rad (joints), m (gripper)"),
+                _tensor("state", "float32", (cfg.state_dim,), robot.state_units_text),
                 *(
                     (_tensor("tokens", "int64", (cfg.max_tokens,), "token ids"),)
                     if instruction is None
@@ -230,7 +231,7 @@ def export(
                 _tensor("token_mask", "int64", (cfg.max_tokens,), "1 = token, 0 = padding"),
             ),
             outputs=tuple(
-                _tensor(name, "float32", (cfg.chunk_len, cfg.action_dim), "rad (joint deltas), m")
+                _tensor(name, "float32", (cfg.chunk_len, cfg.action_dim), robot.action_units_text)
                 for name in OnnxPolicy.output_names
             ),
             cameras=tuple(cfg.cameras),

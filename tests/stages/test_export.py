@@ -25,6 +25,7 @@ from robo_pipe.atomic import discard_dead_temporaries
 from robo_pipe.errors import OutOfSpaceError
 from robo_pipe.integrity import IntegrityError
 from robots.rp5 import RP5
+from robots.spec import get_robot
 from stages.dataset.layout import DatasetRef
 from stages.export import ExportError, ExportRef, export, onnx_hash
 from stages.export import onnx as export_module
@@ -56,6 +57,9 @@ def test_export_parity_spec_and_files(
     assert [i.name for i in spec.inputs] == ["image_scene", "state", "tokens", "token_mask"]
     assert spec.chunk_len == 3 and spec.control_hz == 10.0
     assert all(t.units and t.shape[0] == "batch" for t in spec.inputs + spec.outputs)
+    rp5 = get_robot("rp5")
+    assert spec.inputs[1].units == rp5.state_units_text, "the robot's units, not a literal"
+    assert spec.outputs[0].units == rp5.action_units_text
     assert spec.inputs[0].shape == ("batch", 32, 32, 3) and spec.outputs[0].dims() == (-1, 3, 6)
     assert spec.parity == ref.parity and spec.checkpoint_hash == ref.checkpoint_hash
     assert (spec.format, spec.format_version, spec.onnx_file) == (

@@ -13,8 +13,9 @@ from robots.interface import Robot, RobotObservation
 from robots.spec import RobotSpec, get_robot
 from sim_scenes.backends import open_env
 from sim_scenes.batched_env import BatchedEnv, BatchedObservation
-from sim_scenes.config import SimConfig
-from sim_scenes.touch import SceneError, SceneVariant, get_variant
+from sim_scenes.config import SceneConfig, SimConfig
+from sim_scenes.tasks import resolve_task
+from sim_scenes.touch import SceneError, SceneVariant
 
 ONE_THREAD = SimConfig(num_threads=1)
 """The default simulator: MuJoCo on one thread (one environment has nothing to share out)."""
@@ -110,25 +111,30 @@ class SimulatedRobot(Robot):
         self._env, self._obs = None, None
 
 
+def simulated(
+    cameras: tuple[str, ...], image_size: int, task: str = "touch-mixed", seed: int = 0
+) -> SimulatedRobot:
+    """The edge agent's simulated robot for any task (``sim_scenes.sim_robot:simulated``, its
+    ``driver_args``: ``task``, ``[FAMILY/]VARIANT``, and the episode's ``seed``): the robot the
+    task's family runs on, on the first backend the family plays, with a policy's cameras and
+    image size.
+
+    Raises:
+        SceneError: an unknown task (the message lists the valid ones).
+    """
+    family, _ = resolve_task(task)
+    sim = SimConfig(backend=family.backends[0], num_threads=1)
+    return SimulatedRobot(
+        get_robot(family.robot),
+        SceneConfig(variant=task).task(),
+        seed,
+        tuple(cameras),
+        image_size,
+        sim,
+    )
+
+
 def simulated_rp5(cameras: tuple[str, ...], image_size: int) -> SimulatedRobot:
     """The edge agent's default driver (``sim_scenes.sim_robot:simulated_rp5``): rp5 on the
-    demo's ``touch-mixed`` variant, seed 0, with a policy's cameras and image size."""
-    return SimulatedRobot(
-        get_robot("rp5"), get_variant("touch-mixed"), 0, tuple(cameras), image_size
-    )
-
-
-def simulated_rp5_single(cameras: tuple[str, ...], image_size: int) -> SimulatedRobot:
-    """rp5 on the quick start's ``touch-single`` variant, seed 0
-    (``sim_scenes.sim_robot:simulated_rp5_single``): the local agent of a run on that task."""
-    return SimulatedRobot(
-        get_robot("rp5"), get_variant("touch-single"), 0, tuple(cameras), image_size
-    )
-
-
-SCENE_DRIVERS = {
-    "touch-mixed": "sim_scenes.sim_robot:simulated_rp5",
-    "touch-single": "sim_scenes.sim_robot:simulated_rp5_single",
-}
-"""The simulated arm the local edge agent drives for a run on each training variant (the
-variant it learnt); other variants keep the default driver's ``touch-mixed``."""
+    demo's ``touch-mixed`` variant, seed 0 (:func:`simulated` with its defaults)."""
+    return simulated(cameras, image_size)

@@ -96,6 +96,9 @@ class TaskFamily(abc.ABC):
     """``sim.backend`` values that can play it (keys of :data:`sim_scenes.config.BACKENDS`)."""
     phrasings: tuple[str, ...]
     """How its instructions may be worded (``trained`` first; others are for evaluation)."""
+    example_instruction: str
+    """One instruction of its training variants: what a robot's latency gate and health check
+    give a policy (``instruction`` of a device config) when nothing else is asked."""
     env_state_names: tuple[str, ...]
     """The components of a dataset frame's ``observation.environment_state`` (privileged scene
     state recorded beside what the robot sees: :meth:`env_state`). The first two are the

@@ -40,6 +40,7 @@ class TouchTasks(TaskFamily):
     robot = "rp5"
     backends = ("mujoco", "isaaclab")
     phrasings = PHRASINGS
+    example_instruction = "touch the red cube"
     env_state_names = ("target.x", "target.y", "target.z")
     """The named object's centre (m, robot base frame)."""
     # Every touch episode ends solved or cut at its step limit, so each failure is a timeout in

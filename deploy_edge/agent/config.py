@@ -22,10 +22,12 @@ Example (``device.yaml``; relative paths resolve against the file's folder)::
 
 from __future__ import annotations
 
+import functools
 import hmac
+import inspect
 import ipaddress
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -123,7 +125,10 @@ class DeviceConfig(BaseModel):
     state_dir: Path
     """Slots, the journal, the history and the uploads."""
     driver: str = "sim_scenes.sim_robot:simulated_rp5"
-    """``module:callable``, called as ``callable(cameras, image_size) -> Robot``."""
+    """``module:callable``, called as ``callable(cameras, image_size, **driver_args) -> Robot``."""
+    driver_args: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    """Keyword arguments of the driver after the policy's cameras and image size (the generic
+    simulated one, ``sim_scenes.sim_robot:simulated``, takes ``task`` and ``seed``)."""
     instruction: str = "touch the red cube"
     """Instruction of the latency gate and the health check."""
     gate_steps: int = Field(default=200, ge=1)
@@ -280,11 +285,22 @@ def _unencrypted_private_key(data: bytes) -> object:
     return serialization.load_pem_private_key(data, password=None)
 
 
-def load_driver(import_path: str) -> DriverFactory:
+def load_driver(import_path: str, args: Mapping[str, object] | None = None) -> DriverFactory:
     """The driver factory the config's ``driver`` field names
-    (:func:`robots.interface.load_driver`); :class:`DeviceConfigError` if it cannot be
-    imported."""
+    (:func:`robots.interface.load_driver`) with its ``driver_args`` bound;
+    :class:`DeviceConfigError` if it cannot be imported or does not take those arguments."""
     try:
-        return robots.interface.load_driver(import_path)
+        factory = robots.interface.load_driver(import_path)
     except DriverError as err:
         raise DeviceConfigError(f"field 'driver' = {err}") from err
+    if not args:
+        return factory
+    try:
+        inspect.signature(factory).bind(("scene",), 64, **args)
+    except TypeError as err:
+        raise DeviceConfigError(
+            f"field 'driver_args' = {dict(args)}: {import_path} does not take them ({err})"
+        ) from err
+    except ValueError:  # no signature to check (a builtin): calling it will tell
+        pass
+    return functools.partial(factory, **args)

@@ -79,7 +79,7 @@ class Deployer:
     def __init__(self, config: DeviceConfig) -> None:
         self.config = config
         self.profile = load_target(config.target)
-        self.driver = load_driver(config.driver)
+        self.driver = load_driver(config.driver, config.driver_args)
         self.state_dir = Path(config.state_dir).absolute()
         state_dir_existed = self.state_dir.is_dir()
         self.slots = SlotStore(self.state_dir)

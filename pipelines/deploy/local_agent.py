@@ -48,6 +48,7 @@ from pipelines.registry.versions import set_version_tags
 from pipelines.services.local_servers import free_port, port_free
 from pipelines.services.processes import with_parent_death
 from robo_pipe.locks import StatusFn, output_lock
+from sim_scenes.tasks import resolve_task
 
 NAME = "local-agent"
 TOKEN_ENV = "ROBO_PIPE_LOCAL_AGENT_TOKEN"
@@ -103,8 +104,6 @@ def _token() -> str:
 def write_device_config(cfg: PipelineConfig, port: int) -> Path:
     """The local agent's ``device.yaml``: trusts the home's key, gates on ``cfg.latency``'s
     target, steps and pacing, listens on 127.0.0.1:``port``."""
-    from sim_scenes.sim_robot import SCENE_DRIVERS  # MuJoCo's bindings: only when it starts
-
     gate = cfg.latency
     device = {
         "name": NAME,
@@ -119,8 +118,10 @@ def write_device_config(cfg: PipelineConfig, port: int) -> Path:
         "gate_warmup": gate.warmup,
         "pace": gate.pace,
         "health_ticks": 10,
-        # The simulated arm on the task the run learnt (the agent's default is the demo's).
-        "driver": SCENE_DRIVERS.get(cfg.scene.variant, SCENE_DRIVERS["touch-mixed"]),
+        # The simulated robot on the task the run learnt, its gate given the family's example.
+        "driver": "sim_scenes.sim_robot:simulated",
+        "driver_args": {"task": cfg.scene.variant},
+        "instruction": resolve_task(cfg.scene.variant)[0].example_instruction,
     }
     path = agent_dir() / "device.yaml"
     path.write_text(yaml.safe_dump(device, sort_keys=False))

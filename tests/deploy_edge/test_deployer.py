@@ -44,7 +44,7 @@ from deploy_edge.wire import STEPS, Deployment, DeviceStatus, Origin
 from robo_pipe.integrity import file_sha256
 from robots.spec import get_robot
 from sim_scenes.sim_robot import SimulatedRobot
-from sim_scenes.touch import get_variant
+from sim_scenes.touch import SceneError, get_variant
 from tests.deploy_edge.narrow_robot import RATED
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -672,6 +672,14 @@ def test_device_config_resolves_relative_paths_and_names_bad_fields(tmp_path: Pa
     with pytest.raises(DeviceConfigError, match=r"field 'driver' = 'nope:x': cannot import"):
         load_driver("nope:x")
     assert callable(load_driver("sim_scenes.sim_robot:simulated_rp5"))
+    # The generic simulated robot takes its task from driver_args; a wrong one is named.
+    generic = "sim_scenes.sim_robot:simulated"
+    robot = load_driver(generic, {"task": "touch-single", "seed": 3})(("scene",), 32)
+    assert robot.spec.name == "rp5" and robot.variant.name == "touch-single"  # type: ignore[attr-defined]
+    with pytest.raises(DeviceConfigError, match=r"field 'driver_args' = \{'task_name': 'x'\}"):
+        load_driver(generic, {"task_name": "x"})
+    with pytest.raises(SceneError, match="unknown task 'touch-moon'"):
+        load_driver(generic, {"task": "touch-moon"})(("scene",), 32)
 
 
 def test_nothing_to_roll_back_to_or_to_run(tmp_path: Path, keys: tuple[Path, Path]) -> None:

@@ -71,6 +71,7 @@ class _SawyerTasks(TaskFamily):
 
     name, description, robot = "reach", "a UR5 reaches", "ur5"
     backends, phrasings = ("metaworld",), ("trained",)
+    example_instruction = "reach the goal"
     env_state_names = ("goal.x", "goal.y", "goal.z")
     failure_modes, episode_signals = (FailureMode("timeout", "timeout", "time ran out"),), {}
 

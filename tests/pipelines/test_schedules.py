@@ -1,20 +1,20 @@
 """Served schedules after faults, through ``robo-pipe serve`` in subprocesses.
 
 One home with a champion (one tiny ``robo-pipe run``), serving a champion check every
-:data:`PERIOD_S` seconds, through three ``serve``s in a row, each killed with SIGKILL (its
+:data:`PERIOD_S` seconds, through four ``serve``s in a row, three of them killed with SIGKILL (its
 process group, as a power cut of its session would):
 
-1. The first is killed while a check is being submitted. The second marks that run ``Crashed``
-   with the reason, and a check completes within :data:`NEXT_RUN_BOUND_S`.
-2. The second is killed while a check runs (its flow process holds its run lock), and the home
-   stays unserved for several periods. The third marks that run ``Crashed`` with the reason,
-   runs the latest missed check and marks the others ``Skipped`` with the reason: no storm of
+1. The first is killed while a check is being submitted; the second while a check runs (its
+   flow process holds its run lock). The next ``serve`` marks each such run ``Crashed`` with
+   the reason, and a check completes within :data:`NEXT_RUN_BOUND_S`.
+2. The third is killed idle and the home stays unserved for several periods. The fourth runs
+   the latest missed check and marks the others ``Skipped`` with the reason: no storm of
    ``Cancelled`` runs. A slot counted taken by no run (a lease lost with its server) is given
    back while serving.
 3. While the first home is down, ``serve`` on a second home, with no champion, where every
    check fails: ``serve`` and ``robo-pipe info`` report the schedule stalled, with the reason.
    (One scenario, not three tests: the stall fills the downtime, and each ``serve`` sets up
-   the next fault; it saves four ``serve`` starts and a wait of four periods.)
+   the next fault; it saves two ``serve`` starts and a wait of four periods.)
 """
 
 from __future__ import annotations
@@ -147,56 +147,66 @@ def test_serve_after_faults_crashes_stranded_runs_skips_missed_checks_and_report
 ) -> None:
     first = serve(champion)
     try:
-        submitting = strand(first, "Submitting")
+        stranded = strand(first, "Submitting")
     finally:
         if first.alive():
             kill_group(first)
-    killed_at = datetime.now(UTC)
-
-    second = serve(champion)
-    start = time.monotonic()
-    try:
-        api = api_of(second)
-        with prefect(api) as client:
-            crashed, crashed_in = crashed_by(client, submitting, second, start)
-            done = wait_for(
-                "a check completed",
-                lambda: completed_after(client, killed_at, {submitting.id}),
-                second,
-                NEXT_RUN_BOUND_S,
-            )
-            completed_in = time.monotonic() - start
-        running = strand(second, "Running")
-    finally:
-        if second.alive():
-            kill_group(second)
-        output = second.output()
-        _kill_all(champion)  # its servers too, whether or not they die with their parent
+    # Each next serve marks the run the last one stranded Crashed and completes a check; then it
+    # is killed in turn: while a check runs, then idle.
+    running = recovers(champion, stranded, "Submitting", then="Running")
+    recovers(champion, running, "Running", then=None)
     down_from = datetime.now(UTC)
-    print(
-        f"killed while Submitting: Crashed {crashed_in:.1f} s and a check ({done[0].name}) "
-        f"Completed {completed_in:.1f} s after serve started again"
-    )
-    assert_crashed(crashed, "Submitting", output)
-    assert completed_in < NEXT_RUN_BOUND_S
 
     phase = time.monotonic()
     stall_reported_on(tmp_path / "no-champion")  # meanwhile, on another home
     print(f"the stall phase took {time.monotonic() - phase:.1f} s")
     time.sleep(max(0.0, 4 * PERIOD_S - (datetime.now(UTC) - down_from).total_seconds()))
 
-    third = serve(champion)
-    start = time.monotonic()
+    last = serve(champion)
     try:
-        api = api_of(third)
-        with prefect(api) as client:
-            crashed, _ = crashed_by(client, running, third, start)
-            runs, completed_in, freed_in = latest_missed_check_ran(client, third, down_from)
+        with prefect(api_of(last)) as client:
+            runs, completed_in, freed_in = latest_missed_check_ran(client, last, down_from)
     finally:
-        output = third.stop()
+        output = last.stop()
         _kill_all(champion)
-    assert_crashed(crashed, "Running", output)
     assert_missed_checks_skipped(runs, down_from, output, completed_in, freed_in)
+
+
+def recovers(home: Path, stranded: Any, moment: str, then: str | None) -> Any:
+    """``serve`` again on ``home`` after one was killed with ``stranded`` at ``moment``: it
+    marks that run Crashed with the reason and completes a check within
+    :data:`NEXT_RUN_BOUND_S`. Then it is killed too, with a check at ``then`` (that check is
+    returned), or idle (``None``)."""
+    killed_at = datetime.now(UTC)
+    cli = serve(home)
+    start = time.monotonic()
+    caught = None
+    try:
+        with prefect(api_of(cli)) as client:
+            crashed, crashed_in = crashed_by(client, stranded, cli, start)
+            done = wait_for(
+                "a check completed",
+                lambda: completed_after(client, killed_at, {stranded.id}),
+                cli,
+                NEXT_RUN_BOUND_S,
+            )
+            completed_in = time.monotonic() - start
+            if then is None:
+                wait_for("no check running", lambda: not holding(client), cli, 60, 0.2)
+        if then is not None:
+            caught = strand(cli, then)
+    finally:
+        if cli.alive():
+            kill_group(cli)
+        output = cli.output()
+        _kill_all(home)  # its servers too, whether or not they die with their parent
+    print(
+        f"killed while {moment}: Crashed {crashed_in:.1f} s and a check ({done[0].name}) "
+        f"Completed {completed_in:.1f} s after serve started again"
+    )
+    assert_crashed(crashed, moment, output)
+    assert completed_in < NEXT_RUN_BOUND_S
+    return caught
 
 
 def strand(cli: Cli, moment: str) -> Any:

@@ -41,8 +41,8 @@ def test_simulated_robot_observes_acts_and_stops(rp5: RobotSpec) -> None:
 def test_the_local_agent_drives_the_simulated_arm_on_the_task_the_run_learnt(
     variant: str, robo_pipe_home: Path
 ) -> None:
-    """The local edge agent of a run on touch-single plays touch-single (the quick start's
-    episode on the agent); the demo's and any other variant's, the agent's default."""
+    """The local edge agent of a run plays the task the run learnt (touch-single: the quick
+    start's episode on the agent), with the family's example instruction at its gate."""
     from deploy_edge.agent.config import load_driver
     from pipelines.config import load_config
     from pipelines.deploy.local_agent import write_device_config
@@ -50,7 +50,7 @@ def test_the_local_agent_drives_the_simulated_arm_on_the_task_the_run_learnt(
 
     cfg = load_config(TINY_CONFIG, [f"scene.variant={variant}"])
     device = yaml.safe_load(write_device_config(cfg, 8123).read_text())
-    robot = load_driver(device["driver"])(("scene",), 32)
+    robot = load_driver(device["driver"], device["driver_args"])(("scene",), 32)
     assert isinstance(robot, SimulatedRobot)
-    played = variant if variant == "touch-single" else "touch-mixed"
-    assert robot.variant.name == played, device["driver"]
+    assert robot.variant.name == variant, device
+    assert device["instruction"] == "touch the red cube"

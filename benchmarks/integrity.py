@@ -37,13 +37,8 @@ import numpy as np
 from robo_pipe.integrity import file_sha256
 from stages.dataset.layout import dataset_files, verify_dataset
 from stages.dataset.reader import open_dataset
-from stages.dataset.writer import (
-    DatasetSchema,
-    EpisodeBuffer,
-    committed_shards,
-    finalize,
-    write_shard,
-)
+from stages.dataset.shards import EpisodeBuffer, committed_shards, write_shard
+from stages.dataset.writer import DatasetSchema, finalize
 from stages.policy.checkpoint import (
     new_policy,
     policy_files,

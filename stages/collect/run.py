@@ -42,19 +42,18 @@ from stages.dataset.layout import (
     INFO_PATH,
     PROVENANCE_PATH,
     STAGING_DIR,
+    DatasetError,
     DatasetRef,
 )
 from stages.dataset.reader import open_dataset
-from stages.dataset.writer import (
+from stages.dataset.shards import (
     SHARD_MANIFEST,
-    DatasetError,
-    DatasetSchema,
     EpisodeBuffer,
     committed_shards,
     discard_uncommitted,
-    finalize,
     write_shard,
 )
+from stages.dataset.writer import DatasetSchema, finalize
 from stages.provenance import code_version
 from stages.ray_runtime import node_id
 from stages.worker_pool import PoolWorker

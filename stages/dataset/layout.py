@@ -24,8 +24,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from robo_pipe.errors import RoboPipeError
 from robo_pipe.integrity import FileSum, file_sha256, tree_sha256, verify_checksums
 from robo_pipe.records import Record
+
+
+class DatasetError(RoboPipeError, ValueError):
+    """A dataset or shard is missing, corrupt or inconsistent; the message names the file."""
+
 
 CODEBASE_VERSION = "v3.0"
 CHUNKS_SIZE = 1000

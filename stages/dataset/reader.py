@@ -29,12 +29,14 @@ from stages.dataset.layout import (
     STATE_KEY,
     STATS_PATH,
     TASKS_PATH,
+    DatasetError,
     camera_key,
     content_hash,
     verify_dataset,
 )
+from stages.dataset.shards import table_to_numpy
 from stages.dataset.video import VideoError, count_frames, decode_video
-from stages.dataset.writer import DatasetError, image_stats, numeric_stats, table_to_numpy
+from stages.dataset.writer import image_stats, numeric_stats
 
 _REQUIRED_INFO = (
     "codebase_version",

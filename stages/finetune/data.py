@@ -17,9 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from stages.dataset.layout import ACTION_KEY, ENV_STATE_KEY, STATE_KEY
+from stages.dataset.layout import ACTION_KEY, ENV_STATE_KEY, STATE_KEY, DatasetError
 from stages.dataset.reader import open_dataset
-from stages.dataset.writer import DatasetError
 
 
 @dataclass

@@ -36,8 +36,7 @@ from sim_scenes.config import SceneConfig, SimConfig
 from sim_scenes.tasks import DEFAULT_FAMILY, resolve_task, split_task_name, task_name
 from stages.collect.config import CollectConfig
 from stages.collect.run import ShardResult, collect
-from stages.dataset.layout import DatasetRef
-from stages.dataset.writer import DatasetError
+from stages.dataset.layout import DatasetError, DatasetRef
 from stages.finetune.algorithm import ALGORITHMS
 from stages.finetune.bc import BCJob, train_bc
 from stages.finetune.checkpoints import latest_checkpoint, read_metrics

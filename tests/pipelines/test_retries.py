@@ -6,7 +6,7 @@ import ray.exceptions
 
 from pipelines.run.stage_task import is_transient
 from robo_pipe.errors import InputError
-from stages.dataset.writer import DatasetError
+from stages.dataset.layout import DatasetError
 
 
 class _LostNode(ray.exceptions.ActorDiedError):

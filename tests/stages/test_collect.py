@@ -24,9 +24,8 @@ from sim_scenes.expert import ScriptedExpert
 from sim_scenes.touch import OBJECT_HALF_HEIGHT, SceneError, get_variant, sample_layout
 from stages.collect import ShardResult, collect
 from stages.collect.run import plan_shards
-from stages.dataset.layout import DatasetRef, content_hash
+from stages.dataset.layout import DatasetError, DatasetRef, content_hash
 from stages.dataset.reader import open_dataset
-from stages.dataset.writer import DatasetError
 from stages.worker_pool import WorkersDiedError
 from tests.conftest import TINY_CONFIG
 

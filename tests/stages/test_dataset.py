@@ -16,26 +16,20 @@ import pytest
 
 from robo_pipe.errors import OutOfSpaceError
 from robo_pipe.integrity import IntegrityError, file_sums, write_checksums
+from stages.dataset import shards as shard_writer
 from stages.dataset import writer
 from stages.dataset.layout import (
     CHECKSUMS_PATH,
     INFO_PATH,
     STATS_PATH,
+    DatasetError,
     content_hash,
     dataset_files,
 )
 from stages.dataset.reader import open_dataset
+from stages.dataset.shards import EpisodeBuffer, committed_shards, write_shard
 from stages.dataset.video import decode_video, encode_video
-from stages.dataset.writer import (
-    DatasetError,
-    DatasetSchema,
-    EpisodeBuffer,
-    committed_shards,
-    finalize,
-    frame_timestamps,
-    video_spans,
-    write_shard,
-)
+from stages.dataset.writer import DatasetSchema, finalize, frame_timestamps, video_spans
 from tests.robo_pipe.test_atomic import dead_pid, kill_at_every_step, live_process
 
 SCHEMA = DatasetSchema(
@@ -272,7 +266,9 @@ def test_a_full_disk_while_writing_a_shard_keeps_the_committed_ones(
     staging = root / ".staging"
     committed = {p.name: p.stat().st_mtime_ns for p in staging.iterdir()}
     episodes = [synthetic_episode(np.random.default_rng(1), s, 4, True) for s in (6, 7)]
-    monkeypatch.setattr(writer, "encode_video", _fail_after_writing(writer.encode_video, 27))
+    monkeypatch.setattr(
+        shard_writer, "encode_video", _fail_after_writing(shard_writer.encode_video, 27)
+    )
     with pytest.raises(OutOfSpaceError, match=r"shard-00000006-00000008.*the shards committed"):
         write_shard(staging, 6, 8, episodes, keep_failed=False, fps=10.0, crf=0)
     assert {p.name: p.stat().st_mtime_ns for p in staging.iterdir()} == committed
@@ -348,7 +344,7 @@ def test_a_finalize_killed_at_any_step_leaves_a_complete_dataset_and_the_shards(
         assert dataset.content_hash() == content_hash(root)
         now = sorted(p.relative_to(root).as_posix() for p in (root / ".staging").rglob("*"))
         assert now == staging, f"step {step}: the staging area survives"
-        writer.discard_uncommitted(root)  # the killed child's temporaries
+        shard_writer.discard_uncommitted(root)  # the killed child's temporaries
         assert sorted(os.listdir(root.parent)) == ["ds"], f"step {step}"
 
     kills = kill_at_every_step(
@@ -366,5 +362,5 @@ def test_clean_up_spares_a_live_writers_shard(synthetic: tuple[Path, list[Episod
         for path in (live, dead):
             path.mkdir()
             (path / "frames.parquet").write_bytes(b"half")
-        assert writer.discard_uncommitted(root) == 1
+        assert shard_writer.discard_uncommitted(root) == 1
         assert live.is_dir() and not dead.exists()

@@ -16,6 +16,7 @@ import torch
 import yaml
 
 from deploy_edge.bundle.io_spec import read_io_spec
+from robots import spec
 from stages.export import export
 from stages.policy.checkpoint import new_policy, save_policy
 from tests.conftest import TINY_CONFIG
@@ -46,7 +47,9 @@ def export_25hz(tmp_path_factory: pytest.TempPathFactory) -> Path:
     torch.manual_seed(0)
     policy, _ = new_policy(TINY_POLICY, ["scene"], 32, RATED_ROBOT, 6, 6, rp5_normalizer())
     save_policy(policy, root / "ckpt", None)
-    out = Path(export(root / "ckpt", root / "export", RATED_HZ).path)
+    with pytest.MonkeyPatch.context() as patch:  # the export states its robot's units
+        patch.setitem(spec._REGISTRY, RATED_ROBOT, "tests.pipelines.rated_cli:RP5_25HZ")
+        out = Path(export(root / "ckpt", root / "export", RATED_HZ).path)
     assert read_io_spec(out).control_hz == RATED_HZ and read_io_spec(out).robot == RATED_ROBOT
     return out
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import statistics
 
-from sim_scenes.tasks import FailureMode, TaskFamily, resolve_task
+from sim_scenes.tasks import FailureMode
 
 
 def breakdown(
@@ -28,18 +28,31 @@ def breakdown(
             if mode.measure and f == mode.name and mode.measure in s
         )
         if values:
-            counts[f"{mode.name}_median_{mode.unit}"] = statistics.median(values)
-            counts[f"{mode.name}_max_{mode.unit}"] = values[-1]
+            counts[_key(mode, "median")] = statistics.median(values)
+            counts[_key(mode, "max")] = values[-1]
     return counts
+
+
+def _key(mode: FailureMode, statistic: str) -> str:
+    """Where :func:`breakdown` keeps ``statistic`` (median, max) of ``mode``'s measure."""
+    return f"{mode.name}_{statistic}_{mode.unit}"
+
+
+def _measure(mode: FailureMode, counts: dict[str, float]) -> tuple[float, float | None] | None:
+    """``mode``'s measure in ``counts``: (median, max or None); None without one."""
+    median = counts.get(_key(mode, "median"))
+    if not mode.measure or median is None:
+        return None
+    return median, counts.get(_key(mode, "max"))
 
 
 def measured(mode: FailureMode, counts: dict[str, float]) -> str:
     """``mode``'s measure in ``counts`` as ``4.8 cm (7.2 cm)`` (median, max); ``–`` when it has
     no measure or no episodes."""
-    median = counts.get(f"{mode.name}_median_{mode.unit}")
-    if not mode.measure or median is None:
+    found = _measure(mode, counts)
+    if found is None:
         return "–"
-    most = counts.get(f"{mode.name}_max_{mode.unit}")
+    median, most = found
     return f"{median:.1f} {mode.unit}" + ("" if most is None else f" ({most:.1f} {mode.unit})")
 
 
@@ -49,16 +62,11 @@ def breakdown_line(modes: tuple[FailureMode, ...], counts: dict[str, float]) -> 
     parts = []
     for mode in modes:
         part = f"{mode.label} {int(counts.get(mode.name, 0))}"
-        median = counts.get(f"{mode.name}_median_{mode.unit}")
-        if mode.measure and median is not None:
+        found = _measure(mode, counts)
+        if found is not None:
+            median, most = found
             part += f" ({mode.measure_label}: median {median:.1f} {mode.unit}"
-            most = counts.get(f"{mode.name}_max_{mode.unit}")
             part += "" if most is None else f", max {most:.1f} {mode.unit}"
             part += ")"
         parts.append(part)
     return ", ".join(parts)
-
-
-def family_of(variant: str) -> TaskFamily:
-    """The task family of an evaluated variant (a report's row), whose modes its failures use."""
-    return resolve_task(variant)[0]

@@ -13,10 +13,10 @@ import numpy as np
 
 from robo_pipe.home import mark_home
 from robo_pipe.records import Record
-from sim_scenes.tasks import FailureMode
+from sim_scenes.tasks import FailureMode, resolve_task
 from stages.evaluate.comparison import Comparison
 from stages.evaluate.delay import DelayPlan
-from stages.evaluate.failures import breakdown, breakdown_line, family_of, measured
+from stages.evaluate.failures import breakdown, breakdown_line, measured
 from stages.evaluate.shards import EpisodeOutcome, ShardOutcome
 from stages.statistics import wilson_interval
 
@@ -92,7 +92,7 @@ class EvalReport(Record):
 
     def failure_modes(self) -> tuple[FailureMode, ...]:
         """The failure modes of the evaluated task family (none without rows)."""
-        return family_of(self.rows[0].variant).failure_modes if self.rows else ()
+        return resolve_task(self.rows[0].variant)[0].failure_modes if self.rows else ()
 
     def why_failed(self) -> str:
         """The suite's failures in one line (``wrong object 3, near miss 12 (...), ...``)."""
@@ -163,7 +163,7 @@ def _episodes_per_node(shards: list[ShardOutcome]) -> dict[str, int]:
 def _failures(episodes: list[EpisodeOutcome]) -> dict[str, float]:
     if not episodes:
         return {}
-    modes = family_of(episodes[0].variant).failure_modes
+    modes = resolve_task(episodes[0].variant)[0].failure_modes
     return breakdown(modes, [e.failure for e in episodes], [e.signals for e in episodes])
 
 

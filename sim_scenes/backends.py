@@ -17,7 +17,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from sim_scenes.config import BACKENDS, SceneConfig, SimConfig
-from sim_scenes.touch import Phrasing, SceneError, SceneVariant
+from sim_scenes.tasks import TaskVariant
+from sim_scenes.touch import Phrasing, SceneError
 
 if TYPE_CHECKING:
     from robots.spec import RobotSpec
@@ -36,7 +37,7 @@ def backend_class(name: str) -> type[BatchedEnv]:
 
 def open_env(
     robot: RobotSpec,
-    variant: SceneVariant,
+    variant: TaskVariant,
     sim: SimConfig,
     *,
     num_envs: int,

@@ -23,7 +23,8 @@ import numpy as np
 
 from robo_pipe.resources import Resource
 from robots.spec import RobotSpec
-from sim_scenes.touch import PHRASINGS, Phrasing, SceneError, SceneVariant
+from sim_scenes.tasks import TaskVariant
+from sim_scenes.touch import PHRASINGS, Phrasing, SceneError
 
 if TYPE_CHECKING:
     from sim_scenes.config import SimConfig
@@ -94,7 +95,7 @@ class BatchedEnv(Resource):
     Args:
         robot: the robot to simulate.
         variant: the scene distribution episodes are drawn from (the task,
-            :class:`sim_scenes.touch.SceneVariant`).
+            its family's variant, :class:`sim_scenes.tasks.TaskVariant`).
         num_envs: N >= 1.
         cameras: cameras rendered each step (subset of ``robot.cameras``); ``()`` for physics
             only.
@@ -115,7 +116,7 @@ class BatchedEnv(Resource):
     def __init__(
         self,
         robot: RobotSpec,
-        variant: SceneVariant,
+        variant: TaskVariant,
         num_envs: int,
         cameras: Sequence[str],
         image_size: int,

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from robo_pipe.validation import one_of
-from sim_scenes.tasks import resolve_task
-from sim_scenes.touch import SceneVariant
+from sim_scenes.tasks import TaskVariant, resolve_task
 
 
 class RewardConfig(BaseModel):
@@ -61,14 +59,23 @@ class SceneConfig(BaseModel):
     episode_steps: int | None = Field(default=None, ge=1, le=10_000)
     """Control steps before an episode is cut (unset: the variant's, 50 = 5 s at 10 Hz)."""
 
-    def task(self, variant: str | None = None) -> SceneVariant:
+    def task(self, variant: str | None = None) -> TaskVariant:
         """The scene variant (``variant``, default this config's) with this config's success
-        criterion and episode length applied: what every backend simulates."""
-        family, name = resolve_task(variant or self.variant)
-        spec = family.variant(name)
-        criterion = {k: v for k, v in self.success.model_dump().items() if v is not None}
-        steps = self.episode_steps or spec.episode_steps
-        return replace(spec, success=replace(spec.success, **criterion), episode_steps=steps)
+        criterion and episode length applied: what every backend simulates.
+
+        Raises:
+            SceneError: an override the variant's family cannot apply (Meta-World's success).
+        """
+        return self._overridden(variant or self.variant, reward=False)
+
+    def _overridden(self, name: str, *, reward: bool) -> TaskVariant:
+        family, variant = resolve_task(name)
+        return family.with_overrides(
+            family.variant(variant),
+            success=self.success.model_dump(exclude_none=True),
+            reward=self.reward.model_dump(exclude_none=True) if reward else {},
+            episode_steps=self.episode_steps,
+        )
 
     def task_overrides(self) -> dict[str, Any]:
         """The success and episode-length overrides that are set, as JSON (empty by default):
@@ -81,13 +88,11 @@ class SceneConfig(BaseModel):
             overrides["episode_steps"] = self.episode_steps
         return overrides
 
-    def rl_task(self) -> SceneVariant:
+    def rl_task(self) -> TaskVariant:
         """:meth:`task` with this config's reward overrides (``scene.reward``) applied: what
         RL's rollouts play, their reward the simulator's own. Only RL's: datasets and
         evaluations record the variant's own reward, so that they stay shareable."""
-        overrides = {k: v for k, v in self.reward.model_dump().items() if v is not None}
-        task = self.task()
-        return replace(task, reward=replace(task.reward, **overrides))
+        return self._overridden(self.variant, reward=True)
 
     @field_validator("variant")
     @classmethod
@@ -95,13 +100,20 @@ class SceneConfig(BaseModel):
         resolve_task(name)  # its SceneError is a ValueError: pydantic reports the message
         return name
 
+    @model_validator(mode="after")
+    def _applicable_overrides(self) -> SceneConfig:
+        self.rl_task()  # a family that keeps its own success or reward refuses an override
+        return self
+
 
 BACKENDS: dict[str, str] = {
     "mujoco": "sim_scenes.mujoco.mujoco_env:MujocoBatchedEnv",
     "isaaclab": "sim_scenes.isaaclab.client:IsaacLabBatchedEnv",
+    "metaworld": "sim_scenes.metaworld.batched:MetaWorldBatchedEnv",
 }
-"""``sim.backend`` -> ``module:class`` of its batched env: MuJoCo (built in, the default) and
-Isaac Lab 3 on Newton (in its own environment, ``make isaaclab-env``)."""
+"""``sim.backend`` -> ``module:class`` of its batched env: MuJoCo (built in, the default),
+Isaac Lab 3 on Newton and Meta-World (each in its own environment: ``make isaaclab-env``,
+``make metaworld-env``)."""
 
 
 class SimConfig(BaseModel):
@@ -115,6 +127,7 @@ class SimConfig(BaseModel):
     num_envs: int = Field(default=16, ge=1, le=4096)
     """Environments stepped together in one process."""
     num_threads: int = Field(default=2, ge=1, le=256)
-    """Physics threads for the batched rollout (MuJoCo; Warp's CPU kernels run on one)."""
+    """Physics threads for the batched rollout (MuJoCo; Warp's CPU kernels run on one;
+    Meta-World: its worker processes, each stepping its share of the environments)."""
     device: str = Field(default="cpu", pattern=r"^(cpu|cuda(:\d+)?)$")
     """Where the ``isaaclab`` backend simulates and renders: ``cpu`` or ``cuda[:K]``."""

@@ -14,8 +14,8 @@ from robots.spec import RobotSpec, get_robot
 from sim_scenes.backends import open_env
 from sim_scenes.batched_env import BatchedEnv, BatchedObservation
 from sim_scenes.config import SceneConfig, SimConfig
-from sim_scenes.tasks import resolve_task
-from sim_scenes.touch import SceneError, SceneVariant
+from sim_scenes.tasks import TaskVariant, resolve_task
+from sim_scenes.touch import SceneError
 
 ONE_THREAD = SimConfig(num_threads=1)
 """The default simulator: MuJoCo on one thread (one environment has nothing to share out)."""
@@ -34,7 +34,7 @@ class SimulatedRobot(Robot):
     def __init__(
         self,
         spec: RobotSpec,
-        variant: SceneVariant,
+        variant: TaskVariant,
         seed: int = 0,
         cameras: tuple[str, ...] = ("scene", "wrist"),
         image_size: int = 64,
@@ -63,7 +63,7 @@ class SimulatedRobot(Robot):
         return self._obs.instruction[0]
 
     @property
-    def variant(self) -> SceneVariant:
+    def variant(self) -> TaskVariant:
         """The scene variant this arm plays (its task and layouts)."""
         return self._variant
 

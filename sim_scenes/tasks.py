@@ -7,7 +7,9 @@ backends that can play it. Tasks come in families, each a :class:`TaskFamily` na
 :data:`TASKS` by its entry point, imported only when that family is used:
 
 - ``touch`` (built in, the default): the rp5 arm touches the object an instruction names
-  (:mod:`sim_scenes.touch`), on MuJoCo or Isaac Lab.
+  (:mod:`sim_scenes.touch`), on MuJoCo or Isaac Lab;
+- ``metaworld``: Meta-World v3's tasks on its Sawyer (MT10 and each of its ten tasks,
+  :mod:`sim_scenes.metaworld.tasks`), on the ``metaworld`` backend (its own environment).
 
 A task's name is ``[FAMILY/]VARIANT``; a bare name is a touch variant, so ``touch-mixed`` and
 ``touch/touch-mixed`` are the same task and the shipped configs keep their names, dataset names
@@ -21,9 +23,9 @@ from __future__ import annotations
 import abc
 import pkgutil
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from sim_scenes.errors import SceneError
 
@@ -31,15 +33,40 @@ if TYPE_CHECKING:
     import numpy as np
 
     from robots.spec import RobotSpec
-    from sim_scenes.touch import SceneVariant
 
 DEFAULT_FAMILY = "touch"
 """The family of a task named without one (``touch-mixed``)."""
 
 TASKS: dict[str, str] = {
     "touch": "sim_scenes.touch_task:TOUCH",
+    "metaworld": "sim_scenes.metaworld.tasks:METAWORLD",
 }
 """Task family name -> ``module:attribute`` of its :class:`TaskFamily`."""
+
+
+class TaskVariant(Protocol):
+    """What every family's variant (a frozen dataclass of the family's own) states, and all that
+    code outside the family reads of it; the rest is for the family's own backends."""
+
+    @property
+    def name(self) -> str:
+        """Its name within the family (``touch-mixed``, ``mt10``)."""
+
+    @property
+    def description(self) -> str:
+        """One line for listings."""
+
+    @property
+    def split(self) -> str:
+        """``train`` (collect and train on it) or ``heldout`` (evaluation only)."""
+
+    @property
+    def holdout_for(self) -> str | None:
+        """For held-out variants: the training variant whose generalisation it measures."""
+
+    @property
+    def episode_steps(self) -> int:
+        """Control steps before an episode is cut."""
 
 
 @dataclass(frozen=True)
@@ -115,8 +142,33 @@ class TaskFamily(abc.ABC):
         """Its variants, sorted, optionally only those of one split (``train``/``heldout``)."""
 
     @abc.abstractmethod
-    def variant(self, name: str) -> SceneVariant:
+    def variant(self, name: str) -> TaskVariant:
         """The variant ``name``; raises :class:`SceneError` listing the valid ones."""
+
+    def with_overrides(
+        self,
+        variant: TaskVariant,
+        success: Mapping[str, Any],
+        reward: Mapping[str, Any],
+        episode_steps: int | None,
+    ) -> TaskVariant:
+        """``variant`` as a scene config overrides it (``scene.success``, ``scene.reward``,
+        ``scene.episode_steps``: the fields set). This default takes an episode length only; a
+        family whose success or reward a config may change says how.
+
+        Raises:
+            SceneError: an override the family cannot apply (the message names the field).
+        """
+        for field_name, values in (("success", success), ("reward", reward)):
+            if values:
+                raise SceneError(
+                    f"scene.{field_name}: the {self.name} tasks keep their own {field_name} "
+                    f"({', '.join(values)} cannot be set)"
+                )
+        if episode_steps is None:
+            return variant
+        overridden: TaskVariant = replace(cast(Any, variant), episode_steps=episode_steps)
+        return overridden
 
     @abc.abstractmethod
     def eval_variants(self, name: str) -> list[str]:

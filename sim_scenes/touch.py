@@ -262,6 +262,17 @@ def get_variant(name: str) -> SceneVariant:
     return VARIANTS[name]
 
 
+def touch_variant(variant: object) -> SceneVariant:
+    """``variant`` (any family's, as :meth:`sim_scenes.config.SceneConfig.task` gives it) as a
+    touch variant; another family's is refused by name (a backend that only plays touch)."""
+    if not isinstance(variant, SceneVariant):
+        raise SceneError(
+            f"{getattr(variant, 'name', variant)!r} is not a touch task: this backend plays the "
+            "touch tasks only"
+        )
+    return variant
+
+
 def heldout_variants(name: str) -> list[str]:
     """Held-out variants that measure generalisation of the training variant ``name``."""
     return sorted(n for n, v in VARIANTS.items() if v.holdout_for == name)

@@ -5,6 +5,8 @@ only answers the registry's questions from it."""
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from dataclasses import replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
@@ -81,6 +83,21 @@ class TouchTasks(TaskFamily):
 
     def variant(self, name: str) -> SceneVariant:
         return get_variant(name)
+
+    def with_overrides(
+        self,
+        variant: Any,
+        success: Mapping[str, Any],
+        reward: Mapping[str, Any],
+        episode_steps: int | None,
+    ) -> SceneVariant:
+        """Any field of the success criterion and the reward terms, and the episode length."""
+        return replace(
+            variant,
+            success=replace(variant.success, **success),
+            reward=replace(variant.reward, **reward),
+            episode_steps=episode_steps or variant.episode_steps,
+        )
 
     def eval_variants(self, name: str) -> list[str]:
         """The variants held out for ``name`` (its generalisation), else ``name`` itself."""

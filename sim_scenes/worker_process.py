@@ -9,6 +9,7 @@ also when this process dies (it reads end-of-file on the socket).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -100,12 +101,21 @@ class WorkerProcess:
             WorkerRefusal: the worker answered ``refused`` (a bad name in the request).
             WorkerError: (the subclass given) the worker failed, died or did not answer.
         """
+        self.submit(op, **fields)
+        return self.reply(expect, timeout)
+
+    def submit(self, op: str, **fields: Any) -> None:
+        """Send ``op`` without waiting: several workers then work at once, each answering its
+        own :meth:`reply`. A worker that is gone is reported by that reply."""
         if self._conn is None:
             raise self._error(f"the {self.label} is closed")
-        try:
+        with contextlib.suppress(OSError):  # the worker is gone: its reply says why
             send(self._conn, op, **fields)
-        except OSError:  # the worker is gone: say why
-            return self._reply(0.0, expect)
+
+    def reply(self, expect: str, timeout: float | None = None) -> dict[str, Any]:
+        """The reply to the last :meth:`submit` (raises as :meth:`request`)."""
+        if self._conn is None:
+            raise self._error(f"the {self.label} is closed")
         return self._reply(timeout, expect)
 
     def _reply(self, timeout: float | None, expect: str) -> dict[str, Any]:

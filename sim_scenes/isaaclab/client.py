@@ -25,7 +25,8 @@ from robots.spec import RobotSpec
 from sim_scenes.batched_env import BatchedEnv, BatchedObservation, EpisodeSummary, StepResult
 from sim_scenes.config import SimConfig
 from sim_scenes.isaaclab.env import isaaclab_python
-from sim_scenes.touch import Phrasing, SceneError, SceneVariant
+from sim_scenes.tasks import TaskVariant
+from sim_scenes.touch import Phrasing, SceneError, SceneVariant, touch_variant
 from sim_scenes.worker_process import WorkerError, WorkerProcess
 
 START_TIMEOUT_S = 600.0
@@ -48,7 +49,7 @@ class IsaacLabBatchedEnv(BatchedEnv):
     def __init__(
         self,
         robot: RobotSpec,
-        variant: SceneVariant,
+        variant: TaskVariant,
         num_envs: int,
         cameras: Sequence[str] = ("scene",),
         image_size: int = 64,
@@ -60,6 +61,7 @@ class IsaacLabBatchedEnv(BatchedEnv):
         super().__init__(
             robot, variant, num_envs, cameras, image_size, autoreset, retarget, phrasing
         )
+        self.variant: SceneVariant = touch_variant(variant)
         python = isaaclab_python()
         # timings["simulate"] counts the worker's physics and rendering together: Isaac Lab
         # renders inside its step, so "render" stays 0 on this backend.
@@ -78,11 +80,11 @@ class IsaacLabBatchedEnv(BatchedEnv):
                 "ready",
                 timeout=START_TIMEOUT_S,
                 robot=robot.name,
-                variant=variant.name,
-                success_radius=variant.success.radius,
-                hold_steps=variant.success.hold_steps,
-                episode_steps=variant.episode_steps,
-                reward=asdict(variant.reward),
+                variant=self.variant.name,
+                success_radius=self.variant.success.radius,
+                hold_steps=self.variant.success.hold_steps,
+                episode_steps=self.variant.episode_steps,
+                reward=asdict(self.variant.reward),
                 num_envs=num_envs,
                 cameras=list(self.cameras),
                 image_size=image_size,

@@ -1,29 +1,34 @@
 """The Meta-World worker process: Meta-World's tasks, their scripted experts and fast camera
-images, served over :mod:`sim_scenes.worker_protocol`.
+images, for K environments ("slots") stepped together, served over
+:mod:`sim_scenes.worker_protocol`.
 
-Started by :class:`sim_scenes.metaworld.client.MetaWorldEnv` with the Meta-World environment's
-Python (``make metaworld-env``): ``python -m sim_scenes.metaworld.worker --fd N`` where ``N``
-is its end of a socket pair. Meta-World's own output goes to this process's stdout/stderr; only
-protocol messages travel on the socket. The worker exits when the parent closes the socket or
-sends ``close``. It serves one episode at a time, of any task: each task's env is built on its
-first reset and kept.
+Started by :class:`sim_scenes.metaworld.batched.MetaWorldBatchedEnv` with the Meta-World
+environment's Python (``make metaworld-env``): ``python -m sim_scenes.metaworld.worker --fd N``
+where ``N`` is its end of a socket pair. Meta-World's own output goes to this process's
+stdout/stderr; only protocol messages travel on the socket. The worker exits when the parent
+closes the socket or sends ``close``. Each slot plays one episode at a time, of any task: a
+slot's env for a task is built on that slot's first reset of it and kept.
 
-Operations (request -> reply):
+Operations (request -> reply); arrays have one row per slot (K rows) unless said otherwise:
 
-- ``init`` (camera: str, image_size: int) -> ``ready`` (seconds: float, tasks: list of every
-  Meta-World task name), or ``refused`` (an unknown camera; the worker then exits).
-- ``reset`` (task: str, seed: int) -> ``obs`` plus max_steps (int: the task's episode cap).
-- ``step`` (action: float32 (4,)) -> ``obs`` plus reward (float), success (bool: the task's
-  ``info["success"]``), truncated (bool: the episode reached max_steps).
-- ``expert`` -> ``action`` (action: float32 (4,): the task's scripted expert on the current
-  observation, clipped to the action space).
+- ``init`` (cameras: list of str, image_size: int, slots: int) -> ``ready`` (seconds: float,
+  tasks: every Meta-World task name, camera_fovy: camera name -> vertical field of view, deg),
+  or ``refused`` (an unknown camera; the worker then exits).
+- ``reset`` (slots: int64 (k,), tasks: k task names, seeds: int64 (k,); k >= 1) -> ``obs`` of
+  every slot, plus control_period_s and action_scale (floats, the last reset task's).
+- ``step`` (actions: float32 (K, 4)) -> ``obs`` plus reward (float32 (K,)), success (bool (K,):
+  the task's ``info["success"]``) and the signals near_object, grasp_success, obj_to_target
+  (float32 (K,): Meta-World's own ``info`` values).
+- ``expert`` -> ``action`` (actions: float32 (K, 4): each slot's task's scripted expert on its
+  current observation, clipped to the action space).
 - ``close`` -> ``closed``.
 
-``obs`` carries state (float32 (4,): the Sawyer's hand position, m, and gripper opening),
-env_state (float32 (39,): Meta-World's whole observation: hand, gripper, object poses, the
-previous frame's and the goal) and image (uint8 (image_size, image_size, 3), upright).
-A request naming an unknown task or camera replies ``refused`` with ``reason`` (str); any other
-failure replies ``error`` with ``traceback`` (str).
+``obs`` carries state (float32 (K, 4): the Sawyer's hand position, m, and gripper opening),
+observation (float32 (K, 39): Meta-World's whole observation: hand, gripper, object poses, the
+previous frame's and the goal), max_steps (int64 (K,): each slot's task's own episode cap) and
+``image:<camera>`` (uint8 (K, image_size, image_size, 3), upright). A request naming an unknown
+task replies ``refused`` with ``reason`` (str); any other failure replies ``error`` with
+``traceback`` (str).
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from __future__ import annotations
 import os
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -47,6 +52,8 @@ from sim_scenes.worker_protocol import receive, run_worker, send
 
 STATE_DIM = 4
 """The Sawyer's own state at the front of Meta-World's observation: hand xyz (m), gripper."""
+SIGNALS = ("near_object", "grasp_success", "obj_to_target")
+"""Meta-World's ``info`` values each step reports (what the family tells failures apart by)."""
 
 
 class Refused(ValueError):
@@ -55,20 +62,20 @@ class Refused(ValueError):
 
 @dataclass
 class Task:
-    """One task's env, its scripted expert and a renderer for its model."""
+    """One slot's env of one task, its scripted expert and a renderer for its model."""
 
     env: Any
     expert: Any
     renderer: mujoco.Renderer
-    camera_id: int
-    upright: bool = False
-    """Rotate images 180 degrees: the camera is mounted upside down (Meta-World's corner
-    cameras), found from the camera's up axis after each reset."""
+    camera_ids: list[int]
+    upright: list[bool] = field(default_factory=list)
+    """Per camera: rotate images 180 degrees (the camera is mounted upside down, as Meta-World's
+    corner cameras are), found from the camera's up axis after each reset."""
     obs: np.ndarray | None = None
-    """Meta-World's last observation of this task's episode (the expert's input)."""
+    """Meta-World's last observation of this env's episode (the expert's input)."""
 
 
-def build_task(name: str, camera: str, image_size: int) -> Task:
+def build_task(name: str, cameras: list[str], image_size: int) -> Task:
     """Task ``name``'s env with its goal observable (the MT benchmarks' setting), its expert, and
     a renderer with the fast settings for small frames.
 
@@ -85,10 +92,6 @@ def build_task(name: str, camera: str, image_size: int) -> Task:
     env._freeze_rand_vec = False  # a new layout at each reset ...
     env.seeded_rand_vec = True  # ... drawn from env.np_random, which reset() seeds
     model = env.model
-    camera_id = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_CAMERA, camera)
-    if camera_id < 0:
-        cameras = [model.camera(i).name for i in range(model.ncam)]
-        raise Refused(f"camera {camera!r} is not in Meta-World's scene; valid: {cameras}")
     # No shadows, no multisampling, an offscreen buffer the size of the image (FACTS: ~70x
     # faster on software GL), and no reflections: the table's mirror pass drew the scene twice
     # (13.9 -> 8.4 ms a 64 px frame; most of the rest is the Sawyer's 67k-face meshes).
@@ -98,21 +101,91 @@ def build_task(name: str, camera: str, image_size: int) -> Task:
     model.vis.global_.offheight = image_size
     renderer = mujoco.Renderer(model, image_size, image_size)
     renderer.scene.flags[mujoco.mjtRndFlag.mjRND_REFLECTION] = 0
-    return Task(env, ENV_POLICY_MAP[name](), renderer, camera_id)
+    ids = [mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_CAMERA, c) for c in cameras]
+    return Task(env, ENV_POLICY_MAP[name](), renderer, ids)
 
 
-def observation(task: Task, obs: np.ndarray) -> dict[str, Any]:
-    """The ``obs`` fields: state, env_state and the camera image of the current physics."""
-    task.renderer.update_scene(task.env.data, camera=task.camera_id)
-    # update_scene keeps the scene's flags; render() returns rows top-down
-    image = task.renderer.render()
-    if task.upright:
-        image = image[::-1, ::-1]
-    return {
-        "state": obs[:STATE_DIM].astype(np.float32),
-        "env_state": obs.astype(np.float32),
-        "image": np.ascontiguousarray(image),
-    }
+def render(task: Task, cameras: list[str]) -> dict[str, np.ndarray]:
+    """Each camera's frame of the current physics, upright, by ``image:<camera>``."""
+    images = {}
+    for camera, camera_id, upright in zip(cameras, task.camera_ids, task.upright, strict=True):
+        task.renderer.update_scene(task.env.data, camera=camera_id)
+        image = task.renderer.render()  # rows top-down
+        images[f"image:{camera}"] = image[::-1, ::-1] if upright else image
+    return images
+
+
+class Slots:
+    """K environments, each playing its own task's episode."""
+
+    def __init__(self, count: int, cameras: list[str], image_size: int, names: list[str]):
+        self.cameras, self.image_size, self.names = cameras, image_size, names
+        self.built: list[dict[str, Task]] = [{} for _ in range(count)]
+        self.current: list[Task | None] = [None] * count
+        self.images = {
+            f"image:{c}": np.zeros((count, image_size, image_size, 3), np.uint8) for c in cameras
+        }
+        self.observation = np.zeros((count, 39), np.float32)
+        self.max_steps = np.zeros(count, np.int64)
+
+    def _record(self, slot: int, task: Task, obs: np.ndarray) -> None:
+        task.obs = obs
+        self.observation[slot] = obs
+        for key, image in render(task, self.cameras).items():
+            self.images[key][slot] = image
+
+    def obs_fields(self) -> dict[str, Any]:
+        return {
+            "state": self.observation[:, :STATE_DIM].copy(),
+            "observation": self.observation.copy(),
+            "max_steps": self.max_steps.copy(),
+            **{key: images.copy() for key, images in self.images.items()},
+        }
+
+    def reset(self, slot: int, name: str, seed: int) -> Task:
+        if name not in self.names:
+            raise Refused(f"unknown Meta-World task {name!r}; valid: {self.names}")
+        if name not in self.built[slot]:
+            self.built[slot][name] = build_task(name, self.cameras, self.image_size)
+        task = self.current[slot] = self.built[slot][name]
+        task.env.seed(seed)
+        obs, _ = task.env.reset()
+        task.upright = [
+            bool(task.env.data.cam_xmat[i].reshape(3, 3)[2, 1] < 0) for i in task.camera_ids
+        ]
+        self.max_steps[slot] = int(task.env.max_path_length)
+        self._record(slot, task, obs)
+        return task
+
+    def step(self, actions: np.ndarray) -> dict[str, np.ndarray]:
+        count = len(self.current)
+        out = {
+            "reward": np.zeros(count, np.float32),
+            "success": np.zeros(count, bool),
+            **{key: np.full(count, np.nan, np.float32) for key in SIGNALS},
+        }
+        for slot, task in enumerate(self.current):
+            if task is None:
+                continue  # never reset: it has no episode (its row stays zero)
+            obs, reward, _, _, info = task.env.step(np.asarray(actions[slot], np.float64))
+            self._record(slot, task, obs)
+            out["reward"][slot], out["success"][slot] = reward, bool(info["success"])
+            for key in SIGNALS:
+                out[key][slot] = float(info.get(key, np.nan))
+        return out
+
+    def expert(self) -> np.ndarray:
+        actions = np.zeros((len(self.current), 4), np.float32)
+        for slot, task in enumerate(self.current):
+            if task is not None and task.obs is not None:
+                actions[slot] = np.clip(task.expert.get_action(task.obs), -1.0, 1.0)
+        return actions
+
+    def close(self) -> None:
+        for built in self.built:  # renderers before exit (OSMesa's __del__ fails late)
+            for task in built.values():
+                task.renderer.close()
+                task.env.close()
 
 
 def serve(conn: Connection) -> None:
@@ -125,18 +198,21 @@ def serve(conn: Connection) -> None:
     from metaworld.env_dict import ALL_V3_ENVIRONMENTS
 
     names = sorted(ALL_V3_ENVIRONMENTS)
-    camera, image_size = str(init["camera"]), int(init["image_size"])
+    cameras, image_size = [str(c) for c in init["cameras"]], int(init["image_size"])
     # Every task's scene includes the same Sawyer base (xyz_base.xml), cameras and all: one
-    # scene's list checks the camera before any episode.
+    # scene's list checks the cameras before any episode.
     base = mujoco.MjModel.from_xml_path(full_V3_path_for("sawyer_xyz/sawyer_reach_v3.xml"))
-    cameras = [base.camera(i).name for i in range(base.ncam)]
-    if camera not in cameras:
-        reason = f"camera {camera!r} is not in Meta-World's scene; valid: {cameras}"
-        send(conn, "refused", reason=reason)
+    known = [base.camera(i).name for i in range(base.ncam)]
+    unknown = [c for c in cameras if c not in known]
+    if unknown:
+        send(
+            conn,
+            "refused",
+            reason=f"camera {unknown[0]!r} is not in Meta-World's scene; valid: {known}",
+        )
         return
-    tasks: dict[str, Task] = {}
-    current: Task | None = None
     fovy = {base.camera(i).name: float(base.cam_fovy[i]) for i in range(base.ncam)}
+    slots = Slots(int(init["slots"]), cameras, image_size, names)
     send(conn, "ready", seconds=time.perf_counter() - start, tasks=names, camera_fovy=fovy)
     try:
         while True:
@@ -149,45 +225,25 @@ def serve(conn: Connection) -> None:
                     send(conn, "closed")
                     return
                 if op == "reset":
-                    name = str(msg["task"])
-                    if name not in ALL_V3_ENVIRONMENTS:
-                        raise Refused(f"unknown Meta-World task {name!r}; valid: {names}")
-                    if name not in tasks:
-                        tasks[name] = build_task(name, camera, image_size)
-                    current = tasks[name]
-                    current.env.seed(int(msg["seed"]))
-                    obs, _ = current.env.reset()
-                    current.obs = obs  # what the expert reads
-                    up_axis = current.env.data.cam_xmat[current.camera_id].reshape(3, 3)[:, 1]
-                    current.upright = bool(up_axis[2] < 0)
+                    task = None
+                    for slot, name, seed in zip(
+                        msg["slots"], msg["tasks"], msg["seeds"], strict=True
+                    ):
+                        task = slots.reset(int(slot), str(name), int(seed))
+                    assert task is not None, "a reset names at least one slot"
                     send(
                         conn,
                         "obs",
-                        **observation(current, obs),
-                        max_steps=int(current.env.max_path_length),
+                        **slots.obs_fields(),
                         # What the declared robot (robots/sawyer) states: a test compares them.
-                        control_period_s=float(current.env.dt),
-                        action_scale=float(current.env.action_scale),
+                        control_period_s=float(task.env.dt),
+                        action_scale=float(task.env.action_scale),
                     )
-                elif op in ("step", "expert") and current is None:
-                    raise RuntimeError(f"{op} before the first reset")
                 elif op == "step":
-                    assert current is not None
-                    action = np.asarray(msg["action"], np.float64)
-                    obs, reward, _, truncated, info = current.env.step(action)
-                    current.obs = obs
-                    send(
-                        conn,
-                        "obs",
-                        **observation(current, obs),
-                        reward=float(reward),
-                        success=bool(info["success"]),
-                        truncated=bool(truncated),
-                    )
+                    out = slots.step(np.asarray(msg["actions"], np.float32))
+                    send(conn, "obs", **slots.obs_fields(), **out)
                 elif op == "expert":
-                    assert current is not None and current.obs is not None
-                    action = np.clip(current.expert.get_action(current.obs), -1.0, 1.0)
-                    send(conn, "action", action=action.astype(np.float32))
+                    send(conn, "action", actions=slots.expert())
                 else:
                     raise ValueError(f"unknown operation {op!r}")
             except Refused as refusal:
@@ -195,9 +251,7 @@ def serve(conn: Connection) -> None:
             except Exception:
                 send(conn, "error", traceback=traceback.format_exc())
     finally:
-        for task in tasks.values():  # renderers before exit (OSMesa's __del__ fails late)
-            task.renderer.close()
-            task.env.close()
+        slots.close()
 
 
 if __name__ == "__main__":

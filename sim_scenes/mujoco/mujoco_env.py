@@ -32,7 +32,15 @@ from sim_scenes.mujoco.touch_scene import (
     index_scene,
 )
 from sim_scenes.seeds import next_episode_seed
-from sim_scenes.touch import EpisodeLayout, Phrasing, SceneError, SceneVariant, sample_layout
+from sim_scenes.tasks import TaskVariant
+from sim_scenes.touch import (
+    EpisodeLayout,
+    Phrasing,
+    SceneError,
+    SceneVariant,
+    sample_layout,
+    touch_variant,
+)
 
 _STATE_SPEC = mujoco.mjtState.mjSTATE_FULLPHYSICS
 
@@ -48,7 +56,7 @@ class MujocoBatchedEnv(BatchedEnv):
     def __init__(
         self,
         robot: RobotSpec,
-        variant: SceneVariant,
+        variant: TaskVariant,
         num_envs: int,
         cameras: Sequence[str] = ("scene",),
         image_size: int = 64,
@@ -60,6 +68,7 @@ class MujocoBatchedEnv(BatchedEnv):
         super().__init__(
             robot, variant, num_envs, cameras, image_size, autoreset, retarget, phrasing
         )
+        self.variant: SceneVariant = touch_variant(variant)
         if num_threads < 1:
             raise SceneError(f"num_threads must be >= 1, got {num_threads}")
 

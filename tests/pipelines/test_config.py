@@ -3,17 +3,11 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from pipelines.config import CONFIG_DIR, ConfigError, PipelineConfig, load_config, save_resolved
-from robots.spec import RobotSpec
-from sim_scenes import tasks
-from sim_scenes.tasks import FailureMode, TaskFamily
-from sim_scenes.touch import SceneVariant
 
 DEMO = CONFIG_DIR / "demo.yaml"
 
@@ -66,43 +60,6 @@ def test_unknown_robot_and_variant_list_choices(tmp_path: Path) -> None:
     assert "unknown export variant; valid choices: int8" in problems(path)
 
 
-class _SawyerTasks(TaskFamily):
-    """A second task family, on another robot and backend, as the registry sees one."""
-
-    name, description, robot = "reach", "a UR5 reaches", "ur5"
-    backends, phrasings = ("metaworld",), ("trained",)
-    example_instruction = "reach the goal"
-    env_state_names = ("goal.x", "goal.y", "goal.z")
-    failure_modes, episode_signals = (FailureMode("timeout", "timeout", "time ran out"),), {}
-
-    def variant_names(self, split: str | None = None) -> list[str]:
-        return ["reach-v3"] if split in (None, "train") else []
-
-    def variant(self, name: str) -> SceneVariant:
-        raise AssertionError("the config's checks need no variant")
-
-    def eval_variants(self, name: str) -> list[str]:
-        return [name]
-
-    def pretrain_variants(self, target: str) -> list[str]:
-        return []
-
-    def describe(self, name: str) -> dict[str, str]:
-        return {"description": "reach a goal"}
-
-    def instructions(self) -> list[str]:
-        return ["reach the goal"]
-
-    def env_state(self, env: object) -> np.ndarray:
-        raise AssertionError("the config's checks play no episode")
-
-    def failure_mode(self, success: bool, signals: dict[str, float], task: object) -> str:
-        raise AssertionError("the config's checks play no episode")
-
-    def expert(self, robot: RobotSpec) -> Callable[..., np.ndarray]:
-        raise AssertionError("the config's checks play no episode")
-
-
 def test_the_task_names_its_family_robot_and_backends(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -113,29 +70,27 @@ def test_the_task_names_its_family_robot_and_backends(
     assert plain.robot == spelled.robot == "rp5"
     assert "/" not in spelled.dataset_name() and "touch-touch-mixed" in spelled.dataset_name()
     assert plain.dataset_name().startswith("x-touch-mixed-"), "touch names are unchanged"
-    msg = problems(write(tmp_path, "name: x\nscene:\n  variant: metaworld/mt10\n"))
-    assert "field 'scene.variant' = 'metaworld/mt10': unknown task family 'metaworld'" in msg
+    msg = problems(write(tmp_path, "name: x\nscene:\n  variant: metaworld9/mt10\n"))
+    assert "field 'scene.variant' = 'metaworld9/mt10': unknown task family 'metaworld9'" in msg
 
-    monkeypatch.setitem(tasks.TASKS, "reach", f"{__name__}:_SAWYER")
-    tasks.task_family.cache_clear()
-    try:
-        reach = "name: x\nscene:\n  variant: reach/reach-v3\n"
-        msg = problems(write(tmp_path, reach + "robot: rp5\n"))
-        assert (
-            "field 'robot' = 'rp5': the task 'reach/reach-v3' (scene.variant) runs on robot 'ur5'"
-        ) in msg
-        # Unset, the robot is the task's (here one the robots registry lacks: named as such).
-        assert "field 'robot' = 'ur5': unknown robot" in problems(write(tmp_path, reach))
-        msg = problems(DEMO, ("scene.variant=reach/reach-v3", "robot=rp5"))
-        assert "--set 'robot=rp5'" in msg
-        monkeypatch.setattr(_SAWYER, "robot", "rp5")
-        msg = problems(write(tmp_path, reach))
-        assert "field 'sim.backend' = 'mujoco': the reach tasks play on metaworld" in msg
-    finally:
-        tasks.task_family.cache_clear()
-
-
-_SAWYER = _SawyerTasks()
+    mt10 = "name: x\nscene:\n  variant: metaworld/mt10\n  cameras: [corner2]\n"
+    msg = problems(write(tmp_path, mt10 + "robot: rp5\nsim:\n  backend: metaworld\n"))
+    assert (
+        "field 'robot' = 'rp5': the task 'metaworld/mt10' (scene.variant) runs on robot 'sawyer'"
+    ) in msg
+    msg = problems(DEMO, ("scene.variant=metaworld/mt10", "robot=rp5"))
+    assert "--set 'robot=rp5'" in msg
+    # Unset, the robot is the task's; the backend and cameras must be the task's and robot's.
+    msg = problems(write(tmp_path, mt10))
+    assert "field 'sim.backend' = 'mujoco': the metaworld tasks play on metaworld" in msg
+    on_metaworld = "sim:\n  backend: metaworld\n"
+    msg = problems(write(tmp_path, mt10.replace("corner2", "scene") + on_metaworld))
+    assert "field 'scene.cameras' = ['scene']: unknown camera 'scene' for robot 'sawyer'" in msg
+    # Meta-World's success is its own: a radius is refused by name, not ignored.
+    msg = problems(write(tmp_path, mt10 + "  success:\n    radius: 0.05\n" + on_metaworld))
+    assert "scene.success: the metaworld tasks keep their own success (radius cannot be set)" in msg
+    config = load_config(write(tmp_path, mt10 + on_metaworld))
+    assert config.robot == "sawyer" and config.scene.task().name == "mt10"
 
 
 def test_unknown_camera_lists_the_robots_cameras(tmp_path: Path) -> None:

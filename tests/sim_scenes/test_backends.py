@@ -15,7 +15,7 @@ from sim_scenes.config import BACKENDS, SceneConfig, SimConfig
 from sim_scenes.isaaclab.env import ENV_VAR, IsaacLabMissingError
 from sim_scenes.mujoco.mujoco_env import MujocoBatchedEnv
 from sim_scenes.sim_robot import SimulatedRobot
-from sim_scenes.touch import SceneError, get_variant, sample_layout
+from sim_scenes.touch import SceneError, get_variant, sample_layout, touch_variant
 
 
 @pytest.mark.parametrize("name", sorted(BACKENDS))
@@ -59,7 +59,7 @@ def test_the_phrasing_reaches_the_backends_episodes(rp5: RobotSpec) -> None:
         trained = env.reset(seeds)
     with make_env(rp5, scene, sim, cameras=(), autoreset=False, phrasing="unseen") as env:
         unseen = env.reset(seeds)
-    task = scene.task()
+    task = touch_variant(scene.task())
     assert unseen.instruction == [
         sample_layout(task, rp5, s, phrasing="unseen").instruction for s in seeds
     ]

@@ -30,7 +30,7 @@ from sim_scenes.isaaclab.client import IsaacLabWorkerError
 from sim_scenes.isaaclab.env import ENV_VAR, isaaclab_python
 from sim_scenes.mujoco.mujoco_env import MujocoBatchedEnv
 from sim_scenes.seeds import episode_seeds, next_episode_seed
-from sim_scenes.touch import COLOURS, Phrasing, get_variant, sample_layout
+from sim_scenes.touch import COLOURS, Phrasing, get_variant, sample_layout, touch_variant
 from sim_scenes.touch_task import TOUCH
 from tests.conftest import needs_isaaclab
 
@@ -146,7 +146,9 @@ def test_the_scene_configs_task_overrides_reach_isaac_lab(rp5: RobotSpec) -> Non
 
     def paid(slots: list[int], obs: object, actions: object, result: StepResult) -> None:
         d, before = result.info["tcp_target_distance"], result.info["tcp_target_distance_before"]
-        rewards.append((result.reward, strict.rl_task().reward(result.success, d, before)))
+        rewards.append(
+            (result.reward, touch_variant(strict.rl_task()).reward(result.success, d, before))
+        )
 
     sim = SimConfig(backend="isaaclab", num_envs=4)
     with open_env(
@@ -160,7 +162,10 @@ def test_the_scene_configs_task_overrides_reach_isaac_lab(rp5: RobotSpec) -> Non
     short = SceneConfig(episode_steps=3)
     with isaac(rp5, 4, (), autoreset=False, scene=short, phrasing="unseen") as isaac_env:
         cut = play_episodes(isaac_env, expert, seeds, signals=TOUCH.episode_signals)
-    unseen = [sample_layout(short.task(), rp5, s, phrasing="unseen").instruction for s in seeds]
+    unseen = [
+        sample_layout(touch_variant(short.task()), rp5, s, phrasing="unseen").instruction
+        for s in seeds
+    ]
     assert [r.instruction for r in cut] == unseen
     assert all(r.success for r in tighter)
     assert all(abs(a.length - b.length) <= 1 for a, b in zip(tighter, on_mujoco, strict=True))

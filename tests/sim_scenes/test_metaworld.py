@@ -1,6 +1,7 @@
-"""Meta-World through its worker process: the scripted experts solve their tasks, camera images
-have the asked size, move with the robot and repeat with the seed, and a missing environment, an
-unknown task or camera, or a dead worker each get a clear error.
+"""Meta-World through its worker processes, as the ``metaworld`` backend and task family: the
+scripted experts solve their tasks, camera images have the asked size, move with the robot and
+repeat with the seed whatever the number of workers, episodes reset themselves at their cap, and
+a missing environment, an unknown camera, or a dead worker each get a clear error.
 
 Tests marked ``metaworld`` need the Meta-World environment (``make metaworld-env``) and skip
 without it; ``make test`` builds it and sets ``ROBO_PIPE_METAWORLD_PYTHON``, so in CI they fail
@@ -14,94 +15,118 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from robo_pipe.errors import RoboPipeError
 from robots.sawyer import SAWYER
-from sim_scenes.metaworld.client import MetaWorldEnv, MetaWorldWorkerError
+from sim_scenes.episodes import play_episodes
+from sim_scenes.errors import SceneError
+from sim_scenes.metaworld.batched import MetaWorldBatchedEnv, MetaWorldWorkerError
 from sim_scenes.metaworld.env import ENV_VAR, MetaWorldMissingError
-from sim_scenes.worker_process import WorkerRefusal
+from sim_scenes.metaworld.tasks import METAWORLD, MetaWorldVariant
 from tests.conftest import needs_metaworld
 
 ROOT = Path(__file__).resolve().parents[2]
 SIZE = 64
 
 
+def open_env(
+    variant: str | MetaWorldVariant, num_envs: int = 2, workers: int = 2, **kwargs: object
+) -> MetaWorldBatchedEnv:
+    spec = METAWORLD.variant(variant) if isinstance(variant, str) else variant
+    return MetaWorldBatchedEnv(
+        SAWYER,
+        spec,
+        num_envs,
+        ("corner2",),
+        SIZE,
+        workers=workers,
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
 @pytest.fixture(scope="module")
-def mw() -> Iterator[MetaWorldEnv]:
-    """One worker for the module, 64 px frames from the ``corner2`` camera."""
-    with MetaWorldEnv("corner2", SIZE) as env:
+def mt2() -> Iterator[MetaWorldBatchedEnv]:
+    """Two envs of the two-task variant in two workers, as evaluation plays them."""
+    with open_env("mt2", autoreset=False) as env:
         yield env
 
 
-def expert_episode(env: MetaWorldEnv, task: str, seed: int) -> tuple[bool, int]:
-    """(solved, steps) of the scripted expert on one seeded episode, stopping at success."""
-    env.reset(task, seed)
-    for step in range(1, env.max_steps + 1):
-        if env.step(env.expert_action()).success:
-            return True, step
-    return False, env.max_steps
-
-
 @needs_metaworld
-@pytest.mark.parametrize(("task", "seeds"), [("reach-v3", (0, 1, 2)), ("drawer-close-v3", (0, 1))])
-def test_the_scripted_expert_solves_its_task(
-    mw: MetaWorldEnv, task: str, seeds: tuple[int, ...]
-) -> None:
-    results = [expert_episode(mw, task, seed) for seed in seeds]
-    assert all(solved for solved, _ in results), results
+def test_the_scripted_experts_solve_their_tasks(mt2: MetaWorldBatchedEnv) -> None:
+    seeds = list(range(6))  # both tasks: a seed's task is seed % 2
+    records = play_episodes(mt2, METAWORLD.expert(SAWYER), seeds, signals=METAWORLD.episode_signals)
+    assert {mt2.variant.episode_task(s) for s in seeds} == set(mt2.variant.tasks)
+    assert all(r.success for r in records), [(r.seed, r.length) for r in records]
     # the episodes end well before the cap: an expert that wanders in by chance would not
-    assert max(steps for _, steps in results) < mw.max_steps // 2, results
+    assert max(r.length for r in records) < mt2.variant.episode_steps // 2
+    # Meta-World's own info reaches the family's failure signals: the hand came near its object
+    assert all(r.signals["near_object"] == 1.0 for r in records), [r.signals for r in records]
+    assert {METAWORLD.failure_mode(True, r.signals, mt2.variant) for r in records} == {""}
+    instructions = {r.instruction for r in records}
+    assert instructions <= set(METAWORLD.instructions()) and len(instructions) >= 2
 
 
 @needs_metaworld
-def test_images_have_the_asked_size_move_with_the_robot_and_repeat_with_the_seed(
-    mw: MetaWorldEnv,
+def test_images_move_with_the_robot_and_repeat_with_the_seed_whatever_the_workers(
+    mt2: MetaWorldBatchedEnv,
 ) -> None:
-    def frames(task: str, seed: int) -> tuple[list[np.ndarray], np.ndarray]:
-        obs = mw.reset(task, seed)
-        images = [obs.image]
+    def frames(env: MetaWorldBatchedEnv, seeds: list[int]) -> tuple[list[np.ndarray], np.ndarray]:
+        obs = env.reset(seeds)
+        images = [obs.images["corner2"]]
         for _ in range(4):
-            obs = mw.step(mw.expert_action()).obs
-            images.append(obs.image)
+            obs = env.step(env.expert_actions()).obs
+            images.append(obs.images["corner2"])
         return images, obs.state
 
-    first, state = frames("reach-v3", 7)
-    assert first[0].shape == (SIZE, SIZE, 3) and first[0].dtype == np.uint8
-    assert state.shape == (4,)
+    first, state = frames(mt2, [7, 8])
+    assert first[0].shape == (2, SIZE, SIZE, 3) and first[0].dtype == np.uint8
+    assert state.shape == (2, SAWYER.state_dim)
     assert all(not np.array_equal(a, b) for a, b in itertools.pairwise(first))
-    other, _ = frames("drawer-close-v3", 3)  # another task's physics in between
-    again, state_again = frames("reach-v3", 7)
+    assert not np.array_equal(first[0][0], first[0][1]), "two tasks, two scenes"
+    with open_env("mt2", num_envs=2, workers=1, autoreset=False) as one_worker:
+        again, state_again = frames(one_worker, [7, 8])
     assert all(np.array_equal(a, b) for a, b in zip(first, again, strict=True))
     np.testing.assert_array_equal(state, state_again)
-    # another seed is another layout: the goal (the end of Meta-World's observation) moves
-    assert not np.array_equal(mw.reset("reach-v3", 8).env_state, mw.reset("reach-v3", 7).env_state)
-    assert not np.array_equal(other[0], first[0])
+    # another seed of the same task is another layout: its goal moves
+    mt2.reset([7, 9])
+    goal = mt2.privileged()["goal_pos"]
+    assert mt2.variant.episode_task(7) == mt2.variant.episode_task(9)
+    assert not np.array_equal(goal[0], goal[1])
+    assert METAWORLD.env_state(mt2).shape == (2, len(METAWORLD.env_state_names))
 
 
 @needs_metaworld
-def test_an_unknown_task_is_refused_by_name(mw: MetaWorldEnv) -> None:
-    with pytest.raises(WorkerRefusal, match="reach-v3") as err:
-        mw.reset("reach-v9", 0)
-    assert isinstance(err.value, RoboPipeError) and "reach-v9" in str(err.value)
-    mw.reset("reach-v3", 0)  # the worker serves on
+def test_an_episode_at_its_cap_resets_itself_with_its_next_seed() -> None:
+    """Same-step autoreset: the step that reaches the cap reports the episode and returns the
+    next episode's first observation; a still arm never succeeds, so every episode is cut."""
+    short = replace(METAWORLD.variant("door-open"), episode_steps=3)
+    with open_env(short, num_envs=1, workers=1) as env:
+        first = env.reset([5]).images["corner2"]
+        hold = np.array([[0.0, 0.0, 0.0, -1.0]], np.float32)
+        results = [env.step(hold) for _ in range(3)]
+    assert [len(r.final.env_ids) for r in results] == [0, 0, 1]
+    end = results[-1]
+    assert end.truncated[0] and not end.success[0] and end.final.length.tolist() == [3]
+    assert end.final.seeds.tolist() == [5]
+    assert not np.array_equal(end.obs.images["corner2"][0], first), "a new layout"
 
 
 @needs_metaworld
-def test_an_unknown_camera_is_refused_by_name_before_any_episode() -> None:
-    with pytest.raises(WorkerRefusal, match=r"'corner9'.*corner2"):
-        MetaWorldEnv("corner9", SIZE)
+def test_an_unknown_camera_is_refused_by_name_before_any_worker_starts() -> None:
+    with pytest.raises(SceneError, match=r"'corner9'.*corner2"):
+        MetaWorldBatchedEnv(SAWYER, METAWORLD.variant("reach"), 1, ("corner9",), SIZE)
 
 
 def test_a_missing_environment_is_a_named_error_before_any_work(tmp_path: Path) -> None:
     """Through the benchmark script a user runs: exit 2, no traceback, ``make metaworld-env``
-    named; the client raises before starting a process."""
+    named; the backend raises before starting a process."""
     missing = tmp_path / "nope" / "python"
     result = subprocess.run(
-        [sys.executable, "benchmarks/metaworld.py", "--quick"],
+        [sys.executable, "benchmarks/metaworld.py", "--quick", "--experts-only"],
         cwd=ROOT,
         env={**os.environ, ENV_VAR: str(missing), "PYTHONPATH": str(ROOT)},
         capture_output=True,
@@ -122,7 +147,7 @@ def test_a_missing_environment_starts_no_process(
     started = []
     monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: started.append(a))
     with pytest.raises(MetaWorldMissingError, match="make metaworld-env"):
-        MetaWorldEnv()
+        open_env("reach")
     assert started == []
 
 
@@ -134,35 +159,36 @@ def test_a_worker_that_dies_is_reported_with_its_log(
     fake.chmod(0o755)
     monkeypatch.setenv(ENV_VAR, str(fake))
     with pytest.raises(MetaWorldWorkerError, match="exited with code 3") as err:
-        MetaWorldEnv()
+        open_env("reach")
     assert "cannot load libGL" in str(err.value)
 
 
 @needs_metaworld
-def test_the_declared_sawyer_is_the_robot_meta_world_drives(mw: MetaWorldEnv) -> None:
+def test_the_declared_sawyer_is_the_robot_meta_world_drives() -> None:
     """robots/sawyer states Meta-World's Sawyer without its MJCF: its rate, hand step, cameras
     and the sizes of its state and action are what the worker reports for a real episode."""
-    obs = mw.reset("reach-v3", 0)
-    assert SAWYER.control_hz == pytest.approx(1.0 / mw.control_period_s)
-    assert SAWYER.action.scale[:3] == (mw.action_scale,) * 3
-    assert {c.name: c.fovy_deg for c in SAWYER.cameras} == pytest.approx(mw.camera_fovy)
-    assert obs.state.shape == (SAWYER.state_dim,)
-    # The gripper's opening is normalised to 0..1; the hand is inside the robot's workspace.
-    assert 0.0 <= obs.state[3] <= 1.0 and SAWYER.action.dim == 4
+    with open_env("reach", num_envs=1, workers=1, autoreset=False) as mw:
+        obs = mw.reset([0])
+        assert SAWYER.control_hz == pytest.approx(1.0 / mw.control_period_s)
+        assert SAWYER.action.scale[:3] == (mw.action_scale,) * 3
+        assert {c.name: c.fovy_deg for c in SAWYER.cameras} == pytest.approx(mw.camera_fovy)
+        assert obs.state.shape == (1, SAWYER.state_dim)
+        # The gripper's opening is normalised to 0..1; the action is 4-D.
+        assert 0.0 <= obs.state[0, 3] <= 1.0 and SAWYER.action.dim == 4
 
-    # Hand deltas move the hand by their scale (0.01 m a unit; 5 units: 5 cm), as chunk_targets
-    # plans; the hold action keeps it still (the hand settles after a reset and follows its
-    # mocap target with a lag, so both get steps to settle).
-    def hold(state: np.ndarray, steps: int) -> np.ndarray:
-        for _ in range(steps):
-            state = mw.step(SAWYER.hold_action(state)).obs.state
-        return state
+        # Hand deltas move the hand by their scale (0.01 m a unit; 5 units: 5 cm), as
+        # chunk_targets plans; the hold action keeps it still (the hand settles after a reset
+        # and follows its mocap target with a lag, so both get steps to settle).
+        def hold(state: np.ndarray, steps: int) -> np.ndarray:
+            for _ in range(steps):
+                state = mw.step(SAWYER.hold_action(state)[None]).obs.state[0]
+            return state
 
-    start = hold(obs.state, 20)
-    push = np.array([[1.0, 0.0, 0.0, -1.0]] * 5, np.float32)
-    planned = SAWYER.chunk_targets(push, start)[-1, 0] * SAWYER.action.scale[0]
-    assert planned == pytest.approx(start[0] + 0.05)
-    state = start
-    for action in push:
-        state = mw.step(action).obs.state
-    assert hold(state, 40)[0] == pytest.approx(planned, abs=5e-3)
+        start = hold(obs.state[0], 20)
+        push = np.array([[1.0, 0.0, 0.0, -1.0]] * 5, np.float32)
+        planned = SAWYER.chunk_targets(push, start)[-1, 0] * SAWYER.action.scale[0]
+        assert planned == pytest.approx(start[0] + 0.05)
+        state = start
+        for action in push:
+            state = mw.step(action[None]).obs.state[0]
+        assert hold(state, 40)[0] == pytest.approx(planned, abs=5e-3)

@@ -21,7 +21,7 @@ from sim_scenes.backends import make_env
 from sim_scenes.config import SceneConfig, SimConfig, SuccessConfig
 from sim_scenes.episodes import play_episodes
 from sim_scenes.expert import ScriptedExpert
-from sim_scenes.touch import SceneError, sample_layout
+from sim_scenes.touch import SceneError, sample_layout, touch_variant
 from sim_scenes.touch_task import TOUCH
 from stages.evaluate import EvalConfig, EvalReport, ShardOutcome, evaluate
 from stages.evaluate.comparison import compare
@@ -516,7 +516,9 @@ def test_the_evaluate_verb_plays_the_unseen_phrasings_and_says_so(
     assert report.episodes == len(report.rows) == len(report.outcomes) >= 2
     for o in report.outcomes:
         task = SceneConfig(**CFG.scene.model_dump(exclude={"variant"}), variant=o["variant"])
-        layout = sample_layout(task.task(), get_robot(CFG.robot), o["seed"], phrasing="unseen")
+        layout = sample_layout(
+            touch_variant(task.task()), get_robot(CFG.robot), o["seed"], phrasing="unseen"
+        )
         assert o["instruction"] == layout.instruction
     novel = robo_pipe("--phrasing", "novel")
     shown = " ".join(novel.stderr.split())

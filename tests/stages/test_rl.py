@@ -20,6 +20,7 @@ import torch
 
 from robots.spec import RobotSpec
 from sim_scenes.config import RewardConfig, SceneConfig, SimConfig
+from sim_scenes.touch import touch_variant
 from stages.finetune.algorithm import ALGORITHMS, RLAlgorithm, algorithm_class
 from stages.finetune.config import FinetuneConfig, GRPOConfig, PPOConfig, RLConfig, SACConfig
 from stages.finetune.grpo import GRPO, group_advantages
@@ -284,7 +285,7 @@ def test_rl_plays_the_simulators_reward_with_the_configs_terms(rp5: RobotSpec) -
     evaluations play :meth:`SceneConfig.task`, the variant's own."""
     from sim_scenes.backends import open_env
 
-    rl, own = SCENE.rl_task(), SCENE.task()
+    rl, own = touch_variant(SCENE.rl_task()), touch_variant(SCENE.task())
     assert rl.reward.progress_weight == 2.0 != own.reward.progress_weight
     assert replace(rl, reward=own.reward) == own, "only the reward differs"
     rng = np.random.default_rng(0)

@@ -40,6 +40,10 @@ OBJECT, GOAL = slice(4, 7), slice(36, 39)
 """Where Meta-World's observation holds the task's object and its goal (m, world frame)."""
 
 
+def _distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.sqrt(np.square(a - b).sum(axis=1)).astype(np.float32)
+
+
 class MetaWorldWorkerError(WorkerError):
     """A Meta-World worker failed; the message carries its traceback and log tail."""
 
@@ -107,7 +111,7 @@ class MetaWorldBatchedEnv(BatchedEnv):
                 "ready",
                 START_TIMEOUT_S,
                 [
-                    {"cameras": list(self.cameras) or [], "image_size": image_size, "slots": n}
+                    {"cameras": list(self.cameras), "image_size": image_size, "slots": int(n)}
                     for n in np.diff(self._bounds)
                 ],
             )
@@ -215,9 +219,10 @@ class MetaWorldBatchedEnv(BatchedEnv):
         self.timings["simulate"] += time.perf_counter() - tick
         obs = self._observe(replies)
         reward, success = self._gather(replies, "reward"), self._gather(replies, "success")
+        truth = self.privileged()  # before an autoreset starts new episodes
         info = {
-            key: self._gather(replies, key)
-            for key in ("near_object", "grasp_success", "obj_to_target")
+            "hand_target_distance": _distance(truth["tcp_pos"], truth["target_pos"]),
+            "target_goal_distance": _distance(truth["target_pos"], truth["goal_pos"]),
         }
         self._steps += 1
         self._return += reward

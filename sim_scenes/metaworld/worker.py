@@ -16,9 +16,10 @@ Operations (request -> reply); arrays have one row per slot (K rows) unless said
   or ``refused`` (an unknown camera; the worker then exits).
 - ``reset`` (slots: int64 (k,), tasks: k task names, seeds: int64 (k,); k >= 1) -> ``obs`` of
   every slot, plus control_period_s and action_scale (floats, the last reset task's).
-- ``step`` (actions: float32 (K, 4)) -> ``obs`` plus reward (float32 (K,)), success (bool (K,):
-  the task's ``info["success"]``) and the signals near_object, grasp_success, obj_to_target
-  (float32 (K,): Meta-World's own ``info`` values).
+- ``step`` (actions: float32 (K, 4)) -> ``obs`` plus reward (float32 (K,)) and success (bool
+  (K,): the task's ``info["success"]``). Meta-World's other ``info`` values mean different
+  things in different tasks (reach's ``near_object`` is a distance, door-open's a reward), so
+  the client measures what it needs from the observation instead.
 - ``expert`` -> ``action`` (actions: float32 (K, 4): each slot's task's scripted expert on its
   current observation, clipped to the action space).
 - ``close`` -> ``closed``.
@@ -52,8 +53,6 @@ from sim_scenes.worker_protocol import receive, run_worker, send
 
 STATE_DIM = 4
 """The Sawyer's own state at the front of Meta-World's observation: hand xyz (m), gripper."""
-SIGNALS = ("near_object", "grasp_success", "obj_to_target")
-"""Meta-World's ``info`` values each step reports (what the family tells failures apart by)."""
 
 
 class Refused(ValueError):
@@ -159,19 +158,13 @@ class Slots:
 
     def step(self, actions: np.ndarray) -> dict[str, np.ndarray]:
         count = len(self.current)
-        out = {
-            "reward": np.zeros(count, np.float32),
-            "success": np.zeros(count, bool),
-            **{key: np.full(count, np.nan, np.float32) for key in SIGNALS},
-        }
+        out = {"reward": np.zeros(count, np.float32), "success": np.zeros(count, bool)}
         for slot, task in enumerate(self.current):
             if task is None:
                 continue  # never reset: it has no episode (its row stays zero)
             obs, reward, _, _, info = task.env.step(np.asarray(actions[slot], np.float64))
             self._record(slot, task, obs)
             out["reward"][slot], out["success"][slot] = reward, bool(info["success"])
-            for key in SIGNALS:
-                out[key][slot] = float(info.get(key, np.nan))
         return out
 
     def expert(self) -> np.ndarray:

@@ -38,6 +38,8 @@ def measure_latency(
             seed=cfg.seed,
             cameras=tuple(spec.cameras),
             image_size=spec.image_size,
+            # the config's simulator, on one thread (one environment has nothing to share out)
+            sim=cfg.sim.model_copy(update={"num_threads": 1}),
         )
 
     first = robot()

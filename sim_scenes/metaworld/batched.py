@@ -220,9 +220,11 @@ class MetaWorldBatchedEnv(BatchedEnv):
         obs = self._observe(replies)
         reward, success = self._gather(replies, "reward"), self._gather(replies, "success")
         truth = self.privileged()  # before an autoreset starts new episodes
+        # what must arrive at the goal: the object, or the hand itself in a task about a point
+        mover = np.where(self._goal_tasks()[:, None], truth["tcp_pos"], truth["target_pos"])
         info = {
             "hand_target_distance": _distance(truth["tcp_pos"], truth["target_pos"]),
-            "target_goal_distance": _distance(truth["target_pos"], truth["goal_pos"]),
+            "target_goal_distance": _distance(mover, truth["goal_pos"]),
         }
         self._steps += 1
         self._return += reward
@@ -260,16 +262,18 @@ class MetaWorldBatchedEnv(BatchedEnv):
         """``tcp_pos`` (the hand), ``target_pos`` (the task's object; reach: its goal point) and
         ``goal_pos``, (N, 3) m, and Meta-World's whole ``observation`` (N, 39)."""
         obs = self._observation
-        goal_tasks = np.array(
-            [self.variant.episode_task(int(s)) in GOAL_IS_TARGET for s in self._seeds]
-        )
-        target = np.where(goal_tasks[:, None], obs[:, GOAL], obs[:, OBJECT])
+        target = np.where(self._goal_tasks()[:, None], obs[:, GOAL], obs[:, OBJECT])
         return {
             "tcp_pos": obs[:, :3].copy(),
             "target_pos": target,
             "goal_pos": obs[:, GOAL].copy(),
             "observation": obs.copy(),
         }
+
+    def _goal_tasks(self) -> np.ndarray:
+        """bool (N,): each env's episode is about a point (:data:`GOAL_IS_TARGET`)."""
+        tasks = [self.variant.episode_task(int(s)) for s in self._seeds]
+        return np.array([task in GOAL_IS_TARGET for task in tasks])
 
     def expert_actions(self) -> np.ndarray:
         """Each env's task's scripted expert (``metaworld.policies``) on its current

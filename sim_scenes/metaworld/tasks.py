@@ -169,7 +169,8 @@ class MetaWorldTasks(TaskFamily):
         FailureMode(
             "short_of_goal",
             "short of goal",
-            "reached the object, never brought it to its goal (the task's own test)",
+            "reached the object, never brought it to its goal by the task's own test (reach: "
+            "came near the goal point, never close enough)",
             measure="closest_goal",
             measure_label="closest",
             unit="cm",
@@ -182,7 +183,8 @@ class MetaWorldTasks(TaskFamily):
             "closest_goal": EpisodeSignal("target_goal_distance", "min"),
         }
     )
-    """m: the hand's closest approach to the task's object, and the object's to its goal."""
+    """m: the hand's closest approach to the task's object, and the object's to its goal (a task
+    about a point, reach: the hand's to it)."""
 
     def variant_names(self, split: str | None = None) -> list[str]:
         return sorted(n for n, v in VARIANTS.items() if split in (None, v.split))

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from robo_pipe.home import mark_home
+from robo_pipe.names import slug
 from robo_pipe.records import Record
 from sim_scenes.tasks import FailureMode, resolve_task
 from stages.evaluate.comparison import Comparison
@@ -429,7 +430,7 @@ def _write_strips(shards: list[ShardOutcome], out: Path, keep: int) -> list[str]
                 frames = shard.frames[e.index]
                 step = max(1, len(frames) // 8)
                 strip = np.concatenate(list(frames[::step][:8]), axis=1)
-                path = out / f"{e.variant}-{e.index:04d}-{label}.png"
+                path = out / f"{slug(e.variant)}-{e.index:04d}-{label}.png"
                 Image.fromarray(strip).save(path)
                 paths.append(str(path))
     return paths

@@ -31,6 +31,7 @@ from typing import Any
 
 from robo_pipe.home import mark_home, unmark_home
 from robo_pipe.locks import StatusFn, output_lock
+from robo_pipe.names import slug
 from robots.spec import get_robot
 from sim_scenes.config import SceneConfig, SimConfig
 from sim_scenes.tasks import DEFAULT_FAMILY, resolve_task, split_task_name, task_name
@@ -124,7 +125,7 @@ def pretrain(
                 sim,
                 collect_config.model_copy(update={"episodes": config.episodes_per_variant}),
                 seed,
-                datasets_dir / f"pretrain-{variant}-{key}",
+                datasets_dir / f"pretrain-{slug(variant)}-{key}",
                 ray_address,
                 on_shard=counted,
                 on_status=on_status,

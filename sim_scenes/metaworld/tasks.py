@@ -67,6 +67,26 @@ INSTRUCTIONS: dict[str, tuple[str, ...]] = {
 }
 """Each task's trained phrasings (an episode's seed picks one)."""
 
+BASE_TASKS = (
+    "button-press-v3",
+    "coffee-button-v3",
+    "faucet-open-v3",
+    "handle-press-v3",
+    "plate-slide-v3",
+)
+"""Meta-World tasks outside MT10 whose scripted experts solve them reliably: what a base for
+MT10 is pretrained on (the Sawyer, its camera and its scenes, none of MT10's tasks)."""
+
+INSTRUCTIONS.update(
+    {
+        "button-press-v3": ("press the button from the front", "push the button in"),
+        "coffee-button-v3": ("press the coffee button", "push the coffee machine button"),
+        "faucet-open-v3": ("open the faucet", "turn the faucet open"),
+        "handle-press-v3": ("press the handle down", "push the handle down"),
+        "plate-slide-v3": ("slide the plate to the goal", "push the plate into the goal"),
+    }
+)
+
 UNSEEN_INSTRUCTIONS: dict[str, tuple[str, ...]] = {
     "reach-v3": ("could you get your hand over to that goal",),
     "push-v3": ("nudge that puck over onto its goal",),
@@ -79,6 +99,15 @@ UNSEEN_INSTRUCTIONS: dict[str, tuple[str, ...]] = {
     "window-open-v3": ("please get that window opened",),
     "window-close-v3": ("please get that window closed",),
 }
+UNSEEN_INSTRUCTIONS.update(
+    {
+        "button-press-v3": ("please hit that button head on",),
+        "coffee-button-v3": ("please hit that coffee button",),
+        "faucet-open-v3": ("please get that faucet opened",),
+        "handle-press-v3": ("please get that handle lowered",),
+        "plate-slide-v3": ("please get that plate onto its goal",),
+    }
+)
 """Each task's unseen phrasings (evaluation only): the task's own nouns, in wording no trained
 instruction uses."""
 
@@ -140,6 +169,12 @@ VARIANTS: dict[str, MetaWorldVariant] = {
     **{
         _short(task): MetaWorldVariant(_short(task), f"MT10's {_short(task)} alone", (task,))
         for task in MT10_TASKS
+    },
+    **{
+        _short(task): MetaWorldVariant(
+            _short(task), f"{_short(task)} alone (outside MT10: a base's task)", (task,)
+        )
+        for task in BASE_TASKS
     },
 }
 
@@ -219,9 +254,10 @@ class MetaWorldTasks(TaskFamily):
         return [_short(task) for task in VARIANTS[name].tasks]
 
     def pretrain_variants(self, target: str) -> list[str]:
-        """The MT10 tasks the target does not play, each alone (none for ``mt10``)."""
+        """:data:`BASE_TASKS` and the MT10 tasks the target does not play, each alone (for
+        ``mt10``: the base tasks only)."""
         own = set(VARIANTS[target].tasks)
-        return [_short(task) for task in MT10_TASKS if task not in own]
+        return [_short(task) for task in (*BASE_TASKS, *MT10_TASKS) if task not in own]
 
     def describe(self, name: str) -> dict[str, str]:
         v = VARIANTS[name]

@@ -14,6 +14,7 @@ import itertools
 import os
 import subprocess
 import sys
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -26,7 +27,8 @@ from sim_scenes.episodes import play_episodes
 from sim_scenes.errors import SceneError
 from sim_scenes.metaworld.batched import MetaWorldBatchedEnv, MetaWorldWorkerError
 from sim_scenes.metaworld.env import ENV_VAR, MetaWorldMissingError
-from sim_scenes.metaworld.tasks import METAWORLD, REACH_M, MetaWorldVariant
+from sim_scenes.metaworld.tasks import METAWORLD, MT10_TASKS, REACH_M, MetaWorldVariant
+from sim_scenes.seeds import episode_seeds
 from tests.conftest import needs_metaworld
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -192,3 +194,40 @@ def test_the_declared_sawyer_is_the_robot_meta_world_drives() -> None:
         for action in push:
             state = mw.step(action[None]).obs.state[0]
         assert hold(state, 40)[0] == pytest.approx(planned, abs=5e-3)
+
+
+def test_the_family_draws_tasks_and_words_from_the_seed_and_keeps_its_own_success() -> None:
+    """No Meta-World needed: the family's answers, as collection, evaluation and pretraining
+    ask them."""
+    mt10 = METAWORLD.variant("mt10")
+    drawn = Counter(mt10.episode_task(s) for s in episode_seeds(0, 2000, "collect"))
+    assert set(drawn) == set(MT10_TASKS) and min(drawn.values()) > 150, drawn
+    words = {mt10.instruction(s) for s in episode_seeds(0, 200, "eval")}
+    assert words <= set(METAWORLD.instructions()) and len(words) > 20
+    unseen = {mt10.instruction(s, "unseen") for s in range(50)}
+    assert not unseen & set(METAWORLD.instructions())
+    # a policy trained on mt10 is measured on each task alone; its base never sees them
+    assert METAWORLD.eval_variants("mt10") == [t.removesuffix("-v3") for t in MT10_TASKS]
+    base = METAWORLD.pretrain_variants("mt10")
+    assert base and not {METAWORLD.variant(v).tasks[0] for v in base} & set(MT10_TASKS)
+    assert "reach" not in METAWORLD.pretrain_variants("mt2")
+    # Meta-World's success and reward are its own; its episode cap at most its 500 steps
+    with pytest.raises(SceneError, match=r"scene.success: .*radius"):
+        METAWORLD.with_overrides(mt10, {"radius": 0.1}, {}, None)
+    with pytest.raises(SceneError, match="500"):
+        METAWORLD.with_overrides(mt10, {}, {}, 501)
+    assert METAWORLD.with_overrides(mt10, {}, {}, 120).episode_steps == 120
+    # why an episode failed, from the measured signals
+    near, far = {"closest_target": 0.02, "closest_goal": 0.04}, {"closest_target": 0.3}
+    assert METAWORLD.failure_mode(False, far, mt10) == "never_reached"
+    assert METAWORLD.failure_mode(False, near, mt10) == "short_of_goal"
+    assert METAWORLD.failure_mode(True, far, mt10) == ""
+
+
+def test_a_touch_backend_refuses_a_meta_world_task_by_name() -> None:
+    """The seam holds: MuJoCo's touch scene is not asked to play a Sawyer task."""
+    from robots.spec import get_robot
+    from sim_scenes.mujoco.mujoco_env import MujocoBatchedEnv
+
+    with pytest.raises(SceneError, match="'mt10' is not a touch task"):
+        MujocoBatchedEnv(get_robot("rp5"), METAWORLD.variant("mt10"), 1, cameras=())

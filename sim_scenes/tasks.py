@@ -131,7 +131,7 @@ class TaskFamily(abc.ABC):
     state recorded beside what the robot sees: :meth:`env_state`). The first two are the
     auxiliary target a policy learns to predict from its images while it learns to act (the
     (x, y) of what the instruction is about, m: touch's named object, a Meta-World task's
-    object), whatever the family: fine-tuning reads them by position."""
+    goal), whatever the family: fine-tuning reads them by position."""
     failure_modes: tuple[FailureMode, ...]
     """Why its episodes fail, as :meth:`failure_mode` names them (the last is the catch-all)."""
     episode_signals: Mapping[str, EpisodeSignal]

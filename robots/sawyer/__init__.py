@@ -30,6 +30,9 @@ SAWYER = RobotSpec(
         CameraSpec("topview", 45.0),
         CameraSpec("behindGripper", 60.0),
         CameraSpec("gripperPOV", 90.0),
+        # robo-pipe's own: the table's workspace, framed for small images (the worker's
+        # WORKSPACE_VIEW); its field of view is the scene's free-camera one
+        CameraSpec("workspace", 45.0),
     ),
     action=ActionSpec(
         names=("hand.dx", "hand.dy", "hand.dz", "gripper.effort"),

@@ -11,7 +11,8 @@ slot's env for a task is built on that slot's first reset of it and kept.
 
 Operations (request -> reply); arrays have one row per slot (K rows) unless said otherwise:
 
-- ``init`` (cameras: list of str, image_size: int, slots: int) -> ``ready`` (seconds: float,
+- ``init`` (cameras: list of str, Meta-World's or :data:`WORKSPACE`; image_size: int; slots:
+  int) -> ``ready`` (seconds: float,
   tasks: every Meta-World task name, camera_fovy: camera name -> vertical field of view, deg),
   or ``refused`` (an unknown camera; the worker then exits).
 - ``reset`` (slots: int64 (k,), tasks: k task names, seeds: int64 (k,); k >= 1) -> ``obs`` of
@@ -53,10 +54,37 @@ from sim_scenes.worker_protocol import receive, run_worker, send
 
 STATE_DIM = 4
 """The Sawyer's own state at the front of Meta-World's observation: hand xyz (m), gripper."""
+WORKSPACE = "workspace"
+"""robo-pipe's own camera (not in Meta-World's scene): a free camera framing the table's
+workspace from Meta-World's corner2 side. corner2 frames the whole robot, table and floor, so at
+64 px a puck or a goal is a pixel or two; this one shows them ~3x larger, every MT10 object in
+view over the layouts the tasks draw."""
+WORKSPACE_VIEW = {
+    "lookat": (0.0, 0.68, 0.05),
+    "azimuth": 150.0,
+    "elevation": -40.0,
+    "distance": 1.05,
+}
+"""Its pose: the point it looks at (m, world frame), azimuth and elevation (deg), distance (m)."""
+GOAL_MARKER_SCALE = 2.5
+"""The goal marker (Meta-World's ``goal`` site: a 2 cm sphere, drawn only, never touched) is
+drawn this much larger: at 64 px the goal a reach, push or pick-place must end at is otherwise
+two pixels. Sites take no part in physics or success."""
 
 
 class Refused(ValueError):
     """A request named something the worker does not have (replied as ``refused``)."""
+
+
+def workspace_camera() -> mujoco.MjvCamera:
+    """:data:`WORKSPACE` as a free camera (its field of view: the model's ``vis.global_.fovy``)."""
+    camera = mujoco.MjvCamera()
+    camera.type = mujoco.mjtCamera.mjCAMERA_FREE
+    camera.lookat[:] = WORKSPACE_VIEW["lookat"]
+    camera.azimuth = WORKSPACE_VIEW["azimuth"]
+    camera.elevation = WORKSPACE_VIEW["elevation"]
+    camera.distance = WORKSPACE_VIEW["distance"]
+    return camera
 
 
 @dataclass
@@ -66,7 +94,7 @@ class Task:
     env: Any
     expert: Any
     renderer: mujoco.Renderer
-    camera_ids: list[int]
+    camera_ids: list[int | mujoco.MjvCamera]
     upright: list[bool] = field(default_factory=list)
     """Per camera: rotate images 180 degrees (the camera is mounted upside down, as Meta-World's
     corner cameras are), found from the camera's up axis after each reset."""
@@ -94,13 +122,21 @@ def build_task(name: str, cameras: list[str], image_size: int) -> Task:
     # No shadows, no multisampling, an offscreen buffer the size of the image (FACTS: ~70x
     # faster on software GL), and no reflections: the table's mirror pass drew the scene twice
     # (13.9 -> 8.4 ms a 64 px frame; most of the rest is the Sawyer's 67k-face meshes).
+    goal = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_SITE, "goal")
+    if goal >= 0:
+        model.site_size[goal] *= GOAL_MARKER_SCALE
     model.vis.quality.shadowsize = 0
     model.vis.quality.offsamples = 0
     model.vis.global_.offwidth = image_size
     model.vis.global_.offheight = image_size
     renderer = mujoco.Renderer(model, image_size, image_size)
     renderer.scene.flags[mujoco.mjtRndFlag.mjRND_REFLECTION] = 0
-    ids = [mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_CAMERA, c) for c in cameras]
+    ids: list[int | mujoco.MjvCamera] = [
+        workspace_camera()
+        if c == WORKSPACE
+        else mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_CAMERA, c)
+        for c in cameras
+    ]
     return Task(env, ENV_POLICY_MAP[name](), renderer, ids)
 
 
@@ -150,7 +186,8 @@ class Slots:
         task.env.seed(seed)
         obs, _ = task.env.reset()
         task.upright = [
-            bool(task.env.data.cam_xmat[i].reshape(3, 3)[2, 1] < 0) for i in task.camera_ids
+            isinstance(i, int) and bool(task.env.data.cam_xmat[i].reshape(3, 3)[2, 1] < 0)
+            for i in task.camera_ids
         ]
         self.max_steps[slot] = int(task.env.max_path_length)
         self._record(slot, task, obs)
@@ -195,7 +232,7 @@ def serve(conn: Connection) -> None:
     # Every task's scene includes the same Sawyer base (xyz_base.xml), cameras and all: one
     # scene's list checks the cameras before any episode.
     base = mujoco.MjModel.from_xml_path(full_V3_path_for("sawyer_xyz/sawyer_reach_v3.xml"))
-    known = [base.camera(i).name for i in range(base.ncam)]
+    known = [base.camera(i).name for i in range(base.ncam)] + [WORKSPACE]
     unknown = [c for c in cameras if c not in known]
     if unknown:
         send(
@@ -205,6 +242,7 @@ def serve(conn: Connection) -> None:
         )
         return
     fovy = {base.camera(i).name: float(base.cam_fovy[i]) for i in range(base.ncam)}
+    fovy[WORKSPACE] = float(base.vis.global_.fovy)
     slots = Slots(int(init["slots"]), cameras, image_size, names)
     send(conn, "ready", seconds=time.perf_counter() - start, tasks=names, camera_fovy=fovy)
     try:

@@ -70,7 +70,7 @@ def test_two_meta_world_tasks_run_end_to_end_on_the_sawyer(
     assert info["fps"] == SAWYER.control_hz == 80.0
     assert info["features"]["action"]["names"] == list(SAWYER.action.names)
     assert info["features"]["observation.state"]["names"] == list(SAWYER.state_names)
-    assert "observation.images.corner2" in info["features"]
+    assert "observation.images.workspace" in info["features"]
     env_state = info["features"]["observation.environment_state"]["names"]
     assert env_state == list(METAWORLD.env_state_names)
     assert set(dataset.tasks) <= set(METAWORLD.instructions()) and len(dataset.tasks) >= 2
@@ -78,7 +78,7 @@ def test_two_meta_world_tasks_run_end_to_end_on_the_sawyer(
     # The export states the Sawyer's rate, sizes, camera and units.
     spec = json.loads((Path(record["export"]) / "io_spec.json").read_text())
     assert spec["robot"] == "sawyer" and spec["control_hz"] == 80.0
-    assert (spec["state_dim"], spec["action_dim"], spec["cameras"]) == (4, 4, ["corner2"])
+    assert (spec["state_dim"], spec["action_dim"], spec["cameras"]) == (4, 4, ["workspace"])
 
     # Evaluation reports each task on its own row, failures in the family's own modes.
     report = json.loads((Path(record["run_dir"]) / "evaluate" / "eval_report.json").read_text())
@@ -113,7 +113,7 @@ def test_lerobot_reads_the_meta_world_dataset(run: tuple[Path, dict[str, Any]]) 
     seen = json.loads(result.stdout.strip().splitlines()[-1])
     ours = open_dataset(record["dataset"])
     assert (seen["num_frames"], seen["num_episodes"]) == (ours.num_frames, ours.num_episodes)
-    assert seen["fps"] == 80 and seen["camera_keys"] == ["observation.images.corner2"]
+    assert seen["fps"] == 80 and seen["camera_keys"] == ["observation.images.workspace"]
     assert all(task in METAWORLD.instructions() for task in seen["tasks"])
 
 

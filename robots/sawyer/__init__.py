@@ -8,6 +8,8 @@ values that a test compares with it (``tests/sim_scenes/test_metaworld.py``):
 - state ``(4,)``: the hand's position (m, world frame) and the gripper's opening (the fingers'
   distance over 0.1 m, clipped to 0..1): the first 4 of Meta-World's observation, which
   LeRobot's Meta-World env calls ``agent_pos``;
+- cameras: Meta-World's seven, and robo-pipe's ``workspace`` (a free camera the worker frames
+  on the table, for small images: ``sim_scenes/metaworld/worker.py``);
 - action ``(4,)``: hand displacements (Meta-World's ``action_scale`` 0.01 m per action unit,
   clipped to [-1, 1]) and the gripper's effort (-1 opens, +1 closes; no state component
   measures it, so holding keeps the effort last sent).

@@ -135,7 +135,11 @@ def test_config_robots_and_scenes_verbs(robo_pipe_home: Path) -> None:
     listed = json.loads(scenes_out.stdout.splitlines()[-1])
     splits = {s["name"]: s["split"] for s in listed}
     assert splits["touch-mixed"] == "train" and "heldout" in splits.values()
-    assert {(s["family"], s["robot"]) for s in listed} == {("touch", "rp5")}
+    assert {(s["family"], s["robot"]) for s in listed} == {
+        ("touch", "rp5"),
+        ("metaworld", "sawyer"),
+    }
+    assert splits["metaworld/mt10"] == "train" and "metaworld/reach" in splits
 
 
 def test_pretrain_then_finetune_print_checkpoint_records(robo_pipe_home: Path) -> None:

@@ -171,12 +171,15 @@ class BatchedEnv(Resource):
 
     # -- the environments ------------------------------------------------------------------
 
-    @abc.abstractmethod
     def reset(self, seeds: Sequence[int]) -> BatchedObservation:
         """Start a new episode in every environment; ``seeds`` has one seed per environment.
 
-        The same seeds always give the same scenes and the same observations.
+        The same seeds always give the same scenes and the same observations. This default
+        is :meth:`reset_envs` on every environment.
         """
+        if len(seeds) != self.num_envs:
+            raise SceneError(f"reset needs {self.num_envs} seeds (one per env), got {len(seeds)}")
+        return self.reset_envs(range(self.num_envs), seeds)
 
     @abc.abstractmethod
     def reset_envs(self, env_ids: Sequence[int], seeds: Sequence[int]) -> BatchedObservation:

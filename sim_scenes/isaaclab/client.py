@@ -129,11 +129,6 @@ class IsaacLabBatchedEnv(BatchedEnv):
             instruction=list(fields["instructions"]),
         )
 
-    def reset(self, seeds: Sequence[int]) -> BatchedObservation:
-        if len(seeds) != self.num_envs:
-            raise SceneError(f"reset needs {self.num_envs} seeds (one per env), got {len(seeds)}")
-        return self.reset_envs(range(self.num_envs), seeds)
-
     def reset_envs(self, env_ids: Sequence[int], seeds: Sequence[int]) -> BatchedObservation:
         if len(env_ids) != len(seeds):
             raise SceneError(f"reset_envs got {len(env_ids)} env ids but {len(seeds)} seeds")

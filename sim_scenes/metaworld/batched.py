@@ -93,6 +93,8 @@ class MetaWorldBatchedEnv(BatchedEnv):
         self._return = np.zeros(num_envs, np.float32)
         self._cap = np.full(num_envs, variant.episode_steps, np.int64)
         self._instructions = [""] * num_envs
+        self._about_goal = np.zeros(num_envs, bool)
+        """Each env's episode is about a point (:data:`GOAL_IS_TARGET`), set as it starts."""
         self._observation = np.zeros((num_envs, 39), np.float32)
         self._workers: list[WorkerProcess] = []
         self._last: dict[WorkerProcess, dict[str, Any]] = {}
@@ -166,11 +168,6 @@ class MetaWorldBatchedEnv(BatchedEnv):
 
     # -- BatchedEnv --------------------------------------------------------------------------
 
-    def reset(self, seeds: Sequence[int]) -> BatchedObservation:
-        if len(seeds) != self.num_envs:
-            raise SceneError(f"reset needs {self.num_envs} seeds (one per env), got {len(seeds)}")
-        return self.reset_envs(range(self.num_envs), seeds)
-
     def reset_envs(self, env_ids: Sequence[int], seeds: Sequence[int]) -> BatchedObservation:
         if len(env_ids) != len(seeds):
             raise SceneError(f"reset_envs got {len(env_ids)} env ids but {len(seeds)} seeds")
@@ -192,6 +189,7 @@ class MetaWorldBatchedEnv(BatchedEnv):
         for env, seed in zip(ids, seeds, strict=True):
             self._seeds[env] = seed
             self._instructions[env] = self.variant.instruction(int(seed), self.phrasing)
+            self._about_goal[env] = self.variant.episode_task(int(seed)) in GOAL_IS_TARGET
         self._steps[ids], self._return[ids] = 0, 0.0
         own_caps = self._gather(replies, "max_steps")
         self._cap[ids] = np.minimum(own_caps[ids], self.variant.episode_steps)
@@ -221,7 +219,7 @@ class MetaWorldBatchedEnv(BatchedEnv):
         reward, success = self._gather(replies, "reward"), self._gather(replies, "success")
         truth = self.privileged()  # before an autoreset starts new episodes
         # what must arrive at the goal: the object, or the hand itself in a task about a point
-        mover = np.where(self._goal_tasks()[:, None], truth["tcp_pos"], truth["target_pos"])
+        mover = np.where(self._about_goal[:, None], truth["tcp_pos"], truth["target_pos"])
         info = {
             "hand_target_distance": _distance(truth["tcp_pos"], truth["target_pos"]),
             "target_goal_distance": _distance(mover, truth["goal_pos"]),
@@ -262,18 +260,13 @@ class MetaWorldBatchedEnv(BatchedEnv):
         """``tcp_pos`` (the hand), ``target_pos`` (the task's object; reach: its goal point) and
         ``goal_pos``, (N, 3) m, and Meta-World's whole ``observation`` (N, 39)."""
         obs = self._observation
-        target = np.where(self._goal_tasks()[:, None], obs[:, GOAL], obs[:, OBJECT])
+        target = np.where(self._about_goal[:, None], obs[:, GOAL], obs[:, OBJECT])
         return {
             "tcp_pos": obs[:, :3].copy(),
             "target_pos": target,
             "goal_pos": obs[:, GOAL].copy(),
             "observation": obs.copy(),
         }
-
-    def _goal_tasks(self) -> np.ndarray:
-        """bool (N,): each env's episode is about a point (:data:`GOAL_IS_TARGET`)."""
-        tasks = [self.variant.episode_task(int(s)) for s in self._seeds]
-        return np.array([task in GOAL_IS_TARGET for task in tasks])
 
     def expert_actions(self) -> np.ndarray:
         """Each env's task's scripted expert (``metaworld.policies``) on its current

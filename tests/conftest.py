@@ -14,6 +14,7 @@ import yaml
 
 from configs import config_dir
 from pipelines.services.local_servers import MLFLOW_PORT_VAR, PREFECT_PORT_VAR
+from robo_pipe import collector
 from robots.rp5 import RP5
 from robots.spec import RobotSpec, get_robot
 from stages.dataset.layout import DatasetRef
@@ -229,3 +230,8 @@ def needs_metaworld(test: Callable[..., None]) -> Callable[..., None]:
         reason="no Meta-World environment: create it with `make metaworld-env`",
     )
     return pytest.mark.metaworld(skip(test))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The test processes import what ``robo-pipe`` does, and collect as it does."""
+    collector.tune()

@@ -68,6 +68,7 @@ from pipelines.cli import (
 )
 from pipelines.cli.common import report_user_error
 from pipelines.cli.options import VerbGroup, epilog
+from robo_pipe import collector
 from robo_pipe.errors import InputError, RoboPipeError
 
 app = typer.Typer(
@@ -140,6 +141,7 @@ def renamed_demo() -> None:
 
 def main() -> None:
     """Console entry point: the exit codes of the module docstring."""
+    collector.tune()
     try:
         app()
     except RoboPipeError as err:
@@ -149,3 +151,5 @@ def main() -> None:
     except Exception:
         traceback.print_exc()
         sys.exit(3)
+    finally:
+        collector.skip_last_pass()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
@@ -37,8 +38,13 @@ def stop_on_sigterm() -> None:
     (so that a Ctrl-C meant for the script's foreground command does not reach it), and Python
     then installs no ``KeyboardInterrupt`` for SIGINT: that choice of the caller stands. SIGTERM
     (``kill``, ``timeout``, systemd, Docker) always stops the process, whatever SIGINT is.
+
+    A stop that lands in a finalizer is delivered again (:func:`_stop_again`).
     """
     signal.signal(signal.SIGTERM, _raise_stopped)
+    if sys.unraisablehook is not _stop_again:
+        _hooks.append(sys.unraisablehook)
+        sys.unraisablehook = _stop_again
 
 
 @contextmanager
@@ -71,6 +77,28 @@ _received: list[int] = []
 def _raise_stopped(signum: int, _frame: object) -> None:
     _received.append(signum)
     raise Stopped(signum)
+
+
+STOP_AGAIN_AFTER_S = 0.05
+"""Seconds after a stop was swallowed by a finalizer before it is sent again: past the end of
+the hook that saw it."""
+
+_hooks: list[Any] = []
+"""The ``sys.unraisablehook`` :func:`stop_on_sigterm` replaced."""
+
+
+def _stop_again(unraisable: Any) -> None:
+    """``sys.unraisablehook``: a stop raised while a finalizer ran (a ``__del__``, a weakref
+    callback in a garbage collection) cannot leave it: Python prints "Exception ignored in" and
+    goes on, and the run would go on to its end. The signal is sent again a moment later from
+    another thread (sent at once, its handler would run here, still inside the finalizer), to
+    stop the process where it is next interruptible; anything else goes to the hook there
+    was."""
+    if isinstance(unraisable.exc_value, KeyboardInterrupt):
+        signum = stop_signal(unraisable.exc_value)
+        threading.Timer(STOP_AGAIN_AFTER_S, os.kill, (os.getpid(), signum)).start()
+        return
+    _hooks[0](unraisable)
 
 
 def stop_signal(interrupt: KeyboardInterrupt) -> int:

@@ -205,3 +205,52 @@ def test_edge_agent_stops_on_a_signal_with_its_exit_code(
     assert agent.proc.returncode == code, agent.output()[-3000:]
     assert time.monotonic() - start < STOP_BOUND_S
     assert not left and _port_free(port)
+
+
+FINALIZER_STOP = """
+import gc, os, signal, sys, time
+from pipelines.services import signals
+from pipelines.services.signals import Stopped, stop_on_sigterm
+
+stop_on_sigterm()
+
+
+class Dying:
+    def __init__(self):
+        self.cycle = self  # freed by a garbage collection, as a weakref callback is
+
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(100_000):  # the handler runs here, inside the finalizer
+            pass
+
+
+try:
+    Dying()
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # a run's work after the collection
+        pass
+except Stopped as stopped:
+    print("stopped", stopped.signum, "handled", len(signals._received))
+    sys.exit(143)
+print("ran on")
+"""
+
+
+def test_a_stop_that_lands_in_a_finalizer_still_stops_the_process() -> None:
+    """SIGTERM's :class:`Stopped` raised while a finalizer runs cannot leave it (Python prints
+    "Exception ignored in" and goes on): it is delivered again, and the process stops where it
+    is next interruptible instead of running on to its end (a ``run`` once finished a whole
+    pipeline after a SIGTERM that landed in a weakref callback)."""
+    import subprocess
+    import sys
+
+    from tests.pipelines.test_serve import ROOT
+
+    done = subprocess.run(
+        [sys.executable, "-c", FINALIZER_STOP], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    # handled twice: first inside the finalizer (swallowed there), then where it stopped
+    assert done.returncode == 143 and done.stdout.strip() == "stopped 15 handled 2", done
+    assert "Exception ignored" not in done.stderr, done.stderr

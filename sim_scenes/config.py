@@ -11,18 +11,21 @@ from sim_scenes.tasks import TaskVariant, resolve_task
 
 
 class RewardConfig(BaseModel):
-    """Weights of the task's reward (:class:`sim_scenes.touch.RewardTerms`); a field left
-    unset keeps the scene variant's own weight. RL fine-tuning's rollouts play the task with
-    these applied (:meth:`SceneConfig.rl_task`); datasets record the variant's defaults."""
+    """Weights of the task's reward (:class:`sim_scenes.rewards.RewardTerms`); a field left
+    unset keeps the scene variant's own weight (a Meta-World task, whose own reward is
+    Meta-World's: :class:`~sim_scenes.rewards.RewardTerms`' default). RL fine-tuning's rollouts
+    play the task with these applied (:meth:`SceneConfig.rl_task`); datasets record the
+    variant's defaults."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     success_bonus: float | None = Field(default=None, ge=0.0, le=1000.0)
     """Paid once, on the step the episode is solved."""
     distance_weight: float | None = Field(default=None, ge=0.0, le=1000.0)
-    """Per metre of tool-centre-point to target distance, every step."""
+    """Per metre of the distance the task must close (touch: tool centre point to target;
+    Meta-World: the task's object, or reach's hand, to its goal), every step."""
     progress_weight: float | None = Field(default=None, ge=0.0, le=1000.0)
-    """Per metre the tool centre point moved closer to the target during a step."""
+    """Per metre that distance shrank during a step."""
 
 
 class SuccessConfig(BaseModel):

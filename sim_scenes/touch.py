@@ -24,6 +24,7 @@ import numpy as np
 
 from robots.spec import RobotSpec
 from sim_scenes.errors import SceneError
+from sim_scenes.rewards import RewardTerms
 
 COLOURS: dict[str, tuple[float, float, float]] = {
     "red": (0.85, 0.12, 0.10),
@@ -110,36 +111,6 @@ class SuccessCriterion:
     """m, tcp to object centre."""
     hold_steps: int = 2
     """Consecutive control steps inside ``radius``."""
-
-
-@dataclass(frozen=True)
-class RewardTerms:
-    """Reward per control step: a sparse success bonus plus dense shaping.
-
-    ``reward = success_bonus * solved - distance_weight * d + progress_weight * (d_before - d)``
-    where ``d`` is the tool-centre-point to target distance (m) after the step and ``d_before``
-    the distance before it. The progress term is potential-based shaping (Ng et al., 1999): it
-    does not change which policy is optimal, it only tells a learner sooner that it is getting
-    closer. A scene config may override any weight (``scene.reward``).
-    """
-
-    success_bonus: float = 1.0
-    """Paid once, on the step the episode is solved."""
-    distance_weight: float = 0.1
-    """Per metre of tcp-to-target distance, every step (dense shaping)."""
-    progress_weight: float = 0.0
-    """Per metre the tcp moved closer to the target during the step."""
-
-    def __call__(
-        self, success: np.ndarray, distance: np.ndarray, distance_before: np.ndarray
-    ) -> np.ndarray:
-        """Rewards float32 ``(N,)`` from success (bool), distances after/before the step (m)."""
-        reward = (
-            self.success_bonus * success
-            - self.distance_weight * distance
-            + self.progress_weight * (distance_before - distance)
-        )
-        return np.asarray(reward, dtype=np.float32)
 
 
 @dataclass(frozen=True)

@@ -179,7 +179,7 @@ class TouchEnvCfg(DirectRLEnvCfg):
     episode_steps: int | None = None
     """None: the variant's (the scene config's ``episode_steps``)."""
     success_bonus: float | None = None
-    """None: the variant's reward term (:class:`sim_scenes.touch.RewardTerms`; RL's rollouts
+    """None: the variant's reward term (:class:`sim_scenes.rewards.RewardTerms`; RL's rollouts
     play the scene config's ``scene.reward``), as are the two below."""
     distance_weight: float | None = None
     progress_weight: float | None = None

@@ -96,6 +96,8 @@ class MetaWorldBatchedEnv(BatchedEnv):
         self._about_goal = np.zeros(num_envs, bool)
         """Each env's episode is about a point (:data:`GOAL_IS_TARGET`), set as it starts."""
         self._observation = np.zeros((num_envs, 39), np.float32)
+        self._goal_distance = np.zeros(num_envs, np.float32)
+        """m, each env's distance the task must close (:meth:`_distances`), at its last step."""
         self._workers: list[WorkerProcess] = []
         self._last: dict[WorkerProcess, dict[str, Any]] = {}
         try:
@@ -197,7 +199,19 @@ class MetaWorldBatchedEnv(BatchedEnv):
         self.control_period_s = float(last["control_period_s"])
         self.action_scale = float(last["action_scale"])
         self.timings["simulate"] += time.perf_counter() - tick
-        return self._observe(replies)
+        obs = self._observe(replies)
+        self._goal_distance[ids] = self._distances()[1][ids]
+        return obs
+
+    def _distances(self) -> tuple[np.ndarray, np.ndarray]:
+        """m, (N,) each: the hand to the task's object, and what must arrive at the goal (the
+        object, or the hand itself in a task about a point) to it."""
+        truth = self.privileged()
+        mover = np.where(self._about_goal[:, None], truth["tcp_pos"], truth["target_pos"])
+        return (
+            _distance(truth["tcp_pos"], truth["target_pos"]),
+            _distance(mover, truth["goal_pos"]),
+        )
 
     def step(self, actions: np.ndarray) -> StepResult:
         actions = np.asarray(actions, dtype=np.float32)
@@ -217,13 +231,11 @@ class MetaWorldBatchedEnv(BatchedEnv):
         self.timings["simulate"] += time.perf_counter() - tick
         obs = self._observe(replies)
         reward, success = self._gather(replies, "reward"), self._gather(replies, "success")
-        truth = self.privileged()  # before an autoreset starts new episodes
-        # what must arrive at the goal: the object, or the hand itself in a task about a point
-        mover = np.where(self._about_goal[:, None], truth["tcp_pos"], truth["target_pos"])
-        info = {
-            "hand_target_distance": _distance(truth["tcp_pos"], truth["target_pos"]),
-            "target_goal_distance": _distance(mover, truth["goal_pos"]),
-        }
+        reach, to_goal = self._distances()  # before an autoreset starts new episodes
+        info = {"hand_target_distance": reach, "target_goal_distance": to_goal}
+        if self.variant.reward is not None:  # a config's terms instead of Meta-World's own
+            reward = self.variant.reward(success, to_goal, self._goal_distance)
+        self._goal_distance = to_goal.copy()  # an autoreset below writes its new episodes in
         self._steps += 1
         self._return += reward
         terminated = success.copy()

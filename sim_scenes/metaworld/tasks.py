@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from sim_scenes.errors import SceneError
+from sim_scenes.rewards import RewardTerms
 from sim_scenes.tasks import EpisodeSignal, FailureMode, TaskFamily
 
 if TYPE_CHECKING:
@@ -118,9 +119,12 @@ REACH_M = 0.08
 """m: a hand this close to the task's object (its centre, as Meta-World's observation places
 it) has reached it: the experts' hands come within 3-6 cm of a handle or button they work."""
 
+MAX_EPISODE_STEPS = 500
+"""Meta-World's own cap on an episode (``max_path_length``)."""
 EPISODE_STEPS = 200
-"""Control steps before an episode is cut (2.5 s at 80 Hz; Meta-World's own cap is 500): the
-scripted experts solve every MT10 task well inside it (docs/benchmarks.md)."""
+"""Control steps before an episode is cut (2.5 s at 80 Hz; Meta-World's own cap is
+:data:`MAX_EPISODE_STEPS`): the scripted experts solve every MT10 task well inside it
+(docs/benchmarks.md)."""
 
 
 @dataclass(frozen=True)
@@ -135,6 +139,11 @@ class MetaWorldVariant:
     """Always ``train``: held-out evaluation is by seed (new layouts), not by variant."""
     holdout_for: str | None = None
     episode_steps: int = EPISODE_STEPS
+    reward: RewardTerms | None = None
+    """``None``: Meta-World's own reward (0-10 a step, paid while the task is near done);
+    terms (a config's ``scene.reward``): robo-pipe's over the distance from the task's object
+    (reach: the hand) to its goal. An episode here ends when it is solved, so Meta-World's own
+    reward pays a learner for lingering short of success: RL sets terms."""
 
     def episode_task(self, seed: int) -> str:
         """The task an episode of ``seed`` plays."""
@@ -241,15 +250,17 @@ class MetaWorldTasks(TaskFamily):
         reward: Mapping[str, Any],
         episode_steps: int | None,
     ) -> MetaWorldVariant:
-        """An episode length up to Meta-World's own cap (500); success and reward are
-        Meta-World's."""
-        if episode_steps is not None and episode_steps > 500:
+        """An episode length up to Meta-World's own cap; reward terms
+        (:attr:`MetaWorldVariant.reward`: unset ones take
+        :class:`~sim_scenes.rewards.RewardTerms`' defaults); success is Meta-World's."""
+        if episode_steps is not None and episode_steps > MAX_EPISODE_STEPS:
             raise SceneError(
-                f"scene.episode_steps: {episode_steps} is over Meta-World's cap of 500 steps"
+                f"scene.episode_steps: {episode_steps} is over Meta-World's cap of "
+                f"{MAX_EPISODE_STEPS} steps"
             )
-        overridden: MetaWorldVariant = super().with_overrides(
-            variant, success, reward, episode_steps
-        )  # type: ignore[assignment]
+        if reward:
+            variant = replace(variant, reward=RewardTerms(**reward))
+        overridden: MetaWorldVariant = super().with_overrides(variant, success, {}, episode_steps)  # type: ignore[assignment]
         return overridden
 
     def eval_variants(self, name: str) -> list[str]:

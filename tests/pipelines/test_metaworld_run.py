@@ -45,11 +45,18 @@ def robo_pipe(*args: str, home: Path, **env: str) -> subprocess.CompletedProcess
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
-    """The tiny Meta-World config end to end on a fresh home, held to no success bar (its
-    policy trains for 10 steps) so that it is promoted and deployed."""
+    """The tiny Meta-World config end to end on a fresh home, its BC followed by PPO on
+    ``configs/metaworld-rl.yaml``'s reward terms (two iterations, on Ray), held to no success
+    bar (its policy trains for 10 steps) so that it is promoted and deployed."""
     home = tmp_path_factory.mktemp("metaworld") / "home"
     result = robo_pipe(
-        "run", "-c", CONFIG, "--set", "registry.promotion.min_success=0.0", "--json", home=home
+        "run",
+        "-c",
+        CONFIG,
+        *("--set", "registry.promotion.min_success=0.0"),
+        *("--set", "finetune.algo=ppo", "--set", "scene.reward.progress_weight=10.0"),
+        "--json",
+        home=home,
     )
     assert result.returncode == 0, result.stderr[-4000:]
     return home, json.loads(result.stdout.strip().splitlines()[-1])
@@ -80,14 +87,20 @@ def test_two_meta_world_tasks_run_end_to_end_on_the_sawyer(
     assert spec["robot"] == "sawyer" and spec["control_hz"] == 80.0
     assert (spec["state_dim"], spec["action_dim"], spec["cameras"]) == (4, 4, ["workspace"])
 
-    # Evaluation reports each task on its own row, failures in the family's own modes.
-    report = json.loads((Path(record["run_dir"]) / "evaluate" / "eval_report.json").read_text())
-    rows = {row["variant"]: row for row in report["rows"]}
-    assert set(rows) == {"metaworld/reach", "metaworld/button-press-topdown"}
-    modes = {mode.name for mode in METAWORLD.failure_modes}
-    for row in rows.values():
-        counted = {k: v for k, v in row["failures"].items() if k in modes}
-        assert sum(counted.values()) == row["episodes"] - row["successes"]
+    # PPO fine-tuned the BC warm start in Meta-World's rollouts; evaluation reports each
+    # task on its own row, failures in the family's own modes, for both on the same seeds.
+    assert "-ppo-" in record["checkpoint"] and record["warm_start_success_rate"] is not None
+    seeds = []
+    for folder in ("evaluate", "evaluate-warm-start"):
+        report = json.loads((Path(record["run_dir"]) / folder / "eval_report.json").read_text())
+        rows = {row["variant"]: row for row in report["rows"]}
+        assert set(rows) == {"metaworld/reach", "metaworld/button-press-topdown"}
+        modes = {mode.name for mode in METAWORLD.failure_modes}
+        for row in rows.values():
+            counted = {k: v for k, v in row["failures"].items() if k in modes}
+            assert sum(counted.values()) == row["episodes"] - row["successes"]
+        seeds.append(report["seeds"])
+    assert seeds[0] == seeds[1], "the BC start and the RL result play the same seeds"
 
     # The local edge agent's robot plays Meta-World's tasks, the champion's instruction.
     device = yaml.safe_load((home / "edge" / "local-agent" / "device.yaml").read_text())

@@ -118,6 +118,44 @@ def test_an_episode_at_its_cap_resets_itself_with_its_next_seed() -> None:
 
 
 @needs_metaworld
+def test_rl_reward_terms_replace_meta_worlds_own_and_pay_for_closing_the_distance() -> None:
+    """Without ``scene.reward`` a step pays Meta-World's own reward; with terms it pays the
+    terms over the distance the task must close (reach: hand to goal), measured from the
+    episode's start: progress for the expert's approach, the bonus once on success."""
+    from sim_scenes.config import SceneConfig
+
+    scene = SceneConfig(variant="metaworld/reach", reward={"progress_weight": 10.0})
+    shaped, own = scene.rl_task(), scene.task()
+    assert isinstance(shaped, MetaWorldVariant) and isinstance(own, MetaWorldVariant)
+    assert own.reward is None and shaped.reward is not None
+    assert (shaped.reward.progress_weight, shaped.reward.success_bonus) == (10.0, 1.0)
+    with pytest.raises(ValueError, match=r"scene\.success"):
+        SceneConfig(variant="metaworld/reach", success={"radius": 0.02})
+
+    def episode(variant: MetaWorldVariant) -> tuple[list[float], list[float], bool]:
+        with open_env(variant, num_envs=1, workers=1, autoreset=False) as env:
+            env.reset([3])
+            start = float(
+                np.linalg.norm(env.privileged()["tcp_pos"] - env.privileged()["goal_pos"])
+            )
+            rewards, distances = [], [start]
+            while True:
+                result = env.step(env.expert_actions())
+                rewards.append(float(result.reward[0]))
+                distances.append(float(result.info["target_goal_distance"][0]))
+                if result.terminated[0] or result.truncated[0]:
+                    return rewards, distances, bool(result.success[0])
+
+    meta_world, _, solved = episode(own)
+    terms, distances, solved_again = episode(shaped)
+    assert solved and solved_again and len(meta_world) == len(terms)
+    assert max(meta_world) > 1.0, "Meta-World's own reward: up to 10 a step"
+    expected = 10.0 * -np.diff(distances) - 0.1 * np.array(distances[1:])
+    expected[-1] += 1.0  # the success bonus, on the solving step only
+    np.testing.assert_allclose(terms, expected, atol=1e-5)
+
+
+@needs_metaworld
 def test_an_unknown_camera_is_refused_by_name_before_any_worker_starts() -> None:
     with pytest.raises(SceneError, match=r"'corner9'.*corner2"):
         MetaWorldBatchedEnv(SAWYER, METAWORLD.variant("reach"), 1, ("corner9",), SIZE)
@@ -211,7 +249,7 @@ def test_the_family_draws_tasks_and_words_from_the_seed_and_keeps_its_own_succes
     base = METAWORLD.pretrain_variants("mt10")
     assert base and not {METAWORLD.variant(v).tasks[0] for v in base} & set(MT10_TASKS)
     assert "reach" not in METAWORLD.pretrain_variants("mt2")
-    # Meta-World's success and reward are its own; its episode cap at most its 500 steps
+    # Meta-World's success is its own; its episode cap at most its 500 steps
     with pytest.raises(SceneError, match=r"scene.success: .*radius"):
         METAWORLD.with_overrides(mt10, {"radius": 0.1}, {}, None)
     with pytest.raises(SceneError, match="500"):

@@ -106,10 +106,14 @@ def training_detail(metrics: dict[str, float]) -> str:
 
 
 def rl_detail(algo: str, metrics: dict[str, float]) -> str:
-    """An RL iteration's metrics record: training-episode success and env-steps/s."""
+    """An RL iteration's metrics record: its number, training-episode success and
+    env-steps/s."""
     success = metrics.get("success_rate", math.nan)
     shown = "-" if math.isnan(success) else f"{success:.0%}"
-    return f"{algo}: training success {shown}, {metrics['env_steps_per_s']:,.0f} env-steps/s"
+    return (
+        f"{algo} iteration {metrics['step']:.0f}: training success {shown}, "
+        f"{metrics['env_steps_per_s']:,.0f} env-steps/s"
+    )
 
 
 def describe(stage: str, record: Any) -> str:

@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pipelines.config import PipelineConfig
 from pipelines.home import home_dir
@@ -111,8 +112,16 @@ def rl_finetune_from(
     base with fresh adapters), under ``checkpoints`` (default the home's); cached, resumable."""
     from stages.finetune import rl_finetune
 
-    algo = cfg.finetune.algo
-    listener.started("finetune", cfg.finetune.rl.iterations, f"{algo} iterations")
+    algo, budget = cfg.finetune.algo, cfg.finetune.rl.time_budget_s
+    begun = time.monotonic()
+
+    def done(metrics: dict[str, Any]) -> float:
+        return metrics["step"] if budget is None else min(budget, time.monotonic() - begun)
+
+    if budget is None:
+        listener.started("finetune", cfg.finetune.rl.iterations, f"{algo} iterations")
+    else:  # the budget ends it, the iterations are a cap: "6 days left" would tell nobody much
+        listener.started("finetune", budget, f"s of {algo}'s time budget")
     return rl_finetune(
         start,
         cfg.robot,
@@ -123,7 +132,7 @@ def rl_finetune_from(
         checkpoints or home_dir("checkpoints"),
         name=cfg.slug,
         ray_address=ray_address,
-        on_metrics=lambda m: listener.advanced("finetune", m["step"], rl_detail(algo, m)),
+        on_metrics=lambda m: listener.advanced("finetune", done(m), rl_detail(algo, m)),
         lineage={"config_hash": cfg.config_hash()},
         lora=cfg.policy.lora,
         on_status=status_lines("finetune", listener),

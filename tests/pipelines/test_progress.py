@@ -4,14 +4,17 @@ loss it does not have), and progress reaches every listener of the process."""
 from __future__ import annotations
 
 import io
+import json
 import os
 import re
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 from rich.console import Console
 
 from pipelines.cli.display import LiveRows, StageLog
@@ -25,8 +28,8 @@ def test_a_checkpoint_is_described_by_what_trained_it() -> None:
     assert describe("finetune", rl) == "iteration 12, training success 75%"
     no_episodes_yet = SimpleNamespace(step=1, metrics={"env_steps": 800.0})
     assert describe("finetune", no_episodes_yet) == "iteration 1, training success -"
-    assert rl_detail("sac", {"env_steps_per_s": 1234.5}) == (
-        "sac: training success -, 1,234 env-steps/s"
+    assert rl_detail("sac", {"step": 3, "env_steps_per_s": 1234.5}) == (
+        "sac iteration 3: training success -, 1,234 env-steps/s"
     )
 
 
@@ -241,3 +244,54 @@ def test_a_path_in_an_error_is_one_line_in_a_log(tmp_path: Path) -> None:
     )
     assert result.returncode == 2, result.stderr
     assert any(str(path) in line for line in result.stderr.splitlines()), result.stderr
+
+
+def test_rl_under_a_time_budget_counts_its_seconds_not_its_iteration_cap(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """rl-demo's PPO runs 12 minutes under a cap of 100,000 iterations: its line counts the
+    budget's seconds (so the time left is the budget's), and names the iteration it is at;
+    without a budget it counts iterations."""
+    import stages.finetune
+    from pipelines.config import load_config
+    from pipelines.steps.training import rl_finetune_from
+    from tests.conftest import TINY_CONFIG
+
+    reports: list[dict[str, float]] = [
+        {"step": 1, "env_steps_per_s": 100.0, "success_rate": 0.5},
+        {"step": 2, "env_steps_per_s": 120.0},
+    ]
+
+    def rl_finetune(
+        *args: object, on_metrics: Callable[[dict[str, float]], None], **kw: object
+    ) -> str:
+        for metrics in reports:
+            on_metrics(metrics)
+        return "checkpoint"
+
+    monkeypatch.setattr(stages.finetune, "rl_finetune", rl_finetune)
+    calls: list[tuple[str, float, str]] = []
+
+    class Counting(Recorder):
+        def started(self, stage: str, total: float | None, unit: str) -> None:
+            calls.append(("started", total or 0.0, unit))
+
+        def advanced(self, stage: str, completed: float, detail: str) -> None:
+            calls.append(("advanced", completed, detail))
+
+    for budget, total, unit in (
+        (720.0, 720.0, "s of ppo's time budget"),
+        (None, 2, "ppo iterations"),
+    ):
+        cfg = load_config(
+            TINY_CONFIG, ["finetune.algo=ppo", f"finetune.rl.time_budget_s={json.dumps(budget)}"]
+        )
+        calls.clear()
+        rl_finetune_from(cfg, "start", Counting())  # type: ignore[arg-type]
+        assert calls[0] == ("started", total, unit)
+        done = [c[1] for c in calls[1:]]
+        if budget is None:
+            assert done == [1, 2]
+        else:  # seconds since it started, within the budget
+            assert all(0 <= d < 60 for d in done) and done == sorted(done)
+        assert calls[1][2] == "ppo iteration 1: training success 50%, 100 env-steps/s"

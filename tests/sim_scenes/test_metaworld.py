@@ -122,15 +122,15 @@ def test_rl_reward_terms_replace_meta_worlds_own_and_pay_for_closing_the_distanc
     """Without ``scene.reward`` a step pays Meta-World's own reward; with terms it pays the
     terms over the distance the task must close (reach: hand to goal), measured from the
     episode's start: progress for the expert's approach, the bonus once on success."""
-    from sim_scenes.config import SceneConfig
+    from sim_scenes.config import RewardConfig, SceneConfig, SuccessConfig
 
-    scene = SceneConfig(variant="metaworld/reach", reward={"progress_weight": 10.0})
+    scene = SceneConfig(variant="metaworld/reach", reward=RewardConfig(progress_weight=10.0))
     shaped, own = scene.rl_task(), scene.task()
     assert isinstance(shaped, MetaWorldVariant) and isinstance(own, MetaWorldVariant)
     assert own.reward is None and shaped.reward is not None
     assert (shaped.reward.progress_weight, shaped.reward.success_bonus) == (10.0, 1.0)
     with pytest.raises(ValueError, match=r"scene\.success"):
-        SceneConfig(variant="metaworld/reach", success={"radius": 0.02})
+        SceneConfig(variant="metaworld/reach", success=SuccessConfig(radius=0.02))
 
     def episode(variant: MetaWorldVariant) -> tuple[list[float], list[float], bool]:
         with open_env(variant, num_envs=1, workers=1, autoreset=False) as env:

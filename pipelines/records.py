@@ -31,6 +31,11 @@ class Evaluation(Record):
     """The base fine-tuning started from, on the same suite (None for a hub-vlm policy)."""
     warm_start: EvalReport | None = None
     """RL fine-tuning only: the BC fine-tune RL started from, on the same suite and seeds."""
+    rl_gain: Comparison | None = None
+    """RL fine-tuning only: the paired test of RL's gain on those seeds, as the promotion test
+    is run with the roles swapped: the BC warm start is the ``candidate`` and the RL result its
+    ``baseline``, so ``decision == "worse"`` means the gain is significant (one-sided exact
+    McNemar ``p_value``; ``difference`` is BC minus RL)."""
 
 
 @dataclass(frozen=True)
@@ -111,6 +116,8 @@ class PipelineResult(Record):
     """RL after BC only: the BC warm start's held-out success (the same seeds)."""
     warm_start_ci95: tuple[float, float] | None = None
     """RL after BC only: its 95% interval."""
+    rl_gain: Comparison | None = None
+    """RL after BC only: the paired test of RL's gain over it (:attr:`Evaluation.rl_gain`)."""
     comparison: Comparison | None = None
     """Against the champion on the same seeds (the no-regression gate's evidence): the paired
     table, the test, its p-value against the boundary, where a sequential comparison stopped;

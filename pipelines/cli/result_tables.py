@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from pipelines.cli.common import console
-from stages.evaluate.report import comparison_line
+from stages.evaluate.report import comparison_line, rl_gain_words
 
 if TYPE_CHECKING:
     from deploy_edge.latency_report import LatencyReport
@@ -156,7 +156,8 @@ def show_pipeline_result(
             f"RL took held-out success from {result.warm_start_success_rate:.1%} "
             f"(95% CI {low:.1%} - {high:.1%}, its BC warm start) to {result.success_rate:.1%} "
             f"({result.success_rate - result.warm_start_success_rate:+.1%} points; intervals "
-            f"{'overlap' if result.ci95[0] <= high else 'do not overlap'})"
+            f"{'overlap' if result.ci95[0] <= high else 'do not overlap'}"
+            + (f"; {rl_gain_words(result.rl_gain)})" if result.rl_gain else ")")
         )
     device = result.device
     if device and device.state == "active":

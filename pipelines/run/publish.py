@@ -105,6 +105,7 @@ def publish(
         warm_start_success_rate=(
             evaluation.warm_start.success_rate if evaluation.warm_start else None
         ),
+        rl_gain=evaluation.rl_gain,
         latency_p99_ms=latency.p99_ms,
         mlflow_run_id=mlrun.run_id,
         stages=dict(ctx.stage_runs),

@@ -25,7 +25,7 @@ from pipelines.run.tables import (
     percent,
     variants_table,
 )
-from stages.evaluate.report import comparison_markdown
+from stages.evaluate.report import comparison_markdown, rl_gain_words
 
 if TYPE_CHECKING:
     from stages.policy.checkpoint import CheckpointRef
@@ -148,6 +148,8 @@ def markdown(
             f"{100 * (cand.success_rate - warm.success_rate):+.1f} points on the same seeds; "
             f"the 95% intervals {'overlap' if overlap else 'do not overlap'}.",
         ]
+    if evaluation.rl_gain:
+        lines += ["", f"{rl_gain_words(evaluation.rl_gain).capitalize()}."]
     failures = [(role, r) for role, r in (("candidate", cand), ("BC warm start", warm)) if r]
     if any(r.failures for _, r in failures):
         lines += [

@@ -24,6 +24,7 @@ from robo_pipe.locks import output_lock
 
 if TYPE_CHECKING:
     from deploy_edge.bundle.io_spec import Variant
+    from stages.evaluate.comparison import Comparison
     from stages.evaluate.report import EvalReport
     from stages.export import ExportRef
     from stages.policy.checkpoint import CheckpointRef
@@ -79,15 +80,31 @@ def evaluate_candidate(
     for name, path in starts.items():
         where = out.with_name(f"{out.name}-{name}")
         reports[name] = (
-            _compact(_evaluate(cfg, Path(path), where, listener, None, ray_address, tally))
+            _evaluate(cfg, Path(path), where, listener, None, ray_address, tally)
             if path is not None
             else None
         )
+    warm = reports["warm-start"]
     return Evaluation(
         candidate=_compact(candidate),
         champion_version=champion.version if champion else same_export_champion(cfg, export),
-        start=reports["start"],
-        warm_start=reports["warm-start"],
+        start=_compact(reports["start"]) if reports["start"] else None,
+        warm_start=_compact(warm) if warm else None,
+        rl_gain=rl_gain(cfg, warm, candidate) if warm else None,
+    )
+
+
+def rl_gain(cfg: PipelineConfig, warm_start: EvalReport, rl: EvalReport) -> Comparison:
+    """RL's gain over its BC warm start on the seeds both played (:attr:`Evaluation.rl_gain`):
+    the promotion test's paired exact McNemar with the roles swapped, "is the warm start worse
+    than the RL result?" at the gate's confidence."""
+    from stages.evaluate.comparison import compare_fixed
+
+    ours, theirs = warm_start.successes_by_episode(), rl.successes_by_episode()
+    shared = ours.keys() & theirs.keys()
+    seeds = min(len(warm_start.seeds), len(rl.seeds))
+    return compare_fixed(
+        {k: ours[k] for k in shared}, theirs, seeds, cfg.evaluate.gate_confidence, 0.0, rl.policy
     )
 
 

@@ -295,6 +295,19 @@ def comparison_line(c: Comparison) -> str:
     )
 
 
+def rl_gain_words(gain: Comparison) -> str:
+    """The paired test of RL's gain over its BC warm start in a few words: ``gain`` tested the
+    warm start (its candidate) against the RL result (its baseline), so "worse" is a gain."""
+    low, high = (-x for x in reversed(gain.difference_ci95))
+    verdict = "significant" if gain.decision == "worse" else "not significant"
+    return (
+        f"paired: RL alone solved {gain.discordant['baseline_only']} seeds, the BC warm start "
+        f"alone {gain.discordant['candidate_only']}; gain {-gain.difference:+.1%} (95% CI "
+        f"{low:+.1%} to {high:+.1%}), {verdict} at {gain.confidence:.0%} (one-sided exact "
+        f"McNemar p = {gain.p_value:.3g})"
+    )
+
+
 def _boundary(level: float) -> str:
     """A block level for people: 0 means no count of discordant seeds could block yet."""
     return f"{level:.4g}" if level > 0 else "0 (too few discordant seeds to block)"

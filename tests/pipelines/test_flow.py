@@ -616,6 +616,8 @@ def test_rl_demo_pipeline_reports_the_bc_warm_start_beside_the_rl_result(
     summary_md = (Path(result["run_dir"]) / "summary.md").read_text()
     assert "2 RL iterations" in summary_md
     assert "| BC warm start | all |" in summary_md and "RL in simulation took it from" in summary_md
+    assert "Paired: RL alone solved" in summary_md and "exact McNemar p = " in summary_md
+    assert result["rl_gain"]["seeds"] == load_config(rl_demo, tiny_overrides()).evaluate.episodes
     assert "Why episodes failed: candidate: wrong object" in summary_md
     report = json.loads(
         (Path(result["run_dir"]) / "evaluate-warm-start" / "eval_report.json").read_text()

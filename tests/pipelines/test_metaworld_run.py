@@ -90,7 +90,7 @@ def test_two_meta_world_tasks_run_end_to_end_on_the_sawyer(
     # PPO fine-tuned the BC warm start in Meta-World's rollouts; evaluation reports each
     # task on its own row, failures in the family's own modes, for both on the same seeds.
     assert "-ppo-" in record["checkpoint"] and record["warm_start_success_rate"] is not None
-    seeds = []
+    seeds, solved = [], []
     for folder in ("evaluate", "evaluate-warm-start"):
         report = json.loads((Path(record["run_dir"]) / folder / "eval_report.json").read_text())
         rows = {row["variant"]: row for row in report["rows"]}
@@ -100,7 +100,17 @@ def test_two_meta_world_tasks_run_end_to_end_on_the_sawyer(
             counted = {k: v for k, v in row["failures"].items() if k in modes}
             assert sum(counted.values()) == row["episodes"] - row["successes"]
         seeds.append(report["seeds"])
+        solved.append({(o["variant"], o["index"]): o["success"] for o in report["outcomes"]})
     assert seeds[0] == seeds[1], "the BC start and the RL result play the same seeds"
+    # The paired test of RL's gain counts the seeds only one of them solved.
+    rl, bc = solved
+    gain = record["rl_gain"]
+    assert gain["discordant"] == {
+        "candidate_only": sum(bc[k] and not rl[k] for k in rl),  # the BC start is its candidate
+        "baseline_only": sum(rl[k] and not bc[k] for k in rl),
+    }
+    summary = (Path(record["run_dir"]) / "summary.md").read_text()
+    assert f"Paired: RL alone solved {gain['discordant']['baseline_only']} seeds" in summary
 
     # The local edge agent's robot plays Meta-World's tasks, the champion's instruction.
     device = yaml.safe_load((home / "edge" / "local-agent" / "device.yaml").read_text())

@@ -149,7 +149,8 @@ def markdown(
             f"the 95% intervals {'overlap' if overlap else 'do not overlap'}.",
         ]
     if evaluation.rl_gain:
-        lines += ["", f"{rl_gain_words(evaluation.rl_gain).capitalize()}."]
+        words = rl_gain_words(evaluation.rl_gain)
+        lines += ["", f"{words[0].upper()}{words[1:]}."]
     failures = [(role, r) for role, r in (("candidate", cand), ("BC warm start", warm)) if r]
     if any(r.failures for _, r in failures):
         lines += [

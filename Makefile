@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	# The CPU build of torch first: resolved later, torch would pull the CUDA build (GBs).
 	$(BIN)/python -m pip install --quiet torch==2.13.0
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,ros]'
 	@touch $(STAMP)
 
 # The quick start: the whole pipeline on an easier task (one object to touch), deployed onto a

@@ -299,7 +299,7 @@ class AsyncControlLoop(ClosedOnExit):
                 self.queue.clear()
         obs = self.robot.observe()
         self._observed_at[now] = start
-        refused = refused or observation_fault(obs.images, obs.state)
+        refused = refused or obs.fault or observation_fault(obs.images, obs.state)
         inferred = not refused and self._pending is None and self.queue.remaining(now) <= self.lead
         if inferred:
             # Copies: the driver may reuse its buffers while the worker reads them.

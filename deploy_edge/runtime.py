@@ -176,7 +176,7 @@ class ControlLoop(ClosedOnExit):
         start = time.perf_counter()
         obs = self.robot.observe()
         inferred, error, action = False, "", None
-        refused = observation_fault(obs.images, obs.state)
+        refused = obs.fault or observation_fault(obs.images, obs.state)
         try:
             if not refused and not self.queue:
                 images = {c: img[None] for c, img in obs.images.items()}

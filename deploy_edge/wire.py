@@ -253,6 +253,9 @@ class EpisodeResult(Record):
     p99_ms: float
     misses: int
     errors: int
+    reason: str = ""
+    """Why the robot ended the episode itself, e.g. a lost publisher or the e-stop of a ROS 2
+    arm (:attr:`robots.ros2.driver.Ros2Robot.reason`); "" when it ran to its end."""
 
 
 @dataclass

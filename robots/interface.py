@@ -28,11 +28,15 @@ class RobotObservation:
         state: proprioception, float32, shape ``(spec.state_dim,)``: joint positions in rad
             followed by the gripper opening in m (see ``RobotSpec.state_names``).
         timestamp: seconds since ``connect()``, on the robot's clock.
+        fault: why this observation must not be acted on, e.g. ``"stale: /joint_states 0.31 s
+            old > max_age_s 0.25"`` (a driver's safety rule); "" when it may. The control loops
+            send the hold action and count the tick as a miss.
     """
 
     images: dict[str, np.ndarray]
     state: np.ndarray
     timestamp: float
+    fault: str = ""
 
 
 class Robot(abc.ABC):

@@ -81,6 +81,11 @@ class SimulatedRobot(Robot):
         self._obs = self._env.reset([self._seed])
         self._steps, self.done, self.success = 0, False, False
 
+    def new_episode(self, seed: int) -> None:
+        """Start the episode of ``seed`` (``connect`` with another seed)."""
+        self._seed = seed
+        self.connect()
+
     def observe(self) -> RobotObservation:
         if self._obs is None:
             raise SceneError("SimulatedRobot: call connect() first")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -230,6 +231,20 @@ def needs_metaworld(test: Callable[..., None]) -> Callable[..., None]:
         reason="no Meta-World environment: create it with `make metaworld-env`",
     )
     return pytest.mark.metaworld(skip(test))
+
+
+ROS_WHEELS = sys.platform == "linux" and platform.machine() == "x86_64"
+"""Where ``robo-pipe[ros]`` installs rclpy (its wheels exist for x86_64 Linux only)."""
+
+
+def needs_ros(test: Callable[..., None]) -> Callable[..., None]:
+    """Skip ``test`` where rclpy has no wheels (``make setup`` installs it everywhere else, and
+    there a missing rclpy fails the test instead)."""
+    skip = pytest.mark.skipif(
+        not ROS_WHEELS,
+        reason=f"no rclpy wheels for {sys.platform} {platform.machine()}: source a ROS 2 install",
+    )
+    return skip(test)
 
 
 def pytest_configure(config: pytest.Config) -> None:

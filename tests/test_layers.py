@@ -228,3 +228,34 @@ def test_the_circle_and_floor_checks_see_a_lazy_import(tmp_path: Path) -> None:
     graph = module_imports(tmp_path)
     assert import_circles(graph) == [["pipelines.cli", "pipelines.cli.verbs"]]
     assert graph["pipelines.steps"] == {"pipelines.cli.verbs"}
+
+
+ROS_STACK = {"rclpy", "std_msgs", "sensor_msgs", "rosbags"}
+"""ROS 2 (an optional extra): only its one module imports it."""
+ROS_ONLY = {"robots/ros2/node.py"}
+
+
+def test_only_the_ros2_node_module_imports_ros() -> None:
+    """rclpy is an optional extra (``robo-pipe[ros]``): one module imports it (and names the fix
+    where it is missing), the driver and the twin reach it through that module, and nothing
+    else in the tree imports either of those at module level."""
+    ros_modules = {"robots.ros2.node", "robots.ros2.driver", "sim_scenes.twin"}
+    broken = {}
+    for folder in [*MAY_IMPORT, "tests", "benchmarks"]:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            name = str(path.relative_to(ROOT))
+            if name in ROS_ONLY:
+                continue
+            tree = ast.parse(path.read_text(), name)
+            top_level = set()
+            for node in tree.body:
+                if isinstance(node, ast.Import):
+                    top_level |= {alias.name for alias in node.names}
+                elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                    top_level.add(node.module)
+            wrong = {m for m in top_level if m.split(".")[0] in ROS_STACK - {"rosbags"}}
+            if name.removesuffix(".py").replace("/", ".") not in ros_modules:
+                wrong |= top_level & ros_modules
+            if wrong:
+                broken[name] = sorted(wrong)
+    assert not broken, f"ROS 2 imported outside robots/ros2/node.py: {broken}"

@@ -147,6 +147,7 @@ class ActiveVersion:
             p99_ms=float(np.percentile(ms, 99)),
             misses=sum(t.missed for t in ticks),
             errors=sum(bool(t.error) for t in ticks),
+            reason=str(getattr(robot, "reason", "") or ""),
         )
 
     def serving(self, slot: Slot) -> Served:

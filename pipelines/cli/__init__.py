@@ -26,7 +26,8 @@ the order --help lists them:
 - ``release_verbs``: keys generate, token; bundle (a signed release)
 - ``deploy_verbs``: edge-agent (a device's end), deploy (to a device; --fleet to a fleet)
 - ``fleet_verbs``: deploy --fleet's rollout, fleet status, fleet rollback
-- ``device_verbs``: devices status, history, activate, rollback, unstage, uploads
+- ``device_verbs``: devices status, history, activate, rollback, unstage, uploads, episode
+- ``robot_verbs``: twin (the simulated arm as a ROS 2 robot)
 - ``verify_verbs``: verify (files against their checksums)
 - ``assets_verbs``: assets build (the robot's USD for Isaac Lab)
 - ``catalog``: config, robots, scenes (what there is to choose from)
@@ -63,6 +64,7 @@ from pipelines.cli import (
     pipeline_verbs,
     registry_verbs,
     release_verbs,
+    robot_verbs,
     training_verbs,
     verify_verbs,
 )
@@ -101,6 +103,7 @@ for verbs in (  # in this order: --help lists the verbs, then the groups, as reg
     deploy_verbs,
     fleet_verbs,
     device_verbs,
+    robot_verbs,
     verify_verbs,
     assets_verbs,
     catalog,

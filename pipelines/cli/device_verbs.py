@@ -1,7 +1,8 @@
 """The ``devices`` verbs: look after one edge device, named in a devices file (``--devices``) or
 a fleet file (``--fleet``). ``status`` and ``history`` read it; ``activate``, ``rollback``
 (``--to RELEASE``) and ``unstage`` change what it runs, each recorded in the device's history
-as asked by the CLI; ``uploads`` lists or deletes the release files sent to it.
+as asked by the CLI; ``uploads`` lists or deletes the release files sent to it; ``episode`` runs
+the active version on the device's robot once.
 
 Exit codes, as ``deploy``'s: 0 done; 1 the device said no (nothing staged, nothing to roll back
 to, not that release, the robot-busy lock) or an activation it rolled back; 2 bad input (an
@@ -30,7 +31,8 @@ if TYPE_CHECKING:
 
 devices_app = typer.Typer(
     cls=VerbGroup,
-    help="One edge device: what it runs, its history, activate, rollback, unstage, uploads.",
+    help="One edge device: what it runs, its history, activate, rollback, unstage, uploads, "
+    "an episode.",
     no_args_is_help=True,
     epilog=epilog(("robo-pipe devices status arm-1", "robo-pipe devices rollback arm-1")),
 )
@@ -134,6 +136,49 @@ def status(
     for notice in now.notices:
         console.print(f"[yellow]notice[/]: {escape(notice)}", highlight=False)
     emit_json(now, json_out)
+
+
+def episode(
+    device: DeviceArg,
+    devices: DevicesOpt = None,
+    fleet: FleetOpt = None,
+    ticks: Annotated[
+        int, typer.Option(min=1, help="Control ticks at most (the robot may end it sooner).")
+    ] = 100,
+    instruction: Annotated[
+        str | None,
+        typer.Option(
+            help="What to do (default: the task a simulated robot poses, else the "
+            "device config's instruction).",
+            show_default=False,
+        ),
+    ] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """One episode of the active version on the device's robot, until the robot says it is
+    done or --ticks: its outcome, latency and misses, and why the robot ended it (a ROS 2
+    arm's lost topic or e-stop). Exits 1 unless it succeeded (a robot that cannot tell: 0)."""
+    from deploy_edge.device import DeviceRefused, connect
+
+    entry = find_device(device, devices, fleet)
+    try:
+        with connect(entry) as agent:
+            done = agent.episode(instruction, ticks)
+    except DeviceRefused as err:  # nothing active, or the robot cannot be reached
+        console.print(f"[red]{entry.name}: no[/]: {escape(str(err))}", highlight=False)
+        raise typer.Exit(code=1) from None
+    out = result_console(json_out)
+    outcome = {True: "success", False: "failure", None: "outcome unknown"}[done.success]
+    out.print(
+        f"{entry.name}: {done.version}: {outcome} in {done.ticks} ticks, p50/p99 "
+        f"{done.p50_ms:.2f}/{done.p99_ms:.2f} ms, {done.misses} misses, {done.errors} errors",
+        highlight=False,
+    )
+    if done.reason:
+        out.print(f"ended by the robot: {escape(done.reason)}", highlight=False)
+    emit_json(done, json_out)
+    if done.success is False:
+        raise typer.Exit(code=1)
 
 
 def _slot_cells(slot: Slot | None) -> tuple[str, str, str]:
@@ -279,6 +324,12 @@ def register(app: typer.Typer) -> None:
         "robo-pipe devices rollback arm-1 --to 3",
     )
     add_verb(devices_app, unstage, "robo-pipe devices unstage arm-1")
+    add_verb(
+        devices_app,
+        episode,
+        "robo-pipe devices episode arm-1 --ticks 50",
+        "robo-pipe devices episode arm-1 --instruction 'touch the red cube' --json",
+    )
     add_verb(
         devices_app,
         uploads,

@@ -8,6 +8,8 @@ import os
 import sys
 from pathlib import Path
 
+import yaml
+
 from deploy_edge.policy_client.remote_policy import PolicyServerError, RemotePolicy
 from deploy_edge.policy_client.remote_run import probe_inference, run_remote
 from robots.interface import load_driver
@@ -32,7 +34,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--driver",
         default="sim_scenes.sim_robot:simulated_rp5",
-        help="module:callable(cameras, image_size) -> Robot (default: the simulated rp5)",
+        help="module:callable(cameras, image_size, **driver args) -> Robot (default: the "
+        "simulated rp5; a ROS 2 arm: robots.ros2.driver:ros2_robot --driver-arg config=ARM.yaml)",
+    )
+    parser.add_argument(
+        "--driver-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a keyword argument of the driver, its value read as YAML (repeatable)",
     )
     parser.add_argument("--instruction", default="touch the red cube")
     parser.add_argument("--ticks", type=int, default=100, help="control periods to run")
@@ -52,11 +62,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         policy = RemotePolicy(args.url, token, args.timeout_s, args.ca_cert)
-        robot = load_driver(args.driver)(tuple(policy.info.cameras), policy.info.image_size)
+        driver_args = dict(_keyword(arg) for arg in args.driver_arg)
+        robot = load_driver(args.driver)(
+            tuple(policy.info.cameras), policy.info.image_size, **driver_args
+        )
+        robot.connect()  # a robot that does not answer (a ROS 2 arm's topics) is named here
     except Exception as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    robot.connect()
     try:
         inference_s = (
             args.inference_ms / 1000.0
@@ -82,6 +95,14 @@ def main(argv: list[str] | None = None) -> int:
     if summary.first_error:
         print(f"first error: {summary.first_error}", file=sys.stderr)
     return 0
+
+
+def _keyword(arg: str) -> tuple[str, object]:
+    """``KEY=VALUE`` -> (key, the value read as YAML: ``seed=3`` is an int)."""
+    key, sep, value = arg.partition("=")
+    if not (sep and key.isidentifier()):
+        raise ValueError(f"--driver-arg {arg!r}: expected KEY=VALUE")
+    return key, yaml.safe_load(value)
 
 
 if __name__ == "__main__":

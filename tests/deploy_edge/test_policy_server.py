@@ -37,6 +37,7 @@ from robots.interface import RobotObservation
 from robots.spec import get_robot
 from sim_scenes.sim_robot import SimulatedRobot, simulated_rp5
 from sim_scenes.touch import get_variant
+from tests.conftest import needs_ros
 from tests.deploy_edge.test_deployer import base_state, device_config, keys, releases
 from tests.pipelines.test_deploy import self_signed_certificate
 
@@ -307,3 +308,33 @@ def test_the_client_refuses_a_chunk_that_cannot_cover_the_measured_round_trip(
     assert ran.returncode == 2, ran.stdout + ran.stderr
     assert "a chunk of 3 actions x 100 ms = 300 ms cannot hold 10 Hz" in ran.stderr
     assert "--inference-ms" in client("--help").stdout
+
+
+@needs_ros
+def test_the_client_drives_a_ros2_arm_on_the_served_policy(
+    base_state: Path, tmp_path: Path
+) -> None:
+    """``python -m deploy_edge.policy_client`` with the ROS 2 driver against the digital twin:
+    the asynchronous loop holds the arm's rate over ROS (the twin publishes at 10 Hz) with no
+    engine error; the twin killed first, the driver's connect names what it did not hear."""
+    from tests.robots.test_ros2 import ros_config, twin_process
+
+    config = ros_config(tmp_path)
+    twin = twin_process(config)
+    agent = start_agent(base_state, tmp_path)
+    ros = ("--driver", "robots.ros2.driver:ros2_robot", "--driver-arg", f"config={config}")
+    try:
+        ran = client("--url", agent["url"], *ros, "--driver-arg", "seed=3", "--ticks", "30")
+        assert ran.returncode == 0, ran.stdout + ran.stderr
+        summary = dict(kv.split("=", 1) for kv in ran.stdout.split())
+        assert summary["ticks"] == "30" and summary["errors"] == "0", summary
+        assert int(summary["misses"]) <= 3, f"the loop held the rate over ROS: {summary}"
+        twin.kill()
+        twin.wait(timeout=10)
+        quick = ros_config(tmp_path, connect_timeout_s=1.0)
+        ran = client("--url", agent["url"], *ros[:3], f"config={quick}", "--ticks", "3")
+        assert ran.returncode == 2 and "Traceback" not in ran.stderr, ran.stderr
+        assert "nothing on /joint_states" in ran.stderr and "robo-pipe twin" in ran.stderr
+    finally:
+        stop_agent(agent)
+        twin.kill()

@@ -7,6 +7,8 @@ simulator is any backend (:mod:`sim_scenes.backends`); MuJoCo by default.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from robots.interface import Robot, RobotObservation
@@ -85,6 +87,13 @@ class SimulatedRobot(Robot):
         """Start the episode of ``seed`` (``connect`` with another seed)."""
         self._seed = seed
         self.connect()
+
+    def expert_action(self, expert: Callable[..., np.ndarray]) -> np.ndarray:
+        """What the task's scripted expert (``family.expert(spec)``) does now, shape
+        ``(action.dim,)``: it reads the simulator's ground truth, as no real arm's could."""
+        if self._env is None or self._obs is None:
+            raise SceneError("SimulatedRobot: call connect() first")
+        return np.asarray(expert(self._env, self._obs)[0], dtype=np.float64)
 
     def observe(self) -> RobotObservation:
         if self._obs is None:

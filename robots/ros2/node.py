@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from robo_pipe.errors import InputError
+from robots.ros2.images import image_array
 
 
 class Ros2Unavailable(InputError):
@@ -146,35 +147,6 @@ class SpinningNode:
         self.node.destroy_node()
         self.context.try_shutdown()
         self._thread.join(timeout=2.0)
-
-
-ENCODINGS = {"rgb8": (3, False), "bgr8": (3, True), "rgba8": (4, False), "bgra8": (4, True)}
-"""Image encodings the driver reads: channels, and whether they come blue first."""
-
-
-def image_array(message: Image, size: int) -> np.ndarray:
-    """``sensor_msgs/Image`` -> uint8 RGB ``(size, size, 3)``: the centre square, resized
-    (bilinear) when the camera's is another size. ValueError on an encoding it cannot read."""
-    if message.encoding not in ENCODINGS:
-        raise ValueError(
-            f"image encoding {message.encoding!r}: expected one of {', '.join(ENCODINGS)}"
-        )
-    channels, bgr = ENCODINGS[message.encoding]
-    h, w = message.height, message.width
-    rows = np.frombuffer(bytes(message.data), dtype=np.uint8).reshape(h, message.step)
-    image = rows[:, : w * channels].reshape(h, w, channels)[:, :, :3]
-    if bgr:
-        image = image[:, :, ::-1]
-    if (h, w) != (size, size):
-        from PIL import Image as PILImage
-
-        side = min(h, w)
-        top, left = (h - side) // 2, (w - side) // 2
-        square = np.ascontiguousarray(image[top : top + side, left : left + side])
-        image = np.asarray(
-            PILImage.fromarray(square).resize((size, size), PILImage.Resampling.BILINEAR)
-        )
-    return np.ascontiguousarray(image)
 
 
 def image_message(image: np.ndarray, stamp: Any, frame_id: str) -> Image:

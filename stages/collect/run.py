@@ -45,7 +45,7 @@ from stages.dataset.layout import (
     DatasetError,
     DatasetRef,
 )
-from stages.dataset.reader import open_dataset
+from stages.dataset.reader import dataset_ref
 from stages.dataset.shards import (
     SHARD_MANIFEST,
     EpisodeBuffer,
@@ -316,7 +316,7 @@ def collect(
             # byte, a lost file) is finalized again from its committed shards, which are the
             # source of truth and carry their own manifests.
             try:
-                ref = _dataset_ref(out, robot, scene.variant, config.source)
+                ref = dataset_ref(out, robot, scene.variant, config.source)
             except (DatasetError, IntegrityError) as err:
                 if on_status:
                     on_status(f"the dataset at {out} fails its checks ({err}); rebuilding it")
@@ -356,7 +356,7 @@ def collect(
             "collected_on": _episodes_per_node([paths[s] for s in shards]),
         }
         finalize(out, [paths[s] for s in shards], schema, provenance)
-        return _dataset_ref(out, robot, scene.variant, config.source)
+        return dataset_ref(out, robot, scene.variant, config.source)
 
 
 def _finalized_from(out: Path, shards: list[str]) -> bool:
@@ -372,26 +372,6 @@ def _finalized_from(out: Path, shards: list[str]) -> bool:
     except (OSError, ValueError):
         return False
     return bool(provenance.get("shards") == shards)
-
-
-def _dataset_ref(out: Path, robot: str, variant: str, source: str) -> DatasetRef:
-    """The record of the finished dataset at ``out``."""
-    dataset = open_dataset(out)
-    return DatasetRef(
-        path=str(out),
-        content_hash=dataset.content_hash(),
-        episodes=dataset.num_episodes,
-        frames=dataset.num_frames,
-        fps=dataset.fps,
-        robot=robot,
-        variant=variant,
-        features={
-            k: {"dtype": f["dtype"], "shape": f["shape"]}
-            for k, f in dataset.info["features"].items()
-        },
-        source=source,
-        source_success_rate=float(dataset.provenance.get("source_success_rate", 0.0)),
-    )
 
 
 def _run_shards(

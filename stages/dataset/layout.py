@@ -54,6 +54,12 @@ IMAGE_PREFIX = "observation.images."
 QUANTILES = (0.01, 0.10, 0.50, 0.90, 0.99)
 
 
+def extra_key(name: str) -> str:
+    """Feature key of an extra float feature, e.g. ``observation.imu`` (see
+    :attr:`~stages.dataset.writer.DatasetSchema.extras`)."""
+    return f"observation.{name}"
+
+
 def camera_key(camera: str) -> str:
     """Feature key of a camera stream, e.g. ``observation.images.scene``."""
     return IMAGE_PREFIX + camera

@@ -30,6 +30,7 @@ from stages.dataset.layout import (
     STATS_PATH,
     TASKS_PATH,
     DatasetError,
+    DatasetRef,
     camera_key,
     content_hash,
     verify_dataset,
@@ -240,6 +241,26 @@ def open_dataset(root: str | Path, check_videos: bool = True) -> LeRobotDataset:
     if check_videos:
         _check_videos(dataset)
     return dataset
+
+
+def dataset_ref(out: Path, robot: str, variant: str, source: str) -> DatasetRef:
+    """The record of the finished dataset at ``out`` (opened and verified)."""
+    dataset = open_dataset(out)
+    return DatasetRef(
+        path=str(out),
+        content_hash=dataset.content_hash(),
+        episodes=dataset.num_episodes,
+        frames=dataset.num_frames,
+        fps=dataset.fps,
+        robot=robot,
+        variant=variant,
+        features={
+            k: {"dtype": f["dtype"], "shape": f["shape"]}
+            for k, f in dataset.info["features"].items()
+        },
+        source=source,
+        source_success_rate=float(dataset.provenance.get("source_success_rate", 0.0)),
+    )
 
 
 def _read_provenance(root: Path) -> dict[str, Any]:

@@ -25,7 +25,14 @@ import pyarrow.parquet as pq
 
 from robo_pipe.atomic import discard_dead_temporaries, fsync_dir, fsync_tree, temporary_path
 from robo_pipe.integrity import file_sha256, writing
-from stages.dataset.layout import ACTION_KEY, ENV_STATE_KEY, STAGING_DIR, STATE_KEY, DatasetError
+from stages.dataset.layout import (
+    ACTION_KEY,
+    ENV_STATE_KEY,
+    STAGING_DIR,
+    STATE_KEY,
+    DatasetError,
+    extra_key,
+)
 from stages.dataset.video import encode_video
 
 SHARD_MANIFEST = "shard.json"
@@ -54,6 +61,9 @@ class EpisodeBuffer:
     done: np.ndarray
     success: np.ndarray
     env_state: np.ndarray | None = None
+    extras: dict[str, np.ndarray] = field(default_factory=dict)
+    """More float32 ``(T, k)`` features, each written as ``observation.<name>`` (a real
+    robot's IMU readings, imported from a bag); {} for the simulator's sources."""
 
     @property
     def length(self) -> int:
@@ -150,6 +160,9 @@ def write_shard(
                     [ep.env_state for ep in kept if ep.env_state is not None]
                 )
                 table = table.append_column(ENV_STATE_KEY, fixed_list(env_state))
+            for name in sorted(kept[0].extras):
+                values = np.concatenate([ep.extras[name] for ep in kept])
+                table = table.append_column(extra_key(name), fixed_list(values))
             pq.write_table(table, tmp / FRAMES_FILE)
         manifest = ShardManifest(
             start=start,

@@ -21,7 +21,7 @@ import json
 import os
 import shutil
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +56,7 @@ from stages.dataset.layout import (
     camera_key,
     chunk_file,
     dataset_files,
+    extra_key,
 )
 from stages.dataset.shards import (
     FRAMES_FILE,
@@ -86,6 +87,9 @@ class DatasetSchema:
     crf: int
     env_state_names: tuple[str, ...] = ()
     """Names of the ``observation.environment_state`` values; empty when not recorded."""
+    extras: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """More float features, ``observation.<name>`` -> their values' names (an imported bag's
+    IMU); never a policy input."""
 
     def features(self) -> dict[str, dict[str, Any]]:
         """The ``features`` block of ``meta/info.json``."""
@@ -123,6 +127,12 @@ class DatasetSchema:
                 "dtype": "float32",
                 "shape": [len(self.env_state_names)],
                 "names": list(self.env_state_names),
+            }
+        for name, names in self.extras.items():
+            features[extra_key(name)] = {
+                "dtype": "float32",
+                "shape": [len(names)],
+                "names": list(names),
             }
         features["next.reward"] = {"dtype": "float32", "shape": [1], "names": None}
         features["next.done"] = {"dtype": "bool", "shape": [1], "names": None}
@@ -233,6 +243,7 @@ def _build(
                 if ENV_STATE_KEY in frames.column_names
                 else {}
             ),
+            **{extra_key(n): frames.column(extra_key(n)) for n in schema.extras},
             "next.reward": frames.column("next.reward"),
             "next.done": frames.column("next.done"),
             "next.success": frames.column("next.success"),

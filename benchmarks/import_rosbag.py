@@ -120,7 +120,8 @@ def main() -> None:
         made_s = time.perf_counter() - start
         size_gb = sum(p.stat().st_size for p in bag.iterdir()) / 1e9
         print(
-            f"bag: {size_gb:.2f} GB, {messages:,} messages, {seconds:.0f} s recorded ({made_s:.0f} s to make)"
+            f"bag: {size_gb:.2f} GB, {messages:,} messages, {seconds:.0f} s recorded "
+            f"({made_s:.0f} s to make)"
         )
         read_s = read_only(bag)
         print(f"read: {read_s:.1f} s ({size_gb / read_s * 60:.2f} GB/min)")

@@ -1,7 +1,8 @@
 """Verbs for robots outside the simulator: ``twin``, our simulated arm as a ROS 2 robot (what
 an edge agent's ``robots.ros2.driver:ros2_robot`` driver connects to when no arm is at hand, and
 with ``--expert --record`` a rosbag of it driven by the scripted expert); ``import rosbag``, a
-robot's bag into a dataset the pipeline trains on."""
+robot's bag, and ``import lerobot``, a LeRobot dataset recorded elsewhere, into datasets the
+pipeline trains on."""
 
 from __future__ import annotations
 
@@ -177,11 +178,49 @@ def import_rosbag(
     emit_json(ref, json_out)
 
 
+def import_lerobot(
+    source: Annotated[
+        Path, typer.Argument(help="The LeRobot v3 dataset's folder (meta/info.json).")
+    ],
+    robot: Annotated[
+        str, typer.Option(help="The robot it was recorded on (robo-pipe robots).")
+    ] = "rp5",
+    name: Annotated[
+        str | None,
+        typer.Option(
+            help="Its name in the home's datasets (default: the folder's).", show_default=False
+        ),
+    ] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Register a LeRobot v3 dataset recorded elsewhere (LeRobot's recorder on a real arm) as a
+    dataset the pipeline fine-tunes on (robo-pipe finetune --dataset DIR). It is checked against
+    the robot first: rate, state and action names and shapes, cameras (square, one size) and
+    units (each value's recorded range against the robot's limits); every mismatch is named,
+    field by field, and nothing is written. The source is never changed: the home gets a copy
+    (hard links where the disk allows) with robo-pipe's checksums."""
+    from pipelines.home import home_dir
+    from robots.spec import get_robot
+    from stages.ingest.lerobot import import_lerobot as run_import
+
+    spec = get_robot(robot)
+    target = home_dir("datasets") / (name or source.resolve().name)
+    ref = run_import(source, spec, target)
+    result_console(json_out).print(
+        f"registered {target}: {ref.episodes} episodes, {ref.frames:,} frames at {ref.fps:g} Hz "
+        f"for {spec.name}",
+        highlight=False,
+    )
+    emit_json(ref, json_out)
+
+
 imports = typer.Typer(
     cls=VerbGroup,
     help="Robot data from outside the simulator into the home's datasets.",
     no_args_is_help=True,
-    epilog=epilog(("robo-pipe import rosbag BAG --mapping arm-bag.yaml",)),
+    epilog=epilog(
+        ("robo-pipe import rosbag BAG --mapping arm-bag.yaml", "robo-pipe import lerobot DIR")
+    ),
 )
 
 
@@ -199,5 +238,11 @@ def register(app: typer.Typer) -> None:
         import_rosbag,
         "robo-pipe import rosbag bags/expert-50 --mapping configs/ros2/rp5-twin-bag.yaml",
         name="rosbag",
+    )
+    add_verb(
+        imports,
+        import_lerobot,
+        "robo-pipe import lerobot ~/lerobot-data/lab-arm --robot rp5",
+        name="lerobot",
     )
     app.add_typer(imports, name="import")

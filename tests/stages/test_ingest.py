@@ -197,3 +197,69 @@ def test_bad_bags_and_mappings_are_named_before_anything_is_written(
         assert done.returncode == 2, f"{case}: {done.stdout}{done.stderr[-2000:]}"
         assert named in done.stderr and "Traceback" not in done.stderr, f"{case}: {done.stderr}"
         assert not out.exists(), f"{case}: nothing is written"
+
+
+def lerobot_spec(rp5: RobotSpec, **changes: Any) -> dict[str, Any]:
+    """What ``compat/lerobot_record.py`` records: a dataset for rp5 as a lab would record its
+    arm with LeRobot, with ``changes`` to what a matching one would be."""
+    return {
+        "fps": 10,
+        "state_names": list(rp5.state_names),
+        "action_names": list(rp5.action.names),
+        "cameras": {"scene": [32, 32]},
+        "home": [*rp5.authored.home_arm, rp5.authored.home_gripper],
+        "state_scale": 1.0,
+        "episodes": 2,
+        "frames": 12,
+        **changes,
+    }
+
+
+def record_with_lerobot(datasets: dict[Path, dict[str, Any]]) -> None:
+    """Each dataset recorded by LeRobot's own recorder API, in its environment (one process)."""
+    assert LEROBOT_PYTHON, "make test names LeRobot's environment"
+    args = [str(a) for out, spec in datasets.items() for a in (out, json.dumps(spec))]
+    recorded = subprocess.run(
+        [LEROBOT_PYTHON, str(ROOT / "tests/stages/compat/lerobot_record.py"), *args],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert recorded.returncode == 0, recorded.stderr[-3000:]
+
+
+@pytest.mark.skipif(not LEROBOT_PYTHON, reason="LeRobot's environment: `make lerobot-env`")
+def test_a_dataset_lerobot_recorded_is_registered_or_its_mismatches_named(
+    tmp_path: Path, rp5: RobotSpec, robo_pipe_home: Path
+) -> None:
+    from pipelines.steps.checks import check_dataset
+
+    good, bad = tmp_path / "lab-arm", tmp_path / "other-arm"
+    # The second: degrees instead of radians, 30 Hz, another arm's names, a non-square camera.
+    mismatched = lerobot_spec(
+        rp5, fps=30, state_scale=57.3, cameras={"scene": [24, 32]},
+        action_names=["shoulder_pan.pos", *rp5.action.names[1:]],
+    )  # fmt: skip
+    record_with_lerobot({good: lerobot_spec(rp5), bad: mismatched})
+    before = sorted((p.relative_to(good), p.stat().st_mtime_ns) for p in good.rglob("*"))
+    done = robo_pipe("import", "lerobot", str(good), "--robot", "rp5", "--json")
+    assert done.returncode == 0, done.stderr[-3000:]
+    ref = json.loads(done.stdout.strip().splitlines()[-1])
+    assert ref["episodes"] == 2 and ref["frames"] == 24 and ref["robot"] == "rp5"
+    registered = robo_pipe_home / "datasets" / "lab-arm"
+    assert Path(ref["path"]) == registered
+    check_dataset(registered)  # what `robo-pipe finetune --dataset` checks first
+    after = sorted((p.relative_to(good), p.stat().st_mtime_ns) for p in good.rglob("*"))
+    assert after == before, "the source is never changed"
+    again = robo_pipe("import", "lerobot", str(good))
+    assert again.returncode == 2 and "exists" in again.stderr, "never replaced"
+
+    refused = robo_pipe("import", "lerobot", str(bad), "--robot", "rp5")
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+    for named in (
+        "fps = 30: robot rp5 runs at 10 Hz",
+        "features.action.names = ['shoulder_pan.pos'",
+        "features.observation.images.scene.shape = [24, 32, 3]",
+        "observation.state[1] (shoulder_pitch.pos) ranges",
+        "recorded in other units?",
+    ):
+        assert named in refused.stderr, f"{named!r} not in {refused.stderr}"
+    assert not (robo_pipe_home / "datasets" / "other-arm").exists(), "nothing is written"

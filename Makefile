@@ -57,9 +57,10 @@ typecheck: setup
 # first. Three workers were measured slower still (40.8 min: load 5-9 on 2 cores, one time bound
 # over). TEST_WORKERS=0 runs it in this process.
 #
-# The type check (a cold mypy: ~1 min of one core) runs beside the tests, not before them: the
-# suite leaves about a third of 2 cores idle (its tests wait on servers, schedules and
-# subprocesses; 2,540 CPU-s in 1,848 s). Its output follows the tests'; either failing fails.
+# The type check (a cold mypy: ~1 min of one core) runs beside the tests, not before them: run
+# first, it left the second core idle for that minute, and the suite's tests that wait on
+# servers, schedules and subprocesses leave gaps it fills. Its output follows the tests';
+# either failing fails.
 TEST_WORKERS ?= 2
 test: lint lerobot-env isaaclab-env metaworld-env
 	@$(BIN)/mypy > $(VENV)/mypy.log 2>&1 & types=$$!; \

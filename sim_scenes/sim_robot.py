@@ -65,6 +65,11 @@ class SimulatedRobot(Robot):
         return self._obs.instruction[0]
 
     @property
+    def seed(self) -> int:
+        """The seed of the current (or next) episode."""
+        return self._seed
+
+    @property
     def variant(self) -> TaskVariant:
         """The scene variant this arm plays (its task and layouts)."""
         return self._variant

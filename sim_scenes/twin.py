@@ -10,11 +10,13 @@ camera drivers would: on the wall clock at the robot's control rate, each period
     steps  the simulation one control period (MuJoCo by default);
     publishes ``JointState`` (every joint by its ROS name), one ``Image`` per camera (rgb8,
             the policy's size) and, on ``topics.episode``, the episode's JSON status
-            (``episode``, ``instruction``, ``done``, ``success``, ``step``).
+            (``episode``, ``instruction``, ``done``, ``success``, ``step``, ``seed``).
 
 A JSON ``{"episode": ID, "seed": N}`` on ``topics.reset`` starts the episode of seed N (what
-the driver sends at ``connect()``). A position target applies until the next one arrives, as
-a position controller holds its last command: a late or repeated command moves nothing twice.
+the driver sends at ``connect()``); ``"seed": null`` the twin's next (its first seed, plus one
+per episode since: successive episodes play different scenes). A position target applies
+until the next one arrives, as a position controller holds its last command: a late or
+repeated command moves nothing twice.
 """
 
 from __future__ import annotations
@@ -78,6 +80,7 @@ class Twin:
         self._node_name = node
         self._target: np.ndarray | None = None
         self._reset_to: tuple[str, int] | None = None
+        self._next_seed = 0
         self._episode = ""
         self._lock = threading.Lock()
         self.status = TwinStatus()
@@ -96,7 +99,7 @@ class Twin:
             ros.on(Float64MultiArray, t.command, self._on_command)
             ros.on(String, t.reset or "", self._on_reset)
             self.robot.new_episode(seed)
-            self.status.episodes = 1
+            self.status.episodes, self._next_seed = 1, seed + 1
             period = 1.0 / self.spec.control_hz
             next_tick = time.monotonic()
             while not stop.is_set():
@@ -127,9 +130,15 @@ class Twin:
 
     def _on_reset(self, message: String) -> None:
         request = read_json(message)
-        episode, seed = request.get("episode"), request.get("seed", 0)
-        if isinstance(episode, str) and isinstance(seed, int) and episode != self._episode:
-            with self._lock:
+        episode, seed = request.get("episode"), request.get("seed")
+        if not isinstance(episode, str) or episode == self._episode:
+            return
+        with self._lock:
+            if self._reset_to is not None and self._reset_to[0] == episode:
+                return  # the driver asks again until it hears the episode: one reset
+            if seed is None:
+                seed, self._next_seed = self._next_seed, self._next_seed + 1
+            if isinstance(seed, int):
                 self._reset_to = (episode, seed)
 
     def _step(self) -> None:
@@ -139,8 +148,8 @@ class Twin:
             target = self._target
             if reset is not None:
                 self._target = None  # the last episode's targets are not this one's
+                self._episode = reset[0]  # under the lock: a repeat of it is now ignored
         if reset is not None:
-            self._episode = reset[0]
             self.robot.new_episode(reset[1])
             self.status.episodes += 1
             return
@@ -177,4 +186,5 @@ class Twin:
             "done": self.robot.done,
             "success": self.robot.success,
             "step": self.status.steps,
+            "seed": self.robot.seed,
         }

@@ -69,7 +69,7 @@ class Ros2Robot(Robot):
         spec: RobotSpec,
         cameras: tuple[str, ...],
         image_size: int,
-        seed: int = 0,
+        seed: int | None = None,
     ) -> None:
         missing = [c for c in cameras if c not in config.topics.cameras]
         if missing:
@@ -104,6 +104,12 @@ class Ros2Robot(Robot):
     @property
     def is_connected(self) -> bool:
         return self._ros is not None
+
+    @property
+    def simulator_episode(self) -> dict[str, object]:
+        """A simulator's status of this episode as ``connect()`` heard it (the twin's
+        ``episode``, ``instruction``, ``seed``...); {} for a real arm."""
+        return dict(self._episode)
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -301,9 +307,12 @@ class Ros2Robot(Robot):
         return np.array([*arm, opening], dtype=np.float32)
 
 
-def ros2_robot(cameras: tuple[str, ...], image_size: int, config: str, seed: int = 0) -> Ros2Robot:
+def ros2_robot(
+    cameras: tuple[str, ...], image_size: int, config: str, seed: int | None = None
+) -> Ros2Robot:
     """The edge agent's ROS 2 driver (``driver: robots.ros2.driver:ros2_robot``, ``driver_args:
-    {config: PATH}``, and ``seed`` for a simulator's episodes): the arm the config file
+    {config: PATH}``, and ``seed``: a simulator's episode, where each should play the same one;
+    by default the twin plays its next): the arm the config file
     describes. :class:`~robots.ros2.config.Ros2ConfigError` names a bad file or field."""
     settings, spec = load_ros2_config(Path(config))
     return Ros2Robot(settings, spec, tuple(cameras), image_size, seed)

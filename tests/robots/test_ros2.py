@@ -169,10 +169,20 @@ def test_the_driver_clips_stops_on_the_e_stop_and_holds_when_the_twin_is_lost(
         held = commands.since(held_at)
         assert held and all(np.allclose(c, held[0]) for c in held), "holds, never moves"
 
-        # A new episode clears the stop. Then the twin dies mid-episode: within max_age_s the
-        # driver sends only the last measured position, and after lost_after_s the episode ends.
+        # A new episode clears the stop; one without a seed of its own plays the twin's next.
         robot.connect()
         assert not robot.done and not robot.reason
+        assert robot.simulator_episode["seed"] == 4
+        follower = ros2_robot(("scene",), 32, str(config))  # seed None: the twin's next
+        seeds = []
+        for _ in range(2):
+            follower.connect()
+            seeds.append(follower.simulator_episode["seed"])
+        follower.stop()
+        assert seeds[1] == seeds[0] + 1, seeds
+        robot.connect()
+        # Then the twin dies mid-episode: within max_age_s the driver sends only the last
+        # measured position, and after lost_after_s the episode ends.
         for _ in range(5):
             last = tick(robot, np.array([0.02, 0.0, 0.0, 0.0, 0.0, 0.02]))
         process.kill()

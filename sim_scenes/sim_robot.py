@@ -16,7 +16,7 @@ from robots.spec import RobotSpec, get_robot
 from sim_scenes.backends import open_env
 from sim_scenes.batched_env import BatchedEnv, BatchedObservation
 from sim_scenes.config import SceneConfig, SimConfig
-from sim_scenes.tasks import TaskVariant, resolve_task
+from sim_scenes.tasks import TaskFamily, TaskVariant, resolve_task
 from sim_scenes.touch import SceneError
 
 ONE_THREAD = SimConfig(num_threads=1)
@@ -99,6 +99,13 @@ class SimulatedRobot(Robot):
         if self._env is None or self._obs is None:
             raise SceneError("SimulatedRobot: call connect() first")
         return np.asarray(expert(self._env, self._obs)[0], dtype=np.float64)
+
+    def env_state(self, family: TaskFamily) -> np.ndarray:
+        """The scene's ground truth the task records (``family.env_state_names``: touch's, the
+        named object's centre in m), float32: what a lab's motion capture would measure."""
+        if self._env is None:
+            raise SceneError("SimulatedRobot: call connect() first")
+        return np.asarray(family.env_state(self._env)[0], dtype=np.float32)
 
     def observe(self) -> RobotObservation:
         if self._obs is None:

@@ -9,6 +9,8 @@ would publish them,
     each camera's image           at ``t``
     the episode's status (JSON)   at ``t``
     the position command          at ``t + 5 ms``   the controller's answer to that frame
+    the named object's position   at ``t``          (``/robo_pipe/target``: the scene's ground
+                                                     truth, as a lab's motion capture tracks it)
 
 and episodes are separated by a 2 s pause (a reset). Topic and joint names are the ROS 2 robot
 config's, so the bag imports with the matching mapping (``configs/ros2/rp5-twin-bag.yaml``).
@@ -35,6 +37,8 @@ same bag)."""
 STATE_LEAD_NS = 2_000_000
 COMMAND_LAG_NS = 5_000_000
 PAUSE_NS = 2_000_000_000
+TRUTH_TOPIC = "/robo_pipe/target"
+"""``geometry_msgs/PointStamped``: the named object's centre (touch's ground truth), at ``t``."""
 
 
 @dataclass
@@ -88,6 +92,8 @@ def record_expert(
                     "success": robot.success,
                 }
                 writer.string(t.episode or "/robo_pipe/episode", now, json.dumps(status))
+                if family.env_state_names:  # the scene's ground truth, as mocap would track it
+                    writer.point(TRUTH_TOPIC, now, robot.env_state(family))
                 done.frames += 1
                 if robot.done:
                     break

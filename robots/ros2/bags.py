@@ -18,6 +18,7 @@ JOINT_STATE = "sensor_msgs/msg/JointState"
 COMMAND = "std_msgs/msg/Float64MultiArray"
 STRING = "std_msgs/msg/String"
 IMU = "sensor_msgs/msg/Imu"
+POINT = "geometry_msgs/msg/PointStamped"
 
 
 class BagWriter:
@@ -105,6 +106,12 @@ class BagWriter:
             linear_acceleration_covariance=np.zeros(9),
         )
         self._write(topic, IMU, ns, message)
+
+    def point(self, topic: str, ns: int, xyz: np.ndarray, frame_id: str = "world") -> None:
+        """``geometry_msgs/PointStamped``: a position in m (a tracked object's)."""
+        t = self.store.types
+        point = t["geometry_msgs/msg/Point"](x=float(xyz[0]), y=float(xyz[1]), z=float(xyz[2]))
+        self._write(topic, POINT, ns, t[POINT](header=self._header(ns, frame_id), point=point))
 
     def close(self) -> None:
         """Finish the bag (its index and metadata.yaml)."""

@@ -20,7 +20,7 @@ import numpy as np
 from robo_pipe.errors import InputError
 from robots.ros2.images import ENCODINGS, image_array
 from robots.spec import RobotSpec
-from stages.ingest.mapping import RosbagMapping
+from stages.ingest.mapping import ExtraMap, RosbagMapping
 
 IMAGE = "sensor_msgs/msg/Image"
 JOINT_STATE = "sensor_msgs/msg/JointState"
@@ -138,15 +138,23 @@ def check_bag(bag: Path, mapping: RosbagMapping, spec: RobotSpec) -> dict[str, i
                 f"smaller than the dataset's {mapping.image_size} px (image_size): an image is "
                 "never enlarged"
             )
-    for name, extra in mapping.extras.items():
+    for name, extra in _float_maps(mapping).items():
         for field_name in extra.fields:
             try:
                 _floats(first[extra.topic], field_name)
             except (AttributeError, TypeError, ValueError) as err:
                 raise BagError(
-                    f"{bag}: {extra.topic} (extra {name}) has no numeric field {field_name!r}"
+                    f"{bag}: {extra.topic} ({name}) has no numeric field {field_name!r}"
                 ) from err
     return counts
+
+
+def _float_maps(mapping: RosbagMapping) -> dict[str, ExtraMap]:
+    """The float features the mapping reads from messages: its extras and its env_state."""
+    maps = dict(mapping.extras)
+    if mapping.env_state is not None:
+        maps["env_state"] = mapping.env_state
+    return maps
 
 
 def _first_messages(
@@ -188,7 +196,7 @@ def read_series(
     store = typestore()
     order = [mapping.state.joints[j.name] for j in (*spec.arm, *spec.gripper)]
     cameras = {topic: camera for camera, topic in mapping.cameras.items()}
-    extras = {extra.topic: extra.fields for extra in mapping.extras.values()}
+    extras = {extra.topic: extra.fields for extra in _float_maps(mapping).values()}
     series: dict[str, tuple[list[int], list[Any]]] = {t: ([], []) for t in mapping.topics()}
     with open_bag(bag) as reader:
         connections = _connections(reader, mapping, bag)

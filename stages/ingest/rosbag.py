@@ -40,7 +40,6 @@ from stages.ingest.mapping import RosbagMapping
 from stages.provenance import code_version
 
 EPISODES_PER_SHARD = 50
-VIDEO_CRF = 23
 
 
 @dataclass
@@ -127,6 +126,8 @@ def episodes_of(
         sampled[f"camera {camera}"] = as_of(frame_ns, series[topic].ns, max_age)
     for name, extra in mapping.extras.items():
         sampled[f"extra {name}"] = as_of(frame_ns, series[extra.topic].ns, max_age)
+    if mapping.env_state is not None:
+        sampled["env_state"] = as_of(frame_ns, series[mapping.env_state.topic].ns, max_age)
     if mapping.action.source == "command" and mapping.action.topic:
         # A frame's action is the command in effect over its period: the newest at or before
         # the next frame's time (the controller answers a frame after it). A position command
@@ -171,6 +172,12 @@ def episodes_of(
     episodes = [
         _episode(k, a, b, series, sampled, status, mapping, spec) for k, (a, b) in enumerate(spans)
     ]
+    truth = episodes[0].env_state if episodes else None
+    if truth is not None and truth.shape[1] != len(mapping.env_state_names):
+        raise BagError(
+            f"{bag}: env_state has {truth.shape[1]} values a frame, env_state_names "
+            f"{mapping.env_state_names} names {len(mapping.env_state_names)}"
+        )
     report = ImportReport(
         bag=str(bag),
         dataset=str(out),
@@ -229,6 +236,10 @@ def _episode(
         ).astype(np.float32)
         for name, extra in mapping.extras.items()
     }
+    env_state = None
+    if mapping.env_state is not None:
+        truth = series[mapping.env_state.topic].values
+        env_state = np.stack([truth[sampled["env_state"].index[k]] for k in frames])
     last = status[b - 1] if status else {}
     instruction = mapping.task or str(last.get("instruction") or "")
     success = np.zeros(len(frames), dtype=bool)
@@ -244,6 +255,7 @@ def _episode(
         reward=success.astype(np.float32),
         done=done,
         success=success,
+        env_state=None if env_state is None else env_state.astype(np.float32),
         extras=extras,
     )
 
@@ -269,7 +281,9 @@ def _write(
     shards = []
     for start in range(0, len(episodes), EPISODES_PER_SHARD):
         end = min(start + EPISODES_PER_SHARD, len(episodes))
-        write_shard(staging, start, end, episodes[start:end], True, spec.control_hz, VIDEO_CRF)
+        write_shard(
+            staging, start, end, episodes[start:end], True, spec.control_hz, mapping.video_crf
+        )
         shards.append(staging / shard_name(start, end))
     schema = DatasetSchema(
         robot=spec.name,
@@ -278,7 +292,8 @@ def _write(
         action_names=spec.action.names,
         cameras=tuple(mapping.cameras),
         image_size=mapping.image_size,
-        crf=VIDEO_CRF,
+        crf=mapping.video_crf,
+        env_state_names=tuple(mapping.env_state_names) if mapping.env_state else (),
         extras={name: _names(name, values) for name, values in episodes[0].extras.items()},
     )
     provenance = {

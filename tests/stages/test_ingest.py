@@ -16,6 +16,7 @@ import yaml
 
 from robots.spec import RobotSpec
 from sim_scenes.sim_robot import simulated
+from sim_scenes.touch_task import TOUCH
 from stages.dataset.reader import open_dataset
 from stages.ingest.align import as_of
 from stages.ingest.bag import Series
@@ -75,6 +76,8 @@ def test_a_bag_the_twin_recorded_imports_replays_to_success_and_lerobot_reads_it
             np.testing.assert_allclose(
                 arm.observe().state, frames["observation.state"][row], atol=1e-5
             )
+            truth = frames["observation.environment_state"][row]  # the named object, as mocap
+            np.testing.assert_allclose(arm.env_state(TOUCH), truth, atol=1e-6)
             if not arm.done:
                 arm.act(frames["action"][row])
         assert arm.success, f"episode {k} replays to success"
@@ -103,7 +106,9 @@ def test_no_feature_is_ever_sampled_from_after_its_frames_time(rp5: RobotSpec) -
     the message it came from, and every frame's features come from at or before the frame's
     time, within max_age_s, and are the newest such message."""
     rng = np.random.default_rng(0)
-    mapping = _mapping(every=3, max_age_s=0.02, episodes={"gap_s": 1.0}, task="touch")
+    mapping = _mapping(
+        every=3, max_age_s=0.02, episodes={"gap_s": 1.0}, task="touch", env_state=None
+    )
     names = [j.name for j in (*rp5.arm, *rp5.gripper)]
     checked = 0
     for _ in range(40):

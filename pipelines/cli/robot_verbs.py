@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.table import Table
 
+from configs import ros2_dir
 from pipelines.cli.common import console, emit_json, result_console
 from pipelines.cli.options import JsonOpt, VerbGroup, add_verb, epilog
 
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
     from robots.spec import RobotSpec
     from sim_scenes.twin_record import Recording
 
-ROS2_TWIN_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "ros2" / "rp5-twin.yaml"
+ROS2_TWIN_CONFIG = ros2_dir() / "rp5-twin.yaml"
 
 
 def twin(

@@ -51,6 +51,8 @@ def test_help_lists_only_working_verbs(robo_pipe_home: Path) -> None:
         "fleet",
         "devices",
         "verify",
+        "twin",
+        "import",
         "assets",
         "config",
         "robots",

@@ -706,10 +706,11 @@ def test_an_episode_on_a_ros2_arm_runs_the_active_version_and_a_lost_arm_ends_it
     (``robo-pipe twin``) over loopback. The deploy's latency gate and health check run on it,
     ``robo-pipe devices episode`` runs the active version on it, and the twin killed
     mid-episode ends the episode as a failure with the reason, no traceback."""
-    from tests.robots.test_ros2 import ros_config, twin_process
+    from tests.robots.test_ros2 import Commands, ros_config, twin_process
 
     config = ros_config(tmp_path)
     twin = twin_process(config, "--seed", "1")
+    commands = Commands(config)  # what the arm's controller receives
     started = start_agent(
         shared_home,
         tmp_path,
@@ -738,9 +739,15 @@ def test_an_episode_on_a_ros2_arm_runs_the_active_version_and_a_lost_arm_ends_it
         assert run.returncode == 1 and "failure in 15 ticks" in err, (out, err)
 
         run = episode(300)  # 30 s at 10 Hz: the twin dies first
-        time.sleep(4.0)
+        asked = time.monotonic()
+        # Killed once the episode drives the arm (its first commands), however long the
+        # CLI, the agent and the connect took on a busy machine.
+        while len(commands.since(asked)) < 5 and run.poll() is None:
+            assert time.monotonic() < asked + 120, "the episode never drove the arm"
+            time.sleep(0.1)
         twin.kill()
         out, err = run.communicate(timeout=120)
+        assert out.strip(), f"no episode record: {err[-3000:]}"
         record = json.loads(out.strip().splitlines()[-1])
         assert run.returncode == 1 and "Traceback" not in out + err, (out, err)
         assert record["success"] is False and record["reason"].startswith("lost /"), record
@@ -751,3 +758,4 @@ def test_an_episode_on_a_ros2_arm_runs_the_active_version_and_a_lost_arm_ends_it
         started["process"].wait(timeout=20)
         twin.kill()
         twin.wait(timeout=20)
+        commands.ros.close()

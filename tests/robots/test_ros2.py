@@ -99,6 +99,14 @@ class Commands:
         with self._lock:
             return [data for at, data in self.received if at >= t]
 
+    def wait(self, t: float, count: int = 1, timeout_s: float = 30.0) -> list[np.ndarray]:
+        """At least ``count`` commands received since ``t`` (a busy machine delays them)."""
+        deadline = time.monotonic() + timeout_s
+        while len(got := self.since(t)) < count and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(got) >= count, f"{len(got)} commands since then, expected {count}"
+        return got
+
     def press_estop(self) -> None:
         self.estop.publish(self._bool(data=True))
 
@@ -148,8 +156,7 @@ def test_the_driver_clips_stops_on_the_e_stop_and_holds_when_the_twin_is_lost(
         measured = robot.observe().state
         huge = np.array([5.0, -5.0, 0.0, 0.0, 0.0, 1.0])
         robot.act(huge)
-        time.sleep(0.3)
-        first = commands.since(sent_at)[0]
+        first = commands.wait(sent_at)[0]
         step = rp5.authored.max_joint_delta
         assert first[0] == pytest.approx(measured[0] + step, abs=1e-5)
         assert first[1] == pytest.approx(measured[1] - step, abs=1e-5)
@@ -159,14 +166,14 @@ def test_the_driver_clips_stops_on_the_e_stop_and_holds_when_the_twin_is_lost(
 
         # The e-stop: the episode ends with the reason; only holds are sent from then on.
         commands.press_estop()
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 30
         while not robot.done and time.monotonic() < deadline:
             tick(robot, huge)
         assert robot.done and robot.success is False and "e-stop" in robot.reason
         held_at = time.monotonic()
         for _ in range(3):
             tick(robot, huge)
-        held = commands.since(held_at)
+        held = commands.wait(held_at, 3)
         assert held and all(np.allclose(c, held[0]) for c in held), "holds, never moves"
 
         # A new episode clears the stop; one without a seed of its own plays the twin's next.
@@ -188,15 +195,15 @@ def test_the_driver_clips_stops_on_the_e_stop_and_holds_when_the_twin_is_lost(
         process.kill()
         killed = time.monotonic()
         process.wait(timeout=10)
-        while not robot.done and time.monotonic() < killed + 5:
+        while not robot.done and time.monotonic() < killed + 30:
             last_obs = tick(robot, np.array([0.02, 0.0, 0.0, 0.0, 0.0, 0.02]))
         ended_in = time.monotonic() - killed
         settings = robot.config
         assert robot.done and robot.success is False and "lost" in robot.reason, robot.reason
-        assert settings.lost_after_s <= ended_in <= settings.lost_after_s + 1.0, ended_in
+        # Within a tick or two of lost_after_s (the loop's pace, slower on a busy machine).
+        assert settings.lost_after_s <= ended_in <= settings.lost_after_s + 3.0, ended_in
         assert last_obs.fault.startswith("stale"), last_obs.fault
-        after = commands.since(killed + settings.max_age_s + 0.15)
-        assert after, "the driver keeps commanding the hold"
+        after = commands.wait(killed + settings.max_age_s + 0.15)  # the driver keeps holding
         assert all(np.allclose(c, after[-1]) for c in after), "holds, never moves"
         assert after[-1][0] == pytest.approx(last.state[0], abs=0.03), "where it last was"
     finally:

@@ -29,7 +29,8 @@ def ros_config(folder: Path, **changes: Any) -> Path:
     """The twin's config with ``changes``, on a ROS domain of this process's own (tests on two
     xdist workers, or two checkouts, must not hear each other's arm)."""
     data = yaml.safe_load(TWIN_CONFIG.read_text())
-    data["domain_id"] = 1 + os.getpid() % 200
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+    data["domain_id"] = 1 + (worker % 2) * 100 + os.getpid() % 100  # make test's 2 workers: apart
     data.update(changes)
     path = folder / "ros2.yaml"
     path.write_text(yaml.safe_dump(data))

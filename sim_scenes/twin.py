@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from robots.ros2.config import Ros2RobotConfig
+from robots.ros2.joints import JointOrder
 from robots.ros2.node import (
     RELIABLE,
     SENSORS,
@@ -74,9 +75,7 @@ class Twin:
         self.config, self.spec = config, spec
         cameras = tuple(t.cameras)
         self.robot = simulated(cameras, image_size, task)
-        self._order = config.command_order(spec)
-        self._arm = [j.name for j in spec.arm]
-        self._fingers = [j.name for j in spec.gripper]
+        self._joints = JointOrder(spec, config.command_order(spec))
         self._node_name = node
         self._target: np.ndarray | None = None
         self._reset_to: tuple[str, int] | None = None
@@ -123,7 +122,7 @@ class Twin:
 
     def _on_command(self, message: Float64MultiArray) -> None:
         targets = np.asarray(message.data, dtype=np.float64)
-        if targets.shape == (len(self._order),) and np.all(np.isfinite(targets)):
+        if targets.shape == (len(self._joints.order),) and np.all(np.isfinite(targets)):
             with self._lock:
                 self._target = targets
                 self.status.commands += 1
@@ -161,22 +160,14 @@ class Twin:
         """The simulator's action that moves ``state`` toward the position ``target``."""
         if target is None:
             return self.spec.hold_action(state)
-        index = {name: k for k, name in enumerate(self._order)}
-        action = np.zeros(self.spec.action.dim, dtype=np.float64)
-        for k, joint in enumerate(self._arm):
-            action[k] = target[index[joint]] - state[k]
-        action[len(self._arm)] = sum(target[index[j]] for j in self._fingers)
-        return np.clip(action, self.spec.action.low, self.spec.action.high)
+        return self._joints.action(target, self._joints.positions(state))
 
     def _joint_state(self, state: np.ndarray, stamp: Any) -> JointState:
-        """Every joint by its ROS name: the arm's from the state, each finger half the opening."""
-        positions = {j: float(state[k]) for k, j in enumerate(self._arm)}
-        opening = float(state[len(self._arm)])
-        positions |= {j: opening / len(self._fingers) for j in self._fingers}
+        """Every joint by its ROS name (:meth:`~robots.ros2.joints.JointOrder.positions`)."""
         message = JointState()
         message.header.stamp = stamp
-        message.name = [self.config.joints[j] for j in self._order]
-        message.position = [positions[j] for j in self._order]
+        message.name = [self.config.joints[j] for j in self._joints.order]
+        message.position = [float(p) for p in self._joints.positions(state)]
         return message
 
     def _episode_status(self) -> dict[str, Any]:

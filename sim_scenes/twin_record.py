@@ -27,6 +27,7 @@ import numpy as np
 
 from robots.ros2.bags import BagWriter
 from robots.ros2.config import Ros2RobotConfig
+from robots.ros2.joints import JointOrder
 from robots.spec import RobotSpec
 from sim_scenes.sim_robot import simulated
 from sim_scenes.tasks import resolve_task
@@ -69,10 +70,8 @@ def record_expert(
     family, _ = resolve_task(task)
     robot = simulated(tuple(t.cameras), image_size, task)
     expert = family.expert(spec)
-    order = config.command_order(spec)
-    names = [config.joints[j] for j in order]
-    arm = [j.name for j in spec.arm]
-    fingers = [j.name for j in spec.gripper]
+    joints = JointOrder(spec, config.command_order(spec))
+    names = [config.joints[j] for j in joints.order]
     period = int(1e9 / spec.control_hz)
     now, done = START_NS, Recording()
     with BagWriter(bag, storage=storage) as writer:
@@ -81,7 +80,7 @@ def record_expert(
             episode = f"expert-{seed + k}"
             while True:
                 obs = robot.observe()
-                positions = _positions(obs.state, order, arm, fingers)
+                positions = joints.positions(obs.state)
                 writer.joint_state(t.joint_states, now - STATE_LEAD_NS, names, positions)
                 for camera, topic in t.cameras.items():
                     writer.image(topic, now, obs.images[camera], camera)
@@ -98,12 +97,7 @@ def record_expert(
                 if robot.done:
                     break
                 action = np.clip(robot.expert_action(expert), spec.action.low, spec.action.high)
-                targets = positions.copy()
-                for i, joint in enumerate(arm):
-                    targets[order.index(joint)] += action[i]
-                for joint in fingers:
-                    targets[order.index(joint)] = action[len(arm)] / len(fingers)
-                writer.command(t.command, now + COMMAND_LAG_NS, targets)
+                writer.command(t.command, now + COMMAND_LAG_NS, joints.targets(action, positions))
                 robot.act(action)
                 now += period
             done.episodes += 1
@@ -114,13 +108,3 @@ def record_expert(
             now += PAUSE_NS
     robot.stop()
     return done
-
-
-def _positions(
-    state: np.ndarray, order: list[str], arm: list[str], fingers: list[str]
-) -> np.ndarray:
-    """Every joint's position in the command's order: the arm's from the state, each finger
-    half the opening (the simulated fingers move together)."""
-    by_joint = {j: float(state[k]) for k, j in enumerate(arm)}
-    by_joint |= {j: float(state[len(arm)]) / len(fingers) for j in fingers}
-    return np.array([by_joint[j] for j in order], dtype=np.float64)

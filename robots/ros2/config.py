@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from robo_pipe.errors import InputError
 from robo_pipe.validation import first_error, read_mapping
+from robots.ros2.joints import check_names
 from robots.spec import RobotDefinitionError, RobotSpec, get_robot
 
 
@@ -97,25 +98,8 @@ class Ros2RobotConfig(BaseModel):
 
     def check_against(self, spec: RobotSpec) -> None:
         """ValueError naming the field when this config cannot drive ``spec``'s robot."""
-        names = [j.name for j in (*spec.arm, *spec.gripper)]
-        if unknown := sorted(set(self.joints) - set(names)):
-            raise ValueError(
-                f"field 'joints': {', '.join(unknown)}: robot {spec.name} has no such joint "
-                f"(its joints: {', '.join(names)})"
-            )
-        if missing := [n for n in names if n not in self.joints]:
-            raise ValueError(f"field 'joints': robot {spec.name}'s {', '.join(missing)} unmapped")
-        order = self.command_joints or names
-        if sorted(order) != sorted(names):
-            raise ValueError(
-                f"field 'command_joints' = {order}: must list each of {', '.join(names)} once"
-            )
-        cameras = [c.name for c in spec.cameras]
-        if unknown := sorted(set(self.topics.cameras) - set(cameras)):
-            raise ValueError(
-                f"field 'topics.cameras': {', '.join(unknown)}: robot {spec.name} has no such "
-                f"camera (its cameras: {', '.join(cameras)})"
-            )
+        fields = ("joints", "command_joints", "topics.cameras")
+        check_names(spec, self.joints, self.command_joints, self.topics.cameras, fields)
 
     def command_order(self, spec: RobotSpec) -> list[str]:
         """The spec's joint names in the command's order."""

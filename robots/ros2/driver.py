@@ -37,6 +37,7 @@ import numpy as np
 from robo_pipe.errors import RoboPipeError
 from robots.interface import Robot, RobotObservation
 from robots.ros2.config import Ros2RobotConfig, load_ros2_config
+from robots.ros2.joints import JointOrder
 from robots.ros2.node import (
     RELIABLE,
     Bool,
@@ -79,12 +80,7 @@ class Ros2Robot(Robot):
             )
         self.spec, self.config = spec, config
         self._cameras, self._image_size, self._seed = tuple(cameras), image_size, seed
-        self._order = config.command_order(spec)
-        self._arm = [j.name for j in spec.arm]
-        self._fingers = [j.name for j in spec.gripper]
-        limits = {j.name: (j.low, j.high) for j in (*spec.arm, *spec.gripper)}
-        self._low = np.array([limits[n][0] for n in self._order])
-        self._high = np.array([limits[n][1] for n in self._order])
+        self._joints = JointOrder(spec, config.command_order(spec))
         self._ros: SpinningNode | None = None
         self._t0 = 0.0
         self._stale = False  # the last observation was stale: act() holds
@@ -214,7 +210,7 @@ class Ros2Robot(Robot):
         fresh = {c: got for c, got in images.items() if got is not None}
         assert joints is not None and len(fresh) == len(images)  # connect() waited for them
         positions = self._positions(joints.message)
-        state = self._state(positions)
+        state = self._joints.state(positions)
         ages = {t.joint_states: now - joints.at}
         ages |= {t.cameras[c]: now - got.at for c, got in fresh.items()}
         oldest = max(ages, key=lambda topic: ages[topic])
@@ -275,14 +271,8 @@ class Ros2Robot(Robot):
         if not np.all(np.isfinite(action)):
             self._publish(self._held)
             return
-        clipped = np.clip(action, self.spec.action.low, self.spec.action.high)
-        targets = self._held.copy()
-        index = {name: k for k, name in enumerate(self._order)}
-        for k, joint in enumerate(self._arm):
-            targets[index[joint]] += clipped[k]
-        for joint in self._fingers:
-            targets[index[joint]] = clipped[len(self._arm)] / len(self._fingers)
-        self._publish(np.clip(targets, self._low, self._high))
+        targets = self._joints.targets(action, self._held)
+        self._publish(np.clip(targets, self._joints.low, self._joints.high))
 
     def _publish(self, targets: np.ndarray) -> None:
         self._command.publish(Float64MultiArray(data=[float(v) for v in targets]))
@@ -292,19 +282,11 @@ class Ros2Robot(Robot):
     def _positions(self, message: JointState) -> np.ndarray:
         """The spec's joints' positions, command order, from a JointState (by ROS name)."""
         by_name = dict(zip(message.name, message.position, strict=False))
-        ros_names = [self.config.joints[n] for n in self._order]
+        ros_names = [self.config.joints[n] for n in self._joints.order]
         missing = [n for n in ros_names if n not in by_name]
         if missing:
             raise ValueError(f"{self.config.topics.joint_states} has no joint {', '.join(missing)}")
         return np.array([by_name[n] for n in ros_names], dtype=np.float64)
-
-    def _state(self, positions: np.ndarray) -> np.ndarray:
-        """The spec's state (arm joint positions in rad, then the gripper opening in m: the sum
-        of the fingers') from positions in command order."""
-        index = {name: k for k, name in enumerate(self._order)}
-        arm = [positions[index[j]] for j in self._arm]
-        opening = sum(positions[index[j]] for j in self._fingers)
-        return np.array([*arm, opening], dtype=np.float32)
 
 
 def ros2_robot(

@@ -168,8 +168,7 @@ def import_lerobot(source: Path, spec: RobotSpec, out: Path) -> DatasetRef:
             "code_version": code_version(),
         }
         (tree / PROVENANCE_PATH).write_text(json.dumps(provenance, indent=1))
-        files = [p for p in dataset_files(tree)]
-        write_checksums(tree, file_sums(tree, files), CHECKSUMS_PATH)
+        write_checksums(tree, file_sums(tree, dataset_files(tree)), CHECKSUMS_PATH)
         os.rename(tree, out)
     finally:
         shutil.rmtree(tree, ignore_errors=True)

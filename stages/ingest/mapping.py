@@ -36,6 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from robo_pipe.errors import InputError
 from robo_pipe.validation import first_error, read_mapping
+from robots.ros2.joints import check_names
 from robots.spec import RobotDefinitionError, RobotSpec, get_robot
 
 
@@ -152,27 +153,8 @@ class RosbagMapping(BaseModel):
 
     def check_against(self, spec: RobotSpec) -> None:
         """ValueError naming the field when this mapping cannot describe ``spec``'s robot."""
-        names = [j.name for j in (*spec.arm, *spec.gripper)]
-        if unknown := sorted(set(self.state.joints) - set(names)):
-            raise ValueError(
-                f"field 'state.joints': {', '.join(unknown)}: robot {spec.name} has no such "
-                f"joint (its joints: {', '.join(names)})"
-            )
-        if missing := [n for n in names if n not in self.state.joints]:
-            raise ValueError(
-                f"field 'state.joints': robot {spec.name}'s {', '.join(missing)} unmapped"
-            )
-        order = self.action.joints or names
-        if sorted(order) != sorted(names):
-            raise ValueError(
-                f"field 'action.joints' = {order}: must list each of {', '.join(names)} once"
-            )
-        cameras = [c.name for c in spec.cameras]
-        if unknown := sorted(set(self.cameras) - set(cameras)):
-            raise ValueError(
-                f"field 'cameras': {', '.join(unknown)}: robot {spec.name} has no such camera "
-                f"(its cameras: {', '.join(cameras)})"
-            )
+        fields = ("state.joints", "action.joints", "cameras")
+        check_names(spec, self.state.joints, self.action.joints, self.cameras, fields)
 
     def command_order(self, spec: RobotSpec) -> list[str]:
         """The robot's joint names in the command's order."""

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from robo_pipe.errors import InputError
+from robots.ros2.joints import JointOrder
 from robots.spec import RobotSpec
 from stages.dataset.layout import INFO_PATH, STAGING_DIR, DatasetRef
 from stages.dataset.reader import dataset_ref
@@ -206,24 +207,20 @@ def _episode(
 ) -> EpisodeBuffer:
     """Frames ``[a, b)`` as one episode (``b`` included as the next state of ``b - 1`` when the
     actions are next states)."""
-    n_arm = len(spec.arm)
+    joints = JointOrder(spec)  # the robot's order: read_series maps the state to it
     frames = np.arange(a, b)
     positions = series[mapping.state.topic].values
     end = b + 1 if mapping.action.source == "next_state" else b
     joint = np.stack([positions[sampled["state"].index[k]] for k in range(a, end)])
-    state = _state(joint, n_arm)
+    state = joints.state(joint)
     if mapping.action.source == "command":
         commands = series[mapping.action.topic or ""].values
         order = mapping.command_order(spec)
-        robot_order = [j.name for j in (*spec.arm, *spec.gripper)]
         target = np.stack([commands[sampled["action"].index[k]] for k in frames])
-        target = target[:, [order.index(name) for name in robot_order]]  # -> the robot's order
+        target = target[:, [order.index(name) for name in joints.order]]  # -> the robot's order
     else:
         target = joint[1:]
-    action = np.zeros((len(frames), spec.action.dim), dtype=np.float32)
-    action[:, :n_arm] = target[:, :n_arm] - joint[: len(frames), :n_arm]
-    action[:, n_arm] = target[:, n_arm:].sum(axis=1)
-    action = np.clip(action, spec.action.low, spec.action.high).astype(np.float32)
+    action = joints.action(target, joint[: len(frames)]).astype(np.float32)
     images = {
         camera: np.stack(
             [series[topic].values[sampled[f"camera {camera}"].index[k]] for k in frames]
@@ -258,13 +255,6 @@ def _episode(
         env_state=None if env_state is None else env_state.astype(np.float32),
         extras=extras,
     )
-
-
-def _state(joint: np.ndarray, n_arm: int) -> np.ndarray:
-    """Joint positions (robot order: arm, then fingers) -> the spec's state: arm joints, then
-    the gripper opening (the fingers' sum)."""
-    opening = joint[:, n_arm:].sum(axis=1, keepdims=True)
-    return np.concatenate([joint[:, :n_arm], opening], axis=1).astype(np.float32)
 
 
 def _write(

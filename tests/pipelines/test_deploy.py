@@ -19,7 +19,6 @@ import pytest
 import yaml
 
 from pipelines.services.local_servers import free_port
-from tests.conftest import needs_ros
 from tests.pipelines.test_cli import ROOT
 from tests.pipelines.test_flow import robo_pipe
 
@@ -696,66 +695,3 @@ def test_the_pipelines_deploy_stage_never_deploys_random_weights(
     done = local_agent.deploy_to_local_agent(load_config(ROOT / "configs" / "tiny.yaml"), info)
     assert done.state == "refused" and done.p99_ms is None and done.episode_ticks == 0
     assert done.reason.startswith("random weights (systems measurements only)")
-
-
-@needs_ros
-def test_an_episode_on_a_ros2_arm_runs_the_active_version_and_a_lost_arm_ends_it(
-    registered: str, signing: dict[str, Path], shared_home: Path, tmp_path: Path
-) -> None:
-    """The agent's robot is a ROS 2 arm (``robots.ros2.driver:ros2_robot``): the digital twin
-    (``robo-pipe twin``) over loopback. The deploy's latency gate and health check run on it,
-    ``robo-pipe devices episode`` runs the active version on it, and the twin killed
-    mid-episode ends the episode as a failure with the reason, no traceback."""
-    from tests.robots.test_ros2 import Commands, ros_config, twin_process
-
-    config = ros_config(tmp_path)
-    twin = twin_process(config, "--seed", "1")
-    commands = Commands(config)  # what the arm's controller receives
-    started = start_agent(
-        shared_home,
-        tmp_path,
-        driver="robots.ros2.driver:ros2_robot",
-        driver_args={"config": str(config), "seed": 2},
-        pace=True,  # a real arm's rate: the twin publishes at 10 Hz
-    )
-    devices = ("--devices", str(started["devices"]))
-
-    def episode(ticks: int) -> subprocess.Popen[str]:
-        return subprocess.Popen(
-            [sys.executable, "-m", "pipelines.cli", "devices", "episode", "dev-arm-01",
-             *devices, "--ticks", str(ticks), "--json"],
-            cwd=ROOT, env={**os.environ, "ROBO_PIPE_HOME": str(shared_home), "ARM_TOKEN": TOKEN},
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
-
-    try:
-        done = deploy(started, shared_home, "--key", str(signing["release"]))
-        assert done.returncode == 0, done.stderr[-3000:]
-        run = episode(15)
-        out, err = run.communicate(timeout=120)
-        record = json.loads(out.strip().splitlines()[-1])
-        assert record["version"] == f"{MODEL}:1" and record["errors"] == 0, record
-        assert record["ticks"] == 15 and record["success"] is False and not record["reason"]
-        assert run.returncode == 1 and "failure in 15 ticks" in err, (out, err)
-
-        run = episode(300)  # 30 s at 10 Hz: the twin dies first
-        asked = time.monotonic()
-        # Killed once the episode drives the arm (its first commands), however long the
-        # CLI, the agent and the connect took on a busy machine.
-        while len(commands.since(asked)) < 5 and run.poll() is None:
-            assert time.monotonic() < asked + 120, "the episode never drove the arm"
-            time.sleep(0.1)
-        twin.kill()
-        out, err = run.communicate(timeout=120)
-        assert out.strip(), f"no episode record: {err[-3000:]}"
-        record = json.loads(out.strip().splitlines()[-1])
-        assert run.returncode == 1 and "Traceback" not in out + err, (out, err)
-        assert record["success"] is False and record["reason"].startswith("lost /"), record
-        assert "ended by the robot: lost /" in err and record["ticks"] < 100, record
-        assert record["misses"] >= 1, "the stale ticks held the arm and count as misses"
-    finally:
-        started["process"].terminate()
-        started["process"].wait(timeout=20)
-        twin.kill()
-        twin.wait(timeout=20)
-        commands.ros.close()

@@ -135,6 +135,10 @@ def describe(stage: str, record: Any) -> str:
         return f"success {report.success_rate:.1%} ({low:.1%} - {high:.1%})"
     if stage == "latency":
         return f"p99 {record.p99_ms:.2f} ms ({'pass' if record.passed else 'FAIL'})"
+    if stage == "delay sweep":
+        played = [p for p in record.points if p.success_rate is not None and p.mode == "async"]
+        at = max(played, key=lambda p: p.ticks) if played else record.point("sync", 0)
+        return f"async holds {at.success_rate:.1%} at {at.ticks} ticks"
     if stage == "register":
         return f"v{record.version} {', '.join(record.aliases)}"
     if stage == "deploy":

@@ -22,12 +22,12 @@ from pipelines.cli.options import (
     add_verb,
     policy_argument,
 )
-from pipelines.cli.result_tables import show_latency, show_trials
+from pipelines.cli.result_tables import show_latency, show_sweep, show_trials
 from pipelines.home import new_run_dir
 from pipelines.registry.versions import RegistryError
 from pipelines.steps import checks
 from pipelines.steps.export import export_checkpoint
-from pipelines.steps.latency import measure_latency
+from pipelines.steps.latency import measure_latency, sweep_delays
 from robo_pipe.locks import set_run_label
 
 
@@ -125,6 +125,18 @@ def gate(
     pace: Annotated[
         bool, typer.Option(help="Sleep to the control rate between steps, as on the robot.")
     ] = True,
+    sweep: Annotated[
+        bool,
+        typer.Option(
+            help="Then play the evaluation suite (the config's evaluate section) at inference "
+            "delays of 0-16 control ticks, sync and async, on the same seeds: success with "
+            "intervals, the delay of the measured p99 marked (delay_sweep.md and .png).",
+        ),
+    ] = False,
+    episodes: Annotated[
+        int | None,
+        typer.Option(min=1, help="--sweep: episodes per variant (overrides evaluate.episodes)."),
+    ] = None,
     config: ConfigOpt = DEMO_CONFIG,
     json_out: JsonOpt = False,
 ) -> None:
@@ -143,12 +155,15 @@ def gate(
     """
     from deploy_edge.targets import load_target
 
+    if episodes is not None and not sweep:
+        raise typer.BadParameter("plays only with --sweep", param_hint="--episodes")
     gate_settings = {
         "latency.target": target,
         "latency.budget_ms": budget_ms,
         "latency.steps": steps_,
         "latency.warmup": warmup,
         "latency.pace": pace,
+        "evaluate.episodes": episodes,
     }
     cfg = load(config, None, **gate_settings)
     load_target(cfg.latency.target)
@@ -162,11 +177,23 @@ def gate(
         report = display.step(
             "latency", lambda show: measure_latency(cfg, export_dir, run_dir, show)
         )
-    show_latency(report, result_console(json_out))
+        p99 = report.inference_p99_ms if report.inference_p99_ms is not None else report.p99_ms
+        swept = (
+            display.step(
+                "delay sweep",
+                lambda show: sweep_delays(cfg, export_dir, run_dir, p99, show, name=policy),
+            )
+            if sweep
+            else None
+        )
+    out = result_console(json_out)
+    show_latency(report, out)
     if report.trials:
         title = f"precision: auto on {report.target}, budget {report.budget_ms:g} ms"
-        show_trials(title, report.trials, report.choice, result_console(json_out))
-    emit_json(report, json_out)
+        show_trials(title, report.trials, report.choice, out)
+    if swept is not None:
+        show_sweep(swept, run_dir, out)
+    emit_json({**report.to_json(), "delay_sweep": swept.to_json()} if swept else report, json_out)
     if not report.passed:
         raise typer.Exit(code=1)
 
@@ -185,4 +212,5 @@ def register(app: typer.Typer) -> None:
         "robo-pipe gate models:/demo-policy@champion",
         "robo-pipe gate my-export",
         "robo-pipe gate my-export --target jetson-orin-nano --budget-ms 20",
+        "robo-pipe gate models:/demo-policy@champion --sweep",
     )

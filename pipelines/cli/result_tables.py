@@ -4,6 +4,7 @@ verb's :func:`~pipelines.cli.common.result_console`, stdout unless ``--json``)."
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rich.console import Console
@@ -18,6 +19,7 @@ if TYPE_CHECKING:
     from pipelines.records import PipelineResult
     from pipelines.services.settings import Services
     from stages.evaluate.report import EvalReport
+    from stages.evaluate.sweep import DelaySweep
     from stages.policy.checkpoint import CheckpointRef
 
 
@@ -112,6 +114,28 @@ def show_latency(report: LatencyReport, out: Console = console) -> None:
         from deploy_edge.latency_report import encode_line
 
         out.print(encode_line(report), highlight=False)
+
+
+def show_sweep(sweep: DelaySweep, run_dir: Path, out: Console = console) -> None:
+    """The delay sweep: a row per delay, success per mode (or why it was not played), the
+    device's delay marked."""
+    from rich.markup import escape
+
+    from stages.evaluate.sweep import MODES, delay_label, point_words
+
+    table = Table(
+        title=f"success against inference delay: {sweep.seeds} seeds of each of "
+        f"{', '.join(sweep.variants)}, the same at every delay"
+    )
+    for col in ("delay", *MODES):
+        table.add_column(col)
+    for d in sorted({p.ticks for p in sweep.points}):
+        cells = [escape(point_words(sweep.point(mode, d))) for mode in MODES]
+        table.add_row(escape(delay_label(sweep, d)), *cells)
+    out.print(table)
+    if sweep.expected:
+        out.print(f"the device's delay: {escape(sweep.expected)}", highlight=False)
+    out.print(f"sweep: {run_dir / 'delay_sweep.md'}", highlight=False)
 
 
 def _deadline(report: LatencyReport) -> str:

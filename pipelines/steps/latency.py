@@ -1,5 +1,6 @@
 """The latency step: the export in the control loop of the simulated robot on the target
-profile's engine, p99 against the budget (the latency gate)."""
+profile's engine, p99 against the budget (the latency gate); and the delay sweep, the policy's
+success in simulation as its inference delay grows, that p99's delay marked."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pipelines.progress import SILENT, Listener
 
 if TYPE_CHECKING:
     from deploy_edge.latency_report import LatencyReport
+    from stages.evaluate.sweep import DelaySweep
 
 
 def measure_latency(
@@ -64,3 +66,46 @@ def measure_latency(
     return run_gate(
         export, first, instruction, profile, gate.steps, gate.warmup, gate.budget_ms, gate.pace, out
     )
+
+
+def sweep_delays(
+    cfg: PipelineConfig,
+    policy: Path,
+    out: Path,
+    inference_p99_ms: float | None,
+    listener: Listener = SILENT,
+    ray_address: str | None = None,
+    name: str = "",
+) -> DelaySweep:
+    """``policy`` on ``cfg``'s evaluation suite at each delay of the sweep, sync and async, on
+    the same seeds (:func:`stages.evaluate.sweep.delay_sweep`), the delay of an inference of
+    ``inference_p99_ms`` played and marked; ``delay_sweep.md``/``.png``/``.json`` into ``out``;
+    ``name``: the policy as the user named it."""
+    from stages.evaluate import ShardOutcome
+    from stages.evaluate.sweep import delay_sweep, write_sweep
+
+    played = [0]
+    listener.started("delay sweep", None, "episodes")
+
+    def on_plan(episodes: int) -> None:
+        listener.started("delay sweep", episodes, "episodes")
+
+    def on_shard(outcome: ShardOutcome) -> None:
+        played[0] += len(outcome.episodes)
+        listener.advanced("delay sweep", played[0], "")
+
+    sweep = delay_sweep(
+        policy,
+        cfg.robot,
+        cfg.scene,
+        cfg.sim,
+        cfg.evaluate,
+        cfg.seed,
+        expected_ms=inference_p99_ms,
+        ray_address=ray_address,
+        on_shard=on_shard,
+        on_plan=on_plan,
+        name=name,
+    )
+    write_sweep(sweep, out)
+    return sweep

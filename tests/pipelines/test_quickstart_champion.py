@@ -1,15 +1,18 @@
-"""The quick start's champion drives a ROS 2 arm, through the commands a lab types (issue 51).
+"""The quick start's champion, where a cheap policy that really succeeds is needed.
 
 ``robo-pipe run -c configs/quickstart.yaml`` on a fresh home (the README's first command: it ends
-promoted and deployed on its local agent), then ``robo-pipe deploy
-models:/quickstart-policy@champion`` onto an edge agent whose robot is the digital twin over
-loopback (``robo-pipe twin --task touch-single``; driver ``robots.ros2.driver:ros2_robot``).
-The deploy's latency gate and health check run on the arm, ``robo-pipe devices episode`` runs
-the champion on it, and the twin killed mid-episode holds the arm and ends the episode as a
-failure with the reason.
+promoted and deployed on its local agent); then, through the commands a lab types:
+
+- **A ROS 2 arm** (issue 51): ``robo-pipe deploy models:/quickstart-policy@champion`` onto an
+  edge agent whose robot is the digital twin over loopback (``robo-pipe twin --task
+  touch-single``; driver ``robots.ros2.driver:ros2_robot``). The deploy's latency gate and
+  health check run on the arm, ``robo-pipe devices episode`` runs the champion on it, and the
+  twin killed mid-episode holds the arm and ends the episode as a failure with the reason.
+- **Success against inference delay** (issue 52): ``robo-pipe gate ... --sweep`` plays the
+  held-out suite at delays of 0-16 ticks, sync and async, on the same seeds.
 
 About 3 min on 2 busy cores, most of it the quick start's fine-tuning: the cheapest policy
-here that really succeeds (90% held-out), which an episode over ROS must show.
+here that really succeeds (90% held-out), which both need to show anything.
 """
 
 from __future__ import annotations
@@ -125,3 +128,49 @@ def test_the_quick_starts_champion_succeeds_on_a_ros2_arm_and_a_lost_arm_ends_it
         twin.kill()
         twin.wait(timeout=20)
         commands.ros.close()
+
+
+def test_gate_sweeps_success_against_inference_delay_on_the_same_seeds(champion: Path) -> None:
+    """``robo-pipe gate --sweep``: zero delay is today's evaluation (the same seeds, the same
+    outcome as ``robo-pipe evaluate``), a delay the policy cannot hold loses what zero delay
+    won, async is not played where its chunk cannot cover the delay (the runtime's rule), and
+    the delay of the measured p99 is played and marked, in the table, the JSON and the plot."""
+    from deploy_edge.async_loop import inference_ticks
+
+    model, config = (
+        f"models:/{MODEL}@champion",
+        ("-c", "configs/quickstart.yaml", "--episodes", "20"),
+    )
+    done = robo_pipe("gate", model, *config, "--sweep", "--steps", "30", "--json", home=champion)
+    assert done.returncode == 0, done.stderr[-3000:]
+    record = json.loads(done.stdout.strip().splitlines()[-1])
+    sweep = record["delay_sweep"]
+    points = {(p["mode"], p["ticks"]): p for p in sweep["points"]}
+    today = robo_pipe("evaluate", model, *config, "--json", home=champion)
+    assert today.returncode == 0, today.stderr[-3000:]
+    evaluated = json.loads(today.stdout.strip().splitlines()[-1])
+
+    zero = points["sync", 0]
+    assert zero["episodes"] == evaluated["episodes"] == 20 * len(sweep["variants"])
+    assert zero["successes"] == evaluated["successes"], (zero, evaluated["successes"])
+    assert points["async", 0]["successes"] == zero["successes"], "d = 0 is one play"
+    assert zero["success_rate"] >= 0.7, "the champion succeeds at zero delay"
+    assert points["sync", 16]["success_rate"] <= zero["success_rate"] - 0.5, points["sync", 16]
+
+    chunk = sweep["chunk_len"]  # the runtime's rule: a chunk covers 2 d
+    for (mode, d), point in points.items():
+        played = point["refused"] == ""
+        assert played == (mode == "sync" or 2 * d <= chunk), point
+        assert not played or point["episodes"] == zero["episodes"], point
+        assert played or f"a chunk of {chunk} actions" in point["refused"], point
+
+    p99 = record["inference_p99_ms"] or record["p99_ms"]
+    expected = inference_ticks(p99 / 1000, 0.020, 0.1)  # the runtime's 20 ms margin, 10 Hz
+    assert sweep["expected_ticks"] == expected and ("sync", expected) in points
+    assert {0, 2, 4, 8, 12, 16} <= {d for _, d in points}
+    run_dir = Path(record["report"]).parent
+    table = (run_dir / "delay_sweep.md").read_text()
+    assert f"{expected} ticks ({expected * 100:g} ms) <- the device's" in table, table
+    assert (run_dir / "delay_sweep.png").stat().st_size > 10_000
+    shown = " ".join(done.stderr.split())
+    assert "delay sweep: ok" in shown, shown[-2000:]

@@ -62,6 +62,11 @@ class LatencyGateConfig(BaseModel):
     """Unmeasured steps first."""
     pace: bool = True
     """Sleep to the control rate between steps, as on the robot."""
+    sweep: bool = False
+    """Then play the evaluation suite at inference delays of 0-16 control ticks and at the
+    measured p99's, sync and async, on the same seeds (:mod:`stages.evaluate.sweep`): the
+    run summary's "success against inference delay" (``robo-pipe gate --sweep``). About ten
+    evaluations' worth of episodes."""
 
 
 class RegistryConfig(BaseModel):

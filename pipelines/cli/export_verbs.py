@@ -155,7 +155,7 @@ def gate(
     """
     from deploy_edge.targets import load_target
 
-    if episodes is not None and not sweep:
+    if episodes is not None and not sweep:  # a config's latency.sweep: its evaluate.episodes
         raise typer.BadParameter("plays only with --sweep", param_hint="--episodes")
     gate_settings = {
         "latency.target": target,
@@ -164,6 +164,7 @@ def gate(
         "latency.warmup": warmup,
         "latency.pace": pace,
         "evaluate.episodes": episodes,
+        "latency.sweep": sweep or None,  # the config's, unless --sweep
     }
     cfg = load(config, None, **gate_settings)
     load_target(cfg.latency.target)
@@ -183,7 +184,7 @@ def gate(
                 "delay sweep",
                 lambda show: sweep_delays(cfg, export_dir, run_dir, p99, show, name=policy),
             )
-            if sweep
+            if cfg.latency.sweep
             else None
         )
     out = result_console(json_out)

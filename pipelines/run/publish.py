@@ -76,6 +76,7 @@ def publish(
         "RL learning curves": Path(records.checkpoint.path).parent / "learning_curves.png",
         "evaluation": Path(cand.plot),
         "latency": Path(latency.histogram),
+        "success against inference delay": Path(latency.report).with_name("delay_sweep.png"),
     }
     images: dict[str, Path] = {}  # the PNGs beside summary.md (a reused stage's are elsewhere)
     for name, path in plots.items():

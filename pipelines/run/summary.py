@@ -11,7 +11,9 @@ to use. Built from the typed stage records only; its tables are :mod:`pipelines.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipelines.records import EdgeDeployment, PipelineResult, RunRecords
@@ -178,6 +180,7 @@ def markdown(
         *([f"Inference off the tick ({async_figures}).", ""] if async_figures else []),
         *([f"{encoding[0].upper()}{encoding[1:]}.", ""] if encoding else []),
         "Measured on " + ", ".join(f"{k} {v}" for k, v in latency.measured_on.items()) + ".",
+        *_sweep_lines(Path(latency.report).with_name("delay_sweep.json")),
         "",
         "## Data and training",
         "",
@@ -222,3 +225,22 @@ def markdown(
         lines += ["", f"### {name}", "", f"![{name}]({source})"]
     lines += ["", *where_to_look(result, places)]
     return "\n".join(lines) + "\n"
+
+
+def _sweep_lines(path: Path) -> list[str]:
+    """The delay sweep's section (``latency.sweep``), or nothing where none was played."""
+    if not path.is_file():
+        return []
+    from stages.evaluate.sweep import DelaySweep, sweep_table
+
+    sweep = DelaySweep.from_json(json.loads(path.read_text()))
+    return [
+        "",
+        "## Success against inference delay",
+        "",
+        f"The held-out suite ({sweep.seeds} seeds of each of {', '.join(sweep.variants)}, the "
+        f"same at every delay) played as a robot whose inference takes that long; a chunk of "
+        f"{sweep.chunk_len} actions; the device's delay: {sweep.expected}.",
+        "",
+        *sweep_table(sweep),
+    ]

@@ -24,7 +24,7 @@ from pipelines.run.stage_task import RunContext, run_stage, stage_task
 from pipelines.steps.collect import collect_dataset, default_dataset
 from pipelines.steps.evaluate import evaluate_candidate
 from pipelines.steps.export import export_checkpoint
-from pipelines.steps.latency import measure_latency
+from pipelines.steps.latency import measure_latency, sweep_delays
 from pipelines.steps.register import register_version
 from pipelines.steps.training import finetune_policy, pretrain_base
 
@@ -256,9 +256,16 @@ def latency_stage(ctx: RunContext, export: ExportRef) -> LatencyReport:
         "config": _sections(cfg, "robot", "scene", "latency", "seed"),
         "host": socket.gethostname(),
     }
+    if cfg.latency.sweep:  # the sweep plays the evaluation suite in the config's simulator
+        inputs["sweep"] = _sections(cfg, "evaluate", "sim")
 
     def run() -> LatencyReport:
-        return measure_latency(cfg, Path(export.path), ctx.run_dir / "latency", BROADCAST)
+        out = ctx.run_dir / "latency"
+        report = measure_latency(cfg, Path(export.path), out, BROADCAST)
+        if cfg.latency.sweep:  # beside the report: the summary and MLflow find it there
+            p99 = report.inference_p99_ms if report.inference_p99_ms is not None else report.p99_ms
+            sweep_delays(cfg, Path(export.path), out, p99, BROADCAST, ctx.ray_address, "latency")
+        return report
 
     def track(run: tracking.TrackedRun, r: LatencyReport) -> None:
         figures = ("p50_ms", "p95_ms", "p99_ms", "max_ms", "mean_ms", "jitter_ms", "misses")
@@ -270,7 +277,8 @@ def latency_stage(ctx: RunContext, export: ExportRef) -> LatencyReport:
         run.log_artifact(Path(r.report).parent, "latency")
 
     def intact(r: LatencyReport) -> bool:
-        return Path(r.report).is_file()
+        swept = Path(r.report).with_name("delay_sweep.json")
+        return Path(r.report).is_file() and (swept.is_file() or not cfg.latency.sweep)
 
     return run_stage(ctx, "latency", inputs, LatencyReport, run, intact, track)
 

@@ -76,23 +76,24 @@ def sweep_delays(
     listener: Listener = SILENT,
     ray_address: str | None = None,
     name: str = "",
+    stage: str = "delay sweep",
 ) -> DelaySweep:
     """``policy`` on ``cfg``'s evaluation suite at each delay of the sweep, sync and async, on
     the same seeds (:func:`stages.evaluate.sweep.delay_sweep`), the delay of an inference of
     ``inference_p99_ms`` played and marked; ``delay_sweep.md``/``.png``/``.json`` into ``out``;
-    ``name``: the policy as the user named it."""
+    ``name``: the policy as the user named it; ``stage``: the progress row it reports on."""
     from stages.evaluate import ShardOutcome
     from stages.evaluate.sweep import delay_sweep, write_sweep
 
     played = [0]
-    listener.started("delay sweep", None, "episodes")
+    listener.started(stage, None, "episodes")
 
     def on_plan(episodes: int) -> None:
-        listener.started("delay sweep", episodes, "episodes")
+        listener.started(stage, episodes, "episodes of the delay sweep")
 
     def on_shard(outcome: ShardOutcome) -> None:
         played[0] += len(outcome.episodes)
-        listener.advanced("delay sweep", played[0], "")
+        listener.advanced(stage, played[0], "")
 
     sweep = delay_sweep(
         policy,

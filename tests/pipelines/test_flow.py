@@ -63,8 +63,11 @@ def first_run(prefect_server: None, shared_home: Path) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def gated_run(first_run: dict[str, Any], shared_home: Path) -> dict[str, Any]:
     """Another model (more steps) of the same name, held to a latency budget no machine meets:
-    registered, not promoted (the models CLI test promotes it by force)."""
-    return run_pipeline("finetune.bc.steps=12", "latency.budget_ms=0.0001", home=shared_home)
+    registered, not promoted (the models CLI test promotes it by force). Its latency stage
+    plays the delay sweep too (``latency.sweep``)."""
+    return run_pipeline(
+        "finetune.bc.steps=12", "latency.budget_ms=0.0001", "latency.sweep=true", home=shared_home
+    )
 
 
 def robo_pipe(*args: str, home: Path, **env: str) -> subprocess.CompletedProcess[str]:
@@ -844,6 +847,16 @@ def test_the_verdict_shows_in_prefect_and_mlflow(
         summary = (Path(result["run_dir"]) / "summary.md").read_text()
         assert not [line for line in summary.splitlines() if line.startswith(">")]
         assert "True" not in summary
+        # latency.sweep: the sweep's table and plot, in the summary and in Prefect's artifact
+        swept = result is gated_run
+        assert ("## Success against inference delay" in summary) == swept
+        assert ("### success against inference delay" in summary) == swept
+    artifact = str(run_artifact(gated_run, "demo-pipeline-summary").data)
+    section = artifact.split("## Success against inference delay")[1].split("##")[0]
+    rows = [line for line in section.splitlines() if line.startswith("| ") and "ticks" in line]
+    assert [row.split(" ticks")[0] for row in rows][:2] == ["| 0", "| 1"], section
+    assert "<- the device's" in section and "not played: a chunk of 3 actions" in section
+    assert "![success against inference delay](data:image/png;base64," in artifact
 
     mlflow = MlflowClient()
     run = mlflow.get_run(gated_run["mlflow_run_id"])
@@ -854,6 +867,14 @@ def test_the_verdict_shows_in_prefect_and_mlflow(
         f"v{gated_run['version']} BLOCKED (latency)" in described
         and "latency **FAIL**" in described
     )
+    children = mlflow.search_runs(
+        [run.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{run.info.run_id}'"
+    )
+    (stage,) = [r for r in children if r.data.tags["robo_pipe.stage"] == "latency"]
+    swept = [a.path for a in mlflow.list_artifacts(stage.info.run_id, "latency")]
+    assert "latency/delay_sweep.json" in swept and "latency/delay_sweep.png" in swept, swept
+    plots = [a.path for a in mlflow.list_artifacts(run.info.run_id, "plots")]
+    assert "plots/delay_sweep.png" in plots, plots
     first = mlflow.get_run(first_run["mlflow_run_id"]).data.tags["mlflow.note.content"]
     assert f"promoted v{first_run['version']}" in first
     # MLflow's own promote path is named on the version, where its button is.

@@ -871,8 +871,10 @@ def test_the_verdict_shows_in_prefect_and_mlflow(
         [run.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{run.info.run_id}'"
     )
     (stage,) = [r for r in children if r.data.tags["robo_pipe.stage"] == "latency"]
-    swept = [a.path for a in mlflow.list_artifacts(stage.info.run_id, "latency")]
-    assert "latency/delay_sweep.json" in swept and "latency/delay_sweep.png" in swept, swept
+    artifacts = [a.path for a in mlflow.list_artifacts(stage.info.run_id, "latency")]
+    assert "latency/delay_sweep.json" in artifacts and "latency/delay_sweep.png" in artifacts, (
+        artifacts
+    )
     plots = [a.path for a in mlflow.list_artifacts(run.info.run_id, "plots")]
     assert "plots/delay_sweep.png" in plots, plots
     first = mlflow.get_run(first_run["mlflow_run_id"]).data.tags["mlflow.note.content"]

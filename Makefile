@@ -46,10 +46,12 @@ lint: setup
 # mypy's cache is the machine's, shared by every clone (~/.cache/robo-pipe, as the environments
 # are): a cold mypy took ~80 s of one core on 2 cores, a fresh clone on the shared cache ~4 s.
 # Where a file's path or mtime differs from the cache's, mypy compares its hash, so a clone
-# never reuses another's results for code that differs.
+# never reuses another's results for code that differs. Two clones' mypys take turns (flock):
+# the cache is SQLite, and a writer waiting past its timeout would fail the check.
 MYPY_CACHE ?= $(HOME)/.cache/robo-pipe/mypy
+MYPY = mkdir -p $(MYPY_CACHE) && MYPY_CACHE_DIR=$(MYPY_CACHE) flock $(MYPY_CACHE).lock $(BIN)/mypy
 typecheck: setup
-	MYPY_CACHE_DIR=$(MYPY_CACHE) $(BIN)/mypy
+	$(MYPY)
 
 # LeRobot's own reader checks a freshly collected dataset in every test run, and the Isaac Lab
 # backend and Meta-World run on CPU (tests marked isaaclab, metaworld); `make test` builds the
@@ -68,8 +70,8 @@ typecheck: setup
 # either failing fails.
 TEST_WORKERS ?= 2
 test: lint lerobot-env isaaclab-env metaworld-env
-	@MYPY_CACHE_DIR=$(MYPY_CACHE) $(BIN)/mypy > $(VENV)/mypy.log 2>&1 & types=$$!; \
-	trap 'kill $$types 2>/dev/null' INT TERM EXIT; \
+	@($(MYPY)) > $(VENV)/mypy.log 2>&1 & types=$$!; \
+	trap 'pkill -P $$types 2>/dev/null; kill $$types 2>/dev/null' INT TERM EXIT; \
 	ROBO_PIPE_LEROBOT_PYTHON=$(LEROBOT_VENV)/bin/python \
 	ROBO_PIPE_ISAACLAB_PYTHON=$(ISAACLAB_VENV)/bin/python \
 	ROBO_PIPE_METAWORLD_PYTHON=$(METAWORLD_VENV)/bin/python \

@@ -137,7 +137,9 @@ def describe(stage: str, record: Any) -> str:
         return f"p99 {record.p99_ms:.2f} ms ({'pass' if record.passed else 'FAIL'})"
     if stage == "delay sweep":
         played = [p for p in record.points if p.success_rate is not None and p.mode == "async"]
-        at = max(played, key=lambda p: p.ticks) if played else record.point("sync", 0)
+        if not played:
+            return "no async point could be played"
+        at = max(played, key=lambda p: p.ticks)
         return f"async holds {at.success_rate:.1%} at {at.ticks} ticks"
     if stage == "register":
         return f"v{record.version} {', '.join(record.aliases)}"

@@ -155,8 +155,6 @@ def gate(
     """
     from deploy_edge.targets import load_target
 
-    if episodes is not None and not sweep:  # a config's latency.sweep: its evaluate.episodes
-        raise typer.BadParameter("plays only with --sweep", param_hint="--episodes")
     gate_settings = {
         "latency.target": target,
         "latency.budget_ms": budget_ms,
@@ -167,6 +165,8 @@ def gate(
         "latency.sweep": sweep or None,  # the config's, unless --sweep
     }
     cfg = load(config, None, **gate_settings)
+    if episodes is not None and not cfg.latency.sweep:  # the config's latency.sweep, or --sweep
+        raise typer.BadParameter("plays only with --sweep", param_hint="--episodes")
     load_target(cfg.latency.target)
     given = checks.resolve_policy(policy, "gate", ("registry", "export"))
     if given.kind == "registry" and (missing := read_registry()):

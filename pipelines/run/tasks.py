@@ -264,7 +264,10 @@ def latency_stage(ctx: RunContext, export: ExportRef) -> LatencyReport:
         report = measure_latency(cfg, Path(export.path), out, BROADCAST)
         if cfg.latency.sweep:  # beside the report: the summary and MLflow find it there
             p99 = report.inference_p99_ms if report.inference_p99_ms is not None else report.p99_ms
-            sweep_delays(cfg, Path(export.path), out, p99, BROADCAST, ctx.ray_address, "latency")
+            sweep_delays(
+                cfg, Path(export.path), out, p99, BROADCAST, ctx.ray_address,
+                name=f"{cfg.name} export", stage="latency",
+            )  # fmt: skip
         return report
 
     def track(run: tracking.TrackedRun, r: LatencyReport) -> None:

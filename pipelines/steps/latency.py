@@ -75,13 +75,16 @@ def sweep_delays(
     inference_p99_ms: float | None,
     listener: Listener = SILENT,
     ray_address: str | None = None,
+    *,
     name: str = "",
     stage: str = "delay sweep",
 ) -> DelaySweep:
     """``policy`` on ``cfg``'s evaluation suite at each delay of the sweep, sync and async, on
     the same seeds (:func:`stages.evaluate.sweep.delay_sweep`), the delay of an inference of
-    ``inference_p99_ms`` played and marked; ``delay_sweep.md``/``.png``/``.json`` into ``out``;
-    ``name``: the policy as the user named it; ``stage``: the progress row it reports on."""
+    ``inference_p99_ms`` (plus the target profile's ``inference_margin_ms``) played and
+    marked; ``delay_sweep.md``/``.png``/``.json`` into ``out``; ``name``: the policy as the user
+    named it; ``stage``: the progress row it reports on."""
+    from deploy_edge.targets import load_target
     from stages.evaluate import ShardOutcome
     from stages.evaluate.sweep import delay_sweep, write_sweep
 
@@ -103,6 +106,7 @@ def sweep_delays(
         cfg.evaluate,
         cfg.seed,
         expected_ms=inference_p99_ms,
+        margin_ms=load_target(cfg.latency.target).inference_margin_ms,
         ray_address=ray_address,
         on_shard=on_shard,
         on_plan=on_plan,

@@ -108,12 +108,13 @@ def plan_shards(
     per_shard: int,
     indices: range | None = None,
     policy: int = 0,
+    record: bool = True,
 ) -> list[Shard]:
     """Every (variant, seed) of ``indices`` (default: all of ``seeds``) exactly once, in
-    shards of up to ``per_shard``, for ``policy``; the candidate's (policy 0) shard of each
-    variant from seed 0 is the recorded one."""
+    shards of up to ``per_shard``, for ``policy``; with ``record``, the candidate's (policy 0)
+    shard of each variant from seed 0 is the recorded one."""
     indices = indices if indices is not None else range(len(seeds))
-    record = policy == 0  # frame strips show the candidate
+    record = record and policy == 0  # frame strips show the candidate
     return [
         Shard(v, start, seeds[start:end], record and start == 0, policy)
         for v in variants
@@ -138,7 +139,11 @@ class EvalWorker(PoolWorker):
         delays: list[DelayPlan | None] | None = None,
         phrasing: Phrasing = "trained",
     ) -> None:
-        self.policies = [load_acting_policy(path, threads) for path in policy_paths]
+        loaded: dict[str, ActingPolicy] = {}  # a path listed twice (a delay sweep): loaded once
+        for path in policy_paths:
+            if str(path) not in loaded:
+                loaded[str(path)] = load_acting_policy(path, threads)
+        self.policies = [loaded[str(path)] for path in policy_paths]
         self.delays = delays or [None] * len(policy_paths)
         """Per policy: the inference delay it plays (None: none, receding horizon)."""
         self.robot = get_robot(robot)
@@ -287,8 +292,11 @@ class Suite:
         )
         self.workers = min(config.workers, most)  # never more workers than shards
         plans = list(delays or []) + [None] * (len(policies) - len(delays or []))
+        fits: dict[str, ActingPolicy] = {}
         for i, path in enumerate(policies):
-            acting = check_policy_fits(path, robot)
+            if str(path) not in fits:
+                fits[str(path)] = check_policy_fits(path, robot)
+            acting = fits[str(path)]
             if (plan := plans[i]) is not None:
                 plans[i] = check_plan(plan, acting, str(path))
         self.delays = plans

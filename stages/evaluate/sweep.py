@@ -97,6 +97,7 @@ def delay_sweep(
     seed: int,
     ticks: tuple[int, ...] = SWEEP_TICKS,
     expected_ms: float | None = None,
+    margin_ms: float = 20.0,
     ray_address: str | None = None,
     on_shard: Callable[[ShardOutcome], None] | None = None,
     on_plan: Callable[[int], None] | None = None,
@@ -104,8 +105,9 @@ def delay_sweep(
 ) -> DelaySweep:
     """Play ``policy`` on ``config``'s suite at each delay of ``ticks`` in both modes, on the
     same seeds (``config.episodes`` per variant); ``expected_ms``: the device's inference p99:
-    with the runtime's margin (``config.delay.margin_ms``) added, its delay is played too and
-    marked.
+    with its runtime's ``margin_ms`` added (the target profile's ``inference_margin_ms``), that
+    delay is played too and marked: the delay of the device's asynchronous loop (a sync loop
+    whose inference fits in its period acts in the same tick: d = 0).
     ``on_plan`` gets the number of episodes to play before the first is played; ``name``: the
     policy as the user named it (default: its path).
 
@@ -118,7 +120,6 @@ def delay_sweep(
     acting = check_policy_fits(policy, robot)
     expected, why = None, ""
     if expected_ms is not None:
-        margin_ms = config.delay.margin_ms
         expected = inference_ticks(expected_ms / 1000.0, margin_ms / 1000.0, period_ms / 1000.0)
         why = (
             f"inference p99 {expected_ms:.1f} ms + margin {margin_ms:g} ms = {expected} "
@@ -149,7 +150,9 @@ def delay_sweep(
         shards = [
             shard
             for i in range(len(plans))
-            for shard in plan_shards(suite.variants, seeds, config.episodes_per_shard, policy=i)
+            for shard in plan_shards(
+                suite.variants, seeds, config.episodes_per_shard, policy=i, record=False
+            )
         ]
         if on_plan is not None:
             on_plan(sum(len(shard.seeds) for shard in shards))

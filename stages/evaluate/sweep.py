@@ -126,24 +126,27 @@ def delay_sweep(
             f"ticks of {period_ms:g} ms"
         )
     points: list[SweepPoint] = []
+    played: list[SweepPoint] = []  # played[i] plays plans[i]: the Suite's policy i
     plans: list[DelayPlan | None] = []
     for d in sorted(set(ticks) | ({expected} if expected is not None else set())):
         for mode in MODES:
-            points.append(SweepPoint(mode=mode, ticks=d))
+            point = SweepPoint(mode=mode, ticks=d)
+            points.append(point)
             if d == 0:  # today's evaluation in either mode: played once, for sync
-                plans += [None] if mode == MODES[0] else []
+                if mode == MODES[0]:
+                    played.append(point)
+                    plans.append(None)
                 continue
-            plan = sweep_plan(mode, d, period_ms, config)
             if mode == "async" and async_shortfall(
                 acting.chunk_len, period_ms / 1000, d * period_ms / 1000, 0
             ):  # the runtime's own refusal (its message has the arithmetic)
-                points[-1].refused = (
+                point.refused = (
                     f"a chunk of {acting.chunk_len} actions covers at most "
                     f"{acting.chunk_len // 2} ticks (the runtime needs 2 x {d})"
                 )
                 continue
-            plans.append(check_plan(plan, acting, str(policy)))
-    played = [p for p in points if not p.refused and not (p.ticks == 0 and p.mode != MODES[0])]
+            played.append(point)
+            plans.append(check_plan(sweep_plan(mode, d, period_ms, config), acting, str(policy)))
     seeds = episode_seeds(seed, config.episodes, "eval")
     policies: list[str | Path] = [policy] * len(plans)
     with Suite(policies, robot, scene, sim, config, ray_address, on_shard, delays=plans) as suite:

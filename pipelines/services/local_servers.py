@@ -10,7 +10,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from contextlib import suppress
 from pathlib import Path
 from typing import Any
@@ -122,39 +124,80 @@ def port_free(port: int) -> bool:
 
 class _OwnSession:
     """The ``subprocess`` module as Prefect's temporary server module sees it during
-    :func:`start_temporary_prefect_server`: its ``Popen`` starts the server in a session of its
-    own, with the parent-death signal; every other name is the real module's."""
+    :func:`begin_temporary_prefect_server`: its ``Popen`` starts the server in a session of its
+    own, with the parent-death signal, and sets ``launched``; every other name is the real
+    module's."""
+
+    def __init__(self, launched: threading.Event) -> None:
+        self._launched = launched
 
     def __getattr__(self, name: str) -> Any:
         return getattr(subprocess, name)
 
-    @staticmethod
-    def Popen(args: list[str], **kwargs: Any) -> subprocess.Popen[Any]:
-        return subprocess.Popen(with_parent_death(list(args)), start_new_session=True, **kwargs)
+    def Popen(self, args: list[str], **kwargs: Any) -> subprocess.Popen[Any]:
+        server = subprocess.Popen(with_parent_death(list(args)), start_new_session=True, **kwargs)
+        self._launched.set()
+        return server
 
 
 def start_temporary_prefect_server() -> None:
     """Without a Prefect server configured (``PREFECT_API_URL``), start the temporary one this
-    process's flows report to now, in a session of its own: Prefect would start it on the first
-    flow's call in this process's group, and Ctrl-C at a terminal signals the whole foreground
-    group, so the server would die while the verb stops cleanly (a fleet rollout rolling back
-    and recording its end). In its own session no terminal signal reaches it; it stops when
-    this process exits (Prefect's ``atexit``) or dies (the parent-death signal). Swaps the
-    ``subprocess`` name Prefect 3.8's ``prefect.server.api.server`` uses, for this one start
-    (Prefect has no option for the server's session)."""
-    if os.environ.get("PREFECT_API_URL"):
-        return
-    from prefect.server.api import server as prefect_server
+    process's flows report to now, and return once it answers (how it is started:
+    :func:`begin_temporary_prefect_server`)."""
+    begin_temporary_prefect_server()()
 
-    temporary = prefect_server.SubprocessASGIServer()  # the one Prefect's clients use
-    if temporary.running:
-        return
-    plain = prefect_server.subprocess
-    prefect_server.subprocess = _OwnSession()  # type: ignore[assignment]
-    try:
-        temporary.start()
-    finally:
-        prefect_server.subprocess = plain
+
+def begin_temporary_prefect_server() -> Callable[[], None]:
+    """Start the temporary Prefect server this process's flows report to, unless
+    ``PREFECT_API_URL`` names one, and return a call that waits until it answers (and raises
+    what its start raised).
+
+    Returns once the server's process is launched (~2 s: Prefect's server module imported
+    here first); that process then spends ~4 s importing and migrating its database, in which
+    the caller imports what its flow needs (a tiny run took 3 s less). It is started by a thread
+    that lives as long as this process: the parent-death signal fires when the *thread* that
+    started the server exits.
+
+    It starts in a session of its own: Prefect would start it on the first flow's call in this
+    process's group, and Ctrl-C at a terminal signals the whole foreground group, so the server
+    would die while the verb stops cleanly (a fleet rollout rolling back and recording its end).
+    In its own session no terminal signal reaches it; it stops when this process exits
+    (Prefect's ``atexit``) or dies (the parent-death signal). Swaps the ``subprocess`` name
+    Prefect 3.8's ``prefect.server.api.server`` uses, for this one start (Prefect has no option
+    for the server's session)."""
+    if os.environ.get("PREFECT_API_URL"):
+        return lambda: None
+    launched, started = threading.Event(), threading.Event()
+    failed: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            from prefect.server.api import server as prefect_server
+
+            temporary = prefect_server.SubprocessASGIServer()  # the one Prefect's clients use
+            if not temporary.running:
+                plain = prefect_server.subprocess
+                prefect_server.subprocess = _OwnSession(launched)  # type: ignore[assignment]
+                try:
+                    temporary.start()
+                finally:
+                    prefect_server.subprocess = plain
+        except BaseException as error:  # handed to the caller's wait
+            failed.append(error)
+        finally:
+            launched.set()  # (already, unless it failed before or was running)
+            started.set()
+        threading.Event().wait()  # the server's parent thread: lives until the process ends
+
+    threading.Thread(target=start, name="prefect-temporary-server", daemon=True).start()
+    launched.wait()
+
+    def ready() -> None:
+        started.wait()
+        if failed:
+            raise failed[0]
+
+    return ready
 
 
 PREFECT_PORT_VAR = "ROBO_PIPE_PREFECT_PORT"

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import platform
+import time
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any
@@ -105,6 +106,24 @@ class OnnxRuntimeEngine(InferenceEngine):
             "cpu": platform.processor() or platform.machine(),
             "os": platform.platform(),
         }
+
+
+class SlowedEngine(InferenceEngine):
+    """``inner`` on a slower device, played on this one: each inference sleeps ``added_ms``
+    first (a target profile's ``added_inference_ms``: a what-if of slower hardware, and the
+    tests' slower device; never set on a real device's profile)."""
+
+    def __init__(self, inner: InferenceEngine, added_ms: float) -> None:
+        self.inner, self.added_s = inner, added_ms / 1000.0
+        self.name, self.precision = inner.name, inner.precision
+        self.input_names, self.output_names = inner.input_names, inner.output_names
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        time.sleep(self.added_s)
+        return self.inner.run(feeds)
+
+    def describe(self) -> dict[str, str]:
+        return {**self.inner.describe(), "added_inference_ms": f"{self.added_s * 1000:g}"}
 
 
 def import_tensorrt() -> Any:

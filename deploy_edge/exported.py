@@ -22,7 +22,7 @@ import numpy as np
 from deploy_edge.bundle.files import bundle_files, model_files, verify_bundle
 from deploy_edge.bundle.io_spec import IOSpec, IOSpecError, read_io_spec
 from deploy_edge.bundle.layout import IO_SPEC_FILE, REFERENCE_FILE, TOKENIZER_FILE
-from deploy_edge.engines import InferenceEngine, make_engine
+from deploy_edge.engines import InferenceEngine, SlowedEngine, make_engine
 
 __all__ = ["ExportedPolicy", "IOSpecError", "read_io_spec"]
 
@@ -42,7 +42,8 @@ class ExportedPolicy:
     ``variant``: run that precision variant of the bundle (its own ONNX file, a Q/DQ graph of
     its precision; :class:`IOSpecError` if the bundle has none of that name) instead of the
     FP32 model; ``precision`` then is the variant's. ``variant`` None: the FP32 model, at
-    ``precision`` (``fp16``: TensorRT's FP16 build of it)."""
+    ``precision`` (``fp16``: TensorRT's FP16 build of it). ``added_ms``: each inference of the
+    policy graph sleeps this long first (a target profile's ``added_inference_ms``)."""
 
     def __init__(
         self,
@@ -52,6 +53,7 @@ class ExportedPolicy:
         threads: int = 1,
         variant: str | None = None,
         tolerance: float = 2e-2,
+        added_ms: float = 0.0,
     ) -> None:
         from tokenizers import Tokenizer
 
@@ -93,6 +95,8 @@ class ExportedPolicy:
             explicit=variant is not None,
             tolerance=tolerance,
         )
+        if added_ms > 0:  # a slower device played on this one (``added_inference_ms``)
+            self.engine = SlowedEngine(self.engine, added_ms)
         self.variant: str = variant or self.engine.precision
         """What runs: the variant's name, or the precision the FP32 model runs in."""
         declared = (spec.input_names, spec.output_names)

@@ -147,7 +147,12 @@ def open_policy(
     if option is None:
         option = pinned_option(read_io_spec(export_dir), target)
     return ExportedPolicy(
-        export_dir, target.engine, option.precision, target.threads, variant=option.variant
+        export_dir,
+        target.engine,
+        option.precision,
+        target.threads,
+        variant=option.variant,
+        added_ms=target.added_inference_ms,
     )
 
 

@@ -84,6 +84,12 @@ class LatencyReport(Record):
     """One line when the profile's rate overrode the bundle's (:func:`~deploy_edge.targets.
     rate_note`); "" when the policy ran at its own."""
 
+    @property
+    def inference_ms(self) -> float:
+        """How long the robot waits for an inference on this target, ms: the async loop's
+        inference p99, else the tick's p99 (a sync loop infers inside the tick)."""
+        return self.inference_p99_ms if self.inference_p99_ms is not None else self.p99_ms
+
 
 def encode_line(report: LatencyReport) -> str:
     """The once-per-episode instruction encoding in one line; "" when the bundle has no

@@ -108,6 +108,11 @@ class TargetProfile(BaseModel):
     blend: Blend = "linear"
     """``async``: how a new chunk joins the planned actions
     (:class:`~deploy_edge.async_loop.ChunkQueue`)."""
+    added_inference_ms: float = Field(default=0.0, ge=0, le=60_000)
+    """A slower device played on this one: every inference of the policy graph sleeps this
+    long first, so the latency gate, the delay it implies and the agent's own gate measure a
+    device this much slower (a what-if profile, and the tests' slower device; 0 on a real
+    device's profile)."""
 
     @model_validator(mode="after")
     def _async_has_an_age_budget(self) -> TargetProfile:

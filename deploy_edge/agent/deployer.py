@@ -269,7 +269,7 @@ class Deployer:
             run.deployment,
             engines,
             slot,
-            manifest.budget_ms,
+            manifest,
             self.profile,
             self.config,
             self.driver,

@@ -24,11 +24,13 @@ from typing import Any
 import numpy as np
 
 from deploy_edge.agent.config import DeviceConfig, DriverFactory
+from deploy_edge.async_loop import inference_ticks
 from deploy_edge.bundle.io_spec import read_io_spec
 from deploy_edge.bundle.layout import NORMALIZATION_FILE, REFERENCE_FILE
 from deploy_edge.exported import ExportedPolicy
 from deploy_edge.latency import gate_trial, run_gate
 from deploy_edge.precision import Option, accuracy_rank, precision_variant, trial_error
+from deploy_edge.release.manifest import Manifest
 from deploy_edge.targets import TargetProfile, pinned_option
 from deploy_edge.wire import Deployment, GateFigures, Slot, Trial
 
@@ -84,7 +86,13 @@ def _open(slot: Slot, option: Option, profile: TargetProfile) -> ExportedPolicy:
     tolerance = _tolerance(option.precision, variant.reference_error if variant else None)
     p = profile
     return ExportedPolicy(
-        slot.path, p.engine, option.precision, p.threads, option.variant, tolerance
+        slot.path,
+        p.engine,
+        option.precision,
+        p.threads,
+        option.variant,
+        tolerance,
+        added_ms=p.added_inference_ms,
     )
 
 
@@ -134,15 +142,19 @@ def gate(
     deployment: Deployment,
     engines: list[Candidate],
     slot: Slot,
-    budget_ms: float | None,
+    manifest: Manifest,
     profile: TargetProfile,
     config: DeviceConfig,
     driver: DriverFactory,
 ) -> str:
     """The latency gate (every option still in, with ``precision: auto``, then the
     choice); ``deployment.variant`` says what runs, and the slot records it with the precision
-    it runs in (:attr:`~deploy_edge.wire.Slot.precision`). ``budget_ms``: the release's p99 budget
-    (None: the profile's). Returns the step's detail."""
+    it runs in (:attr:`~deploy_edge.wire.Slot.precision`). The release's ``budget_ms`` is the
+    p99 budget (None: the profile's); a release gated on this device's profile is refused when
+    the inference measured here is slower than the one it was gated at by more than the
+    profile's ``inference_margin_ms`` (:func:`check_gated_inference`). Returns the step's
+    detail."""
+    budget_ms = manifest.budget_ms
     c = config
     chooser = profile.chooser
     auto = chooser is not None
@@ -179,6 +191,7 @@ def gate(
     deployment.gate = _figures(report)
     if not report.passed:
         raise Refused("; ".join(report.reasons))
+    check_gated_inference(manifest, profile, report)
     # The decision, recorded once: what runs and in what precision (read, never re-derived).
     slot.variant, slot.precision = deployment.variant, running.engine.precision
     chosen = f"{deployment.choice}; " if auto else ""
@@ -194,6 +207,29 @@ def gate(
             f"{report.seam_jump_max or 0:.4g}"
         )
     return detail
+
+
+def check_gated_inference(manifest: Manifest, profile: TargetProfile, report: Any) -> None:
+    """Refuse a release that would wait longer for its inferences here than where it was
+    gated: the pipeline's latency gate measured it on this same profile, and its success at
+    device latency was judged at that delay, in control ticks (inference p99 plus the profile's
+    ``inference_margin_ms``, :func:`~deploy_edge.async_loop.inference_ticks`). The ticks here
+    (``report``: this device's gate) must not be more. Ticks, not milliseconds: a scheduling
+    hiccup that does not move the robot's delay is not a reason. Nothing to compare (gated on
+    another profile, or before the figure was recorded): nothing refused."""
+    gated_ms, margin = manifest.gated_inference_ms, profile.inference_margin_ms
+    if manifest.gated_target != profile.name or gated_ms is None or not report.control_hz:
+        return
+    period_s, measured_ms = 1.0 / report.control_hz, report.inference_ms
+    gated = inference_ticks(gated_ms / 1000.0, margin / 1000.0, period_s)
+    here = inference_ticks(measured_ms / 1000.0, margin / 1000.0, period_s)
+    if here > gated:
+        raise Refused(
+            f"inference p99 {measured_ms:.1f} ms on this device, {here} ticks of "
+            f"{period_s * 1000:g} ms with the {margin:g} ms margin; the release was gated on "
+            f"{profile.name} at {gated_ms:.1f} ms ({gated} ticks), the delay its success at "
+            "device latency was judged at"
+        )
 
 
 def _tolerance(precision: str, reference_error: float | None) -> float:

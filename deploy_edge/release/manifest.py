@@ -69,6 +69,14 @@ class Manifest(Record):
     """After this (ISO 8601, UTC) a device refuses the release; None: never expires."""
     key_id: str
     """:func:`deploy_edge.keys.key_id` of the key that signed the manifest."""
+    gated_target: str | None = None
+    """The target profile the pipeline's latency gate measured the policy on (None: not
+    recorded)."""
+    gated_inference_ms: float | None = None
+    """The inference p99 that gate measured, ms (async: inference alone; sync: the whole tick),
+    the delay its success at device latency was judged at. A device of that profile whose own
+    gate measures more than this plus the profile's ``inference_margin_ms`` refuses the release
+    (:func:`deploy_edge.agent.trials.gate`)."""
 
     @property
     def content_sha256(self) -> str:

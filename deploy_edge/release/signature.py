@@ -61,6 +61,7 @@ def write_release(
     budget_ms: float | None = None,
     expires_in_days: float | None = 30.0,
     now: datetime | None = None,
+    gated: tuple[str, float] | None = None,
 ) -> Manifest:
     """Sign the export bundle at ``export_dir`` into the release file ``out`` and return its
     manifest.
@@ -68,7 +69,9 @@ def write_release(
     ``release``: the release number (>= 0, higher than every earlier release of the model);
     ``targets``: target profile names it may run on (empty: any); ``budget_ms``: the latency
     budget, ms; ``expires_in_days``: days from ``now`` (default: the current time, UTC; a naive
-    datetime is taken as UTC) until devices refuse it, None for never.
+    datetime is taken as UTC) until devices refuse it, None for never; ``gated``: the target
+    profile the pipeline's latency gate ran on and the inference p99 it measured, ms (the
+    manifest's ``gated_target``, ``gated_inference_ms``).
 
     ``out`` is written beside itself and renamed into place: it is replaced whole or not at
     all. Refuses a bundle :func:`~deploy_edge.bundle.files.bundle_files` refuses
@@ -105,6 +108,8 @@ def write_release(
         if expires_in_days is None
         else iso_utc(created + timedelta(days=expires_in_days)),
         key_id=key_id(private_key.public_key()),
+        gated_target=gated[0] if gated else None,
+        gated_inference_ms=float(gated[1]) if gated else None,
     )
     manifest_bytes = signed_bytes(manifest)
     signature = {

@@ -178,7 +178,7 @@ def gate(
         report = display.step(
             "latency", lambda show: measure_latency(cfg, export_dir, run_dir, show)
         )
-        p99 = report.inference_p99_ms if report.inference_p99_ms is not None else report.p99_ms
+        p99 = report.inference_ms
         swept = (
             display.step(
                 "delay sweep",

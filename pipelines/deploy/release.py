@@ -16,7 +16,7 @@ gating and activating itself (:mod:`deploy_edge.agent`). The version arrives typ
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Protocol
 from pipelines.home import home_dir
 from pipelines.progress import SILENT, Listener
 from pipelines.registry.exports import fetch_export
-from pipelines.registry.tags import DEVICE_TAG
+from pipelines.registry.tags import DEVICE_TAG, GATED_TARGET_TAG, INFERENCE_P99_TAG
 from pipelines.registry.versions import RegistryError, set_version_tags
 from robo_pipe.locks import output_lock
 
@@ -127,13 +127,17 @@ def bundle_release(
 
     private = load_private_key(key)
     info, export_dir = fetch_export(version.name, version.version)
+    gated = gated_figure(info.tags)
     signer = key_id(private.public_key())
     target = out or home_dir("releases") / f"{version.name}-v{version.version}-{signer}.release"
     if target.is_file():
         try:
             manifest = verify_release(target, [private.public_key()])
             check_policy(manifest, floor=None)
-            if (manifest.targets, manifest.budget_ms) == (list(targets), budget_ms):
+            recorded = (manifest.gated_target, manifest.gated_inference_ms)
+            if (manifest.targets, manifest.budget_ms) == (list(targets), budget_ms) and (
+                recorded == (gated or (None, None))
+            ):
                 return manifest, target
         except ReleaseError:
             pass  # expired or not ours: sign it again
@@ -149,8 +153,16 @@ def bundle_release(
         targets=targets,
         budget_ms=budget_ms,
         expires_in_days=expires_in_days,
+        gated=gated,
     )
     return manifest, target
+
+
+def gated_figure(tags: Mapping[str, str]) -> tuple[str, float] | None:
+    """The target profile a version's latency gate ran on and the inference p99 it measured,
+    ms, from its registry tags (None: a version registered before they were recorded)."""
+    target, p99 = tags.get(GATED_TARGET_TAG), tags.get(INFERENCE_P99_TAG)
+    return (target, round(float(p99), 3)) if target and p99 else None
 
 
 def runs_release(active: Slot | None, manifest: Manifest, release_sha256: str) -> bool:

@@ -189,7 +189,11 @@ def decide_gates(
     """Every promotion gate's decision on ``candidate`` (compared with champion version
     ``compared_with``, None: there was none) and its latency report. A policy of random
     weights also fails the ``real weights`` gate: the config's (``policy.weights: random``) or
-    the export's (``random_weights``: its spec says so, whatever config registers it)."""
+    the export's (``random_weights``: its spec says so, whatever config registers it). The
+    candidate at its target's delay, where the latency step played it, decides ``success at
+    device latency``."""
+    from stages.evaluate.at_delay import read_at_delay
+
     return promotion_gates(
         cfg.registry.promotion,
         candidate,
@@ -197,6 +201,8 @@ def decide_gates(
         latency,
         cfg.evaluate.gate_confidence,
         random_weights=random_weights or cfg.policy.random_weights,
+        # played by the latency step, beside its report (none: not measured, no such gate)
+        at_latency=read_at_delay(Path(latency.report).parent) if latency.report else None,
     )
 
 

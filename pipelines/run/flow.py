@@ -112,7 +112,7 @@ def train_simulate_deploy(
         checkpoint = finetune_stage(ctx, dataset, base)
         export = export_stage(ctx, checkpoint, dataset)
         evaluation = evaluate_stage(ctx, export, base, checkpoint)
-        latency = latency_stage(ctx, export)
+        latency = latency_stage(ctx, export, evaluation)
         registration = register_stage(ctx, dataset, checkpoint, export, evaluation, latency)
         device = rollout = None
         if cfg.deploy.local_agent and registration.promoted:  # only a new champion ships

@@ -24,9 +24,10 @@ from pipelines.run.stage_task import RunContext, run_stage, stage_task
 from pipelines.steps.collect import collect_dataset, default_dataset
 from pipelines.steps.evaluate import evaluate_candidate
 from pipelines.steps.export import export_checkpoint
-from pipelines.steps.latency import measure_latency, sweep_delays
+from pipelines.steps.latency import measure_latency, play_at_device_delay, sweep_delays
 from pipelines.steps.register import register_version
 from pipelines.steps.training import finetune_policy, pretrain_base
+from stages.evaluate.at_delay import AT_DELAY_FILE, read_at_delay
 
 if TYPE_CHECKING:
     from deploy_edge.latency_report import LatencyReport
@@ -244,8 +245,10 @@ def evaluate_stage(
 
 
 @stage_task("latency")
-def latency_stage(ctx: RunContext, export: ExportRef) -> LatencyReport:
-    """The latency gate: the export in the control loop on this machine, p99 vs the budget."""
+def latency_stage(ctx: RunContext, export: ExportRef, evaluation: Evaluation) -> LatencyReport:
+    """The latency gate: the export in the control loop on this machine, p99 vs the budget;
+    then the candidate played at the delay that p99 means on the target, against itself at
+    zero delay and the champion (``evaluation``'s) at that delay."""
     from deploy_edge.latency_report import LatencyReport
     from deploy_edge.targets import load_target
 
@@ -255,15 +258,19 @@ def latency_stage(ctx: RunContext, export: ExportRef) -> LatencyReport:
         "profile": load_target(cfg.latency.target).model_dump(),
         "config": _sections(cfg, "robot", "scene", "latency", "seed"),
         "host": socket.gethostname(),
+        # the delayed play: the evaluation suite, its zero-delay outcomes, the champion's bar
+        "evaluation": evaluation.to_json(),
+        "played": _sections(cfg, "evaluate", "sim", "registry"),
     }
-    if cfg.latency.sweep:  # the sweep plays the evaluation suite in the config's simulator
-        inputs["sweep"] = _sections(cfg, "evaluate", "sim")
 
     def run() -> LatencyReport:
         out = ctx.run_dir / "latency"
         report = measure_latency(cfg, Path(export.path), out, BROADCAST)
+        play_at_device_delay(
+            cfg, Path(export.path), report, evaluation, out, BROADCAST, ctx.ray_address
+        )
         if cfg.latency.sweep:  # beside the report: the summary and MLflow find it there
-            p99 = report.inference_p99_ms if report.inference_p99_ms is not None else report.p99_ms
+            p99 = report.inference_ms
             sweep_delays(
                 cfg, Path(export.path), out, p99, BROADCAST, ctx.ray_address,
                 name=f"{cfg.name} export", stage="latency",
@@ -274,6 +281,9 @@ def latency_stage(ctx: RunContext, export: ExportRef) -> LatencyReport:
         figures = ("p50_ms", "p95_ms", "p99_ms", "max_ms", "mean_ms", "jitter_ms", "misses")
         metrics = {f"latency_{k}": float(getattr(r, k)) for k in (*figures, "budget_ms")}
         run.log_metrics(metrics | {"latency_passed": float(r.passed)})
+        at = read_at_delay(Path(r.report).parent)
+        if at is not None and at.success_rate is not None:
+            run.log_metrics({"at_delay_ticks": at.ticks, "at_delay_success": at.success_rate})
         run.log_params(
             {"target": r.target, **{f"measured_on.{k}": v for k, v in r.measured_on.items()}}
         )
@@ -281,7 +291,8 @@ def latency_stage(ctx: RunContext, export: ExportRef) -> LatencyReport:
 
     def intact(r: LatencyReport) -> bool:
         swept = Path(r.report).with_name("delay_sweep.json")
-        return Path(r.report).is_file() and (swept.is_file() or not cfg.latency.sweep)
+        played = Path(r.report).with_name(AT_DELAY_FILE).is_file()
+        return Path(r.report).is_file() and played and (swept.is_file() or not cfg.latency.sweep)
 
     return run_stage(ctx, "latency", inputs, LatencyReport, run, intact, track)
 

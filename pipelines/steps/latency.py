@@ -1,6 +1,8 @@
 """The latency step: the export in the control loop of the simulated robot on the target
-profile's engine, p99 against the budget (the latency gate); and the delay sweep, the policy's
-success in simulation as its inference delay grows, that p99's delay marked."""
+profile's engine, p99 against the budget (the latency gate); the candidate played in
+simulation at the delay that p99 means on the target (the success at device latency gate); and
+the delay sweep, the policy's success in simulation as its inference delay grows, that p99's
+delay marked."""
 
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ from pipelines.progress import SILENT, Listener
 
 if TYPE_CHECKING:
     from deploy_edge.latency_report import LatencyReport
+    from pipelines.records import Evaluation
+    from stages.evaluate.at_delay import AtDelay
     from stages.evaluate.sweep import DelaySweep
 
 
@@ -114,3 +118,48 @@ def sweep_delays(
     )
     write_sweep(sweep, out)
     return sweep
+
+
+def play_at_device_delay(
+    cfg: PipelineConfig,
+    export: Path,
+    latency: LatencyReport,
+    evaluation: Evaluation,
+    out: Path,
+    listener: Listener = SILENT,
+    ray_address: str | None = None,
+) -> AtDelay:
+    """The candidate ``export`` on the held-out suite at the inference delay its target will
+    have (``latency``'s p99 in the profile's mode, :mod:`stages.evaluate.at_delay`), paired
+    with its own zero-delay outcomes (``evaluation``'s) and with the champion it was evaluated
+    against, at the same delay; ``at_device_delay.json`` into ``out``, beside the latency
+    report, where the register step's gates read it."""
+    from deploy_edge.targets import load_target
+    from pipelines.registry.champion import candidate_outcomes
+    from pipelines.registry.exports import fetch_export
+    from stages.evaluate import ShardOutcome
+    from stages.evaluate.at_delay import at_device_delay, write_at_delay
+    from stages.evaluate.sequential import decode_outcomes
+
+    candidate, version = evaluation.candidate, evaluation.champion_version
+    # No comparison: the candidate is the champion's own export, nothing to hold it against.
+    champion = None
+    if version is not None and candidate.comparison is not None:
+        champion = (version, fetch_export(cfg.model_name, version)[1])
+    played = [0]
+    listener.started("latency", None, "episodes at the device's delay")
+
+    def on_shard(outcome: ShardOutcome) -> None:
+        played[0] += len(outcome.episodes)
+        listener.advanced("latency", played[0], "episodes at the device's delay")
+
+    promotion = cfg.registry.promotion
+    result = at_device_delay(
+        export, cfg.robot, cfg.scene, cfg.sim, cfg.evaluate, cfg.seed, out / "at-delay",
+        target=load_target(cfg.latency.target), inference_ms=latency.inference_ms,
+        zero_delay=decode_outcomes(candidate_outcomes(candidate)), champion=champion,
+        margin=promotion.margin, min_success=promotion.min_success,
+        ray_address=ray_address, on_shard=on_shard,
+    )  # fmt: skip
+    write_at_delay(result, out)
+    return result

@@ -133,7 +133,7 @@ def latency_report_p99_ms(path: Path) -> float:
         report = LatencyReport.from_json(json.loads(path.read_text()))
     except (OSError, ValueError) as err:
         raise DelayError(f"evaluate.delay.latency_report: {path}: {err}") from err
-    return report.inference_p99_ms if report.inference_p99_ms is not None else report.p99_ms
+    return report.inference_ms
 
 
 def check_plan(plan: DelayPlan, policy: ActingPolicy, path: str) -> DelayPlan:

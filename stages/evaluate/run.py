@@ -8,8 +8,9 @@ baseline = the same seeds, paired: both policies play batches of seeds until the
            after "not worse" the candidate plays on alone while its success is undecided
            against the success gate's bar (``min_success``)
 delay    = with ``evaluate.delay``, the policy plays as a robot whose inference takes time
-           (:mod:`stages.evaluate.delay`), and its baseline is itself at zero delay: the cost
-           of the latency, paired on the same seeds
+           (:mod:`stages.evaluate.delay`), and its baseline is itself at zero delay (the cost
+           of the latency, paired on the same seeds), or another policy given as the baseline
+           at the same delay (which of the two holds it better)
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from sim_scenes.config import SceneConfig, SimConfig
 from sim_scenes.seeds import episode_seeds
 from stages.evaluate.comparison import compare_outcomes
 from stages.evaluate.config import EvalConfig
-from stages.evaluate.delay import DelayError, delay_plan
+from stages.evaluate.delay import delay_plan
 from stages.evaluate.report import EvalReport, summarize, write_report
 from stages.evaluate.sequential import (
     Decision,
@@ -84,29 +85,25 @@ def evaluate(
     was restarted.
 
     With an inference delay (``config.delay``), ``policy`` plays it and the baseline is
-    ``policy`` at zero delay (``baseline_outcomes``: its stored zero-delay outcomes); the
-    report's ``delay`` says what was played.
+    ``policy`` at zero delay (``baseline_outcomes``: its stored zero-delay outcomes), or the
+    ``baseline`` given, playing the same delay; the report's ``delay`` says what was played.
 
     Raises:
         SceneError / PolicySpecError: a suite or policy that does not fit, before any work.
-        DelayError: a delay the policy cannot play, or a delay with a ``baseline``, before any
-            work.
+        DelayError: a delay the policy (or the baseline) cannot play, before any work.
         WorkersDiedError: a worker died more than ``config.max_worker_restarts`` times.
     """
     seeds = episode_seeds(seed, config.episodes, "eval")
     delay = delay_plan(config.delay, get_robot(robot))
-    baseline_name = str(baseline)
-    if delay is not None:
-        if baseline is not None:
-            raise DelayError(
-                f"evaluate.delay compares {policy} with itself at zero delay; it takes no other "
-                f"baseline (got {baseline})"
-            )
+    baseline_name, delays = str(baseline), [delay]
+    if delay is not None and baseline is None:  # the cost of the delay: itself at zero delay
         baseline, baseline_name = policy, f"{policy} at zero delay"
+    elif delay is not None:  # another policy, playing the same delay
+        baseline_name, delays = f"{baseline} at the same delay", [delay, delay]
     plan = comparison_plan(config, margin) if baseline is not None else None  # checked first
     policies = [policy] if baseline is None else [policy, baseline]
     with Suite(
-        policies, robot, scene, sim, config, ray_address, on_shard, on_status, [delay]
+        policies, robot, scene, sim, config, ray_address, on_shard, on_status, delays
     ) as suite:
         if baseline is None or plan is None:
             shards = suite.play(plan_shards(suite.variants, seeds, config.episodes_per_shard))

@@ -27,3 +27,7 @@ class PromotionConfig(BaseModel):
     (0: exact McNemar)."""
     latency: bool = True
     """The latency gate must pass."""
+    at_latency: bool = True
+    """The candidate's success at the inference delay its target will have must hold: at
+    ``min_success``, not worse than at zero delay nor than the champion at the same delay
+    (:mod:`stages.evaluate.at_delay`)."""

@@ -8,6 +8,10 @@ records:
 - ``no regression vs champion``: not worse than the current champion on the same seeds at
   ``evaluate.gate_confidence`` (enforced if ``no_regression``);
 - ``latency``: the latency gate passed on the target (enforced if ``latency``);
+- ``success at device latency``: played at the inference delay the target will have (its
+  latency gate's p99, in the profile's mode), the candidate still reaches ``min_success`` and
+  is not worse than itself at zero delay nor than the champion at that delay (enforced if
+  ``at_latency``; absent where it was not measured);
 - ``real weights``: only on a policy built with random weights (``policy.weights: random``,
   a systems test), where it always fails and is always enforced: such a version is never
   champion. ``robo-pipe models promote`` refuses it even with ``--force``
@@ -35,6 +39,7 @@ GATE_TAG = "robo_pipe.gate."
 HELD_OUT = "held-out success"
 NO_REGRESSION = "no regression vs champion"
 LATENCY = "latency"
+AT_LATENCY = "success at device latency"
 REAL_WEIGHTS = "real weights"
 """The gate a random-weight policy fails (it exists only on those)."""
 
@@ -93,6 +98,46 @@ class LatencyResult(Protocol):
     allowed_misses: int
 
 
+class AtLatencyResult(Protocol):
+    """What the gates read of the evaluation at the target's delay (an ``AtDelay``)."""
+
+    @property
+    def ticks(self) -> int:
+        """Ticks of delay played."""
+
+    @property
+    def why(self) -> str:
+        """The delay's arithmetic, or why none was played."""
+
+    @property
+    def refused(self) -> str:
+        """Why the runtime would refuse the delay ("" if it would not)."""
+
+    @property
+    def success_rate(self) -> float | None:
+        """At the delay, 0..1 (None: not played)."""
+
+    @property
+    def ci95(self) -> tuple[float, float] | None:
+        """Its 95% Wilson interval."""
+
+    @property
+    def vs_zero(self) -> Comparison | None:
+        """Against itself at zero delay."""
+
+    @property
+    def vs_champion(self) -> Comparison | None:
+        """Against the champion at the same delay."""
+
+    @property
+    def champion(self) -> str:
+        """The champion compared with, or why none was."""
+
+    @property
+    def played(self) -> bool:
+        """Whether episodes were played at a delay."""
+
+
 def compared_success(result: SuccessEstimate, policy: PromotionConfig) -> float:
     """What ``policy.min_success`` is compared with (``policy.min_success_on``): the lower end
     of the 95% interval, or the point estimate."""
@@ -124,12 +169,14 @@ def promotion_gates(
     latency: LatencyResult,
     gate_confidence: float,
     random_weights: bool = False,
+    at_latency: AtLatencyResult | None = None,
 ) -> dict[str, Gate]:
     """Every gate's decision, in order (see the module docstring). ``champion_version``: the
     champion when the candidate was evaluated (None: there was none); without a comparison
     the candidate is that champion's own export. ``random_weights``: the policy was built with
     random weights (a systems test): the ``real weights`` gate is added, failed and enforced,
-    whatever ``policy`` says (no setting lets such a version become champion)."""
+    whatever ``policy`` says (no setting lets such a version become champion).
+    ``at_latency``: the candidate at its target's delay (None: not measured, no such gate)."""
     comparison = candidate.comparison
     if comparison is not None:
         vs = f"{comparison.difference:+.1%} vs v{champion_version}, p = {comparison.p_value:.3f}"
@@ -158,6 +205,8 @@ def promotion_gates(
             required=f"p99 <= {latency.budget_ms:g} ms, misses <= {latency.allowed_misses}",
         ),
     }
+    if at_latency is not None:
+        gates[AT_LATENCY] = at_latency_gate(at_latency, policy, gate_confidence)
     if random_weights:
         gates[REAL_WEIGHTS] = Gate(
             passed=False,
@@ -166,6 +215,32 @@ def promotion_gates(
             required="pretrained or trained weights (policy.backbone); never champion otherwise",
         )
     return gates
+
+
+def at_latency_gate(at: AtLatencyResult, policy: PromotionConfig, gate_confidence: float) -> Gate:
+    """The ``success at device latency`` gate (see the module docstring)."""
+    bar = f">= {policy.min_success:.0%}" + (
+        " (lower end of the 95% CI)" if policy.min_success_on == "lower_bound" else ""
+    )
+    required = (
+        f"{bar} at the delay; not worse than at zero delay nor than the champion there "
+        f"({gate_confidence:.0%} confidence)"
+    )
+    enforced = policy.at_latency
+    if at.refused:
+        return Gate(False, enforced, f"{at.why}: {at.refused}", required)
+    if not at.played or at.success_rate is None or at.ci95 is None:
+        return Gate(True, enforced, at.why, required)
+    low, high = at.ci95
+    parts = [f"{at.success_rate:.1%} (95% CI {low:.1%} - {high:.1%}) at {at.why}"]
+    passed = meets_min_success(at, policy)  # type: ignore[arg-type]
+    for c, against in ((at.vs_zero, "zero delay"), (at.vs_champion, f"{at.champion} there")):
+        if c is not None:
+            parts.append(f"{c.difference:+.1%} vs {against} (p = {c.p_value:.3f})")
+            passed = passed and bool(c.passed)
+    if at.vs_champion is None and at.champion:
+        parts.append(f"champion {at.champion}")
+    return Gate(passed, enforced, "; ".join(parts), required)
 
 
 def blocking_gates(gates: Mapping[str, Gate]) -> list[str]:

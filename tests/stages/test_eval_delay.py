@@ -78,13 +78,16 @@ def test_zero_delay_is_todays_evaluation_and_a_delay_is_compared_with_it(
     }, "the baseline is the policy at zero delay, on the same seeds"
     text = (tmp_path / "sync250" / "report.md").read_text()
     assert "## Inference delay: sync, 250 ms" in text and "= 3 ticks of 100 ms" in text
-    with pytest.raises(DelayError, match="takes no other baseline"):
-        run(
-            moving_checkpoint,
-            tmp_path / "b",
-            DelayConfig(inference_ms=250.0),
-            baseline=moving_checkpoint,
-        )
+    # A baseline given plays the same delay: the policy against itself there is a tie on
+    # every seed, and the baseline's outcomes are the delayed ones, not today's.
+    same = run(moving_checkpoint, tmp_path / "b", held_config, baseline=moving_checkpoint)
+    c = same.comparison  # type: ignore[attr-defined]
+    assert c is not None and c.baseline == f"{moving_checkpoint} at the same delay"
+    assert c.difference == 0.0 and sum(c.discordant.values()) == 0, c
+    assert same.baseline_outcomes == {  # type: ignore[attr-defined]
+        v: "".join("1" if o["success"] else "0" for o in held.outcomes if o["variant"] == v)  # type: ignore[attr-defined]
+        for v in ("touch-mixed-clutter",)
+    }, "the baseline played the delay too"
 
 
 def test_an_async_chunk_that_cannot_cover_the_delay_is_refused_before_any_episode(

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -176,3 +177,74 @@ def test_gate_sweeps_success_against_inference_delay_on_the_same_seeds(champion:
     assert (run_dir / "delay_sweep.png").stat().st_size > 10_000
     shown = " ".join(done.stderr.split())
     assert "delay sweep: ok" in shown, shown[-2000:]
+
+
+def slow_sync(folder: Path, added_ms: float) -> Path:
+    """A what-if target profile, ``slow-sync``: this machine's engine ``added_ms`` slower per
+    inference (``added_inference_ms``), run sync with its late ticks not judged (the robot
+    waits for each inference)."""
+    profile = {
+        "name": "slow-sync",
+        "description": "what-if: a slower device, run sync",
+        "mode": "sync",
+        "budget_ms": 5000.0,
+        "allowed_misses": 100000,
+        "added_inference_ms": added_ms,
+    }
+    path = folder / f"slow-sync-{added_ms:g}.yaml"
+    path.write_text(json.dumps(profile))  # JSON is YAML
+    return path
+
+
+def test_a_target_too_slow_for_the_champion_blocks_it_and_a_slower_device_refuses_it(
+    champion: Path, tmp_path: Path
+) -> None:
+    """Issue 52: on a target whose inference takes ~350 ms (sync: the robot holds ~4 ticks
+    for every action) the quick start's champion, 90% at zero delay, is blocked by the
+    ``success at device latency`` gate alone, on figures the runtime measured; its release
+    then records that inference, and a device of the same profile whose engine is slower
+    still (~750 ms: more ticks) refuses it, naming both figures."""
+    from deploy_edge.async_loop import inference_ticks
+
+    gated = robo_pipe(
+        "run", "-c", "configs/quickstart.yaml", "--json",
+        "--set", f"latency.target={slow_sync(tmp_path, 350)}", home=champion,
+    )  # fmt: skip
+    assert gated.returncode == 1, gated.stderr[-3000:]
+    record = json.loads(gated.stdout.strip().splitlines()[-1])
+    assert record["blocked_by"] == ["success at device latency"], record
+    folder = Path(record["run_dir"]) / "latency"
+    latency = json.loads((folder / "latency_report.json").read_text())
+    assert latency["passed"] and latency["target"] == "slow-sync", latency
+    at = json.loads((folder / "at_device_delay.json").read_text())
+    ticks = inference_ticks(latency["p99_ms"] / 1000, 0.0, 0.1)  # sync: the tick's p99
+    assert at["ticks"] == ticks >= 4 and at["mode"] == "sync", at
+    assert at["inference_ms"] == latency["p99_ms"] > 350, "the runtime's figure, not the setting"
+    zero = record["success_rate"]
+    assert zero >= 0.7 and at["success_rate"] <= zero - 0.15, (zero, at["success_rate"])
+    assert at["vs_zero"]["decision"] == "worse" or at["ci95"][0] < 0.7, at
+    gate = record["gates"]["success at device latency"]
+    assert f"= {ticks} ticks of 100 ms" in gate["measured"] and not gate["passed"], gate
+    summary = (Path(record["run_dir"]) / "summary.md").read_text()
+    assert "success at device latency" in summary, summary
+
+    # The device: the same profile, ~400 ms slower still. Its own gate passes (late ticks
+    # are not judged on this profile); the release's recorded inference refuses it.
+    started = start_agent(
+        champion, tmp_path, target=str(slow_sync(tmp_path, 750)),
+        gate_steps=8, gate_warmup=1, health_ticks=2,
+    )  # fmt: skip
+    try:
+        key = str(champion / "keys" / "release.key")
+        refused = robo_pipe(
+            "deploy", f"models:/{MODEL}@champion", "--device", "dev-arm-01",
+            "--devices", str(started["devices"]), "--key", key, home=champion, ARM_TOKEN=TOKEN,
+        )  # fmt: skip
+    finally:
+        started["process"].terminate()
+        started["process"].wait(timeout=20)
+    said = " ".join(refused.stderr.split())
+    assert refused.returncode != 0 and "Traceback" not in said, said[-3000:]
+    recorded = float(f"{latency['p99_ms']:.3f}")  # as the version's tag keeps it
+    assert f"gated on slow-sync at {recorded:.1f} ms ({ticks} ticks)" in said, said[-3000:]
+    assert re.search(r"inference p99 (\d+\.\d) ms on this device, (\d+) ticks", said), said

@@ -52,6 +52,7 @@ def latency(passed: bool = True, p99: float = 2.5, misses: int = 0) -> SimpleNam
         target="local-cpu",
         budget_ms=100.0,
         allowed_misses=0,
+        report="",  # no folder: nothing was played at the target's delay
     )
 
 
@@ -60,10 +61,14 @@ def config(*overrides: str) -> PipelineConfig:
 
 
 def promotion_gates(
-    cfg: PipelineConfig, evaluated: tuple[SimpleNamespace, str | None], lat: SimpleNamespace
+    cfg: PipelineConfig,
+    evaluated: tuple[SimpleNamespace, str | None],
+    lat: SimpleNamespace,
+    at: Any = None,
 ) -> dict[str, Gate]:
     candidate, champion = evaluated
-    return gates_of(cfg.registry.promotion, candidate, champion, lat, cfg.evaluate.gate_confidence)
+    confidence = cfg.evaluate.gate_confidence
+    return gates_of(cfg.registry.promotion, candidate, champion, lat, confidence, at_latency=at)
 
 
 def held_out(success: float, low: float) -> SimpleNamespace:
@@ -244,3 +249,69 @@ def test_random_weights_fail_an_enforced_gate_that_no_setting_turns_off() -> Non
     assert blocking_gates(decide_gates(systems, report, None, measured)) == [REAL_WEIGHTS]
     from_spec = decide_gates(lax, report, None, measured, random_weights=True)
     assert blocking_gates(from_spec) == [REAL_WEIGHTS]
+
+
+def at_delay(
+    success: float | None,
+    ci95: tuple[float, float] | None,
+    vs_zero: bool | None = True,
+    vs_champion: bool | None = None,
+    refused: str = "",
+) -> Any:
+    """The evaluation at the target's delay (an ``AtDelay``): ``vs_zero`` / ``vs_champion``:
+    whether each paired comparison passed (None: none)."""
+    from stages.evaluate.at_delay import AtDelay
+
+    def paired(passed: bool | None) -> Any:
+        diff = -0.05 if passed else -0.3
+        return (
+            None
+            if passed is None
+            else SimpleNamespace(passed=passed, difference=diff, p_value=0.5 if passed else 0.001)
+        )
+
+    played = success is not None
+    return AtDelay(
+        target="t", mode="async", inference_ms=250.0, margin_ms=20.0, period_ms=100.0,
+        ticks=3 if played or refused else 0,
+        why="async, inference p99 250 ms + margin 20 ms = 3 ticks of 100 ms" if played else "none",
+        success_rate=success, ci95=ci95, vs_zero=paired(vs_zero) if played else None,
+        vs_champion=paired(vs_champion) if played else None,
+        champion="v2" if vs_champion is not None else "", refused=refused,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("result", "passes"),
+    [
+        (at_delay(None, None), True),  # no delay at this target: nothing played
+        (at_delay(0.9, (0.8, 0.95)), True),
+        (at_delay(0.9, (0.8, 0.95), vs_champion=True), True),
+        (at_delay(0.72, (0.6, 0.8)), False),  # under the bar at the delay
+        (at_delay(0.9, (0.8, 0.95), vs_zero=False), False),  # worse than at zero delay
+        (at_delay(0.9, (0.8, 0.95), vs_champion=False), False),  # worse than the champion
+        (at_delay(None, None, refused="a chunk of 4 covers 2 ticks"), False),
+    ],
+)
+def test_success_at_device_latency_needs_the_bar_and_neither_comparison_worse(
+    result: Any, passes: bool
+) -> None:
+    gates = promotion_gates(config(), evaluation(0.9, ci95=(0.8, 0.95)), latency(), at=result)
+    gate = gates["success at device latency"]
+    assert gate.passed is passes and gate.enforced, gate
+    assert blocking_gates(gates) == ([] if passes else ["success at device latency"])
+    assert ">= 70% (lower end of the 95% CI) at the delay" in gate.required
+    if result.played:
+        assert "= 3 ticks of 100 ms" in gate.measured and "vs zero delay" in gate.measured
+    if result.refused:
+        assert result.refused in gate.measured
+    off = promotion_gates(
+        config("registry.promotion.at_latency=false"), evaluation(0.9, ci95=(0.8, 0.95)),
+        latency(), at=result,
+    )  # fmt: skip
+    assert not blocking_gates(off), "unenforced: reported, not blocking"
+
+
+def test_without_a_measurement_at_the_delay_there_is_no_such_gate() -> None:
+    gates = promotion_gates(config(), evaluation(0.9, ci95=(0.8, 0.95)), latency())
+    assert "success at device latency" not in gates

@@ -49,10 +49,11 @@ from pipelines.registry.tags import (
 from pipelines.registry.versions import CHAMPION, VersionInfo, champion, set_version_tags
 from robo_pipe.home import unmark_home
 from stages.register import Gate, blocking_gates, gate_tags, meets_min_success, promotion_gates
-from stages.register.gates import held_out_text
+from stages.register.gates import at_latency_gate, held_out_text
 
 if TYPE_CHECKING:
     from deploy_edge.latency_report import LatencyReport
+    from stages.evaluate.at_delay import AtDelay
     from stages.evaluate.comparison import Comparison
     from stages.evaluate.report import EvalReport
     from stages.export import ExportRef
@@ -273,9 +274,13 @@ def _recompare(
 # -- the champion's scheduled check --------------------------------------------------------------
 
 
-def regression_check(cfg: PipelineConfig, info: VersionInfo, report: EvalReport) -> ChampionCheck:
+def regression_check(
+    cfg: PipelineConfig, info: VersionInfo, report: EvalReport, at: AtDelay | None = None
+) -> ChampionCheck:
     """The champion ``info``'s held-out ``report`` (without per-episode lists) against
-    ``registry.promotion.min_success``; the result is tagged on the version."""
+    ``registry.promotion.min_success``, and ``at``, the champion at the current target's
+    delay, by the ``success at device latency`` gate's rule (where enforced); the result is
+    tagged on the version."""
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     set_version_tags(
         info.name,
@@ -287,6 +292,12 @@ def regression_check(cfg: PipelineConfig, info: VersionInfo, report: EvalReport)
     )
     policy = cfg.registry.promotion
     measured, required = held_out_text(report, policy)
+    passed = meets_min_success(report, policy)
+    if at is not None:
+        gate = at_latency_gate(at, policy, cfg.evaluate.gate_confidence)
+        measured += f"; at {at.target}'s delay: {gate.measured}"
+        required += " and at the delay, not worse there than at zero delay"
+        passed = passed and (gate.passed or not gate.enforced)
     return ChampionCheck(
         model_name=info.name,
         version=info.version,
@@ -294,7 +305,7 @@ def regression_check(cfg: PipelineConfig, info: VersionInfo, report: EvalReport)
         min_success=policy.min_success,
         measured=measured,
         required=required,
-        passed=meets_min_success(report, policy),
+        passed=passed,
     )
 
 

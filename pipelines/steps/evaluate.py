@@ -194,10 +194,19 @@ def evaluate_champion(
     cfg: PipelineConfig, out: Path, listener: Listener = SILENT, ray_address: str | None = None
 ) -> ChampionCheck:
     """The champion of ``cfg.model_name`` on the held-out suite, against
-    ``registry.promotion.min_success``; the result is tagged on the version."""
+    ``registry.promotion.min_success``, and judged again at the current target profile: its
+    latency gate measured now, the champion played at the delay that means (as a candidate's
+    ``success at device latency``, against itself at zero delay); the result is tagged on the
+    version. Reports into ``out`` and ``out``'s sibling ``latency``."""
+    from pipelines.steps.latency import measure_latency, play_at_device_delay
+
     info, bundle = fetch_export(cfg.model_name, CHAMPION)
     report = evaluate_policy(cfg, bundle, out, listener, ray_address=ray_address)
-    return regression_check(cfg, info, _compact(report))
+    latency_dir = out.with_name("latency")
+    latency = measure_latency(cfg, bundle, latency_dir, listener)
+    evaluation = Evaluation(candidate=report, champion_version=None)  # itself: no other
+    at = play_at_device_delay(cfg, bundle, latency, evaluation, latency_dir, listener, ray_address)
+    return regression_check(cfg, info, _compact(report), at)
 
 
 # -- helpers -------------------------------------------------------------------------------------

@@ -201,9 +201,10 @@ def test_a_target_too_slow_for_the_champion_blocks_it_and_a_slower_device_refuse
 ) -> None:
     """Issue 52: on a target whose inference takes ~350 ms (sync: the robot holds ~4 ticks
     for every action) the quick start's champion, 90% at zero delay, is blocked by the
-    ``success at device latency`` gate alone, on figures the runtime measured; its release
-    then records that inference, and a device of the same profile whose engine is slower
-    still (~750 ms: more ticks) refuses it, naming both figures."""
+    ``success at device latency`` gate alone, on figures the runtime measured, and the
+    champion check at that target says it regressed; its release records that inference, and
+    a device of the same profile whose engine is slower still (~750 ms: more ticks) refuses
+    it, naming both figures."""
     from deploy_edge.async_loop import inference_ticks
 
     gated = robo_pipe(
@@ -227,6 +228,17 @@ def test_a_target_too_slow_for_the_champion_blocks_it_and_a_slower_device_refuse
     assert f"= {ticks} ticks of 100 ms" in gate["measured"] and not gate["passed"], gate
     summary = (Path(record["run_dir"]) / "summary.md").read_text()
     assert "success at device latency" in summary, summary
+
+    # The champion check re-judges the champion at the config's target now: held at zero
+    # delay, regressed at this one.
+    check = robo_pipe(
+        "models", "check", "-c", "configs/quickstart.yaml",
+        "--set", f"latency.target={slow_sync(tmp_path, 350)}", home=champion,
+    )  # fmt: skip
+    verdict = " ".join(check.stdout.split())
+    assert check.returncode == 1 and "Traceback" not in check.stderr, check.stderr[-3000:]
+    assert f"regression: champion {MODEL} v" in verdict, verdict[-3000:]
+    assert "at slow-sync's delay:" in verdict and "ticks of 100 ms" in verdict, verdict[-3000:]
 
     # The device: the same profile, ~400 ms slower still. Its own gate passes (late ticks
     # are not judged on this profile); the release's recorded inference refuses it.

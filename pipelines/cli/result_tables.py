@@ -135,6 +135,9 @@ def show_sweep(sweep: DelaySweep, run_dir: Path, out: Console = console) -> None
     out.print(table)
     if sweep.expected:
         out.print(f"the device's delay: {escape(sweep.expected)}", highlight=False)
+    if sweep.marks:  # their sources are in delay_sweep.md
+        marks = "; ".join(f"{m.label} {m.inference_ms:g} ms = {m.ticks} ticks" for m in sweep.marks)
+        out.print(f"where real VLAs would sit: {escape(marks)}", highlight=False)
     out.print(f"sweep: {run_dir / 'delay_sweep.md'}", highlight=False)
 
 

@@ -231,7 +231,7 @@ def _sweep_lines(path: Path) -> list[str]:
     """The delay sweep's section (``latency.sweep``), or nothing where none was played."""
     if not path.is_file():
         return []
-    from stages.evaluate.sweep import DelaySweep, sweep_table
+    from stages.evaluate.sweep import DelaySweep, mark_lines, sweep_table
 
     sweep = DelaySweep.from_json(json.loads(path.read_text()))
     return [
@@ -243,4 +243,6 @@ def _sweep_lines(path: Path) -> list[str]:
         f"{sweep.chunk_len} actions; the device's delay: {sweep.expected}.",
         "",
         *sweep_table(sweep),
+        "",
+        *mark_lines(sweep),
     ]

@@ -7,7 +7,8 @@ seeds (:mod:`stages.evaluate.delay` plays them: ``sync`` holds the arm while the
 either mode, so it is played once. An async point whose chunk cannot cover the delay (the
 runtime's rule: ``chunk_len >= 2 d``) is not played: its row says why, as a device would refuse
 it. The delay a device will have (its inference p99 plus the runtime's margin, in ticks) is
-marked, so a user sees where the policy will sit on the curve.
+marked, so a user sees where the policy will sit on the curve; so are real VLAs' delays
+(:data:`REFERENCE_DELAYS`: the 250 M preset measured on this CPU, a published Jetson figure).
 
 Written as ``delay_sweep.md`` (the table), ``delay_sweep.png`` (the curve) and
 ``delay_sweep.json`` (:class:`DelaySweep`).
@@ -33,6 +34,50 @@ from stages.statistics import wilson_interval
 SWEEP_TICKS = (0, 2, 4, 8, 12, 16)
 """Delays swept, control ticks (at 10 Hz: 0 to 1.6 s of inference)."""
 MODES = ("sync", "async")
+
+
+@dataclass
+class SweepMark(Record):
+    """Where a real VLA would sit on the curve: an inference p99 measured or published for
+    it, in ticks with the device runtime's margin."""
+
+    label: str
+    inference_ms: float
+    ticks: int
+    source: str
+
+
+REFERENCE_DELAYS = (
+    (
+        "256M preset, this CPU, 1 thread",
+        1431.0,
+        "benchmarks/vla_scale.py on this 2-core machine kind, 2026-11-26 (docs/vla-at-size.md): "
+        "ONNX Runtime FP32 p99, random weights",
+    ),
+    (
+        "256M preset, this CPU, 2 threads",
+        819.0,
+        "the same run, 2 threads",
+    ),
+    (
+        "GR00T N1.5 3B, Jetson AGX Orin",
+        66.0,
+        "NVIDIA Isaac-GR00T deployment_scripts/README.md, TensorRT FP16 module latencies "
+        "(trtexec, batch 1), summed here: ViT 12.0 + LLM 17.3 + backbone adapter 5.2 + 4 DiT "
+        "steps x 7.8 + encoders 0.3 ms; model time only, no data transfer",
+    ),
+)
+"""(label, inference p99 ms, source) of the marks every sweep shows (issue 52): the 250 M
+preset measured on this CPU, and a published Jetson figure of a shipped VLA."""
+
+
+def reference_marks(period_ms: float, margin_ms: float) -> list[SweepMark]:
+    """:data:`REFERENCE_DELAYS` in ticks of ``period_ms`` with ``margin_ms`` added (the device
+    runtime's, as the device's own delay is counted)."""
+    return [
+        SweepMark(label, ms, inference_ticks(ms / 1000, margin_ms / 1000, period_ms / 1000), src)
+        for label, ms, src in REFERENCE_DELAYS
+    ]
 
 
 @dataclass
@@ -66,6 +111,8 @@ class DelaySweep(Record):
     """The delay the device will have, in ticks (None: not given)."""
     expected: str = ""
     """Where ``expected_ticks`` comes from, for people."""
+    marks: list[SweepMark] = field(default_factory=list)
+    """Where real VLAs would sit (:data:`REFERENCE_DELAYS`)."""
 
     def point(self, mode: str, ticks: int) -> SweepPoint:
         """The point of ``mode`` at ``ticks`` (``d = 0`` is one play, listed in both modes)."""
@@ -175,6 +222,7 @@ def delay_sweep(
         name or str(policy), period_ms, acting.chunk_len, variants, len(seeds), points
     )
     sweep.expected_ticks, sweep.expected = expected, why
+    sweep.marks = reference_marks(period_ms, margin_ms)
     return sweep
 
 
@@ -203,6 +251,22 @@ def sweep_table(sweep: DelaySweep) -> list[str]:
     return rows
 
 
+def mark_lines(sweep: DelaySweep) -> list[str]:
+    """Markdown: where real VLAs would sit on the curve (:attr:`DelaySweep.marks`), with
+    their sources; nothing for a sweep without marks."""
+    if not sweep.marks:
+        return []
+    return [
+        "Where real VLAs would sit (inference p99 + the same margin, in ticks; dotted on the "
+        "plot):",
+        "",
+        *(
+            f"- {m.label}: {m.inference_ms:g} ms = {m.ticks} ticks ({m.source})"
+            for m in sweep.marks
+        ),
+    ]
+
+
 def write_sweep(sweep: DelaySweep, out: Path) -> Path:
     """``delay_sweep.md``, ``delay_sweep.png`` and ``delay_sweep.json`` into ``out``; returns
     the plot's path."""
@@ -218,6 +282,8 @@ def write_sweep(sweep: DelaySweep, out: Path) -> Path:
         *sweep_table(sweep),
         "",
         f"The device's delay: {sweep.expected}." if sweep.expected else "",
+        "",
+        *mark_lines(sweep),
         "",
         "![success against delay](delay_sweep.png)",
         "",
@@ -244,6 +310,9 @@ def _plot(sweep: DelaySweep, path: Path) -> Path:
         ax.fill_between(x, [lo for lo, _ in ci], [hi for _, hi in ci], color=colour, alpha=0.15)
     if sweep.expected_ticks is not None:
         ax.axvline(sweep.expected_ticks, ls="--", c="grey", label="the device's delay")
+    for mark in sweep.marks:
+        ax.axvline(mark.ticks, ls=":", c="#8c8c8c", lw=1)
+        ax.text(mark.ticks, 1.02, f" {mark.label}", rotation=90, va="top", ha="right", size=6)
     ax.set_xticks(sorted({p.ticks for p in sweep.points}))
     ax.set_xlabel(f"inference delay, control ticks of {sweep.period_ms:g} ms")
     ax.set_ylabel("success (95% Wilson CI)")

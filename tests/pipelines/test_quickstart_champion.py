@@ -175,6 +175,12 @@ def test_gate_sweeps_success_against_inference_delay_on_the_same_seeds(champion:
     table = (run_dir / "delay_sweep.md").read_text()
     assert f"{expected} ticks ({expected * 100:g} ms) <- the device's" in table, table
     assert (run_dir / "delay_sweep.png").stat().st_size > 10_000
+    # Where real VLAs would sit: the 250 M preset's measured CPU p99, a published Jetson one.
+    marks = {m["label"]: m for m in sweep["marks"]}
+    preset = marks["256M preset, this CPU, 1 thread"]
+    assert preset["ticks"] == inference_ticks(preset["inference_ms"] / 1000, margin_s, 0.1) >= 15
+    assert marks["GR00T N1.5 3B, Jetson AGX Orin"]["ticks"] == 1
+    assert f"256M preset, this CPU, 1 thread: 1431 ms = {preset['ticks']} ticks" in table
     shown = " ".join(done.stderr.split())
     assert "delay sweep: ok" in shown, shown[-2000:]
 

@@ -246,7 +246,7 @@ def test_a_target_too_slow_for_the_champion_blocks_it_and_a_slower_device_refuse
     assert f"regression: champion {MODEL} v" in verdict, verdict[-3000:]
     assert "at slow-sync's delay:" in verdict and "ticks of 100 ms" in verdict, verdict[-3000:]
 
-    # The device: the same profile, ~400 ms slower still. Its own gate passes (late ticks
+    # The device: the same profile, ~200 ms slower still. Its own gate passes (late ticks
     # are not judged on this profile); the release's recorded inference refuses it.
     started = start_agent(
         champion, tmp_path, target=str(slow_sync(tmp_path, 550)),

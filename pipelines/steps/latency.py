@@ -6,6 +6,7 @@ delay marked."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -15,6 +16,7 @@ from pipelines.progress import SILENT, Listener
 if TYPE_CHECKING:
     from deploy_edge.latency_report import LatencyReport
     from pipelines.records import Evaluation
+    from stages.evaluate import ShardOutcome
     from stages.evaluate.at_delay import AtDelay
     from stages.evaluate.sweep import DelaySweep
 
@@ -89,18 +91,12 @@ def sweep_delays(
     marked; ``delay_sweep.md``/``.png``/``.json`` into ``out``; ``name``: the policy as the user
     named it; ``stage``: the progress row it reports on."""
     from deploy_edge.targets import load_target
-    from stages.evaluate import ShardOutcome
     from stages.evaluate.sweep import delay_sweep, write_sweep
 
-    played = [0]
     listener.started(stage, None, "episodes")
 
     def on_plan(episodes: int) -> None:
         listener.started(stage, episodes, "episodes of the delay sweep")
-
-    def on_shard(outcome: ShardOutcome) -> None:
-        played[0] += len(outcome.episodes)
-        listener.advanced(stage, played[0], "")
 
     sweep = delay_sweep(
         policy,
@@ -112,7 +108,7 @@ def sweep_delays(
         expected_ms=inference_p99_ms,
         margin_ms=load_target(cfg.latency.target).inference_margin_ms,
         ray_address=ray_address,
-        on_shard=on_shard,
+        on_shard=counting(listener, stage),
         on_plan=on_plan,
         name=name,
     )
@@ -137,7 +133,6 @@ def play_at_device_delay(
     from deploy_edge.targets import load_target
     from pipelines.registry.champion import candidate_outcomes
     from pipelines.registry.exports import fetch_export
-    from stages.evaluate import ShardOutcome
     from stages.evaluate.at_delay import at_device_delay, write_at_delay
     from stages.evaluate.sequential import decode_outcomes
 
@@ -146,12 +141,8 @@ def play_at_device_delay(
     champion = None
     if version is not None and candidate.comparison is not None:
         champion = (version, fetch_export(cfg.model_name, version)[1])
-    played = [0]
     listener.started("latency", None, "episodes at the device's delay")
-
-    def on_shard(outcome: ShardOutcome) -> None:
-        played[0] += len(outcome.episodes)
-        listener.advanced("latency", played[0], "episodes at the device's delay")
+    on_shard = counting(listener, "latency", "episodes at the device's delay")
 
     promotion = cfg.registry.promotion
     result = at_device_delay(
@@ -163,3 +154,14 @@ def play_at_device_delay(
     )  # fmt: skip
     write_at_delay(result, out)
     return result
+
+
+def counting(listener: Listener, stage: str, detail: str = "") -> Callable[[ShardOutcome], None]:
+    """An ``on_shard`` that reports the episodes played so far on ``stage``'s progress row."""
+    played = [0]
+
+    def on_shard(outcome: ShardOutcome) -> None:
+        played[0] += len(outcome.episodes)
+        listener.advanced(stage, played[0], detail)
+
+    return on_shard

@@ -943,3 +943,33 @@ def test_an_unscored_options_error_is_measured_on_the_reference_inputs(export_di
     assert _relative_error(actions, reference, export_dir) == pytest.approx(0.05, rel=1e-5)
     assert _relative_error(None, reference, export_dir) is None
     assert _relative_error(actions, reference, export_dir / "nowhere") is None
+
+
+@pytest.mark.parametrize(
+    ("gated_on", "gated_ms", "here_ms", "refused"),
+    [
+        ("slow-sync", 352.3, 753.0, True),  # 8 ticks here against 4 gated
+        ("slow-sync", 352.3, 375.0, False),  # a hiccup inside the same 4 ticks (395 ms: 5)
+        ("slow-sync", 352.3, 381.0, True),  # 381 + 20 ms of margin = 5 ticks
+        ("local-cpu", 0.7, 753.0, False),  # gated on another profile: nothing to compare
+        (None, None, 753.0, False),  # a release from before the figure was recorded
+    ],
+)
+def test_a_device_refuses_a_release_whose_delay_here_is_more_ticks_than_it_was_gated_at(
+    gated_on: str | None, gated_ms: float | None, here_ms: float, refused: bool
+) -> None:
+    from types import SimpleNamespace
+
+    from deploy_edge.agent.trials import Refused, check_gated_inference
+    from deploy_edge.targets import TargetProfile
+
+    profile = TargetProfile(name="slow-sync", mode="sync", inference_margin_ms=20.0)
+    manifest = SimpleNamespace(gated_target=gated_on, gated_inference_ms=gated_ms)
+    report = SimpleNamespace(inference_ms=here_ms, control_hz=10.0)
+    if not refused:
+        check_gated_inference(manifest, profile, report)  # type: ignore[arg-type]
+        return
+    with pytest.raises(Refused) as said:
+        check_gated_inference(manifest, profile, report)  # type: ignore[arg-type]
+    assert f"inference p99 {here_ms:.1f} ms on this device" in str(said.value)
+    assert f"gated on slow-sync at {gated_ms:.1f} ms (4 ticks)" in str(said.value)

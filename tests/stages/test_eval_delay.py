@@ -272,3 +272,23 @@ def test_the_evaluate_verb_refuses_a_delay_its_chunk_cannot_cover(
     assert "a chunk of 3 actions x 100 ms = 300 ms cannot hold 10 Hz" in shown
     both = robo_pipe("--baseline", str(moving_checkpoint))
     assert both.returncode == 2 and "it takes no --baseline" in " ".join(both.stderr.split())
+
+
+def test_the_device_delay_follows_the_profiles_loop() -> None:
+    """A sync tick within its period plays no delay; past it, the robot holds (sync, no
+    queue margin, the profile's execute); async plays the runtime's queue with its margin and
+    blend."""
+    from deploy_edge.targets import TargetProfile
+    from stages.evaluate.at_delay import device_delay
+
+    sync = TargetProfile(name="s", mode="sync", execute=2)
+    assert device_delay(sync, 99.0, 100.0, DelayConfig()) is None
+    held = device_delay(sync, 352.0, 100.0, DelayConfig())
+    assert held is not None and (held.mode, held.inference_ms, held.margin_ms) == ("sync", 352.0, 0)
+    assert held.execute == 2
+    queued = TargetProfile(
+        name="a", mode="async", action_age_budget_ms=600.0, inference_margin_ms=30.0, blend="none"
+    )
+    played = device_delay(queued, 1.5, 100.0, DelayConfig(latency_report="x.json"))
+    assert played is not None and (played.mode, played.inference_ms) == ("async", 1.5)
+    assert (played.margin_ms, played.blend, played.latency_report) == (30.0, "none", None)

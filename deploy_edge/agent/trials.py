@@ -29,6 +29,7 @@ from deploy_edge.bundle.io_spec import read_io_spec
 from deploy_edge.bundle.layout import NORMALIZATION_FILE, REFERENCE_FILE
 from deploy_edge.exported import ExportedPolicy
 from deploy_edge.latency import gate_trial, run_gate
+from deploy_edge.latency_report import LatencyReport
 from deploy_edge.precision import Option, accuracy_rank, precision_variant, trial_error
 from deploy_edge.release.manifest import Manifest
 from deploy_edge.targets import TargetProfile, pinned_option
@@ -209,7 +210,9 @@ def gate(
     return detail
 
 
-def check_gated_inference(manifest: Manifest, profile: TargetProfile, report: Any) -> None:
+def check_gated_inference(
+    manifest: Manifest, profile: TargetProfile, report: LatencyReport
+) -> None:
     """Refuse a release that would wait longer for its inferences here than where it was
     gated: the pipeline's latency gate measured it on this same profile, and its success at
     device latency was judged at that delay, in control ticks (inference p99 plus the profile's

@@ -129,7 +129,8 @@ def at_device_delay(
     zero delay) and with ``champion`` (its version and export) at the same delay; reports into
     ``out`` (``vs-zero/``, ``vs-champion/``). ``margin`` and ``min_success``: the promotion's,
     as the evaluate stage's comparison uses them."""
-    period_ms = 1000.0 / get_robot(robot).control_hz
+    spec = get_robot(robot)
+    period_ms = 1000.0 / spec.control_hz
     delay = device_delay(target, inference_ms, period_ms, config.delay)
     margin_ms = 0.0 if delay is None else delay.margin_ms
     result = AtDelay(
@@ -143,7 +144,7 @@ def at_device_delay(
     )
     if delay is None:
         return result
-    plan = delay_plan(delay, get_robot(robot))
+    plan = delay_plan(delay, spec)
     result.ticks = plan.ticks if plan is not None else 0
     plus = f" + margin {margin_ms:g} ms" if margin_ms else ""
     result.why = (

@@ -36,7 +36,7 @@ from pydantic import (
 )
 
 from configs import targets_dir
-from deploy_edge.async_loop import Blend
+from deploy_edge.async_loop import Blend, inference_ticks
 from deploy_edge.bundle.io_spec import IOSpec
 from deploy_edge.precision import (
     CHOOSERS,
@@ -122,6 +122,28 @@ class TargetProfile(BaseModel):
                 "action sent)"
             )
         return self
+
+    @property
+    def delay_margin_ms(self) -> float:
+        """Added to an inference p99 before its delay is counted in ticks: ``async``, the
+        profile's ``inference_margin_ms`` (the queue's copy, scheduling); ``sync``, none (the
+        tick's p99 is measured whole, copies included)."""
+        return self.inference_margin_ms if self.mode == "async" else 0.0
+
+    def delay_ticks(self, inference_ms: float, period_ms: float) -> int:
+        """Control ticks a robot waits for its actions on this profile, with inferences of
+        ``inference_ms`` (p99) at a period of ``period_ms``: the delay a release's success at
+        device latency is judged at (:mod:`stages.evaluate.at_delay`) and the one a device
+        holds it to (:func:`deploy_edge.agent.trials.check_gated_inference`): one rule, so the
+        two count the same ticks.
+
+        ``sync``: 0 while the tick's p99 fits in its period (the robot acts in the tick it
+        observes), else ``ceil(p99 / period)`` (the ticks it holds). ``async``:
+        :func:`~deploy_edge.async_loop.inference_ticks` with the margin, at least 1."""
+        if self.mode == "sync" and inference_ms <= period_ms:
+            return 0
+        margin_s = self.delay_margin_ms / 1000.0
+        return inference_ticks(inference_ms / 1000.0, margin_s, period_ms / 1000.0)
 
     @property
     def chooser(self) -> type[Auto] | None:

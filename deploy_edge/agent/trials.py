@@ -24,7 +24,6 @@ from typing import Any
 import numpy as np
 
 from deploy_edge.agent.config import DeviceConfig, DriverFactory
-from deploy_edge.async_loop import inference_ticks
 from deploy_edge.bundle.io_spec import read_io_spec
 from deploy_edge.bundle.layout import NORMALIZATION_FILE, REFERENCE_FILE
 from deploy_edge.exported import ExportedPolicy
@@ -215,23 +214,25 @@ def check_gated_inference(
 ) -> None:
     """Refuse a release that would wait longer for its inferences here than where it was
     gated: the pipeline's latency gate measured it on this same profile, and its success at
-    device latency was judged at that delay, in control ticks (inference p99 plus the profile's
-    ``inference_margin_ms``, :func:`~deploy_edge.async_loop.inference_ticks`). The ticks here
+    device latency was judged at that delay, in control ticks
+    (:meth:`~deploy_edge.targets.TargetProfile.delay_ticks`, the rule the gate used). The ticks here
     (``report``: this device's gate) must not be more. Ticks, not milliseconds: a scheduling
     hiccup that does not move the robot's delay is not a reason. Nothing to compare (gated on
     another profile, or before the figure was recorded): nothing refused."""
-    gated_ms, margin = manifest.gated_inference_ms, profile.inference_margin_ms
+    gated_ms = manifest.gated_inference_ms
     if manifest.gated_target != profile.name or gated_ms is None or not report.control_hz:
         return
-    period_s, measured_ms = 1.0 / report.control_hz, report.inference_ms
-    gated = inference_ticks(gated_ms / 1000.0, margin / 1000.0, period_s)
-    here = inference_ticks(measured_ms / 1000.0, margin / 1000.0, period_s)
+    period_ms, measured_ms = 1000.0 / report.control_hz, report.inference_ms
+    gated = profile.delay_ticks(gated_ms, period_ms)
+    here = profile.delay_ticks(measured_ms, period_ms)
     if here > gated:
+        margin = profile.delay_margin_ms
+        plus = f" with the {margin:g} ms margin" if margin else ""
         raise Refused(
             f"inference p99 {measured_ms:.1f} ms on this device, {here} ticks of "
-            f"{period_s * 1000:g} ms with the {margin:g} ms margin; the release was gated on "
-            f"{profile.name} at {gated_ms:.1f} ms ({gated} ticks), the delay its success at "
-            "device latency was judged at"
+            f"{period_ms:g} ms{plus}; the release was gated on {profile.name} at "
+            f"{gated_ms:.1f} ms ({gated} ticks), the delay its success at device latency was "
+            "judged at"
         )
 
 

@@ -83,14 +83,14 @@ def device_delay(
     period of ``period_ms`` (see the module docstring); None: none (a sync tick within its
     period). ``base``: the evaluate config's delay settings, whose mode, inference, margin,
     blend and execute the profile replaces."""
+    if target.delay_ticks(inference_ms, period_ms) == 0:
+        return None
     if target.mode == "sync":
-        if inference_ms <= period_ms:
-            return None
         return base.model_copy(
             update={
                 "mode": "sync",
                 "inference_ms": inference_ms,
-                "margin_ms": 0.0,
+                "margin_ms": target.delay_margin_ms,
                 "latency_report": None,
                 "execute": target.execute,
             }
@@ -100,7 +100,7 @@ def device_delay(
             "mode": "async",
             "inference_ms": inference_ms,
             "latency_report": None,
-            "margin_ms": target.inference_margin_ms,
+            "margin_ms": target.delay_margin_ms,
             "blend": target.blend,
         }
     )

@@ -946,24 +946,32 @@ def test_an_unscored_options_error_is_measured_on_the_reference_inputs(export_di
 
 
 @pytest.mark.parametrize(
-    ("gated_on", "gated_ms", "here_ms", "refused"),
+    ("mode", "gated_on", "gated_ms", "here_ms", "refused"),
     [
-        ("slow-sync", 352.3, 753.0, True),  # 8 ticks here against 4 gated
-        ("slow-sync", 352.3, 375.0, False),  # a hiccup inside the same 4 ticks (395 ms: 5)
-        ("slow-sync", 352.3, 381.0, True),  # 381 + 20 ms of margin = 5 ticks
-        ("local-cpu", 0.7, 753.0, False),  # gated on another profile: nothing to compare
-        (None, None, 753.0, False),  # a release from before the figure was recorded
+        ("sync", "slow", 352.3, 753.0, "8 ticks"),  # 8 ticks here against 4 gated
+        ("sync", "slow", 352.3, 399.0, ""),  # a hiccup inside the same 4 ticks
+        ("sync", "slow", 352.3, 401.0, "5 ticks"),  # sync counts no margin: 5 ticks
+        ("sync", "slow", 80.0, 95.0, ""),  # gated within its period (no delay), still within
+        ("sync", "slow", 80.0, 120.0, "2 ticks"),  # past its period here: it would hold
+        ("async", "slow", 352.3, 375.0, ""),  # 375 + 20 ms of margin: 4 ticks, as gated
+        ("async", "slow", 352.3, 381.0, "5 ticks"),  # 381 + 20 ms of margin = 5 ticks
+        ("sync", "local-cpu", 0.7, 753.0, ""),  # gated on another profile: nothing to compare
+        ("sync", None, None, 753.0, ""),  # a release from before the figure was recorded
     ],
 )
 def test_a_device_refuses_a_release_whose_delay_here_is_more_ticks_than_it_was_gated_at(
-    gated_on: str | None, gated_ms: float | None, here_ms: float, refused: bool
+    mode: str, gated_on: str | None, gated_ms: float | None, here_ms: float, refused: str
 ) -> None:
+    """The device counts ticks by the rule the gate played (``TargetProfile.delay_ticks``):
+    async with the profile's margin, sync without one and none within the period."""
     from types import SimpleNamespace
 
     from deploy_edge.agent.trials import Refused, check_gated_inference
     from deploy_edge.targets import TargetProfile
 
-    profile = TargetProfile(name="slow-sync", mode="sync", inference_margin_ms=20.0)
+    profile = TargetProfile(
+        name="slow", mode=mode, inference_margin_ms=20.0, action_age_budget_ms=1000.0
+    )
     manifest = SimpleNamespace(gated_target=gated_on, gated_inference_ms=gated_ms)
     report = SimpleNamespace(inference_ms=here_ms, control_hz=10.0)
     if not refused:
@@ -971,5 +979,6 @@ def test_a_device_refuses_a_release_whose_delay_here_is_more_ticks_than_it_was_g
         return
     with pytest.raises(Refused) as said:
         check_gated_inference(manifest, profile, report)  # type: ignore[arg-type]
-    assert f"inference p99 {here_ms:.1f} ms on this device" in str(said.value)
-    assert f"gated on slow-sync at {gated_ms:.1f} ms (4 ticks)" in str(said.value)
+    assert f"inference p99 {here_ms:.1f} ms on this device, {refused} of 100 ms" in str(said.value)
+    gated = profile.delay_ticks(gated_ms or 0.0, 100.0)
+    assert f"gated on slow at {gated_ms:.1f} ms ({gated} ticks)" in str(said.value)

@@ -17,7 +17,7 @@ import torch
 
 from deploy_edge.latency_report import LatencyReport
 from pipelines.config import load_config
-from robots.spec import RobotSpec
+from robots.spec import RobotSpec, get_robot
 from sim_scenes.backends import make_env
 from sim_scenes.batched_env import BatchedEnv, BatchedObservation
 from sim_scenes.config import SceneConfig, SimConfig, SuccessConfig
@@ -292,3 +292,11 @@ def test_the_device_delay_follows_the_profiles_loop() -> None:
     played = device_delay(queued, 1.5, 100.0, DelayConfig(latency_report="x.json"))
     assert played is not None and (played.mode, played.inference_ms) == ("async", 1.5)
     assert (played.margin_ms, played.blend, played.latency_report) == (30.0, "none", None)
+    # The ticks played are the profile's own count, the one a device holds a release to.
+    spec = get_robot("rp5")
+    period_ms = 1000.0 / spec.control_hz
+    for profile, inference_ms in [(sync, 352.0), (sync, 1.5 * period_ms), (queued, 1.5)]:
+        delay = device_delay(profile, inference_ms, period_ms, DelayConfig())
+        plan = delay_plan(delay, spec) if delay is not None else None
+        assert plan is not None and plan.ticks == profile.delay_ticks(inference_ms, period_ms)
+    assert sync.delay_ticks(period_ms, period_ms) == 0

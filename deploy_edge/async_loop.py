@@ -52,6 +52,7 @@ from deploy_edge.runtime import (
 )
 from robots.interface import Robot
 from robots.limits import action_fault, observation_fault
+from robots.spec import RobotSpec
 
 Blend = Literal["linear", "none"]
 """How :class:`ChunkQueue` merges a new chunk into the planned actions it overlaps."""
@@ -108,6 +109,37 @@ def trigger_threshold(chunk_len: int, d: int, blend_ticks: int | None = None) ->
     jump whatever the blend."""
     room = max(0, chunk_len - 2 * d)
     return d + (room if blend_ticks is None else min(blend_ticks, room))
+
+
+def committed_prefix(
+    queue: ChunkQueue, now: int, d: int, spec: RobotSpec, state: np.ndarray, chunk_len: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """What a delay-conditioned policy is told when an inference starts on the observation of
+    tick ``now`` (state ``state``) and takes ``d`` ticks: the targets ``queue`` plans for ticks
+    ``now .. now + d - 1``, which the robot executes whatever the new chunk says (it arrives for
+    tick ``now + d``), as the first actions of a chunk from that observation
+    (:meth:`~robots.spec.RobotSpec.chunk_from_targets`). Returns ``prefix`` float32
+    ``(chunk_len, action_dim)`` (zeros past what is committed) and ``prefix_mask`` float32
+    ``(chunk_len,)`` (1 for each committed action; a tick with nothing planned, the robot
+    holding, ends the prefix)."""
+    planned = {p.tick: p.action for p in queue.planned}
+    targets = []
+    for tick in range(now, now + min(d, chunk_len)):
+        if tick not in planned:
+            break
+        targets.append(planned[tick])
+    prefix = np.zeros((chunk_len, spec.action.dim), np.float32)
+    mask = np.zeros(chunk_len, np.float32)
+    if targets:
+        prefix[: len(targets)] = spec.chunk_from_targets(np.stack(targets), state)
+        mask[: len(targets)] = 1.0
+    return prefix, mask
+
+
+def prefix_ticks(policy: object) -> int:
+    """The committed actions ``policy`` takes (its ``prefix_ticks``; 0: a policy that is not
+    delay-conditioned, or one that does not say, which is then never sent a prefix)."""
+    return int(getattr(policy, "prefix_ticks", 0) or 0)
 
 
 class ChunkQueue:
@@ -270,9 +302,15 @@ class AsyncControlLoop(ClosedOnExit):
         self._last: Planned | None = None  # the planned target the previous tick sent
         self._started = False  # a chunk has arrived: from then on, a dry queue is a miss
 
-    def _infer(self, images: dict[str, np.ndarray], state: np.ndarray, obs_tick: int) -> _Chunk:
+    def _infer(
+        self,
+        images: dict[str, np.ndarray],
+        state: np.ndarray,
+        obs_tick: int,
+        committed: dict[str, np.ndarray],
+    ) -> _Chunk:
         start = time.perf_counter()
-        chunk = self.policy.infer(images, state, [self.instruction])
+        chunk = self.policy.infer(images, state, [self.instruction], **committed)
         seconds = time.perf_counter() - start
         refused = action_fault(self.robot.spec, "action", chunk[0])
         # Planned as joint targets from the observation's own state: the robot moves while
@@ -304,7 +342,16 @@ class AsyncControlLoop(ClosedOnExit):
         if inferred:
             # Copies: the driver may reuse its buffers while the worker reads them.
             images = {c: img[None].copy() for c, img in obs.images.items()}
-            self._pending = self._worker.submit(self._infer, images, obs.state[None].copy(), now)
+            committed = {}
+            if prefix_ticks(self.policy):  # what the robot executes while this one infers
+                prefix, mask = committed_prefix(
+                    self.queue, now, self.inference_ticks, self.robot.spec, obs.state,
+                    self.policy.chunk_len,
+                )  # fmt: skip
+                committed = {"prefix": prefix[None], "prefix_mask": mask[None]}
+            self._pending = self._worker.submit(
+                self._infer, images, obs.state[None].copy(), now, committed
+            )
         planned = None if error or refused else self.queue.pop(now)
         latency = time.perf_counter() - start
         self._forget_before(now - self.policy.chunk_len)

@@ -68,6 +68,8 @@ class ExportedPolicy:
         self.state_dim = spec.state_dim
         self.action_dim = spec.action_dim
         self.chunk_len = spec.chunk_len
+        self.prefix_ticks = spec.prefix_ticks
+        """Delay-conditioned: the committed actions :meth:`infer` takes (0: none)."""
         # The model file: policy.onnx, or what the spec names (a registry copy uses model.onnx);
         # a variant's own file.
         model = spec.onnx_file
@@ -202,10 +204,26 @@ class ExportedPolicy:
         return {n: feeds[n] for n in self.engine.input_names}
 
     def infer(
-        self, images: dict[str, np.ndarray], state: np.ndarray, instructions: list[str]
+        self,
+        images: dict[str, np.ndarray],
+        state: np.ndarray,
+        instructions: list[str],
+        prefix: np.ndarray | None = None,
+        prefix_mask: np.ndarray | None = None,
     ) -> np.ndarray:
-        """Mean action chunk, float32 ``(B, chunk_len, action_dim)``, robot units."""
-        out = self.engine.run(self.feeds(images, state, instructions))
+        """Mean action chunk, float32 ``(B, chunk_len, action_dim)``, robot units. A
+        delay-conditioned policy (:attr:`prefix_ticks`) is given the committed prefix
+        (``prefix`` ``(B, chunk_len, action_dim)``, ``prefix_mask`` ``(B, chunk_len)``; None:
+        nothing committed); another ignores it."""
+        feeds = self.feeds(images, state, instructions)
+        if self.prefix_ticks:
+            batch = len(feeds["state"])
+            if prefix is None or prefix_mask is None:  # nothing committed
+                prefix = np.zeros((batch, self.chunk_len, self.action_dim), np.float32)
+                prefix_mask = np.zeros((batch, self.chunk_len), np.float32)
+            feeds["prefix"] = np.ascontiguousarray(prefix, dtype=np.float32)
+            feeds["prefix_mask"] = np.ascontiguousarray(prefix_mask, dtype=np.float32)
+        out = self.engine.run(feeds)
         return np.asarray(out["actions"], dtype=np.float32)
 
 

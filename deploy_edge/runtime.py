@@ -42,7 +42,11 @@ SafeAction = Callable[[RobotObservation], np.ndarray]
 
 
 class ChunkPolicy(Protocol):
-    """What the loop needs: ``infer(images, state, instructions) -> (B, chunk_len, A)``."""
+    """What the loop needs: ``infer(images, state, instructions) -> (B, chunk_len, A)``. A
+    delay-conditioned policy also has ``prefix_ticks`` > 0, and its ``infer`` takes the
+    committed prefix as keywords ``prefix`` and ``prefix_mask``
+    (:func:`deploy_edge.async_loop.committed_prefix`); the asynchronous loop sends them only
+    to such a policy (:func:`deploy_edge.async_loop.prefix_ticks`)."""
 
     chunk_len: int
 

@@ -239,6 +239,20 @@ class RobotSpec:
         targets[:, comps] = state[states] / scale + np.cumsum(steps, axis=0)
         return targets
 
+    def chunk_from_targets(self, targets: np.ndarray, state: np.ndarray) -> np.ndarray:
+        """The inverse of :meth:`chunk_targets`: planned targets ``(L, action.dim)`` as the
+        actions of a chunk computed from an observation whose state is ``state`` (a ``delta``
+        is the step from the state, then from the target before; the rest as planned). How a
+        delay-conditioned policy is told the actions already committed
+        (:func:`deploy_edge.async_loop.committed_prefix`)."""
+        comps, states, scale, _, _ = self._deltas()
+        actions = np.array(targets, dtype=np.float32, copy=True)
+        if len(actions):
+            start = np.asarray(state, dtype=np.float32)[states] / scale
+            before = np.vstack([start[None], actions[:-1, comps]])
+            actions[:, comps] = actions[:, comps] - before
+        return actions
+
     def action_toward(self, target: np.ndarray, state: np.ndarray) -> np.ndarray:
         """The action that moves the robot, measured at ``state``, to the planned ``target`` (a
         row of :meth:`chunk_targets`): a ``delta`` is ``target - measured`` (in action units)

@@ -30,9 +30,10 @@ from robo_pipe.records import Record, RecordError
 
 FORMAT = "robo-pipe-onnx"
 """The I/O spec's ``format``: what kind of bundle this is."""
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 """The newest ``format_version`` this robo-pipe writes and reads (2: precision ``variants``,
-``random_weights``, parameter count and export cost; 3: ``robot``)."""
+``random_weights``, parameter count and export cost; 3: ``robot``; 4: ``prefix_ticks``, the
+prefix inputs of a delay-conditioned policy)."""
 
 
 BATCH = "batch"
@@ -182,7 +183,7 @@ class IOSpec(_GraphIO, Record):
     """The policy that was exported (``default``, ``hub-vlm``)."""
     inputs: tuple[TensorSpec, ...]
     """In the graph's input order: ``image_<camera>`` per camera, ``state``, ``tokens``,
-    ``token_mask``."""
+    ``token_mask``; a delay-conditioned policy's then ``prefix``, ``prefix_mask``."""
     outputs: tuple[TensorSpec, ...]
     """In the graph's output order: ``actions``, ``action_std`` (robot units)."""
     cameras: tuple[str, ...]
@@ -234,6 +235,10 @@ class IOSpec(_GraphIO, Record):
     instruction_graph: InstructionGraph | None = None
     """The instruction's own graph (:class:`InstructionGraph`), run once per episode; None:
     the policy graph takes the tokens itself (``default``, ``hub-vlm``, older bundles)."""
+    prefix_ticks: int = 0
+    """Delay-conditioned (``policy.prefix_ticks``): the graph also takes the committed prefix
+    (``prefix`` ``(chunk_len, action_dim)`` robot units, ``prefix_mask`` ``(chunk_len,)``), the
+    actions the robot executes while a chunk is computed, up to this many; 0: it takes none."""
     weights_sources: tuple[WeightsProvenance, ...] = ()
     """The pretrained encoders the policy is built on (:class:`WeightsProvenance`), from the
     checkpoint's base; empty for a policy with none recorded (``default``, ``hub-vlm``, an

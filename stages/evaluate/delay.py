@@ -40,7 +40,9 @@ from deploy_edge.async_loop import (
     Blend,
     ChunkQueue,
     async_shortfall,
+    committed_prefix,
     inference_ticks,
+    prefix_ticks,
     trigger_threshold,
 )
 from robo_pipe.errors import RoboPipeError
@@ -210,7 +212,7 @@ class DelayedActor:
         chunks = None
         if any(wants):  # one batched call; each env's chunk depends only on its observation
             start = time.perf_counter()
-            chunks = self.policy.predict_chunk(obs)
+            chunks = self.policy.predict_chunk(obs, **self._committed(obs, wants))
             self.inference_s += time.perf_counter() - start
         actions = self._hold(obs.state)
         for e in range(n):
@@ -227,6 +229,23 @@ class DelayedActor:
                 actions[e] = action
             self.tick[e] = now + 1
         return actions
+
+    def _committed(self, obs: BatchedObservation, wants: list[bool]) -> dict[str, np.ndarray]:
+        """A delay-conditioned policy's committed prefix for each environment that starts an
+        inference now (async: what its queue plans for the ``d`` ticks the inference takes, as
+        the runtime sends it; sync: nothing, the robot holds); no keywords for another
+        policy."""
+        if not prefix_ticks(self.policy):
+            return {}
+        n, length = len(wants), self.policy.chunk_len
+        prefix = np.zeros((n, length, self.spec.action.dim), np.float32)
+        mask = np.zeros((n, length), np.float32)
+        if self.plan.mode == "async":
+            for e in (e for e in range(n) if wants[e]):
+                prefix[e], mask[e] = committed_prefix(
+                    self.queues[e], self.tick[e], self.plan.ticks, self.spec, obs.state[e], length
+                )
+        return {"prefix": prefix, "prefix_mask": mask}
 
     def _receive(self, e: int) -> None:
         """Env ``e``'s chunk in flight, if it arrives at its current tick: async, into the

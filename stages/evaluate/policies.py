@@ -34,7 +34,9 @@ class ActingPolicy(Protocol):
     chunk_len: int
 
     def predict_chunk(self, obs: BatchedObservation) -> np.ndarray:
-        """Mean action chunk, float32 ``(N, chunk_len, action_dim)``."""
+        """Mean action chunk, float32 ``(N, chunk_len, action_dim)``. A delay-conditioned
+        policy (``prefix_ticks`` > 0) also takes keywords ``prefix`` and ``prefix_mask``, the
+        committed prefix (:func:`deploy_edge.async_loop.committed_prefix`)."""
         ...
 
 
@@ -58,9 +60,15 @@ class CheckpointPolicy:
         self.state_dim = cfg.state_dim
         self.action_dim = cfg.action_dim
         self.chunk_len = cfg.chunk_len
+        self.prefix_ticks = cfg.prefix_ticks
 
-    def predict_chunk(self, obs: BatchedObservation) -> np.ndarray:
-        return self.policy.predict_chunk(obs)
+    def predict_chunk(
+        self,
+        obs: BatchedObservation,
+        prefix: np.ndarray | None = None,
+        prefix_mask: np.ndarray | None = None,
+    ) -> np.ndarray:
+        return self.policy.predict_chunk(obs, prefix, prefix_mask)
 
 
 class OnnxRuntimePolicy:
@@ -87,9 +95,17 @@ class OnnxRuntimePolicy:
         self.state_dim = self.exported.state_dim
         self.action_dim = self.exported.action_dim
         self.chunk_len = self.exported.chunk_len
+        self.prefix_ticks = self.exported.prefix_ticks
 
-    def predict_chunk(self, obs: BatchedObservation) -> np.ndarray:
-        return self.exported.infer(obs.images, obs.state, list(obs.instruction))
+    def predict_chunk(
+        self,
+        obs: BatchedObservation,
+        prefix: np.ndarray | None = None,
+        prefix_mask: np.ndarray | None = None,
+    ) -> np.ndarray:
+        return self.exported.infer(
+            obs.images, obs.state, list(obs.instruction), prefix, prefix_mask
+        )
 
 
 def load_acting_policy(path: str | Path, threads: int = 1) -> ActingPolicy:

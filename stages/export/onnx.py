@@ -90,13 +90,14 @@ from stages.export.parity import (
 )
 from stages.export.ref import OPSET, ExportRef, existing_export, export_ref
 from stages.export.variants import variant_maker
-from stages.policy.base import OnnxInstructionEncoder, OnnxPolicy, VLAPolicy
+from stages.policy.base import VLAPolicy
 from stages.policy.checkpoint import (
     checkpoint_hash,
     load_policy,
     read_policy_meta,
     verify_checkpoint,
 )
+from stages.policy.onnx_graph import OnnxInstructionEncoder, OnnxPolicy
 from stages.policy.types import BaseRef
 
 
@@ -229,6 +230,19 @@ def export(
                     else instruction.outputs  # the policy graph takes the instruction's features
                 ),
                 _tensor("token_mask", "int64", (cfg.max_tokens,), "1 = token, 0 = padding"),
+                *(
+                    (
+                        _tensor(
+                            "prefix",
+                            "float32",
+                            (cfg.chunk_len, cfg.action_dim),
+                            f"the committed actions, {robot.action_units_text}",
+                        ),
+                        _tensor("prefix_mask", "float32", (cfg.chunk_len,), "1 = committed"),
+                    )
+                    if cfg.prefix_ticks
+                    else ()
+                ),
             ),
             outputs=tuple(
                 _tensor(name, "float32", (cfg.chunk_len, cfg.action_dim), robot.action_units_text)
@@ -252,6 +266,7 @@ def export(
             onnx_file=ONNX_FILE,
             variants=variants,
             random_weights=cfg.random_weights,
+            prefix_ticks=cfg.prefix_ticks,
             parameters=policy.parameter_counts()[1],
             export_seconds=round(time.perf_counter() - start, 2),
             export_peak_rss_mb=round(peak_rss_mb(), 1),

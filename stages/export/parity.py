@@ -12,7 +12,8 @@ import torch
 
 from robo_pipe.errors import RoboPipeError
 from robots.limits import non_finite
-from stages.policy.base import OnnxInstructionEncoder, OnnxPolicy, VLAPolicy
+from stages.policy.base import VLAPolicy
+from stages.policy.onnx_graph import OnnxInstructionEncoder, OnnxPolicy
 
 PARITY_BATCH = 4
 """Frames per parity run."""
@@ -47,7 +48,20 @@ def random_inputs(policy: VLAPolicy, seed: int, n: int = 8) -> dict[str, np.ndar
     noise = rng.normal(size=(n, cfg.state_dim)) * policy.state_std.numpy()
     inputs["state"] = (policy.state_mean.numpy() + noise).astype(np.float32)
     inputs["tokens"], inputs["token_mask"] = policy.tokenizer(example_instructions(policy, n))
-    return inputs
+    return inputs | random_prefix(policy, rng, n)
+
+
+def random_prefix(policy: VLAPolicy, rng: np.random.Generator, n: int) -> dict[str, np.ndarray]:
+    """A delay-conditioned policy's prefix inputs for ``n`` frames: actions around the training
+    mean, the first 0..``prefix_ticks`` of each committed (empty for another policy)."""
+    cfg = policy.cfg
+    if policy.prefix_encoder is None:
+        return {}
+    shape = (n, cfg.chunk_len, cfg.action_dim)
+    actions = policy.action_mean.numpy() + rng.normal(size=shape) * policy.action_std.numpy()
+    committed = rng.integers(0, cfg.prefix_ticks + 1, size=n)
+    mask = (np.arange(cfg.chunk_len)[None, :] < committed[:, None]).astype(np.float32)
+    return {"prefix": (actions * mask[..., None]).astype(np.float32), "prefix_mask": mask}
 
 
 def dataset_inputs(policy: VLAPolicy, root: Path, n: int = 32) -> dict[str, np.ndarray]:
@@ -62,7 +76,7 @@ def dataset_inputs(policy: VLAPolicy, root: Path, n: int = 32) -> dict[str, np.n
     inputs["state"] = frames[STATE_KEY][idx].astype(np.float32)
     texts = [dataset.tasks[int(t)] for t in frames["task_index"][idx]]
     inputs["tokens"], inputs["token_mask"] = policy.tokenizer(texts)
-    return inputs
+    return inputs | random_prefix(policy, np.random.default_rng(n), n)
 
 
 def measure_parity(

@@ -5,6 +5,7 @@
     resume from the latest checkpoint in out/   weights, AdamW state, torch RNG, step
     for step in start..steps:
         batch  = frames drawn with rng(seed, rank, step), images shifted ± image_shift px
+                 (a delay-conditioned policy: + a committed prefix of 0..prefix_ticks actions)
         loss   = masked MSE(action chunk) + aux_weight * MSE(target xy) + NLL(log_std | mean)
         clip gradients, cosine learning rate, AdamW step   (DDP averages gradients when N > 1)
         every log_every: metrics.jsonl;  every checkpoint_every and at the end: checkpoint
@@ -36,7 +37,7 @@ from stages.finetune.checkpoints import (
     restore_training_state,
 )
 from stages.finetune.config import BCConfig
-from stages.finetune.data import BCData, load_bc_data
+from stages.finetune.data import BCData, load_bc_data, simulated_delays
 from stages.policy.base import Normalizer, VLAPolicy
 from stages.policy.checkpoint import (
     CheckpointError,
@@ -78,6 +79,10 @@ class BCJob:
     lineage: dict[str, Any] = field(default_factory=dict)
     threads: int = 0
     """torch threads per worker; 0 = torch's default."""
+    prefix_ticks: int = 0
+    """Delay-conditioned training up to this many committed actions (``policy.prefix_ticks``;
+    a base that was not is made so: :meth:`~stages.policy.base.VLAPolicy.condition_on_prefix`);
+    0: off."""
 
 
 def learning_rate(cfg: BCConfig, step: int) -> float:
@@ -109,6 +114,8 @@ def build_policy(job: BCJob, data: BCData) -> tuple[VLAPolicy, BaseRef | None]:
         policy = load_policy(job.base_checkpoint)
         policy.set_normalizer(norm)
         base = BaseRef(CHECKPOINT_BASE, job.base_checkpoint, checkpoint_hash(job.base_checkpoint))
+    if job.prefix_ticks:  # before LoRA: its encoder is a head, trained either way
+        policy.condition_on_prefix(job.prefix_ticks)
     if job.trainable == "lora":
         policy.add_lora(job.lora or LoraSettings())
     else:
@@ -159,11 +166,13 @@ def bc_loss(
     instructions, indexed by ``batch["task"]``. All terms are in normalised units.
     """
     task = torch.as_tensor(batch["task"])
+    committed = {k: torch.as_tensor(batch[k]) for k in ("prefix", "prefix_mask") if k in batch}
     out = model(
         {c: torch.as_tensor(v) for c, v in batch["images"].items()},
         torch.as_tensor(batch["state"]),
         tokens[task],
         token_mask[task],
+        **committed,
     )
     target = policy.normalize_actions(torch.as_tensor(batch["actions"]))
     valid = torch.as_tensor(batch["action_valid"], dtype=torch.float32)[..., None]
@@ -213,6 +222,8 @@ def train_bc(job: BCJob, rank: int = 0, world_size: int = 1) -> None:
     for step in range(start, cfg.steps):
         rng = np.random.default_rng([job.seed, rank, step])
         b = data.batch(rng.integers(len(data), size=per_worker), rng, cfg.image_shift)
+        if policy.cfg.prefix_ticks:  # the committed prefix the delay it simulates gives
+            b |= simulated_delays(b, rng, policy.cfg.prefix_ticks)
         loss, action_loss, aux_loss = bc_loss(model, policy, b, tokens, token_mask, aux_weight)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()

@@ -62,6 +62,23 @@ class BCData:
         return out
 
 
+def simulated_delays(
+    batch: dict[str, Any], rng: np.random.Generator, max_ticks: int
+) -> dict[str, np.ndarray]:
+    """Delay-conditioned training (training-time real-time chunking): for each sample of
+    ``batch`` a delay ``d`` drawn uniformly from 0..``max_ticks``; the first ``d`` actions of
+    its chunk (where the episode has them) are the committed prefix, as the asynchronous
+    runtime commits the plan it executes while the next chunk is computed. ``prefix``
+    float32 ``(B, chunk_len, action_dim)`` robot units (zeros past the prefix) and
+    ``prefix_mask`` float32 ``(B, chunk_len)``."""
+    actions, valid = batch["actions"], batch["action_valid"]
+    n, length, _ = actions.shape
+    delays = rng.integers(0, max_ticks + 1, size=n)
+    mask = (np.arange(length)[None, :] < delays[:, None]) & valid
+    prefix = np.where(mask[..., None], actions, 0.0).astype(np.float32)
+    return {"prefix": prefix, "prefix_mask": mask.astype(np.float32)}
+
+
 def _random_shift(images: np.ndarray, rng: np.random.Generator, shift: int) -> np.ndarray:
     if shift == 0:
         return images

@@ -106,6 +106,9 @@ def pretrain(
         raise ValueError(f"pretrain builds the default VLA; policy.type is {policy.type!r}")
     variants = pretrain_variants(scene.variant, config)
     spec = get_robot(robot)
+    # A base is never delay-conditioned (its fine-tunes are, on their own data): one base
+    # serves both.
+    policy = policy.model_copy(update={"prefix_ticks": 0})
     key = _key(robot, scene.cameras, scene.image_size, policy, config, variants, seed)
     out = checkpoints_dir / f"base-{key}"
     with output_lock(out, "pretrain", on_status):  # one trainer per directory
@@ -255,6 +258,7 @@ def finetune(
             action_dim=spec.action.dim,
             base_checkpoint=base.path if base else None,
             lora=policy.lora,
+            prefix_ticks=policy.prefix_ticks,
             lineage={"stage": "finetune", "code_version": code_version(), **(lineage or {})},
         )
         return _train(job, config.bc, ray_address, on_metrics)

@@ -16,14 +16,18 @@ vector per action query); the heads, normalisation, LoRA, distribution and expor
                               training signal that teaches the vision encoder where the named
                               object is (BC alone left it at ~5% success; see issue 4's note);
                               not part of the exported graph.
+    prefix_encoder(prefix) -> (B, d), added to every action query's features: a
+                              delay-conditioned policy (``prefix_ticks`` > 0) also takes the
+                              committed prefix, the first actions of its chunk the robot
+                              executes while the chunk is computed (:meth:`VLAPolicy.with_prefix`)
 """
 
 from __future__ import annotations
 
 import copy
 from abc import ABC, abstractmethod
-from dataclasses import asdict, dataclass, field
-from typing import Any, ClassVar, Protocol, cast
+from dataclasses import asdict, dataclass, field, replace
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import numpy as np
 import torch
@@ -35,6 +39,9 @@ from torch.distributions import Normal
 from sim_scenes.batched_env import BatchedObservation
 from stages.dataset.layout import ACTION_KEY, ENV_STATE_KEY, STATE_KEY
 from stages.policy.config import LoraSettings, VLAConfig
+
+if TYPE_CHECKING:
+    from stages.policy.onnx_graph import OnnxPolicy
 
 Tensor = torch.Tensor
 Images = dict[str, torch.Tensor]
@@ -132,7 +139,12 @@ class VLAPolicy(nn.Module, ABC):
         lora_target_modules: regex of the module names LoRA adapts.
     """
 
-    head_names: ClassVar[tuple[str, ...]] = ("action_head", "log_std", "target_head")
+    head_names: ClassVar[tuple[str, ...]] = (
+        "action_head",
+        "log_std",
+        "target_head",
+        "prefix_encoder",
+    )
     lora_target_modules: ClassVar[str]
     separate_instruction_graph: ClassVar[bool] = False
     """True: the instruction is encoded by its own step (``encode_instruction``: token
@@ -161,7 +173,45 @@ class VLAPolicy(nn.Module, ABC):
         self.action_head = nn.Linear(width, cfg.action_dim)
         self.log_std = nn.Parameter(torch.full((cfg.action_dim,), cfg.init_log_std))
         self.target_head = nn.Linear(vision_tokens * width, 2)
+        self.width = width
+        self.prefix_encoder: nn.Sequential | None = None
+        if cfg.prefix_ticks:
+            self.condition_on_prefix(cfg.prefix_ticks)
         self.set_normalizer(normalizer or Normalizer.identity(cfg.state_dim, cfg.action_dim))
+
+    def condition_on_prefix(self, ticks: int) -> None:
+        """Make this policy delay-conditioned up to ``ticks`` committed actions (a fine-tune of
+        a base that was not): adds :attr:`prefix_encoder`, whose last layer starts at zero so
+        the policy starts out acting exactly as before."""
+        if ticks >= self.cfg.chunk_len:
+            raise ValueError(f"prefix_ticks {ticks} must be below chunk_len {self.cfg.chunk_len}")
+        self.cfg = replace(self.cfg, prefix_ticks=ticks)
+        if self.prefix_encoder is not None:
+            return
+        given = self.cfg.chunk_len * (self.cfg.action_dim + 1)  # each action and its mask bit
+        last = nn.Linear(self.width, self.width)
+        nn.init.zeros_(last.weight)
+        nn.init.zeros_(last.bias)
+        self.prefix_encoder = nn.Sequential(nn.Linear(given, self.width), nn.GELU(), last)
+
+    def with_prefix(
+        self, features: Tensor, prefix: Tensor | None, prefix_mask: Tensor | None
+    ) -> Tensor:
+        """Action-query ``features`` ``(B, chunk_len, d)`` told the committed prefix: ``prefix``
+        ``(B, chunk_len, action_dim)`` robot units (the chunk's own first actions, as the policy
+        outputs them), ``prefix_mask`` ``(B, chunk_len)`` 1 where an action is committed (the
+        first ``d``), 0 elsewhere. One encoding of the whole prefix is added to every query:
+        the action head works per position, and every action after the prefix must see all of
+        it. None (or a policy that is not delay-conditioned): nothing committed."""
+        if self.prefix_encoder is None:
+            return features
+        if prefix is None or prefix_mask is None:
+            batch, length, _ = features.shape
+            prefix = features.new_zeros(batch, length, self.cfg.action_dim)
+            prefix_mask = features.new_zeros(batch, length)
+        mask = prefix_mask.to(features.dtype)[..., None]
+        given = torch.cat([self.normalize_actions(prefix) * mask, mask], dim=-1).flatten(1)
+        return features + self.prefix_encoder(given)[:, None, :]
 
     # -- what a model type provides ------------------------------------------------------------
 
@@ -201,12 +251,16 @@ class VLAPolicy(nn.Module, ABC):
         state: torch.Tensor,
         tokens: torch.Tensor,
         token_mask: torch.Tensor,
+        prefix: torch.Tensor | None = None,
+        prefix_mask: torch.Tensor | None = None,
     ) -> PolicyOutput:
         """Images uint8 ``(B, H, W, 3)`` per camera, state ``(B, state_dim)`` robot units,
-        tokens/mask int64 ``(B, max_tokens)`` -> :class:`PolicyOutput`."""
+        tokens/mask int64 ``(B, max_tokens)``, and for a delay-conditioned policy the committed
+        prefix (:meth:`with_prefix`; None: nothing committed) -> :class:`PolicyOutput`."""
         features, vision = self.encode(
             images, (state - self.state_mean) / self.state_std, tokens, token_mask
         )
+        features = self.with_prefix(features, prefix, prefix_mask)
         return PolicyOutput(
             mean=self.action_head(features),
             log_std=self.log_std,
@@ -232,9 +286,21 @@ class VLAPolicy(nn.Module, ABC):
         return Normal(self.denormalize_actions(out.mean), std.expand_as(out.mean))
 
     @torch.no_grad()
-    def predict_chunk(self, obs: BatchedObservation) -> np.ndarray:
-        """Mean action chunk in robot units, float32 ``(B, chunk_len, action_dim)``."""
-        out = self(**self.model_inputs(obs))
+    def predict_chunk(
+        self,
+        obs: BatchedObservation,
+        prefix: np.ndarray | None = None,
+        prefix_mask: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """Mean action chunk in robot units, float32 ``(B, chunk_len, action_dim)``; ``prefix``
+        and ``prefix_mask``: the committed prefix (:meth:`with_prefix`), None: none."""
+        committed = {}
+        if prefix is not None and prefix_mask is not None:
+            committed = {
+                "prefix": torch.as_tensor(prefix, dtype=torch.float32),
+                "prefix_mask": torch.as_tensor(prefix_mask, dtype=torch.float32),
+            }
+        out = self(**self.model_inputs(obs), **committed)
         return self.denormalize_actions(out.mean).numpy().astype(np.float32)
 
     # -- what trains ---------------------------------------------------------------------------
@@ -279,111 +345,6 @@ class VLAPolicy(nn.Module, ABC):
         for module in model.modules():
             if isinstance(module, LoraLayer):
                 module.merge()
+        from stages.policy.onnx_graph import OnnxPolicy  # it builds on this module
+
         return OnnxPolicy(model)
-
-
-class InstructionEncoding(Protocol):
-    """What a policy with ``separate_instruction_graph`` adds: the instruction encoded once
-    (token ids/mask -> features) by its own module, the rest of the policy from the features."""
-
-    instruction_encoder: nn.Module
-    """Token ids/mask int64 ``(B, L)`` -> instruction features float ``(B, L, F)``."""
-
-    def encode_instruction(self, tokens: torch.Tensor, token_mask: torch.Tensor) -> torch.Tensor:
-        """Token ids/mask ``(B, L)`` -> instruction features ``(B, L, F)``."""
-        ...
-
-    def encode_encoded(
-        self, images: Images, state: Tensor, instruction: Tensor, token_mask: Tensor
-    ) -> Encoded:
-        """:meth:`VLAPolicy.encode` from instruction features."""
-        ...
-
-
-class OnnxPolicy(nn.Module):
-    """Export wrapper: fixed input/output names, robot units in and out, no tokenizer.
-
-    Inputs (in order): ``image_<camera>`` uint8 ``(B, H, W, 3)`` per camera, ``state`` float32
-    ``(B, state_dim)`` robot units, then the instruction: ``tokens`` and ``token_mask`` int64
-    ``(B, max_tokens)`` (from the tokenizer shipped beside the model), or, for a policy with
-    ``separate_instruction_graph``, ``instruction`` float32 ``(B, max_tokens, F)`` (what
-    :meth:`instruction_graph`'s graph computes from the tokens, once per episode) and
-    ``token_mask``. Outputs: ``actions`` float32 ``(B, chunk_len, action_dim)`` robot units
-    (the Gaussian's mean) and ``action_std`` float32 ``(B, chunk_len, action_dim)``. State
-    normalisation and action de-normalisation are inside.
-    """
-
-    output_names: ClassVar[list[str]] = ["actions", "action_std"]
-
-    def __init__(self, policy: VLAPolicy) -> None:
-        super().__init__()
-        self.policy = policy
-        self.cameras = policy.cfg.cameras
-        self.separate = policy.separate_instruction_graph
-        text = ["instruction", "token_mask"] if self.separate else ["tokens", "token_mask"]
-        self.input_names = [f"image_{c}" for c in self.cameras] + ["state", *text]
-
-    def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        n = len(self.cameras)
-        images = dict(zip(self.cameras, inputs[:n], strict=True))
-        state, text, token_mask = inputs[n:]
-        if self.separate:
-            encoding = cast(InstructionEncoding, self.policy)
-            normalized = (state - self.policy.state_mean) / self.policy.state_std
-            features, _ = encoding.encode_encoded(images, normalized, text, token_mask)
-            mean, log_std = self.policy.action_head(features), self.policy.log_std
-        else:
-            out = self.policy(images, state, text, token_mask)
-            mean, log_std = out.mean, out.log_std
-        std = (log_std.exp() * self.policy.action_std).expand_as(mean)
-        return self.policy.denormalize_actions(mean), std
-
-    def instruction_graph(self) -> OnnxInstructionEncoder | None:
-        """The instruction's own graph (None: the policy graph takes the tokens)."""
-        if not self.separate:
-            return None
-        return OnnxInstructionEncoder(cast(InstructionEncoding, self.policy).instruction_encoder)
-
-    def graph_inputs(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """The policy graph's inputs from batched observations as numpy arrays (images,
-        ``state``, ``tokens`` and ``token_mask``): as they are, or with an instruction graph
-        the tokens replaced by the features the policy's instruction encoder gives them."""
-        if not self.separate:
-            return {k: inputs[k] for k in self.input_names}
-        encoding = cast(InstructionEncoding, self.policy)
-        with torch.no_grad():
-            features = encoding.encode_instruction(
-                torch.as_tensor(inputs["tokens"]), torch.as_tensor(inputs["token_mask"])
-            )
-        given = inputs | {"instruction": features.numpy().astype(np.float32)}
-        return {k: given[k] for k in self.input_names}
-
-    def dummy_inputs(self, batch: int = 1) -> tuple[torch.Tensor, ...]:
-        """Example inputs of the right shapes and dtypes (tracing, parity checks)."""
-        cfg = self.policy.cfg
-        size = cfg.image_size
-        images = [torch.zeros(batch, size, size, 3, dtype=torch.uint8) for _ in self.cameras]
-        tokens, mask = self.policy.tokenizer(["touch the red cube"] * batch)
-        state = self.policy.state_mean.expand(batch, -1).clone()
-        if not self.separate:
-            return (*images, state, torch.as_tensor(tokens), torch.as_tensor(mask))
-        encoding = cast(InstructionEncoding, self.policy)
-        with torch.no_grad():
-            features = encoding.encode_instruction(torch.as_tensor(tokens), torch.as_tensor(mask))
-        return (*images, state, features, torch.as_tensor(mask))
-
-
-class OnnxInstructionEncoder(nn.Module):
-    """Export wrapper of a policy's instruction encoder (``instruction_encoder.onnx``): inputs
-    ``tokens`` and ``token_mask`` int64 ``(B, max_tokens)``, output ``instruction`` float32
-    ``(B, max_tokens, F)`` (padding rows zero). The runtime runs it once per new instruction."""
-
-    input_names: ClassVar[list[str]] = ["tokens", "token_mask"]
-    output_names: ClassVar[list[str]] = ["instruction"]
-
-    def __init__(self, encoder: nn.Module) -> None:
-        super().__init__()
-        self.encoder = encoder
-
-    def forward(self, tokens: torch.Tensor, token_mask: torch.Tensor) -> torch.Tensor:
-        return cast(torch.Tensor, self.encoder(tokens, token_mask))

@@ -298,6 +298,8 @@ def _load_verified(root: Path) -> VLAPolicy:
     base = BaseRef.from_json(meta["base"]) if meta.get("base") else None
     policy = _build_on_base(root, cfg, base)
     policy.set_normalizer(norm)
+    if cfg.prefix_ticks:  # a delay-conditioned fine-tune of a base that was not
+        policy.condition_on_prefix(cfg.prefix_ticks)
     if meta.get("lora"):
         policy.add_lora(LoraSettings(**meta["lora"]))
     elif meta.get("trainable") == "all":

@@ -94,6 +94,13 @@ class PolicyConfig(BaseModel):
     """Actions predicted per inference (executed one per control step)."""
     max_tokens: int = Field(default=12, ge=4, le=256)
     """Instruction tokens (padded/truncated)."""
+    prefix_ticks: int = Field(default=0, ge=0, le=63)
+    """Delay-conditioned training (training-time real-time chunking): the policy also takes
+    the *committed prefix*, the first ``d`` actions of its chunk that the robot executes while
+    the chunk is computed (an asynchronous loop's planned actions), and is trained with ``d``
+    drawn from 0..``prefix_ticks`` so that the rest of its chunk continues them. 0: off (the
+    graph has no prefix inputs). Below ``chunk_len``; a delay of ``d`` ticks needs a chunk of
+    ``2 d`` (the async runtime's rule)."""
     d_model: int = Field(default=128, ge=16, le=4096)
     """Default VLA: transformer width."""
     n_layers: int = Field(default=2, ge=1, le=48)
@@ -110,6 +117,11 @@ class PolicyConfig(BaseModel):
     def _consistent(self) -> PolicyConfig:
         if self.d_model % self.n_heads:
             raise ValueError(f"n_heads {self.n_heads} must divide d_model {self.d_model}")
+        if self.prefix_ticks >= self.chunk_len:
+            raise ValueError(
+                f"prefix_ticks {self.prefix_ticks} must be below chunk_len {self.chunk_len} "
+                "(a committed prefix leaves some of the chunk to predict)"
+            )
         for owner in POLICY_TYPES:  # a field only one type reads is refused under the others
             for field, unset in _traits(owner).owned_fields.items():
                 value = getattr(self, field)
@@ -168,6 +180,9 @@ class VLAConfig:
     random_weights: bool = False
     """The backbone has random weights (``policy.weights: random``): systems test only. The
     export writes it into its I/O spec; the registry and the edge agent act on it there."""
+    prefix_ticks: int = 0
+    """Delay-conditioned (``policy.prefix_ticks``): the largest committed prefix it was
+    trained on, ticks; 0: it takes no prefix (every checkpoint saved before it)."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable form."""
@@ -215,6 +230,7 @@ class VLAConfig:
             backbone=policy.backbone or "",
             preset=policy.preset or "",
             random_weights=policy.random_weights,
+            prefix_ticks=policy.prefix_ticks,
             **{name: getattr(policy, name) for name in _traits(policy.type).recorded_fields},
         )
 

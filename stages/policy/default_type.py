@@ -55,7 +55,8 @@ class DefaultType(PolicyType):
 
         sums = cls.check_base(root, base)
         policy = load_policy(base.path, verified=sums)
-        if policy.cfg != cfg:
+        # A delay-conditioned fine-tune adds its prefix encoder to a base that has none.
+        if replace(policy.cfg, prefix_ticks=cfg.prefix_ticks) != cfg:
             raise CheckpointError(f"{root}: architecture differs from its base {base.path}")
         return policy
 

@@ -49,13 +49,18 @@ class SlowExport(ExportedPolicy):
         self.chunks: list[np.ndarray] = []
 
     def infer(
-        self, images: dict[str, np.ndarray], state: np.ndarray, instructions: list[str]
+        self,
+        images: dict[str, np.ndarray],
+        state: np.ndarray,
+        instructions: list[str],
+        prefix: np.ndarray | None = None,
+        prefix_mask: np.ndarray | None = None,
     ) -> np.ndarray:
         self.calls += 1
         if self.calls == self.fail_on:
             raise ConnectionError("policy server went away")
         time.sleep(self.delay_s)
-        chunk = super().infer(images, state, instructions)
+        chunk = super().infer(images, state, instructions, prefix, prefix_mask)
         self.chunks.append(chunk[0].copy())
         return chunk
 

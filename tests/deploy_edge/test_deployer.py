@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import numpy as np
 import pytest
@@ -960,7 +960,11 @@ def test_an_unscored_options_error_is_measured_on_the_reference_inputs(export_di
     ],
 )
 def test_a_device_refuses_a_release_whose_delay_here_is_more_ticks_than_it_was_gated_at(
-    mode: str, gated_on: str | None, gated_ms: float | None, here_ms: float, refused: str
+    mode: Literal["sync", "async"],
+    gated_on: str | None,
+    gated_ms: float | None,
+    here_ms: float,
+    refused: str,
 ) -> None:
     """The device counts ticks by the rule the gate played (``TargetProfile.delay_ticks``):
     async with the profile's margin, sync without one and none within the period."""

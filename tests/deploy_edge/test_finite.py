@@ -107,10 +107,15 @@ class EmittingExport(ExportedPolicy):
         self.value, self.emitting, self.component, self.calls = value, emitting, component, 0
 
     def infer(
-        self, images: dict[str, np.ndarray], state: np.ndarray, instructions: list[str]
+        self,
+        images: dict[str, np.ndarray],
+        state: np.ndarray,
+        instructions: list[str],
+        prefix: np.ndarray | None = None,
+        prefix_mask: np.ndarray | None = None,
     ) -> np.ndarray:
         self.calls += 1
-        chunk = super().infer(images, state, instructions)
+        chunk = super().infer(images, state, instructions, prefix, prefix_mask)
         if self.calls in self.emitting:
             chunk[:, 0, self.component] = self.value
         return chunk

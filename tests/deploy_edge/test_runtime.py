@@ -158,12 +158,17 @@ class StallingExport(ExportedPolicy):
         self.calls, self.stall_on, self.seconds = 0, stall_on, seconds
 
     def infer(
-        self, images: dict[str, np.ndarray], state: np.ndarray, instructions: list[str]
+        self,
+        images: dict[str, np.ndarray],
+        state: np.ndarray,
+        instructions: list[str],
+        prefix: np.ndarray | None = None,
+        prefix_mask: np.ndarray | None = None,
     ) -> np.ndarray:
         self.calls += 1
         if self.calls in self.stall_on:
             time.sleep(self.seconds)
-        return super().infer(images, state, instructions)
+        return super().infer(images, state, instructions, prefix, prefix_mask)
 
 
 @pytest.mark.parametrize(("allowed", "passed"), [(1, False), (2, True)])

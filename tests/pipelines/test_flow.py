@@ -429,7 +429,7 @@ def test_a_candidate_worse_than_the_champion_on_the_same_seeds_is_not_promoted(
     champion on the same seeds, so the champion stays."""
     from pipelines.registry.tags import COMPARISON_TAG, OUTCOMES_TAG
     from pipelines.registry.versions import champion, get_version
-    from stages.policy.base import OnnxPolicy
+    from stages.policy.onnx_graph import OnnxPolicy
 
     real_forward = OnnxPolicy.forward
 

@@ -64,9 +64,10 @@ def test_export_parity_spec_and_files(
     assert spec.parity == ref.parity and spec.checkpoint_hash == ref.checkpoint_hash
     assert (spec.format, spec.format_version, spec.onnx_file) == (
         "robo-pipe-onnx",
-        3,
+        4,  # 4: a delay-conditioned policy's prefix inputs (none here)
         "policy.onnx",
     )
+    assert spec.prefix_ticks == 0 and "prefix" not in spec.input_names
     assert spec.robot == "rp5", "the robot the checkpoint was made for"
     assert ExportRef.from_json(ref.to_json()) == ref
     reference = np.load(tmp_path / "export" / "reference.npz")

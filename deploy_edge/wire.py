@@ -300,6 +300,9 @@ class PolicyInfo(Record):
     """Images are ``(image_size, image_size, 3)`` uint8."""
     error: str = ""
     """Why nothing can be served now ("" when it can)."""
+    prefix_ticks: int = 0
+    """A delay-conditioned version: the committed actions it takes with each observation
+    (:attr:`ObservationFrame.prefix`); 0: none (and every server before it)."""
 
 
 @dataclass
@@ -315,6 +318,11 @@ class ObservationFrame(Record):
     """``(state_dim,)``, robot units."""
     images: dict[str, EncodedImage]
     """By camera name."""
+    prefix: list[list[float]] = field(default_factory=list)
+    """For a delay-conditioned version: the committed prefix ``(chunk_len, action_dim)``,
+    robot units (:func:`deploy_edge.async_loop.committed_prefix`); empty: none."""
+    prefix_mask: list[float] = field(default_factory=list)
+    """``(chunk_len,)``: 1 for each committed action; empty: none."""
 
 
 @dataclass

@@ -129,6 +129,7 @@ def _policy_info(deployer: Deployer) -> PolicyInfo:
         state_dim=policy.state_dim,
         cameras=list(policy.cameras),
         image_size=policy.image_size,
+        prefix_ticks=policy.prefix_ticks,
     )
 
 
@@ -150,7 +151,13 @@ def _serve_one(deployer: Deployer, text: str) -> ChunkFrame:
         start = time.perf_counter()
         if delay_ms := float(os.environ.get(DELAY_ENV, "0")):
             time.sleep(delay_ms / 1000.0)
-        chunk = policy.infer(images, state, [frame.instruction])[0]
+        committed = {}
+        if frame.prefix and frame.prefix_mask:  # what the robot executes while this infers
+            committed = {
+                "prefix": np.asarray([frame.prefix], dtype=np.float32),
+                "prefix_mask": np.asarray([frame.prefix_mask], dtype=np.float32),
+            }
+        chunk = policy.infer(images, state, [frame.instruction], **committed)[0]
         inference_ms = (time.perf_counter() - start) * 1000.0
         if refused := action_fault(spec, "actions", chunk):
             return ChunkFrame(frame_id, observed_at, error=f"refused: the policy's {refused}")

@@ -55,15 +55,24 @@ class RemotePolicy:
         self._ids = itertools.count(1)
         self.info = self._connect()
         self.chunk_len = self.info.chunk_len
+        self.prefix_ticks = self.info.prefix_ticks
+        """The served version is delay-conditioned: :meth:`infer` sends the committed prefix."""
         self.version = self.info.version
         """The version of the last chunk (the first frame's before any)."""
 
     def infer(
-        self, images: dict[str, np.ndarray], state: np.ndarray, instructions: list[str]
+        self,
+        images: dict[str, np.ndarray],
+        state: np.ndarray,
+        instructions: list[str],
+        prefix: np.ndarray | None = None,
+        prefix_mask: np.ndarray | None = None,
     ) -> np.ndarray:
         """Mean action chunk, float32 ``(1, chunk_len, action_dim)``, robot units, for a batch
-        of one: images uint8 ``(1, H, W, 3)`` by camera, state ``(1, state_dim)``. Raises on
-        any failure (after dropping the socket, so the next call reconnects)."""
+        of one: images uint8 ``(1, H, W, 3)`` by camera, state ``(1, state_dim)``; for a
+        delay-conditioned version the committed prefix (``(1, chunk_len, action_dim)``,
+        ``(1, chunk_len)``). Raises on any failure (after dropping the socket, so the next call
+        reconnects)."""
         if len(instructions) != 1 or state.shape[0] != 1:
             raise ValueError(f"RemotePolicy infers a batch of 1, got {len(instructions)}")
         # The wire carries uint8 pixels: a NaN image would arrive as some colour, unrefused.
@@ -76,6 +85,9 @@ class RemotePolicy:
             state=[float(x) for x in state[0]],
             images={camera: encode_image(image[0]) for camera, image in images.items()},
         )
+        if prefix is not None and prefix_mask is not None:
+            frame.prefix = np.asarray(prefix[0], dtype=np.float32).tolist()
+            frame.prefix_mask = np.asarray(prefix_mask[0], dtype=np.float32).tolist()
         try:
             if self._socket is None:
                 self._connect()

@@ -4,6 +4,7 @@ export, the asynchronous runtime and the simulated delay alike."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Literal
@@ -234,3 +235,33 @@ def test_bc_on_simulated_delays_learns_to_use_the_committed_prefix(
     error_untold = float(np.abs((untold[:, :2] - truth) * valid).mean())
     print(f"committed actions' error: told {error_told:.4f}, not told {error_untold:.4f}")
     assert error_told < 0.9 * error_untold  # measured: 0.81 (without delays in training: 1.0)
+
+
+def test_the_policy_server_passes_the_committed_prefix_to_a_conditioned_version(
+    conditioned: tuple[Path, Path],
+) -> None:
+    """The agent's policy server (``WS /policy``) answers a frame that carries the prefix with
+    the chunk the engine gives that prefix, and announces that the version takes one. The
+    deployer is reduced to the policy it serves: the frame handling is what is tested."""
+    from deploy_edge.agent.policy_server import _policy_info, _serve_one
+    from deploy_edge.wire import ChunkFrame, ObservationFrame, encode_image, frame_text
+
+    exported = ExportedPolicy(conditioned[1])
+    serving = type("Serving", (), {"serving_policy": lambda _: (exported, "tiny:1", RP5)})()
+    assert _policy_info(serving).prefix_ticks == PREFIX
+    obs = observation(1)
+    prefix = np.full((CHUNK, 6), 0.01, np.float32)
+    mask = np.array([1, 1, 0, 0, 0, 0], np.float32)
+    frame = ObservationFrame(
+        1, 0.0, "touch the red cube", obs.state[0].tolist(),
+        {"scene": encode_image(obs.images["scene"][0])},
+        prefix=prefix.tolist(), prefix_mask=mask.tolist(),
+    )  # fmt: skip
+    told = ChunkFrame.from_json(json.loads(frame_text(_serve_one(serving, frame_text(frame)))))
+    assert not told.error, told.error
+    expected = exported.infer(obs.images, obs.state, obs.instruction, prefix[None], mask[None])
+    assert np.allclose(told.actions, expected[0], atol=1e-6)
+    frame.prefix, frame.prefix_mask = [], []
+    untold = _serve_one(serving, frame_text(frame))
+    assert np.allclose(untold.actions, exported.infer(obs.images, obs.state, obs.instruction)[0])
+    assert not np.allclose(untold.actions, told.actions, atol=1e-3)

@@ -20,7 +20,7 @@ swapped in (:func:`~robo_pipe.atomic.replace_dir`): a corrupt checkpoint, a fail
 check, a full disk or a kill leave ``out`` as it was. An ``out`` that already holds a verified
 export of this very checkpoint (same hash, rate and parity inputs) is returned as it is.
 
-The graph comes from the policy's ``as_onnx()`` wrapper through the dynamo exporter (opset 18+)
+The graph comes from the policy's ``as_onnx(policy)`` wrapper through the dynamo exporter (opset 18+)
 with a dynamic batch axis, its weights in external data (``policy.onnx.data``: a graph past
 2 GB cannot hold them in the protobuf). Parity against torch is measured on random inputs and
 reported. A policy with ``separate_instruction_graph`` is exported as two graphs: the
@@ -97,7 +97,7 @@ from stages.policy.checkpoint import (
     read_policy_meta,
     verify_checkpoint,
 )
-from stages.policy.onnx_graph import OnnxInstructionEncoder, OnnxPolicy
+from stages.policy.onnx_graph import OnnxInstructionEncoder, OnnxPolicy, as_onnx
 from stages.policy.types import BaseRef
 
 
@@ -162,7 +162,7 @@ def export(
     import onnxruntime as ort
 
     policy = load_policy(checkpoint, verified).eval()
-    wrapper = policy.as_onnx().eval()
+    wrapper = as_onnx(policy).eval()
     discard_dead_temporaries(out.parent, of=out.name)  # killed exports' (never a live one's)
     staging = temporary_path(out)
     with writing(out, staging, kept=f"{out} is as it was"):

@@ -24,24 +24,19 @@ vector per action query); the heads, normalisation, LoRA, distribution and expor
 
 from __future__ import annotations
 
-import copy
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field, replace
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 import torch
 from peft import LoraConfig, inject_adapter_in_model
-from peft.tuners.lora import LoraLayer
 from torch import nn
 from torch.distributions import Normal
 
 from sim_scenes.batched_env import BatchedObservation
 from stages.dataset.layout import ACTION_KEY, ENV_STATE_KEY, STATE_KEY
 from stages.policy.config import LoraSettings, VLAConfig
-
-if TYPE_CHECKING:
-    from stages.policy.onnx_graph import OnnxPolicy
 
 Tensor = torch.Tensor
 Images = dict[str, torch.Tensor]
@@ -336,15 +331,3 @@ class VLAPolicy(nn.Module, ABC):
         trainable = sum(p.numel() for p in self.parameters() if p.requires_grad)
         total = sum(p.numel() for n, p in self.named_parameters() if "lora_" not in n)
         return trainable, total
-
-    # -- export --------------------------------------------------------------------------------
-
-    def as_onnx(self) -> OnnxPolicy:
-        """A copy with LoRA merged into the base weights, wrapped for ``torch.onnx.export``."""
-        model = copy.deepcopy(self).eval()
-        for module in model.modules():
-            if isinstance(module, LoraLayer):
-                module.merge()
-        from stages.policy.onnx_graph import OnnxPolicy  # it builds on this module
-
-        return OnnxPolicy(model)

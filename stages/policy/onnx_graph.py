@@ -4,13 +4,25 @@ output names, shapes and units."""
 
 from __future__ import annotations
 
+import copy
 from typing import ClassVar, Protocol, cast
 
 import numpy as np
 import torch
+from peft.tuners.lora import LoraLayer
 from torch import nn
 
 from stages.policy.base import Encoded, Images, Tensor, VLAPolicy
+
+
+def as_onnx(policy: VLAPolicy) -> OnnxPolicy:
+    """A copy of ``policy`` with LoRA merged into the base weights, wrapped for
+    ``torch.onnx.export``."""
+    model = copy.deepcopy(policy).eval()
+    for module in model.modules():
+        if isinstance(module, LoraLayer):
+            module.merge()
+    return OnnxPolicy(model)
 
 
 class InstructionEncoding(Protocol):

@@ -47,6 +47,7 @@ from stages.dataset.layout import DatasetRef
 from stages.export import ExportRef
 from stages.policy.checkpoint import load_policy, save_new_policy
 from stages.policy.config import PolicyConfig
+from stages.policy.onnx_graph import as_onnx
 from tests.deploy_edge.test_deployer import device_config, keys
 from tests.deploy_edge.test_release import Member, _rewrite
 
@@ -163,7 +164,7 @@ def test_the_exports_parity_runs_the_instruction_graph(pretrained_export: Path) 
     from stages.export.parity import measure_parity, random_inputs
 
     policy = load_policy(pretrained_export.parent / "ckpt").eval()
-    wrapper = policy.as_onnx().eval()
+    wrapper = as_onnx(policy).eval()
     cpu = ["CPUExecutionProvider"]
     session = ort.InferenceSession(str(pretrained_export / ONNX_FILE), providers=cpu)
     encoder = ort.InferenceSession(str(pretrained_export / INSTRUCTION_FILE), providers=cpu)

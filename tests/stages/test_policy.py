@@ -44,6 +44,7 @@ from stages.policy.checkpoint import (
     verify_checkpoint,
 )
 from stages.policy.config import LoraSettings, PolicyConfig, VLAConfig
+from stages.policy.onnx_graph import as_onnx
 from stages.policy.tokenizer import InstructionTokenizer
 from stages.policy.types import BaseRef
 from tests.robo_pipe.test_atomic import kill_at_every_step
@@ -367,7 +368,7 @@ def test_onnx_wrapper_merges_lora_and_matches_the_policy() -> None:
         for name, param in policy.named_parameters():
             if "lora_B" in name:
                 param.normal_(std=0.1)
-    wrapper = policy.as_onnx()
+    wrapper = as_onnx(policy)
     assert wrapper.input_names == ["image_scene", "state", "tokens", "token_mask"]
     assert wrapper.output_names == ["actions", "action_std"]
     inputs = wrapper.dummy_inputs(batch=2)

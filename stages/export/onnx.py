@@ -20,7 +20,7 @@ swapped in (:func:`~robo_pipe.atomic.replace_dir`): a corrupt checkpoint, a fail
 check, a full disk or a kill leave ``out`` as it was. An ``out`` that already holds a verified
 export of this very checkpoint (same hash, rate and parity inputs) is returned as it is.
 
-The graph comes from the policy's ``as_onnx(policy)`` wrapper through the dynamo exporter (opset 18+)
+The graph comes from the policy's ``as_onnx`` wrapper through the dynamo exporter (opset 18+)
 with a dynamic batch axis, its weights in external data (``policy.onnx.data``: a graph past
 2 GB cannot hold them in the protobuf). Parity against torch is measured on random inputs and
 reported. A policy with ``separate_instruction_graph`` is exported as two graphs: the

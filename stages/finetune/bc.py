@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from robots.spec import get_robot
 from stages.finetune.checkpoints import (
     commit_checkpoint,
     latest_checkpoint,
@@ -176,6 +177,8 @@ def bc_loss(
     )
     target = policy.normalize_actions(torch.as_tensor(batch["actions"]))
     valid = torch.as_tensor(batch["action_valid"], dtype=torch.float32)[..., None]
+    if "prefix_mask" in batch:  # the committed actions are given, not predicted
+        valid = valid * (1.0 - torch.as_tensor(batch["prefix_mask"])[..., None])
     denom = valid.sum() * target.shape[-1]
     action_loss = ((out.mean - target) ** 2 * valid).sum() / denom
     std = out.log_std.exp()
@@ -202,7 +205,7 @@ def train_bc(job: BCJob, rank: int = 0, world_size: int = 1) -> None:
     if job.threads:
         torch.set_num_threads(job.threads)
     torch.manual_seed(job.seed)  # identical initial weights on every rank
-    data = load_bc_data(job.datasets, tuple(job.cameras), _chunk_len(job))
+    data = load_bc_data(job.datasets, tuple(job.cameras), _chunk_len(job), _held(job))
     policy, base = build_policy(job, data)
     tokens, token_mask = (torch.as_tensor(a) for a in policy.tokenizer(data.instructions))
     params = {n: p for n, p in policy.named_parameters() if p.requires_grad}
@@ -256,6 +259,15 @@ def train_bc(job: BCJob, rank: int = 0, world_size: int = 1) -> None:
                 _checkpoint(out, policy, base, optimizer, names, done, job, data)
             if world_size > 1:
                 torch.distributed.barrier()
+
+
+def _held(job: BCJob) -> np.ndarray | None:
+    """``finetune.bc.after_end: hold``: the robot's step (``delta``) components, held at 0 past
+    an episode's end; None: masked."""
+    if job.bc.after_end != "hold":
+        return None
+    spec = get_robot(job.robot)
+    return np.array([kind == "delta" for kind in spec.action.kinds])
 
 
 def _chunk_len(job: BCJob) -> int:

@@ -30,6 +30,12 @@ class BCConfig(BaseModel):
     """Weight of the auxiliary loss (the named object's (x, y) from the vision tokens)."""
     image_shift: int = Field(default=2, ge=0, le=16)
     """Random image translation augmentation, ± pixels."""
+    after_end: Literal["masked", "hold"] = "masked"
+    """A chunk's positions past its episode's end. ``masked``: not trained (LeRobot's
+    padding). ``hold``: trained as holding still (the robot's ``delta`` components 0, the rest
+    the episode's last action): what the robot should do once the task is done, and what an
+    asynchronous loop at a long delay executes of an episode's first chunk (its first ``d``
+    actions are past when it arrives). ``benchmarks/delay.py`` measures it."""
     workers: int = Field(default=1, ge=0, le=1024)
     """Ray Train workers (DDP when > 1); 0 trains in the calling process without Ray."""
     checkpoint_every: int = Field(default=250, ge=1)

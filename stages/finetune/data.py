@@ -73,7 +73,8 @@ def simulated_delays(
     ``prefix_mask`` float32 ``(B, chunk_len)``."""
     actions, valid = batch["actions"], batch["action_valid"]
     n, length, _ = actions.shape
-    delays = rng.integers(0, max_ticks + 1, size=n)
+    # Half the samples with nothing committed: a sync loop, and every episode's first chunk.
+    delays = np.where(rng.random(n) < 0.5, 0, rng.integers(1, max_ticks + 1, size=n))
     mask = (np.arange(length)[None, :] < delays[:, None]) & valid
     prefix = np.where(mask[..., None], actions, 0.0).astype(np.float32)
     return {"prefix": prefix, "prefix_mask": mask.astype(np.float32)}
@@ -89,11 +90,13 @@ def _random_shift(images: np.ndarray, rng: np.random.Generator, shift: int) -> n
 
 
 def chunk_targets(
-    actions: np.ndarray, episode: np.ndarray, chunk_len: int
+    actions: np.ndarray, episode: np.ndarray, chunk_len: int, hold: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """Action chunks ``(N, chunk_len, A)`` and their validity ``(N, chunk_len)`` from per-frame
     actions ``(N, A)`` in episode order; positions past an episode's end repeat its last action
-    and are marked invalid."""
+    and are marked invalid. With ``hold`` (bool ``(A,)``: the components that are steps, the
+    robot's ``delta`` ones), they are holding still instead, and valid: those components 0,
+    the rest the last action (``finetune.bc.after_end: hold``)."""
     n = len(actions)
     offsets = np.arange(n)[:, None] + np.arange(chunk_len)[None, :]
     clipped = np.minimum(offsets, n - 1)
@@ -101,7 +104,11 @@ def chunk_targets(
     # Invalid positions point at the frame itself's episode end: walk back to the last valid one.
     last_valid = np.where(valid, offsets, -1).max(axis=1, keepdims=True)
     index = np.where(valid, clipped, last_valid)
-    return actions[index].astype(np.float32), valid
+    chunks = actions[index].astype(np.float32)
+    if hold is None:
+        return chunks, valid
+    chunks[~valid] = np.where(hold, 0.0, chunks[~valid])
+    return chunks, np.ones_like(valid)
 
 
 def merge_stats(all_stats: list[dict[str, Any]], keys: tuple[str, ...]) -> dict[str, Any]:
@@ -125,8 +132,14 @@ def merge_stats(all_stats: list[dict[str, Any]], keys: tuple[str, ...]) -> dict[
     return merged
 
 
-def load_bc_data(paths: list[str] | list[Path], cameras: tuple[str, ...], chunk_len: int) -> BCData:
-    """Load and concatenate datasets (each validated by :func:`open_dataset`).
+def load_bc_data(
+    paths: list[str] | list[Path],
+    cameras: tuple[str, ...],
+    chunk_len: int,
+    hold: np.ndarray | None = None,
+) -> BCData:
+    """Load and concatenate datasets (each validated by :func:`open_dataset`); ``hold``: the
+    action components held still past an episode's end (:func:`chunk_targets`), None: masked.
 
     Raises:
         DatasetError: a dataset is invalid, lacks a camera the policy needs, or the datasets
@@ -147,7 +160,7 @@ def load_bc_data(paths: list[str] | list[Path], cameras: tuple[str, ...], chunk_
                 "policy's cameras come from scene.cameras"
             )
         frames = dataset.frames()
-        a, v = chunk_targets(frames[ACTION_KEY], frames["episode_index"], chunk_len)
+        a, v = chunk_targets(frames[ACTION_KEY], frames["episode_index"], chunk_len, hold)
         actions.append(a)
         valid.append(v)
         state.append(frames[STATE_KEY].astype(np.float32))

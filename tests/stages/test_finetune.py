@@ -83,6 +83,17 @@ def test_chunk_targets_stop_at_episode_ends() -> None:
     ]
 
 
+def test_chunk_targets_past_the_end_hold_still_when_asked() -> None:
+    """``finetune.bc.after_end: hold``: past the episode's end the step components are 0, the
+    others the last action, and every position trains."""
+    actions = np.array([[1.0, 10.0], [2.0, 20.0], [3.0, 30.0], [4.0, 40.0]], dtype=np.float32)
+    episode = np.array([0, 0, 1, 1])
+    chunks, valid = chunk_targets(actions, episode, 3, hold=np.array([True, False]))
+    assert valid.all()
+    assert chunks[1].tolist() == [[2, 20], [0, 20], [0, 20]]  # the episode's last, then still
+    assert chunks[2].tolist() == [[3, 30], [4, 40], [0, 40]]
+
+
 def test_merged_stats_equal_the_stats_of_the_concatenation() -> None:
     rng = np.random.default_rng(0)
     a, b = rng.normal(1, 2, (100, 3)), rng.normal(-1, 0.5, (300, 3))

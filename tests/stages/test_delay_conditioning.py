@@ -223,11 +223,11 @@ def test_bc_on_simulated_delays_trains_the_prefix_encoder_and_not_on_committed_a
     torch.manual_seed(job.seed)  # as train_bc starts: the same initial weights
     initial, _ = build_policy(job, data)
     assert initial.prefix_encoder is not None
-    first = initial.prefix_encoder[0].weight.detach().clone()
+    first = next(initial.prefix_encoder.parameters()).detach().clone()  # its first layer's weight
     train_bc(job)
     trained = load_policy(tmp_path / "bc" / "step-0000020").prefix_encoder
     assert trained is not None
-    ratio = (trained[0].weight.detach() / first).flatten()
+    ratio = (next(trained.parameters()).detach() / first).flatten()
     assert float(ratio.std()) > 1e-3, "the prefix inputs were never fed"
 
     batch = data.batch(np.arange(16), np.random.default_rng(0), 0)

@@ -131,19 +131,15 @@ class OnnxPolicy(nn.Module):
         policy that is not delay-conditioned)."""
         if not self.conditioned:
             return {}
-        return no_prefix(batch, self.policy.cfg.chunk_len, self.policy.cfg.action_dim)
+        cfg = self.policy.cfg
+        return {
+            "prefix": np.zeros((batch, cfg.chunk_len, cfg.action_dim), np.float32),
+            "prefix_mask": np.zeros((batch, cfg.chunk_len), np.float32),
+        }
 
 
 PREFIX_INPUTS = ["prefix", "prefix_mask"]
 """The inputs a delay-conditioned policy graph adds (:class:`OnnxPolicy`)."""
-
-
-def no_prefix(batch: int, chunk_len: int, action_dim: int) -> dict[str, np.ndarray]:
-    """:data:`PREFIX_INPUTS` for ``batch`` observations with nothing committed: zeros."""
-    return {
-        "prefix": np.zeros((batch, chunk_len, action_dim), np.float32),
-        "prefix_mask": np.zeros((batch, chunk_len), np.float32),
-    }
 
 
 class OnnxInstructionEncoder(nn.Module):

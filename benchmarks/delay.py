@@ -8,7 +8,10 @@ episode's end (``finetune.bc.after_end: hold``):
 
 - **today's**: behaviour cloning as the pipeline trains it;
 - **delay-conditioned** (``policy.prefix_ticks``): the same, on simulated inference delays of
-  0..``--prefix`` ticks, told the committed prefix (training-time real-time chunking).
+  0..``--prefix`` ticks, told the committed prefix (training-time real-time chunking);
+- with ``--rl SECONDS``, **delay-conditioned + PPO**: that BC warm start, then PPO for SECONDS
+  whose rollouts play the delays too (:mod:`stages.finetune.committed`), with the RL demo's
+  progress shaping.
 
 Each is played on the same ``--episodes`` held-out seeds (touch-single-shifted) at zero delay,
 then at ``d`` ticks of inference (``--delays``), asynchronous (the runtime's queue, anchoring and
@@ -106,6 +109,7 @@ def main() -> None:
     parser.add_argument("--delays", type=int, nargs="+", help="ticks played (3 12; quick 3)")
     parser.add_argument("--episodes", type=int, help="held-out seeds (200; quick 40)")
     parser.add_argument("--steps", type=int, help="BC steps (quickstart's 1000; quick 300)")
+    parser.add_argument("--rl", type=float, metavar="SECONDS", help="also PPO with delays")
     parser.add_argument("--home", type=Path, help="a home to train in (default: a temporary one)")
     args = parser.parse_args()
     chunk = args.chunk_len or (8 if args.quick else 24)
@@ -126,10 +130,25 @@ def main() -> None:
         ]
         today = finetune(home, common)
         conditioned = finetune(home, [*common, f"policy.prefix_ticks={prefix}"])
+        rl = None
+        if args.rl:  # the same BC warm start (reused), then PPO playing delays
+            rl = finetune(
+                home,
+                [
+                    *common,
+                    f"policy.prefix_ticks={prefix}",
+                    "finetune.algo=ppo",
+                    "finetune.rl.iterations=1000000",
+                    f"finetune.rl.time_budget_s={args.rl}",
+                    "scene.reward.progress_weight=2.0",
+                ],
+            )
         out = Path(tmp) / "eval"
         figures = {"chunk_len": str(chunk), "prefix_ticks": str(prefix), "episodes": str(episodes)}
         figures |= played(today, "today", out, episodes, delays)
         figures |= played(conditioned, "conditioned", out, episodes, delays)
+        if rl is not None:
+            figures |= played(rl, "conditioned_ppo", out, episodes, delays)
     figures["minutes"] = f"{(time.perf_counter() - start) / 60:.1f}"
     print(" ".join(f"{k}={v}" for k, v in figures.items()))
 

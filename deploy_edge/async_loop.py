@@ -112,7 +112,13 @@ def trigger_threshold(chunk_len: int, d: int, blend_ticks: int | None = None) ->
 
 
 def committed_prefix(
-    queue: ChunkQueue, now: int, d: int, spec: RobotSpec, state: np.ndarray, chunk_len: int
+    queue: ChunkQueue,
+    now: int,
+    d: int,
+    spec: RobotSpec,
+    state: np.ndarray,
+    chunk_len: int,
+    trained: int,
 ) -> tuple[np.ndarray, np.ndarray]:
     """What a delay-conditioned policy is told when an inference starts on the observation of
     tick ``now`` (state ``state``) and takes ``d`` ticks: the targets ``queue`` plans for ticks
@@ -121,10 +127,12 @@ def committed_prefix(
     (:meth:`~robots.spec.RobotSpec.chunk_from_targets`). Returns ``prefix`` float32
     ``(chunk_len, action_dim)`` (zeros past what is committed) and ``prefix_mask`` float32
     ``(chunk_len,)`` (1 for each committed action; a tick with nothing planned, the robot
-    holding, ends the prefix)."""
+    holding, ends the prefix). At most ``trained`` actions (the policy's ``prefix_ticks``): a
+    longer prefix is one it never saw in training, and the first ``trained`` of it are the
+    ones its chunk continues from (the blend joins the rest)."""
     planned = {p.tick: p.action for p in queue.planned}
     targets = []
-    for tick in range(now, now + min(d, chunk_len)):
+    for tick in range(now, now + min(d, trained, chunk_len)):
         if tick not in planned:
             break
         targets.append(planned[tick])
@@ -346,7 +354,7 @@ class AsyncControlLoop(ClosedOnExit):
             if prefix_ticks(self.policy):  # what the robot executes while this one infers
                 prefix, mask = committed_prefix(
                     self.queue, now, self.inference_ticks, self.robot.spec, obs.state,
-                    self.policy.chunk_len,
+                    self.policy.chunk_len, prefix_ticks(self.policy),
                 )  # fmt: skip
                 committed = {"prefix": prefix[None], "prefix_mask": mask[None]}
             self._pending = self._worker.submit(

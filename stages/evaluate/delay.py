@@ -235,7 +235,7 @@ class DelayedActor:
         inference now (async: what its queue plans for the ``d`` ticks the inference takes, as
         the runtime sends it; sync: nothing, the robot holds); no keywords for another
         policy."""
-        if not prefix_ticks(self.policy):
+        if not (trained := prefix_ticks(self.policy)):
             return {}
         n, length = len(wants), self.policy.chunk_len
         prefix = np.zeros((n, length, self.spec.action.dim), np.float32)
@@ -243,8 +243,9 @@ class DelayedActor:
         if self.plan.mode == "async":
             for e in (e for e in range(n) if wants[e]):
                 prefix[e], mask[e] = committed_prefix(
-                    self.queues[e], self.tick[e], self.plan.ticks, self.spec, obs.state[e], length
-                )
+                    self.queues[e], self.tick[e], self.plan.ticks, self.spec, obs.state[e],
+                    length, trained,
+                )  # fmt: skip
         return {"prefix": prefix, "prefix_mask": mask}
 
     def _receive(self, e: int) -> None:

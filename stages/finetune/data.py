@@ -62,6 +62,15 @@ class BCData:
         return out
 
 
+def draw_delays(rng: np.random.Generator, n: int, max_ticks: int) -> np.ndarray:
+    """``n`` inference delays (ticks, int64 ``(n,)``) for delay-conditioned training, BC's and
+    RL's: none for half of them (a sync loop, and every episode's first chunk), else uniform
+    over 1..``max_ticks``."""
+    if max_ticks < 1:
+        return np.zeros(n, np.int64)
+    return np.where(rng.random(n) < 0.5, 0, rng.integers(1, max_ticks + 1, size=n))
+
+
 def simulated_delays(
     batch: dict[str, Any], rng: np.random.Generator, max_ticks: int
 ) -> dict[str, np.ndarray]:
@@ -73,8 +82,7 @@ def simulated_delays(
     ``prefix_mask`` float32 ``(B, chunk_len)``."""
     actions, valid = batch["actions"], batch["action_valid"]
     n, length, _ = actions.shape
-    # Half the samples with nothing committed: a sync loop, and every episode's first chunk.
-    delays = np.where(rng.random(n) < 0.5, 0, rng.integers(1, max_ticks + 1, size=n))
+    delays = draw_delays(rng, n, max_ticks)
     mask = (np.arange(length)[None, :] < delays[:, None]) & valid
     prefix = np.where(mask[..., None], actions, 0.0).astype(np.float32)
     return {"prefix": prefix, "prefix_mask": mask.astype(np.float32)}

@@ -137,7 +137,8 @@ class GRPO(RLAlgorithm):
         count = 0
         for mb in minibatches(decisions, self.cfg.minibatch_size, self.cfg.epochs, self.rng):
             index = torch.as_tensor(mb)
-            dist = chunk_distribution(self.policy(**batch.observations(mb)), 1)
+            obs = batch.observations(mb)
+            dist = chunk_distribution(self.policy(**obs), 1, obs.get("prefix_mask"))
             logp = dist.log_prob(actions[index]).sum(dim=(1, 2))
             policy_loss, clip_frac = clipped_objective(
                 logp, old_logp[index], adv[index], self.cfg.clip, self.cfg.clip_high

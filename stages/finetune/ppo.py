@@ -164,8 +164,9 @@ class PPO(RLAlgorithm):
         count = 0
         for mb in minibatches(decisions, self.cfg.minibatch_size, self.cfg.epochs, self.rng):
             index = torch.as_tensor(mb)
-            out = self.policy(**flat.observations(mb))
-            dist = chunk_distribution(out, self.horizon)
+            obs = flat.observations(mb)
+            out = self.policy(**obs)
+            dist = chunk_distribution(out, self.horizon, obs.get("prefix_mask"))
             logp = dist.log_prob(actions[index]).sum(dim=(1, 2))
             policy_loss, clip_frac = clipped_objective(
                 logp, old_logp[index], adv[index], self.cfg.clip

@@ -35,9 +35,10 @@ from torch.distributions import Normal
 
 from robots.spec import get_robot
 from sim_scenes.backends import open_env
-from sim_scenes.batched_env import BatchedObservation
+from sim_scenes.batched_env import BatchedObservation, StepResult
 from sim_scenes.config import SceneConfig, SimConfig
 from sim_scenes.episodes import play_episodes
+from stages.finetune.committed import CommittedActions
 from stages.finetune.heads import ValueHead
 from stages.finetune.rounds import GroupRollout, Rollout
 from stages.policy.base import PolicyOutput, VLAPolicy
@@ -61,10 +62,27 @@ def rl_parameters(policy: VLAPolicy) -> dict[str, torch.nn.Parameter]:
     }
 
 
-def chunk_distribution(out: PolicyOutput, horizon: int) -> Normal:
-    """The Gaussian over the executed prefix of the action chunk, normalised units, batch
-    shape ``(B, horizon, action_dim)``."""
-    mean = out.mean[:, :horizon]
+def decision_mean(
+    out: PolicyOutput, horizon: int, prefix_mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The chunk's mean over a decision's actions, ``(B, horizon, action_dim)`` normalised:
+    its first ``horizon`` positions, or with ``prefix_mask`` ``(B, chunk_len)`` (the committed
+    prefix the policy was given, :mod:`stages.finetune.committed`) the ``horizon`` after each
+    sample's committed ones."""
+    if prefix_mask is None:
+        return out.mean[:, :horizon]
+    start = prefix_mask.sum(dim=1).round().long()
+    positions = start[:, None] + torch.arange(horizon, device=start.device)[None, :]
+    index = positions[..., None].expand(-1, -1, out.mean.shape[-1])
+    return out.mean.gather(1, index)
+
+
+def chunk_distribution(
+    out: PolicyOutput, horizon: int, prefix_mask: torch.Tensor | None = None
+) -> Normal:
+    """The Gaussian over a decision's actions (:func:`decision_mean`), normalised units,
+    batch shape ``(B, horizon, action_dim)``."""
+    mean = decision_mean(out, horizon, prefix_mask)
     return Normal(mean, out.log_std.exp().expand_as(mean))
 
 
@@ -128,12 +146,12 @@ class RolloutWorker(PoolWorker):
         self.reference = load_policy(checkpoint).eval() if kl_anchor else None
         width = self.policy.action_head.in_features
         self.value = ValueHead(width).eval() if value_head else None
-        cfg = self.policy.cfg
+        cfg, self.spec = self.policy.cfg, get_robot(robot)
         self.scene = scene.model_copy(
             update={"cameras": list(cfg.cameras), "image_size": cfg.image_size}
         )
         self.env = open_env(
-            get_robot(robot),
+            self.spec,
             self.scene.rl_task(),
             sim.model_copy(update={"num_threads": threads}),
             num_envs=num_envs,
@@ -142,8 +160,20 @@ class RolloutWorker(PoolWorker):
             autoreset=not episodic,
         )
         self.horizon, self.gamma = horizon, gamma
-        rng = np.random.default_rng([seed, worker_id])
-        self.obs = self.env.reset([int(s) for s in rng.integers(0, 2**31 - 1, num_envs)])
+        self.rng = np.random.default_rng([seed, worker_id])
+        """Episode seeds, then (a delay-conditioned policy) the delays episodes play."""
+        self.obs = self.env.reset([int(s) for s in self.rng.integers(0, 2**31 - 1, num_envs)])
+        self.committed = (
+            CommittedActions(
+                self.spec, num_envs, cfg.chunk_len, horizon, cfg.prefix_ticks, self.rng
+            )
+            if cfg.prefix_ticks and not episodic
+            else None
+        )
+        """A delay-conditioned policy's rollouts play delays (:mod:`stages.finetune.committed`);
+        GRPO's episodes (:meth:`play_groups`) keep theirs per call."""
+        if self.committed is not None:
+            self.committed.restart(range(num_envs), self.obs.state)
         self.version = -1
         """Which synced weights it holds; -1: none yet (the start checkpoint's own)."""
 
@@ -160,26 +190,37 @@ class RolloutWorker(PoolWorker):
         self.version = version
         return Ready(os.getpid())
 
-    def _act(self, obs: BatchedObservation) -> dict[str, torch.Tensor]:
-        """One decision in every environment: the sampled chunk prefix (normalised), its
+    def _inputs(self, obs: BatchedObservation, committed: dict[str, np.ndarray]) -> dict[str, Any]:
+        """The policy's keyword arguments for ``obs`` and the ``committed`` prefix (empty: no
+        delay)."""
+        inputs = self.policy.model_inputs(obs)
+        return inputs | {k: torch.as_tensor(v) for k, v in committed.items()}
+
+    def _act(
+        self, obs: BatchedObservation, committed: dict[str, np.ndarray] | None = None
+    ) -> dict[str, torch.Tensor]:
+        """One decision in every environment: its sampled actions (normalised; the chunk's
+        first ``horizon``, or the ``horizon`` after the ``committed`` prefix), their
         log-probability, the value of ``obs`` and the start policy's mean (when kept)."""
         with torch.inference_mode():
-            inputs = self.policy.model_inputs(obs)
+            inputs = self._inputs(obs, committed or {})
+            mask = inputs.get("prefix_mask")
             out = self.policy(**inputs)
-            dist = chunk_distribution(out, self.horizon)
+            dist = chunk_distribution(out, self.horizon, mask)
             action = dist.sample()
             decision = {"action": action, "logp": dist.log_prob(action).sum(dim=(1, 2))}
             if self.value is not None:
                 decision["value"] = self.value(pooled_features(out))
             if self.reference is not None:
-                decision["ref_mean"] = self.reference(**inputs).mean[:, : self.horizon]
+                decision["ref_mean"] = decision_mean(self.reference(**inputs), self.horizon, mask)
         return decision
 
-    def _value(self, obs: BatchedObservation) -> np.ndarray:
-        """The synced value head's estimate of ``obs``, float32 ``(N,)``."""
+    def _value(self, obs: BatchedObservation, committed: dict[str, np.ndarray]) -> np.ndarray:
+        """The synced value head's estimate of ``obs`` with its ``committed`` prefix, float32
+        ``(N,)``."""
         assert self.value is not None
         with torch.inference_mode():
-            out = self.policy(**self.policy.model_inputs(obs))
+            out = self.policy(**self._inputs(obs, committed))
             return self.value(pooled_features(out)).numpy()
 
     def weights(self) -> dict[str, np.ndarray]:
@@ -203,6 +244,7 @@ class RolloutWorker(PoolWorker):
         if weights is not None and version != self.version:
             self.set_weights(weights, version)
         obs_list: list[BatchedObservation] = [self.obs]
+        prefixes = [self.committed.prefix()] if self.committed is not None else []
         actions, logps, values, ref_means = [], [], [], []
         rewards, terminated, truncated = [], [], []
         success: list[bool] = []
@@ -213,11 +255,14 @@ class RolloutWorker(PoolWorker):
         )
         for _ in range(steps):
             tick = time.perf_counter()
-            decision = self._act(self.obs)
+            decision = self._act(self.obs, prefixes[-1] if prefixes else None)
             action = decision["action"]
             robot_units = self.policy.denormalize_actions(action).numpy()
             inference += time.perf_counter() - tick
+            if self.committed is not None:  # what executes now was committed d ticks ago
+                robot_units = self.committed.commit(robot_units)
             step_rewards, step_terminated, step_truncated = [], [], []
+            ended: set[int] = set()
             for k in range(self.horizon):
                 result = self.env.step(robot_units[:, k])
                 step_rewards.append(result.reward)
@@ -225,6 +270,7 @@ class RolloutWorker(PoolWorker):
                 step_truncated.append(result.truncated)
                 success += [bool(s) for s in result.final.success]
                 returns += [float(x) for x in result.final.episode_return]
+                ended |= {int(e) for e in result.final.env_ids}
             reward, solved, cut = chunk_transition(
                 np.stack(step_rewards),
                 np.stack(step_terminated),
@@ -233,6 +279,9 @@ class RolloutWorker(PoolWorker):
             )
             self.obs = result.obs
             obs_list.append(self.obs)
+            if self.committed is not None:  # a new episode: its own delay, nothing committed
+                self.committed.restart(sorted(ended), self.obs.state)
+                prefixes.append(self.committed.prefix())
             actions.append(action.numpy())
             logps.append(decision["logp"].numpy())
             if "value" in decision:
@@ -244,7 +293,7 @@ class RolloutWorker(PoolWorker):
             truncated.append(cut)
         if self.value is not None:  # the last observation's value bootstraps the round
             tick = time.perf_counter()
-            values.append(self._value(self.obs))
+            values.append(self._value(self.obs, prefixes[-1] if prefixes else {}))
             inference += time.perf_counter() - tick
         simulate = (
             self.env.timings.get("simulate", 0.0)
@@ -264,6 +313,8 @@ class RolloutWorker(PoolWorker):
             truncated=np.stack(truncated),
             value=np.stack(values).astype(np.float32) if values else None,
             ref_mean=np.stack(ref_means).astype(np.float32) if ref_means else None,
+            prefix=np.stack([p["prefix"] for p in prefixes]) if prefixes else None,
+            prefix_mask=np.stack([p["prefix_mask"] for p in prefixes]) if prefixes else None,
             success=success,
             episode_return=returns,
             env_steps=steps * self.env.num_envs * self.horizon,
@@ -287,21 +338,42 @@ class RolloutWorker(PoolWorker):
             self.set_weights(weights, version)
         episode_seeds = [s for s in seeds for _ in range(group_size)]
         records: dict[str, list[Any]] = {
-            k: [] for k in ("images", "state", "instruction", "action", "logp", "ref", "episode")
+            k: []
+            for k in (
+                *("images", "state", "instruction", "action", "logp", "ref", "episode"),
+                *("prefix", "prefix_mask"),
+            )
         }
         inference = 0.0
         decision: dict[str, torch.Tensor] = {}
         before = dict(self.env.timings)
+        cfg, n = self.policy.cfg, self.env.num_envs
+        committed = (  # a delay-conditioned policy plays delays (stages.finetune.committed)
+            CommittedActions(self.spec, n, cfg.chunk_len, 1, cfg.prefix_ticks, self.rng)
+            if cfg.prefix_ticks
+            else None
+        )
+        starting = set(range(self.env.num_envs))
+        """Environments whose next decision is their episode's first."""
+        given: dict[str, np.ndarray] = {}
 
         def act(_: Any, obs: BatchedObservation) -> np.ndarray:
-            nonlocal inference, decision
+            nonlocal inference, decision, given
+            if committed is not None:
+                committed.restart(sorted(starting), obs.state)
+                starting.clear()
+                given = committed.prefix()
             tick = time.perf_counter()
-            decision = self._act(obs)
+            decision = self._act(obs, given)
             robot_units = self.policy.denormalize_actions(decision["action"]).numpy()
             inference += time.perf_counter() - tick
+            if committed is not None:
+                robot_units = committed.commit(robot_units)
             return robot_units[:, 0]
 
-        def record(slots: list[int], obs: BatchedObservation, *_: Any) -> None:
+        def record(
+            slots: list[int], obs: BatchedObservation, _: np.ndarray, result: StepResult
+        ) -> None:
             playing = [e for e, i in enumerate(slots) if i >= 0]  # idle environments: no
             records["images"].append({c: v[playing] for c, v in obs.images.items()})
             records["state"].append(obs.state[playing])
@@ -310,7 +382,10 @@ class RolloutWorker(PoolWorker):
             records["logp"].append(decision["logp"].numpy()[playing])
             if "ref_mean" in decision:
                 records["ref"].append(decision["ref_mean"].numpy()[playing])
+            for key, value in given.items():
+                records[key].append(value[playing])
             records["episode"] += [slots[e] for e in playing]
+            starting.update(int(e) for e in result.final.env_ids)
 
         episodes = play_episodes(self.env, act, episode_seeds, on_step=record)
         tokens, mask = self.policy.tokenizer(records["instruction"])
@@ -333,6 +408,8 @@ class RolloutWorker(PoolWorker):
             success=np.array([e.success for e in episodes], bool),
             episode_return=np.array([e.episode_return for e in episodes], np.float32),
             ref_mean=np.concatenate(records["ref"]).astype(np.float32) if records["ref"] else None,
+            prefix=np.concatenate(records["prefix"]) if records["prefix"] else None,
+            prefix_mask=np.concatenate(records["prefix_mask"]) if records["prefix_mask"] else None,
             env_steps=sum(e.length for e in episodes),
             weights_version=self.version,
             seconds=seconds,

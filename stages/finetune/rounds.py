@@ -40,6 +40,12 @@ class PlayedRound:
     ref_mean: np.ndarray | None = None
     """float32, shaped like ``actions``: the start policy's mean at each decision (normalised
     units), when the workers record the KL anchor."""
+    prefix: np.ndarray | None = None
+    """float32 ``(*B, chunk_len, action_dim)``, robot units: the actions committed when each
+    observation was made, a delay-conditioned policy's input (:mod:`stages.finetune.committed`;
+    ``actions`` are the chunk's positions after them); None: a policy without (no delay)."""
+    prefix_mask: np.ndarray | None = None
+    """float32 ``(*B, chunk_len)``: 1 where ``prefix`` holds a committed action."""
     env_steps: int = 0
     """Control steps simulated (a :class:`Rollout`'s ``T * N * horizon``)."""
     weights_version: int = 0
@@ -51,13 +57,18 @@ class PlayedRound:
 
     def observations(self, index: Any) -> dict[str, Any]:
         """Keyword arguments of :meth:`VLAPolicy.forward` for the observations ``index`` (any
-        numpy index over the leading axes), as tensors."""
-        return {
+        numpy index over the leading axes), as tensors; with the committed prefix, when
+        recorded."""
+        kwargs = {
             "images": {c: torch.as_tensor(v[index]) for c, v in self.images.items()},
             "state": torch.as_tensor(self.state[index]),
             "tokens": torch.as_tensor(self.tokens[index]),
             "token_mask": torch.as_tensor(self.token_mask[index]),
         }
+        if self.prefix is not None and self.prefix_mask is not None:
+            kwargs["prefix"] = torch.as_tensor(self.prefix[index])
+            kwargs["prefix_mask"] = torch.as_tensor(self.prefix_mask[index])
+        return kwargs
 
 
 @dataclass
@@ -123,6 +134,8 @@ def concat_groups(rollouts: list[GroupRollout]) -> GroupRollout:
         success=np.concatenate([r.success for r in rollouts]),
         episode_return=np.concatenate([r.episode_return for r in rollouts]),
         ref_mean=_joined([r.ref_mean for r in rollouts], axis=0),
+        prefix=_joined([r.prefix for r in rollouts], axis=0),
+        prefix_mask=_joined([r.prefix_mask for r in rollouts], axis=0),
         env_steps=sum(r.env_steps for r in rollouts),
         weights_version=min(r.weights_version for r in rollouts),
         seconds={k: max(r.seconds.get(k, 0.0) for r in rollouts) for k in rollouts[0].seconds},
@@ -148,6 +161,8 @@ def concat_rollouts(rollouts: list[Rollout]) -> Rollout:
         truncated=cat([r.truncated for r in rollouts]),
         value=_joined([r.value for r in rollouts], axis=1),
         ref_mean=_joined([r.ref_mean for r in rollouts], axis=1),
+        prefix=_joined([r.prefix for r in rollouts], axis=1),
+        prefix_mask=_joined([r.prefix_mask for r in rollouts], axis=1),
         success=[s for r in rollouts for s in r.success],
         episode_return=[x for r in rollouts for x in r.episode_return],
         env_steps=sum(r.env_steps for r in rollouts),
@@ -162,6 +177,9 @@ def flatten_observations(rollout: Rollout) -> Rollout:
     def flat(a: np.ndarray) -> np.ndarray:
         return a.reshape(-1, *a.shape[2:])
 
+    def flat_or_none(a: np.ndarray | None) -> np.ndarray | None:
+        return None if a is None else flat(a)
+
     return Rollout(
         images={c: flat(v) for c, v in rollout.images.items()},
         state=flat(rollout.state),
@@ -172,4 +190,6 @@ def flatten_observations(rollout: Rollout) -> Rollout:
         reward=rollout.reward,
         terminated=rollout.terminated,
         truncated=rollout.truncated,
+        prefix=flat_or_none(rollout.prefix),
+        prefix_mask=flat_or_none(rollout.prefix_mask),
     )

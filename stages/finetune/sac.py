@@ -32,7 +32,7 @@ from torch.distributions import Normal, kl_divergence
 
 from stages.finetune.algorithm import RLAlgorithm
 from stages.finetune.config import SACConfig
-from stages.finetune.rollout import chunk_distribution, pooled_features
+from stages.finetune.rollout import chunk_distribution, decision_mean, pooled_features
 from stages.finetune.rounds import Rollout
 from stages.policy.base import VLAPolicy
 
@@ -130,6 +130,9 @@ class ReplayBuffer:
             fields[f"{when}/token_mask"] = rollout.token_mask[tt, n]
             for camera, images in rollout.images.items():
                 fields[f"{when}/image/{camera}"] = images[tt, n]
+            if rollout.prefix is not None and rollout.prefix_mask is not None:  # delays played
+                fields[f"{when}/prefix"] = rollout.prefix[tt, n]
+                fields[f"{when}/prefix_mask"] = rollout.prefix_mask[tt, n]
         count = len(t)
         if not self.data:
             self.data = {
@@ -147,17 +150,21 @@ class ReplayBuffer:
         idx = rng.integers(0, self.size, batch)
 
         def observation(when: str) -> dict[str, Any]:
-            prefix = f"{when}/image/"
-            return {
+            images = f"{when}/image/"
+            kwargs = {
                 "images": {
-                    k[len(prefix) :]: torch.as_tensor(v[idx])
+                    k[len(images) :]: torch.as_tensor(v[idx])
                     for k, v in self.data.items()
-                    if k.startswith(prefix)
+                    if k.startswith(images)
                 },
                 "state": torch.as_tensor(self.data[f"{when}/state"][idx]),
                 "tokens": torch.as_tensor(self.data[f"{when}/tokens"][idx]),
                 "token_mask": torch.as_tensor(self.data[f"{when}/token_mask"][idx]),
             }
+            for name in ("prefix", "prefix_mask"):  # a delay-conditioned policy's rollouts
+                if f"{when}/{name}" in self.data:
+                    kwargs[name] = torch.as_tensor(self.data[f"{when}/{name}"][idx])
+            return kwargs
 
         return {
             "obs": observation("obs"),
@@ -227,7 +234,7 @@ class SAC(RLAlgorithm):
         alpha = self.log_alpha.exp().item()
         with torch.no_grad():
             next_out = self.policy(**b["next"])
-            next_dist = chunk_distribution(next_out, self.horizon)
+            next_dist = chunk_distribution(next_out, self.horizon, b["next"].get("prefix_mask"))
             next_actions = next_dist.sample()
             next_logp = next_dist.log_prob(next_actions).sum(dim=(1, 2))
             q1_next, q2_next = self.target(pooled_features(next_out), next_actions)
@@ -246,12 +253,14 @@ class SAC(RLAlgorithm):
         self.critic_opt.step()
         metrics = {"critic_loss": critic_loss.item(), "q": q1.mean().item(), "alpha": alpha}
         if train_actor:
-            dist = chunk_distribution(out, self.horizon)
+            dist = chunk_distribution(out, self.horizon, b["obs"].get("prefix_mask"))
             actions = dist.rsample()
             logp = dist.log_prob(actions).sum(dim=(1, 2))
             q1_new, q2_new = self.critics(features, actions)
             with torch.no_grad():
-                ref_mean = self.reference(**b["obs"]).mean[:, : self.horizon]
+                ref_mean = decision_mean(
+                    self.reference(**b["obs"]), self.horizon, b["obs"].get("prefix_mask")
+                )
                 ref_std = self.reference.log_std.exp().expand_as(ref_mean)
             kl_ref = kl_divergence(dist, Normal(ref_mean, ref_std)).sum(dim=(1, 2)).mean()
             actor = actor_loss(alpha, logp, q1_new, q2_new, kl_ref, self.cfg.kl_coef)

@@ -61,14 +61,17 @@ def test_the_prefix_is_what_the_queue_plans_for_the_ticks_the_inference_takes() 
     queue = ChunkQueue()
     queue.add(RP5.chunk_targets(chunk, state), obs_tick=0, now=0)
     moved = state + 0.002  # the arm moved by tick 2, where the next inference starts
-    prefix, mask = committed_prefix(queue, now=2, d=3, spec=RP5, state=moved, chunk_len=CHUNK)
+    prefix, mask = committed_prefix(queue, 2, 3, RP5, moved, CHUNK, trained=4)
     planned = RP5.chunk_targets(chunk, state)[2:5]
     assert mask.tolist() == [1, 1, 1, 0, 0, 0]
     assert np.allclose(prefix[:3], RP5.chunk_from_targets(planned, moved), atol=1e-6)
     assert not prefix[3:].any()
     # Planned only up to the chunk's end: the prefix ends there (the robot holds after it).
-    _, short = committed_prefix(queue, now=4, d=3, spec=RP5, state=moved, chunk_len=CHUNK)
+    _, short = committed_prefix(queue, 4, 3, RP5, moved, CHUNK, trained=4)
     assert short.tolist() == [1, 1, 0, 0, 0, 0]
+    # A delay past what the policy was trained on: it is told the first `trained` actions.
+    _, capped = committed_prefix(queue, 0, 5, RP5, moved, CHUNK, trained=2)
+    assert capped.tolist() == [1, 1, 0, 0, 0, 0]
 
 
 @pytest.fixture(scope="module")

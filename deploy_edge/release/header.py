@@ -22,9 +22,11 @@ from robo_pipe.errors import RoboPipeError
 
 RELEASE_FORMAT = "robo-pipe-release"
 """The manifest's ``format``: what kind of file this is."""
-RELEASE_FORMAT_VERSION = 2
+RELEASE_FORMAT_VERSION = 3
 """The manifest ``format_version`` this robo-pipe writes and reads (2: ``sizes``, every bundle
-file's size, signed). Older ones are refused with a hint to sign the release again."""
+file's size, signed; 3: ``gated_target`` and ``gated_inference_ms``, the figure a device holds
+its own inference to, which a reader of 2 would not enforce). Older ones are refused with a
+hint to sign the release again."""
 MANIFEST_FILE = "manifest.json"
 SIGNATURE_FILE = "manifest.sig"
 BUNDLE_DIR = "bundle"

@@ -364,7 +364,11 @@ def test_a_trusted_signature_over_a_foreign_format_is_refused(
     assert "format_version" in str(error)
     _resign(file, key, lambda m: m.update(format="something-else", format_version=1))
     _refused("bad-format", lambda: verify_release(file, [key.public_key()]))
+    # Version 2 had no gated_* fields: its reader would not hold a device to the gated figure.
     _resign(file, key, lambda m: m.update(format=RELEASE_FORMAT, format_version=2))
+    error = _refused("bad-format", lambda: verify_release(file, [key.public_key()]))
+    assert "'format_version' = 2: written by an older robo-pipe" in str(error)
+    _resign(file, key, lambda m: m.update(format_version=RELEASE_FORMAT_VERSION))
     _resign(file, key, lambda m: m["sizes"].update({"../escape.bin": 1}))
     error = _refused("bad-format", lambda: verify_release(file, [key.public_key()]))
     assert "'files' and 'sizes'" in str(error) and "'../escape.bin'" in str(error)

@@ -11,7 +11,7 @@ episode's end (``finetune.bc.after_end: hold``):
   0..``--prefix`` ticks, told the committed prefix (training-time real-time chunking);
 - with ``--rl SECONDS``, **delay-conditioned + PPO**: that BC warm start, then PPO for SECONDS
   whose rollouts play the delays too (:mod:`stages.finetune.committed`), with the RL demo's
-  progress shaping.
+  progress shaping and metaworld-rl's small steps for a full fine-tune.
 
 Each is played on the same ``--episodes`` held-out seeds (touch-single-shifted) at zero delay,
 then at ``d`` ticks of inference (``--delays``), asynchronous (the runtime's queue, anchoring and
@@ -141,6 +141,10 @@ def main() -> None:
                     "finetune.rl.iterations=1000000",
                     f"finetune.rl.time_budget_s={args.rl}",
                     "scene.reward.progress_weight=2.0",
+                    # Every parameter trains (the quick start's trainable: all): small steps, as
+                    # configs/metaworld-rl.yaml found (1e-4 wrecked the BC policy there).
+                    "finetune.rl.ppo.lr=0.00003",
+                    "finetune.rl.ppo.kl_coef=0.1",
                 ],
             )
         out = Path(tmp) / "eval"

@@ -215,13 +215,15 @@ def recheck(
     latency: LatencyReport,
     evaluate: EvaluateSuite,
     listener: Listener = SILENT,
+    at_delay: Callable[[str], None] | None = None,
 ) -> dict[str, Gate]:
     """The compare of the compare-and-set, run under the model's
     :func:`~pipelines.registry.promotion.promotion_lock` by whoever registered ``version`` (the
     candidate): the champion is read again, and if another run promoted a version since
     ``evaluation`` compared the candidate with its champion, the candidate is compared again
     with that one, on the same seeds (its stored per-seed outcomes when they cover them, else
-    ``evaluate`` plays its export), and the ``gates`` are decided again and tagged on
+    ``evaluate`` plays its export), ``at_delay`` (given a champion version) plays it at its
+    device's delay against that one too, and the ``gates`` are decided again and tagged on
     ``version`` with the comparison's figures. Returns the gates that decide promotion."""
     candidate, compared_with = evaluation.candidate, evaluation.champion_version
     current = champion(cfg.model_name)
@@ -239,6 +241,8 @@ def recheck(
         comparison = _recompare(cfg, candidate, current, evaluate)
         candidate = replace(candidate, comparison=comparison)
         compared_with = current.version
+        if at_delay is not None:  # the same champion at the device's delay
+            at_delay(current.version)
         gates = decide_gates(cfg, candidate, compared_with, latency)
         set_version_tags(
             cfg.model_name, version, {**gate_tags(gates), **comparison_tags(comparison)}

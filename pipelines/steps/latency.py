@@ -124,22 +124,24 @@ def play_at_device_delay(
     out: Path,
     listener: Listener = SILENT,
     ray_address: str | None = None,
+    against: str | None = None,
 ) -> AtDelay:
     """The candidate ``export`` on the held-out suite at the inference delay its target will
     have (``latency``'s p99 in the profile's mode, :mod:`stages.evaluate.at_delay`), paired
     with its own zero-delay outcomes (``evaluation``'s) and with the champion it was evaluated
-    against, at the same delay; ``at_device_delay.json`` into ``out``, beside the latency
-    report, where the register step's gates read it."""
+    against (``against``: this champion version instead, the champion there is now), at the
+    same delay; ``at_device_delay.json`` into ``out``, beside the latency report, where the
+    register step's gates read it."""
     from deploy_edge.targets import load_target
     from pipelines.registry.champion import candidate_outcomes
     from pipelines.registry.exports import fetch_export
     from stages.evaluate.at_delay import at_device_delay, write_at_delay
     from stages.evaluate.sequential import decode_outcomes
 
-    candidate, version = evaluation.candidate, evaluation.champion_version
+    candidate, version = evaluation.candidate, against or evaluation.champion_version
     # No comparison: the candidate is the champion's own export, nothing to hold it against.
     champion = None
-    if version is not None and candidate.comparison is not None:
+    if version is not None and (against is not None or candidate.comparison is not None):
         champion = (version, fetch_export(cfg.model_name, version)[1])
     listener.started("latency", None, "episodes at the device's delay")
     on_shard = counting(listener, "latency", "episodes at the device's delay")
@@ -154,6 +156,28 @@ def play_at_device_delay(
     )  # fmt: skip
     write_at_delay(result, out)
     return result
+
+
+def replay_at_device_delay(
+    cfg: PipelineConfig,
+    export: Path,
+    latency: LatencyReport,
+    evaluation: Evaluation,
+    version: str,
+    listener: Listener = SILENT,
+) -> None:
+    """The candidate at its device's delay played again, against champion ``version``: the
+    champion moved after the latency step held the candidate to the one it was evaluated
+    against (:func:`pipelines.registry.champion.recheck`). The result replaces
+    ``at_device_delay.json`` beside ``latency``'s report, where the gates read it; nothing
+    when no delay was played there."""
+    from stages.evaluate.at_delay import read_at_delay
+
+    out = Path(latency.report).parent if latency.report else None
+    played = read_at_delay(out) if out is not None else None
+    if out is None or played is None or not played.played:
+        return
+    play_at_device_delay(cfg, export, latency, evaluation, out, listener, against=version)
 
 
 def counting(listener: Listener, stage: str, detail: str = "") -> Callable[[ShardOutcome], None]:

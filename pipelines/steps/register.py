@@ -40,6 +40,7 @@ from pipelines.registry.versions import (
     set_version_tags,
 )
 from pipelines.steps.evaluate import evaluate_policy
+from pipelines.steps.latency import replay_at_device_delay
 from robo_pipe.home import mark_home
 from stages.register import blocking_gates, gate_tags
 
@@ -102,7 +103,10 @@ def register_version(
             set_version_tags(cfg.model_name, same.version, tags)
             info = set_alias(cfg.model_name, CANDIDATE, same.version)
         evaluate = partial(evaluate_policy, cfg, listener=listener)
-        gates = recheck(cfg, info.version, evaluation, gates, latency, evaluate, listener)
+        at_delay = partial(
+            replay_at_device_delay, cfg, Path(export.path), latency, evaluation, listener=listener
+        )
+        gates = recheck(cfg, info.version, evaluation, gates, latency, evaluate, listener, at_delay)
         blocking = blocking_gates(gates)
         if not blocking and CHAMPION not in info.aliases:
             reason = f"pipeline run {run.run_id}: all gates passed"

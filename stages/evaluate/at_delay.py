@@ -127,7 +127,7 @@ def at_device_delay(
     """``export`` on ``config``'s held-out suite at the delay ``target`` will have with
     inferences of ``inference_ms`` (p99), paired with ``zero_delay`` (its own outcomes there at
     zero delay) and with ``champion`` (its version and export) at the same delay; reports into
-    ``out`` (``vs-zero/``, ``vs-champion/``). ``margin`` and ``min_success``: the promotion's,
+    ``out`` (``vs-zero/``, ``vs-v<version>/``). ``margin`` and ``min_success``: the promotion's,
     as the evaluate stage's comparison uses them."""
     spec = get_robot(robot)
     period_ms = 1000.0 / spec.control_hz
@@ -168,7 +168,7 @@ def at_device_delay(
     if champion is not None:
         version, path = champion
         try:
-            theirs = play(out / "vs-champion", baseline=path)
+            theirs = play(out / f"vs-v{version}", baseline=path)
             result.vs_champion, result.champion = theirs.comparison, f"v{version}"
         except DelayError as err:  # its chunk cannot cover the delay: nothing to hold against
             result.champion = f"v{version} cannot play this delay ({err})"

@@ -33,7 +33,7 @@ from stages.evaluate import suite_variants
 from stages.evaluate.report import EvalReport, VariantRow
 from stages.evaluate.sequential import encode_outcomes
 from stages.register import GATE_TAG
-from stages.register.gates import NO_REGRESSION
+from stages.register.gates import AT_LATENCY, NO_REGRESSION
 from tests.conftest import TINY_CONFIG
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -118,10 +118,16 @@ def stored_results(cfg: PipelineConfig, made: EvalReport) -> dict[str, str]:
 
 
 def candidate_registers(
-    cfg: PipelineConfig, bundle: Path, onnx_hash: str, made: EvalReport, compared_with: str
+    cfg: PipelineConfig,
+    bundle: Path,
+    onnx_hash: str,
+    made: EvalReport,
+    compared_with: str,
+    latency_folder: Path | None = None,
 ) -> Registration:
     """``register_version`` of a candidate whose evaluation compared it with ``compared_with``
-    and passed (its record is compact, as the evaluate stage hands it on)."""
+    and passed (its record is compact, as the evaluate stage hands it on); its latency report
+    in ``latency_folder`` (None: no report, nothing played at a delay)."""
     from dataclasses import replace
 
     from deploy_edge.latency_report import LatencyReport
@@ -156,6 +162,7 @@ def candidate_registers(
             "misses": 0,
             "errors": 0,
             "inference_ticks": 10,
+            "report": str(latency_folder / "latency_report.json") if latency_folder else "",
         }
     )
     dataset = DatasetRef(str(bundle), "d" * 64, 1, 1, 10.0, "rp5", "v", {})
@@ -205,6 +212,37 @@ def test_a_candidate_as_good_as_the_newer_champion_replaces_it(
     tags = get_version(cfg.model_name, result.version).tags
     assert tags[PROMOTED_OVER_TAG] == newer
     assert f"vs v{newer}" in json.loads(tags[PROMOTED_ON_TAG])[NO_REGRESSION]
+
+
+def test_a_moved_champion_is_also_held_against_the_candidate_at_the_devices_delay(
+    cfg: PipelineConfig, bundle: Path, tmp_path: Path
+) -> None:
+    """The latency step played the candidate at its device's delay (an async target: one tick)
+    against v1; v2 was promoted meanwhile. Registering plays the delay again against v2, and
+    the gate's figure is that one."""
+    from stages.evaluate.at_delay import AtDelay, read_at_delay, write_at_delay
+
+    async_target = cfg.latency.model_copy(update={"target": "local-cpu-async"})
+    cfg = cfg.model_copy(update={"latency": async_target})
+    old = register_champion(cfg, bundle, "old", {})
+    newer = register_champion(cfg, bundle, "newer", {})
+    folder = tmp_path / "latency"
+    folder.mkdir()
+    left = AtDelay(  # what the latency step left beside its report, against the old champion
+        target="local-cpu-async", mode="async", inference_ms=1.0, margin_ms=20.0,
+        period_ms=100.0, ticks=1, why="async, 1 tick", episodes=20, successes=20,
+        success_rate=1.0, ci95=(0.8, 1.0), champion=f"v{old}",
+    )  # fmt: skip
+    write_at_delay(left, folder)
+
+    made = report(cfg, 10, tmp_path / "candidate")
+    result = candidate_registers(cfg, bundle, "candidate", made, old, folder)
+
+    again = read_at_delay(folder)
+    assert again is not None and again.played and again.champion == f"v{newer}"
+    assert again.vs_champion is not None, "played against the champion there is now"
+    assert (folder / "at-delay" / f"vs-v{newer}" / "report.md").is_file()
+    assert f"v{newer} there" in result.gates[AT_LATENCY].measured
 
 
 def test_a_champion_without_stored_results_is_evaluated_on_the_same_seeds(

@@ -58,13 +58,14 @@ def evaluate_candidate(
 ) -> Evaluation:
     """The pipeline's evaluation: the export on the held-out suite against ``champion``'s
     export on the same seeds (the no-regression gate), and the model fine-tuning started from
-    (``base``) and, after RL, the BC fine-tune RL started from (``warm_start``), on the same
-    suite. With ``export.score_success``, each candidate precision variant of the export
-    plays the same seeds against it too (:func:`score_variant_success`). Per-episode lists are
-    dropped from the records."""
+    (``base``, unless ``evaluate.play_start`` is off) and, after RL, the BC fine-tune RL
+    started from (``warm_start``), on the same suite. With ``export.score_success``, each
+    candidate precision variant of the export plays the same seeds against it too
+    (:func:`score_variant_success`). Per-episode lists are dropped from the records."""
     baseline = fetch_export(cfg.model_name, champion.version)[1] if champion else None
     stored = stored_outcomes(cfg, champion) if champion else {}
-    starts = {"start": base.path if base else None, "warm-start": warm_start}
+    start = base.path if base and cfg.evaluate.play_start else None
+    starts = {"start": start, "warm-start": warm_start}
     variants = _variants_to_play(cfg, Path(export.path))
     policies = 1 + (baseline is not None) + sum(p is not None for p in starts.values())
     listener.started("evaluate", (policies + len(variants)) * _suite_episodes(cfg), "episodes")

@@ -99,6 +99,10 @@ class EvalConfig(BaseModel):
     """Times Ray restarts each worker whose process dies (killed, out of memory); the shard it
     was playing is played again (same seeds, same outcomes). One more death stops the
     evaluation with ``WorkersDiedError``."""
+    play_start: bool = True
+    """The pipeline also plays the model fine-tuning started from (its base) on the suite, for
+    the summary's "the model it started from" line. ``false`` skips it: on a suite where the
+    base is known to fail (Meta-World MT10: ~12%), it is half the evaluation's time."""
     record_episodes: int = Field(default=2, ge=0, le=64)
     """Episodes per variant kept as frame strips (the first successes and failures)."""
     gate_confidence: float = Field(default=0.95, gt=0.5, lt=1.0)

@@ -91,6 +91,8 @@ def test_two_meta_world_tasks_run_end_to_end_on_the_sawyer(
     # task on its own row, failures in the family's own modes, for both on the same seeds.
     assert "-ppo-" in record["checkpoint"] and record["warm_start_success_rate"] is not None
     seeds, solved = [], []
+    assert record["start_success_rate"] is None, "evaluate.play_start: false"
+    assert not (Path(record["run_dir"]) / "evaluate-start").exists()
     for folder in ("evaluate", "evaluate-warm-start"):
         report = json.loads((Path(record["run_dir"]) / folder / "eval_report.json").read_text())
         rows = {row["variant"]: row for row in report["rows"]}

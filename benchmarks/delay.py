@@ -10,8 +10,10 @@ episode's end (``finetune.bc.after_end: hold``):
 - **delay-conditioned** (``policy.prefix_ticks``): the same, on simulated inference delays of
   0..``--prefix`` ticks, told the committed prefix (training-time real-time chunking);
 - with ``--rl SECONDS``, **delay-conditioned + PPO**: that BC warm start, then PPO for SECONDS
-  whose rollouts play the delays too (:mod:`stages.finetune.committed`), with the RL demo's
-  progress shaping and metaworld-rl's small steps for a full fine-tune.
+  whose rollouts play the delays too (:mod:`stages.finetune.committed`), each decision
+  executing ``--rl-horizon`` actions (8: a span of the chunk, as the asynchronous runtime
+  executes one), with the RL demo's rounds and progress shaping and metaworld-rl's small steps
+  for a full fine-tune.
 
 Each is played on the same ``--episodes`` held-out seeds (touch-single-shifted) at zero delay,
 then at ``d`` ticks of inference (``--delays``), asynchronous (the runtime's queue, anchoring and
@@ -110,6 +112,9 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, help="held-out seeds (200; quick 40)")
     parser.add_argument("--steps", type=int, help="BC steps (quickstart's 1000; quick 300)")
     parser.add_argument("--rl", type=float, metavar="SECONDS", help="also PPO with delays")
+    parser.add_argument(
+        "--rl-horizon", type=int, default=8, help="actions a PPO decision executes (8)"
+    )
     parser.add_argument("--home", type=Path, help="a home to train in (default: a temporary one)")
     args = parser.parse_args()
     chunk = args.chunk_len or (8 if args.quick else 24)
@@ -140,6 +145,13 @@ def main() -> None:
                     "finetune.algo=ppo",
                     "finetune.rl.iterations=1000000",
                     f"finetune.rl.time_budget_s={args.rl}",
+                    # The RL demo's rounds (the quick start inherits the tiny profile's 8
+                    # samples per update, a smoke test's).
+                    f"finetune.rl.horizon={args.rl_horizon}",
+                    "finetune.rl.workers=2",
+                    "finetune.rl.envs_per_worker=16",
+                    "finetune.rl.ppo.steps_per_env=32",
+                    "finetune.rl.ppo.minibatch_size=256",
                     "scene.reward.progress_weight=2.0",
                     # Every parameter trains (the quick start's trainable: all): small steps, as
                     # configs/metaworld-rl.yaml found (1e-4 wrecked the BC policy there).

@@ -225,7 +225,8 @@ def test_a_moved_champion_is_also_held_against_the_candidate_at_the_devices_dela
     async_target = cfg.latency.model_copy(update={"target": "local-cpu-async"})
     cfg = cfg.model_copy(update={"latency": async_target})
     old = register_champion(cfg, bundle, "old", {})
-    newer = register_champion(cfg, bundle, "newer", {})
+    stored = stored_results(cfg, report(cfg, 6, tmp_path / "v2"))  # no replay at zero delay
+    newer = register_champion(cfg, bundle, "newer", stored)
     folder = tmp_path / "latency"
     folder.mkdir()
     left = AtDelay(  # what the latency step left beside its report, against the old champion

@@ -49,6 +49,8 @@ from tests.deploy_edge.narrow_robot import RATED
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN_SHA = "a" * 64
+SHARED_CPU = Path(__file__).with_name("shared-cpu.yaml")
+"""The tests' device profile: local-cpu tolerating the suite's stalls (the file says why)."""
 FLAKY = "tests.deploy_edge.test_deployer:flaky_rp5"
 
 
@@ -120,7 +122,8 @@ def device_config(state_dir: Path, pub: Path, **overrides: Any) -> DeviceConfig:
         "tokens": {"operate": [TOKEN_SHA]},
         "trusted_keys": [pub],
         "state_dir": state_dir,
-        "gate_steps": 30,
+        "target": str(SHARED_CPU),
+        "gate_steps": 100,
         "gate_warmup": 5,
         "pace": False,
         "health_ticks": 10,

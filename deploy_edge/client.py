@@ -12,6 +12,7 @@ import os
 import ssl
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -22,7 +23,16 @@ from deploy_edge.device import (
     DeviceRefused,
     DeviceUnreachable,
 )
-from deploy_edge.wire import Deployment, DeviceStatus, EpisodeResult, Health, Origin, Upload
+from deploy_edge.release.pieces import release_pieces
+from deploy_edge.wire import (
+    Deployment,
+    DeviceStatus,
+    EpisodeResult,
+    Health,
+    Origin,
+    Sent,
+    Upload,
+)
 from robo_pipe.records import RecordError
 
 CHUNK_BYTES = 1 << 20
@@ -104,30 +114,78 @@ class AgentClient(Device):
         return self._answer(Health.from_json, "GET", "/healthz")
 
     def upload(
-        self, release: Path, sha256: str, on_progress: Callable[[int, int], None] | None = None
-    ) -> None:
-        """Send ``release`` in chunks, declaring its size, from the bytes the agent already has
-        (resumable). An upload of another size under ``sha256`` is deleted first; one whose
-        bytes the agent finds wrong once complete (it deletes it: a partial left by someone
-        else, say) is sent again from byte 0, once, then refused with the agent's reason."""
+        self,
+        release: Path,
+        sha256: str,
+        on_progress: Callable[[int, int], None] | None = None,
+        delta: bool = True,
+    ) -> Sent:
+        """Send ``release``: only the pieces the agent lacks, which it assembles with what it
+        holds (:mod:`deploy_edge.agent.pieces`); with ``delta`` False, or to an agent without
+        delta uploads, the whole file in chunks from the bytes it already has (resumable). An
+        upload whose bytes the agent finds wrong once complete (it deletes it: a partial left
+        by someone else, say) is sent again, once, then refused with the agent's reason.
+        ``on_progress(sent, to_send)`` in bytes; returns what was sent."""
+        start, total = time.monotonic(), release.stat().st_size
+        send = self._send_pieces if delta else self._send
         try:
-            self._send(release, sha256, on_progress)
+            sent = send(release, sha256, on_progress)
         except _Mismatch:
             try:
-                self._send(release, sha256, on_progress)
+                sent = send(release, sha256, on_progress)
             except _Mismatch as again:
                 raise DeviceError(f"device {self.entry.name}: {again}") from None
+        return replace(sent, size=total, seconds=round(time.monotonic() - start, 3))
+
+    def _send_pieces(
+        self, release: Path, sha256: str, on_progress: Callable[[int, int], None] | None
+    ) -> Sent:
+        """One pass of the delta upload (the whole file to an agent without delta uploads);
+        the missing pieces are asked for again once if some expired before the assembly;
+        :class:`_Mismatch` when the agent deleted the assembled file as wrong."""
+        pieces = release_pieces(release)
+        recipe = {"size": release.stat().st_size, "pieces": [[p.sha256, p.size] for p in pieces]}
+        sent_bytes = sent_pieces = 0
+        for attempt in range(2):
+            wanted = {"pieces": [p.sha256 for p in pieces]}
+            response = self._call("POST", "/pieces/missing", json=wanted)
+            if response.status_code in (404, 405):  # an agent from before delta uploads
+                return self._send(release, sha256, on_progress)
+            lacking = set(self._read(response, "POST", "/pieces/missing")["missing"])
+            todo = list({p.sha256: p for p in pieces if p.sha256 in lacking}.values())
+            to_send = sum(p.size for p in todo)
+            this_round = 0
+            with release.open("rb") as f:
+                for piece in todo:
+                    f.seek(piece.offset)
+                    self._request("PUT", f"/pieces/{piece.sha256}", content=f.read(piece.size))
+                    this_round += piece.size
+                    if on_progress:
+                        on_progress(this_round, to_send)
+            sent_bytes, sent_pieces = sent_bytes + this_round, sent_pieces + len(todo)
+            path = f"/uploads/{sha256}/assemble"
+            response = self._call("POST", path, json=recipe)
+            detail = _detail(response)
+            reason = detail.get("reason") if isinstance(detail, dict) else None
+            if reason == "hash-mismatch":
+                raise _Mismatch(detail["message"])
+            if reason == "missing-pieces" and attempt == 0:
+                continue
+            Upload.from_json(self._read(response, "POST", path))
+            break
+        return Sent(0, sent_bytes, len(pieces), sent_pieces)
 
     def _send(
         self, release: Path, sha256: str, on_progress: Callable[[int, int], None] | None
-    ) -> None:
-        """One pass of :meth:`upload`; :class:`_Mismatch` when the agent deleted it as wrong."""
+    ) -> Sent:
+        """One pass of the whole-file upload; :class:`_Mismatch` when the agent deleted it as
+        wrong."""
         total = release.stat().st_size
         have = self._answer(Upload.from_json, "GET", f"/uploads/{sha256}")
         if have.size is not None and have.size != total:  # not this file: start over
             self.delete_upload(sha256)
             have = Upload(sha256, 0, None, 0.0, False)
-        sent, stalls = have.received, 0
+        sent, stalls, first = have.received, 0, have.received
         with release.open("rb") as f:
             while sent < total:
                 f.seek(sent)
@@ -148,6 +206,7 @@ class AgentClient(Device):
                 sent = Upload.from_json(self._read(response, "PUT", path)).received
                 if on_progress:
                     on_progress(sent, total)
+        return Sent(total, sent - first)
 
     def uploads(self) -> list[Upload]:
         """Every upload on the device, partial or complete, oldest first."""

@@ -27,7 +27,15 @@ from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
-from deploy_edge.wire import Deployment, DeviceStatus, EpisodeResult, Health, Origin, Upload
+from deploy_edge.wire import (
+    Deployment,
+    DeviceStatus,
+    EpisodeResult,
+    Health,
+    Origin,
+    Sent,
+    Upload,
+)
 from robo_pipe.errors import RoboPipeError, ServiceFailure
 from robo_pipe.resources import Resource
 from robo_pipe.validation import first_error, one_of, read_mapping
@@ -130,10 +138,15 @@ class Device(Resource):
 
     @abc.abstractmethod
     def upload(
-        self, release: Path, sha256: str, on_progress: Callable[[int, int], None] | None = None
-    ) -> None:
-        """Send the signed release file ``release`` (its ``sha256``), resuming from the bytes
-        the device already has; ``on_progress(sent, total)`` in bytes."""
+        self,
+        release: Path,
+        sha256: str,
+        on_progress: Callable[[int, int], None] | None = None,
+        delta: bool = True,
+    ) -> Sent:
+        """Send the signed release file ``release`` (its ``sha256``): only what the device
+        lacks (``delta``; else the whole file), resuming from what it already has;
+        ``on_progress(sent, to_send)`` in bytes. What was sent."""
 
     @abc.abstractmethod
     def uploads(self) -> list[Upload]:

@@ -275,6 +275,33 @@ class Upload(Record):
     """Every byte received and hashed to ``sha256``: ready to deploy."""
 
 
+@dataclass
+class Sent(Record):
+    """What an upload sent (the deploying client's figures, not the device's record)."""
+
+    size: int
+    """The release file, bytes."""
+    sent: int
+    """Bytes sent this time (0: the device had the whole release already)."""
+    pieces: int = 0
+    """Pieces of the release (:mod:`deploy_edge.release.pieces`); 0: sent whole, from the
+    bytes the device had (an agent without delta uploads)."""
+    pieces_sent: int = 0
+    """Of them, the pieces the device lacked and was sent."""
+    seconds: float = 0.0
+
+    @property
+    def summary(self) -> str:
+        """``12.3 of 1187.0 MB sent (1.0%)``, with the pieces the device held."""
+        share = f" ({100.0 * self.sent / self.size:.1f}%)" if self.size else ""
+        held = (
+            f"; the device held {self.pieces - self.pieces_sent} of {self.pieces} pieces"
+            if self.pieces
+            else ""
+        )
+        return f"{self.sent / 1e6:.1f} of {self.size / 1e6:.1f} MB sent{share}{held}"
+
+
 # -- the policy server's frames (WS /policy) -----------------------------------------------------
 
 

@@ -176,6 +176,8 @@ class DeviceRollout(Record):
     reason: str = ""
     p99_ms: float | None = None
     """On-device p99 of the latency gate."""
+    sent_bytes: int | None = None
+    """Bytes its upload sent (the pieces it lacked; None: nothing was uploaded)."""
     seconds: float = 0.0
     deployment_id: str = ""
     """The agent's record of the deployment (its history)."""

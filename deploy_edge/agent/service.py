@@ -16,6 +16,15 @@ the scope needed and is logged, never the token)::
                                        (422) when the hash is wrong (deploy; rules:
                                        :class:`~deploy_edge.agent.uploads.UploadStore`)
     DELETE /uploads/{sha256}           delete an upload, partial or complete (deploy)
+    POST /pieces/missing               {"pieces": [sha256, ...]}: those the device neither
+                                       holds in a slot nor was sent (read; delta uploads:
+                                       :mod:`deploy_edge.agent.pieces`)
+    PUT  /pieces/{sha256}              one piece of a release, at most 1 MiB; refused (422) and
+                                       not kept when its bytes hash otherwise (deploy)
+    POST /uploads/{sha256}/assemble    {"size", "pieces": [[sha256, size], ...]}: write the
+                                       release from held and sent pieces, then as any upload:
+                                       complete once it hashes to sha256; 409 names a missing
+                                       piece (deploy)
     POST /deployments                  {"sha256", "force", "systems_test", "origin"}: deploy the
                                        uploaded release (in the background; follow it with
                                        /status); ``systems_test`` lets a random-weights release
@@ -58,9 +67,11 @@ engine seam, for tests of concurrency and of the robot's loop; never set on a de
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import threading
+from pathlib import Path
 from typing import Any, NoReturn
 
 from fastapi import (
@@ -73,10 +84,11 @@ from fastapi import (
     WebSocket,
 )
 from fastapi.responses import PlainTextResponse
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from deploy_edge.agent.config import DeviceConfig, Scope, allows, check_device_files
 from deploy_edge.agent.deployer import Deployer
+from deploy_edge.agent.pieces import PieceStore
 from deploy_edge.agent.policy_server import MAX_FRAME_MB, PolicySocketProtocol, serve_frames
 from deploy_edge.agent.uploads import MIB, Reason, UploadRefused, UploadStore
 from deploy_edge.wire import Health, Origin
@@ -84,6 +96,7 @@ from robo_pipe.errors import RoboPipeError
 from robo_pipe.records import RecordError
 
 UPLOADS_DIR = "uploads"
+PIECES_DIR = "pieces"
 LOCK_POLL_S = 1.0
 GRACE_S = 5
 """On SIGTERM, open connections get this long to finish before the agent exits."""
@@ -100,6 +113,19 @@ class DeployRequest(BaseModel):
     """The deploy says it is a systems test: a random-weights release may go live (recorded)."""
     origin: dict[str, Any] | None = None
     """Who asks (:class:`~deploy_edge.wire.Origin`'s fields), recorded on the deployment."""
+
+
+class PiecesRequest(BaseModel):
+    """Body of ``POST /pieces/missing``."""
+
+    pieces: list[str]
+
+
+class AssembleRequest(BaseModel):
+    """Body of ``POST /uploads/{sha256}/assemble``: the release's size and its pieces in order."""
+
+    size: int = Field(ge=1)
+    pieces: list[tuple[str, int]]
 
 
 class ActionRequest(BaseModel):
@@ -131,6 +157,12 @@ def create_app(config: DeviceConfig, deployer: Deployer) -> FastAPI:
         config.state_dir / UPLOADS_DIR,
         max_bytes=int(config.max_release_mb * MIB),
         margin_bytes=int(config.free_space_margin_mb * MIB),
+        max_age_s=config.upload_max_age_h * 3600.0,
+    )
+    pieces = PieceStore(
+        config.state_dir / PIECES_DIR,
+        lambda: [Path(p) for p in deployer.slots.links().values() if p is not None],
+        store,
         max_age_s=config.upload_max_age_h * 3600.0,
     )
     for sha256 in store.expired_at_start:
@@ -181,6 +213,30 @@ def create_app(config: DeviceConfig, deployer: Deployer) -> FastAPI:
             return store.delete(sha256).to_json()
         except UploadRefused as err:
             raise _refused(err) from err
+
+    @app.post("/pieces/missing", dependencies=[require("read")])
+    async def missing_pieces(body: PiecesRequest) -> dict[str, Any]:
+        try:
+            return {"missing": await asyncio.to_thread(pieces.missing, body.pieces)}
+        except UploadRefused as err:
+            raise _refused(err) from err
+
+    @app.put("/pieces/{sha256}", dependencies=[require("deploy")])
+    async def put_piece(sha256: str, request: Request) -> dict[str, Any]:
+        length = request.headers.get("content-length")
+        try:
+            size = await pieces.put(sha256, int(length) if length else None, request.stream())
+        except UploadRefused as err:
+            raise _refused(err) from err
+        return {"sha256": sha256, "size": size}
+
+    @app.post("/uploads/{sha256}/assemble", dependencies=[require("deploy")])
+    async def assemble(sha256: str, body: AssembleRequest) -> dict[str, Any]:
+        try:
+            done = await pieces.assemble(sha256, body.size, body.pieces)
+        except UploadRefused as err:
+            raise _refused(err) from err
+        return done.to_json()
 
     @app.post("/deployments")
     # A default, not Annotated[Scope, require(...)]: with postponed annotations FastAPI reads
@@ -314,6 +370,7 @@ UPLOAD_STATUS: dict[Reason, int] = {
     "hash-mismatch": 422,
     "not-uploaded": 404,
     "incomplete": 409,
+    "missing-pieces": 409,
 }
 """The HTTP status of each upload refusal."""
 

@@ -35,6 +35,7 @@ Reason = Literal[
     "hash-mismatch",
     "not-uploaded",
     "incomplete",
+    "missing-pieces",
 ]
 """Why the store refused a request (:attr:`UploadRefused.reason`)."""
 
@@ -114,7 +115,7 @@ class UploadStore:
 
     def upload(self, sha256: str) -> Upload:
         """The upload of ``sha256`` (``received`` 0 and ``size`` None when there is none)."""
-        found = self._find(_checked(sha256))
+        found = self._find(checked_sha256(sha256))
         return self._record(found) if found else Upload(sha256, 0, None, 0.0, False)
 
     # -- writing -------------------------------------------------------------------------------
@@ -130,11 +131,11 @@ class UploadStore:
         """Append ``chunks`` (``length`` bytes when the request says) at byte ``offset`` of the
         upload of ``sha256``, declared ``size`` bytes in all; the upload afterwards. Raises
         :class:`UploadRefused` by the rules of the class docstring."""
-        with self._hold(_checked(sha256)):
+        with self._hold(checked_sha256(sha256)):
             found = self._find(sha256)
             if found is None:
                 self.expire()
-                self._check_room(sha256, size, size, 0)
+                self.check_room(sha256, size, size, 0)
                 path, received = self.folder / f"{sha256}.{size}.part", 0
             else:
                 path, received = found.path, found.received
@@ -157,7 +158,7 @@ class UploadStore:
                 )
             if length is not None and offset + length > size:
                 raise self._past_size(sha256, offset, size)
-            self._check_room(sha256, size, size - received, received)
+            self.check_room(sha256, size, size - received, received)
             with path.open("ab") as f:
                 written = offset
                 async for chunk in chunks:
@@ -173,7 +174,7 @@ class UploadStore:
     def delete(self, sha256: str) -> Upload:
         """Delete the upload of ``sha256`` (partial or complete); the upload as it was.
         Refused while it is written or deployed (``busy``) and when there is none."""
-        with self._hold(_checked(sha256)):
+        with self._hold(checked_sha256(sha256)):
             found = self._find(sha256)
             if found is None:
                 raise UploadRefused("not-uploaded", f"release {sha256[:12]} was not uploaded")
@@ -203,7 +204,7 @@ class UploadStore:
         """The complete, verified release file of ``sha256``, held (not deletable, not
         writable) until :meth:`done_with`. Raises :class:`UploadRefused` when there is none,
         it is partial, held, or its bytes do not hash to ``sha256`` (then it is deleted)."""
-        sha256 = _checked(sha256)
+        sha256 = checked_sha256(sha256)
         self._take(sha256)
         try:
             found = self._find(sha256)
@@ -261,7 +262,7 @@ class UploadStore:
         sha256 = found.path.name.split(".", 1)[0]
         return Upload(sha256, found.received, found.size, round(age_s, 1), found.complete)
 
-    def _check_room(self, sha256: str, size: int, remaining: int, received: int) -> None:
+    def check_room(self, sha256: str, size: int, remaining: int, received: int) -> None:
         """Refuse an upload over the cap, or one whose ``remaining`` bytes would leave less
         than the margin free."""
         if size > self.max_bytes:
@@ -340,7 +341,7 @@ def _is_sha256(text: str) -> bool:
     return len(text) == 64 and all(c in "0123456789abcdef" for c in text)
 
 
-def _checked(sha256: str) -> str:
+def checked_sha256(sha256: str) -> str:
     """``sha256`` if it is 64 lowercase hex digits (it names a file), else refused."""
     if not _is_sha256(sha256):
         raise UploadRefused("not-a-sha256", f"not a sha256: {sha256!r}")

@@ -196,12 +196,13 @@ def deploy(
         )
         return
     with live(json_out) as display:
-        done = release.deploy_release(
+        done, sent = release.deploy_release(
             entry, path, force, display, systems_test=systems_test, origin=Origin(by="cli")
         )
     table = Table(title=f"{entry.name}: {manifest.model_name} v{manifest.model_version}")
     for col in ("step", "result", "seconds"):
         table.add_column(col)
+    table.add_row("upload", sent.summary, f"{sent.seconds:.2f}")  # sent against the size
     for step in done.steps:
         verdict = "[green]ok" if step.ok else f"[red]FAILED: {step.detail}"
         table.add_row(step.name, verdict, f"{step.seconds:.2f}")

@@ -155,10 +155,11 @@ def repaired(lines: list[str]) -> None:
 
 
 def show_rollout(result: FleetResult, out: Console) -> None:
-    """One row per device: wave, before, after, state, reason, on-device p99."""
+    """One row per device: wave, before, after, state, reason, on-device p99, MB sent."""
     title = f"{'plan: ' if result.dry_run else ''}{result.label} to {result.fleet}"
     table = Table(title=title)
-    for col in ("device", "wave", "before", "after", "state", "reason", "on-device p99"):
+    columns = ("device", "wave", "before", "after", "state", "reason", "on-device p99", "sent")
+    for col in columns:
         table.add_column(col)
     for row in result.devices:
         style = _STATE_STYLE.get(row.state, "red")
@@ -171,6 +172,7 @@ def show_rollout(result: FleetResult, out: Console) -> None:
             f"[{style}]{row.state}",
             escape(row.reason),
             f"{row.p99_ms:.2f} ms" if row.p99_ms is not None else "-",
+            f"{row.sent_bytes / 1e6:.1f} MB" if row.sent_bytes is not None else "-",
         )
     out.print(table)
 

@@ -156,7 +156,7 @@ def deploy_device(
         else:
             try:
                 listener = _DeviceProgress(device.name)
-                done = release.deploy_release(
+                done, sent = release.deploy_release(
                     device, Path(release_file), force, listener, timeout_s, origin=origin
                 )
             except DeviceError as err:
@@ -166,6 +166,7 @@ def deploy_device(
             else:
                 row.state, row.reason, row.deployment_id = done.state, done.reason, done.id
                 row.p99_ms = done.gate.p99_ms if done.gate is not None else None
+                row.sent_bytes = sent.sent
                 if row.state == "active":
                     row.after = new
                     _tag_variant(device.name, new, done)

@@ -216,7 +216,7 @@ def deploy_to_local_agent(
             variant = variant_tags(entry.name, running)
             listener.finished("verify", "already runs this release", reused=True)
         else:
-            done = deploy_release(entry, path, listener=listener)
+            done, _ = deploy_release(entry, path, listener=listener)
             state, reason, gate = done.state, done.reason, done.gate
             variant = variant_tags(entry.name, done) if state == "active" else {}
         episode = None

@@ -3,7 +3,7 @@
     bundle_release(version, key) -> (Manifest, release file)   (reused while valid)
     runs_release(slot, manifest, sha256) -> bool                 (the device runs it already)
     already_running(device, manifest, sha256) -> Deployment?     (then: nothing to send)
-    deploy_release(entry, release) -> Deployment                (upload, then the device's steps)
+    deploy_release(entry, release) -> (Deployment, Sent)        (upload, then the device's steps)
 
 The CLI verbs, the local agent's deploy stage and the fleet rollout call these and report
 progress to a :class:`~pipelines.progress.Listener`; the device does the verifying, building,
@@ -31,7 +31,7 @@ from robo_pipe.locks import output_lock
 if TYPE_CHECKING:
     from deploy_edge.device import Device, DeviceEntry
     from deploy_edge.release.manifest import Manifest
-    from deploy_edge.wire import Deployment, DeviceStatus, Origin, Slot, StepResult
+    from deploy_edge.wire import Deployment, DeviceStatus, Origin, Sent, Slot, StepResult
 
 
 class RegisteredVersion(Protocol):
@@ -212,10 +212,11 @@ def deploy_release(
     timeout_s: float = 1800.0,
     systems_test: bool = False,
     origin: Origin | None = None,
-) -> Deployment:
-    """Upload ``release`` to ``entry``'s device (resuming a cut upload) and follow the
-    device's steps to the end, all within ``timeout_s``. The device's record of the
-    deployment: ``state`` is ``active`` only when the device now runs the new version.
+) -> tuple[Deployment, Sent]:
+    """Upload ``release`` to ``entry``'s device (only the pieces it lacks; a cut upload
+    resumes) and follow the device's steps to the end, all within ``timeout_s``. The device's
+    record of the deployment (``state`` is ``active`` only when the device now runs the new
+    version) and what the upload sent.
     ``systems_test``: the deploy says it is one, so the device lets a random-weights release
     go live (and records it); ``origin``: who asks (a fleet rollout), kept in its history."""
     from deploy_edge.device import connect
@@ -224,8 +225,8 @@ def deploy_release(
     sha256, size = file_sha256(release), release.stat().st_size
     shown: set[str] = set()
 
-    def on_upload(sent: int, total: int) -> None:
-        listener.advanced("upload", sent, f"{sent / 1e6:.1f} / {total / 1e6:.1f} MB")
+    def on_upload(sent: int, to_send: int) -> None:
+        listener.advanced("upload", sent, f"{sent / 1e6:.1f} / {to_send / 1e6:.1f} MB")
 
     def show(steps: list[StepResult]) -> None:  # each device step once, as it ends
         for step in steps:
@@ -241,11 +242,11 @@ def deploy_release(
     with connect(entry, timeout_s=min(30.0, timeout_s)) as device:
         device.health()
         listener.started("upload", size, "bytes")
-        device.upload(release, sha256, on_upload)
-        listener.finished("upload", f"{size / 1e6:.1f} MB", reused=False)
+        sent = device.upload(release, sha256, on_upload)
+        listener.finished("upload", sent.summary, reused=False)
         left = max(1.0, deadline - time.monotonic())
         done = device.deploy(
             sha256, force, on_status, timeout_s=left, systems_test=systems_test, origin=origin
         )
         show(done.steps)  # the last steps end after the last poll
-        return done
+        return done, sent

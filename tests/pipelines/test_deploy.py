@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -170,6 +171,8 @@ def test_deploy_makes_a_registry_version_the_devices_active_policy(
         "on-device latency (sync): p50" in done.stderr
         and "dev-arm-01 runs edge-policy v1" in done.stderr
     )
+    # the table's upload row: a fresh device holds no piece of it, so all of it went
+    assert re.search(r"upload .* MB sent \(\d+\.\d%\); the device held 0 of \d+", done.stderr)
     now = status(agent)
     assert now["active"]["model_version"] == "1" and now["active"]["release"] == 1
     episode = httpx.post(
@@ -291,7 +294,7 @@ def test_a_cut_upload_resumes_from_the_bytes_the_agent_has(
         name="dev-arm-01", url=f"http://127.0.0.1:{agent['port']}", token_env="ARM_TOKEN"
     )
     sent: list[int] = []
-    AgentClient(entry).upload(path, sha256, lambda done, total: sent.append(done))
+    AgentClient(entry).upload(path, sha256, lambda done, total: sent.append(done), delta=False)
     assert sent and sent[-1] == len(data) and min(sent) > half, "resumed, not restarted"
     record = AgentClient(entry).deploy(sha256)
     assert record.state == "active" and record.model_version == "2"
@@ -374,7 +377,7 @@ def test_devices_verbs_activate_unstage_and_roll_back_a_real_agent(
         return done.returncode, answer, done.stderr
 
     try:
-        assert deploy_release(entry, v1).state == "staged"  # the robot is busy
+        assert deploy_release(entry, v1)[0].state == "staged"  # the robot is busy
         code, _, err = verb("activate", "dev-arm-01", *devices)
         assert code == 1 and "robot-busy lock is set" in err, err[-2000:]
         code, unstaged, err = verb("unstage", "dev-arm-01", *devices)
@@ -385,8 +388,8 @@ def test_devices_verbs_activate_unstage_and_roll_back_a_real_agent(
         assert code == 1 and "nothing staged" in err, err[-2000:]
 
         lock.unlink()
-        assert deploy_release(entry, v1).state == "active"
-        assert deploy_release(entry, v2).state == "active"
+        assert deploy_release(entry, v1)[0].state == "active"
+        assert deploy_release(entry, v2)[0].state == "active"
         code, _, err = verb("rollback", "dev-arm-01", *devices, "--to", "7")
         assert code == 1 and "release 7 is not the previous version" in err, err[-2000:]
         assert "edge-policy:1 (release 1)" in err, "it names what the device holds"

@@ -153,7 +153,7 @@ def put_on_v1(home: Path, key: Path, agents: dict[str, dict[str, Any]], names: l
 
     def one(name: str) -> str:
         url = f"http://127.0.0.1:{agents[name]['port']}"
-        return deploy_release(DeviceEntry(name=name, url=url, token_env=TOKEN_ENV), path).state
+        return deploy_release(DeviceEntry(name=name, url=url, token_env=TOKEN_ENV), path)[0].state
 
     with ThreadPoolExecutor(len(names)) as pool:
         assert list(pool.map(one, names)) == ["active"] * len(names)

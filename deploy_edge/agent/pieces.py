@@ -1,0 +1,211 @@
+"""Delta uploads: the pieces a device holds, the pieces a client sends, and a release file
+assembled from both.
+
+A client cuts its release file into pieces (:func:`deploy_edge.release.pieces.release_pieces`)
+and asks which the device lacks (:meth:`PieceStore.missing`); the device holds the blocks of
+every bundle file in its slots (active, previous, staged) and the pieces sent to it. The client
+sends the missing ones (:meth:`PieceStore.put`: each hashed on arrival, a wrong one refused and
+never kept), then asks the device to assemble the release (:meth:`PieceStore.assemble`): its
+bytes, piece by piece in the recipe's order, go through the upload store's own write
+(:meth:`deploy_edge.agent.uploads.UploadStore.write`), so every upload rule holds (declared
+size, the cap, the free-space margin, one writer, and the whole file hashed to the release's
+sha256 before it is complete). What a deployment then takes is an upload like any other.
+
+A cut connection loses nothing verified: pieces already received stay (until they expire, as
+uploads do), so a retry sends only what is still missing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import tempfile
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+from deploy_edge.agent.uploads import MIB, UploadRefused, UploadStore, checked_sha256
+from deploy_edge.release.pieces import MAX_PIECE_BYTES, file_pieces
+from deploy_edge.wire import Upload
+
+Recipe = list[tuple[str, int]]
+"""A release file as pieces in order: (sha256, size) each."""
+MAX_RECIPE_PIECES = 1 << 20
+"""The most pieces a recipe may list (1 TiB of 1 MiB pieces)."""
+_Held = dict[str, tuple[Path, int, int]]
+"""sha256 -> (file, offset, size) of a block in a slot."""
+
+
+class PieceStore:
+    """The pieces sent to this device (``folder``, a file per piece named by its sha256) and
+    the blocks of the bundles ``slots()`` returns (their directories), indexed once per
+    bundle and cached. ``max_age_s``: a piece untouched this long is deleted (on open and
+    before each assembly)."""
+
+    def __init__(
+        self,
+        folder: Path,
+        slots: Callable[[], list[Path]],
+        uploads: UploadStore,
+        max_age_s: float,
+    ) -> None:
+        self.folder, self.slots, self.uploads, self.max_age_s = folder, slots, uploads, max_age_s
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self._indexes: dict[tuple[str, int], _Held] = {}
+        self._guard = threading.Lock()
+        self.expire()
+
+    def held(self) -> _Held:
+        """Every block of the slots' bundle files, by sha256 (indexed once per bundle)."""
+        held: _Held = {}
+        keys = []
+        for bundle in self.slots():
+            try:
+                key = (str(bundle), bundle.stat().st_mtime_ns)
+            except FileNotFoundError:
+                continue
+            keys.append(key)
+            with self._guard:
+                index = self._indexes.get(key)
+            if index is None:
+                index = _index(bundle)
+                with self._guard:
+                    self._indexes[key] = index
+            held |= index
+        with self._guard:  # bundles no longer in a slot
+            for key in set(self._indexes) - set(keys):
+                del self._indexes[key]
+        return held
+
+    def missing(self, wanted: list[str]) -> list[str]:
+        """Of the pieces ``wanted`` (sha256s), those the device neither received nor holds in
+        a slot, each once, in the order given."""
+        held = self.held()
+        out: dict[str, None] = {}
+        for sha256 in wanted:
+            checked_sha256(sha256)
+            if sha256 not in held and not (self.folder / sha256).is_file():
+                out[sha256] = None
+        return list(out)
+
+    async def put(self, sha256: str, length: int | None, chunks: AsyncIterator[bytes]) -> int:
+        """Receive the piece ``sha256`` (at most :data:`MAX_PIECE_BYTES`); its size. A piece
+        whose bytes do not hash to ``sha256`` is refused (``hash-mismatch``) and not kept; one
+        over the size is refused (``too-large``) before (with a length) or while it is read."""
+        checked_sha256(sha256)
+        if length is not None and length > MAX_PIECE_BYTES:
+            raise _too_large(sha256, length)
+        self.uploads.check_room(sha256, MAX_PIECE_BYTES, MAX_PIECE_BYTES, 0)
+        data = bytearray()
+        async for chunk in chunks:
+            data += chunk
+            if len(data) > MAX_PIECE_BYTES:
+                raise _too_large(sha256, len(data))
+        if hashlib.sha256(data).hexdigest() != sha256:
+            raise UploadRefused(
+                "hash-mismatch",
+                f"piece {sha256[:12]}: its {len(data)} bytes do not hash to that sha256; not "
+                "kept: send it again",
+            )
+        fd, temp = tempfile.mkstemp(prefix=f".{sha256}.", dir=self.folder)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(temp, self.folder / sha256)
+        return len(data)
+
+    async def assemble(self, sha256: str, size: int, recipe: Recipe) -> Upload:
+        """Write the release ``sha256`` of ``size`` bytes from ``recipe``'s pieces into the
+        upload store (resuming a partial upload of it); the upload, complete once its bytes
+        hash to ``sha256``. Refused (``missing-pieces``, nothing written) when a piece is
+        neither received nor held, or the recipe does not add up to ``size``; the store's own
+        rules refuse the rest. The received pieces it used are deleted once it is complete."""
+        checked_sha256(sha256)
+        _check_recipe(sha256, size, recipe)
+        self.expire()
+        have = self.uploads.upload(sha256)
+        if have.complete:
+            return have
+        if have.size is not None and have.size != size:
+            self.uploads.delete(sha256)
+            have = self.uploads.upload(sha256)
+        held = await asyncio.to_thread(self.held)
+        lacking = [s for s, _ in recipe if s not in held and not (self.folder / s).is_file()]
+        if lacking:
+            raise UploadRefused(
+                "missing-pieces",
+                f"release {sha256[:12]}: {len(set(lacking))} pieces are neither sent nor held "
+                f"(first: {lacking[0][:12]}); send them, then assemble again",
+                have.received,
+                have.size,
+            )
+        done = await self.uploads.write(
+            sha256, have.received, size, None, self._bytes(recipe, held, have.received)
+        )
+        if done.complete:
+            for piece, _ in recipe:
+                (self.folder / piece).unlink(missing_ok=True)
+        return done
+
+    async def _bytes(self, recipe: Recipe, held: _Held, start: int) -> AsyncIterator[bytes]:
+        """The recipe's bytes from byte ``start``, piece by piece."""
+        at = 0
+        for sha256, size in recipe:
+            if at + size > start:
+                data = await asyncio.to_thread(self._read, sha256, size, held)
+                yield data[max(0, start - at) :]
+            at += size
+
+    def _read(self, sha256: str, size: int, held: _Held) -> bytes:
+        sent = self.folder / sha256
+        if sent.is_file():
+            return sent.read_bytes()[:size]
+        path, offset, length = held[sha256]
+        with path.open("rb") as f:
+            f.seek(offset)
+            return f.read(min(size, length))
+
+    def expire(self) -> list[str]:
+        """Delete the pieces untouched for ``max_age_s``; their sha256s."""
+        now, gone = time.time(), []
+        for path in self.folder.iterdir():
+            try:
+                if now - path.stat().st_mtime > self.max_age_s:
+                    path.unlink()
+                    gone.append(path.name)
+            except FileNotFoundError:
+                continue
+        return gone
+
+
+def _index(bundle: Path) -> _Held:
+    """The blocks of every file under ``bundle``."""
+    held: _Held = {}
+    for path in sorted(p for p in bundle.rglob("*") if p.is_file()):
+        for piece in file_pieces(path):
+            held.setdefault(piece.sha256, (path, piece.offset, piece.size))
+    return held
+
+
+def _check_recipe(sha256: str, size: int, recipe: Recipe) -> None:
+    """A recipe of well-formed pieces that adds up to ``size``, else ``missing-pieces``."""
+    problem = ""
+    if not recipe or len(recipe) > MAX_RECIPE_PIECES:
+        problem = f"{len(recipe)} pieces (1 to {MAX_RECIPE_PIECES})"
+    elif any(not 0 < n <= MAX_PIECE_BYTES for _, n in recipe):
+        problem = f"a piece size outside 1..{MAX_PIECE_BYTES} bytes"
+    elif sum(n for _, n in recipe) != size:
+        problem = f"pieces adding up to {sum(n for _, n in recipe)} bytes, not the {size} declared"
+    if problem:
+        raise UploadRefused("missing-pieces", f"release {sha256[:12]}: the recipe has {problem}")
+    for piece, _ in recipe:
+        checked_sha256(piece)
+
+
+def _too_large(sha256: str, size: int) -> UploadRefused:
+    return UploadRefused(
+        "too-large",
+        f"piece {sha256[:12]}: {size / MIB:.2f} MiB is over the {MAX_PIECE_BYTES / MIB:g} MiB a "
+        "piece may have",
+    )

@@ -66,6 +66,7 @@ from stages.export import export
 from stages.policy.checkpoint import save_new_policy
 
 TOKEN = "benchmark-token"
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def rss_mb(pid: int) -> float:
@@ -83,12 +84,22 @@ def main() -> None:
     parser.add_argument(
         "--fleet-command-only", action="store_true", help="only the fleet command's overhead"
     )
+    parser.add_argument(
+        "--delta-only", action="store_true", help="only the delta deploy (benchmarks/deploy_delta)"
+    )
     args = parser.parse_args()
+    sys.path.insert(0, str(ROOT))  # run as a script: the repository root is not on the path
+    from benchmarks.deploy_delta import delta_figure
+
     cfg = load_config(CONFIG_DIR / "demo.yaml")
-    figures = {} if args.fleet_only or args.fleet_command_only else single_agent(cfg, args.quick)
-    if not args.fleet_command_only:
+    only = args.fleet_only or args.fleet_command_only or args.delta_only
+    figures = {} if only else single_agent(cfg, args.quick)
+    if not (args.fleet_command_only or args.delta_only):
         figures.update(fleet_figure(cfg, args.quick))
-    figures.update(fleet_command_figure(cfg, args.quick))
+    if not args.delta_only:
+        figures.update(fleet_command_figure(cfg, args.quick))
+    if not (args.fleet_only or args.fleet_command_only):
+        figures.update({f"delta_{k}": v for k, v in delta_figure(args.quick).items()})
     print(" ".join(f"{k}={v}" for k, v in figures.items()))
 
 

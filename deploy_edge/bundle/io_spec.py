@@ -243,6 +243,9 @@ class IOSpec(_GraphIO, Record):
     """The pretrained encoders the policy is built on (:class:`WeightsProvenance`), from the
     checkpoint's base; empty for a policy with none recorded (``default``, ``hub-vlm``, an
     older bundle)."""
+    lora: str = "merged"
+    """How the graph holds the policy's LoRA adapters (``export.lora``): ``merged`` into the
+    base weights, or ``separate``, their own small tensors beside the unchanged base weights."""
 
     def variant(self, name: str) -> Variant | None:
         """The variant called ``name``; None if the bundle has none of that name."""

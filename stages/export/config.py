@@ -53,6 +53,13 @@ class ExportConfig(BaseModel):
     VLA's keypoint projection, whose input puts spatial-softmax coordinates (within +-1) and
     max-pooled features (tens) in one tensor that one INT8 scale cannot resolve (measured on
     the demo's VLA: 5.4% of an action std with it quantised, 2.8% without)."""
+    lora: Literal["merged", "separate"] = "merged"
+    """``merged``: LoRA folded into the base weights (one matmul per adapted layer).
+    ``separate``: the adapters stay their own small tensors beside the base weights, which a
+    fine-tune of the same base leaves byte for byte as they were, so a device that holds the
+    previous release is sent only the adapters and heads (delta uploads,
+    :mod:`deploy_edge.release.pieces`); it costs the adapters' two small matmuls per layer
+    (measured by benchmarks/deploy.py --delta-only)."""
     score_success: bool = True
     """Also play each candidate variant on the held-out suite against the FP32 export on the
     same seeds, with the no-regression gate's paired test, during the pipeline's evaluation

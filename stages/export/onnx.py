@@ -162,7 +162,7 @@ def export(
     import onnxruntime as ort
 
     policy = load_policy(checkpoint, verified).eval()
-    wrapper = as_onnx(policy).eval()
+    wrapper = as_onnx(policy, merge_lora=config.lora == "merged").eval()
     discard_dead_temporaries(out.parent, of=out.name)  # killed exports' (never a live one's)
     staging = temporary_path(out)
     with writing(out, staging, kept=f"{out} is as it was"):
@@ -272,6 +272,7 @@ def export(
             export_peak_rss_mb=round(peak_rss_mb(), 1),
             weights_sources=weights_provenance(checkpoint),
             instruction_graph=instruction,
+            lora=config.lora,
         )
         write_io_spec(staging, spec)
         # The statistics the graph normalises with (already inside it): for inspection on the edge.

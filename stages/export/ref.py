@@ -87,6 +87,7 @@ def existing_export(
             or spec.parity_max_abs_error > tolerance
             or spec.opset != OPSET
             or spec.onnx_file != ONNX_FILE
+            or spec.lora != config.lora
             or not _same_variants(spec, wanted, config)
         ):
             return None

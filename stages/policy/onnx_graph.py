@@ -15,13 +15,15 @@ from torch import nn
 from stages.policy.base import Encoded, Images, Tensor, VLAPolicy
 
 
-def as_onnx(policy: VLAPolicy) -> OnnxPolicy:
-    """A copy of ``policy`` with LoRA merged into the base weights, wrapped for
-    ``torch.onnx.export``."""
+def as_onnx(policy: VLAPolicy, merge_lora: bool = True) -> OnnxPolicy:
+    """A copy of ``policy`` wrapped for ``torch.onnx.export``: with LoRA merged into the base
+    weights (``merge_lora``, one matmul per layer), or the adapters kept as their own tensors
+    (the graph computes ``W x + B (A x) * scale``: the base weights stay as the base had them)."""
     model = copy.deepcopy(policy).eval()
-    for module in model.modules():
-        if isinstance(module, LoraLayer):
-            module.merge()
+    if merge_lora:
+        for module in model.modules():
+            if isinstance(module, LoraLayer):
+                module.merge()
     return OnnxPolicy(model)
 
 

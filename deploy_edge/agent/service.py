@@ -68,11 +68,10 @@ engine seam, for tests of concurrency and of the robot's loop; never set on a de
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import threading
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from fastapi import (
     Depends,
@@ -84,70 +83,33 @@ from fastapi import (
     WebSocket,
 )
 from fastapi.responses import PlainTextResponse
-from pydantic import BaseModel, Field
 
-from deploy_edge.agent.config import DeviceConfig, Scope, allows, check_device_files
+from deploy_edge.agent.config import DeviceConfig, Scope, check_device_files
 from deploy_edge.agent.deployer import Deployer
 from deploy_edge.agent.pieces import PieceStore
 from deploy_edge.agent.policy_server import MAX_FRAME_MB, PolicySocketProtocol, serve_frames
-from deploy_edge.agent.uploads import MIB, Reason, UploadRefused, UploadStore
-from deploy_edge.wire import Health, Origin
+from deploy_edge.agent.requests import (
+    ActionRequest,
+    AssembleRequest,
+    DeployRequest,
+    EpisodeRequest,
+    PiecesRequest,
+    RollbackRequest,
+    authorize,
+    demand,
+    log,  # the agent's log: refusals, start-up warnings
+    origin_of,
+    refused,
+)
+from deploy_edge.agent.uploads import MIB, UploadRefused, UploadStore
+from deploy_edge.wire import Health
 from robo_pipe.errors import RoboPipeError
-from robo_pipe.records import RecordError
 
 UPLOADS_DIR = "uploads"
 PIECES_DIR = "pieces"
 LOCK_POLL_S = 1.0
 GRACE_S = 5
 """On SIGTERM, open connections get this long to finish before the agent exits."""
-log = logging.getLogger("deploy_edge.agent")
-"""The agent's log: refused calls (endpoint and the scope they lacked), start-up warnings."""
-
-
-class DeployRequest(BaseModel):
-    """Body of ``POST /deployments``."""
-
-    sha256: str
-    force: bool = False
-    systems_test: bool = False
-    """The deploy says it is a systems test: a random-weights release may go live (recorded)."""
-    origin: dict[str, Any] | None = None
-    """Who asks (:class:`~deploy_edge.wire.Origin`'s fields), recorded on the deployment."""
-
-
-class PiecesRequest(BaseModel):
-    """Body of ``POST /pieces/missing``."""
-
-    pieces: list[str]
-
-
-class AssembleRequest(BaseModel):
-    """Body of ``POST /uploads/{sha256}/assemble``: the release's size and its pieces in order."""
-
-    size: int = Field(ge=1)
-    pieces: list[tuple[str, int]]
-
-
-class ActionRequest(BaseModel):
-    """Body of ``POST /activate``, ``POST /unstage`` (optional: an older client sends none)."""
-
-    origin: dict[str, Any] | None = None
-    """Who asks (:class:`~deploy_edge.wire.Origin`'s fields), recorded on the deployment."""
-
-
-class RollbackRequest(ActionRequest):
-    """Body of ``POST /rollback`` (optional)."""
-
-    release: int | None = None
-    """Roll back only if the previous version is this release (None: whatever it is)."""
-
-
-class EpisodeRequest(BaseModel):
-    """Body of ``POST /episode``."""
-
-    instruction: str | None = None
-    """None: the task the robot's scene poses (the simulated arm's), else the config's."""
-    max_ticks: int = 100
 
 
 def create_app(config: DeviceConfig, deployer: Deployer) -> FastAPI:
@@ -192,7 +154,7 @@ def create_app(config: DeviceConfig, deployer: Deployer) -> FastAPI:
         try:
             return store.upload(sha256).to_json()
         except UploadRefused as err:
-            raise _refused(err) from err
+            raise refused(err) from err
 
     @app.put("/uploads/{sha256}", dependencies=[require("deploy")])
     async def upload(
@@ -204,7 +166,7 @@ def create_app(config: DeviceConfig, deployer: Deployer) -> FastAPI:
                 sha256, offset, size, int(length) if length else None, request.stream()
             )
         except UploadRefused as err:
-            raise _refused(err) from err
+            raise refused(err) from err
         return done.to_json()
 
     @app.delete("/uploads/{sha256}", dependencies=[require("deploy")])
@@ -212,14 +174,14 @@ def create_app(config: DeviceConfig, deployer: Deployer) -> FastAPI:
         try:
             return store.delete(sha256).to_json()
         except UploadRefused as err:
-            raise _refused(err) from err
+            raise refused(err) from err
 
     @app.post("/pieces/missing", dependencies=[require("read")])
     async def missing_pieces(body: PiecesRequest) -> dict[str, Any]:
         try:
             return {"missing": await asyncio.to_thread(pieces.missing, body.pieces)}
         except UploadRefused as err:
-            raise _refused(err) from err
+            raise refused(err) from err
 
     @app.put("/pieces/{sha256}", dependencies=[require("deploy")])
     async def put_piece(sha256: str, request: Request) -> dict[str, Any]:
@@ -227,7 +189,7 @@ def create_app(config: DeviceConfig, deployer: Deployer) -> FastAPI:
         try:
             size = await pieces.put(sha256, int(length) if length else None, request.stream())
         except UploadRefused as err:
-            raise _refused(err) from err
+            raise refused(err) from err
         return {"sha256": sha256, "size": size}
 
     @app.post("/uploads/{sha256}/assemble", dependencies=[require("deploy")])
@@ -235,7 +197,7 @@ def create_app(config: DeviceConfig, deployer: Deployer) -> FastAPI:
         try:
             done = await pieces.assemble(sha256, body.size, body.pieces)
         except UploadRefused as err:
-            raise _refused(err) from err
+            raise refused(err) from err
         return done.to_json()
 
     @app.post("/deployments")
@@ -244,14 +206,14 @@ def create_app(config: DeviceConfig, deployer: Deployer) -> FastAPI:
     def deploy(body: DeployRequest, granted: Scope = require("deploy")) -> dict[str, Any]:  # noqa: B008
         if body.force:  # forcing past a rule (a downgrade, the floor) is an operator's call
             demand(granted, "operate", "POST /deployments with force")
-        origin = _origin(body.origin)  # a malformed one refused before any work
+        origin = origin_of(body.origin)  # a malformed one refused before any work
         if not busy.acquire(blocking=False):
             raise HTTPException(409, "a deployment is running")
         try:  # held (not deletable) until the deployment ends
             path = store.hold_for_deployment(body.sha256)
         except UploadRefused as err:
             busy.release()
-            raise _refused(err) from err
+            raise refused(err) from err
 
         def run() -> None:
             installed = False
@@ -277,7 +239,7 @@ def create_app(config: DeviceConfig, deployer: Deployer) -> FastAPI:
 
     @app.post("/activate", dependencies=[require("deploy")])
     def activate(body: ActionRequest | None = None) -> dict[str, Any]:
-        done = deployer.activate_staged(_origin(body.origin if body else None))
+        done = deployer.activate_staged(origin_of(body.origin if body else None))
         if done is None:
             raise HTTPException(409, "nothing staged, or the robot-busy lock is set")
         return done.to_json()
@@ -286,14 +248,14 @@ def create_app(config: DeviceConfig, deployer: Deployer) -> FastAPI:
     def rollback(body: RollbackRequest | None = None) -> dict[str, Any]:
         body = body or RollbackRequest()
         try:
-            return deployer.rollback(body.release, _origin(body.origin)).to_json()
+            return deployer.rollback(body.release, origin_of(body.origin)).to_json()
         except RoboPipeError as err:
             raise HTTPException(409, str(err)) from err
 
     @app.post("/unstage", dependencies=[require("deploy")])
     def unstage(body: ActionRequest | None = None) -> dict[str, Any]:
         try:
-            return deployer.unstage(_origin(body.origin if body else None)).to_json()
+            return deployer.unstage(origin_of(body.origin if body else None)).to_json()
         except RoboPipeError as err:
             raise HTTPException(409, str(err)) from err
 
@@ -316,75 +278,6 @@ def create_app(config: DeviceConfig, deployer: Deployer) -> FastAPI:
         await serve_frames(websocket, deployer)
 
     return app
-
-
-def authorize(config: DeviceConfig, authorization: str, needed: Scope, endpoint: str) -> Scope:
-    """The scope of the bearer token in ``authorization`` (an ``Authorization`` header), if it
-    allows ``needed``; else :class:`HTTPException` 401 (no token, not the ``Bearer`` scheme, an
-    unknown token) or 403 (a token of a lower scope; :func:`demand`)."""
-    scheme, _, token = authorization.strip().partition(" ")
-    if scheme != "Bearer" or not token.strip():
-        _refuse(401, endpoint, needed, "expected 'Authorization: Bearer <token>'")
-    granted = config.tokens.scope_of(_token_sha256(token.strip()))
-    if granted is None:
-        _refuse(401, endpoint, needed, "unknown bearer token")
-    demand(granted, needed, endpoint)
-    return granted
-
-
-def demand(granted: Scope, needed: Scope, endpoint: str) -> None:
-    """Refuse (403) a caller whose token's scope ``granted`` does not allow ``needed``."""
-    if not allows(granted, needed):
-        _refuse(403, endpoint, needed, f"the token's scope is {granted!r}")
-
-
-def _refuse(status: int, endpoint: str, needed: Scope, why: str) -> NoReturn:
-    """Log the refusal (the endpoint and the scope it lacked, never the token or its hash) and
-    answer it, naming the scope needed."""
-    log.warning("refused %s: %s; it needs scope %r", endpoint, why, needed)
-    raise HTTPException(status, f"{endpoint} needs a token of scope {needed!r}: {why}")
-
-
-def _origin(data: dict[str, Any] | None) -> Origin | None:
-    """A request's ``origin`` as the record (422 naming the field when it does not fit)."""
-    if data is None:
-        return None
-    try:
-        return Origin.from_json(data)
-    except RecordError as err:
-        raise HTTPException(422, f"origin: {err}") from err
-
-
-def _token_sha256(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
-
-
-UPLOAD_STATUS: dict[Reason, int] = {
-    "not-a-sha256": 400,
-    "too-large": 413,
-    "no-space": 413,
-    "past-size": 413,
-    "size-differs": 409,
-    "offset": 409,
-    "busy": 409,
-    "hash-mismatch": 422,
-    "not-uploaded": 404,
-    "incomplete": 409,
-    "missing-pieces": 409,
-}
-"""The HTTP status of each upload refusal."""
-
-
-def _refused(err: UploadRefused) -> HTTPException:
-    """An upload refusal as the agent answers it: the detail carries the reason, the message
-    and the upload's ``received`` and ``size`` (a client resumes or starts over from them)."""
-    detail = {
-        "reason": err.reason,
-        "message": str(err),
-        "received": err.received,
-        "size": err.size,
-    }
-    return HTTPException(UPLOAD_STATUS[err.reason], detail)
 
 
 def watch_lock(config: DeviceConfig, deployer: Deployer, stop: threading.Event) -> None:

@@ -262,7 +262,7 @@ def delay_success(checkpoint: Path, root: Path, episodes: int) -> dict[str, str]
 
 def policy_server(export_dir: Path, root: Path, ticks: int, clients: int) -> dict[str, str]:
     """``clients`` robots at 10 Hz against one local agent serving ``export_dir``."""
-    from benchmarks.deploy import TOKEN, start_agent, wait_healthy
+    from benchmarks.local_agents import TOKEN, start_agent, wait_healthy
     from deploy_edge.keys import generate_keypair, load_private_key
     from deploy_edge.policy_client.remote_policy import RemotePolicy
     from deploy_edge.release.signature import write_release

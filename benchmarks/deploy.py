@@ -29,14 +29,14 @@ devices' own time (per wave its slowest device, summed), with the temporary Pref
 each command starts and with ``robo-pipe ui``'s servers running; and the seconds it takes to
 refuse a fleet file with a bad field, an unset token variable and an unreachable registry.
 
-Run: ``python benchmarks/deploy.py [--quick] [--fleet-only | --fleet-command-only]``; the last
+Run: ``python benchmarks/deploy.py [--quick] [--fleet-only | --fleet-command-only |
+--delta-only]`` (the delta figure: :mod:`benchmarks.deploy_delta`); the last
 line is ``key=value`` pairs.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import shutil
@@ -51,30 +51,23 @@ from typing import Any
 
 import yaml
 
-from configs import targets_dir
-from deploy_edge.bundle.io_spec import read_io_spec
-from deploy_edge.client import AgentClient
-from deploy_edge.device import DeviceEntry
-from deploy_edge.keys import generate_keypair, load_private_key, load_public_key
-from deploy_edge.release.payload import extract_release
-from deploy_edge.release.signature import verify_release, write_release
-from pipelines.config import CONFIG_DIR, PipelineConfig, load_config
-from pipelines.services.local_servers import free_port
-from robo_pipe.integrity import file_sha256
-from robots.rp5 import RP5
-from stages.export import export
-from stages.policy.checkpoint import save_new_policy
-
-TOKEN = "benchmark-token"
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run as a script: the repository root is not on the path
 
-
-def rss_mb(pid: int) -> float:
-    """Resident memory of process ``pid`` in MB (Linux /proc)."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
+from benchmarks.deploy_delta import delta_figure  # noqa: E402
+from benchmarks.local_agents import TOKEN, rss_mb, start_agent, wait_healthy  # noqa: E402
+from configs import targets_dir  # noqa: E402
+from deploy_edge.bundle.io_spec import read_io_spec  # noqa: E402
+from deploy_edge.client import AgentClient  # noqa: E402
+from deploy_edge.keys import generate_keypair, load_private_key, load_public_key  # noqa: E402
+from deploy_edge.release.payload import extract_release  # noqa: E402
+from deploy_edge.release.signature import verify_release, write_release  # noqa: E402
+from pipelines.config import CONFIG_DIR, PipelineConfig, load_config  # noqa: E402
+from pipelines.services.local_servers import free_port  # noqa: E402
+from robo_pipe.integrity import file_sha256  # noqa: E402
+from robots.rp5 import RP5  # noqa: E402
+from stages.export import export  # noqa: E402
+from stages.policy.checkpoint import save_new_policy  # noqa: E402
 
 
 def main() -> None:
@@ -88,9 +81,6 @@ def main() -> None:
         "--delta-only", action="store_true", help="only the delta deploy (benchmarks/deploy_delta)"
     )
     args = parser.parse_args()
-    sys.path.insert(0, str(ROOT))  # run as a script: the repository root is not on the path
-    from benchmarks.deploy_delta import delta_figure
-
     cfg = load_config(CONFIG_DIR / "demo.yaml")
     only = args.fleet_only or args.fleet_command_only or args.delta_only
     figures = {} if only else single_agent(cfg, args.quick)
@@ -101,56 +91,6 @@ def main() -> None:
     if not (args.fleet_only or args.fleet_command_only):
         figures.update({f"delta_{k}": v for k, v in delta_figure(args.quick).items()})
     print(" ".join(f"{k}={v}" for k, v in figures.items()))
-
-
-def start_agent(
-    root: Path,
-    name: str,
-    public: Path,
-    gate_steps: int,
-    gate_warmup: int,
-    pace: bool,
-    health_ticks: int,
-    target: Path | None = None,
-) -> tuple[subprocess.Popen[bytes], DeviceEntry]:
-    """A real agent process on 127.0.0.1 trusting ``public`` (``target``: a profile file; by
-    default local-cpu), and its devices-file entry."""
-    port = free_port()
-    device = {
-        **({"target": str(target)} if target else {}),
-        "name": name,
-        "listen": f"127.0.0.1:{port}",
-        "trusted_keys": [str(public)],
-        "tokens": {"operate": [hashlib.sha256(TOKEN.encode()).hexdigest()]},
-        "state_dir": str(root / name / "state"),
-        "gate_steps": gate_steps,
-        "gate_warmup": gate_warmup,
-        "pace": pace,
-        "health_ticks": health_ticks,
-    }
-    (root / name).mkdir(parents=True, exist_ok=True)
-    (root / name / "device.yaml").write_text(yaml.safe_dump(device))
-    agent = subprocess.Popen(
-        [sys.executable, "-m", "deploy_edge.agent", "--config", str(root / name / "device.yaml")],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    os.environ["BENCH_TOKEN"] = TOKEN
-    return agent, DeviceEntry(name=name, url=f"http://127.0.0.1:{port}", token_env="BENCH_TOKEN")
-
-
-def wait_healthy(entry: DeviceEntry, timeout_s: float = 120.0) -> AgentClient:
-    """A client of the agent once it answers."""
-    client = AgentClient(entry)
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            client.health()
-            return client
-        except Exception:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
 
 
 def fleet_figure(cfg: PipelineConfig, quick: bool) -> dict[str, str]:

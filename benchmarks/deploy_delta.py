@@ -32,8 +32,8 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from benchmarks.deploy import TOKEN, start_agent, wait_healthy
 from benchmarks.link import slow_link
+from benchmarks.local_agents import TOKEN, start_agent, wait_healthy
 from benchmarks.vla_scale import export_in_subprocess, small_dataset
 from deploy_edge.bundle.io_spec import read_io_spec
 from deploy_edge.bundle.layout import REFERENCE_FILE

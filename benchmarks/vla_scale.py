@@ -251,7 +251,7 @@ def deploy_at_size(export_dir: Path, root: Path, label: str) -> dict[str, str]:
     """The signed release's size and each deploy step's seconds on a local agent (a systems
     test: the policy has random weights), the agent gating a few unpaced steps on local-cpu."""
     sys.path.insert(0, str(ROOT))  # run as a script: the repository root is not on the path
-    from benchmarks.deploy import start_agent, wait_healthy
+    from benchmarks.local_agents import start_agent, wait_healthy
     from deploy_edge.keys import generate_keypair, load_private_key
     from deploy_edge.release.signature import write_release
     from robo_pipe.integrity import file_sha256

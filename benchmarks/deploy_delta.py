@@ -56,10 +56,14 @@ TRAIN = ["finetune.bc.steps=2", "finetune.bc.workers=0", "finetune.bc.checkpoint
 
 def delta_figure(quick: bool, mb_s: float = 20.0) -> dict[str, str]:
     """The figures of the module docstring; prints each as it is measured."""
+    with tempfile.TemporaryDirectory(prefix="robo-pipe-delta-") as folder:
+        return _measure(Path(folder), quick, mb_s)
+
+
+def _measure(root: Path, quick: bool, mb_s: float) -> dict[str, str]:
     from stages.finetune.run import finetune
 
     config, overrides = PRESETS[quick]
-    root = Path(tempfile.mkdtemp(prefix="robo-pipe-delta-"))
     cfg = load_config(CONFIG_DIR / config, [*overrides, *TRAIN])
     dataset = small_dataset(root / "data")
     start = time.perf_counter()

@@ -265,8 +265,7 @@ def test_separate_adapters_leave_the_base_weights_for_the_device_to_reuse(
     export_dir: Path, tmp_path: Path
 ) -> None:
     """With ``export.lora: separate`` a second fine-tune's new pieces are its adapters, heads
-    and metadata; merged, LoRA rewrites every adapted matrix too (measured on the tiny VLA at
-    4 KiB pieces: 18% against 31%)."""
-    separate = new_share("separate", export_dir.parent / "ckpt", tmp_path)
-    merged = new_share("merged", export_dir.parent / "ckpt", tmp_path)
-    assert separate < 0.75 * merged, (separate, merged)
+    and metadata. Merged, LoRA rewrites every adapted matrix too: measured on this tiny VLA at
+    4 KiB pieces (seeded, so the same each run), 18% separate against 31% merged."""
+    share = new_share("separate", export_dir.parent / "ckpt", tmp_path)
+    assert share < 0.25, f"{share:.1%} of the second export is new (merged: 31%)"

@@ -231,12 +231,14 @@ def test_a_rollout_reaches_every_device_and_is_on_record(
             row = by_device[name]
             assert row["state"] == "active" and row["after"] == f"{MODEL}:1", row
             assert row["before"] is None and row["p99_ms"] > 0
+            assert row["sent_bytes"] > 0, "a first rollout sends the whole release"
             assert active(agents[name]) == f"{MODEL}:1"
         ghost = by_device["ghost"]
         assert ghost["state"] == "unreachable" and "127.0.0.1" in ghost["reason"], ghost
         assert "unreachable" in done.stderr and "not every device runs" in done.stderr
-        for column in ("device", "before", "after", "state", "reason", "on-device p99"):
+        for column in ("device", "before", "after", "state", "reason", "on-device p99", "sent"):
             assert column in done.stderr
+        assert by_device["ghost"]["sent_bytes"] is None, "nothing was sent to it"
 
         tags = get_version(MODEL, "1").tags
         for name in names:

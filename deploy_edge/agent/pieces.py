@@ -2,7 +2,7 @@
 assembled from both.
 
 A client cuts its release file into pieces (:func:`deploy_edge.release.pieces.release_pieces`)
-and asks which the device lacks (:meth:`PieceStore.missing`); the device holds the blocks of
+and asks which the device lacks (:meth:`PieceStore.missing`); the device holds the pieces of
 every bundle file in its slots (active, previous, staged) and the pieces sent to it. The client
 sends the missing ones (:meth:`PieceStore.put`: each hashed on arrival, a wrong one refused and
 never kept), then asks the device to assemble the release (:meth:`PieceStore.assemble`): its
@@ -27,7 +27,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 from deploy_edge.agent.uploads import MIB, UploadRefused, UploadStore, checked_sha256
-from deploy_edge.release.pieces import MAX_PIECE_BYTES, file_pieces
+from deploy_edge.release.pieces import MAX_PIECE_BYTES, bundle_pieces
 from deploy_edge.wire import Upload
 
 Recipe = list[tuple[str, int]]
@@ -35,12 +35,12 @@ Recipe = list[tuple[str, int]]
 MAX_RECIPE_PIECES = 1 << 20
 """The most pieces a recipe may list (1 TiB of 1 MiB pieces)."""
 _Held = dict[str, tuple[Path, int, int]]
-"""sha256 -> (file, offset, size) of a block in a slot."""
+"""sha256 -> (file, offset, size) of a piece in a slot."""
 
 
 class PieceStore:
     """The pieces sent to this device (``folder``, a file per piece named by its sha256) and
-    the blocks of the bundles ``slots()`` returns (their directories), indexed once per
+    the pieces of the bundles ``slots()`` returns (their directories), indexed once per
     bundle and cached. ``max_age_s``: a piece untouched this long is deleted (on open and
     before each assembly)."""
 
@@ -58,7 +58,7 @@ class PieceStore:
         self.expire()
 
     def held(self) -> _Held:
-        """Every block of the slots' bundle files, by sha256 (indexed once per bundle)."""
+        """Every piece of the slots' bundle files, by sha256 (indexed once per bundle)."""
         held: _Held = {}
         keys = []
         for bundle in self.slots():
@@ -180,11 +180,10 @@ class PieceStore:
 
 
 def _index(bundle: Path) -> _Held:
-    """The blocks of every file under ``bundle``."""
+    """The pieces of every file under ``bundle``."""
     held: _Held = {}
-    for path in sorted(p for p in bundle.rglob("*") if p.is_file()):
-        for piece in file_pieces(path):
-            held.setdefault(piece.sha256, (path, piece.offset, piece.size))
+    for path, piece in bundle_pieces(bundle):
+        held.setdefault(piece.sha256, (path, piece.offset, piece.size))
     return held
 
 

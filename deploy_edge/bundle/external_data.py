@@ -11,7 +11,7 @@ with ``onnx`` (without their external data).
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -62,14 +62,45 @@ def external_locations(model: Path) -> list[tuple[str, str]]:
         proto = onnx.load(str(model), load_external_data=False)
     except Exception as err:  # protobuf's DecodeError and friends
         raise IOSpecError(f"{model.name}: not a readable ONNX model ({err})") from err
-    found: list[tuple[str, str]] = []
+    return [(tensor.name, entries.get("location", "")) for tensor, entries in _external(proto)]
+
+
+def tensor_starts(graphs: Mapping[str, bytes]) -> dict[str, set[int]]:
+    """Where each external tensor's bytes begin in its data file, for a bundle's graphs
+    (bundle-relative path of each ``.onnx`` file -> its bytes): bundle-relative data file ->
+    byte offsets. A graph that does not parse gives none (what uses these only cuts files at
+    them; :func:`check_external_data` is what refuses)."""
+    import onnx
+
+    starts: dict[str, set[int]] = {}
+    for graph, data in graphs.items():
+        try:
+            proto = onnx.load_model_from_string(data)
+        except Exception:  # protobuf's DecodeError and friends
+            continue
+        for _, entries in _external(proto):
+            try:
+                parts = relative_parts(entries.get("location", ""))
+                offset = int(entries.get("offset", "0"))
+            except ValueError:
+                continue
+            rel = (PurePosixPath(graph).parent / PurePosixPath(*parts)).as_posix()
+            starts.setdefault(rel, set()).add(offset)
+    return starts
+
+
+def _external(proto: Any) -> Iterator[tuple[Any, dict[str, str]]]:
+    """Every tensor of the model ``proto`` whose data is external, with its ``external_data``
+    entries (location, offset, length), found by walking the whole message tree."""
+    import onnx
+
     stack: list[Any] = [proto]
     while stack:
         message = stack.pop()
         if isinstance(message, onnx.TensorProto):
             entries = {entry.key: entry.value for entry in message.external_data}
             if message.data_location == onnx.TensorProto.EXTERNAL or entries:
-                found.append((message.name, entries.get("location", "")))
+                yield message, entries
         for descriptor, value in message.ListFields():
             if descriptor.message_type is None:
                 continue
@@ -77,4 +108,3 @@ def external_locations(model: Path) -> list[tuple[str, str]]:
                 stack.append(value)
             else:
                 stack.extend(value)
-    return found

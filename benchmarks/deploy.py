@@ -80,6 +80,9 @@ def main() -> None:
     parser.add_argument(
         "--delta-only", action="store_true", help="only the delta deploy (benchmarks/deploy_delta)"
     )
+    parser.add_argument(
+        "--work-dir", type=Path, help="the delta figure's exports, kept here for a rerun"
+    )
     args = parser.parse_args()
     cfg = load_config(CONFIG_DIR / "demo.yaml")
     only = args.fleet_only or args.fleet_command_only or args.delta_only
@@ -89,7 +92,8 @@ def main() -> None:
     if not args.delta_only:
         figures.update(fleet_command_figure(cfg, args.quick))
     if not (args.fleet_only or args.fleet_command_only):
-        figures.update({f"delta_{k}": v for k, v in delta_figure(args.quick).items()})
+        delta = delta_figure(args.quick, work_dir=args.work_dir)
+        figures.update({f"delta_{k}": v for k, v in delta.items()})
     print(" ".join(f"{k}={v}" for k, v in figures.items()))
 
 

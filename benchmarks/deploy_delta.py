@@ -20,11 +20,13 @@ with a flipped byte is refused (``tampered_refused``). ``lora_cost``: the FP32 g
 latency with the adapters separate over the same checkpoint's graph with them merged (the
 price of ``separate``), at 1 thread.
 
-``--quick``: the ``tiny`` hub-vlm preset (seconds); full: the ``smolvlm-256m`` preset.
+``--quick``: the ``tiny`` hub-vlm preset (seconds); full: the ``smolvlm-256m`` preset (two
+exports of ~6 min and ~9.5 GiB each; ``--work-dir DIR`` keeps them for a rerun).
 """
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -54,8 +56,13 @@ PRESETS = {
 TRAIN = ["finetune.bc.steps=2", "finetune.bc.workers=0", "finetune.bc.checkpoint_every=2"]
 
 
-def delta_figure(quick: bool, mb_s: float = 20.0) -> dict[str, str]:
-    """The figures of the module docstring; prints each as it is measured."""
+def delta_figure(quick: bool, mb_s: float = 20.0, work_dir: Path | None = None) -> dict[str, str]:
+    """The figures of the module docstring; prints each as it is measured. ``work_dir``: keep
+    the dataset, fine-tunes and exports there, and reuse them on a rerun (the stages reuse what
+    they made; the agent starts fresh each time); default a temporary folder."""
+    if work_dir is not None:
+        shutil.rmtree(work_dir / "agents", ignore_errors=True)
+        return _measure(work_dir, quick, mb_s)
     with tempfile.TemporaryDirectory(prefix="robo-pipe-delta-") as folder:
         return _measure(Path(folder), quick, mb_s)
 

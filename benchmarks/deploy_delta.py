@@ -82,6 +82,7 @@ def _measure(root: Path, quick: bool, mb_s: float) -> dict[str, str]:
     separate = [*overrides, "export.lora=separate"]
     for number, checkpoint in enumerate(checkpoints, 1):
         export_in_subprocess(checkpoint, root / f"export-{number}", dataset, config, separate)
+    shutil.rmtree(root / "keys", ignore_errors=True)  # a rerun in the same folder signs anew
     private, public = generate_keypair(root / "keys", "bench")
     releases = []
     for number in (1, 2):

@@ -23,7 +23,7 @@ from deploy_edge.device import (
     DeviceRefused,
     DeviceUnreachable,
 )
-from deploy_edge.release.pieces import release_pieces
+from deploy_edge.release.pieces import batch_body, batches, release_pieces
 from deploy_edge.wire import (
     Deployment,
     DeviceStatus,
@@ -156,10 +156,13 @@ class AgentClient(Device):
             to_send = sum(p.size for p in todo)
             this_round = 0
             with release.open("rb") as f:
-                for piece in todo:
-                    f.seek(piece.offset)
-                    self._request("PUT", f"/pieces/{piece.sha256}", content=f.read(piece.size))
-                    this_round += piece.size
+                for batch in batches(todo):
+                    body = []
+                    for piece in batch:
+                        f.seek(piece.offset)
+                        body.append((piece.sha256, f.read(piece.size)))
+                    self._request("PUT", "/pieces", content=batch_body(body))
+                    this_round += sum(piece.size for piece in batch)
                     if on_progress:
                         on_progress(this_round, to_send)
             sent_bytes, sent_pieces = sent_bytes + this_round, sent_pieces + len(todo)

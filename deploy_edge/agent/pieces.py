@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import os
 import tempfile
 import threading
@@ -27,7 +28,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 from deploy_edge.agent.uploads import MIB, UploadRefused, UploadStore, checked_sha256
-from deploy_edge.release.pieces import MAX_PIECE_BYTES, bundle_pieces
+from deploy_edge.release.pieces import MAX_BATCH_BYTES, MAX_PIECE_BYTES, bundle_pieces
 from deploy_edge.wire import Upload
 
 Recipe = list[tuple[str, int]]
@@ -90,30 +91,53 @@ class PieceStore:
                 out[sha256] = None
         return list(out)
 
-    async def put(self, sha256: str, length: int | None, chunks: AsyncIterator[bytes]) -> int:
-        """Receive the piece ``sha256`` (at most :data:`MAX_PIECE_BYTES`); its size. A piece
-        whose bytes do not hash to ``sha256`` is refused (``hash-mismatch``) and not kept; one
-        over the size is refused (``too-large``) before (with a length) or while it is read."""
-        checked_sha256(sha256)
-        if length is not None and length > MAX_PIECE_BYTES:
-            raise _too_large(sha256, length)
-        self.uploads.check_room(sha256, MAX_PIECE_BYTES, MAX_PIECE_BYTES, 0)
-        data = bytearray()
+    async def put(self, length: int | None, chunks: AsyncIterator[bytes]) -> int:
+        """Receive a batch of pieces: the body is one line of JSON, ``[[sha256, size], ...]``,
+        then the pieces' bytes one after the other (:func:`batch_body`), at most
+        :data:`MAX_BATCH_BYTES` in all. Each piece is hashed and kept; the count kept. A piece
+        whose bytes do not hash to its sha256 is refused (``hash-mismatch``, naming it) and not
+        kept (the ones before it are); a body over the size is refused (``too-large``) before
+        (with a length) or while it is read, and a header that does not describe it
+        (``bad-batch``)."""
+        if length is not None and length > MAX_BATCH_BYTES:
+            raise _too_large("batch", length, MAX_BATCH_BYTES)
+        self.uploads.check_free("a batch of pieces", length or MAX_BATCH_BYTES)
+        body = bytearray()
         async for chunk in chunks:
-            data += chunk
-            if len(data) > MAX_PIECE_BYTES:
-                raise _too_large(sha256, len(data))
-        if hashlib.sha256(data).hexdigest() != sha256:
+            body += chunk
+            if len(body) > MAX_BATCH_BYTES:
+                raise _too_large("batch", len(body), MAX_BATCH_BYTES)
+        head, _, data = bytes(body).partition(b"\n")
+        try:
+            listed = [(checked_sha256(str(sha)), int(size)) for sha, size in json.loads(head)]
+        except (ValueError, TypeError, UploadRefused) as err:
             raise UploadRefused(
-                "hash-mismatch",
-                f"piece {sha256[:12]}: its {len(data)} bytes do not hash to that sha256; not "
-                "kept: send it again",
+                "bad-batch", f"a batch whose header is not [[sha256, size], ...]: {err}"
+            ) from err
+        listed_bytes = sum(size for _, size in listed)
+        if listed_bytes != len(data) or any(not 0 < n <= MAX_PIECE_BYTES for _, n in listed):
+            raise UploadRefused(
+                "bad-batch",
+                f"a batch of {len(data)} bytes whose header lists {listed_bytes} (each piece "
+                f"1..{MAX_PIECE_BYTES} bytes)",
             )
+        at = 0
+        for kept, (sha256, size) in enumerate(listed):
+            piece, at = data[at : at + size], at + size
+            if hashlib.sha256(piece).hexdigest() != sha256:
+                raise UploadRefused(
+                    "hash-mismatch",
+                    f"piece {sha256[:12]}: its {size} bytes do not hash to that sha256; not kept "
+                    f"({kept} before it were): send it again",
+                )
+            await asyncio.to_thread(self._keep, sha256, piece)
+        return len(listed)
+
+    def _keep(self, sha256: str, piece: bytes) -> None:
         fd, temp = tempfile.mkstemp(prefix=f".{sha256}.", dir=self.folder)
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            f.write(piece)
         os.replace(temp, self.folder / sha256)
-        return len(data)
 
     async def assemble(self, sha256: str, size: int, recipe: Recipe) -> Upload:
         """Write the release ``sha256`` of ``size`` bytes from ``recipe``'s pieces into the
@@ -202,9 +226,7 @@ def _check_recipe(sha256: str, size: int, recipe: Recipe) -> None:
         checked_sha256(piece)
 
 
-def _too_large(sha256: str, size: int) -> UploadRefused:
+def _too_large(what: str, size: int, most: int) -> UploadRefused:
     return UploadRefused(
-        "too-large",
-        f"piece {sha256[:12]}: {size / MIB:.2f} MiB is over the {MAX_PIECE_BYTES / MIB:g} MiB a "
-        "piece may have",
+        "too-large", f"a {what} of {size / MIB:.2f} MiB is over the {most / MIB:g} MiB it may have"
     )

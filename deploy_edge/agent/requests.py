@@ -118,6 +118,7 @@ UPLOAD_STATUS: dict[Reason, int] = {
     "not-uploaded": 404,
     "incomplete": 409,
     "missing-pieces": 409,
+    "bad-batch": 400,
 }
 """The HTTP status of each upload refusal."""
 

@@ -19,8 +19,9 @@ the scope needed and is logged, never the token)::
     POST /pieces/missing               {"pieces": [sha256, ...]}: those the device neither
                                        holds in a slot nor was sent (read; delta uploads:
                                        :mod:`deploy_edge.agent.pieces`)
-    PUT  /pieces/{sha256}              one piece of a release, at most 1 MiB; refused (422) and
-                                       not kept when its bytes hash otherwise (deploy)
+    PUT  /pieces                       a batch of pieces (a JSON line [[sha256, size], ...],
+                                       then their bytes; at most 8 MiB); a piece whose bytes
+                                       hash otherwise is refused (422) and not kept (deploy)
     POST /uploads/{sha256}/assemble    {"size", "pieces": [[sha256, size], ...]}: write the
                                        release from held and sent pieces, then as any upload:
                                        complete once it hashes to sha256; 409 names a missing
@@ -183,14 +184,14 @@ def create_app(config: DeviceConfig, deployer: Deployer) -> FastAPI:
         except UploadRefused as err:
             raise refused(err) from err
 
-    @app.put("/pieces/{sha256}", dependencies=[require("deploy")])
-    async def put_piece(sha256: str, request: Request) -> dict[str, Any]:
+    @app.put("/pieces", dependencies=[require("deploy")])
+    async def put_pieces(request: Request) -> dict[str, Any]:
         length = request.headers.get("content-length")
         try:
-            size = await pieces.put(sha256, int(length) if length else None, request.stream())
+            kept = await pieces.put(int(length) if length else None, request.stream())
         except UploadRefused as err:
             raise refused(err) from err
-        return {"sha256": sha256, "size": size}
+        return {"kept": kept}
 
     @app.post("/uploads/{sha256}/assemble", dependencies=[require("deploy")])
     async def assemble(sha256: str, body: AssembleRequest) -> dict[str, Any]:

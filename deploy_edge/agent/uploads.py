@@ -36,6 +36,7 @@ Reason = Literal[
     "not-uploaded",
     "incomplete",
     "missing-pieces",
+    "bad-batch",
 ]
 """Why the store refused a request (:attr:`UploadRefused.reason`)."""
 
@@ -273,16 +274,23 @@ class UploadStore:
                 received,
                 None,
             )
+        self.check_free(f"upload {sha256[:12]}", remaining, received, size if received else None)
+
+    def check_free(
+        self, what: str, remaining: int, received: int = 0, size: int | None = None
+    ) -> None:
+        """Refuse (``no-space``) ``what`` when its ``remaining`` bytes would leave less than
+        the margin free on the folder's disk."""
         free = shutil.disk_usage(self.folder).free
         if free - remaining < self.margin_bytes:
             raise UploadRefused(
                 "no-space",
-                f"upload {sha256[:12]}: {remaining / MIB:.1f} MiB more would leave "
+                f"{what}: {remaining / MIB:.1f} MiB more would leave "
                 f"{(free - remaining) / MIB:.1f} MiB free on the device, under its margin of "
                 f"{self.margin_bytes / MIB:.1f} MiB (free_space_margin_mb); delete old "
                 "uploads (robo-pipe device uploads DEVICE --all) or free the disk",
                 received,
-                size if received else None,
+                size,
             )
 
     async def _complete(self, sha256: str, path: Path, size: int) -> Upload:

@@ -31,6 +31,7 @@ of a rolling hash over GiBs.
 from __future__ import annotations
 
 import hashlib
+import json
 import tarfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -46,6 +47,11 @@ and a client must cut alike: the device's ``GET /pieces`` says the size it uses.
 MAX_PIECE_BYTES = PIECE_BYTES
 """The largest piece either side makes or accepts (the bytes between two bundle blocks are cut
 at this size too)."""
+BATCH_BYTES = 4 * MAX_PIECE_BYTES
+"""Bytes of pieces a client sends in one ``PUT /pieces`` (a fine-tune's adapters are hundreds
+of pieces of a few KiB: one request each would cost more than their bytes)."""
+MAX_BATCH_BYTES = 8 * MAX_PIECE_BYTES
+"""The most a ``PUT /pieces`` body may be, bytes, its header line included."""
 
 
 @dataclass(frozen=True)
@@ -110,3 +116,25 @@ def _cut(start: int, size: int) -> list[tuple[int, int]]:
 def _sha(f: BinaryIO, offset: int, size: int) -> str:
     f.seek(offset)
     return hashlib.sha256(f.read(size)).hexdigest()
+
+
+def batch_body(pieces: list[tuple[str, bytes]]) -> bytes:
+    """The body of ``PUT /pieces`` for ``pieces`` (sha256, bytes): one line of JSON,
+    ``[[sha256, size], ...]``, then the pieces' bytes one after the other."""
+    head = json.dumps([[sha256, len(data)] for sha256, data in pieces]).encode()
+    return b"\n".join([head, b"".join(data for _, data in pieces)])
+
+
+def batches(pieces: list[Piece]) -> Iterator[list[Piece]]:
+    """``pieces`` in runs of at most :data:`BATCH_BYTES` (a bigger piece alone), one request
+    each."""
+    batch: list[Piece] = []
+    size = 0
+    for piece in pieces:
+        if batch and size + piece.size > BATCH_BYTES:
+            yield batch
+            batch, size = [], 0
+        batch.append(piece)
+        size += piece.size
+    if batch:
+        yield batch

@@ -18,7 +18,7 @@ import pytest
 from deploy_edge.agent.pieces import PieceStore
 from deploy_edge.keys import load_private_key
 from deploy_edge.release import pieces as piece_module
-from deploy_edge.release.pieces import Piece, bundle_pieces, release_pieces
+from deploy_edge.release.pieces import Piece, batch_body, bundle_pieces, release_pieces
 from deploy_edge.release.signature import write_release
 from tests.deploy_edge.test_deployer import keys, releases
 from tests.deploy_edge.test_uploads import AUTH, client, config, running_agent, sha
@@ -28,10 +28,13 @@ __all__ = ["keys", "releases"]  # the fixtures this module shares with the deplo
 SMALL = 4096
 
 
-def put_piece(url: str, data: bytes, piece: Piece) -> httpx.Response:
-    """Send one piece of the release ``data`` by hand (what the client does)."""
-    content = data[piece.offset : piece.offset + piece.size]
-    return httpx.put(f"{url}/pieces/{piece.sha256}", content=content, headers=AUTH)
+def put_piece(url: str, data: bytes, piece: Piece, content: bytes | None = None) -> httpx.Response:
+    """Send one piece of the release ``data`` by hand (what the client does), or ``content``
+    under its sha256."""
+    if content is None:
+        content = data[piece.offset : piece.offset + piece.size]
+    body = batch_body([(piece.sha256, content)])
+    return httpx.put(f"{url}/pieces", content=body, headers=AUTH)
 
 
 def assemble(url: str, sha256: str, size: int, recipe: list[list[Any]]) -> httpx.Response:
@@ -126,7 +129,7 @@ def test_a_tampered_piece_is_refused_and_nothing_of_it_is_kept(
     piece = next(p for p in pieces if p.sha256 == missing[0])
     genuine = data[piece.offset : piece.offset + piece.size]
     tampered = bytes([genuine[0] ^ 1]) + genuine[1:]
-    refused = httpx.put(f"{url}/pieces/{piece.sha256}", content=tampered, headers=AUTH)
+    refused = put_piece(url, data, piece, tampered)
     assert refused.status_code == 422 and refused.json()["detail"]["reason"] == "hash-mismatch"
     assert list((state / "pieces").iterdir()) == []
     recipe = [[p.sha256, p.size] for p in pieces]
@@ -135,8 +138,15 @@ def test_a_tampered_piece_is_refused_and_nothing_of_it_is_kept(
     assert list((state / "uploads").iterdir()) == [], "nothing written before the refusal"
     short = assemble(url, sha(data), len(data) + 1, recipe)
     assert short.status_code == 409 and "adding up to" in short.json()["detail"]["message"]
-    big = httpx.put(f"{url}/pieces/{'a' * 64}", content=b"x" * (2 << 20), headers=AUTH)
+    big = httpx.put(f"{url}/pieces", content=b"x" * (9 << 20), headers=AUTH)
     assert big.status_code == 413 and big.json()["detail"]["reason"] == "too-large"
+    lying = batch_body([(piece.sha256, genuine)])[:-1]  # a byte short of what it lists
+    short_batch = httpx.put(f"{url}/pieces", content=lying, headers=AUTH)
+    assert short_batch.status_code == 400 and short_batch.json()["detail"]["reason"] == "bad-batch"
+    mixed = batch_body([(piece.sha256, genuine), (missing[1], b"not it")])
+    half_kept = httpx.put(f"{url}/pieces", content=mixed, headers=AUTH)
+    assert half_kept.status_code == 422 and "1 before it were" in half_kept.text
+    assert [p.name for p in (state / "pieces").iterdir()] == [piece.sha256], "the good one"
 
 
 def test_held_pieces_in_the_wrong_order_never_become_a_release(

@@ -43,7 +43,7 @@ from deploy_edge.client import AgentClient
 from deploy_edge.device import DeviceEntry, DeviceError
 from deploy_edge.engines import OnnxRuntimeEngine
 from deploy_edge.keys import generate_keypair, load_private_key
-from deploy_edge.release.pieces import release_pieces
+from deploy_edge.release.pieces import batch_body, release_pieces
 from deploy_edge.release.signature import write_release
 from pipelines.config import CONFIG_DIR, load_config
 from robo_pipe.integrity import file_sha256
@@ -179,8 +179,8 @@ def _tampered_piece_refused(client: AgentClient, release: Path) -> bool:
         data = bytearray(f.read(piece.size))
     data[0] ^= 1
     answer = httpx.put(
-        f"{client.entry.url}/pieces/{piece.sha256}",
-        content=bytes(data),
+        f"{client.entry.url}/pieces",
+        content=batch_body([(piece.sha256, bytes(data))]),
         headers={"Authorization": f"Bearer {TOKEN}"},
     )
     refused = answer.status_code == 422 and answer.json()["detail"]["reason"] == "hash-mismatch"

@@ -168,10 +168,7 @@ class AgentClient(Device):
             sent_bytes, sent_pieces = sent_bytes + this_round, sent_pieces + len(todo)
             path = f"/uploads/{sha256}/assemble"
             response = self._call("POST", path, json=recipe)
-            detail = _detail(response)
-            reason = detail.get("reason") if isinstance(detail, dict) else None
-            if reason == "hash-mismatch":
-                raise _Mismatch(detail["message"])
+            reason, _ = _upload_refusal(response)
             if reason == "missing-pieces" and attempt == 0:
                 continue
             Upload.from_json(self._read(response, "POST", path))
@@ -195,10 +192,7 @@ class AgentClient(Device):
                 chunk = f.read(CHUNK_BYTES)
                 path = f"/uploads/{sha256}?offset={sent}&size={total}"
                 response = self._call("PUT", path, content=chunk)
-                detail = _detail(response)
-                reason = detail.get("reason") if isinstance(detail, dict) else None
-                if reason == "hash-mismatch":
-                    raise _Mismatch(detail["message"])
+                reason, detail = _upload_refusal(response)
                 if reason in ("offset", "busy"):  # resume where the agent is
                     stalls = stalls + 1 if detail["received"] == sent else 0
                     if stalls > STALLS:
@@ -291,6 +285,16 @@ def _origin(origin: Origin | None) -> dict[str, Any]:
 
 class _Mismatch(Exception):
     """The agent deleted a completed upload whose bytes did not hash to its sha256."""
+
+
+def _upload_refusal(response: httpx.Response) -> tuple[str | None, Any]:
+    """An upload refusal's reason and detail (None and the detail for other answers);
+    :class:`_Mismatch` when the agent deleted the upload as wrong (``hash-mismatch``)."""
+    detail = _detail(response)
+    reason = detail.get("reason") if isinstance(detail, dict) else None
+    if reason == "hash-mismatch":
+        raise _Mismatch(detail["message"])
+    return reason, detail
 
 
 def _detail(response: httpx.Response) -> Any:

@@ -83,12 +83,13 @@ class PieceStore:
     def missing(self, wanted: list[str]) -> list[str]:
         """Of the pieces ``wanted`` (sha256s), those the device neither received nor holds in
         a slot, each once, in the order given."""
-        held = self.held()
-        out: dict[str, None] = {}
         for sha256 in wanted:
             checked_sha256(sha256)
-            if sha256 not in held and not (self.folder / sha256).is_file():
-                out[sha256] = None
+        return self._lacking(wanted, self.held())
+
+    def _lacking(self, wanted: list[str], held: _Held) -> list[str]:
+        """Of ``wanted``, those neither in ``held`` nor sent, each once, in order."""
+        out = {s: None for s in wanted if s not in held and not (self.folder / s).is_file()}
         return list(out)
 
     async def put(self, length: int | None, chunks: AsyncIterator[bytes]) -> int:
@@ -155,11 +156,11 @@ class PieceStore:
             self.uploads.delete(sha256)
             have = self.uploads.upload(sha256)
         held = await asyncio.to_thread(self.held)
-        lacking = [s for s, _ in recipe if s not in held and not (self.folder / s).is_file()]
+        lacking = self._lacking([s for s, _ in recipe], held)
         if lacking:
             raise UploadRefused(
                 "missing-pieces",
-                f"release {sha256[:12]}: {len(set(lacking))} pieces are neither sent nor held "
+                f"release {sha256[:12]}: {len(lacking)} pieces are neither sent nor held "
                 f"(first: {lacking[0][:12]}); send them, then assemble again",
                 have.received,
                 have.size,

@@ -42,8 +42,9 @@ from deploy_edge.bundle.external_data import tensor_starts
 from deploy_edge.release.header import BUNDLE_DIR
 
 PIECE_BYTES = 1 << 20
-"""The block a bundle file is cut into, bytes (the last block of a file is shorter). A device
-and a client must cut alike: the device's ``GET /pieces`` says the size it uses."""
+"""The block a run of a bundle file is cut into, bytes (the last block of a run is shorter). A
+device and a client must cut alike: a client of another size finds no piece held and sends
+them all."""
 MAX_PIECE_BYTES = PIECE_BYTES
 """The largest piece either side makes or accepts (the bytes between two bundle blocks are cut
 at this size too)."""

@@ -7,7 +7,6 @@ the tiny export's files span many pieces as a large model's do."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -214,31 +213,18 @@ def test_an_agent_without_delta_uploads_is_sent_the_whole_file(
 ) -> None:
     """An agent from before delta uploads answers 404 to the pieces: the client sends the
     release whole, as before, and it deploys."""
-    import threading
-
-    import uvicorn
-
     from deploy_edge.agent.deployer import Deployer
     from deploy_edge.agent.service import create_app
 
     device = config(tmp_path / "state", keys[1])
     app = create_app(device, Deployer(device))
-    delta_routes = ("/pieces/missing", "/pieces/{sha256}", "/uploads/{sha256}/assemble")
+    delta_routes = ("/pieces/missing", "/pieces", "/uploads/{sha256}/assemble")
     app.router.routes = [r for r in app.router.routes if getattr(r, "path", "") not in delta_routes]
-    server = uvicorn.Server(uvicorn.Config(app, port=0, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.02)
-    url = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
-    try:
+    with running_agent(device, app) as url:
         release = releases(1)
         sent = client(url).upload(release, sha(release.read_bytes()))
         assert sent.pieces == 0 and sent.sent == sent.size == release.stat().st_size
         assert client(url).deploy(sha(release.read_bytes())).state == "active"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
 
 
 def new_share(lora: str, base_dir: Path, out: Path) -> float:

@@ -46,15 +46,15 @@ def config(state: Path, pub: Path, **overrides: Any) -> DeviceConfig:
 
 
 @contextmanager
-def running_agent(device: DeviceConfig) -> Iterator[str]:
-    """The agent's app served by uvicorn on a free loopback port (a thread); its URL."""
+def running_agent(device: DeviceConfig, app: Any = None) -> Iterator[str]:
+    """The agent's app (``app``, default the one ``device`` makes) served by uvicorn on a free
+    loopback port (a thread); its URL."""
     import uvicorn
 
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(device, Deployer(device)), log_level="warning")
-    )
+    app = app or create_app(device, Deployer(device))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20

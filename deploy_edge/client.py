@@ -142,7 +142,11 @@ class AgentClient(Device):
     ) -> Sent:
         """One pass of the delta upload (the whole file to an agent without delta uploads);
         the missing pieces are asked for again once if some expired before the assembly;
-        :class:`_Mismatch` when the agent deleted the assembled file as wrong."""
+        :class:`_Mismatch` when the agent deleted the assembled file as wrong. An upload the
+        agent holds complete (a refused deployment's, kept for a retry) is not sent again."""
+        have = self._answer(Upload.from_json, "GET", f"/uploads/{sha256}")
+        if have.complete:
+            return Sent(0, 0)
         pieces = release_pieces(release)
         recipe = {"size": release.stat().st_size, "pieces": [[p.sha256, p.size] for p in pieces]}
         sent_bytes = sent_pieces = 0

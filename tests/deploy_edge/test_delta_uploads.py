@@ -109,6 +109,8 @@ def test_a_fine_tune_sends_only_the_pieces_the_device_lacks(
     assembled = state / "uploads" / f"{sha(data)}.release"
     assert assembled.read_bytes() == data, "byte for byte the release"
     assert list((state / "pieces").iterdir()) == [], "the sent pieces went into the upload"
+    # complete on the device (a refused deployment retried with --force, say): nothing again
+    assert client(url).upload(fine_tuned, sha(data)).sent == 0
     done = client(url).deploy(sha(data))
     assert done.state == "active" and done.model_version == "2", done.reason
     again = client(url).upload(fine_tuned, sha(data))

@@ -54,7 +54,7 @@ def export(
 ) -> None:
     """Export a checkpoint to ONNX: policy.onnx, io_spec.json, tokenizer, parity reference.
 
-    Normalisation and LoRA are inside the graph (dynamo exporter, opset 18, dynamic batch), so
+    Normalisation and LoRA are inside the graph (traced, opset 18, dynamic batch), so
     the file runs without the training code. Parity against torch on random inputs (and dataset
     frames with --dataset) must be within 1e-4 or the export is refused. With --dataset, the
     config's export.variants (default int8: policy.int8.onnx, static INT8 Q/DQ) are calibrated

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import numpy as np
 import torch
@@ -130,6 +130,22 @@ def load_backbone(directory: Path) -> Any:
     return model.eval()
 
 
+def vision_patches(vision_model: Any, pixels: Tensor) -> Tensor:
+    """The Idefics3 vision tower's patch features ``(B, patches, width)`` of images ``pixels``
+    ``(B, 3, S, S)`` in [-1, 1] at the tower's own size S.
+
+    What ``vision_model(pixel_values=pixels).last_hidden_state`` computes, written out for
+    images that fill the tower's input: every patch is real, so patch i sits at position i and
+    no attention mask is needed. The tower's own variable-resolution path (patch positions
+    bucketed from a patch mask) traces into an ONNX graph that indexes with a float tensor.
+    """
+    embeddings = vision_model.embeddings
+    patches = embeddings.patch_embedding(pixels).flatten(2).transpose(1, 2)
+    hidden = patches + embeddings.position_embedding.weight[None]
+    hidden = vision_model.encoder(inputs_embeds=hidden).last_hidden_state
+    return cast(Tensor, vision_model.post_layernorm(hidden))
+
+
 class HubVLA(VLAPolicy):
     """A pretrained VLM backbone + state token + action queries + our heads."""
 
@@ -162,7 +178,7 @@ class HubVLA(VLAPolicy):
             pixels = F.interpolate(
                 pixels, size=(self.vision_size, self.vision_size), mode="bilinear"
             )
-            patches = self.backbone.vision_model(pixel_values=pixels * 2.0 - 1.0).last_hidden_state
+            patches = vision_patches(self.backbone.vision_model, pixels * 2.0 - 1.0)
             image_tokens.append(self.backbone.connector(patches))
         vision = torch.cat(image_tokens, dim=1)
         words = self.backbone.text_model.get_input_embeddings()(tokens)

@@ -22,7 +22,7 @@ from stages.policy.checkpoint import (
     read_policy_meta,
 )
 from stages.policy.config import PRESET_NAMES, PolicyConfig
-from stages.policy.hub_vla import BackboneError
+from stages.policy.hub_vla import BackboneError, vision_patches
 from stages.policy.types import policy_type
 from tests.conftest import TINY_CONFIG
 from tests.stages.tiny_models import TINY_VLM_POLICY, save_tiny_idefics3, tiny_random_vlm
@@ -166,3 +166,17 @@ def test_a_preset_checks_a_loaded_backbone(tmp_path: Path) -> None:
     assert "text_config.hidden_size 48 (preset 576)" in str(err.value)
     assert "vision_config.image_size 32 (preset 512)" in str(err.value)
     assert "scale_factor 2 (preset 4)" in str(err.value)
+
+
+def test_the_vision_tower_written_out_is_the_towers_own_forward() -> None:
+    """hub_vla.vision_patches (plain enough to export) computes what the Idefics3 tower does on
+    full-size images, and the random backbone's tower is a real one (not a stand-in)."""
+    backbone, _ = presets.random_backbone(presets.get_preset("tiny"), 25)
+    tower = backbone.vision_model
+    size = int(backbone.config.vision_config.image_size)
+    pixels = torch.rand(2, 3, size, size) * 2 - 1
+    with torch.no_grad():
+        expected = tower(pixel_values=pixels).last_hidden_state
+        written = vision_patches(tower, pixels)
+    assert written.shape == expected.shape and expected.shape[1] > 1
+    torch.testing.assert_close(written, expected, rtol=0, atol=1e-5)

@@ -5,9 +5,11 @@ so this spec states what a policy sees and commands, and the Meta-World worker r
 values that a test compares with it (``tests/sim_scenes/test_metaworld.py``):
 
 - control at 80 Hz (Meta-World's ``frame_skip`` 5 x 2.5 ms timestep);
-- state ``(4,)``: the hand's position (m, world frame) and the gripper's opening (the fingers'
-  distance over 0.1 m, clipped to 0..1): the first 4 of Meta-World's observation, which
-  LeRobot's Meta-World env calls ``agent_pos``;
+- state ``(7,)``: the hand's position (m, world frame), the gripper's opening (the fingers'
+  distance over 0.1 m, clipped to 0..1), the first 4 of Meta-World's observation (LeRobot's
+  Meta-World env calls them ``agent_pos``), and the task's goal position (m, world frame), the
+  last 3: MT10 is Meta-World's goal-observable benchmark, and at 64 px the goal marker is a few
+  pixels (without it, push and pick-place moved the puck but never to its goal: 20% and 10%);
 - cameras: Meta-World's seven, and robo-pipe's ``workspace`` (a free camera the worker frames
   on the table, for small images: ``sim_scenes/metaworld/worker.py``);
 - action ``(4,)``: hand displacements (Meta-World's ``action_scale`` 0.01 m per action unit,
@@ -50,6 +52,6 @@ SAWYER = RobotSpec(
         home=(0.0, 0.0, 0.0, -1.0),
         moves=("hand x", "hand y", "hand z", "gripper effort"),
     ),
-    state_names=("hand.x", "hand.y", "hand.z", "gripper.opening"),
-    state_units=("m", "m", "m", ""),
+    state_names=("hand.x", "hand.y", "hand.z", "gripper.opening", "goal.x", "goal.y", "goal.z"),
+    state_units=("m", "m", "m", "", "m", "m", "m"),
 )

@@ -197,11 +197,11 @@ class MetaWorldTasks(TaskFamily):
     backends = ("metaworld",)
     phrasings = ("trained", "unseen")
     example_instruction = INSTRUCTIONS["reach-v3"][0]
-    env_state_names = ("goal.x", "goal.y", "goal.z", "target.x", "target.y", "target.z")
-    """Where the task must end (Meta-World's goal: a point to reach, where the puck or a handle
-    must arrive) and the task's object (reach: its goal point), m (Meta-World's world frame).
-    The goal comes first: the auxiliary target a policy learns to predict is the part of a
-    Meta-World scene its images show least (a marker a few pixels across)."""
+    env_state_names = ("target.x", "target.y", "target.z", "goal.x", "goal.y", "goal.z")
+    """The task's object (reach: its goal point) and where the task must end (Meta-World's goal:
+    a point to reach, where the puck or a handle must arrive), m (Meta-World's world frame).
+    The object comes first: the auxiliary target a policy learns to predict from its images is
+    what only the images show (the goal is in the Sawyer's state, as MT10 observes it)."""
     failure_modes = (
         FailureMode(
             "never_reached",
@@ -282,7 +282,7 @@ class MetaWorldTasks(TaskFamily):
 
     def env_state(self, env: Any) -> np.ndarray:
         truth = env.privileged()
-        return np.concatenate([truth["goal_pos"], truth["target_pos"]], axis=1).astype(np.float32)
+        return np.concatenate([truth["target_pos"], truth["goal_pos"]], axis=1).astype(np.float32)
 
     def failure_mode(self, success: bool, signals: dict[str, float], task: Any) -> str:
         """``never_reached`` if the hand never came within :data:`REACH_M` of the object, else

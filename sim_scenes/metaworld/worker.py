@@ -25,7 +25,8 @@ Operations (request -> reply); arrays have one row per slot (K rows) unless said
   current observation, clipped to the action space).
 - ``close`` -> ``closed``.
 
-``obs`` carries state (float32 (K, 4): the Sawyer's hand position, m, and gripper opening),
+``obs`` carries state (float32 (K, 7): the Sawyer's hand position, m, its gripper opening and
+the goal's position, m),
 observation (float32 (K, 39): Meta-World's whole observation: hand, gripper, object poses, the
 previous frame's and the goal), max_steps (int64 (K,): each slot's task's own episode cap) and
 ``image:<camera>`` (uint8 (K, image_size, image_size, 3), upright). A request naming an unknown
@@ -52,8 +53,11 @@ import numpy as np
 
 from sim_scenes.worker_protocol import receive, run_worker, send
 
-STATE_DIM = 4
-"""The Sawyer's own state at the front of Meta-World's observation: hand xyz (m), gripper."""
+STATE = (0, 1, 2, 3, 36, 37, 38)
+"""Where Meta-World's observation holds the policy's state (robots/sawyer): the Sawyer's hand
+xyz (m) and gripper opening at its front, and the goal's xyz (m) at its end. MT10 is the
+goal-observable benchmark (the goal is part of its observation); the goal marker in a 64 px
+image is a few pixels, where a puck or a handle is several times larger."""
 WORKSPACE = "workspace"
 """robo-pipe's own camera (not in Meta-World's scene): a free camera framing the table's
 workspace from Meta-World's corner2 side. corner2 frames the whole robot, table and floor, so at
@@ -171,7 +175,7 @@ class Slots:
 
     def obs_fields(self) -> dict[str, Any]:
         return {
-            "state": self.observation[:, :STATE_DIM].copy(),
+            "state": self.observation[:, STATE].copy(),
             "observation": self.observation.copy(),
             "max_steps": self.max_steps.copy(),
             **{key: images.copy() for key, images in self.images.items()},

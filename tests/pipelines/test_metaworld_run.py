@@ -85,7 +85,7 @@ def test_two_meta_world_tasks_run_end_to_end_on_the_sawyer(
     # The export states the Sawyer's rate, sizes, camera and units.
     spec = json.loads((Path(record["export"]) / "io_spec.json").read_text())
     assert spec["robot"] == "sawyer" and spec["control_hz"] == 80.0
-    assert (spec["state_dim"], spec["action_dim"], spec["cameras"]) == (4, 4, ["workspace"])
+    assert (spec["state_dim"], spec["action_dim"], spec["cameras"]) == (7, 4, ["workspace"])
 
     # PPO fine-tuned the BC warm start in Meta-World's rollouts; evaluation reports each
     # task on its own row, failures in the family's own modes, for both on the same seeds.

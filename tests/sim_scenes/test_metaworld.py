@@ -94,11 +94,14 @@ def test_images_move_with_the_robot_and_repeat_with_the_seed_whatever_the_worker
     assert all(np.array_equal(a, b) for a, b in zip(first, again, strict=True))
     np.testing.assert_array_equal(state, state_again)
     # another seed of the same task is another layout: its goal moves
-    mt2.reset([7, 9])
+    obs = mt2.reset([7, 9])
     goal = mt2.privileged()["goal_pos"]
     assert mt2.variant.episode_task(7) == mt2.variant.episode_task(9)
     assert not np.array_equal(goal[0], goal[1])
     assert METAWORLD.env_state(mt2).shape == (2, len(METAWORLD.env_state_names))
+    # ... and the policy's state says where (MT10 observes its goal: robots/sawyer)
+    names = list(SAWYER.state_names)
+    np.testing.assert_allclose(obs.state[:, names.index("goal.x") :], goal, atol=1e-6)
 
 
 @needs_metaworld

@@ -20,7 +20,7 @@ swapped in (:func:`~robo_pipe.atomic.replace_dir`): a corrupt checkpoint, a fail
 check, a full disk or a kill leave ``out`` as it was. An ``out`` that already holds a verified
 export of this very checkpoint (same hash, rate and parity inputs) is returned as it is.
 
-The graph comes from the policy's ``as_onnx`` wrapper through the TorchScript exporter (opset 18)
+The graph comes from the policy's ``as_onnx`` wrapper, traced (:mod:`stages.export.graph`, opset 18)
 with a dynamic batch axis, its weights in external data (``policy.onnx.data``: a graph past
 2 GB cannot hold them in the protobuf). Parity against torch is measured on random inputs and
 reported. A policy with ``separate_instruction_graph`` is exported as two graphs: the
@@ -41,15 +41,10 @@ whether the policy has random weights.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import resource
 import sys
-import tempfile
 import time
-import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -81,6 +76,7 @@ from robo_pipe.home import mark_home
 from robo_pipe.integrity import CHECKSUMS_FILE, writing
 from robots.spec import get_robot
 from stages.export.config import ExportConfig
+from stages.export.graph import export_graph
 from stages.export.parity import (
     PARITY_TOLERANCE,
     ExportError,
@@ -169,12 +165,12 @@ def export(
     with writing(out, staging, kept=f"{out} is as it was"):
         staging.mkdir(parents=True)
         example = wrapper.dummy_inputs(batch=2)
-        _export_graph(wrapper, example, staging / ONNX_FILE)
+        export_graph(wrapper, example, staging / ONNX_FILE)
         instruction_wrapper = wrapper.instruction_graph()
         if instruction_wrapper is not None:
             tokens, mask = policy.tokenizer(example_instructions(policy))
             text_example = (torch.as_tensor(tokens), torch.as_tensor(mask))
-            _export_graph(instruction_wrapper, text_example, staging / INSTRUCTION_FILE)
+            export_graph(instruction_wrapper, text_example, staging / INSTRUCTION_FILE)
         policy.tokenizer.save(str(staging / TOKENIZER_DIR))
 
         # Parity: random images and states with real instructions, and real dataset frames.
@@ -312,61 +308,6 @@ def update_variants(out: str | Path, variants: tuple[Variant, ...]) -> IOSpec:
     return new
 
 
-def _export_graph(
-    module: OnnxPolicy | OnnxInstructionEncoder, example: tuple[torch.Tensor, ...], path: Path
-) -> None:
-    """An export wrapper as an ONNX file at ``path``, its weights in external data
-    (``<name>.data``), a dynamic batch axis on every input and output; checked.
-
-    The TorchScript exporter, not dynamo: the wrappers are straight-line graphs (no
-    data-dependent control flow; token length and chunk length are fixed, only the batch
-    varies), which tracing captures exactly, and parity against torch is measured on every
-    export. Dynamo took 8 s for a tiny policy where tracing takes 0.2 s (every pipeline run
-    exports once), and about ten times the FP32 weights in memory at 256 M.
-    """
-    import onnx
-
-    with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.") as scratch:
-        # Tracing writes a graph past 2 GB with one weight file per tensor beside it; either
-        # way the bundle gets one external-data file, written below.
-        traced = Path(scratch) / path.name
-        # The exporter puts the whole module tree back in its root's mode afterwards: a root
-        # left in training mode (a fresh wrapper) would turn dropout on for the parity check.
-        module.eval()
-        names = list(module.input_names) + list(module.output_names)
-        # The exporter's chatter (TracerWarnings on shape arithmetic that is constant here,
-        # its own deprecation notice) is not ours.
-        with warnings.catch_warnings(), _quiet("torch.onnx"):
-            warnings.simplefilter("ignore", category=UserWarning)
-            warnings.simplefilter("ignore", category=DeprecationWarning)
-            warnings.simplefilter("ignore", category=torch.jit.TracerWarning)
-            torch.onnx.export(
-                module,
-                example,
-                str(traced),
-                input_names=list(module.input_names),
-                output_names=list(module.output_names),
-                dynamic_axes={name: {0: "batch"} for name in names},
-                opset_version=OPSET,
-                dynamo=False,
-            )
-        model = onnx.load(str(traced))  # a path: a big graph's weight files are read too
-        # Weights beside the graph (policy.onnx.data): a protobuf holds 2 GB at most, and a
-        # 500 M-parameter policy is 2 GB in FP32. Every initializer, however small: a fine-tune
-        # that moves only small tensors (LoRA adapters, heads) then leaves the graph file as it
-        # was, and a delta deploy sends only those tensors.
-        onnx.save_model(
-            model,
-            str(path),
-            save_as_external_data=True,
-            all_tensors_to_one_file=True,
-            location=f"{path.name}.data",
-            size_threshold=0,
-        )
-        del model
-    onnx.checker.check_model(str(path))  # a path: external data is read
-
-
 def _instruction_spec(
     wrapper: OnnxInstructionEncoder, features: np.ndarray, error: float
 ) -> InstructionGraph:
@@ -447,19 +388,6 @@ def _make_variants(
         made.append(maker.spec(target.name, errors, split, config, seconds[name], len(layers)))
         del session
     return tuple(made)
-
-
-@contextmanager
-def _quiet(*loggers: str) -> Iterator[None]:
-    """Only errors from these loggers inside the block."""
-    saved = {name: logging.getLogger(name).level for name in loggers}
-    for name in loggers:
-        logging.getLogger(name).setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        for name, level in saved.items():
-            logging.getLogger(name).setLevel(level)
 
 
 def _tensor(name: str, dtype: str, shape: tuple[int, ...], units: str) -> TensorSpec:

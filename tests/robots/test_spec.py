@@ -113,7 +113,7 @@ def test_a_declared_robot_is_registered_like_a_compiled_one() -> None:
         dataclasses.replace(hand, state_names=("hand.x", "hand.y"))
     with pytest.raises(RobotDefinitionError, match="control_hz must be > 0"):
         dataclasses.replace(hand, control_hz=0.0)
-    with pytest.raises(RobotDefinitionError, match="3 state units for 4 state components"):
+    with pytest.raises(RobotDefinitionError, match="3 state units for 7 state components"):
         dataclasses.replace(hand, state_units=("m", "m", "m"))
 
 
@@ -122,7 +122,9 @@ def test_units_are_said_per_component_group(rp5: RobotSpec) -> None:
     assert rp5.state_units_text == "rad (base_yaw.pos … wrist_roll.pos), m (gripper.opening)"
     assert rp5.action_units_text == ("rad (base_yaw.delta … wrist_roll.delta), m (gripper.opening)")
     sawyer = get_robot("sawyer")
-    assert sawyer.state_units_text == "m (hand.x … hand.z), 1 (gripper.opening)"
+    assert sawyer.state_units_text == (
+        "m (hand.x … hand.z), 1 (gripper.opening), m (goal.x … goal.z)"
+    )
     assert sawyer.action_units_text == "cm (hand.dx … hand.dz), 1 (gripper.effort)"
 
 

@@ -39,10 +39,10 @@ def export_graph(
         # The exporter puts the whole module tree back in its root's mode afterwards: a root
         # left in training mode (a fresh wrapper) would turn dropout on for the parity check.
         module.eval()
-        names = list(module.input_names) + list(module.output_names)
+        inputs, outputs = list(module.input_names), list(module.output_names)
         # The exporter's chatter (TracerWarnings on shape arithmetic that is constant here,
         # its own deprecation notice) is not ours.
-        with warnings.catch_warnings(), _quiet("torch.onnx"):
+        with warnings.catch_warnings(), quiet("torch.onnx"):
             warnings.simplefilter("ignore", category=UserWarning)
             warnings.simplefilter("ignore", category=DeprecationWarning)
             warnings.simplefilter("ignore", category=torch.jit.TracerWarning)
@@ -50,15 +50,15 @@ def export_graph(
                 module,
                 example,
                 str(traced),
-                input_names=list(module.input_names),
-                output_names=list(module.output_names),
-                dynamic_axes={name: {0: "batch"} for name in names},
+                input_names=inputs,
+                output_names=outputs,
+                dynamic_axes={name: {0: "batch"} for name in inputs + outputs},
                 opset_version=OPSET,
                 dynamo=False,
             )
         model = onnx.load(str(traced))  # a path: a big graph's weight files are read too
         # Weights beside the graph (policy.onnx.data): a protobuf holds 2 GB at most, and a
-        # 500 M-parameter policy is 2 GB in FP32. Every initializer, however small: a fine-tune
+        # 500 M-parameter policy is ~2 GB in FP32. Every initializer, however small: a fine-tune
         # that moves only small tensors (LoRA adapters, heads) then leaves the graph file as it
         # was, and a delta deploy sends only those tensors.
         onnx.save_model(
@@ -74,8 +74,8 @@ def export_graph(
 
 
 @contextmanager
-def _quiet(*loggers: str) -> Iterator[None]:
-    """Only errors from these loggers inside the block."""
+def quiet(*loggers: str) -> Iterator[None]:
+    """Only errors from these loggers inside the block (``""``: the root logger)."""
     saved = {name: logging.getLogger(name).level for name in loggers}
     for name in loggers:
         logging.getLogger(name).setLevel(logging.ERROR)

@@ -25,7 +25,6 @@ layer, and stays FP32; so do layers ``export.keep_float`` names.
 
 from __future__ import annotations
 
-import logging
 import re
 import time
 from collections.abc import Iterator, Mapping
@@ -171,13 +170,12 @@ def quantize_int8(
         quantize_static,
     )
 
+    from stages.export.graph import quiet  # torch's import: only where an export runs
+
     symmetric = config.int8_activations == "symmetric"
     start = time.perf_counter()
     # The quantizer logs a line per tensor it leaves in float (the integer inputs, shapes).
-    logger = logging.getLogger()
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
+    with quiet(""):
         quantize_static(
             str(fp32),
             str(out),
@@ -199,8 +197,6 @@ def quantize_int8(
                 # only each tensor's reduced min and max per run, so memory stays small anyway.
             },
         )
-    finally:
-        logger.setLevel(level)
     for written in out.parent.glob(f"{out.name}*"):
         written.chmod(0o644)  # the quantizer writes its external data owner-only
     return time.perf_counter() - start

@@ -258,6 +258,8 @@ def new_share(lora: str, base_dir: Path, out: Path) -> float:
         config = ExportConfig.model_validate({"variants": [], "lora": lora})
         done = export(out / f"{lora}-ckpt-{seed}", out / f"{lora}-{seed}", 10.0, config=config)
         bundles.append(Path(done.path))
+    # every weight lives in policy.onnx.data, however small: the graph file does not change
+    assert (bundles[0] / "policy.onnx").read_bytes() == (bundles[1] / "policy.onnx").read_bytes()
     held = {p.sha256 for _, p in bundle_pieces(bundles[0])}
     fresh = [p for _, p in bundle_pieces(bundles[1]) if p.sha256 not in held]
     size = sum(f.stat().st_size for f in bundles[1].rglob("*") if f.is_file())

@@ -27,12 +27,14 @@ import math
 import pkgutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import mujoco
 import numpy as np
 
 from robo_pipe.errors import RoboPipeError
+
+if TYPE_CHECKING:  # MuJoCo loads where a model is compiled: not for a CLI that checks a spec
+    import mujoco
 
 
 class RobotDefinitionError(RoboPipeError, ValueError):
@@ -320,6 +322,8 @@ def get_robot(name: str) -> RobotSpec:
 
 
 def _compile(path: Path) -> mujoco.MjModel:
+    import mujoco
+
     if not path.is_file():
         raise RobotDefinitionError(f"{path}: MJCF file not found")
     try:
@@ -336,6 +340,8 @@ def load_robot(definition: RobotDefinition) -> RobotSpec:
             range that is empty, unlimited or not finite, an actuator range outside its joint's
             range, a home pose outside the limits, or a control rate the timestep cannot divide.
     """
+    import mujoco
+
     path = definition.mjcf
     model = _compile(path)
 

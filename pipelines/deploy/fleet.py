@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from prefect import flow
+from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 from prefect.states import Cancelled, Failed, State
 from prefect.task_runners import ThreadPoolTaskRunner
 
@@ -365,8 +366,14 @@ def _flow_run_url(flow_run_id: str) -> str:
 
 def roll_out(**arguments: Any) -> FleetResult:
     """Run :func:`deploy_fleet` (same arguments) and return its result whatever its end
-    (Completed, Failed, Cancelled); an exception the flow raised is raised again."""
-    state = deploy_fleet(**arguments, return_state=True)
+    (Completed, Failed, Cancelled); an exception the flow raised is raised again.
+
+    Without Prefect's flow-run heartbeats: their thread sleeps in 1 s steps and the flow's end
+    waits for it (0-1 s, half a second on average, of a fleet command's ~3 s), and a rollout
+    needs none. Its own record says when its process died, and the next fleet command marks
+    its flow run Crashed (:func:`pipelines.deploy.followups.reconcile_rollouts`)."""
+    with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+        state = deploy_fleet(**arguments, return_state=True)
     result = state.result(raise_on_failure=False)
     if not isinstance(result, FleetResult):
         raise result if isinstance(result, BaseException) else TypeError(f"no result: {result!r}")

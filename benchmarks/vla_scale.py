@@ -1,13 +1,14 @@
 """VLAs at the size people deploy, on this CPU: export, INT8, accuracy, latency, the engine
 ``precision: auto`` picks, and the release at 250 M parameters.
 
-For the default VLA (the demo's size) and the ``hub-vlm`` presets ``smolvlm-256m`` and
-``smolvlm-500m`` (SmolVLM-256M/500M architectures, random weights: systems measurements only),
-in one run:
+For the default VLA (the demo's size) and the ``hub-vlm`` presets ``smolvlm-256m``,
+``smolvlm-500m`` (SmolVLM-256M/500M architectures) and ``idefics3-1b`` (1.18 B; random weights:
+systems measurements only), in one run:
 
 - parameters; the export through ``robo-pipe export`` in its own process (graph, INT8 variant
   calibrated on dataset frames, parity and scoring): wall seconds and the process's peak RSS, as
-  the export records them; ONNX MB (FP32 and INT8, with external data);
+  the export records them, and that peak over the FP32 weights' size; ONNX MB (FP32 and INT8,
+  with external data);
 - ONNX Runtime per-inference latency of the FP32 graph and its INT8 variant (static Q/DQ,
   per-channel weights; symmetric INT8 activations, the graph TensorRT builds from, and at 256 M
   also asymmetric uint8 activations, ``256m-u8``, for CPU targets) at batch 1, at 1 and 2
@@ -56,6 +57,7 @@ MODELS = {
     "256m": ("vla-256m.yaml", []),
     "256m-u8": ("vla-256m.yaml", ["export.int8_activations=asymmetric"]),
     "500m": ("vla-500m.yaml", []),
+    "1b": ("vla-1b.yaml", []),
 }
 """Benchmark label -> (shipped config, overrides)."""
 
@@ -68,7 +70,7 @@ def main() -> None:
     parser.add_argument("--dataset", type=Path, help="its dataset (calibration and scoring)")
     parser.add_argument("--models", nargs="+", choices=sorted(MODELS), help="only these models")
     args = parser.parse_args()
-    full = ["default", "256m", "256m-u8", "500m"]
+    full = ["default", "256m", "256m-u8", "500m", "1b"]
     labels = args.models or (["default", "tiny"] if args.quick else full)
     iterations = args.iterations or (5 if args.quick else 20)
     figures: dict[str, str] = {}
@@ -86,6 +88,10 @@ def main() -> None:
             export_dir = root / f"{label}-export"
             exported = export_in_subprocess(checkpoint, export_dir, dataset, name, overrides)
             print(f"\n{label}: {exported.parameters / 1e6:.1f} M parameters", flush=True)
+            weights_mb = exported.parameters * 4 / 2**20  # FP32
+            figures[f"{label}_export_rss_x_weights"] = (
+                f"{exported.export_peak_rss_mb / weights_mb:.2f}"
+            )
             figures |= {f"{label}_{k}": v for k, v in model_figures(export_dir, iterations).items()}
             if label != "256m-u8":  # its model is 256m's
                 figures |= {f"{label}_{k}": v for k, v in instruction_once(checkpoint).items()}

@@ -37,7 +37,7 @@ carries what sets it apart (how it is built and loaded on its base, whether it n
 pretraining, its own fields and checks). Adding one = its module + one line here (and its own
 ``policy.*`` fields, if it has any, in :class:`PolicyConfig`). Pick a class with
 :func:`stages.policy.types.policy_type`."""
-PRESET_NAMES = ("smolvlm-256m", "smolvlm-500m", "tiny")
+PRESET_NAMES = ("smolvlm-256m", "smolvlm-500m", "idefics3-1b", "tiny")
 """``policy.preset`` values: the architectures of :data:`stages.policy.presets.PRESETS`."""
 
 
@@ -71,11 +71,12 @@ class PolicyConfig(BaseModel):
     backbone: str | None = None
     """``hub-vlm`` only: local directory or hub id of an Idefics3/SmolVLM-style model whose
     pretrained weights are loaded (with ``preset``, its architecture must be the preset's)."""
-    preset: Literal["smolvlm-256m", "smolvlm-500m", "tiny"] | None = None
+    preset: Literal["smolvlm-256m", "smolvlm-500m", "idefics3-1b", "tiny"] | None = None
     """``hub-vlm`` only: the backbone's architecture (:mod:`stages.policy.presets`):
-    ``smolvlm-256m`` / ``smolvlm-500m`` (SmolVLM-256M/500M-Instruct's published configs) or
-    ``tiny`` (seconds to build; for tests). With ``backbone`` it checks and labels what was
-    loaded; with ``weights: random`` it is what gets built."""
+    ``smolvlm-256m`` / ``smolvlm-500m`` (SmolVLM-256M/500M-Instruct's published configs),
+    ``idefics3-1b`` (1.18 B: systems figures at 1 B) or ``tiny`` (seconds to build; for
+    tests). With ``backbone`` it checks and labels what was loaded; with ``weights: random`` it
+    is what gets built."""
     weights: Literal["pretrained", "random"] = "pretrained"
     """``hub-vlm`` only. ``pretrained``: loaded from ``backbone``. ``random``: SYSTEMS TEST
     ONLY -- no weights can be had, so ``preset``'s architecture is built offline with random

@@ -13,6 +13,9 @@ preset            vision tower + connector             language model
                   image tokens per camera
 ``smolvlm-500m``  the same                             SmolLM2-360M: 960 wide, 32 layers, 15 heads
                                                        (5 kv), 2560 MLP, vocab 49280, same RoPE/eps
+``idefics3-1b``   the same                             TinyLlama-1.1B's shape: 2048 wide, 22 layers,
+                                                       32 heads (4 kv), 5632 MLP, RoPE theta 10000;
+                                                       SmolLM2's vocabulary (49280)
 ``tiny``          32 px, patch 8, 32 wide, 1 layer     48 wide, 2 layers, 4 heads (2 kv), 96 MLP,
                                                        our word tokenizer's vocabulary (tests)
 ================  ===================================  ============================================
@@ -25,6 +28,11 @@ machines reach no hub: the values were checked (issue 40) against those model ca
 the published configs as quoted in public code (SmolVLM-256M: ``text_config`` 576 / 1536 / 30
 layers / 9 heads / 3 kv / vocab 49280 / rope_theta 100000, ``vision_config`` 768 / 3072 / 12 /
 12 / 512 px / patch 16, ``scale_factor`` 4; SmolVLM(2)-500M: 960 / 2560 / 32 / 15 / 5 / 49280).
+
+No SmolVLM has a billion parameters (the family goes from 500 M to 2.2 B, whose SigLIP
+so400m and SmolLM2-1.7B would not export in this machine's 24 GiB): ``idefics3-1b`` is the
+smallest published language-model shape at that size (``TinyLlama/TinyLlama_v1.1``
+config.json) behind the same vision tower, for systems figures at 1 B only.
 
 Built here (``Idefics3Model``, which has no language-model head) they have 228,099,648
 (vision 86.4 M, connector 7.1 M, language model 134.6 M) and 460,173,504 parameters; the
@@ -125,6 +133,25 @@ PRESETS: dict[str, Preset] = {
             "num_attention_heads": 15,
             "num_key_value_heads": 5,
             "max_position_embeddings": _SMOLLM2_POSITIONS,
+        },
+        scale_factor=4,
+        vocab_size=49280,
+    ),
+    "idefics3-1b": Preset(
+        name="idefics3-1b",
+        source="SigLIP base/16-512 (as SmolVLM's) + a language model shaped as "
+        "TinyLlama/TinyLlama_v1.1 config.json, SmolLM2's vocabulary",
+        vision=_SIGLIP_BASE_512,
+        text={
+            "model_type": "llama",
+            "rope_theta": 10000.0,
+            "rms_norm_eps": 1e-5,
+            "hidden_size": 2048,
+            "intermediate_size": 5632,
+            "num_hidden_layers": 22,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 4,
+            "max_position_embeddings": 2048,
         },
         scale_factor=4,
         vocab_size=49280,

@@ -60,6 +60,27 @@ def test_the_smolvlm_presets_have_the_published_architecture(
     assert config.text_config.vocab_size == 49280  # our 25-word tokenizer uses the first ids
 
 
+def test_the_1b_preset_is_past_protobufs_2_gb_limit_with_smolvlms_vision_tower() -> None:
+    """The 1 B systems preset: SmolVLM's SigLIP tower and connector, a TinyLlama-1.1B-shaped
+    language model; its FP32 weights (4.4 GiB) are past ONNX's 2 GB protobuf limit, so its
+    export takes the external-data path."""
+    from transformers import Idefics3Model
+
+    config = presets.idefics3_config(presets.get_preset("idefics3-1b"), 25)
+    with torch.device("meta"):
+        model = Idefics3Model(config)
+    sizes = {
+        part: sum(p.numel() for n, p in model.named_parameters() if n.startswith(part))
+        for part in ("vision_model", "connector", "text_model")
+    }
+    assert sizes == {
+        "vision_model": 86_433_024,
+        "connector": 25_165_824,
+        "text_model": 1_069_901_824,
+    }
+    assert sum(sizes.values()) * 4 > 2**31
+
+
 def test_preset_names_are_the_configs_choices() -> None:
     literal = typing.get_args(typing.get_args(PolicyConfig.model_fields["preset"].annotation)[0])
     assert literal == PRESET_NAMES == tuple(presets.PRESETS)
@@ -97,7 +118,8 @@ def test_a_hub_vlm_without_weights_or_random_is_refused_naming_the_field(
 
 
 @pytest.mark.parametrize(
-    ("name", "preset"), [("vla-256m", "smolvlm-256m"), ("vla-500m", "smolvlm-500m")]
+    ("name", "preset"),
+    [("vla-256m", "smolvlm-256m"), ("vla-500m", "smolvlm-500m"), ("vla-1b", "idefics3-1b")],
 )
 def test_the_shipped_vla_configs_are_random_weight_systems_tests(name: str, preset: str) -> None:
     cfg = load_config(ROOT / "configs" / f"{name}.yaml")

@@ -2,8 +2,9 @@
 ``precision: auto`` picks, and the release at 250 M parameters.
 
 For the default VLA (the demo's size) and the ``hub-vlm`` presets ``smolvlm-256m``,
-``smolvlm-500m`` (SmolVLM-256M/500M architectures) and ``idefics3-1b`` (1.18 B; random weights:
-systems measurements only), in one run:
+``smolvlm-500m`` (SmolVLM-256M/500M architectures; random weights: systems measurements only),
+in one run (``--models 1b`` adds ``idefics3-1b``, 1.18 B, whose export does not yet fit in
+24 GiB):
 
 - parameters; the export through ``robo-pipe export`` in its own process (graph, INT8 variant
   calibrated on dataset frames, parity and scoring): wall seconds and the process's peak RSS, as
@@ -70,7 +71,9 @@ def main() -> None:
     parser.add_argument("--dataset", type=Path, help="its dataset (calibration and scoring)")
     parser.add_argument("--models", nargs="+", choices=sorted(MODELS), help="only these models")
     args = parser.parse_args()
-    full = ["default", "256m", "256m-u8", "500m", "1b"]
+    # 1b only when named (--models 1b): its export's parity step passed 19.5 GiB on this
+    # 24 GiB machine (docs/vla-at-size.md), and a full run must not end in the OOM killer.
+    full = ["default", "256m", "256m-u8", "500m"]
     labels = args.models or (["default", "tiny"] if args.quick else full)
     iterations = args.iterations or (5 if args.quick else 20)
     figures: dict[str, str] = {}

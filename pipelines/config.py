@@ -209,6 +209,8 @@ class PipelineConfig(BaseModel):
         # Neither how many episodes nor how they are spread over workers (and how often a dead
         # one is restarted) changes the episodes of a seed.
         ignored = {"episodes", "workers", "max_worker_restarts"}
+        if not self.collect.action_noise:
+            ignored.add("action_noise")  # absent when unset: older keys stay valid
         what["collect"] = self.collect.model_dump(mode="json", exclude=ignored)
         digest = hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:8]
         return f"{self.slug}-{slug(self.scene.variant)}-{digest}"

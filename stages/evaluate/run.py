@@ -1,7 +1,9 @@
 """The evaluate stage: run the suite, compare with a baseline, write the report.
 
 suite    = scene variants x seeds, sharded over Ray workers   (:mod:`stages.evaluate.shards`)
-report   = success with 95% Wilson intervals, per-variant rows (:mod:`stages.evaluate.report`)
+report   = success with 95% Wilson intervals, per-variant rows (:mod:`stages.evaluate.report`);
+           touch's language section: success where a word is needed against ignoring it
+           (:mod:`stages.evaluate.language`)
 baseline = the same seeds, paired: both policies play batches of seeds until the plan's
            boundaries decide "worse" or "not worse" (:mod:`stages.evaluate.sequential`);
            the baseline's stored outcomes are reused instead of playing those seeds again;
@@ -26,6 +28,7 @@ from sim_scenes.seeds import episode_seeds
 from stages.evaluate.comparison import compare_outcomes
 from stages.evaluate.config import EvalConfig
 from stages.evaluate.delay import delay_plan
+from stages.evaluate.language import suite_language
 from stages.evaluate.report import EvalReport, summarize, write_report
 from stages.evaluate.sequential import (
     Decision,
@@ -120,6 +123,7 @@ def evaluate(
             report.baseline_outcomes = encode_outcomes(c.baseline)
             shards = c.shards
         report.delay = suite.delays[0]
+    report.language = suite_language(report.outcomes, get_robot(robot), report.phrasing)
     write_report(report, shards, out, config.record_episodes)
     return report
 

@@ -83,6 +83,8 @@ def test_report_rows_seeds_files_and_reproducibility(tiny_checkpoint: Path, tmp_
     }
     assert (tmp_path / "a" / "report.md").is_file() and Path(first.plot).is_file()
     assert first.recordings and all(Path(p).is_file() for p in first.recordings)
+    assert first.language and first.language.successes == first.successes, "touch: a section"
+    assert "## Language" in (tmp_path / "a" / "report.md").read_text()
     again = run(tiny_checkpoint, tmp_path / "b", SMALL.model_copy(update={"envs_per_worker": 2}))
     assert again.outcomes == first.outcomes, "same seeds, same episodes, whatever the batch size"
 

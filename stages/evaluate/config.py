@@ -84,11 +84,12 @@ class EvalConfig(BaseModel):
     uses) or ``unseen`` (templates and colour and shape synonyms no training instruction
     contains, :data:`sim_scenes.touch.UNSEEN_TEMPLATES`: does the policy understand words it
     never saw?); ``unseen-template``, ``unseen-colour`` and ``unseen-shape`` change only that
-    part of the trained wording (which novelty does it fail on?); ``shuffled`` and ``absent``
-    are corrupted controls, compared with chance: the trained words in another order (does
-    it need the order?), a colour and shape on no object (does it find the target without
-    the instruction?). The same scenes and targets for the same seeds whatever the
-    phrasing."""
+    part of the trained wording (which novelty does it fail on?); ``nonce``, ``absent`` and
+    ``shuffled`` are corrupted controls, compared with chance: pseudowords for the colour and
+    shape (does it find the target without reading?), a colour and shape on no object (is it
+    led by the words?), the trained words in another order (does it need the order?)
+    (:mod:`sim_scenes.touch_controls`). The same scenes and targets for the same seeds
+    whatever the phrasing."""
     episodes: int = Field(default=100, ge=1, le=1_000_000)
     """Episodes per variant (seeds from the run's ``eval`` seed stream); with a baseline and
     sequential comparison, the maximum."""

@@ -42,15 +42,19 @@ PHRASING_LINES = {
     "templates with trained shape words (`evaluate.phrasing: unseen-colour`).",
     "unseen-shape": "Instructions naming the shape with **unseen shape words**, in trained "
     "templates with trained colour words (`evaluate.phrasing: unseen-shape`).",
+    "nonce": "A corrupted control: trained templates whose colour and shape are **nonce** "
+    'pseudowords (`evaluate.phrasing: nonce`, "touch the dax blicket"); the instruction '
+    "names nothing, so a policy that reads it is at chance.",
     "shuffled": "A corrupted control: the trained instruction's words **shuffled** "
     "(`evaluate.phrasing: shuffled`); a policy that needs their order falls to chance, one "
     "that matches words as a bag does not.",
     "absent": "A corrupted control: instructions naming a colour and shape **absent** from the "
     "scene (`evaluate.phrasing: absent`); success is still touching the drawn target, so a "
-    "policy led by the instruction is at chance.",
+    "policy led by the instruction goes to what shares its words: at or below chance.",
 }
 """The report's line on how its instructions were worded, by ``evaluate.phrasing``."""
 CONTROLS = {
+    "nonce": "the policy finds the target without reading its instruction",
     "shuffled": "the policy does not need the words' order (it matches them as a bag), or "
     "finds the target without them",
     "absent": "the policy found the target without what the instruction says",

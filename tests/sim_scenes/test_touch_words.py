@@ -81,7 +81,8 @@ def test_the_layout_records_the_colour_and_shape_words_its_instruction_plays(
         drawn = sample_layout(variant, rp5, seed, phrasing=phrasing)  # type: ignore[arg-type]
         words = drawn.instruction.split()
         assert drawn.colour_word in words and drawn.shape_word in words, drawn
-        assert drawn.colour_word in COLOUR_WORDS and drawn.shape_word in SHAPE_NAMES
+        if phrasing != "nonce":  # pseudowords: the next tests
+            assert drawn.colour_word in COLOUR_WORDS and drawn.shape_word in SHAPE_NAMES
 
 
 def test_the_shuffled_control_keeps_the_scene_and_target_and_plays_the_trained_words(
@@ -180,3 +181,30 @@ def test_episode_words_state_every_kind_they_count() -> None:
         EpisodeWords("x", {"size": 2, "both": 3}, {})
     with pytest.raises(ValueError, match="the target is a candidate"):
         EpisodeWords("x", {"colour": 0, "both": 3}, {})
+
+
+def test_the_nonce_control_names_nothing_in_the_trained_template(rp5: RobotSpec) -> None:
+    """Pseudowords for colour and shape, two different ones, in the seed's trained template;
+    the scene and target are the trained phrasing's; no colour or shape word of any phrasing
+    (trained or unseen) is among them."""
+    from sim_scenes.touch_controls import NONCE_WORDS
+
+    known = set(COLOUR_WORDS) | set(SHAPE_NAMES) | set(SHAPE_WORDS)
+    known |= {w for words in (*COLOUR_SYNONYMS.values(), *SHAPE_SYNONYMS.values()) for w in words}
+    assert not known & set(NONCE_WORDS)
+    variant = get_variant("touch-mixed")
+    pairs = set()
+    for seed in range(100):
+        trained = sample_layout(variant, rp5, seed)
+        nonce = sample_layout(variant, rp5, seed, phrasing="nonce")
+        blank = {"instruction": "", "colour_word": "", "shape_word": ""}
+        assert replace(nonce, **blank) == replace(trained, **blank), "the same scene and target"
+        assert nonce.colour_word != nonce.shape_word
+        assert {nonce.colour_word, nonce.shape_word} <= set(NONCE_WORDS)
+        template = trained.instruction.replace(trained.colour_word, "{colour}", 1)
+        template = template.replace(trained.shape_word, "{shape}", 1)
+        assert nonce.instruction == template.format(
+            colour=nonce.colour_word, shape=nonce.shape_word
+        )
+        pairs.add((nonce.colour_word, nonce.shape_word))
+    assert len(pairs) > 20, "drawn per seed"

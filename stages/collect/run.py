@@ -117,7 +117,7 @@ class CollectWorker(PoolWorker):
 
         # What the source chose (the dataset's action) at the frame acted on; the env is sent
         # it plus ``action_noise`` (drawn from the shard's first seed: a shard replays alike).
-        label = np.zeros((self.env.num_envs, self.robot.action.dim), np.float32)
+        chosen: list[np.ndarray] = []
         rng = np.random.default_rng([int(seeds[0]) if seeds else 0, 0x4441_5254])
         low, high = np.asarray(self.robot.action.low), np.asarray(self.robot.action.high)
 
@@ -125,12 +125,13 @@ class CollectWorker(PoolWorker):
             nonlocal source_time
             env_state[:] = self.task.env_state(env)
             t0 = time.perf_counter()
-            label[:] = self.source(env, obs)
+            actions = self.source(env, obs)
             source_time += time.perf_counter() - t0
+            chosen[:] = [actions]
             if not self.collect.action_noise:
-                return label.copy()
-            noise = rng.normal(0.0, self.collect.action_noise, label.shape) * (high - low) / 2
-            return np.clip(label + noise, low, high).astype(np.float32)
+                return actions
+            noise = rng.normal(0.0, self.collect.action_noise, actions.shape) * (high - low) / 2
+            return np.clip(actions + noise, low, high).astype(actions.dtype)
 
         def record(
             slot: list[int], obs: BatchedObservation, actions: np.ndarray, r: StepResult
@@ -143,7 +144,7 @@ class CollectWorker(PoolWorker):
                     buf[cam].append(obs.images[cam][e])
                 buf["state"].append(obs.state[e])
                 buf["env_state"].append(env_state[e].copy())
-                buf["action"].append(label[e].copy())
+                buf["action"].append(chosen[0][e])
                 buf["reward"].append(r.reward[e])
                 buf["done"].append(bool(r.terminated[e] or r.truncated[e]))
                 buf["success"].append(bool(r.success[e]))

@@ -85,7 +85,9 @@ def readings(name: str, known: Iterable[str]) -> dict[str, str]:
     return out
 
 
-def _nearest(lab: tuple[float, float, float], anchors: dict[str, tuple[float, ...]]) -> str | None:
+def _nearest(
+    lab: tuple[float, float, float], anchors: dict[str, tuple[float, float, float]]
+) -> str | None:
     """The anchor of nearest hue to ``lab`` (both chromatic), or nearest in CIELAB among the
     grey anchors for a grey ``lab``; None when there is no anchor of its kind."""
     grey = math.hypot(lab[1], lab[2]) < GREY_CHROMA

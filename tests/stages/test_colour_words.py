@@ -25,13 +25,15 @@ def _policy(colour_words: str = "xkcd") -> PretrainedVLA:
 def test_srgb_to_lab_matches_the_cie_reference_values() -> None:
     """White, black and sRGB's primaries against the published CIELAB (D65) values / 100."""
     rgb = np.array([[1.0, 1, 1], [0, 0, 0], [1, 0, 0], [0, 1, 0], [0, 0, 1]])
-    expected = [
-        [1.0, 0, 0],
-        [0, 0, 0],
-        [0.5324, 0.8009, 0.6720],
-        [0.8774, -0.8618, 0.8318],
-        [0.3230, 0.7919, -1.0786],
-    ]
+    expected = np.array(
+        [
+            [1.0, 0, 0],
+            [0, 0, 0],
+            [0.5324, 0.8009, 0.6720],
+            [0.8774, -0.8618, 0.8318],
+            [0.3230, 0.7919, -1.0786],
+        ]
+    )
     np.testing.assert_allclose(srgb_to_lab(rgb), expected, atol=6e-3)
 
 

@@ -15,60 +15,29 @@ policy that reads nothing).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import cast
 
 from robots.spec import RobotSpec
-from sim_scenes.tasks import WORD_KINDS, EpisodeWords
+from sim_scenes.tasks import EpisodeWords
 from sim_scenes.touch import EpisodeLayout, Phrasing, SceneVariant, sample_layout
 
 
-@dataclass(frozen=True)
-class WordCandidates:
-    """Objects of one layout that remain candidates for the target when a policy ignores a
-    word kind (the target included, so each is >= 1)."""
-
-    colour: int
-    """Objects of the target's shape."""
-    shape: int
-    """Objects of the target's colour."""
-    both: int
-    """Every object on the table."""
-
-    def of(self, kind: str) -> int:
-        """The candidates left when ``kind`` (one of :data:`WORD_KINDS`) is ignored."""
-        counts = {"colour": self.colour, "shape": self.shape, "both": self.both}
-        return counts[kind]
-
-    def needed(self, kind: str) -> bool:
-        """Whether ignoring ``kind`` leaves more than the target (the word tells them apart)."""
-        return self.of(kind) > 1
-
-    @property
-    def needed_kinds(self) -> tuple[str, ...]:
-        """The word kinds this scene needs, in :data:`WORD_KINDS` order."""
-        return tuple(k for k in WORD_KINDS if self.needed(k))
-
-
-def word_candidates(layout: EpisodeLayout) -> WordCandidates:
-    """How many of ``layout``'s objects stay candidates for its target per ignored word kind.
-
-    The scene and target alone decide it, whatever the phrasing (an ``absent`` instruction
-    names no object, yet the drawn target is still what success is measured against)."""
-    target = layout.objects[layout.target]
-    return WordCandidates(
-        colour=sum(o.shape == target.shape for o in layout.objects),
-        shape=sum(o.colour == target.colour for o in layout.objects),
-        both=len(layout.objects),
-    )
-
-
 def layout_words(layout: EpisodeLayout) -> EpisodeWords:
-    """``layout``'s instruction, its candidates per word kind and the words it played."""
-    candidates = word_candidates(layout)
+    """``layout``'s instruction, the objects that stay candidates for its target per ignored
+    word kind, and the words it played.
+
+    The scene and target alone decide the candidates, whatever the phrasing (an ``absent``
+    instruction names no object, yet the drawn target is still what success is measured
+    against): ignoring the colour word leaves the objects of the target's shape, ignoring the
+    shape word those of its colour, ignoring both every object."""
+    target = layout.objects[layout.target]
     return EpisodeWords(
         instruction=layout.instruction,
-        candidates={kind: candidates.of(kind) for kind in WORD_KINDS},
+        candidates={
+            "colour": sum(o.shape == target.shape for o in layout.objects),
+            "shape": sum(o.colour == target.colour for o in layout.objects),
+            "both": len(layout.objects),
+        },
         played={"colour": layout.colour_word, "shape": layout.shape_word},
     )
 

@@ -116,7 +116,7 @@ def test_the_stages_reach_the_touch_task_only_through_the_task_registry() -> Non
 def test_the_seam_check_sees_each_spelling_of_a_touch_import(tmp_path: Path) -> None:
     sample = tmp_path / "sample.py"
     for line, expected in [
-        ("from sim_scenes.touch_words import word_candidates", {"sim_scenes.touch_words"}),
+        ("from sim_scenes.touch_words import layout_words", {"sim_scenes.touch_words"}),
         ("from sim_scenes import touch_words, tasks", {"sim_scenes.touch_words"}),
         ("import sim_scenes.touch_task as t", {"sim_scenes.touch_task"}),
         ("def f():\n    from sim_scenes.touch import get_variant", {"sim_scenes.touch"}),

@@ -77,7 +77,7 @@ def readings(name: str, known: Iterable[str]) -> dict[str, str]:
     anchors = {w: words[w] for w in sorted(set(known)) if w in words}
     out: dict[str, str] = {}
     for word, lab in words.items():
-        if word in anchors or not anchors:
+        if word in anchors:
             continue
         best = _nearest(lab, anchors)
         if best is not None:

@@ -25,7 +25,7 @@ from sim_scenes.touch import (
     heldout_variants,
     sample_layout,
 )
-from sim_scenes.touch_words import WordCandidates, layout_words, word_candidates
+from sim_scenes.touch_words import layout_words
 
 
 def layout(objects: list[tuple[str, str]], target: int = 0) -> EpisodeLayout:
@@ -56,16 +56,16 @@ def layout(objects: list[tuple[str, str]], target: int = 0) -> EpisodeLayout:
 def test_word_candidates_count_the_objects_a_word_rules_out(
     objects: list[tuple[str, str]], expected: tuple[int, int, int], needed: tuple[str, ...]
 ) -> None:
-    candidates = word_candidates(layout(objects))
-    assert candidates == WordCandidates(*expected)
-    assert candidates.needed_kinds == needed
-    assert [candidates.of(k) for k in ("colour", "shape", "both")] == list(expected)
+    words = layout_words(layout(objects))
+    assert dict(words.candidates) == dict(zip(("colour", "shape", "both"), expected, strict=True))
+    assert tuple(k for k in WORD_KINDS if words.needed(k)) == needed
 
 
 def test_word_candidates_follow_the_target() -> None:
     objects = [("red", "cube"), ("red", "ball"), ("blue", "cube"), ("green", "cylinder")]
-    assert word_candidates(layout(objects, target=3)) == WordCandidates(1, 1, 4)
-    assert word_candidates(layout(objects, target=2)) == WordCandidates(2, 1, 4)
+    counts = {"colour": 1, "shape": 1, "both": 4}
+    assert dict(layout_words(layout(objects, target=3)).candidates) == counts
+    assert dict(layout_words(layout(objects, target=2)).candidates) == counts | {"colour": 2}
 
 
 COLOUR_WORDS = {*COLOURS, *(w for ws in COLOUR_SYNONYMS.values() for w in ws)}
@@ -157,10 +157,10 @@ def test_the_touch_family_answers_the_task_seam_with_its_layouts_words(rp5: Robo
         words = touch.episode_words("touch-mixed", rp5, seed, "absent")
         assert words == layout_words(drawn)
         assert words.instruction == drawn.instruction
-        candidates = word_candidates(drawn)
-        assert dict(words.candidates) == {k: candidates.of(k) for k in WORD_KINDS}
+        target = drawn.objects[drawn.target]
+        assert words.candidates["colour"] == sum(o.shape == target.shape for o in drawn.objects)
+        assert words.candidates["both"] == len(drawn.objects)
         assert dict(words.played) == {"colour": drawn.colour_word, "shape": drawn.shape_word}
-        assert [k for k in WORD_KINDS if words.needed(k)] == list(candidates.needed_kinds)
     with pytest.raises(SceneError, match="unknown phrasing 'novel'"):
         touch.episode_words("touch-mixed", rp5, 0, "novel")
     with pytest.raises(SceneError, match="unknown scene variant"):

@@ -65,6 +65,7 @@ from robots.spec import RobotSpec, get_robot
 from sim_scenes.backends import make_env
 from sim_scenes.episodes import play_episodes
 from sim_scenes.seeds import episode_seeds
+from sim_scenes.tasks import resolve_task
 from sim_scenes.touch import Phrasing
 from stages.evaluate.language import CONTROLS, LanguageBaselines, language_baselines
 from stages.evaluate.policies import CheckpointPolicy
@@ -113,16 +114,24 @@ def configure(base: Path | None, policy_type: str, overrides: list[str]) -> Pipe
 
 def outcomes(
     cfg: PipelineConfig, checkpoint: str, variant: str, phrasing: Phrasing, seeds: list[int]
-) -> np.ndarray:
-    """Closed-loop success (bool per seed) of ``checkpoint`` on ``variant``."""
+) -> tuple[np.ndarray, list[str]]:
+    """Closed-loop success (bool per seed) of ``checkpoint`` on ``variant``, and each
+    episode's failure mode (empty on success)."""
     policy = CheckpointPolicy(checkpoint, threads=2)
     scene = cfg.scene.model_copy(update={"variant": variant})
+    family, task = resolve_task(variant)[0], scene.task(variant)
     env = make_env(get_robot(cfg.robot), scene, cfg.sim, autoreset=False, phrasing=phrasing)
     try:
-        records = play_episodes(env, lambda _, obs: policy.predict_chunk(obs)[:, 0], seeds)
+        records = play_episodes(
+            env,
+            lambda _, obs: policy.predict_chunk(obs)[:, 0],
+            seeds,
+            signals=family.episode_signals,
+        )
     finally:
         env.close()
-    return np.array([r.success for r in records], dtype=bool)
+    failures = [family.failure_mode(r.success, r.signals, task) for r in records]
+    return np.array([r.success for r in records], dtype=bool), failures
 
 
 def two_sided_p(candidate: np.ndarray, baseline: np.ndarray) -> float:
@@ -138,16 +147,18 @@ def rate_text(hits: np.ndarray) -> str:
 
 
 def language_of(
-    results: dict[str, dict[str, np.ndarray]], seeds: list[int], robot: RobotSpec
+    results: dict[str, dict[str, tuple[np.ndarray, list[str]]]],
+    seeds: list[int],
+    robot: RobotSpec,
 ) -> dict[str, dict[str, LanguageBaselines]]:
-    """Policy type -> suite label -> its language baselines (success per seed in ``results``,
-    in the order of ``seeds``)."""
+    """Policy type -> suite label -> its language baselines (success and failure mode per
+    seed in ``results``, in the order of ``seeds``)."""
     found: dict[str, dict[str, LanguageBaselines]] = {}
     for policy_type, suites in results.items():
         found[policy_type] = {}
-        for label, hits in suites.items():
+        for label, (hits, failures) in suites.items():
             variant, phrasing = SUITES[label]
-            baselines = language_baselines(variant, robot, seeds, hits.tolist(), phrasing)
+            baselines = language_baselines(variant, robot, seeds, hits.tolist(), phrasing, failures)
             assert baselines is not None, f"{variant} is a touch variant"
             found[policy_type][label] = baselines
     return found
@@ -164,7 +175,12 @@ def language_lines(language: dict[str, dict[str, LanguageBaselines]]) -> list[st
         for label, lang in suites.items():
             if SUITES[label][1] in CONTROLS:
                 rate = lang.successes / lang.episodes
-                parts = [f"{rate:.1%} vs chance {lang.chance:.1%} (p {lang.chance_p_value:.3g})"]
+                parts = [
+                    f"{rate:.1%} vs chance {lang.chance:.1%} (p {lang.chance_p_value:.3g})",
+                    f"went for an object in {lang.went_for_object}, the named one in "
+                    f"{choice_share(lang):.1%} vs chance {lang.choice_chance:.1%} "
+                    f"(p {lang.choice_p_value:.3g})",
+                ]
             else:
                 parts = [
                     f"{n.word} needed on {n.episodes}: {n.success_rate:.1%} vs ignore-{n.word} "
@@ -174,6 +190,13 @@ def language_lines(language: dict[str, dict[str, LanguageBaselines]]) -> list[st
                 ]
             lines.append(f"  {policy_type:<10} {label:<18} " + "; ".join(parts))
     return lines
+
+
+def choice_share(lang: LanguageBaselines) -> float:
+    """The named object's share of the episodes that went for an object (nan: none did)."""
+    if not lang.went_for_object or lang.went_for_target is None:
+        return float("nan")
+    return lang.went_for_target / lang.went_for_object
 
 
 def language_keys(language: dict[str, dict[str, LanguageBaselines]]) -> dict[str, str]:
@@ -191,6 +214,8 @@ def language_keys(language: dict[str, dict[str, LanguageBaselines]]) -> dict[str
                     keys[f"p_{policy_type}_{label}_ignore_{word}"] = f"{need.p_value:.3g}"
             if SUITES[label][1] in CONTROLS:
                 keys[f"p_{policy_type}_{label}_chance"] = f"{lang.chance_p_value:.3g}"
+                keys[f"{policy_type}_{label}_chose_named"] = f"{choice_share(lang):.3f}"
+                keys[f"{policy_type}_{label}_choice_chance"] = f"{lang.choice_chance:.3f}"
     for lang_by_suite in language.values():  # the baselines: the same for every type
         for label, lang in lang_by_suite.items():
             variant = SUITES[label][0].removeprefix("touch-mixed").strip("-")
@@ -243,7 +268,7 @@ def main() -> None:
 
     demo = load_config(args.config or TYPE_CONFIGS["default"])
     seeds = episode_seeds(demo.seed, episodes, "eval")
-    results: dict[str, dict[str, np.ndarray]] = {}
+    results: dict[str, dict[str, tuple[np.ndarray, list[str]]]] = {}
     timing: dict[str, tuple[float, float]] = {}
     latency: dict[str, dict[str, float]] = {}
     for policy_type in TYPES:
@@ -255,7 +280,7 @@ def main() -> None:
             label: outcomes(cfg, checkpoint, variant, phrasing, seeds)
             for label, (variant, phrasing) in SUITES.items()
         }
-        for label, hits in results[policy_type].items():
+        for label, (hits, _) in results[policy_type].items():
             print(f"  {label:<16} {rate_text(hits)}")
         export = home_dir("exports") / f"bench-pretrained-vla-{policy_type}-{Path(checkpoint).name}"
         export_checkpoint(cfg, Path(checkpoint), export)
@@ -271,7 +296,7 @@ def main() -> None:
         for n in sizes:
             cfg = configure(args.config, policy_type, [*overrides, f"collect.episodes={n}"])
             checkpoint, _, _ = train(cfg)
-            hits = outcomes(cfg, checkpoint, "touch-mixed", "trained", seeds[:100])
+            hits, _ = outcomes(cfg, checkpoint, "touch-mixed", "trained", seeds[:100])
             print(f"{policy_type} with {n} demonstrations: trained phrasings {rate_text(hits)}")
             if hits.mean() >= 0.9:
                 to_90[policy_type] = str(n)
@@ -281,7 +306,7 @@ def main() -> None:
     print(f"{'suite':<16} {'default':>26} {'pretrained':>26} {'paired p':>9}")
     pairs = {}
     for label in SUITES:
-        d, p = results["default"][label], results["pretrained"][label]
+        d, p = results["default"][label][0], results["pretrained"][label][0]
         pairs[label] = two_sided_p(p, d)
         print(f"{label:<16} {rate_text(d):>26} {rate_text(p):>26} {pairs[label]:>9.3g}")
     language = language_of(results, seeds, get_robot(demo.robot))
@@ -294,7 +319,7 @@ def main() -> None:
             f"{latency[policy_type]['instruction_ms']:.1f} ms, demonstrations to 90%: "
             f"{to_90[policy_type]}"
         )
-    line = {f"{t}_{label}": f"{results[t][label].mean():.3f}" for t in TYPES for label in SUITES}
+    line = {f"{t}_{label}": f"{results[t][label][0].mean():.3f}" for t in TYPES for label in SUITES}
     line |= {f"p_{label}": f"{pairs[label]:.3g}" for label in SUITES}
     line |= {f"{t}_finetune_s": f"{timing[t][1]:.0f}" for t in TYPES}
     line |= {"default_pretrain_s": f"{timing['default'][0]:.0f}"}

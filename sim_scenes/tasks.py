@@ -105,6 +105,10 @@ class FailureMode:
     """The unit reports show it in (``cm``)."""
     scale: float = 1.0
     """Signal value x scale = value in :attr:`unit` (100 for m -> cm)."""
+    went_for: str = ""
+    """The object the robot went for in an episode failing this way: ``target`` (the one the
+    instruction names), ``other`` (another), or empty (none, or not a task about objects).
+    Language reports compare the target's share of these choices with chance."""
 
 
 WORD_KINDS: tuple[str, ...] = ("colour", "shape", "both")

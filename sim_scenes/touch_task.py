@@ -56,6 +56,7 @@ class TouchTasks(TaskFamily):
             "wrong object",
             "came closer to another object than to the named one, within touching distance "
             "of it (grounding)",
+            went_for="other",
         ),
         FailureMode(
             "near_miss",
@@ -66,6 +67,7 @@ class TouchTasks(TaskFamily):
             measure_label="closest",
             unit="cm",
             scale=100.0,
+            went_for="target",
         ),
         FailureMode("timeout", "timeout", "away from every object when time ran out"),
     )

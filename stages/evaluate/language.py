@@ -14,9 +14,15 @@ kind is needed, as the task family counts each seed's candidates
   1/candidates (:func:`stages.statistics.poisson_binomial_tail`).
 
 Then *chance*, the success of a policy that reads nothing (the mean of 1/objects), which the
-corrupted controls (``evaluate.phrasing: shuffled`` or ``absent``) are compared with, and the
-colour and shape words played, counted. Only task families whose instructions name objects
-by words (touch) have the section; for the others (``episode_words`` None) it is absent.
+corrupted controls (``evaluate.phrasing: nonce``, ``shuffled`` or ``absent``) are compared
+with, and the colour and shape words played, counted. A policy led astray by a corrupted
+instruction often goes for no object at all, which takes its success *below* chance without
+saying whether the instruction still pointed it at the target; so, where the episodes' failure
+modes are given, the section also counts the episodes in which the robot went for an object
+(the family's :attr:`~sim_scenes.tasks.FailureMode.went_for`: touched it, or came within
+reach of it) and the named object's share of them, against chance among those episodes.
+Only task families whose instructions name objects by words (touch) have the section; for the
+others (``episode_words`` None) it is absent.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from typing import Any
 
 from robo_pipe.records import Record
 from robots.spec import RobotSpec
-from sim_scenes.tasks import WORD_KINDS, EpisodeWords, resolve_task
+from sim_scenes.tasks import WORD_KINDS, EpisodeWords, TaskFamily, resolve_task
 from stages.statistics import poisson_binomial_tail, wilson_interval
 
 PHRASING_LINES = {
@@ -100,6 +106,15 @@ class LanguageBaselines(Record):
     """Episodes per colour word played (``crimson``: 12)."""
     shape_words: dict[str, int]
     """Episodes per shape word played."""
+    went_for_object: int | None = None
+    """Episodes in which the robot went for an object (touched one, or came within reach of
+    one, as the family's failure modes say); None where failure modes were not given."""
+    went_for_target: int | None = None
+    """Of those, the episodes in which it went for the named object."""
+    choice_chance: float | None = None
+    """The named object's share of those episodes at chance: mean over them of 1/objects."""
+    choice_p_value: float | None = None
+    """One-sided exact p-value of ``went_for_target`` or more at ``choice_chance``."""
 
     def kind(self, word: str) -> WordNeed | None:
         """The row of word kind ``word``; None where no episode needed it."""
@@ -107,15 +122,26 @@ class LanguageBaselines(Record):
 
 
 def language_baselines(
-    variant: str, robot: RobotSpec, seeds: Sequence[int], success: Sequence[bool], phrasing: str
+    variant: str,
+    robot: RobotSpec,
+    seeds: Sequence[int],
+    success: Sequence[bool],
+    phrasing: str,
+    failures: Sequence[str] | None = None,
 ) -> LanguageBaselines | None:
     """The language section of episodes of one variant (a task name), played on ``seeds``
     with ``success`` (bool per seed) in ``phrasing``; None for a family whose instructions
-    do not name objects by words (or no episodes)."""
+    do not name objects by words (or no episodes). ``failures``: each episode's failure mode
+    (:meth:`sim_scenes.tasks.TaskFamily.failure_mode`, empty on success), for the objects
+    the robot went for; None leaves them out."""
     words = _words(variant, robot, seeds, phrasing)
     if words is None or not words:
         return None
-    return _baselines(words, list(success), phrasing)
+    went = None
+    if failures is not None:
+        family = resolve_task(variant)[0]
+        went = [_went_for(family, ok, f) for ok, f in zip(success, failures, strict=True)]
+    return _baselines(words, list(success), phrasing, went)
 
 
 def suite_language(
@@ -131,11 +157,13 @@ def suite_language(
     """
     words: list[EpisodeWords] = []
     success: list[bool] = []
+    went: list[str] = []
     for variant in dict.fromkeys(o["variant"] for o in outcomes):
         mine = [o for o in outcomes if o["variant"] == variant]
         drawn = _words(variant, robot, [int(o["seed"]) for o in mine], phrasing)
         if drawn is None:
             continue
+        family = resolve_task(variant)[0]
         for episode, o in zip(drawn, mine, strict=True):
             if episode.instruction != o["instruction"]:
                 raise RuntimeError(
@@ -144,7 +172,16 @@ def suite_language(
                 )
         words += drawn
         success += [bool(o["success"]) for o in mine]
-    return _baselines(words, success, phrasing) if words else None
+        went += [_went_for(family, bool(o["success"]), o.get("failure", "")) for o in mine]
+    return _baselines(words, success, phrasing, went) if words else None
+
+
+def _went_for(family: TaskFamily, success: bool, failure: str) -> str:
+    """The object an episode went for: ``target`` on success, else its failure mode's
+    :attr:`~sim_scenes.tasks.FailureMode.went_for` (empty: none)."""
+    if success:
+        return "target"
+    return next((m.went_for for m in family.failure_modes if m.name == failure), "")
 
 
 def _words(
@@ -158,8 +195,11 @@ def _words(
     return words if len(words) == len(drawn) else None
 
 
-def _baselines(words: list[EpisodeWords], success: list[bool], phrasing: str) -> LanguageBaselines:
-    """The section from each episode's words and success, in the same order."""
+def _baselines(
+    words: list[EpisodeWords], success: list[bool], phrasing: str, went: list[str] | None
+) -> LanguageBaselines:
+    """The section from each episode's words, success and the object it went for (``target``,
+    ``other``, empty; None: not known), in the same order."""
     if len(words) != len(success):
         raise ValueError(f"{len(words)} episodes' words but {len(success)} outcomes")
     needed = []
@@ -181,7 +221,7 @@ def _baselines(words: list[EpisodeWords], success: list[bool], phrasing: str) ->
             )
         )
     chances = [1.0 / episode.candidates["both"] for episode in words]
-    return LanguageBaselines(
+    language = LanguageBaselines(
         phrasing=phrasing,
         episodes=len(success),
         successes=sum(success),
@@ -191,6 +231,14 @@ def _baselines(words: list[EpisodeWords], success: list[bool], phrasing: str) ->
         colour_words=_played(words, "colour"),
         shape_words=_played(words, "shape"),
     )
+    if went is not None:
+        chose = [i for i, w in enumerate(went) if w]
+        hits = sum(went[i] == "target" for i in chose)
+        odds = [chances[i] for i in chose]
+        language.went_for_object, language.went_for_target = len(chose), hits
+        language.choice_chance = sum(odds) / len(odds) if odds else float("nan")
+        language.choice_p_value = poisson_binomial_tail(odds, hits)
+    return language
 
 
 def _played(words: list[EpisodeWords], kind: str) -> dict[str, int]:
@@ -229,10 +277,19 @@ def language_markdown(language: LanguageBaselines) -> list[str]:
         f"success {rate:.1%} over {language.episodes} episodes (p = "
         f"{language.chance_p_value:.3g} of that much at chance).",
     ]
+    if language.went_for_object is not None and language.went_for_target is not None:
+        chose = language.went_for_object
+        share = language.went_for_target / chose if chose else float("nan")
+        lines.append(
+            f"The robot went for an object (touched it, or came within reach) in {chose} of "
+            f"{language.episodes} episodes; for the named one in {share:.1%} of them, against "
+            f"{language.choice_chance:.1%} at chance (p = {language.choice_p_value:.3g})."
+        )
     if language.phrasing in CONTROLS:
         lines.append(
             f"This is a corrupted control (`{language.phrasing}`): success well above chance "
-            f"means {CONTROLS[language.phrasing]}."
+            f"means {CONTROLS[language.phrasing]}; going for no object takes success below "
+            "chance, so the named object's share of the objects gone for is the test."
         )
     lines += [
         "",

@@ -40,6 +40,9 @@ whether the policy has random weights.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import gc
 import json
 import os
 import resource
@@ -84,17 +87,17 @@ from stages.export.parity import (
     example_instructions,
     measure_parity,
     random_inputs,
+    torch_reference,
 )
 from stages.export.ref import OPSET, ExportRef, existing_export, export_ref
-from stages.export.variants import variant_maker
-from stages.policy.base import VLAPolicy
+from stages.export.variants import FrameSplit, variant_maker
 from stages.policy.checkpoint import (
     checkpoint_hash,
     load_policy,
     read_policy_meta,
     verify_checkpoint,
 )
-from stages.policy.onnx_graph import OnnxInstructionEncoder, OnnxPolicy, as_onnx
+from stages.policy.onnx_graph import OnnxPolicy, as_onnx
 from stages.policy.types import BaseRef
 
 
@@ -156,41 +159,50 @@ def export(
     )
     if existing is not None:
         return replace(existing, note=note)
-    import onnxruntime as ort
-
-    policy = load_policy(checkpoint, verified).eval()
-    wrapper = as_onnx(policy, merge_lora=config.lora == "merged").eval()
+    # The wrapper merges LoRA into the loaded policy itself: the export keeps one copy of the
+    # weights, not two (4.4 GiB each at 1 B parameters).
+    wrapper = as_onnx(load_policy(checkpoint, verified), config.lora == "merged", False).eval()
+    policy = wrapper.policy
     discard_dead_temporaries(out.parent, of=out.name)  # killed exports' (never a live one's)
     staging = temporary_path(out)
     with writing(out, staging, kept=f"{out} is as it was"):
         staging.mkdir(parents=True)
-        example = wrapper.dummy_inputs(batch=2)
-        export_graph(wrapper, example, staging / ONNX_FILE)
+        export_graph(wrapper, wrapper.dummy_inputs(batch=2), staging / ONNX_FILE)
         instruction_wrapper = wrapper.instruction_graph()
+        instruction_parameters = 0
         if instruction_wrapper is not None:
             tokens, mask = policy.tokenizer(example_instructions(policy))
             text_example = (torch.as_tensor(tokens), torch.as_tensor(mask))
             export_graph(instruction_wrapper, text_example, staging / INSTRUCTION_FILE)
+            instruction_parameters = sum(p.numel() for p in instruction_wrapper.parameters())
         policy.tokenizer.save(str(staging / TOKENIZER_DIR))
 
-        # Parity: random images and states with real instructions, and real dataset frames.
-        session = ort.InferenceSession(str(staging / ONNX_FILE), providers=["CPUExecutionProvider"])
-        encoder = (
-            None
-            if instruction_wrapper is None
-            else ort.InferenceSession(
-                str(staging / INSTRUCTION_FILE), providers=["CPUExecutionProvider"]
-            )
-        )
-        inputs = random_inputs(policy, seed)
-        outputs, error, text_error = measure_parity(wrapper, session, encoder, inputs)
-        parity = {"random": error}
+        # Torch's side of every check first (parity on random images and states with real
+        # instructions and on real dataset frames; the variants' frames), then the torch model
+        # goes: ONNX Runtime's sessions of the graph never share the memory with it.
+        references = {"random": torch_reference(wrapper, random_inputs(policy, seed))}
         if dataset is not None:
-            frames = dataset_inputs(policy, Path(dataset))
-            _, parity["dataset"], dataset_text_error = measure_parity(
-                wrapper, session, encoder, frames
-            )
-            text_error = max(text_error, dataset_text_error)
+            references["dataset"] = torch_reference(wrapper, dataset_inputs(policy, Path(dataset)))
+        split = (
+            variant_frames(wrapper, Path(dataset), config)
+            if wanted and dataset is not None
+            else None
+        )
+        cfg, normalizer = policy.cfg, asdict(policy.normalizer)
+        action_std = policy.action_std.numpy().copy()
+        pad_id = int(policy.tokenizer([""])[0][0, -1])  # what padding fills in
+        parameters = policy.parameter_counts()[1]
+        del wrapper, instruction_wrapper, policy
+        release_memory()
+
+        session = check_session(staging / ONNX_FILE)
+        encoder = None if instruction_parameters == 0 else check_session(staging / INSTRUCTION_FILE)
+        parity, text_error = {}, 0.0
+        for name, reference in references.items():
+            parity[name], text = measure_parity(reference, session, encoder)
+            text_error = max(text_error, text)
+        del session, encoder
+        release_memory()
         if max(parity.values()) > tolerance:
             raise ExportError(
                 f"{checkpoint}: ONNX Runtime differs from torch by {max(parity.values()):.2e} "
@@ -198,23 +210,24 @@ def export(
             )
         # Each graph's reference inputs: the tokens (instruction graph) and, with an instruction
         # graph, the torch features of them (the policy graph's ``instruction``).
-        inputs |= wrapper.graph_inputs(inputs)
-        reference: dict[str, Any] = {**inputs, **{f"expected_{k}": v for k, v in outputs.items()}}
-        np.savez(staging / REFERENCE_FILE, **reference)
+        random = references["random"]
+        reference_file: dict[str, Any] = random.inputs | random.graph_inputs
+        reference_file |= {f"expected_{k}": v for k, v in random.outputs.items()}
+        np.savez(staging / REFERENCE_FILE, **reference_file)
         instruction = (
             None
-            if instruction_wrapper is None
-            else _instruction_spec(instruction_wrapper, reference["instruction"], text_error)
+            if instruction_parameters == 0
+            else _instruction_spec(
+                reference_file["instruction"], text_error, instruction_parameters
+            )
         )
-        # Copies of the weights (torch's, ONNX Runtime's): the quantizer needs the memory at size.
-        del wrapper, session, encoder, instruction_wrapper
+        del references
         variants = (
-            _make_variants(policy, staging, Path(dataset), reference, wanted, config)
-            if wanted and dataset is not None
+            _make_variants(split, action_std, staging, reference_file, wanted, config)
+            if split is not None
             else ()
         )
 
-        cfg = policy.cfg
         side, robot = cfg.image_size, get_robot(cfg.robot)
         spec = IOSpec(
             policy_type=cfg.type,
@@ -251,7 +264,7 @@ def export(
             action_dim=cfg.action_dim,
             chunk_len=cfg.chunk_len,
             max_tokens=cfg.max_tokens,
-            pad_id=int(policy.tokenizer([""])[0][0, -1]),  # what padding fills in
+            pad_id=pad_id,
             control_hz=float(control_hz),
             robot=cfg.robot,
             tokenizer=TOKENIZER_DIR,
@@ -264,7 +277,7 @@ def export(
             variants=variants,
             random_weights=cfg.random_weights,
             prefix_ticks=cfg.prefix_ticks,
-            parameters=policy.parameter_counts()[1],
+            parameters=parameters,
             export_seconds=round(time.perf_counter() - start, 2),
             export_peak_rss_mb=round(peak_rss_mb(), 1),
             weights_sources=weights_provenance(checkpoint),
@@ -273,7 +286,7 @@ def export(
         )
         write_io_spec(staging, spec)
         # The statistics the graph normalises with (already inside it): for inspection on the edge.
-        (staging / NORMALIZATION_FILE).write_text(json.dumps(asdict(policy.normalizer), indent=1))
+        (staging / NORMALIZATION_FILE).write_text(json.dumps(normalizer, indent=1))
         sums = write_bundle_checksums(staging)
         # Synced and swapped in: the old export stays whole at ``out`` until the new one is.
         replace_dir(staging, out)
@@ -308,11 +321,9 @@ def update_variants(out: str | Path, variants: tuple[Variant, ...]) -> IOSpec:
     return new
 
 
-def _instruction_spec(
-    wrapper: OnnxInstructionEncoder, features: np.ndarray, error: float
-) -> InstructionGraph:
-    """The spec of the instruction graph whose torch outputs on the reference tokens are
-    ``features`` ``(N, L, F)``, with its parity ``error``."""
+def _instruction_spec(features: np.ndarray, error: float, parameters: int) -> InstructionGraph:
+    """The spec of the instruction graph of ``parameters`` whose torch outputs on the reference
+    tokens are ``features`` ``(N, L, F)``, with its parity ``error``."""
     length, width = features.shape[1:]
     return InstructionGraph(
         inputs=(
@@ -327,9 +338,29 @@ def _instruction_spec(
                 "sentence-encoder token features (padding rows 0)",
             ),
         ),
-        parameters=sum(p.numel() for p in wrapper.parameters()),
+        parameters=parameters,
         parity_max_abs_error=error,
     )
+
+
+def check_session(path: Path) -> Any:
+    """An ONNX Runtime session of the graph at ``path`` for the export's checks (parity,
+    scoring): run a few times, so without weight prepacking (a second, reordered copy of every
+    weight matrix that pays only over many runs)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.add_session_config_entry("session.disable_prepacking", "1")
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def release_memory() -> None:
+    """Collect what was just dropped and hand the freed heap back to the system (glibc keeps
+    freed arenas otherwise, and the next phase's peak would stack on this one's)."""
+    gc.collect()
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError):  # not glibc (musl): nothing to trim
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def peak_rss_mb() -> float:
@@ -340,29 +371,33 @@ def peak_rss_mb() -> float:
     return peak / (2**20 if sys.platform == "darwin" else 2**10)
 
 
+def variant_frames(wrapper: OnnxPolicy, dataset: Path, config: ExportConfig) -> FrameSplit:
+    """The dataset frames the variants are calibrated and scored on, as the policy graph's own
+    inputs: with an instruction graph, the torch features of the tokens (the instruction graph
+    is not quantised). Computed while the torch policy is still loaded."""
+    from stages.export.quantize import split_frames
+
+    split = split_frames(wrapper.policy, dataset, config.calibration_frames, config.score_frames)
+    return replace(
+        split,
+        calibration=wrapper.graph_inputs(split.calibration),
+        scoring=wrapper.graph_inputs(split.scoring),
+    )
+
+
 def _make_variants(
-    policy: VLAPolicy,
+    split: FrameSplit,
+    action_std: np.ndarray,
     staging: Path,
-    dataset: Path,
     reference: dict[str, Any],
     wanted: list[str],
     config: ExportConfig,
 ) -> tuple[Variant, ...]:
-    """Each of ``wanted`` made from the staged FP32 graph, calibrated and scored on disjoint
-    episodes of ``dataset``, written as ``policy.<name>.onnx`` (+ data) into ``staging``."""
-    import onnxruntime as ort
+    """Each of ``wanted`` made from the staged FP32 graph, calibrated and scored on ``split``,
+    written as ``policy.<name>.onnx`` (+ data) into ``staging``. One graph in memory at a
+    time: FP32's actions on the scoring frames first, then each variant's session alone."""
+    from stages.export.quantize import fp32_actions, layers_to_quantize, score_variant
 
-    from stages.export.quantize import layers_to_quantize, score_variant, split_frames
-
-    split = split_frames(policy, dataset, config.calibration_frames, config.score_frames)
-    # The policy graph's own inputs: with an instruction graph, its features of the tokens
-    # (the instruction graph is not quantised).
-    graph = OnnxPolicy(policy)  # wraps, copies nothing: only its instruction inputs are used
-    split = replace(
-        split,
-        calibration=graph.graph_inputs(split.calibration),
-        scoring=graph.graph_inputs(split.scoring),
-    )
     external = any(p.name != ONNX_FILE for p in model_files(staging, ONNX_FILE))
     layers = layers_to_quantize(staging / ONNX_FILE, config.keep_float)
     makers = [(name, variant_maker(name)) for name in wanted]  # export.variants: MAKERS' keys
@@ -373,20 +408,20 @@ def _make_variants(
         seconds[name] = maker.make(
             staging / ONNX_FILE, target, split.calibration, external, layers, config
         )
-    fp32 = ort.InferenceSession(str(staging / ONNX_FILE), providers=["CPUExecutionProvider"])
+        release_memory()
+    fp32 = check_session(staging / ONNX_FILE)
+    baseline = fp32_actions(fp32, split.scoring)
+    del fp32
+    release_memory()
     for name, maker in makers:
         target = staging / f"policy.{name}.onnx"
-        session = ort.InferenceSession(str(target), providers=["CPUExecutionProvider"])
+        session = check_session(target)
         errors = score_variant(
-            session,
-            fp32,
-            split.scoring,
-            policy.action_std.numpy(),
-            reference,
-            list(OnnxPolicy.output_names),
+            session, baseline, split.scoring, action_std, reference, list(OnnxPolicy.output_names)
         )
         made.append(maker.spec(target.name, errors, split, config, seconds[name], len(layers)))
         del session
+        release_memory()
     return tuple(made)
 
 

@@ -4,6 +4,7 @@ measurement, a few frames at a time, through the chain the edge runtime runs."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -79,43 +80,71 @@ def dataset_inputs(policy: VLAPolicy, root: Path, n: int = 32) -> dict[str, np.n
     return inputs | random_prefix(policy, np.random.default_rng(n), n)
 
 
-def measure_parity(
-    wrapper: OnnxPolicy, session: Any, encoder: Any, inputs: dict[str, np.ndarray]
-) -> tuple[dict[str, np.ndarray], float, float]:
-    """Torch outputs on ``inputs`` (images, states, tokens), the largest ONNX Runtime
-    deviation from them, and the instruction graph's largest deviation from torch's features
-    (0 without one), a few frames at a time (a 512 px vision tower's activations for 32 frames
-    at once are GiBs). With an instruction graph (``encoder``) ONNX Runtime runs the chain the
-    runtime runs: tokens -> ``encoder`` -> features -> ``session``.
+@dataclass(frozen=True)
+class TorchReference:
+    """What the torch policy gives on some inputs, computed before any ONNX Runtime session
+    exists: the export frees the torch model before it loads a graph (at 1 B parameters both
+    at once do not fit in 24 GiB)."""
+
+    inputs: dict[str, np.ndarray]
+    """The observations: images, ``state``, ``tokens``, ``token_mask`` (and any prefix)."""
+    graph_inputs: dict[str, np.ndarray]
+    """The policy graph's inputs from them (with an instruction graph: the torch features of
+    the tokens as ``instruction``)."""
+    outputs: dict[str, np.ndarray]
+    """The torch policy's outputs, by :attr:`OnnxPolicy.output_names`."""
+
+
+def torch_reference(wrapper: OnnxPolicy, inputs: dict[str, np.ndarray]) -> TorchReference:
+    """The torch policy (``wrapper``, as exported) on ``inputs``, a few frames at a time (a
+    512 px vision tower's activations for 32 frames at once are GiBs)."""
+    frames = len(inputs["state"])
+    parts: list[dict[str, np.ndarray]] = []
+    for i in range(0, frames, PARITY_BATCH):
+        chunk = {k: v[i : i + PARITY_BATCH] for k, v in inputs.items()}
+        graph = wrapper.graph_inputs(chunk)
+        with torch.no_grad():
+            expected = wrapper(*(torch.as_tensor(graph[k]) for k in wrapper.input_names))
+        part = {k: v.numpy() for k, v in zip(wrapper.output_names, expected, strict=True)}
+        parts.append(part | {f"graph_{k}": v for k, v in graph.items()})
+    joined = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    return TorchReference(
+        inputs=dict(inputs),
+        graph_inputs={k[6:]: v for k, v in joined.items() if k.startswith("graph_")},
+        outputs={k: joined[k] for k in wrapper.output_names},
+    )
+
+
+def measure_parity(reference: TorchReference, session: Any, encoder: Any) -> tuple[float, float]:
+    """The largest ONNX Runtime deviation from the torch outputs of ``reference``, and the
+    instruction graph's largest deviation from torch's features (0 without one). With an
+    instruction graph (``encoder``) ONNX Runtime runs the chain the runtime runs: tokens ->
+    ``encoder`` -> features -> ``session``.
 
     :class:`ExportError` if an ONNX output holds NaN or inf (:func:`robots.limits.non_finite`):
     the inputs are finite, so the graph can emit such a value on the robot; and the deviation
     cannot show it (NaN on both sides compares as no deviation at all)."""
-    frames = len(inputs["state"])
-    parts: list[dict[str, np.ndarray]] = []
+    names = [i.name for i in session.get_inputs()]
+    outputs = list(reference.outputs)
+    frames = len(reference.inputs["state"])
     error = text_error = 0.0
     for i in range(0, frames, PARITY_BATCH):
-        chunk = {k: v[i : i + PARITY_BATCH] for k, v in inputs.items()}
-        torch_inputs = wrapper.graph_inputs(chunk)
-        with torch.no_grad():
-            expected = wrapper(*(torch.as_tensor(torch_inputs[k]) for k in wrapper.input_names))
-        part = {k: v.numpy() for k, v in zip(wrapper.output_names, expected, strict=True)}
-        feeds = dict(chunk)
+        chunk = {k: v[i : i + PARITY_BATCH] for k, v in reference.inputs.items()}
+        feeds = dict(chunk) | {
+            k: v[i : i + PARITY_BATCH] for k, v in reference.graph_inputs.items() if k not in chunk
+        }
         if encoder is not None:
             text = {k: chunk[k] for k in OnnxInstructionEncoder.input_names}
             feeds["instruction"] = encoder.run(OnnxInstructionEncoder.output_names, text)[0]
-            deviation = np.abs(feeds["instruction"] - torch_inputs["instruction"]).max()
-            text_error = max(text_error, float(deviation))
-        got = session.run(wrapper.output_names, {k: feeds[k] for k in wrapper.input_names})
-        for name, values in zip(wrapper.output_names, got, strict=True):
+            torch_features = reference.graph_inputs["instruction"][i : i + PARITY_BATCH]
+            text_error = max(text_error, float(np.abs(feeds["instruction"] - torch_features).max()))
+        got = session.run(outputs, {k: feeds[k] for k in names})
+        for name, values in zip(outputs, got, strict=True):
             if refused := non_finite(name, values):
                 raise ExportError(
                     f"the ONNX graph emits a non-finite value for finite inputs (frame {i} on): "
                     f"{refused}"
                 )
-        error = max(
-            error, *(float(np.abs(g - part[k]).max()) for g, k in zip(got, part, strict=True))
-        )
-        parts.append(part)
-    outputs = {k: np.concatenate([p[k] for p in parts]) for k in wrapper.output_names}
-    return outputs, error, text_error
+        want = [reference.outputs[k][i : i + PARITY_BATCH] for k in outputs]
+        error = max(error, *(float(np.abs(g - w).max()) for g, w in zip(got, want, strict=True)))
+    return error, text_error

@@ -26,6 +26,7 @@ layer, and stays FP32; so do layers ``export.keep_float`` names.
 from __future__ import annotations
 
 import re
+import tempfile
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -44,10 +45,10 @@ CALIBRATE_METHOD = "MinMax"
 symmetrised (the ranges a TensorRT explicit-quantisation graph carries)."""
 CALIBRATION_BATCH = 1
 """Frames per calibration run. The calibrating session holds a run's activations: at the
-SmolVLM-256M preset's 512 px each frame in a run added ~1 GiB to the quantizer's own ~5 GiB
-(measured: 4 frames 11.6 GiB peak, 1 frame 7.3 GiB, in 22-24 s either way)."""
+SmolVLM-256M preset's 512 px each frame in a run added ~1 GiB (measured with ONNX Runtime's own
+calibrating session: 4 frames 11.6 GiB peak, 1 frame 7.3 GiB, in 22-24 s either way)."""
 SCORE_BATCH = 2
-"""Frames per scoring run (two sessions, FP32 and the variant, hold their activations)."""
+"""Frames per scoring run (one session at a time holds its activations)."""
 INT8_METHOD = (
     "onnxruntime quantize_static: QDQ, per-channel symmetric int8 weights, "
     f"symmetric int8 activations ({CALIBRATE_METHOD} calibration)"
@@ -175,11 +176,13 @@ def quantize_int8(
     symmetric = config.int8_activations == "symmetric"
     start = time.perf_counter()
     # The quantizer logs a line per tensor it leaves in float (the integer inputs, shapes).
-    with quiet(""):
+    with quiet(""), tempfile.TemporaryDirectory(dir=out.parent, prefix=".calibration.") as tmp:
+        ranges = calibrate(fp32, calibration, Path(tmp), external_data)
         quantize_static(
             str(fp32),
             str(out),
-            _Reader(calibration, CALIBRATION_BATCH),
+            None,  # the ranges are calibrated above, with bounded memory
+            calibration_cache_path=ranges,
             quant_format=QuantFormat.QDQ,
             op_types_to_quantize=list(QUANTIZED_OPS),
             nodes_to_quantize=layers,
@@ -202,27 +205,76 @@ def quantize_int8(
     return time.perf_counter() - start
 
 
+def calibrate(
+    fp32: Path, calibration: Mapping[str, np.ndarray], scratch: Path, external_data: bool
+) -> Path:
+    """Each quantised layer's input ranges (min and max) over the ``calibration`` frames,
+    written as ONNX Runtime's calibration cache in ``scratch``: what ``quantize_static`` would
+    calibrate itself (the same ranges, tested), in bounded memory.
+
+    ONNX Runtime's calibrating session adds a ReduceMin and a ReduceMax output per tensor and
+    runs in its default order, which computes the whole graph before any of them: every
+    calibrated activation of a frame is alive at once (+4.3 GiB at the 256 M preset, 7.3 GiB
+    peak), and it keeps the augmented graph in memory beside its session (the weights twice
+    more). Here the augmented graph is read from disk alone and run in priority order, each
+    reduction as soon as its tensor exists (+0.8 GiB)."""
+    import onnxruntime as ort
+    from onnxruntime.quantization.calibrate import MinMaxCalibrater, save_tensors_data
+
+    calibrator = MinMaxCalibrater(
+        str(fp32),
+        list(QUANTIZED_OPS),
+        str(scratch / "augmented.onnx"),
+        use_external_data_format=external_data,
+    )
+    calibrator.augment_graph()  # written to the scratch folder
+    calibrator.model = None  # its weights are on disk now; nothing after this reads them
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # as ORT does
+    options.execution_order = ort.ExecutionOrder.PRIORITY_BASED
+    options.add_session_config_entry("session.disable_prepacking", "1")  # a few runs only
+    calibrator.infer_session = ort.InferenceSession(
+        calibrator.augmented_model_path, options, providers=["CPUExecutionProvider"]
+    )
+    calibrator.collect_data(_Reader(calibration, CALIBRATION_BATCH))
+    ranges = scratch / "ranges.json"
+    save_tensors_data(calibrator.compute_data(), ranges)
+    return ranges
+
+
+def fp32_actions(fp32: Any, held_out: Mapping[str, np.ndarray]) -> np.ndarray:
+    """The FP32 graph's actions ``(frames, chunk, action_dim)`` on the held-out inputs (an ONNX
+    Runtime session ``fp32``): what each variant is scored against, computed once, so that no
+    two graphs need to be in memory together."""
+    frames = len(held_out["state"])
+    return np.concatenate(
+        [
+            fp32.run(["actions"], {k: v[i : i + SCORE_BATCH] for k, v in held_out.items()})[0]
+            for i in range(0, frames, SCORE_BATCH)
+        ]
+    )
+
+
 def score_variant(
     variant: Any,
-    fp32: Any,
+    fp32: np.ndarray,
     held_out: Mapping[str, np.ndarray],
     action_std: np.ndarray,
     reference: Mapping[str, np.ndarray],
     output_names: list[str],
 ) -> Errors:
-    """``variant`` and ``fp32`` (ONNX Runtime sessions of the same graph) on the held-out
-    inputs: mean and largest |variant - FP32| of the actions (robot units) and the worst
-    dimension's mean error over its std in the training data (``action_std``, the policy's
-    normalizer's); and the largest |variant - torch| over every output on the bundle's
-    ``reference`` inputs (``expected_<output>`` there), which device parity checks hold the
-    variant to."""
+    """``variant`` (an ONNX Runtime session) on the held-out inputs against the FP32 graph's
+    actions on them (``fp32``, :func:`fp32_actions`): mean and largest |variant - FP32| of the
+    actions (robot units) and the worst dimension's mean error over its std in the training
+    data (``action_std``, the policy's normalizer's); and the largest |variant - torch| over
+    every output on the bundle's ``reference`` inputs (``expected_<output>`` there), which
+    device parity checks hold the variant to."""
     frames = len(held_out["state"])
-    got, want = [], []
-    for i in range(0, frames, SCORE_BATCH):
-        feeds = {k: v[i : i + SCORE_BATCH] for k, v in held_out.items()}
-        got.append(variant.run(["actions"], feeds)[0])
-        want.append(fp32.run(["actions"], feeds)[0])
-    diff = np.abs(np.concatenate(got) - np.concatenate(want))  # (frames, chunk, action_dim)
+    got = [
+        variant.run(["actions"], {k: v[i : i + SCORE_BATCH] for k, v in held_out.items()})[0]
+        for i in range(0, frames, SCORE_BATCH)
+    ]
+    diff = np.abs(np.concatenate(got) - fp32)  # (frames, chunk, action_dim)
     by_dim = diff.reshape(-1, diff.shape[-1]).mean(axis=0) / np.asarray(action_std)
     # The graph's own inputs (a policy graph fed by an instruction graph takes no tokens).
     feeds = {i.name: reference[i.name] for i in variant.get_inputs()}

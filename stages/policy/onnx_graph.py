@@ -15,11 +15,13 @@ from torch import nn
 from stages.policy.base import Encoded, Images, Tensor, VLAPolicy
 
 
-def as_onnx(policy: VLAPolicy, merge_lora: bool = True) -> OnnxPolicy:
+def as_onnx(policy: VLAPolicy, merge_lora: bool = True, copy_weights: bool = True) -> OnnxPolicy:
     """A copy of ``policy`` wrapped for ``torch.onnx.export``: with LoRA merged into the base
     weights (``merge_lora``, one matmul per layer), or the adapters kept as their own tensors
-    (the graph computes ``W x + B (A x) * scale``: the base weights stay as the base had them)."""
-    model = copy.deepcopy(policy).eval()
+    (the graph computes ``W x + B (A x) * scale``: the base weights stay as the base had them).
+    ``copy_weights`` False wraps (and merges into) ``policy`` itself: for a caller that owns it
+    and needs it no more (the export: a second copy of a 1 B model's weights is 4.4 GiB)."""
+    model = (copy.deepcopy(policy) if copy_weights else policy).eval()
     if merge_lora:
         for module in model.modules():
             if isinstance(module, LoraLayer):

@@ -101,6 +101,56 @@ def test_the_variant_plays_as_a_policy_from_its_file(int8_export: tuple[Path, Ex
     assert policy.exported.variant == "int8", "the INT8 graph runs, not the FP32 one"
 
 
+def test_the_bounded_memory_calibration_gives_onnx_runtimes_own_ranges(
+    int8_export: tuple[Path, ExportRef], tmp_path: Path
+) -> None:
+    """quantize_int8 calibrates with its own session (no memory arena, no prepacking) and
+    hands quantize_static the ranges: every scale and zero point is what quantize_static's
+    own calibration on the same frames gives (to the last bit or so)."""
+    from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
+
+    from stages.export.quantize import (
+        CALIBRATION_BATCH,
+        QUANTIZED_OPS,
+        _Reader,
+        layers_to_quantize,
+        quantize_int8,
+    )
+
+    _, ref = int8_export
+    fp32 = Path(ref.onnx)
+    with np.load(Path(ref.path) / "reference.npz") as data:
+        frames = {i.name: data[i.name] for i in onnx.load(str(fp32)).graph.input}
+    layers = layers_to_quantize(fp32, [])
+    quantize_int8(fp32, tmp_path / "ours.onnx", frames, False, layers, SMALL)
+    quantize_static(
+        str(fp32),
+        str(tmp_path / "theirs.onnx"),
+        _Reader(frames, CALIBRATION_BATCH),
+        quant_format=QuantFormat.QDQ,
+        op_types_to_quantize=list(QUANTIZED_OPS),
+        nodes_to_quantize=layers,
+        per_channel=True,
+        activation_type=QuantType.QInt8,
+        weight_type=QuantType.QInt8,
+        extra_options={"ActivationSymmetric": True, "WeightSymmetric": True},
+    )
+
+    def scales(name: str) -> dict[str, np.ndarray]:
+        graph = onnx.load(str(tmp_path / name)).graph
+        return {
+            i.name: numpy_helper.to_array(i)
+            for i in graph.initializer
+            if i.name.endswith(("_scale", "_zero_point"))
+        }
+
+    ours, theirs = scales("ours.onnx"), scales("theirs.onnx")
+    assert len(ours) > 2 * len(layers) and ours.keys() == theirs.keys()
+    for name, value in theirs.items():  # the order of the runs may move a float by an ulp
+        np.testing.assert_allclose(ours[name], value, rtol=1e-6, atol=0, err_msg=name)
+    assert not list(tmp_path.glob(".calibration.*")), "the calibration scratch is removed"
+
+
 def test_a_variant_past_the_error_bar_is_kept_but_not_a_candidate(
     int8_export: tuple[Path, ExportRef], tiny_dataset: DatasetRef, tmp_path: Path
 ) -> None:

@@ -99,6 +99,40 @@ def test_the_controls_are_compared_with_chance(rp5: RobotSpec) -> None:
     assert cheat is not None and cheat.chance_p_value < 1e-20
 
 
+def test_the_controls_compare_the_objects_gone_for_with_chance(rp5: RobotSpec) -> None:
+    """A policy that goes for no object in half the episodes and for a random one otherwise
+    succeeds below chance, yet its choice among objects is at chance; one that always goes for
+    the named object, touching it or not, chose it far above chance. Failure modes say which:
+    touch's ``near_miss`` went for the target, ``wrong_object`` for another, ``timeout`` none."""
+    clutter = [words("touch-mixed-clutter", rp5, s, "nonce") for s in SEEDS]
+    assert all(w.candidates["both"] == 4 for w in clutter)
+    rng = np.random.default_rng(1)
+    went = rng.random(200) < 0.5
+    named = rng.integers(0, 4, 200) == 0
+    success = list(went & named & (rng.random(200) < 0.5))
+    failures = [
+        "" if ok else ("timeout" if not g else ("near_miss" if n else "wrong_object"))
+        for ok, g, n in zip(success, went, named, strict=True)
+    ]
+    lang = language_baselines("touch-mixed-clutter", rp5, SEEDS, success, "nonce", failures)
+    assert lang is not None and lang.went_for_object == int(went.sum())
+    assert lang.went_for_target == int((went & named).sum())
+    assert lang.choice_chance == pytest.approx(0.25)
+    assert lang.successes / lang.episodes < lang.chance - 0.05, "success falls below chance"
+    assert lang.choice_p_value is not None and lang.choice_p_value > 0.05
+    text = "\n".join(language_markdown(lang))
+    share = lang.went_for_target / lang.went_for_object
+    assert f"in {lang.went_for_object} of 200 episodes; for the named one in {share:.1%}" in text
+
+    led = ["" if ok else "near_miss" for ok in success]
+    reader = language_baselines("touch-mixed-clutter", rp5, SEEDS, success, "nonce", led)
+    assert reader is not None and reader.went_for_object == reader.went_for_target == 200
+    assert reader.choice_p_value is not None and reader.choice_p_value < 1e-50
+    unknown = language_baselines("touch-mixed-clutter", rp5, SEEDS, success, "nonce")
+    assert unknown is not None and unknown.went_for_object is None
+    assert "went for an object" not in "\n".join(language_markdown(unknown))
+
+
 def test_the_words_played_are_counted(rp5: RobotSpec) -> None:
     lang = language_baselines("touch-mixed-all", rp5, SEEDS, [False] * 200, "unseen")
     assert lang is not None
@@ -142,6 +176,8 @@ def test_the_report_carries_the_language_section_for_touch_only(rp5: RobotSpec) 
     )
     report.language = suite_language(report.outcomes, rp5, report.phrasing)
     assert report.language is not None and report.language.episodes == 200
+    solved = sum(not n for n in needed)  # the rest time out: they went for no object
+    assert report.language.went_for_object == report.language.went_for_target == solved
     text = markdown(report)
     assert "## Language: success where a word is needed" in text
     colour = report.language.kind("colour")
@@ -181,11 +217,26 @@ def test_the_benchmark_prints_and_keys_the_language_baselines(rp5: RobotSpec) ->
 
     seeds = SEEDS[:60]
     rng = np.random.default_rng(0)
-    results = {t: {label: rng.random(60) < 0.6 for label in bench.SUITES} for t in bench.TYPES}
+    modes = np.array(["wrong_object", "near_miss", "timeout"])
+    results = {}
+    for t in bench.TYPES:
+        results[t] = {}
+        for label in bench.SUITES:
+            hits = rng.random(60) < 0.6
+            failures = ["" if hit else str(rng.choice(modes)) for hit in hits]
+            results[t][label] = (hits, failures)
     language = bench.language_of(results, seeds, rp5)
     lines = bench.language_lines(language)
     assert len(lines) == 1 + len(bench.TYPES) * len(bench.SUITES)
     assert any("shuffled" in line and "vs chance 33.3%" in line for line in lines)
+    nonce = language["default"]["nonce"]
+    hits, failures = results["default"]["nonce"]
+    assert nonce.went_for_object == sum(hits) + sum(f != "timeout" for f in failures if f)
+    assert nonce.went_for_target == sum(hits) + failures.count("near_miss")
+    assert any(
+        "nonce" in line and f"went for an object in {nonce.went_for_object}," in line
+        for line in lines
+    )
     assert any("unseen-colour" in line and "vs ignore-colour 50.0%" in line for line in lines)
     keys = bench.language_keys(language)
     mine = language["pretrained"]["unseen-colour"].kind("colour")
@@ -194,4 +245,6 @@ def test_the_benchmark_prints_and_keys_the_language_baselines(rp5: RobotSpec) ->
     assert keys["p_pretrained_unseen-colour_ignore_colour"] == f"{mine.p_value:.3g}"
     assert keys["ignore_colour_baseline"] == "0.500" and keys["chance"] == "0.333"
     assert {"all_ignore_colour_baseline", "all_chance", "p_default_absent_chance"} <= set(keys)
+    assert keys["default_nonce_chose_named"] == f"{bench.choice_share(nonce):.3f}"
+    assert keys["default_nonce_choice_chance"] == "0.333"
     assert "pretrained_all-unseen-colour_colour_needed" in keys

@@ -40,13 +40,8 @@ whether the policy has random weights.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import gc
 import json
 import os
-import resource
-import sys
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -55,7 +50,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from deploy_edge.bundle.files import model_files, verify_bundle, write_bundle_checksums
+from deploy_edge.bundle.files import verify_bundle, write_bundle_checksums
 from deploy_edge.bundle.io_spec import (
     BATCH,
     InstructionGraph,
@@ -80,6 +75,7 @@ from robo_pipe.integrity import CHECKSUMS_FILE, writing
 from robots.spec import get_robot
 from stages.export.config import ExportConfig
 from stages.export.graph import export_graph
+from stages.export.memory import check_session, peak_rss_mb, release_memory
 from stages.export.parity import (
     PARITY_TOLERANCE,
     ExportError,
@@ -89,8 +85,8 @@ from stages.export.parity import (
     random_inputs,
     torch_reference,
 )
+from stages.export.precisions import make_variants, variant_frames
 from stages.export.ref import OPSET, ExportRef, existing_export, export_ref
-from stages.export.variants import FrameSplit, variant_maker
 from stages.policy.checkpoint import (
     checkpoint_hash,
     load_policy,
@@ -223,7 +219,7 @@ def export(
         )
         del references
         variants = (
-            _make_variants(split, action_std, staging, reference_file, wanted, config)
+            make_variants(split, action_std, staging, reference_file, wanted, config)
             if split is not None
             else ()
         )
@@ -341,88 +337,6 @@ def _instruction_spec(features: np.ndarray, error: float, parameters: int) -> In
         parameters=parameters,
         parity_max_abs_error=error,
     )
-
-
-def check_session(path: Path) -> Any:
-    """An ONNX Runtime session of the graph at ``path`` for the export's checks (parity,
-    scoring): run a few times, so without weight prepacking (a second, reordered copy of every
-    weight matrix that pays only over many runs)."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.add_session_config_entry("session.disable_prepacking", "1")
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-
-
-def release_memory() -> None:
-    """Collect what was just dropped and hand the freed heap back to the system (glibc keeps
-    freed arenas otherwise, and the next phase's peak would stack on this one's)."""
-    gc.collect()
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError):  # not glibc (musl): nothing to trim
-            ctypes.CDLL("libc.so.6").malloc_trim(0)
-
-
-def peak_rss_mb() -> float:
-    """Peak resident memory of this process so far, MiB (``ru_maxrss``: KiB on Linux, bytes
-    on macOS). A process that held more before the export reports that: the figure bounds
-    the export's peak from above."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / (2**20 if sys.platform == "darwin" else 2**10)
-
-
-def variant_frames(wrapper: OnnxPolicy, dataset: Path, config: ExportConfig) -> FrameSplit:
-    """The dataset frames the variants are calibrated and scored on, as the policy graph's own
-    inputs: with an instruction graph, the torch features of the tokens (the instruction graph
-    is not quantised). Computed while the torch policy is still loaded."""
-    from stages.export.quantize import split_frames
-
-    split = split_frames(wrapper.policy, dataset, config.calibration_frames, config.score_frames)
-    return replace(
-        split,
-        calibration=wrapper.graph_inputs(split.calibration),
-        scoring=wrapper.graph_inputs(split.scoring),
-    )
-
-
-def _make_variants(
-    split: FrameSplit,
-    action_std: np.ndarray,
-    staging: Path,
-    reference: dict[str, Any],
-    wanted: list[str],
-    config: ExportConfig,
-) -> tuple[Variant, ...]:
-    """Each of ``wanted`` made from the staged FP32 graph, calibrated and scored on ``split``,
-    written as ``policy.<name>.onnx`` (+ data) into ``staging``. One graph in memory at a
-    time: FP32's actions on the scoring frames first, then each variant's session alone."""
-    from stages.export.quantize import fp32_actions, layers_to_quantize, score_variant
-
-    external = any(p.name != ONNX_FILE for p in model_files(staging, ONNX_FILE))
-    layers = layers_to_quantize(staging / ONNX_FILE, config.keep_float)
-    makers = [(name, variant_maker(name)) for name in wanted]  # export.variants: MAKERS' keys
-    made: list[Variant] = []
-    seconds: dict[str, float] = {}
-    for name, maker in makers:  # all made before any is scored
-        target = staging / f"policy.{name}.onnx"
-        seconds[name] = maker.make(
-            staging / ONNX_FILE, target, split.calibration, external, layers, config
-        )
-        release_memory()
-    fp32 = check_session(staging / ONNX_FILE)
-    baseline = fp32_actions(fp32, split.scoring)
-    del fp32
-    release_memory()
-    for name, maker in makers:
-        target = staging / f"policy.{name}.onnx"
-        session = check_session(target)
-        errors = score_variant(
-            session, baseline, split.scoring, action_std, reference, list(OnnxPolicy.output_names)
-        )
-        made.append(maker.spec(target.name, errors, split, config, seconds[name], len(layers)))
-        del session
-        release_memory()
-    return tuple(made)
 
 
 def _tensor(name: str, dtype: str, shape: tuple[int, ...], units: str) -> TensorSpec:

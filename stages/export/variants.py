@@ -8,8 +8,9 @@ it is calibrated and scored on, and its errors against the FP32 graph.
     Errors         = a variant against FP32 (held-out frames) and torch (reference inputs)
 
 The export (:func:`stages.export.onnx.export`) makes every variant ``export.variants`` names
-alike: each maker writes its file, then each is scored against FP32
-(:func:`stages.export.quantize.score_variant`) and its maker writes its spec entry. INT8:
+alike (:func:`stages.export.precisions.make_variants`): each maker writes its file, then each
+is scored against FP32 (:func:`stages.export.quantize.score_variant`) and its maker writes its
+spec entry. INT8:
 :data:`stages.export.quantize.INT8`.
 """
 

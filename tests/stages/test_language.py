@@ -218,7 +218,7 @@ def test_the_benchmark_prints_and_keys_the_language_baselines(rp5: RobotSpec) ->
     seeds = SEEDS[:60]
     rng = np.random.default_rng(0)
     modes = np.array(["wrong_object", "near_miss", "timeout"])
-    results = {}
+    results: dict[str, dict[str, tuple[np.ndarray, list[str]]]] = {}
     for t in bench.TYPES:
         results[t] = {}
         for label in bench.SUITES:

@@ -75,7 +75,7 @@ from robo_pipe.integrity import CHECKSUMS_FILE, writing
 from robots.spec import get_robot
 from stages.export.config import ExportConfig
 from stages.export.graph import export_graph
-from stages.export.memory import check_session, peak_rss_mb, release_memory
+from stages.export.memory import COLLECT_FROM, check_session, peak_rss_mb, release_memory
 from stages.export.parity import (
     PARITY_TOLERANCE,
     ExportError,
@@ -189,7 +189,7 @@ def export(
         pad_id = int(policy.tokenizer([""])[0][0, -1])  # what padding fills in
         parameters = policy.parameter_counts()[1]
         del wrapper, instruction_wrapper, policy
-        release_memory()
+        release_memory(collect=parameters >= COLLECT_FROM)
 
         session = check_session(staging / ONNX_FILE)
         encoder = None if instruction_parameters == 0 else check_session(staging / INSTRUCTION_FILE)

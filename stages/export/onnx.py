@@ -157,7 +157,9 @@ def export(
         return replace(existing, note=note)
     # The wrapper merges LoRA into the loaded policy itself: the export keeps one copy of the
     # weights, not two (4.4 GiB each at 1 B parameters).
-    wrapper = as_onnx(load_policy(checkpoint, verified), config.lora == "merged", False).eval()
+    loaded = load_policy(checkpoint, verified)
+    wrapper = as_onnx(loaded, merge_lora=config.lora == "merged", copy_weights=False).eval()
+    del loaded
     policy = wrapper.policy
     discard_dead_temporaries(out.parent, of=out.name)  # killed exports' (never a live one's)
     staging = temporary_path(out)
@@ -165,6 +167,7 @@ def export(
         staging.mkdir(parents=True)
         export_graph(wrapper, wrapper.dummy_inputs(batch=2), staging / ONNX_FILE)
         instruction_wrapper = wrapper.instruction_graph()
+        separate = instruction_wrapper is not None  # an instruction graph of its own
         instruction_parameters = 0
         if instruction_wrapper is not None:
             tokens, mask = policy.tokenizer(example_instructions(policy))
@@ -192,7 +195,7 @@ def export(
         release_memory(collect=parameters >= COLLECT_FROM)
 
         session = check_session(staging / ONNX_FILE)
-        encoder = None if instruction_parameters == 0 else check_session(staging / INSTRUCTION_FILE)
+        encoder = check_session(staging / INSTRUCTION_FILE) if separate else None
         parity, text_error = {}, 0.0
         for name, reference in references.items():
             parity[name], text = measure_parity(reference, session, encoder)
@@ -212,7 +215,7 @@ def export(
         np.savez(staging / REFERENCE_FILE, **reference_file)
         instruction = (
             None
-            if instruction_parameters == 0
+            if not separate
             else _instruction_spec(
                 reference_file["instruction"], text_error, instruction_parameters
             )

@@ -99,19 +99,19 @@ def torch_reference(wrapper: OnnxPolicy, inputs: dict[str, np.ndarray]) -> Torch
     """The torch policy (``wrapper``, as exported) on ``inputs``, a few frames at a time (a
     512 px vision tower's activations for 32 frames at once are GiBs)."""
     frames = len(inputs["state"])
-    parts: list[dict[str, np.ndarray]] = []
+    outputs: list[dict[str, np.ndarray]] = []
+    graphs: list[dict[str, np.ndarray]] = []
     for i in range(0, frames, PARITY_BATCH):
         chunk = {k: v[i : i + PARITY_BATCH] for k, v in inputs.items()}
         graph = wrapper.graph_inputs(chunk)
         with torch.no_grad():
             expected = wrapper(*(torch.as_tensor(graph[k]) for k in wrapper.input_names))
-        part = {k: v.numpy() for k, v in zip(wrapper.output_names, expected, strict=True)}
-        parts.append(part | {f"graph_{k}": v for k, v in graph.items()})
-    joined = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+        outputs.append({k: v.numpy() for k, v in zip(wrapper.output_names, expected, strict=True)})
+        graphs.append(graph)
     return TorchReference(
         inputs=dict(inputs),
-        graph_inputs={k[6:]: v for k, v in joined.items() if k.startswith("graph_")},
-        outputs={k: joined[k] for k in wrapper.output_names},
+        graph_inputs={k: np.concatenate([g[k] for g in graphs]) for k in graphs[0]},
+        outputs={k: np.concatenate([o[k] for o in outputs]) for k in wrapper.output_names},
     )
 
 
